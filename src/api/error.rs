@@ -1,0 +1,92 @@
+//! The API's one error type. Every failure becomes a JSON body
+//! `{"error": {"code", "message"}}` with the right status; internal details go to
+//! the log, never to the client.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::store::{StoreError, SubmitError};
+
+/// Why a request was not served.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON, or a header is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The JSON does not describe a valid request.
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The body is larger than the configured limit.
+    #[error("request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The body is not declared as JSON.
+    #[error("expected a body with Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// No extraction has this id.
+    #[error("no extraction with id {0}")]
+    NotFound(String),
+    /// The request conflicts with the job's state.
+    #[error("{0}")]
+    Conflict(String),
+    /// A dependency failed; details are logged.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+            Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::UnsupportedMediaType => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+
+    /// Maps a JSON body rejection, given the configured body limit.
+    pub fn from_json_rejection(rejection: JsonRejection, limit: usize) -> Self {
+        match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge(limit),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::UnsupportedMediaType,
+            StatusCode::UNPROCESSABLE_ENTITY => Self::Unprocessable(rejection.body_text()),
+            _ => Self::BadRequest(rejection.body_text()),
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::BadRequest(format!("invalid path: {}", rejection.body_text()))
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::KeyReused => Self::Unprocessable(e.to_string()),
+            SubmitError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if let Self::Internal(detail) = &self {
+            tracing::error!(%detail, "request failed");
+        }
+        let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
+        (status, Json(body)).into_response()
+    }
+}

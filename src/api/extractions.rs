@@ -1,0 +1,166 @@
+//! `/v1/extractions`: submit (idempotent), read, cancel.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::ApiError;
+use crate::domain::{ExtractionRequest, Transition};
+use crate::events::{ExtractionSubmitted, PublishReason};
+use crate::pipeline::Services;
+use crate::store::{self, transitions, Extraction, NewExtraction, Submitted};
+
+/// Longest accepted `Idempotency-Key`.
+const MAX_KEY_LEN: usize = 255;
+
+pub(super) fn router() -> Router<Services> {
+    Router::new()
+        .route("/v1/extractions", post(submit))
+        .route("/v1/extractions/{id}", get(read))
+        .route("/v1/extractions/{id}/cancel", post(cancel))
+}
+
+/// The answer to a submit.
+#[derive(Serialize)]
+struct Accepted {
+    id: Uuid,
+    status: String,
+}
+
+/// An extraction as the API shows it (the document itself is not echoed).
+#[derive(Serialize)]
+struct ExtractionView {
+    id: Uuid,
+    status: String,
+    attempts: i32,
+    idempotency_key: Option<String>,
+    submitted_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    result: Option<serde_json::Value>,
+    error: Option<String>,
+    post_processing: serde_json::Value,
+    webhook_url: Option<String>,
+    metadata: Option<serde_json::Value>,
+}
+
+impl From<Extraction> for ExtractionView {
+    fn from(row: Extraction) -> Self {
+        let request = row.request.0;
+        Self {
+            id: row.id,
+            status: row.status,
+            attempts: row.attempts,
+            idempotency_key: row.idempotency_key,
+            submitted_at: row.submitted_at,
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+            result: row.result,
+            error: row.error,
+            post_processing: row.post_processing,
+            webhook_url: request.webhook_url,
+            metadata: request.metadata,
+        }
+    }
+}
+
+async fn submit(
+    State(services): State<Services>,
+    headers: HeaderMap,
+    body: Result<Json<ExtractionRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let limit = services.settings.http_body_limit_bytes;
+    let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
+    request.validate().map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    let idempotency_key = idempotency_key(&headers)?;
+    let new = NewExtraction {
+        id: Uuid::new_v4(),
+        idempotency_key,
+        request,
+    };
+    let submitted = store::submit(&services.pool, new).await?;
+    if let Submitted::Created(row) = &submitted {
+        publish_submitted(&services, row).await;
+    }
+    let row = submitted.extraction();
+    let location = format!("/v1/extractions/{}", row.id);
+    let body = Accepted {
+        id: row.id,
+        status: row.status.clone(),
+    };
+    Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response())
+}
+
+/// Hands a new row to the workers. The row is already durable, so a failed
+/// publish does not fail the request: the job is then a class-1 orphan (queued,
+/// never published), which the extraction reaper exists to revive.
+async fn publish_submitted(services: &Services, row: &Extraction) {
+    let topic = services.settings.topic(&services.settings.topic_submitted);
+    let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
+    let key = row.id.to_string();
+    let (published, emitted) = tokio::join!(
+        services.publisher.publish(&topic, key.as_bytes(), &event),
+        services.emit(Transition::Submit, row, None, PublishReason::Submit),
+    );
+    if let Err(e) = published {
+        tracing::error!(id = %row.id, error = %e, "submitted event not published; row left queued");
+    }
+    if let Err(e) = emitted {
+        tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= MAX_KEY_LEN)
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"
+            ))
+        })?;
+    Ok(Some(key.to_owned()))
+}
+
+async fn read(
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<ExtractionView>, ApiError> {
+    let Path(id) = id?;
+    let row = store::get(&services.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    Ok(Json(row.into()))
+}
+
+async fn cancel(
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<ExtractionView>, ApiError> {
+    let Path(id) = id?;
+    let cancelled = transitions::mark_cancelled(&services.pool, id).await?;
+    services.metrics.transition(Transition::MarkCancelled, &cancelled);
+    if let Some(row) = cancelled {
+        if let Err(e) = services.emit(Transition::MarkCancelled, &row, None, PublishReason::Submit).await {
+            tracing::warn!(%id, error = %e, "lifecycle event not published");
+        }
+        return Ok(Json(row.into()));
+    }
+    match store::get(&services.pool, id).await? {
+        None => Err(ApiError::NotFound(id.to_string())),
+        Some(row) => Err(ApiError::Conflict(format!(
+            "extraction is {}; only a queued extraction can be cancelled",
+            row.status
+        ))),
+    }
+}

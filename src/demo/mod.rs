@@ -1,0 +1,121 @@
+//! `docstream demo`: runs every role in this process (the API, two workers, one
+//! bbox worker), submits the shipped sample documents over HTTP, shows progress
+//! while they flow, and prints a summary. It fails when any document does not
+//! reach bbox succeeded.
+
+mod report;
+mod samples;
+
+pub use samples::{sample_requests, Sample};
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::stream::{self, StreamExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::roles::{self, Mix};
+
+/// Options of `docstream demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// How many documents to submit (the samples, cycled).
+    #[arg(long, default_value_t = 200)]
+    pub documents: usize,
+    /// Extraction worker consumers to run.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Bbox worker consumers to run.
+    #[arg(long, default_value_t = 1)]
+    pub bbox_workers: usize,
+    /// Submissions in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_s: u64,
+}
+
+/// Runs the demo; see the module docs.
+pub async fn run(settings: Settings, args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let services = roles::connect(settings).await?;
+    let pool = services.pool.clone();
+    let mix = Mix {
+        serve: true,
+        workers: args.workers,
+        bbox_workers: args.bbox_workers,
+    };
+    let stop = shutdown.child_token();
+    let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));
+
+    let outcome = drive(&base, &pool, &args, &shutdown).await;
+    stop.cancel();
+    pipeline.await??;
+    let summary = outcome?;
+    print!("{summary}");
+    anyhow::ensure!(
+        summary.all_bbox_succeeded(),
+        "{} of {} documents did not reach bbox succeeded",
+        summary.total - summary.bbox_succeeded,
+        summary.total
+    );
+    Ok(())
+}
+
+async fn drive(
+    base: &str,
+    pool: &sqlx::PgPool,
+    args: &DemoArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<report::Summary> {
+    let samples = sample_requests();
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let progress = report::Progress::new(args.documents as u64);
+    let ids: Vec<Uuid> = stream::iter(0..args.documents)
+        .map(|i| {
+            let sample = &samples[i % samples.len()];
+            submit(&client, base, sample)
+        })
+        .buffer_unordered(args.concurrency.max(1))
+        .inspect(|_| progress.submitted())
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+
+    let deadline = started + Duration::from_secs(args.timeout_s);
+    loop {
+        let counts = report::Counts::query(pool, &ids).await?;
+        progress.update(&counts);
+        if counts.settled() == ids.len() as i64 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "timed out after {} s: {counts:?}", args.timeout_s);
+        tokio::select! {
+            _ = shutdown.cancelled() => anyhow::bail!("interrupted"),
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    progress.finish();
+    Ok(report::Summary::query(pool, &ids, started.elapsed()).await?)
+}
+
+async fn submit(client: &reqwest::Client, base: &str, sample: &Sample) -> anyhow::Result<Uuid> {
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .json(&sample.request)
+        .send()
+        .await
+        .context("submitting a sample")?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await?;
+    anyhow::ensure!(status == reqwest::StatusCode::ACCEPTED, "submit answered {status}: {body}");
+    let id = body["id"].as_str().context("answer without id")?;
+    Ok(id.parse()?)
+}

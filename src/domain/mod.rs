@@ -1,0 +1,11 @@
+//! The job model, free of I/O: states, the transitions between them, and the
+//! request a client submits. Everything here is plain data and pure functions;
+//! `store` makes it durable and `pipeline` drives it.
+
+mod request;
+mod state;
+
+pub use request::{
+    Document, ExtractionRequest, FieldSpec, FieldType, Page, RequestError, Word, WordRef,
+};
+pub use state::{BboxStatus, ExtractionStatus, Transition};

@@ -1,0 +1,207 @@
+//! Avro single-object encoding: `C3 01`, the schema's 8-byte CRC-64-AVRO (Rabin)
+//! fingerprint in little-endian order, then the Avro binary datum.
+//!
+//! Decoding never panics: a short buffer, a wrong marker, a fingerprint we do not
+//! know, a fingerprint of another event type, and a corrupt datum are each a
+//! [`CodecError`] variant, so a consumer can route the record to the DLQ by kind.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use apache_avro::rabin::Rabin;
+use apache_avro::Schema;
+
+use super::Event;
+
+/// The two marker bytes that open every single-object encoded value.
+pub const SINGLE_OBJECT_MAGIC: [u8; 2] = [0xC3, 0x01];
+
+const HEADER_LEN: usize = 10;
+
+/// The `.avsc` files, compiled into the binary.
+const SCHEMA_SOURCES: [&str; 4] = [
+    include_str!("../../schemas/ExtractionSubmitted.avsc"),
+    include_str!("../../schemas/PostProcessingRequested.avsc"),
+    include_str!("../../schemas/ExtractionEvent.avsc"),
+    include_str!("../../schemas/DeadLetter.avsc"),
+];
+
+/// A parsed schema and its fingerprint.
+struct Known {
+    schema: Schema,
+    fingerprint: [u8; 8],
+}
+
+/// Every schema we speak, by full name.
+static SCHEMAS: LazyLock<HashMap<String, Known>> = LazyLock::new(|| {
+    SCHEMA_SOURCES
+        .iter()
+        .map(|source| {
+            let schema = Schema::parse_str(source).expect("shipped schemas are valid Avro");
+            let name = match &schema {
+                Schema::Record(record) => record.name.fullname(None),
+                _ => unreachable!("every shipped schema is a record"),
+            };
+            let fingerprint: [u8; 8] = schema.fingerprint::<Rabin>().bytes[..]
+                .try_into()
+                .expect("a Rabin fingerprint has 8 bytes");
+            (name, Known { schema, fingerprint })
+        })
+        .collect()
+});
+
+/// Why bytes could not become an event, or an event bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// Fewer bytes than the 10-byte header, or a wrong marker.
+    #[error("not Avro single-object encoded (missing C3 01 header)")]
+    NotSingleObject,
+    /// The fingerprint names no schema we know.
+    #[error("unknown schema fingerprint {0:02x?}")]
+    UnknownFingerprint([u8; 8]),
+    /// The fingerprint names another of our schemas than the one expected.
+    #[error("expected a {expected} but the record is a {found}")]
+    WrongSchema {
+        /// The schema the caller asked for.
+        expected: &'static str,
+        /// The schema the fingerprint names.
+        found: String,
+    },
+    /// The datum does not match its schema, or the value does not fit the type.
+    #[error("invalid Avro datum: {0}")]
+    Datum(String),
+}
+
+impl CodecError {
+    /// Short class for metric labels and dead letters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NotSingleObject | Self::Datum(_) => "undecodable",
+            Self::UnknownFingerprint(_) => "unknown_schema",
+            Self::WrongSchema { .. } => "wrong_schema",
+        }
+    }
+}
+
+/// The parsed schema of event type `E`.
+pub fn schema_of<E: Event>() -> &'static Schema {
+    &known::<E>().schema
+}
+
+fn known<E: Event>() -> &'static Known {
+    SCHEMAS
+        .get(E::NAME)
+        .unwrap_or_else(|| panic!("no schema shipped for {}", E::NAME))
+}
+
+/// Encodes `event` as an Avro single object.
+pub fn encode<E: Event>(event: &E) -> Result<Vec<u8>, CodecError> {
+    let known = known::<E>();
+    let datum = apache_avro::to_value(event)
+        .and_then(|value| value.resolve(&known.schema))
+        .and_then(|value| apache_avro::to_avro_datum(&known.schema, value))
+        .map_err(|e| CodecError::Datum(e.to_string()))?;
+    let mut bytes = Vec::with_capacity(HEADER_LEN + datum.len());
+    bytes.extend_from_slice(&SINGLE_OBJECT_MAGIC);
+    bytes.extend_from_slice(&known.fingerprint);
+    bytes.extend_from_slice(&datum);
+    Ok(bytes)
+}
+
+/// Decodes an Avro single object that must be an `E`.
+pub fn decode<E: Event>(bytes: &[u8]) -> Result<E, CodecError> {
+    if bytes.len() < HEADER_LEN || bytes[..2] != SINGLE_OBJECT_MAGIC {
+        return Err(CodecError::NotSingleObject);
+    }
+    let fingerprint: [u8; 8] = bytes[2..HEADER_LEN].try_into().expect("slice of 8");
+    let known = known::<E>();
+    if fingerprint != known.fingerprint {
+        return Err(match SCHEMAS.iter().find(|(_, k)| k.fingerprint == fingerprint) {
+            Some((name, _)) => CodecError::WrongSchema {
+                expected: E::NAME,
+                found: name.clone(),
+            },
+            None => CodecError::UnknownFingerprint(fingerprint),
+        });
+    }
+    let mut datum = &bytes[HEADER_LEN..];
+    let value = apache_avro::from_avro_datum(&known.schema, &mut datum, None)
+        .map_err(|e| CodecError::Datum(e.to_string()))?;
+    if !datum.is_empty() {
+        return Err(CodecError::Datum(format!("{} trailing bytes", datum.len())));
+    }
+    apache_avro::from_value(&value).map_err(|e| CodecError::Datum(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{
+        DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested, PublishReason,
+    };
+
+    fn round_trip<E: Event + PartialEq + std::fmt::Debug>(event: E) {
+        let bytes = encode(&event).unwrap();
+        assert_eq!(bytes[..2], SINGLE_OBJECT_MAGIC);
+        assert_eq!(decode::<E>(&bytes).unwrap(), event);
+    }
+
+    #[test]
+    fn every_event_round_trips() {
+        round_trip(ExtractionSubmitted {
+            extraction_id: "5b0c".into(),
+            reason: PublishReason::Reaper,
+            published_at_ms: 1_764_460_800_000,
+        });
+        round_trip(PostProcessingRequested {
+            extraction_id: "5b0c".into(),
+            step: "bbox_refinement".into(),
+            reason: PublishReason::Submit,
+            published_at_ms: 7,
+        });
+        round_trip(ExtractionEvent {
+            extraction_id: "5b0c".into(),
+            transition: "mark_failed".into(),
+            status: "failed".into(),
+            bbox_status: None,
+            token: Some(2),
+            error: Some("required field total not found".into()),
+            reason: PublishReason::Retry,
+            published_at_ms: 7,
+        });
+        round_trip(DeadLetter {
+            topic: "extraction.submitted".into(),
+            partition: 3,
+            offset: 42,
+            key: Some(vec![0, 1, 2]),
+            payload: None,
+            error_kind: "undecodable".into(),
+            error: "garbage".into(),
+            published_at_ms: 7,
+        });
+    }
+
+    #[test]
+    fn garbage_and_strangers_are_typed_errors() {
+        assert!(matches!(
+            decode::<ExtractionSubmitted>(b"hello"),
+            Err(CodecError::NotSingleObject)
+        ));
+        let mut unknown = vec![0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8];
+        unknown.extend_from_slice(b"\x02a");
+        assert!(matches!(
+            decode::<ExtractionSubmitted>(&unknown),
+            Err(CodecError::UnknownFingerprint([1, 2, 3, 4, 5, 6, 7, 8]))
+        ));
+        let submitted = encode(&ExtractionSubmitted::new(uuid::Uuid::nil(), PublishReason::Submit)).unwrap();
+        assert!(matches!(
+            decode::<PostProcessingRequested>(&submitted),
+            Err(CodecError::WrongSchema { .. })
+        ));
+        // Right header, truncated datum.
+        assert!(matches!(
+            decode::<ExtractionSubmitted>(&submitted[..12]),
+            Err(CodecError::Datum(_))
+        ));
+    }
+}

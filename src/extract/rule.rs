@@ -1,0 +1,179 @@
+//! The deterministic rule extractor: each field is found by a regular expression
+//! (its own, or one implied by its type), searched after an optional anchor
+//! phrase, over the document's words joined by single spaces. Because the search
+//! runs on that joined text, every match maps back to exact word indices, which
+//! is what bbox grounding needs.
+
+use regex::{Regex, RegexBuilder};
+
+use super::{ExtractError, ExtractedValue, ExtractionOutput, Extractor};
+use crate::domain::{ExtractionRequest, FieldSpec, FieldType, WordRef};
+
+/// The built-in extractor. Stateless.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RuleExtractor;
+
+impl Extractor for RuleExtractor {
+    async fn extract(&self, request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+        extract_sync(request)
+    }
+}
+
+/// The document's words joined by single spaces, with each word's byte range.
+struct JoinedText {
+    text: String,
+    spans: Vec<(usize, usize)>,
+}
+
+impl JoinedText {
+    fn new(words: &[WordRef<'_>]) -> Self {
+        let mut text = String::new();
+        let mut spans = Vec::with_capacity(words.len());
+        for word in words {
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            spans.push((text.len(), text.len() + word.text.len()));
+            text.push_str(word.text);
+        }
+        Self { text, spans }
+    }
+
+    /// Indices of the first and last word overlapping `start..end`.
+    fn word_range(&self, start: usize, end: usize) -> Option<[usize; 2]> {
+        let first = self.spans.iter().position(|&(s, e)| e > start && s < end)?;
+        let last = self.spans.iter().rposition(|&(s, e)| e > start && s < end)?;
+        Some([first, last])
+    }
+}
+
+/// Runs every field spec over the document.
+pub fn extract_sync(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+    let words = request.document.words();
+    let joined = JoinedText::new(&words);
+    let mut output = ExtractionOutput::default();
+    for field in &request.fields {
+        let value = find(field, &joined)?;
+        if value.is_none() && field.required {
+            return Err(ExtractError::RequiredFieldMissing(field.name.clone()));
+        }
+        output.fields.insert(field.name.clone(), value);
+    }
+    Ok(output)
+}
+
+fn find(field: &FieldSpec, doc: &JoinedText) -> Result<Option<ExtractedValue>, ExtractError> {
+    let compile = |pattern: &str| {
+        RegexBuilder::new(pattern)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| ExtractError::Pattern {
+                name: field.name.clone(),
+                reason: e.to_string(),
+            })
+    };
+    let start = match &field.anchor {
+        Some(anchor) => match compile(&anchor_pattern(anchor))?.find(&doc.text) {
+            Some(m) => m.end(),
+            None => return Ok(None),
+        },
+        None => 0,
+    };
+    let pattern = match &field.pattern {
+        Some(p) => compile(p)?,
+        None => compile(default_pattern(field.field_type))?,
+    };
+    Ok(first_value(&pattern, field.field_type, doc, start))
+}
+
+/// The anchor's words, case-insensitive, separated by any whitespace, starting
+/// at a word boundary.
+fn anchor_pattern(anchor: &str) -> String {
+    let words: Vec<String> = anchor.split_whitespace().map(regex::escape).collect();
+    format!(r"(?i)(?:^|\s){}", words.join(r"\s+"))
+}
+
+fn default_pattern(field_type: FieldType) -> &'static str {
+    match field_type {
+        FieldType::String => r"\S+",
+        FieldType::Number => r"-?\d+(?:\.\d+)?",
+        FieldType::Money => r"[$€£]?(\d{1,3}(?:,\d{3})+\.\d{2}|\d+\.\d{2})",
+        FieldType::Date => r"\d{4}-\d{2}-\d{2}|\d{1,2}[./]\d{1,2}[./]\d{4}",
+    }
+}
+
+fn first_value(pattern: &Regex, field_type: FieldType, doc: &JoinedText, start: usize) -> Option<ExtractedValue> {
+    let captures = pattern.captures_at(&doc.text, start)?;
+    let whole = captures.get(0)?;
+    let value = captures.get(1).unwrap_or(whole);
+    let words = doc.word_range(whole.start(), whole.end().max(whole.start() + 1))?;
+    Some(ExtractedValue {
+        value: normalise(field_type, value.as_str()),
+        raw: whole.as_str().to_owned(),
+        words,
+    })
+}
+
+fn normalise(field_type: FieldType, raw: &str) -> String {
+    match field_type {
+        FieldType::String => raw.to_owned(),
+        FieldType::Number | FieldType::Money => raw
+            .chars()
+            .filter(|c| c.is_ascii_digit() || *c == '.' || *c == '-')
+            .collect(),
+        FieldType::Date => normalise_date(raw).unwrap_or_else(|| raw.to_owned()),
+    }
+}
+
+/// `30/11/2026` and `30.11.2026` (day first) become `2026-11-30`.
+fn normalise_date(raw: &str) -> Option<String> {
+    let parts: Vec<&str> = raw.split(['/', '.']).collect();
+    match parts.as_slice() {
+        [day, month, year] if year.len() == 4 => {
+            let (d, m): (u32, u32) = (day.parse().ok()?, month.parse().ok()?);
+            Some(format!("{year}-{m:02}-{d:02}"))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(text: &str, fields: serde_json::Value) -> ExtractionRequest {
+        serde_json::from_value(serde_json::json!({"document": {"text": text}, "fields": fields})).unwrap()
+    }
+
+    #[test]
+    fn anchors_types_and_word_indices() {
+        let req = request(
+            "ACME Invoice number INV-0042 Date 30/11/2026 Subtotal $1,000.00 Total $1,234.50",
+            serde_json::json!([
+                {"name": "number", "anchor": "invoice number"},
+                {"name": "date", "type": "date", "anchor": "Date"},
+                {"name": "total", "type": "money", "anchor": "Total"},
+                {"name": "vendor", "pattern": "^(\\S+)"},
+                {"name": "po", "anchor": "PO"}
+            ]),
+        );
+        let out = extract_sync(&req).unwrap();
+        let get = |k: &str| out.fields[k].clone();
+        assert_eq!(get("number").unwrap().value, "INV-0042");
+        assert_eq!(get("number").unwrap().words, [3, 3]);
+        assert_eq!(get("date").unwrap().value, "2026-11-30");
+        let total = get("total").unwrap();
+        assert_eq!((total.value.as_str(), total.raw.as_str(), total.words), ("1234.50", "$1,234.50", [9, 9]));
+        assert_eq!(get("vendor").unwrap().value, "ACME");
+        assert_eq!(get("po"), None);
+    }
+
+    #[test]
+    fn a_missing_required_field_fails() {
+        let req = request("nothing here", serde_json::json!([{"name": "total", "type": "money", "anchor": "Total", "required": true}]));
+        assert_eq!(
+            extract_sync(&req),
+            Err(ExtractError::RequiredFieldMissing("total".into()))
+        );
+    }
+}

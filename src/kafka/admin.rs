@@ -1,0 +1,72 @@
+//! Topic administration: create docstream's topics with their partition counts.
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::config::Settings;
+
+/// A topic to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Full name, prefix included.
+    pub name: String,
+    /// Partition count.
+    pub partitions: i32,
+}
+
+/// What happened to one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicOutcome {
+    /// Created now.
+    Created,
+    /// It was there already (left as it is).
+    Existed,
+}
+
+/// Every topic docstream uses, with its configured partition count.
+pub fn topic_specs(settings: &Settings) -> Vec<TopicSpec> {
+    let spec = |name: &str, partitions| TopicSpec {
+        name: settings.topic(name),
+        partitions,
+    };
+    vec![
+        spec(&settings.topic_requests, settings.stream_topic_partitions),
+        spec(&settings.topic_submitted, settings.job_topic_partitions),
+        spec(&settings.topic_post_processing, settings.job_topic_partitions),
+        spec(&settings.topic_events, settings.stream_topic_partitions),
+        spec(&settings.topic_dlq, settings.dlq_topic_partitions),
+    ]
+}
+
+/// Creates every topic that does not exist yet. Idempotent.
+pub async fn create_topics(settings: &Settings) -> Result<Vec<(TopicSpec, TopicOutcome)>, KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &settings.kafka_brokers)
+        .create()?;
+    let specs = topic_specs(settings);
+    let new_topics: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|s| {
+            NewTopic::new(
+                &s.name,
+                s.partitions,
+                TopicReplication::Fixed(settings.topic_replication_factor),
+            )
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(30)));
+    let results = admin.create_topics(&new_topics, &options).await?;
+    let mut outcomes = Vec::with_capacity(specs.len());
+    for (spec, result) in specs.into_iter().zip(results) {
+        let outcome = match result {
+            Ok(_) => TopicOutcome::Created,
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => TopicOutcome::Existed,
+            Err((_, code)) => return Err(KafkaError::AdminOp(code)),
+        };
+        outcomes.push((spec, outcome));
+    }
+    Ok(outcomes)
+}

@@ -1,0 +1,11 @@
+//! Kafka plumbing: the producer every process publishes through, the consumer
+//! runtime that stores an offset only after the work behind it was delivered,
+//! and topic administration.
+
+pub mod admin;
+pub mod consumer;
+pub mod offsets;
+pub mod publisher;
+
+pub use consumer::{ConsumerSpec, HandlerError, Record, RecordHandler};
+pub use publisher::{PublishError, Publisher};

@@ -1,0 +1,161 @@
+//! Which offset of a partition may be committed: the end of its contiguous
+//! delivered prefix. Pure bookkeeping, no I/O; the consumer runtime feeds it.
+//!
+//! Records of one partition may finish in any order. The commit point is the
+//! lowest offset still in flight (everything below it was received earlier and
+//! has finished), or one past the highest finished offset when nothing is in
+//! flight. A partition's state is dropped when it is revoked and begins afresh,
+//! with a new generation, when it is assigned again, so a record that finishes
+//! after its partition moved away can never advance the new owner's state.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// A topic partition.
+pub type TopicPartition = (String, i32);
+
+/// Bookkeeping of one assigned partition.
+#[derive(Debug, Default)]
+struct PartitionState {
+    generation: u64,
+    in_flight: BTreeSet<i64>,
+    /// One past the highest finished offset.
+    finished_end: Option<i64>,
+    /// The last commit point handed out.
+    committed: Option<i64>,
+}
+
+/// Commit points of every partition this consumer owns.
+#[derive(Debug, Default)]
+pub struct OffsetTracker {
+    partitions: HashMap<TopicPartition, PartitionState>,
+    generations: u64,
+}
+
+/// A record's ticket: which partition generation it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// Topic and partition.
+    pub partition: TopicPartition,
+    /// Generation of the partition's assignment when the record was received.
+    pub generation: u64,
+    /// The record's offset.
+    pub offset: i64,
+}
+
+impl OffsetTracker {
+    /// Starts fresh bookkeeping for a newly assigned partition.
+    pub fn assign(&mut self, partition: TopicPartition) {
+        self.generations += 1;
+        let state = PartitionState {
+            generation: self.generations,
+            ..PartitionState::default()
+        };
+        self.partitions.insert(partition, state);
+    }
+
+    /// Forgets a revoked partition; its late completions will be ignored.
+    pub fn revoke(&mut self, partition: &TopicPartition) {
+        self.partitions.remove(partition);
+    }
+
+    /// Records that `offset` was received and is now in flight.
+    pub fn begin(&mut self, partition: TopicPartition, offset: i64) -> Ticket {
+        if !self.partitions.contains_key(&partition) {
+            self.assign(partition.clone());
+        }
+        let state = self.partitions.get_mut(&partition).expect("just ensured");
+        state.in_flight.insert(offset);
+        Ticket {
+            generation: state.generation,
+            partition,
+            offset,
+        }
+    }
+
+    /// Records that the ticket's record was delivered. Returns the partition's new
+    /// commit point when it moved forward.
+    pub fn finish(&mut self, ticket: &Ticket) -> Option<i64> {
+        let state = self.partitions.get_mut(&ticket.partition)?;
+        if state.generation != ticket.generation || !state.in_flight.remove(&ticket.offset) {
+            return None;
+        }
+        let end = ticket.offset + 1;
+        state.finished_end = Some(state.finished_end.map_or(end, |e| e.max(end)));
+        let point = state.in_flight.first().copied().or(state.finished_end)?;
+        if state.committed.is_some_and(|c| c >= point) {
+            return None;
+        }
+        state.committed = Some(point);
+        Some(point)
+    }
+
+    /// Records still in flight on `partition`.
+    pub fn in_flight(&self, partition: &TopicPartition) -> usize {
+        self.partitions.get(partition).map_or(0, |s| s.in_flight.len())
+    }
+
+    /// The last commit point of every owned partition that has one.
+    pub fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
+        self.partitions
+            .iter()
+            .filter_map(|(tp, s)| s.committed.map(|c| (tp.clone(), c)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp() -> TopicPartition {
+        ("t".to_owned(), 0)
+    }
+
+    #[test]
+    fn commit_point_waits_for_the_lowest_in_flight_record() {
+        let mut tracker = OffsetTracker::default();
+        tracker.assign(tp());
+        let tickets: Vec<_> = (10..14).map(|o| tracker.begin(tp(), o)).collect();
+        // 12 done but 10 still in flight: the point may not pass 10.
+        assert_eq!(tracker.finish(&tickets[2]), Some(10));
+        assert_eq!(tracker.finish(&tickets[1]), None, "still 10: nothing new to store");
+        assert_eq!(tracker.finish(&tickets[0]), Some(13), "10..=12 done, 13 in flight");
+        assert_eq!(tracker.finish(&tickets[3]), Some(14));
+        assert_eq!(tracker.finish(&tickets[3]), None, "finishing twice changes nothing");
+    }
+
+    #[test]
+    fn a_revoked_partition_ignores_late_completions() {
+        let mut tracker = OffsetTracker::default();
+        tracker.assign(tp());
+        let old = tracker.begin(tp(), 5);
+        tracker.revoke(&tp());
+        tracker.assign(tp());
+        let new = tracker.begin(tp(), 3);
+        assert_eq!(tracker.finish(&old), None);
+        assert_eq!(tracker.in_flight(&tp()), 1);
+        assert_eq!(tracker.finish(&new), Some(4));
+        assert_eq!(tracker.commit_points(), vec![(tp(), 4)]);
+    }
+
+    #[test]
+    fn out_of_order_completion_never_commits_past_a_gap() {
+        // Randomised order, checked against the definition.
+        use rand::seq::SliceRandom;
+        let mut rng = rand::thread_rng();
+        for _ in 0..200 {
+            let mut tracker = OffsetTracker::default();
+            let mut tickets: Vec<_> = (0..20).map(|o| tracker.begin(tp(), o)).collect();
+            tickets.shuffle(&mut rng);
+            let mut done = BTreeSet::new();
+            for t in &tickets {
+                done.insert(t.offset);
+                let prefix_end = (0..=20).find(|o| !done.contains(o)).unwrap();
+                if let Some(point) = tracker.finish(t) {
+                    assert_eq!(point, prefix_end);
+                }
+            }
+            assert_eq!(tracker.commit_points(), vec![(tp(), 20)]);
+        }
+    }
+}

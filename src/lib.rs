@@ -1,0 +1,25 @@
+//! docstream: a Kafka-native stream processor that runs an asynchronous
+//! document-extraction pipeline safely across any number of worker replicas.
+//!
+//! Map of the crate, edge first (arrows point one way: edge → kafka/store → domain):
+//! - [`roles`] assembles processes (`serve`, `worker`, `bbox-worker`, `all`);
+//!   [`api`] is the HTTP edge; [`pipeline`] holds the consumer roles;
+//!   [`demo`] drives the pipeline on the shipped sample documents.
+//! - [`kafka`] is the producer, the consumer runtime (offsets stored only after
+//!   delivery) and topic admin; [`store`] is Postgres (one statement per
+//!   transition); [`events`] binds Avro schemas to types.
+//! - [`domain`] is the job model; [`extract`] the extractors and bbox grounding.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod config;
+pub mod demo;
+pub mod domain;
+pub mod events;
+pub mod extract;
+pub mod kafka;
+pub mod metrics;
+pub mod pipeline;
+pub mod roles;
+pub mod store;

@@ -1,0 +1,118 @@
+//! The `docstream` command line: parse, set up tracing, wire signals to a
+//! cancellation token, and hand over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use docstream::config::Settings;
+use docstream::roles::{self, Mix};
+use docstream::{demo, kafka, store};
+use tokio_util::sync::CancellationToken;
+
+/// Kafka-native document-extraction pipeline.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// TOML settings file; environment variables override it.
+    #[arg(long, global = true, env = "DOCSTREAM_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// HTTP API: submit, read and cancel extractions.
+    Serve,
+    /// Extraction worker: consumes extraction.submitted.
+    Worker,
+    /// Bbox refinement worker: consumes extraction.post_processing.requested.
+    BboxWorker,
+    /// Every role in one process (API, one worker, one bbox worker).
+    All,
+    /// Apply database migrations.
+    Migrate,
+    /// Create the Kafka topics with their configured partition counts.
+    Topics,
+    /// Run the pipeline on the shipped sample documents and print a summary.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("docstream: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(settings.log_json);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(run(cli.command, settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("docstream: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+    let shutdown = shutdown_on_signal();
+    let mix = match command {
+        Command::Migrate => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            store::migrate(&pool).await?;
+            println!("migrations applied");
+            return Ok(());
+        }
+        Command::Topics => {
+            for (topic, outcome) in kafka::admin::create_topics(&settings).await? {
+                println!("{:<48} partitions={:<3} {:?}", topic.name, topic.partitions, outcome);
+            }
+            return Ok(());
+        }
+        Command::Demo(args) => return demo::run(settings, args, shutdown).await,
+        Command::Serve => Mix { serve: true, ..Mix::default() },
+        Command::Worker => Mix { workers: 1, ..Mix::default() },
+        Command::BboxWorker => Mix { bbox_workers: 1, ..Mix::default() },
+        Command::All => Mix { serve: true, workers: 1, bbox_workers: 1 },
+    };
+    let http = match mix.serve {
+        true => Some(roles::bind_http(&settings).await?),
+        false => None,
+    };
+    let services = roles::connect(settings).await?;
+    roles::run(services, mix, http, shutdown).await
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        cancel.cancel();
+    });
+    token
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DOCSTREAM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn,sqlx=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,147 @@
+//! Prometheus metrics. One [`Metrics`] per process, created at start-up and passed
+//! to every component that counts something; rendered at `/metrics`.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::domain::Transition;
+
+/// Every metric docstream exports.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `docstream_transitions_total{transition, outcome="won|lost"}`.
+    pub transitions: IntCounterVec,
+    /// `docstream_claim_losers_total{claim}`: duplicate deliveries skipped.
+    pub claim_losers: IntCounterVec,
+    /// `docstream_events_consumed_total{topic}`.
+    pub events_consumed: IntCounterVec,
+    /// `docstream_events_produced_total{topic}`: acknowledged by the broker.
+    pub events_produced: IntCounterVec,
+    /// `docstream_publish_failures_total{topic}`.
+    pub publish_failures: IntCounterVec,
+    /// `docstream_handler_errors_total{topic, kind}`: records whose handling failed.
+    pub handler_errors: IntCounterVec,
+    /// `docstream_in_flight_records{topic, partition}`.
+    pub in_flight: IntGaugeVec,
+    /// `docstream_extraction_duration_seconds{outcome}`: extractor run time.
+    pub extraction_duration: HistogramVec,
+    /// `docstream_bbox_refinement_duration_seconds`.
+    pub bbox_duration: Histogram,
+    /// `docstream_http_requests_total{route, status}`.
+    pub http_requests: IntCounterVec,
+}
+
+impl Metrics {
+    /// Creates and registers every metric on a fresh registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(vec.clone())).expect("unique metric");
+            vec
+        };
+        let transitions = counter(
+            "docstream_transitions_total",
+            "State transitions attempted, by transition and outcome (won or lost).",
+            &["transition", "outcome"],
+        );
+        let claim_losers = counter(
+            "docstream_claim_losers_total",
+            "Deliveries whose claim was lost to another holder or a finished job.",
+            &["claim"],
+        );
+        let events_consumed = counter(
+            "docstream_events_consumed_total",
+            "Records received from Kafka.",
+            &["topic"],
+        );
+        let events_produced = counter(
+            "docstream_events_produced_total",
+            "Records acknowledged by the broker.",
+            &["topic"],
+        );
+        let publish_failures = counter(
+            "docstream_publish_failures_total",
+            "Records the broker did not acknowledge.",
+            &["topic"],
+        );
+        let handler_errors = counter(
+            "docstream_handler_errors_total",
+            "Records whose handling failed, by kind.",
+            &["topic", "kind"],
+        );
+        let http_requests = counter(
+            "docstream_http_requests_total",
+            "HTTP requests answered, by route and status code.",
+            &["route", "status"],
+        );
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "docstream_in_flight_records",
+                "Records received and not yet delivered.",
+            ),
+            &["topic", "partition"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(in_flight.clone())).expect("unique metric");
+        let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+        let extraction_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "docstream_extraction_duration_seconds",
+                "Time the extractor took, by outcome.",
+            )
+            .buckets(buckets.clone()),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(extraction_duration.clone())).expect("unique metric");
+        let bbox_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "docstream_bbox_refinement_duration_seconds",
+                "Time bbox grounding took.",
+            )
+            .buckets(buckets),
+        )
+        .expect("valid metric");
+        registry.register(Box::new(bbox_duration.clone())).expect("unique metric");
+        Self {
+            registry,
+            transitions,
+            claim_losers,
+            events_consumed,
+            events_produced,
+            publish_failures,
+            handler_errors,
+            in_flight,
+            extraction_duration,
+            bbox_duration,
+            http_requests,
+        }
+    }
+
+    /// Counts one attempt of `transition`: won when the store returned a row.
+    pub fn transition<T>(&self, transition: Transition, outcome: &Option<T>) {
+        let label = if outcome.is_some() { "won" } else { "lost" };
+        self.transitions
+            .with_label_values(&[transition.as_str(), label])
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buffer).expect("Prometheus text is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,146 @@
+//! Process assembly: connects the services a role needs and runs it until the
+//! shutdown token fires. Each role is a function of (services, shutdown), so
+//! `all` and `demo` are the same roles run side by side in one process.
+//!
+//! In a role the consumer loop and its companions are cooperating tasks: if one
+//! of them fails, every other is stopped and the role returns the error, so the
+//! process exits non-zero and the orchestrator restarts it whole.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::api;
+use crate::config::Settings;
+use crate::extract::RuleExtractor;
+use crate::kafka::Publisher;
+use crate::metrics::Metrics;
+use crate::pipeline::{BboxWorker, ExtractionWorker, Services};
+use crate::store;
+
+/// A role's failure, with the role's name.
+pub type RoleResult = anyhow::Result<()>;
+
+type Role = Pin<Box<dyn Future<Output = RoleResult> + Send>>;
+
+/// Connects Postgres and the producer for `settings`.
+pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
+    let metrics = Metrics::new();
+    let pool = store::connect(&settings.database_url, settings.db_max_connections).await?;
+    let publish_timeout = std::time::Duration::from_secs_f64(settings.publish_timeout_s);
+    let publisher = Publisher::new(&settings.kafka_brokers, publish_timeout, metrics.clone())?;
+    Ok(Services {
+        settings: Arc::new(settings),
+        pool,
+        publisher,
+        metrics,
+    })
+}
+
+/// The HTTP API on an already bound listener.
+pub async fn serve(services: Services, listener: TcpListener, shutdown: CancellationToken) -> RoleResult {
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "serve: listening");
+    api::serve(listener, api::app(services.clone()), shutdown).await?;
+    flush(&services);
+    Ok(())
+}
+
+/// The extraction worker: one consumer-group member on `extraction.submitted`.
+pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResult {
+    let handler = ExtractionWorker::new(services.clone(), RuleExtractor);
+    let settings = services.settings.clone();
+    services
+        .consume(&settings.worker_group, &settings.topic_submitted, handler, shutdown)
+        .await?;
+    flush(&services);
+    Ok(())
+}
+
+/// The bbox worker: one consumer-group member on `extraction.post_processing.requested`.
+pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> RoleResult {
+    let handler = BboxWorker::new(services.clone());
+    let settings = services.settings.clone();
+    services
+        .consume(&settings.bbox_worker_group, &settings.topic_post_processing, handler, shutdown)
+        .await?;
+    flush(&services);
+    Ok(())
+}
+
+/// `/metrics` on `metrics_addr`, for processes without the API.
+pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
+    let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
+    api::serve(listener, api::metrics_router(services.metrics.clone()), shutdown).await?;
+    Ok(())
+}
+
+/// How many of each role a process runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mix {
+    /// Whether to serve the HTTP API (which also serves `/metrics`).
+    pub serve: bool,
+    /// Extraction worker consumers.
+    pub workers: usize,
+    /// Bbox worker consumers.
+    pub bbox_workers: usize,
+}
+
+/// Runs `mix` in this process until `shutdown` fires or a role fails; a failing
+/// role stops the others. `http` is the API's listener when `mix.serve`.
+pub async fn run(services: Services, mix: Mix, http: Option<TcpListener>, shutdown: CancellationToken) -> RoleResult {
+    let stop = shutdown.child_token();
+    let mut roles: Vec<(&'static str, Role)> = Vec::new();
+    match (mix.serve, http) {
+        (true, Some(listener)) => roles.push(("serve", Box::pin(serve(services.clone(), listener, stop.clone())))),
+        (true, None) => anyhow::bail!("serve needs a listener"),
+        (false, _) => roles.push(("metrics", Box::pin(metrics_endpoint(services.clone(), stop.clone())))),
+    }
+    for _ in 0..mix.workers {
+        roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
+    }
+    for _ in 0..mix.bbox_workers {
+        roles.push(("bbox-worker", Box::pin(bbox_worker(services.clone(), stop.clone()))));
+    }
+    supervise(roles, stop).await
+}
+
+/// Runs roles side by side; the first failure cancels the rest and is returned.
+async fn supervise(roles: Vec<(&'static str, Role)>, stop: CancellationToken) -> RoleResult {
+    let mut set = JoinSet::new();
+    for (name, role) in roles {
+        set.spawn(async move { (name, role.await) });
+    }
+    let mut first_error = None;
+    while let Some(joined) = set.join_next().await {
+        let (name, result) = joined?;
+        if let Err(e) = result {
+            tracing::error!(role = name, error = %e, "role failed; stopping the process");
+            stop.cancel();
+            first_error.get_or_insert(e.context(format!("{name} failed")));
+        } else if !stop.is_cancelled() {
+            tracing::error!(role = name, "role ended on its own; stopping the process");
+            stop.cancel();
+            first_error.get_or_insert(anyhow::anyhow!("{name} ended unexpectedly"));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Binds the API's listener on `http_addr`.
+pub async fn bind_http(settings: &Settings) -> anyhow::Result<TcpListener> {
+    let addr: SocketAddr = settings.http_addr.parse()?;
+    Ok(TcpListener::bind(addr).await?)
+}
+
+fn flush(services: &Services) {
+    if let Err(e) = services.publisher.flush(std::time::Duration::from_secs(10)) {
+        tracing::warn!(error = %e, "producer flush incomplete");
+    }
+}

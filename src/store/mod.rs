@@ -1,0 +1,53 @@
+//! Postgres persistence for extraction jobs.
+//!
+//! Guarantees: every state change is one conditional statement whose `WHERE`
+//! names its legal predecessors (`transitions`), so two racers are serialised by
+//! the row lock and exactly one wins; the loser gets `None` and nothing changes.
+//! Each winning transition is logged in `extraction_transitions` by that same
+//! statement. Submits are idempotent per `Idempotency-Key` (`submit`).
+//! Lease arithmetic always uses the database clock (`now()`), never the caller's.
+
+mod row;
+mod submit;
+pub mod transitions;
+
+pub use row::{BboxRefinement, Claim, Extraction};
+pub use submit::{request_hash, submit, NewExtraction, SubmitError, Submitted};
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use uuid::Uuid;
+
+/// The migrations shipped in `migrations/`, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// A database failure; operators see the detail in logs, clients never do.
+#[derive(Debug, thiserror::Error)]
+#[error("database error: {0}")]
+pub struct StoreError(#[from] pub sqlx::Error);
+
+/// Opens a pool with `max_connections` connections.
+pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect(database_url)
+        .await?;
+    Ok(pool)
+}
+
+/// Applies every pending migration.
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}
+
+/// Reads one extraction.
+pub async fn get<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    id: Uuid,
+) -> Result<Option<Extraction>, StoreError> {
+    let row = sqlx::query_as::<_, Extraction>("SELECT * FROM extractions WHERE id = $1")
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row)
+}

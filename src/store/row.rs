@@ -1,0 +1,92 @@
+//! The `extractions` row as Rust sees it.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus};
+
+/// One row of `extractions`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Extraction {
+    /// Primary key, also the Kafka key of every event about this job.
+    pub id: Uuid,
+    /// See [`ExtractionStatus`]; stored as text.
+    pub status: String,
+    /// The client's idempotency key, if it sent one.
+    pub idempotency_key: Option<String>,
+    /// Hash of the request, to refuse a replayed key with another body.
+    pub request_hash: String,
+    /// The submitted request.
+    pub request: Json<ExtractionRequest>,
+    /// Extracted values, once succeeded.
+    pub result: Option<serde_json::Value>,
+    /// Last error (failed, or the reason of the last retry).
+    pub error: Option<String>,
+    /// Claims so far; the current holder's fencing token.
+    pub attempts: i32,
+    /// End of the current claim's lease (database clock).
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// When the row was inserted.
+    pub submitted_at: DateTime<Utc>,
+    /// When the latest claim started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the extraction reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Post-processing sub-states, `{"bbox_refinement": {...}}`.
+    pub post_processing: serde_json::Value,
+}
+
+/// The `bbox_refinement` sub-state inside `post_processing`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BboxRefinement {
+    /// Sub-state.
+    pub status: BboxStatus,
+    /// Claims so far; the current holder's fencing token.
+    #[serde(default)]
+    pub attempts: i32,
+    /// When the worker last stamped the post-processing request as being published.
+    #[serde(default)]
+    pub requested_at: Option<DateTime<Utc>>,
+    /// When the latest claim started.
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    /// End of the current claim's lease.
+    #[serde(default)]
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// When grounding finished.
+    #[serde(default)]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Grounded boxes per field.
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
+    /// Why grounding failed.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl Extraction {
+    /// The typed status; a value outside the CHECK constraint cannot be read back.
+    pub fn status(&self) -> ExtractionStatus {
+        self.status
+            .parse()
+            .expect("status is constrained by a CHECK in the schema")
+    }
+
+    /// The bbox refinement sub-state, once the extraction succeeded.
+    pub fn bbox_refinement(&self) -> Option<BboxRefinement> {
+        let sub = self.post_processing.get("bbox_refinement")?;
+        serde_json::from_value(sub.clone()).ok()
+    }
+}
+
+/// A won claim: the row as the claim left it, and the fencing token that every
+/// completing transition of this claim must present.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The row after the claim.
+    pub extraction: Extraction,
+    /// Attempt number of this claim.
+    pub token: i32,
+}

@@ -1,0 +1,118 @@
+//! Idempotent submit (invariant 3): SELECT by key, else INSERT; a concurrent twin
+//! that loses the INSERT on the partial unique index re-reads the winner, so every
+//! caller with one key sees one row. The same key with another body is refused.
+
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{Extraction, StoreError};
+use crate::domain::ExtractionRequest;
+
+const INSERT: &str = "WITH created AS (
+        INSERT INTO extractions (id, status, idempotency_key, request_hash, request)
+        VALUES ($1, 'queued', $2, $3, $4)
+        RETURNING *),
+    logged AS (
+        INSERT INTO extraction_transitions (extraction_id, transition, token)
+        SELECT id, 'submit', NULL FROM created)
+    SELECT * FROM created";
+
+const BY_KEY: &str = "SELECT * FROM extractions WHERE idempotency_key = $1";
+
+const KEY_INDEX: &str = "uq_extractions_idempotency_key";
+
+/// A job about to be inserted.
+#[derive(Debug, Clone)]
+pub struct NewExtraction {
+    /// Id the row will have if it is created.
+    pub id: Uuid,
+    /// The client's `Idempotency-Key`, if any.
+    pub idempotency_key: Option<String>,
+    /// The validated request.
+    pub request: ExtractionRequest,
+}
+
+/// The outcome of a submit.
+#[derive(Debug, Clone)]
+pub enum Submitted {
+    /// A new row was inserted; its event still has to be published.
+    Created(Extraction),
+    /// The key was seen before with the same body; this is that row.
+    Replayed(Extraction),
+}
+
+impl Submitted {
+    /// The row, whichever way it came.
+    pub fn extraction(&self) -> &Extraction {
+        match self {
+            Self::Created(row) | Self::Replayed(row) => row,
+        }
+    }
+}
+
+/// Why a submit was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The key belongs to a job with a different request body.
+    #[error("idempotency key was already used with a different request")]
+    KeyReused,
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for SubmitError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(StoreError(e))
+    }
+}
+
+/// Hash of the request's canonical JSON (struct field order, sorted maps).
+pub fn request_hash(request: &ExtractionRequest) -> String {
+    let canonical = serde_json::to_vec(request).expect("a request always serialises");
+    let digest = Sha256::digest(canonical);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Inserts `new`, or returns the row its idempotency key already names.
+pub async fn submit(pool: &PgPool, new: NewExtraction) -> Result<Submitted, SubmitError> {
+    let hash = request_hash(&new.request);
+    if let Some(key) = &new.idempotency_key {
+        if let Some(existing) = by_key(pool, key).await? {
+            return replay(existing, &hash);
+        }
+    }
+    let inserted = sqlx::query_as::<_, Extraction>(INSERT)
+        .bind(new.id)
+        .bind(&new.idempotency_key)
+        .bind(&hash)
+        .bind(sqlx::types::Json(&new.request))
+        .fetch_one(pool)
+        .await;
+    match inserted {
+        Ok(row) => Ok(Submitted::Created(row)),
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some(KEY_INDEX) => {
+            // A concurrent twin with the same key won the INSERT: answer with its row.
+            let key = new.idempotency_key.as_deref().unwrap_or_default();
+            let winner = by_key(pool, key).await?.ok_or(sqlx::Error::RowNotFound)?;
+            replay(winner, &hash)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn by_key(pool: &PgPool, key: &str) -> Result<Option<Extraction>, sqlx::Error> {
+    sqlx::query_as::<_, Extraction>(BY_KEY)
+        .bind(key)
+        .fetch_optional(pool)
+        .await
+}
+
+fn replay(existing: Extraction, hash: &str) -> Result<Submitted, SubmitError> {
+    if existing.request_hash == hash {
+        Ok(Submitted::Replayed(existing))
+    } else {
+        Err(SubmitError::KeyReused)
+    }
+}
