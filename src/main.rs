@@ -109,7 +109,10 @@ fn shutdown_on_signal() -> CancellationToken {
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DOCSTREAM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

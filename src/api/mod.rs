@@ -24,7 +24,7 @@ pub fn app(services: Services) -> Router {
         .merge(extractions::router())
         .route("/healthz", get(healthz))
         .with_state(services)
-        .merge(metrics_router(metrics.clone()))
+        .merge(Router::new().route("/metrics", get(render_metrics)).with_state(metrics.clone()))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
 }

@@ -1,0 +1,220 @@
+//! Test harness: every test gets its own database (migrated) and its own topics
+//! (a unique prefix), on the real Postgres and Kafka that `scripts/services.sh`
+//! starts, so tests run in parallel and repeat without cleanup. Also: spawning
+//! real `docstream` processes, reading topics back, and waiting on conditions.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use docstream::config::Settings;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+/// One test's isolated world.
+pub struct TestEnv {
+    /// Settings pointing at this test's database and topics.
+    pub settings: Settings,
+    /// A pool on this test's database.
+    pub pool: PgPool,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn unique(name: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}_{}_{n}_{:x}", std::process::id(), nanos % 0xffff_ffff)
+}
+
+impl TestEnv {
+    /// A fresh database and fresh topics named after `name`.
+    pub async fn new(name: &str) -> Self {
+        Self::with_settings(name, |_| {}).await
+    }
+
+    /// Like [`TestEnv::new`], with a chance to adjust settings first.
+    pub async fn with_settings(name: &str, adjust: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = Settings::load_from(None, &|var| std::env::var(var).ok())
+            .expect("settings from the environment");
+        let id = unique(name);
+        settings.database_url = create_database(&settings.database_url, &id).await;
+        settings.topic_prefix = format!("{id}.");
+        adjust(&mut settings);
+        let pool = docstream::store::connect(&settings.database_url, 60).await.expect("connect");
+        docstream::store::migrate(&pool).await.expect("migrate");
+        docstream::kafka::admin::create_topics(&settings).await.expect("create topics");
+        Self { settings, pool }
+    }
+
+    /// Connected services (pool, producer, metrics) for in-process roles.
+    pub async fn services(&self) -> docstream::pipeline::Services {
+        docstream::roles::connect(self.settings.clone()).await.expect("services")
+    }
+
+    /// Full name of a topic of this test.
+    pub fn topic(&self, name: &str) -> String {
+        self.settings.topic(name)
+    }
+
+    /// Environment for a `docstream` child process of this test.
+    pub fn child_env(&self) -> Vec<(String, String)> {
+        let s = &self.settings;
+        vec![
+            ("DATABASE_URL".into(), s.database_url.clone()),
+            ("DOCSTREAM_KAFKA_BROKERS".into(), s.kafka_brokers.clone()),
+            ("DOCSTREAM_TOPIC_PREFIX".into(), s.topic_prefix.clone()),
+            ("DOCSTREAM_METRICS_ADDR".into(), "127.0.0.1:0".into()),
+            ("DOCSTREAM_EXTRACTION_RUN_LEASE_S".into(), s.extraction_run_lease_s.to_string()),
+            ("DOCSTREAM_ASYNC_TIMEOUT_S".into(), s.async_timeout_s.to_string()),
+            ("DOCSTREAM_LOG".into(), "info,rdkafka=warn,sqlx=warn".into()),
+        ]
+    }
+
+    /// Starts `docstream <role>` as a separate OS process; its output goes to
+    /// `target/test-logs/<log_name>.log`.
+    pub fn spawn(&self, role: &str, extra_env: &[(&str, String)], log_name: &str) -> Child {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(dir.join(format!("{log_name}.log"))).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_docstream"));
+        command
+            .arg(role)
+            .envs(self.child_env())
+            .envs(extra_env.iter().map(|(k, v)| (k.to_string(), v.clone())))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true);
+        command.spawn().expect("spawn docstream")
+    }
+
+    /// Every record of `topic` written so far: (key, value).
+    pub fn read_topic(&self, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+        read_topic(&self.settings.kafka_brokers, &self.topic(topic))
+    }
+}
+
+async fn create_database(admin_url: &str, name: &str) -> String {
+    let admin = PgPool::connect(admin_url).await.expect("admin connection");
+    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&admin)
+        .await
+        .expect("create test database");
+    admin.close().await;
+    let mut url = reqwest::Url::parse(admin_url).expect("DATABASE_URL is a URL");
+    url.set_path(name);
+    url.to_string()
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, or panics after `timeout`
+/// with `what` and the last state `describe` gives.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(state) if Instant::now() >= deadline => panic!("timed out waiting for {what}: {state}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Waits until `GET {base}/healthz` answers 200.
+pub async fn wait_healthy(base: &str) {
+    let client = reqwest::Client::new();
+    wait_for("the API to be healthy", Duration::from_secs(60), || {
+        let request = client.get(format!("{base}/healthz")).send();
+        async move {
+            match request.await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) => Err(format!("status {}", r.status())),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await
+}
+
+/// Reads a topic from the beginning to its current end.
+pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("reader");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions: Vec<i32> = metadata.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    let mut ends = HashMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for &p in &partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        if high > low {
+            ends.insert(p, high);
+            assignment.add_partition_offset(topic, p, Offset::Offset(low)).unwrap();
+        }
+    }
+    let mut records = Vec::new();
+    if ends.is_empty() {
+        return records;
+    }
+    consumer.assign(&assignment).expect("assign");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ends.is_empty() {
+        assert!(Instant::now() < deadline, "reading {topic} timed out; {ends:?} left");
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else { continue };
+        let message = message.expect("consume");
+        let end = ends.get(&message.partition()).copied();
+        if let Some(end) = end {
+            records.push((message.key().map(<[u8]>::to_vec), message.payload().unwrap_or_default().to_vec()));
+            if message.offset() + 1 >= end {
+                ends.remove(&message.partition());
+            }
+        }
+    }
+    records
+}
+
+/// Sum of the high watermarks of every partition of `topic`: records ever written.
+pub fn topic_size(brokers: &str, topic: &str) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("client");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10)).unwrap().1)
+        .sum()
+}
+
+/// A valid request body with word geometry: one of the shipped samples.
+pub fn sample_body(i: usize) -> serde_json::Value {
+    let samples = docstream::demo::sample_requests();
+    serde_json::to_value(&samples[i % samples.len()].request).unwrap()
+}
