@@ -52,6 +52,9 @@ impl TestEnv {
         let pool = docstream::store::connect(&settings.database_url, 60).await.expect("connect");
         docstream::store::migrate(&pool).await.expect("migrate");
         docstream::kafka::admin::create_topics(&settings).await.expect("create topics");
+        for spec in docstream::kafka::admin::topic_specs(&settings) {
+            wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
+        }
         Self { settings, pool }
     }
 
@@ -113,6 +116,33 @@ async fn create_database(admin_url: &str, name: &str) -> String {
     let mut url = reqwest::Url::parse(admin_url).expect("DATABASE_URL is a URL");
     url.set_path(name);
     url.to_string()
+}
+
+/// Waits until every partition of `topic` has a leader that answers for it.
+pub async fn wait_topic_ready(brokers: &str, topic: &str) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("client");
+    wait_for(&format!("topic {topic} to have leaders"), Duration::from_secs(60), || {
+        let ready = (|| {
+            let metadata = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .map_err(|e| e.to_string())?;
+            let partitions = metadata.topics()[0].partitions();
+            if partitions.is_empty() {
+                return Err("no partitions yet".to_owned());
+            }
+            for p in partitions {
+                consumer
+                    .fetch_watermarks(topic, p.id(), Duration::from_secs(5))
+                    .map_err(|e| format!("partition {}: {e}", p.id()))?;
+            }
+            Ok(())
+        })();
+        async move { ready }
+    })
+    .await
 }
 
 /// A free loopback port (bound, then released).

@@ -1,0 +1,183 @@
+//! The HTTP API on a real Postgres and Kafka: submit publishes, idempotency holds
+//! under concurrency, and bad input gets a clear error with nothing written or
+//! published.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{sample_body, topic_size, TestEnv};
+use docstream::events::{decode, ExtractionSubmitted};
+use futures::future::join_all;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// The API of one test, served in-process.
+struct Api {
+    env: TestEnv,
+    base: String,
+    client: reqwest::Client,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Api {
+    async fn start(name: &str) -> Self {
+        let env = TestEnv::with_settings(name, |s| s.http_body_limit_bytes = 64 * 1024).await;
+        let services = env.services().await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        tokio::spawn(docstream::roles::serve(services, listener, stop.clone()));
+        common::wait_healthy(&base).await;
+        Self {
+            env,
+            base,
+            client: reqwest::Client::new(),
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: &Value, key: Option<&str>) -> (StatusCode, Value) {
+        let mut request = self.client.post(format!("{}{path}", self.base)).json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        answer(request.send().await.unwrap()).await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        answer(self.client.get(format!("{}{path}", self.base)).send().await.unwrap()).await
+    }
+
+    async fn rows(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM extractions").fetch_one(&self.env.pool).await.unwrap()
+    }
+
+    fn published(&self) -> i64 {
+        topic_size(&self.env.settings.kafka_brokers, &self.env.topic("extraction.submitted"))
+    }
+}
+
+async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+#[tokio::test]
+async fn submit_inserts_then_publishes_and_reads_back() {
+    let api = Api::start("api_submit").await;
+    let (status, body) = api.post("/v1/extractions", &sample_body(0), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], "queued");
+    let id = body["id"].as_str().unwrap().to_owned();
+
+    let events = api.env.read_topic("extraction.submitted");
+    assert_eq!(events.len(), 1);
+    let (key, payload) = &events[0];
+    assert_eq!(key.as_deref(), Some(id.as_bytes()));
+    assert_eq!(decode::<ExtractionSubmitted>(payload).unwrap().extraction_id, id);
+
+    let (status, view) = api.get(&format!("/v1/extractions/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((view["id"].as_str(), view["status"].as_str()), (Some(id.as_str()), Some("queued")));
+    assert_eq!(view["metadata"], json!({"sample": "invoice-northwind"}));
+}
+
+#[tokio::test]
+async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
+    let api = Api::start("api_idempotency").await;
+    let body = sample_body(1);
+    let answers = join_all((0..50).map(|_| api.post("/v1/extractions", &body, Some("order-77")))).await;
+    let ids: HashSet<String> = answers
+        .iter()
+        .map(|(status, body)| {
+            assert_eq!(*status, StatusCode::ACCEPTED, "{body}");
+            body["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(api.rows().await, 1);
+    assert_eq!(api.published(), 1, "only the request that created the row publishes");
+
+    let (status, body) = api.post("/v1/extractions", &sample_body(2), Some("order-77")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "invalid_request");
+    assert_eq!(api.rows().await, 1);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_error_and_writes_nothing() {
+    let api = Api::start("api_bad_input").await;
+    let url = format!("{}/v1/extractions", api.base);
+    let raw = |body: &'static str| {
+        api.client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    let (status, body) = answer(raw("{\"document\": ").await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "malformed JSON: {body}");
+    assert!(body["error"]["message"].as_str().unwrap().len() > 10);
+
+    let (status, _) = answer(raw("{\"document\": {\"text\": \"x\"}}").await.unwrap()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "missing fields");
+
+    let (status, _) = answer(raw("{\"document\": {\"text\": 5}, \"fields\": []}").await.unwrap()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "wrong type");
+
+    let no_rule = json!({"document": {"text": "Total 5.00"}, "fields": [{"name": "total"}]});
+    let (status, body) = api.post("/v1/extractions", &no_rule, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body["error"]["message"].as_str().unwrap().contains("pattern"), "{body}");
+
+    let bad_pattern = json!({"document": {"text": "x"}, "fields": [{"name": "a", "pattern": "("}]});
+    assert_eq!(api.post("/v1/extractions", &bad_pattern, None).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let bad_hook = json!({"document": {"text": "x"}, "fields": [{"name": "a", "anchor": "x"}], "webhook_url": "file:///etc/passwd"});
+    assert_eq!(api.post("/v1/extractions", &bad_hook, None).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let plain = api.client.post(&url).body("{}").send().await.unwrap();
+    assert_eq!(plain.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    let huge = json!({"document": {"text": "x".repeat(100 * 1024)}, "fields": [{"name": "a", "anchor": "x"}]});
+    let (status, body) = api.post("/v1/extractions", &huge, None).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+
+    let (status, _) = api
+        .post("/v1/extractions", &sample_body(0), Some(&"k".repeat(300)))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "oversized idempotency key");
+
+    let (status, body) = api.get(&format!("/v1/extractions/{}", uuid::Uuid::new_v4())).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    assert_eq!(api.get("/v1/extractions/not-a-uuid").await.0, StatusCode::BAD_REQUEST);
+
+    assert_eq!(api.rows().await, 0, "nothing written");
+    assert_eq!(api.published(), 0, "nothing published");
+}
+
+#[tokio::test]
+async fn cancel_only_a_queued_extraction() {
+    let api = Api::start("api_cancel").await;
+    let (_, body) = api.post("/v1/extractions", &sample_body(0), None).await;
+    let id = body["id"].as_str().unwrap().to_owned();
+    let (status, view) = api.post(&format!("/v1/extractions/{id}/cancel"), &json!({}), None).await;
+    assert_eq!((status, view["status"].as_str()), (StatusCode::OK, Some("cancelled")));
+    let (status, body) = api.post(&format!("/v1/extractions/{id}/cancel"), &json!({}), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let missing = format!("/v1/extractions/{}/cancel", uuid::Uuid::new_v4());
+    assert_eq!(api.post(&missing, &json!({}), None).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn metrics_are_exposed() {
+    let api = Api::start("api_metrics").await;
+    api.post("/v1/extractions", &sample_body(0), None).await;
+    let text = api.client.get(format!("{}/metrics", api.base)).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("docstream_events_produced_total"), "{text}");
+    assert!(text.contains("docstream_http_requests_total{route=\"/v1/extractions\",status=\"202\"} 1"), "{text}");
+}

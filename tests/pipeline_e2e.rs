@@ -1,0 +1,124 @@
+//! End to end through separate OS processes on the real broker and database:
+//! 1,000 submissions over HTTP to `serve`, two `worker` processes and one
+//! `bbox-worker` process. Every job must reach bbox succeeded, each extraction
+//! must have run exactly once, and no transition may have won twice — checked on
+//! the transition log and, independently, on the events topic.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{free_port, sample_body, wait_for, TestEnv};
+use docstream::events::{decode, ExtractionEvent};
+use futures::stream::{self, StreamExt};
+use nix_free_signal::terminate;
+use uuid::Uuid;
+
+const DOCUMENTS: usize = 1_000;
+
+/// SIGTERM without an extra crate: `kill -TERM`.
+mod nix_free_signal {
+    pub async fn terminate(child: &tokio::process::Child) {
+        let pid = child.id().expect("child still running");
+        let status = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
+    let env = TestEnv::new("e2e").await;
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut serve = env.spawn("serve", &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))], "e2e-serve");
+    let mut workers = vec![
+        env.spawn("worker", &[], "e2e-worker-1"),
+        env.spawn("worker", &[], "e2e-worker-2"),
+        env.spawn("bbox-worker", &[], "e2e-bbox-worker"),
+    ];
+    common::wait_healthy(&base).await;
+
+    let client = reqwest::Client::new();
+    let ids: Vec<Uuid> = stream::iter(0..DOCUMENTS)
+        .map(|i| {
+            let request = client.post(format!("{base}/v1/extractions")).json(&sample_body(i)).send();
+            async move {
+                let response = request.await.expect("submit");
+                assert_eq!(response.status(), reqwest::StatusCode::ACCEPTED);
+                let body: serde_json::Value = response.json().await.unwrap();
+                body["id"].as_str().unwrap().parse::<Uuid>().unwrap()
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    assert_eq!(ids.len(), DOCUMENTS);
+
+    let pool = env.pool.clone();
+    wait_for("every job to reach bbox succeeded", Duration::from_secs(300), || {
+        let pool = pool.clone();
+        async move {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM extractions
+                  WHERE status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' = 'succeeded'",
+            )
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+            if done == DOCUMENTS as i64 { Ok(()) } else { Err(format!("{done}/{DOCUMENTS} done")) }
+        }
+    })
+    .await;
+
+    // Graceful stop: every process exits 0 on SIGTERM.
+    for child in workers.iter().chain(std::iter::once(&serve)) {
+        terminate(child).await;
+    }
+    for child in workers.iter_mut().chain(std::iter::once(&mut serve)) {
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
+        assert!(status.success(), "exit status {status}");
+    }
+
+    // The transition log: each transition won exactly once per id; one claim each.
+    let wins: Vec<(Uuid, String, i64)> = sqlx::query_as(
+        "SELECT extraction_id, transition, count(*) FROM extraction_transitions GROUP BY 1, 2",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let expected = [
+        "submit",
+        "mark_running",
+        "mark_succeeded",
+        "start_bbox_refinement",
+        "mark_bbox_refinement_running",
+        "mark_bbox_refinement_succeeded",
+    ];
+    assert_eq!(wins.len(), DOCUMENTS * expected.len(), "one entry per (id, transition)");
+    for (id, transition, count) in &wins {
+        assert!(expected.contains(&transition.as_str()), "unexpected {transition} for {id}");
+        assert_eq!(*count, 1, "{transition} won {count} times for {id}");
+    }
+    let attempts: Vec<i32> = sqlx::query_scalar("SELECT attempts FROM extractions").fetch_all(&env.pool).await.unwrap();
+    assert!(attempts.iter().all(|&a| a == 1), "an extraction was claimed twice");
+
+    // The events topic tells the same story, independently of the database.
+    let mut per_id: HashMap<(String, String), usize> = HashMap::new();
+    for (key, payload) in env.read_topic("extraction.events") {
+        let event: ExtractionEvent = decode(&payload).expect("events decode");
+        assert_eq!(key.as_deref(), Some(event.extraction_id.as_bytes()), "keyed by extraction id");
+        *per_id.entry((event.extraction_id, event.transition)).or_default() += 1;
+    }
+    assert_eq!(per_id.len(), DOCUMENTS * expected.len());
+    assert!(per_id.values().all(|&n| n == 1), "an event was published twice");
+    let runs = per_id.keys().filter(|(_, t)| t == "mark_running").count();
+    assert_eq!(runs, DOCUMENTS, "each extraction ran exactly once");
+    for id in &ids {
+        assert!(per_id.contains_key(&(id.to_string(), "mark_bbox_refinement_succeeded".to_owned())));
+    }
+}
