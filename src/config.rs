@@ -174,11 +174,23 @@ impl Settings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
         for (name, secs) in [
-            ("DOCSTREAM_EXTRACTION_RUN_LEASE_S", self.extraction_run_lease_s),
-            ("DOCSTREAM_BBOX_REFINEMENT_LEASE_S", self.bbox_refinement_lease_s),
+            (
+                "DOCSTREAM_EXTRACTION_RUN_LEASE_S",
+                self.extraction_run_lease_s,
+            ),
+            (
+                "DOCSTREAM_BBOX_REFINEMENT_LEASE_S",
+                self.bbox_refinement_lease_s,
+            ),
             ("DOCSTREAM_ASYNC_TIMEOUT_S", self.async_timeout_s),
-            ("DOCSTREAM_BBOX_REFINE_TIMEOUT_S", self.bbox_refine_timeout_s),
-            ("DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S", self.subscriber_drain_timeout_s),
+            (
+                "DOCSTREAM_BBOX_REFINE_TIMEOUT_S",
+                self.bbox_refine_timeout_s,
+            ),
+            (
+                "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S",
+                self.subscriber_drain_timeout_s,
+            ),
             ("DOCSTREAM_PUBLISH_TIMEOUT_S", self.publish_timeout_s),
         ] {
             if !(secs.is_finite() && secs > 0.0) {
@@ -200,16 +212,24 @@ impl Settings {
         }
         for (name, n) in [
             ("DOCSTREAM_JOB_TOPIC_PARTITIONS", self.job_topic_partitions),
-            ("DOCSTREAM_STREAM_TOPIC_PARTITIONS", self.stream_topic_partitions),
+            (
+                "DOCSTREAM_STREAM_TOPIC_PARTITIONS",
+                self.stream_topic_partitions,
+            ),
             ("DOCSTREAM_DLQ_TOPIC_PARTITIONS", self.dlq_topic_partitions),
-            ("DOCSTREAM_TOPIC_REPLICATION_FACTOR", self.topic_replication_factor),
+            (
+                "DOCSTREAM_TOPIC_REPLICATION_FACTOR",
+                self.topic_replication_factor,
+            ),
         ] {
             if n < 1 {
                 return invalid(format!("{name} must be at least 1"));
             }
         }
         if self.consumer_max_in_flight == 0 || self.db_max_connections == 0 {
-            return invalid("consumer_max_in_flight and db_max_connections must be at least 1".into());
+            return invalid(
+                "consumer_max_in_flight and db_max_connections must be at least 1".into(),
+            );
         }
         for (name, addr) in [
             ("DOCSTREAM_HTTP_ADDR", &self.http_addr),
@@ -248,8 +268,10 @@ mod tests {
     use super::*;
 
     fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let vars: Vec<(String, String)> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Settings::load_from(None, &move |name| {
             vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
@@ -270,8 +292,11 @@ mod tests {
 
     #[test]
     fn a_lease_shorter_than_the_run_is_refused() {
-        let err = load(&[("DOCSTREAM_EXTRACTION_RUN_LEASE_S", "5"), ("DOCSTREAM_ASYNC_TIMEOUT_S", "10")])
-            .unwrap_err();
+        let err = load(&[
+            ("DOCSTREAM_EXTRACTION_RUN_LEASE_S", "5"),
+            ("DOCSTREAM_ASYNC_TIMEOUT_S", "10"),
+        ])
+        .unwrap_err();
         assert!(err.to_string().contains("must exceed"), "{err}");
     }
 

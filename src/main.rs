@@ -71,15 +71,31 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Topics => {
             for (topic, outcome) in kafka::admin::create_topics(&settings).await? {
-                println!("{:<48} partitions={:<3} {:?}", topic.name, topic.partitions, outcome);
+                println!(
+                    "{:<48} partitions={:<3} {:?}",
+                    topic.name, topic.partitions, outcome
+                );
             }
             return Ok(());
         }
         Command::Demo(args) => return demo::run(settings, args, shutdown).await,
-        Command::Serve => Mix { serve: true, ..Mix::default() },
-        Command::Worker => Mix { workers: 1, ..Mix::default() },
-        Command::BboxWorker => Mix { bbox_workers: 1, ..Mix::default() },
-        Command::All => Mix { serve: true, workers: 1, bbox_workers: 1 },
+        Command::Serve => Mix {
+            serve: true,
+            ..Mix::default()
+        },
+        Command::Worker => Mix {
+            workers: 1,
+            ..Mix::default()
+        },
+        Command::BboxWorker => Mix {
+            bbox_workers: 1,
+            ..Mix::default()
+        },
+        Command::All => Mix {
+            serve: true,
+            workers: 1,
+            bbox_workers: 1,
+        },
     };
     let http = match mix.serve {
         true => Some(roles::bind_http(&settings).await?),

@@ -40,7 +40,9 @@ impl Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(vec.clone())).expect("unique metric");
+            registry
+                .register(Box::new(vec.clone()))
+                .expect("unique metric");
             vec
         };
         let transitions = counter(
@@ -86,8 +88,12 @@ impl Metrics {
             &["topic", "partition"],
         )
         .expect("valid metric");
-        registry.register(Box::new(in_flight.clone())).expect("unique metric");
-        let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+        registry
+            .register(Box::new(in_flight.clone()))
+            .expect("unique metric");
+        let buckets = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
         let extraction_duration = HistogramVec::new(
             HistogramOpts::new(
                 "docstream_extraction_duration_seconds",
@@ -97,7 +103,9 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
-        registry.register(Box::new(extraction_duration.clone())).expect("unique metric");
+        registry
+            .register(Box::new(extraction_duration.clone()))
+            .expect("unique metric");
         let bbox_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "docstream_bbox_refinement_duration_seconds",
@@ -106,7 +114,9 @@ impl Metrics {
             .buckets(buckets),
         )
         .expect("valid metric");
-        registry.register(Box::new(bbox_duration.clone())).expect("unique metric");
+        registry
+            .register(Box::new(bbox_duration.clone()))
+            .expect("unique metric");
         Self {
             registry,
             transitions,

@@ -43,7 +43,11 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
 }
 
 /// The HTTP API on an already bound listener.
-pub async fn serve(services: Services, listener: TcpListener, shutdown: CancellationToken) -> RoleResult {
+pub async fn serve(
+    services: Services,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> RoleResult {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "serve: listening");
     api::serve(listener, api::app(services.clone()), shutdown).await?;
@@ -56,7 +60,12 @@ pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResu
     let handler = ExtractionWorker::new(services.clone(), RuleExtractor);
     let settings = services.settings.clone();
     services
-        .consume(&settings.worker_group, &settings.topic_submitted, handler, shutdown)
+        .consume(
+            &settings.worker_group,
+            &settings.topic_submitted,
+            handler,
+            shutdown,
+        )
         .await?;
     flush(&services);
     Ok(())
@@ -67,7 +76,12 @@ pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> Rol
     let handler = BboxWorker::new(services.clone());
     let settings = services.settings.clone();
     services
-        .consume(&settings.bbox_worker_group, &settings.topic_post_processing, handler, shutdown)
+        .consume(
+            &settings.bbox_worker_group,
+            &settings.topic_post_processing,
+            handler,
+            shutdown,
+        )
         .await?;
     flush(&services);
     Ok(())
@@ -77,7 +91,12 @@ pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> Rol
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
-    api::serve(listener, api::metrics_router(services.metrics.clone()), shutdown).await?;
+    api::serve(
+        listener,
+        api::metrics_router(services.metrics.clone()),
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 
@@ -94,19 +113,33 @@ pub struct Mix {
 
 /// Runs `mix` in this process until `shutdown` fires or a role fails; a failing
 /// role stops the others. `http` is the API's listener when `mix.serve`.
-pub async fn run(services: Services, mix: Mix, http: Option<TcpListener>, shutdown: CancellationToken) -> RoleResult {
+pub async fn run(
+    services: Services,
+    mix: Mix,
+    http: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> RoleResult {
     let stop = shutdown.child_token();
     let mut roles: Vec<(&'static str, Role)> = Vec::new();
     match (mix.serve, http) {
-        (true, Some(listener)) => roles.push(("serve", Box::pin(serve(services.clone(), listener, stop.clone())))),
+        (true, Some(listener)) => roles.push((
+            "serve",
+            Box::pin(serve(services.clone(), listener, stop.clone())),
+        )),
         (true, None) => anyhow::bail!("serve needs a listener"),
-        (false, _) => roles.push(("metrics", Box::pin(metrics_endpoint(services.clone(), stop.clone())))),
+        (false, _) => roles.push((
+            "metrics",
+            Box::pin(metrics_endpoint(services.clone(), stop.clone())),
+        )),
     }
     for _ in 0..mix.workers {
         roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
     }
     for _ in 0..mix.bbox_workers {
-        roles.push(("bbox-worker", Box::pin(bbox_worker(services.clone(), stop.clone()))));
+        roles.push((
+            "bbox-worker",
+            Box::pin(bbox_worker(services.clone(), stop.clone())),
+        ));
     }
     supervise(roles, stop).await
 }

@@ -47,15 +47,28 @@ impl Api {
     }
 
     async fn get(&self, path: &str) -> (StatusCode, Value) {
-        answer(self.client.get(format!("{}{path}", self.base)).send().await.unwrap()).await
+        answer(
+            self.client
+                .get(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
     }
 
     async fn rows(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM extractions").fetch_one(&self.env.pool).await.unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM extractions")
+            .fetch_one(&self.env.pool)
+            .await
+            .unwrap()
     }
 
     fn published(&self) -> i64 {
-        topic_size(&self.env.settings.kafka_brokers, &self.env.topic("extraction.submitted"))
+        topic_size(
+            &self.env.settings.kafka_brokers,
+            &self.env.topic("extraction.submitted"),
+        )
     }
 }
 
@@ -77,11 +90,19 @@ async fn submit_inserts_then_publishes_and_reads_back() {
     assert_eq!(events.len(), 1);
     let (key, payload) = &events[0];
     assert_eq!(key.as_deref(), Some(id.as_bytes()));
-    assert_eq!(decode::<ExtractionSubmitted>(payload).unwrap().extraction_id, id);
+    assert_eq!(
+        decode::<ExtractionSubmitted>(payload)
+            .unwrap()
+            .extraction_id,
+        id
+    );
 
     let (status, view) = api.get(&format!("/v1/extractions/{id}")).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!((view["id"].as_str(), view["status"].as_str()), (Some(id.as_str()), Some("queued")));
+    assert_eq!(
+        (view["id"].as_str(), view["status"].as_str()),
+        (Some(id.as_str()), Some("queued"))
+    );
     assert_eq!(view["metadata"], json!({"sample": "invoice-northwind"}));
 }
 
@@ -89,7 +110,8 @@ async fn submit_inserts_then_publishes_and_reads_back() {
 async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
     let api = Api::start("api_idempotency").await;
     let body = sample_body(1);
-    let answers = join_all((0..50).map(|_| api.post("/v1/extractions", &body, Some("order-77")))).await;
+    let answers =
+        join_all((0..50).map(|_| api.post("/v1/extractions", &body, Some("order-77")))).await;
     let ids: HashSet<String> = answers
         .iter()
         .map(|(status, body)| {
@@ -99,9 +121,15 @@ async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
         .collect();
     assert_eq!(ids.len(), 1);
     assert_eq!(api.rows().await, 1);
-    assert_eq!(api.published(), 1, "only the request that created the row publishes");
+    assert_eq!(
+        api.published(),
+        1,
+        "only the request that created the row publishes"
+    );
 
-    let (status, body) = api.post("/v1/extractions", &sample_body(2), Some("order-77")).await;
+    let (status, body) = api
+        .post("/v1/extractions", &sample_body(2), Some("order-77"))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["code"], "invalid_request");
     assert_eq!(api.rows().await, 1);
@@ -126,19 +154,36 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     let (status, _) = answer(raw("{\"document\": {\"text\": \"x\"}}").await.unwrap()).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "missing fields");
 
-    let (status, _) = answer(raw("{\"document\": {\"text\": 5}, \"fields\": []}").await.unwrap()).await;
+    let (status, _) = answer(
+        raw("{\"document\": {\"text\": 5}, \"fields\": []}")
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "wrong type");
 
     let no_rule = json!({"document": {"text": "Total 5.00"}, "fields": [{"name": "total"}]});
     let (status, body) = api.post("/v1/extractions", &no_rule, None).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(body["error"]["message"].as_str().unwrap().contains("pattern"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("pattern"),
+        "{body}"
+    );
 
     let bad_pattern = json!({"document": {"text": "x"}, "fields": [{"name": "a", "pattern": "("}]});
-    assert_eq!(api.post("/v1/extractions", &bad_pattern, None).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        api.post("/v1/extractions", &bad_pattern, None).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
 
     let bad_hook = json!({"document": {"text": "x"}, "fields": [{"name": "a", "anchor": "x"}], "webhook_url": "file:///etc/passwd"});
-    assert_eq!(api.post("/v1/extractions", &bad_hook, None).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        api.post("/v1/extractions", &bad_hook, None).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
 
     let plain = api.client.post(&url).body("{}").send().await.unwrap();
     assert_eq!(plain.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
@@ -152,9 +197,17 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "oversized idempotency key");
 
-    let (status, body) = api.get(&format!("/v1/extractions/{}", uuid::Uuid::new_v4())).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
-    assert_eq!(api.get("/v1/extractions/not-a-uuid").await.0, StatusCode::BAD_REQUEST);
+    let (status, body) = api
+        .get(&format!("/v1/extractions/{}", uuid::Uuid::new_v4()))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(
+        api.get("/v1/extractions/not-a-uuid").await.0,
+        StatusCode::BAD_REQUEST
+    );
 
     assert_eq!(api.rows().await, 0, "nothing written");
     assert_eq!(api.published(), 0, "nothing published");
@@ -165,19 +218,40 @@ async fn cancel_only_a_queued_extraction() {
     let api = Api::start("api_cancel").await;
     let (_, body) = api.post("/v1/extractions", &sample_body(0), None).await;
     let id = body["id"].as_str().unwrap().to_owned();
-    let (status, view) = api.post(&format!("/v1/extractions/{id}/cancel"), &json!({}), None).await;
-    assert_eq!((status, view["status"].as_str()), (StatusCode::OK, Some("cancelled")));
-    let (status, body) = api.post(&format!("/v1/extractions/{id}/cancel"), &json!({}), None).await;
+    let (status, view) = api
+        .post(&format!("/v1/extractions/{id}/cancel"), &json!({}), None)
+        .await;
+    assert_eq!(
+        (status, view["status"].as_str()),
+        (StatusCode::OK, Some("cancelled"))
+    );
+    let (status, body) = api
+        .post(&format!("/v1/extractions/{id}/cancel"), &json!({}), None)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let missing = format!("/v1/extractions/{}/cancel", uuid::Uuid::new_v4());
-    assert_eq!(api.post(&missing, &json!({}), None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        api.post(&missing, &json!({}), None).await.0,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
 async fn metrics_are_exposed() {
     let api = Api::start("api_metrics").await;
     api.post("/v1/extractions", &sample_body(0), None).await;
-    let text = api.client.get(format!("{}/metrics", api.base)).send().await.unwrap().text().await.unwrap();
+    let text = api
+        .client
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(text.contains("docstream_events_produced_total"), "{text}");
-    assert!(text.contains("docstream_http_requests_total{route=\"/v1/extractions\",status=\"202\"} 1"), "{text}");
+    assert!(
+        text.contains("docstream_http_requests_total{route=\"/v1/extractions\",status=\"202\"} 1"),
+        "{text}"
+    );
 }

@@ -3,10 +3,15 @@
 
 use apache_avro::types::Value;
 use apache_avro::{GenericSingleObjectReader, Schema};
-use docstream::events::{encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested, PublishReason};
+use docstream::events::{
+    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested,
+    PublishReason,
+};
 
 fn reader(file: &str) -> GenericSingleObjectReader {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("schemas")
+        .join(file);
     let text = std::fs::read_to_string(path).unwrap();
     GenericSingleObjectReader::new(Schema::parse_str(&text).unwrap()).unwrap()
 }
@@ -22,17 +27,31 @@ fn field<'a>(value: &'a Value, name: &str) -> &'a Value {
 fn submitted_decodes_from_its_avsc_alone() {
     let id = uuid::Uuid::new_v4();
     let bytes = encode(&ExtractionSubmitted::new(id, PublishReason::Reaper)).unwrap();
-    let value = reader("ExtractionSubmitted.avsc").read_value(&mut &bytes[..]).unwrap();
-    assert_eq!(field(&value, "extraction_id"), &Value::String(id.to_string()));
+    let value = reader("ExtractionSubmitted.avsc")
+        .read_value(&mut &bytes[..])
+        .unwrap();
+    assert_eq!(
+        field(&value, "extraction_id"),
+        &Value::String(id.to_string())
+    );
     assert_eq!(field(&value, "reason"), &Value::Enum(2, "reaper".into()));
 }
 
 #[test]
 fn every_event_decodes_from_its_avsc_alone() {
     let id = uuid::Uuid::new_v4();
-    let post = encode(&PostProcessingRequested::bbox_refinement(id, PublishReason::Submit)).unwrap();
-    let value = reader("PostProcessingRequested.avsc").read_value(&mut &post[..]).unwrap();
-    assert_eq!(field(&value, "step"), &Value::String("bbox_refinement".into()));
+    let post = encode(&PostProcessingRequested::bbox_refinement(
+        id,
+        PublishReason::Submit,
+    ))
+    .unwrap();
+    let value = reader("PostProcessingRequested.avsc")
+        .read_value(&mut &post[..])
+        .unwrap();
+    assert_eq!(
+        field(&value, "step"),
+        &Value::String("bbox_refinement".into())
+    );
 
     let event = ExtractionEvent {
         extraction_id: id.to_string(),
@@ -45,9 +64,17 @@ fn every_event_decodes_from_its_avsc_alone() {
         published_at_ms: 1,
     };
     let bytes = encode(&event).unwrap();
-    let value = reader("ExtractionEvent.avsc").read_value(&mut &bytes[..]).unwrap();
-    assert_eq!(field(&value, "token"), &Value::Union(1, Box::new(Value::Int(1))));
-    assert_eq!(field(&value, "error"), &Value::Union(0, Box::new(Value::Null)));
+    let value = reader("ExtractionEvent.avsc")
+        .read_value(&mut &bytes[..])
+        .unwrap();
+    assert_eq!(
+        field(&value, "token"),
+        &Value::Union(1, Box::new(Value::Int(1)))
+    );
+    assert_eq!(
+        field(&value, "error"),
+        &Value::Union(0, Box::new(Value::Null))
+    );
 
     let letter = DeadLetter {
         topic: "t".into(),
@@ -60,12 +87,23 @@ fn every_event_decodes_from_its_avsc_alone() {
         published_at_ms: 3,
     };
     let bytes = encode(&letter).unwrap();
-    let value = reader("DeadLetter.avsc").read_value(&mut &bytes[..]).unwrap();
-    assert_eq!(field(&value, "payload"), &Value::Union(1, Box::new(Value::Bytes(vec![0xff, 0x00]))));
+    let value = reader("DeadLetter.avsc")
+        .read_value(&mut &bytes[..])
+        .unwrap();
+    assert_eq!(
+        field(&value, "payload"),
+        &Value::Union(1, Box::new(Value::Bytes(vec![0xff, 0x00])))
+    );
 }
 
 #[test]
 fn a_reader_of_another_schema_refuses_the_record() {
-    let bytes = encode(&ExtractionSubmitted::new(uuid::Uuid::nil(), PublishReason::Submit)).unwrap();
-    assert!(reader("DeadLetter.avsc").read_value(&mut &bytes[..]).is_err());
+    let bytes = encode(&ExtractionSubmitted::new(
+        uuid::Uuid::nil(),
+        PublishReason::Submit,
+    ))
+    .unwrap();
+    assert!(reader("DeadLetter.avsc")
+        .read_value(&mut &bytes[..])
+        .is_err());
 }

@@ -35,8 +35,12 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
     let env = TestEnv::new("e2e").await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let mut serve = env.spawn("serve", &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))], "e2e-serve");
-    let mut workers = vec![
+    let mut serve = env.spawn(
+        "serve",
+        &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+        "e2e-serve",
+    );
+    let mut workers = [
         env.spawn("worker", &[], "e2e-worker-1"),
         env.spawn("worker", &[], "e2e-worker-2"),
         env.spawn("bbox-worker", &[], "e2e-bbox-worker"),
@@ -46,7 +50,10 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
     let client = reqwest::Client::new();
     let ids: Vec<Uuid> = stream::iter(0..DOCUMENTS)
         .map(|i| {
-            let request = client.post(format!("{base}/v1/extractions")).json(&sample_body(i)).send();
+            let request = client
+                .post(format!("{base}/v1/extractions"))
+                .json(&sample_body(i))
+                .send();
             async move {
                 let response = request.await.expect("submit");
                 assert_eq!(response.status(), reqwest::StatusCode::ACCEPTED);
@@ -80,7 +87,10 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
         terminate(child).await;
     }
     for child in workers.iter_mut().chain(std::iter::once(&mut serve)) {
-        let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .unwrap()
+            .unwrap();
         assert!(status.success(), "exit status {status}");
     }
 
@@ -99,23 +109,45 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
         "mark_bbox_refinement_running",
         "mark_bbox_refinement_succeeded",
     ];
-    assert_eq!(wins.len(), DOCUMENTS * expected.len(), "one entry per (id, transition)");
+    assert_eq!(
+        wins.len(),
+        DOCUMENTS * expected.len(),
+        "one entry per (id, transition)"
+    );
     for (id, transition, count) in &wins {
-        assert!(expected.contains(&transition.as_str()), "unexpected {transition} for {id}");
+        assert!(
+            expected.contains(&transition.as_str()),
+            "unexpected {transition} for {id}"
+        );
         assert_eq!(*count, 1, "{transition} won {count} times for {id}");
     }
-    let attempts: Vec<i32> = sqlx::query_scalar("SELECT attempts FROM extractions").fetch_all(&env.pool).await.unwrap();
-    assert!(attempts.iter().all(|&a| a == 1), "an extraction was claimed twice");
+    let attempts: Vec<i32> = sqlx::query_scalar("SELECT attempts FROM extractions")
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+    assert!(
+        attempts.iter().all(|&a| a == 1),
+        "an extraction was claimed twice"
+    );
 
     // The events topic tells the same story, independently of the database.
     let mut per_id: HashMap<(String, String), usize> = HashMap::new();
     for (key, payload) in env.read_topic("extraction.events") {
         let event: ExtractionEvent = decode(&payload).expect("events decode");
-        assert_eq!(key.as_deref(), Some(event.extraction_id.as_bytes()), "keyed by extraction id");
-        *per_id.entry((event.extraction_id, event.transition)).or_default() += 1;
+        assert_eq!(
+            key.as_deref(),
+            Some(event.extraction_id.as_bytes()),
+            "keyed by extraction id"
+        );
+        *per_id
+            .entry((event.extraction_id, event.transition))
+            .or_default() += 1;
     }
     assert_eq!(per_id.len(), DOCUMENTS * expected.len());
-    assert!(per_id.values().all(|&n| n == 1), "an event was published twice");
+    assert!(
+        per_id.values().all(|&n| n == 1),
+        "an event was published twice"
+    );
     let runs = per_id.keys().filter(|(_, t)| t == "mark_running").count();
     assert_eq!(runs, DOCUMENTS, "each extraction ran exactly once");
     for id in &ids {

@@ -30,25 +30,32 @@ async fn queued(pool: &PgPool) -> Uuid {
 
 async fn running(pool: &PgPool) -> (Uuid, i32) {
     let id = queued(pool).await;
-    let claim = transitions::mark_running(pool, id, LEASE_S).await.unwrap().unwrap();
+    let claim = transitions::mark_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
     (id, claim.token)
 }
 
 async fn succeeded(pool: &PgPool) -> Uuid {
     let (id, token) = running(pool).await;
     let result = serde_json::json!({"fields": {}});
-    transitions::mark_succeeded(pool, id, token, &result).await.unwrap().unwrap();
+    transitions::mark_succeeded(pool, id, token, &result)
+        .await
+        .unwrap()
+        .unwrap();
     id
 }
 
 /// Rows and transition-log entries: the whole observable state of a job.
 async fn snapshot(pool: &PgPool, id: Uuid) -> (String, i64) {
     let row: Extraction = store::get(pool, id).await.unwrap().unwrap();
-    let log: i64 = sqlx::query_scalar("SELECT count(*) FROM extraction_transitions WHERE extraction_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let log: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM extraction_transitions WHERE extraction_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     let state = format!(
         "{} {} {:?} {:?} {:?} {}",
         row.status, row.attempts, row.lease_expires_at, row.result, row.error, row.post_processing
@@ -57,12 +64,14 @@ async fn snapshot(pool: &PgPool, id: Uuid) -> (String, i64) {
 }
 
 async fn wins_of(pool: &PgPool, id: Uuid, transition: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM extraction_transitions WHERE extraction_id = $1 AND transition = $2")
-        .bind(id)
-        .bind(transition)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT count(*) FROM extraction_transitions WHERE extraction_id = $1 AND transition = $2",
+    )
+    .bind(id)
+    .bind(transition)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 /// Runs 50 racers at once and returns how many won.
@@ -72,7 +81,11 @@ where
     Fut: Future<Output = Result<Option<T>, store::StoreError>>,
 {
     let outcomes = join_all((0..50).map(racer)).await;
-    outcomes.into_iter().map(|o| o.unwrap()).filter(Option::is_some).count()
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap())
+        .filter(Option::is_some)
+        .count()
 }
 
 #[tokio::test]
@@ -119,13 +132,19 @@ async fn cancel_and_claim_race_has_one_winner() {
             if i % 2 == 0 {
                 transitions::mark_cancelled(pool, id).await
             } else {
-                Ok(transitions::mark_running(pool, id, LEASE_S).await?.map(|c| c.extraction))
+                Ok(transitions::mark_running(pool, id, LEASE_S)
+                    .await?
+                    .map(|c| c.extraction))
             }
         })
         .await;
         assert_eq!(winners, 1);
         let row = store::get(pool, id).await.unwrap().unwrap();
-        assert!(matches!(row.status.as_str(), "cancelled" | "running"), "{}", row.status);
+        assert!(
+            matches!(row.status.as_str(), "cancelled" | "running"),
+            "{}",
+            row.status
+        );
     }
 }
 
@@ -136,7 +155,13 @@ async fn bbox_claims_and_completions_have_one_winner() {
     let id = succeeded(pool).await;
     let winners = race(|_| transitions::mark_bbox_refinement_running(pool, id, LEASE_S)).await;
     assert_eq!(winners, 1);
-    let token = store::get(pool, id).await.unwrap().unwrap().bbox_refinement().unwrap().attempts;
+    let token = store::get(pool, id)
+        .await
+        .unwrap()
+        .unwrap()
+        .bbox_refinement()
+        .unwrap()
+        .attempts;
     assert_eq!(token, 1);
     let result = serde_json::json!({"fields": {}});
     let winners = race(|i| {
@@ -163,35 +188,96 @@ async fn illegal_transitions_return_none_and_change_nothing() {
     // From queued: nothing that needs a claim or a success may happen.
     let id = queued(pool).await;
     let before = snapshot(pool, id).await;
-    assert!(transitions::mark_succeeded(pool, id, 0, &result).await.unwrap().is_none());
-    assert!(transitions::mark_failed(pool, id, 0, "x").await.unwrap().is_none());
-    assert!(transitions::requeue_for_retry(pool, id, 0, "x").await.unwrap().is_none());
-    assert!(transitions::start_bbox_refinement(pool, id).await.unwrap().is_none());
-    assert!(transitions::mark_bbox_refinement_running(pool, id, LEASE_S).await.unwrap().is_none());
-    assert!(transitions::mark_bbox_refinement_succeeded(pool, id, 0, &result).await.unwrap().is_none());
-    assert!(transitions::requeue_bbox_refinement(pool, id).await.unwrap().is_none());
+    assert!(transitions::mark_succeeded(pool, id, 0, &result)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_failed(pool, id, 0, "x")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::requeue_for_retry(pool, id, 0, "x")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::start_bbox_refinement(pool, id)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        transitions::mark_bbox_refinement_succeeded(pool, id, 0, &result)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(transitions::requeue_bbox_refinement(pool, id)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(snapshot(pool, id).await, before);
 
     // From running under a live lease: no second claim, no cancel.
     let (id, token) = running(pool).await;
     let before = snapshot(pool, id).await;
-    assert!(transitions::mark_running(pool, id, LEASE_S).await.unwrap().is_none());
-    assert!(transitions::mark_cancelled(pool, id).await.unwrap().is_none());
-    assert!(transitions::mark_succeeded(pool, id, token + 1, &result).await.unwrap().is_none());
+    assert!(transitions::mark_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_cancelled(pool, id)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_succeeded(pool, id, token + 1, &result)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(snapshot(pool, id).await, before);
 
     // From succeeded with bbox succeeded: everything is over.
     let id = succeeded(pool).await;
-    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S).await.unwrap().unwrap();
-    transitions::mark_bbox_refinement_succeeded(pool, id, claim.token, &result).await.unwrap().unwrap();
+    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    transitions::mark_bbox_refinement_succeeded(pool, id, claim.token, &result)
+        .await
+        .unwrap()
+        .unwrap();
     let before = snapshot(pool, id).await;
-    assert!(transitions::mark_running(pool, id, LEASE_S).await.unwrap().is_none());
-    assert!(transitions::mark_cancelled(pool, id).await.unwrap().is_none());
-    assert!(transitions::mark_failed(pool, id, 1, "x").await.unwrap().is_none());
-    assert!(transitions::mark_bbox_refinement_running(pool, id, LEASE_S).await.unwrap().is_none());
-    assert!(transitions::mark_bbox_refinement_failed(pool, id, claim.token, "x").await.unwrap().is_none());
-    assert!(transitions::requeue_bbox_refinement(pool, id).await.unwrap().is_none());
-    assert!(transitions::start_bbox_refinement(pool, id).await.unwrap().is_none());
+    assert!(transitions::mark_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_cancelled(pool, id)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_failed(pool, id, 1, "x")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        transitions::mark_bbox_refinement_failed(pool, id, claim.token, "x")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(transitions::requeue_bbox_refinement(pool, id)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::start_bbox_refinement(pool, id)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(snapshot(pool, id).await, before);
 }
 
@@ -201,17 +287,31 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
     let pool = &env.pool;
     let (id, stale_token) = running(pool).await;
     // The holder froze past its lease (expired on the database clock).
-    sqlx::query("UPDATE extractions SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
-        .bind(id)
-        .execute(pool)
+    sqlx::query(
+        "UPDATE extractions SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    let fresh = transitions::mark_running(pool, id, LEASE_S)
         .await
+        .unwrap()
         .unwrap();
-    let fresh = transitions::mark_running(pool, id, LEASE_S).await.unwrap().unwrap();
     assert_eq!(fresh.token, stale_token + 1);
     let result = serde_json::json!({"fields": {}});
-    assert!(transitions::mark_succeeded(pool, id, stale_token, &result).await.unwrap().is_none());
-    assert!(transitions::mark_failed(pool, id, stale_token, "late").await.unwrap().is_none());
-    assert!(transitions::mark_succeeded(pool, id, fresh.token, &result).await.unwrap().is_some());
+    assert!(transitions::mark_succeeded(pool, id, stale_token, &result)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_failed(pool, id, stale_token, "late")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_succeeded(pool, id, fresh.token, &result)
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
 }
 
@@ -220,16 +320,37 @@ async fn retry_and_bbox_requeue_return_work_to_pending() {
     let env = TestEnv::new("requeue").await;
     let pool = &env.pool;
     let (id, token) = running(pool).await;
-    let row = transitions::requeue_for_retry(pool, id, token, "flaky").await.unwrap().unwrap();
-    assert_eq!((row.status.as_str(), row.error.as_deref()), ("queued", Some("flaky")));
-    let again = transitions::mark_running(pool, id, LEASE_S).await.unwrap().unwrap();
+    let row = transitions::requeue_for_retry(pool, id, token, "flaky")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.error.as_deref()),
+        ("queued", Some("flaky"))
+    );
+    let again = transitions::mark_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(again.token, 2);
 
     let id = succeeded(pool).await;
-    transitions::mark_bbox_refinement_running(pool, id, LEASE_S).await.unwrap().unwrap();
-    let row = transitions::requeue_bbox_refinement(pool, id).await.unwrap().unwrap();
-    assert_eq!(row.bbox_refinement().unwrap().status, docstream::domain::BboxStatus::Pending);
-    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S).await.unwrap().unwrap();
+    transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    let row = transitions::requeue_bbox_refinement(pool, id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.bbox_refinement().unwrap().status,
+        docstream::domain::BboxStatus::Pending
+    );
+    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(claim.token, 2);
 }
 
@@ -247,12 +368,22 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
             },
         )
     });
-    let outcomes: Vec<Submitted> = join_all(submits).await.into_iter().map(Result::unwrap).collect();
-    let created = outcomes.iter().filter(|o| matches!(o, Submitted::Created(_))).count();
+    let outcomes: Vec<Submitted> = join_all(submits)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let created = outcomes
+        .iter()
+        .filter(|o| matches!(o, Submitted::Created(_)))
+        .count();
     assert_eq!(created, 1);
     let ids: std::collections::HashSet<Uuid> = outcomes.iter().map(|o| o.extraction().id).collect();
     assert_eq!(ids.len(), 1);
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions").fetch_one(pool).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     assert_eq!(rows, 1);
 
     let mut other = request();

@@ -77,7 +77,9 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     let limit = services.settings.http_body_limit_bytes;
     let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
-    request.validate().map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    request
+        .validate()
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewExtraction {
         id: Uuid::new_v4(),
@@ -94,7 +96,12 @@ async fn submit(
         id: row.id,
         status: row.status.clone(),
     };
-    Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response())
 }
 
 /// Hands a new row to the workers. The row is already durable, so a failed
@@ -149,9 +156,14 @@ async fn cancel(
 ) -> Result<Json<ExtractionView>, ApiError> {
     let Path(id) = id?;
     let cancelled = transitions::mark_cancelled(&services.pool, id).await?;
-    services.metrics.transition(Transition::MarkCancelled, &cancelled);
+    services
+        .metrics
+        .transition(Transition::MarkCancelled, &cancelled);
     if let Some(row) = cancelled {
-        if let Err(e) = services.emit(Transition::MarkCancelled, &row, None, PublishReason::Submit).await {
+        if let Err(e) = services
+            .emit(Transition::MarkCancelled, &row, None, PublishReason::Submit)
+            .await
+        {
             tracing::warn!(%id, error = %e, "lifecycle event not published");
         }
         return Ok(Json(row.into()));

@@ -24,7 +24,11 @@ pub fn app(services: Services) -> Router {
         .merge(extractions::router())
         .route("/healthz", get(healthz))
         .with_state(services)
-        .merge(Router::new().route("/metrics", get(render_metrics)).with_state(metrics.clone()))
+        .merge(
+            Router::new()
+                .route("/metrics", get(render_metrics))
+                .with_state(metrics.clone()),
+        )
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
 }
@@ -38,7 +42,11 @@ pub fn metrics_router(metrics: Metrics) -> Router {
 }
 
 /// Serves `router` on `listener` until `shutdown`; in-flight requests finish first.
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

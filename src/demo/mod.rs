@@ -40,7 +40,11 @@ pub struct DemoArgs {
 }
 
 /// Runs the demo; see the module docs.
-pub async fn run(settings: Settings, args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    args: DemoArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let services = roles::connect(settings).await?;
@@ -96,7 +100,11 @@ async fn drive(
         if counts.settled() == ids.len() as i64 {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "timed out after {} s: {counts:?}", args.timeout_s);
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out after {} s: {counts:?}",
+            args.timeout_s
+        );
         tokio::select! {
             _ = shutdown.cancelled() => anyhow::bail!("interrupted"),
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
@@ -115,7 +123,10 @@ async fn submit(client: &reqwest::Client, base: &str, sample: &Sample) -> anyhow
         .context("submitting a sample")?;
     let status = response.status();
     let body: serde_json::Value = response.json().await?;
-    anyhow::ensure!(status == reqwest::StatusCode::ACCEPTED, "submit answered {status}: {body}");
+    anyhow::ensure!(
+        status == reqwest::StatusCode::ACCEPTED,
+        "submit answered {status}: {body}"
+    );
     let id = body["id"].as_str().context("answer without id")?;
     Ok(id.parse()?)
 }

@@ -65,9 +65,10 @@ impl Progress {
             return Self { bars: None, total };
         }
         let multi = MultiProgress::new();
-        let style = ProgressStyle::with_template("{prefix:>10} [{bar:40.cyan/blue}] {pos}/{len} {per_sec}")
-            .expect("valid template")
-            .progress_chars("=> ");
+        let style =
+            ProgressStyle::with_template("{prefix:>10} [{bar:40.cyan/blue}] {pos}/{len} {per_sec}")
+                .expect("valid template")
+                .progress_chars("=> ");
         let bar = |name: &'static str| {
             let bar = multi.add(ProgressBar::new(total));
             bar.set_style(style.clone());
@@ -132,7 +133,11 @@ pub struct Summary {
 
 impl Summary {
     /// Reads the summary of `ids` from the database.
-    pub async fn query(pool: &PgPool, ids: &[Uuid], elapsed: Duration) -> Result<Self, sqlx::Error> {
+    pub async fn query(
+        pool: &PgPool,
+        ids: &[Uuid],
+        elapsed: Duration,
+    ) -> Result<Self, sqlx::Error> {
         let counts = Counts::query(pool, ids).await?;
         let latency = |until: &str| {
             format!(
@@ -143,7 +148,10 @@ impl Summary {
                   WHERE s IS NOT NULL"
             )
         };
-        let to_succeeded: (f64, f64) = sqlx::query_as(&latency("finished_at")).bind(ids).fetch_one(pool).await?;
+        let to_succeeded: (f64, f64) = sqlx::query_as(&latency("finished_at"))
+            .bind(ids)
+            .fetch_one(pool)
+            .await?;
         let to_bbox: (f64, f64) = sqlx::query_as(&latency(
             "(post_processing->'bbox_refinement'->>'finished_at')::timestamptz",
         ))
@@ -186,8 +194,17 @@ impl fmt::Display for Summary {
             "status           succeeded={} failed_or_cancelled={} still_queued_or_running={}",
             c.succeeded, c.failed_or_cancelled, c.in_extraction
         )?;
-        writeln!(f, "bbox_refinement  succeeded={} finished={}", c.bbox_succeeded, c.bbox_done)?;
-        writeln!(f, "throughput       {:.1} documents/s ({} in {secs:.2} s)", self.total as f64 / secs, self.total)?;
+        writeln!(
+            f,
+            "bbox_refinement  succeeded={} finished={}",
+            c.bbox_succeeded, c.bbox_done
+        )?;
+        writeln!(
+            f,
+            "throughput       {:.1} documents/s ({} in {secs:.2} s)",
+            self.total as f64 / secs,
+            self.total
+        )?;
         writeln!(
             f,
             "latency          submit->succeeded p50={:.0} ms p99={:.0} ms; submit->bbox succeeded p50={:.0} ms p99={:.0} ms",
@@ -198,7 +215,9 @@ impl fmt::Display for Summary {
         )?;
         if let Some((id, result, boxes)) = &self.sample {
             writeln!(f, "sample {id}")?;
-            if let (Some(values), Some(grounded)) = (result["fields"].as_object(), boxes["fields"].as_object()) {
+            if let (Some(values), Some(grounded)) =
+                (result["fields"].as_object(), boxes["fields"].as_object())
+            {
                 for (name, value) in values {
                     let bbox = &grounded.get(name).cloned().unwrap_or_default();
                     writeln!(

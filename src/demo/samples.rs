@@ -38,11 +38,16 @@ mod tests {
     fn every_sample_is_valid_and_yields_every_field_with_a_box() {
         for sample in sample_requests() {
             sample.request.validate().unwrap();
-            let output = rule_extract(&sample.request).unwrap_or_else(|e| panic!("{}: {e}", sample.name));
+            let output =
+                rule_extract(&sample.request).unwrap_or_else(|e| panic!("{}: {e}", sample.name));
             let grounding = ground(&sample.request.document, &output);
             for (field, value) in &output.fields {
                 assert!(value.is_some(), "{}: {field} not found", sample.name);
-                assert!(grounding.fields[field].is_some(), "{}: {field} has no box", sample.name);
+                assert!(
+                    grounding.fields[field].is_some(),
+                    "{}: {field} has no box",
+                    sample.name
+                );
             }
         }
     }

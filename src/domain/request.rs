@@ -258,7 +258,9 @@ mod tests {
 
     #[test]
     fn accepts_a_minimal_request() {
-        let req = text_request(serde_json::json!([{"name": "total", "type": "money", "anchor": "Total"}]));
+        let req = text_request(
+            serde_json::json!([{"name": "total", "type": "money", "anchor": "Total"}]),
+        );
         assert_eq!(req.validate(), Ok(()));
     }
 

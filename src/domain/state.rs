@@ -173,6 +173,9 @@ mod tests {
             assert_eq!(s.as_str().parse::<ExtractionStatus>().unwrap(), s);
         }
         assert!("done".parse::<ExtractionStatus>().is_err());
-        assert_eq!("running".parse::<BboxStatus>().unwrap(), BboxStatus::Running);
+        assert_eq!(
+            "running".parse::<BboxStatus>().unwrap(),
+            BboxStatus::Running
+        );
     }
 }

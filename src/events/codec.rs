@@ -45,7 +45,13 @@ static SCHEMAS: LazyLock<HashMap<String, Known>> = LazyLock::new(|| {
             let fingerprint: [u8; 8] = schema.fingerprint::<Rabin>().bytes[..]
                 .try_into()
                 .expect("a Rabin fingerprint has 8 bytes");
-            (name, Known { schema, fingerprint })
+            (
+                name,
+                Known {
+                    schema,
+                    fingerprint,
+                },
+            )
         })
         .collect()
 });
@@ -116,13 +122,15 @@ pub fn decode<E: Event>(bytes: &[u8]) -> Result<E, CodecError> {
     let fingerprint: [u8; 8] = bytes[2..HEADER_LEN].try_into().expect("slice of 8");
     let known = known::<E>();
     if fingerprint != known.fingerprint {
-        return Err(match SCHEMAS.iter().find(|(_, k)| k.fingerprint == fingerprint) {
-            Some((name, _)) => CodecError::WrongSchema {
-                expected: E::NAME,
-                found: name.clone(),
+        return Err(
+            match SCHEMAS.iter().find(|(_, k)| k.fingerprint == fingerprint) {
+                Some((name, _)) => CodecError::WrongSchema {
+                    expected: E::NAME,
+                    found: name.clone(),
+                },
+                None => CodecError::UnknownFingerprint(fingerprint),
             },
-            None => CodecError::UnknownFingerprint(fingerprint),
-        });
+        );
     }
     let mut datum = &bytes[HEADER_LEN..];
     let value = apache_avro::from_avro_datum(&known.schema, &mut datum, None)
@@ -193,7 +201,11 @@ mod tests {
             decode::<ExtractionSubmitted>(&unknown),
             Err(CodecError::UnknownFingerprint([1, 2, 3, 4, 5, 6, 7, 8]))
         ));
-        let submitted = encode(&ExtractionSubmitted::new(uuid::Uuid::nil(), PublishReason::Submit)).unwrap();
+        let submitted = encode(&ExtractionSubmitted::new(
+            uuid::Uuid::nil(),
+            PublishReason::Submit,
+        ))
+        .unwrap();
         assert!(matches!(
             decode::<PostProcessingRequested>(&submitted),
             Err(CodecError::WrongSchema { .. })

@@ -38,7 +38,11 @@ pub fn ground(document: &Document, output: &ExtractionOutput) -> Grounding {
                 let page = words.get(first)?.page;
                 let boxes = words.get(first..=last)?.iter().filter(|w| w.page == page);
                 let bbox = boxes.filter_map(|w| w.bbox).reduce(union)?;
-                Some(GroundedField { page, bbox, words: v.words })
+                Some(GroundedField {
+                    page,
+                    bbox,
+                    words: v.words,
+                })
             });
             (name.clone(), grounded)
         })
@@ -47,7 +51,12 @@ pub fn ground(document: &Document, output: &ExtractionOutput) -> Grounding {
 }
 
 fn union(a: [f64; 4], b: [f64; 4]) -> [f64; 4] {
-    [a[0].min(b[0]), a[1].min(b[1]), a[2].max(b[2]), a[3].max(b[3])]
+    [
+        a[0].min(b[0]),
+        a[1].min(b[1]),
+        a[2].max(b[2]),
+        a[3].max(b[3]),
+    ]
 }
 
 #[cfg(test)]
@@ -66,7 +75,11 @@ mod tests {
         ]}))
         .unwrap();
         let mut output = ExtractionOutput::default();
-        let value = ExtractedValue { value: "12.50".into(), raw: "USD 12.50".into(), words: [1, 2] };
+        let value = ExtractedValue {
+            value: "12.50".into(),
+            raw: "USD 12.50".into(),
+            words: [1, 2],
+        };
         output.fields.insert("total".into(), Some(value));
         output.fields.insert("missing".into(), None);
         let grounding = ground(&document, &output);

@@ -42,7 +42,10 @@ impl JoinedText {
     /// Indices of the first and last word overlapping `start..end`.
     fn word_range(&self, start: usize, end: usize) -> Option<[usize; 2]> {
         let first = self.spans.iter().position(|&(s, e)| e > start && s < end)?;
-        let last = self.spans.iter().rposition(|&(s, e)| e > start && s < end)?;
+        let last = self
+            .spans
+            .iter()
+            .rposition(|&(s, e)| e > start && s < end)?;
         Some([first, last])
     }
 }
@@ -102,7 +105,12 @@ fn default_pattern(field_type: FieldType) -> &'static str {
     }
 }
 
-fn first_value(pattern: &Regex, field_type: FieldType, doc: &JoinedText, start: usize) -> Option<ExtractedValue> {
+fn first_value(
+    pattern: &Regex,
+    field_type: FieldType,
+    doc: &JoinedText,
+    start: usize,
+) -> Option<ExtractedValue> {
     let captures = pattern.captures_at(&doc.text, start)?;
     let whole = captures.get(0)?;
     let value = captures.get(1).unwrap_or(whole);
@@ -142,7 +150,8 @@ mod tests {
     use super::*;
 
     fn request(text: &str, fields: serde_json::Value) -> ExtractionRequest {
-        serde_json::from_value(serde_json::json!({"document": {"text": text}, "fields": fields})).unwrap()
+        serde_json::from_value(serde_json::json!({"document": {"text": text}, "fields": fields}))
+            .unwrap()
     }
 
     #[test]
@@ -163,14 +172,20 @@ mod tests {
         assert_eq!(get("number").unwrap().words, [3, 3]);
         assert_eq!(get("date").unwrap().value, "2026-11-30");
         let total = get("total").unwrap();
-        assert_eq!((total.value.as_str(), total.raw.as_str(), total.words), ("1234.50", "$1,234.50", [9, 9]));
+        assert_eq!(
+            (total.value.as_str(), total.raw.as_str(), total.words),
+            ("1234.50", "$1,234.50", [9, 9])
+        );
         assert_eq!(get("vendor").unwrap().value, "ACME");
         assert_eq!(get("po"), None);
     }
 
     #[test]
     fn a_missing_required_field_fails() {
-        let req = request("nothing here", serde_json::json!([{"name": "total", "type": "money", "anchor": "Total", "required": true}]));
+        let req = request(
+            "nothing here",
+            serde_json::json!([{"name": "total", "type": "money", "anchor": "Total", "required": true}]),
+        );
         assert_eq!(
             extract_sync(&req),
             Err(ExtractError::RequiredFieldMissing("total".into()))

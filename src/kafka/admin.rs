@@ -35,14 +35,19 @@ pub fn topic_specs(settings: &Settings) -> Vec<TopicSpec> {
     vec![
         spec(&settings.topic_requests, settings.stream_topic_partitions),
         spec(&settings.topic_submitted, settings.job_topic_partitions),
-        spec(&settings.topic_post_processing, settings.job_topic_partitions),
+        spec(
+            &settings.topic_post_processing,
+            settings.job_topic_partitions,
+        ),
         spec(&settings.topic_events, settings.stream_topic_partitions),
         spec(&settings.topic_dlq, settings.dlq_topic_partitions),
     ]
 }
 
 /// Creates every topic that does not exist yet. Idempotent.
-pub async fn create_topics(settings: &Settings) -> Result<Vec<(TopicSpec, TopicOutcome)>, KafkaError> {
+pub async fn create_topics(
+    settings: &Settings,
+) -> Result<Vec<(TopicSpec, TopicOutcome)>, KafkaError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &settings.kafka_brokers)
         .create()?;

@@ -202,10 +202,22 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         self.drain(tasks).await
     }
 
-    fn start(&self, tasks: &mut JoinSet<(Ticket, bool)>, record: Record, shutdown: &CancellationToken) {
-        self.metrics.events_consumed.with_label_values(&[&record.topic]).inc();
+    fn start(
+        &self,
+        tasks: &mut JoinSet<(Ticket, bool)>,
+        record: Record,
+        shutdown: &CancellationToken,
+    ) {
+        self.metrics
+            .events_consumed
+            .with_label_values(&[&record.topic])
+            .inc();
         let partition = (record.topic.clone(), record.partition);
-        let ticket = self.tracker.lock().expect("tracker lock").begin(partition, record.offset);
+        let ticket = self
+            .tracker
+            .lock()
+            .expect("tracker lock")
+            .begin(partition, record.offset);
         self.in_flight_gauge(&ticket).inc();
         let delivery = Delivery {
             handler: self.handler.clone(),
@@ -220,8 +232,12 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         });
     }
 
-    fn finish(&self, joined: Result<(Ticket, bool), tokio::task::JoinError>) -> Result<(), ConsumerError> {
-        let (ticket, delivered) = joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
+    fn finish(
+        &self,
+        joined: Result<(Ticket, bool), tokio::task::JoinError>,
+    ) -> Result<(), ConsumerError> {
+        let (ticket, delivered) =
+            joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
         self.in_flight_gauge(&ticket).dec();
         if !delivered {
             return Ok(());
@@ -270,7 +286,9 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         }
         match self.consumer.commit(&offsets, CommitMode::Sync) {
             Ok(()) => tracing::info!(partitions = offsets.count(), "committed delivered offsets"),
-            Err(e) => tracing::warn!(error = %e, "final commit failed; records will be redelivered"),
+            Err(e) => {
+                tracing::warn!(error = %e, "final commit failed; records will be redelivered")
+            }
         }
     }
 

@@ -91,7 +91,9 @@ impl OffsetTracker {
 
     /// Records still in flight on `partition`.
     pub fn in_flight(&self, partition: &TopicPartition) -> usize {
-        self.partitions.get(partition).map_or(0, |s| s.in_flight.len())
+        self.partitions
+            .get(partition)
+            .map_or(0, |s| s.in_flight.len())
     }
 
     /// The last commit point of every owned partition that has one.
@@ -118,10 +120,22 @@ mod tests {
         let tickets: Vec<_> = (10..14).map(|o| tracker.begin(tp(), o)).collect();
         // 12 done but 10 still in flight: the point may not pass 10.
         assert_eq!(tracker.finish(&tickets[2]), Some(10));
-        assert_eq!(tracker.finish(&tickets[1]), None, "still 10: nothing new to store");
-        assert_eq!(tracker.finish(&tickets[0]), Some(13), "10..=12 done, 13 in flight");
+        assert_eq!(
+            tracker.finish(&tickets[1]),
+            None,
+            "still 10: nothing new to store"
+        );
+        assert_eq!(
+            tracker.finish(&tickets[0]),
+            Some(13),
+            "10..=12 done, 13 in flight"
+        );
         assert_eq!(tracker.finish(&tickets[3]), Some(14));
-        assert_eq!(tracker.finish(&tickets[3]), None, "finishing twice changes nothing");
+        assert_eq!(
+            tracker.finish(&tickets[3]),
+            None,
+            "finishing twice changes nothing"
+        );
     }
 
     #[test]

@@ -75,11 +75,17 @@ impl Publisher {
         }
         match self.producer.send(record, Timeout::Never).await {
             Ok(_) => {
-                self.metrics.events_produced.with_label_values(&[topic]).inc();
+                self.metrics
+                    .events_produced
+                    .with_label_values(&[topic])
+                    .inc();
                 Ok(())
             }
             Err((source, _)) => {
-                self.metrics.publish_failures.with_label_values(&[topic]).inc();
+                self.metrics
+                    .publish_failures
+                    .with_label_values(&[topic])
+                    .inc();
                 Err(PublishError::Kafka {
                     topic: topic.to_owned(),
                     source,

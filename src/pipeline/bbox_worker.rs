@@ -31,13 +31,20 @@ impl RecordHandler for BboxWorker {
         let claim = transitions::mark_bbox_refinement_running(&services.pool, id, lease_s)
             .await
             .map_err(transient)?;
-        services.metrics.transition(Transition::MarkBboxRefinementRunning, &claim);
+        services
+            .metrics
+            .transition(Transition::MarkBboxRefinementRunning, &claim);
         let Some(claim) = claim else {
             return services.lost_claim("bbox_refinement", id).await;
         };
         let token = claim.token;
         services
-            .emit(Transition::MarkBboxRefinementRunning, &claim.extraction, Some(token), event.reason)
+            .emit(
+                Transition::MarkBboxRefinementRunning,
+                &claim.extraction,
+                Some(token),
+                event.reason,
+            )
             .await?;
 
         let started = Instant::now();
@@ -48,22 +55,37 @@ impl RecordHandler for BboxWorker {
             Ok(output) => {
                 let grounding = ground(&row.request.0.document, &output);
                 let json = serde_json::to_value(grounding).expect("grounding serialises");
-                let done = transitions::mark_bbox_refinement_succeeded(&services.pool, id, token, &json).await;
+                let done =
+                    transitions::mark_bbox_refinement_succeeded(&services.pool, id, token, &json)
+                        .await;
                 (Transition::MarkBboxRefinementSucceeded, done)
             }
             Err(e) => {
                 let error = format!("extraction result is unreadable: {e}");
-                let done = transitions::mark_bbox_refinement_failed(&services.pool, id, token, &error).await;
+                let done =
+                    transitions::mark_bbox_refinement_failed(&services.pool, id, token, &error)
+                        .await;
                 (Transition::MarkBboxRefinementFailed, done)
             }
         };
-        services.metrics.bbox_duration.observe(started.elapsed().as_secs_f64());
+        services
+            .metrics
+            .bbox_duration
+            .observe(started.elapsed().as_secs_f64());
         let completed = completed.map_err(transient)?;
         services.metrics.transition(transition, &completed);
         match completed {
-            Some(row) => services.emit(transition, &row, Some(token), event.reason).await,
+            Some(row) => {
+                services
+                    .emit(transition, &row, Some(token), event.reason)
+                    .await
+            }
             None => {
-                services.metrics.claim_losers.with_label_values(&["stale_completion"]).inc();
+                services
+                    .metrics
+                    .claim_losers
+                    .with_label_values(&["stale_completion"])
+                    .inc();
                 tracing::warn!(%id, token, "bbox completion rejected: the claim is no longer ours");
                 Ok(())
             }

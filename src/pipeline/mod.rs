@@ -100,7 +100,10 @@ impl Services {
 }
 
 /// Decodes a record's value as `E` and its extraction id; failures are poison.
-fn decode_record<E: Event>(record: &Record, id_of: impl Fn(&E) -> &str) -> Result<(E, Uuid), HandlerError> {
+fn decode_record<E: Event>(
+    record: &Record,
+    id_of: impl Fn(&E) -> &str,
+) -> Result<(E, Uuid), HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let event: E = decode(payload).map_err(|e| HandlerError::Poison {
         kind: e.kind(),

@@ -22,7 +22,10 @@ pub struct ExtractionWorker<E> {
 impl<E: Extractor> ExtractionWorker<E> {
     /// A worker that extracts with `extractor`.
     pub fn new(services: Services, extractor: E) -> Self {
-        Self { services, extractor }
+        Self {
+            services,
+            extractor,
+        }
     }
 
     async fn run_claim(&self, claim: Claim, reason: PublishReason) -> Result<(), HandlerError> {
@@ -36,10 +39,13 @@ impl<E: Extractor> ExtractionWorker<E> {
         let (label, result) = match outcome {
             Ok(Ok(output)) => ("succeeded", Ok(output)),
             Ok(Err(e)) => ("failed", Err(e.to_string())),
-            Err(_) => ("timed_out", Err(format!(
-                "extraction timed out after {} s",
-                self.services.settings.async_timeout_s
-            ))),
+            Err(_) => (
+                "timed_out",
+                Err(format!(
+                    "extraction timed out after {} s",
+                    self.services.settings.async_timeout_s
+                )),
+            ),
         };
         self.services
             .metrics
@@ -47,8 +53,14 @@ impl<E: Extractor> ExtractionWorker<E> {
             .with_label_values(&[label])
             .observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(output) => self.succeed(claim.extraction.id, claim.token, &output, reason).await,
-            Err(error) => self.fail(claim.extraction.id, claim.token, &error, reason).await,
+            Ok(output) => {
+                self.succeed(claim.extraction.id, claim.token, &output, reason)
+                    .await
+            }
+            Err(error) => {
+                self.fail(claim.extraction.id, claim.token, &error, reason)
+                    .await
+            }
         }
     }
 
@@ -68,40 +80,62 @@ impl<E: Extractor> ExtractionWorker<E> {
         let Some(row) = row else {
             return self.stale(id, token);
         };
-        services.emit(Transition::MarkSucceeded, &row, Some(token), reason).await?;
+        services
+            .emit(Transition::MarkSucceeded, &row, Some(token), reason)
+            .await?;
         let requested = transitions::start_bbox_refinement(&services.pool, id)
             .await
             .map_err(transient)?;
-        services.metrics.transition(Transition::StartBboxRefinement, &requested);
+        services
+            .metrics
+            .transition(Transition::StartBboxRefinement, &requested);
         let Some(requested) = requested else {
             return Ok(());
         };
-        let topic = services.settings.topic(&services.settings.topic_post_processing);
+        let topic = services
+            .settings
+            .topic(&services.settings.topic_post_processing);
         let follow_up = PostProcessingRequested::bbox_refinement(id, reason);
         let key = id.to_string();
         let (published, emitted) = tokio::join!(
-            services.publisher.publish(&topic, key.as_bytes(), &follow_up),
+            services
+                .publisher
+                .publish(&topic, key.as_bytes(), &follow_up),
             services.emit(Transition::StartBboxRefinement, &requested, None, reason),
         );
         published.map_err(transient)?;
         emitted
     }
 
-    async fn fail(&self, id: Uuid, token: i32, error: &str, reason: PublishReason) -> Result<(), HandlerError> {
+    async fn fail(
+        &self,
+        id: Uuid,
+        token: i32,
+        error: &str,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
         let services = &self.services;
         let row = transitions::mark_failed(&services.pool, id, token, error)
             .await
             .map_err(transient)?;
         services.metrics.transition(Transition::MarkFailed, &row);
         match row {
-            Some(row) => services.emit(Transition::MarkFailed, &row, Some(token), reason).await,
+            Some(row) => {
+                services
+                    .emit(Transition::MarkFailed, &row, Some(token), reason)
+                    .await
+            }
             None => self.stale(id, token),
         }
     }
 
     /// A completion under a token that no longer holds the claim: dropped, counted.
     fn stale(&self, id: Uuid, token: i32) -> Result<(), HandlerError> {
-        self.services.metrics.claim_losers.with_label_values(&["stale_completion"]).inc();
+        self.services
+            .metrics
+            .claim_losers
+            .with_label_values(&["stale_completion"])
+            .inc();
         tracing::warn!(%id, token, "completion rejected: the claim is no longer ours");
         Ok(())
     }
@@ -120,7 +154,12 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
             return services.lost_claim("extraction", id).await;
         };
         services
-            .emit(Transition::MarkRunning, &claim.extraction, Some(claim.token), event.reason)
+            .emit(
+                Transition::MarkRunning,
+                &claim.extraction,
+                Some(claim.token),
+                event.reason,
+            )
             .await?;
         self.run_claim(claim, event.reason).await
     }

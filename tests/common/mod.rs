@@ -4,6 +4,9 @@
 //! real `docstream` processes, reading topics back, and waiting on conditions.
 #![allow(dead_code)]
 
+#[cfg(feature = "docker")]
+mod docker;
+
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +35,11 @@ fn unique(name: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    format!("{name}_{}_{n}_{:x}", std::process::id(), nanos % 0xffff_ffff)
+    format!(
+        "{name}_{}_{n}_{:x}",
+        std::process::id(),
+        nanos % 0xffff_ffff
+    )
 }
 
 impl TestEnv {
@@ -45,13 +52,24 @@ impl TestEnv {
     pub async fn with_settings(name: &str, adjust: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = Settings::load_from(None, &|var| std::env::var(var).ok())
             .expect("settings from the environment");
+        #[cfg(feature = "docker")]
+        if std::env::var("DOCSTREAM_TEST_SERVICES").as_deref() == Ok("docker") {
+            let (database_url, brokers) =
+                tokio::task::spawn_blocking(docker::services).await.unwrap();
+            settings.database_url = database_url;
+            settings.kafka_brokers = brokers;
+        }
         let id = unique(name);
         settings.database_url = create_database(&settings.database_url, &id).await;
         settings.topic_prefix = format!("{id}.");
         adjust(&mut settings);
-        let pool = docstream::store::connect(&settings.database_url, 60).await.expect("connect");
+        let pool = docstream::store::connect(&settings.database_url, 60)
+            .await
+            .expect("connect");
         docstream::store::migrate(&pool).await.expect("migrate");
-        docstream::kafka::admin::create_topics(&settings).await.expect("create topics");
+        docstream::kafka::admin::create_topics(&settings)
+            .await
+            .expect("create topics");
         for spec in docstream::kafka::admin::topic_specs(&settings) {
             wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
         }
@@ -60,7 +78,9 @@ impl TestEnv {
 
     /// Connected services (pool, producer, metrics) for in-process roles.
     pub async fn services(&self) -> docstream::pipeline::Services {
-        docstream::roles::connect(self.settings.clone()).await.expect("services")
+        docstream::roles::connect(self.settings.clone())
+            .await
+            .expect("services")
     }
 
     /// Full name of a topic of this test.
@@ -76,8 +96,14 @@ impl TestEnv {
             ("DOCSTREAM_KAFKA_BROKERS".into(), s.kafka_brokers.clone()),
             ("DOCSTREAM_TOPIC_PREFIX".into(), s.topic_prefix.clone()),
             ("DOCSTREAM_METRICS_ADDR".into(), "127.0.0.1:0".into()),
-            ("DOCSTREAM_EXTRACTION_RUN_LEASE_S".into(), s.extraction_run_lease_s.to_string()),
-            ("DOCSTREAM_ASYNC_TIMEOUT_S".into(), s.async_timeout_s.to_string()),
+            (
+                "DOCSTREAM_EXTRACTION_RUN_LEASE_S".into(),
+                s.extraction_run_lease_s.to_string(),
+            ),
+            (
+                "DOCSTREAM_ASYNC_TIMEOUT_S".into(),
+                s.async_timeout_s.to_string(),
+            ),
             ("DOCSTREAM_LOG".into(), "info,rdkafka=warn,sqlx=warn".into()),
         ]
     }
@@ -124,30 +150,38 @@ pub async fn wait_topic_ready(brokers: &str, topic: &str) {
         .set("bootstrap.servers", brokers)
         .create()
         .expect("client");
-    wait_for(&format!("topic {topic} to have leaders"), Duration::from_secs(60), || {
-        let ready = (|| {
-            let metadata = consumer
-                .fetch_metadata(Some(topic), Duration::from_secs(5))
-                .map_err(|e| e.to_string())?;
-            let partitions = metadata.topics()[0].partitions();
-            if partitions.is_empty() {
-                return Err("no partitions yet".to_owned());
-            }
-            for p in partitions {
-                consumer
-                    .fetch_watermarks(topic, p.id(), Duration::from_secs(5))
-                    .map_err(|e| format!("partition {}: {e}", p.id()))?;
-            }
-            Ok(())
-        })();
-        async move { ready }
-    })
+    wait_for(
+        &format!("topic {topic} to have leaders"),
+        Duration::from_secs(60),
+        || {
+            let ready = (|| {
+                let metadata = consumer
+                    .fetch_metadata(Some(topic), Duration::from_secs(5))
+                    .map_err(|e| e.to_string())?;
+                let partitions = metadata.topics()[0].partitions();
+                if partitions.is_empty() {
+                    return Err("no partitions yet".to_owned());
+                }
+                for p in partitions {
+                    consumer
+                        .fetch_watermarks(topic, p.id(), Duration::from_secs(5))
+                        .map_err(|e| format!("partition {}: {e}", p.id()))?;
+                }
+                Ok(())
+            })();
+            async move { ready }
+        },
+    )
     .await
 }
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, or panics after `timeout`
@@ -161,7 +195,9 @@ where
     loop {
         match check().await {
             Ok(value) => return value,
-            Err(state) if Instant::now() >= deadline => panic!("timed out waiting for {what}: {state}"),
+            Err(state) if Instant::now() >= deadline => {
+                panic!("timed out waiting for {what}: {state}")
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
@@ -194,7 +230,11 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
-    let partitions: Vec<i32> = metadata.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    let partitions: Vec<i32> = metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| p.id())
+        .collect();
     let mut ends = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for &p in &partitions {
@@ -203,7 +243,9 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
             .expect("watermarks");
         if high > low {
             ends.insert(p, high);
-            assignment.add_partition_offset(topic, p, Offset::Offset(low)).unwrap();
+            assignment
+                .add_partition_offset(topic, p, Offset::Offset(low))
+                .unwrap();
         }
     }
     let mut records = Vec::new();
@@ -213,12 +255,20 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
     consumer.assign(&assignment).expect("assign");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ends.is_empty() {
-        assert!(Instant::now() < deadline, "reading {topic} timed out; {ends:?} left");
-        let Some(message) = consumer.poll(Duration::from_millis(500)) else { continue };
+        assert!(
+            Instant::now() < deadline,
+            "reading {topic} timed out; {ends:?} left"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
         let message = message.expect("consume");
         let end = ends.get(&message.partition()).copied();
         if let Some(end) = end {
-            records.push((message.key().map(<[u8]>::to_vec), message.payload().unwrap_or_default().to_vec()));
+            records.push((
+                message.key().map(<[u8]>::to_vec),
+                message.payload().unwrap_or_default().to_vec(),
+            ));
             if message.offset() + 1 >= end {
                 ends.remove(&message.partition());
             }
@@ -239,7 +289,12 @@ pub fn topic_size(brokers: &str, topic: &str) -> i64 {
     metadata.topics()[0]
         .partitions()
         .iter()
-        .map(|p| consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10)).unwrap().1)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
         .sum()
 }
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job: start the local services, prepare the database and topics, and
+# run the pipeline on the shipped sample documents. Extra arguments go to
+# `docstream demo` (e.g. --documents 1000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/lib/toolchain.sh
+ensure_build_tools
+
+bash scripts/services.sh up
+eval "$(bash scripts/services.sh env)"
+
+cargo build --locked --release --bin docstream
+bin=./target/release/docstream
+"$bin" migrate
+"$bin" topics
+"$bin" demo "$@"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, on a machine that may never have seen the project:
+# start the real services (installing them if needed), apply migrations to the
+# main database, then run every test. Exits with the suite's exit code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/lib/toolchain.sh
+ensure_build_tools
+
+bash scripts/services.sh up
+eval "$(bash scripts/services.sh env)"
+
+cargo build --locked --bins
+./target/debug/docstream migrate
+
+# Tests isolate themselves (own database, topic prefix and group ids), so the
+# suite needs no cleanup and can be re-run at once.
+cargo test --locked --no-fail-fast "$@"
