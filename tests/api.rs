@@ -104,6 +104,7 @@ async fn submit_inserts_then_publishes_and_reads_back() {
         (Some(id.as_str()), Some("queued"))
     );
     assert_eq!(view["metadata"], json!({"sample": "invoice-northwind"}));
+    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -133,6 +134,7 @@ async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["code"], "invalid_request");
     assert_eq!(api.rows().await, 1);
+    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -211,6 +213,7 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
 
     assert_eq!(api.rows().await, 0, "nothing written");
     assert_eq!(api.published(), 0, "nothing published");
+    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -234,6 +237,7 @@ async fn cancel_only_a_queued_extraction() {
         api.post(&missing, &json!({}), None).await.0,
         StatusCode::NOT_FOUND
     );
+    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -254,4 +258,5 @@ async fn metrics_are_exposed() {
         text.contains("docstream_http_requests_total{route=\"/v1/extractions\",status=\"202\"} 1"),
         "{text}"
     );
+    api.env.cleanup().await;
 }

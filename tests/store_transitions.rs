@@ -90,7 +90,7 @@ where
 
 #[tokio::test]
 async fn fifty_concurrent_claims_have_one_winner() {
-    let env = TestEnv::new("claims").await;
+    let env = TestEnv::postgres_only("claims").await;
     let pool = &env.pool;
     let id = queued(pool).await;
     let winners = race(|_| transitions::mark_running(pool, id, LEASE_S)).await;
@@ -98,11 +98,12 @@ async fn fifty_concurrent_claims_have_one_winner() {
     assert_eq!(wins_of(pool, id, "mark_running").await, 1);
     let row = store::get(pool, id).await.unwrap().unwrap();
     assert_eq!((row.status.as_str(), row.attempts), ("running", 1));
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn succeeded_and_failed_race_has_one_winner() {
-    let env = TestEnv::new("complete_race").await;
+    let env = TestEnv::postgres_only("complete_race").await;
     let pool = &env.pool;
     let (id, token) = running(pool).await;
     let result = serde_json::json!({"fields": {}});
@@ -120,11 +121,12 @@ async fn succeeded_and_failed_race_has_one_winner() {
     assert_eq!(winners, 1);
     let total = wins_of(pool, id, "mark_succeeded").await + wins_of(pool, id, "mark_failed").await;
     assert_eq!(total, 1);
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn cancel_and_claim_race_has_one_winner() {
-    let env = TestEnv::new("cancel_race").await;
+    let env = TestEnv::postgres_only("cancel_race").await;
     let pool = &env.pool;
     for _ in 0..5 {
         let id = queued(pool).await;
@@ -146,11 +148,12 @@ async fn cancel_and_claim_race_has_one_winner() {
             row.status
         );
     }
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn bbox_claims_and_completions_have_one_winner() {
-    let env = TestEnv::new("bbox_race").await;
+    let env = TestEnv::postgres_only("bbox_race").await;
     let pool = &env.pool;
     let id = succeeded(pool).await;
     let winners = race(|_| transitions::mark_bbox_refinement_running(pool, id, LEASE_S)).await;
@@ -177,11 +180,12 @@ async fn bbox_claims_and_completions_have_one_winner() {
     .await;
     assert_eq!(winners, 1);
     assert_eq!(wins_of(pool, id, "mark_bbox_refinement_running").await, 1);
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn illegal_transitions_return_none_and_change_nothing() {
-    let env = TestEnv::new("illegal").await;
+    let env = TestEnv::postgres_only("illegal").await;
     let pool = &env.pool;
     let result = serde_json::json!({"fields": {}});
 
@@ -279,11 +283,12 @@ async fn illegal_transitions_return_none_and_change_nothing() {
         .unwrap()
         .is_none());
     assert_eq!(snapshot(pool, id).await, before);
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
-    let env = TestEnv::new("fencing").await;
+    let env = TestEnv::postgres_only("fencing").await;
     let pool = &env.pool;
     let (id, stale_token) = running(pool).await;
     // The holder froze past its lease (expired on the database clock).
@@ -313,11 +318,12 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
         .unwrap()
         .is_some());
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn retry_and_bbox_requeue_return_work_to_pending() {
-    let env = TestEnv::new("requeue").await;
+    let env = TestEnv::postgres_only("requeue").await;
     let pool = &env.pool;
     let (id, token) = running(pool).await;
     let row = transitions::requeue_for_retry(pool, id, token, "flaky")
@@ -352,11 +358,12 @@ async fn retry_and_bbox_requeue_return_work_to_pending() {
         .unwrap()
         .unwrap();
     assert_eq!(claim.token, 2);
+    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn fifty_concurrent_submits_with_one_key_make_one_row() {
-    let env = TestEnv::new("idempotent_submit").await;
+    let env = TestEnv::postgres_only("idempotent_submit").await;
     let pool = &env.pool;
     let submits = (0..50).map(|_| {
         store::submit(
@@ -398,4 +405,5 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
     )
     .await;
     assert!(matches!(reused, Err(SubmitError::KeyReused)));
+    env.cleanup().await;
 }

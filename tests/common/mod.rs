@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use docstream::config::Settings;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -48,8 +50,17 @@ impl TestEnv {
         Self::with_settings(name, |_| {}).await
     }
 
+    /// A fresh database only, for tests that never touch Kafka.
+    pub async fn postgres_only(name: &str) -> Self {
+        Self::build(name, |_| {}, false).await
+    }
+
     /// Like [`TestEnv::new`], with a chance to adjust settings first.
     pub async fn with_settings(name: &str, adjust: impl FnOnce(&mut Settings)) -> Self {
+        Self::build(name, adjust, true).await
+    }
+
+    async fn build(name: &str, adjust: impl FnOnce(&mut Settings), kafka: bool) -> Self {
         let mut settings = Settings::load_from(None, &|var| std::env::var(var).ok())
             .expect("settings from the environment");
         #[cfg(feature = "docker")]
@@ -67,13 +78,44 @@ impl TestEnv {
             .await
             .expect("connect");
         docstream::store::migrate(&pool).await.expect("migrate");
-        docstream::kafka::admin::create_topics(&settings)
-            .await
-            .expect("create topics");
-        for spec in docstream::kafka::admin::topic_specs(&settings) {
-            wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
+        if kafka {
+            docstream::kafka::admin::create_topics(&settings)
+                .await
+                .expect("create topics");
+            for spec in docstream::kafka::admin::topic_specs(&settings) {
+                wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
+            }
         }
         Self { settings, pool }
+    }
+
+    /// Deletes this test's topics and database, so repeated runs do not pile up
+    /// partitions on the shared broker. Call it at the end of a passing test; a
+    /// failing test leaves its state behind for inspection.
+    pub async fn cleanup(self) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.settings.kafka_brokers)
+            .create()
+            .expect("admin client");
+        let names: Vec<String> = docstream::kafka::admin::topic_specs(&self.settings)
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        // Deleting topics that were never created (postgres-only tests) is harmless.
+        let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+        self.pool.close().await;
+        let name = reqwest::Url::parse(&self.settings.database_url)
+            .unwrap()
+            .path()[1..]
+            .to_owned();
+        let mut admin_url = reqwest::Url::parse(&self.settings.database_url).unwrap();
+        admin_url.set_path("postgres");
+        if let Ok(admin) = PgPool::connect(admin_url.as_str()).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .execute(&admin)
+                .await;
+        }
     }
 
     /// Connected services (pool, producer, metrics) for in-process roles.

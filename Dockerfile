@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1
+# docstream: one image, every role (`serve`, `worker`, `bbox-worker`, `migrate`, `topics`, ...).
+#   docker build -t docstream:local .
+# Used by docker-compose.kafka.yml.  Not needed for development without Docker:
+# scripts/services.sh starts Kafka and Postgres natively.
+
+# ---- build ------------------------------------------------------------------
+FROM rust:1-bookworm AS builder
+# librdkafka (built from source by rdkafka-sys) needs a C toolchain, make, perl,
+# pkg-config and zlib; cmake for the cmake-build variant of rdkafka-sys.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake pkg-config perl zlib1g-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Sources, migrations (embedded by sqlx::migrate!) and Avro schemas.
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin docstream \
+ && install -Dm755 target/release/docstream /out/docstream
+
+# ---- runtime ----------------------------------------------------------------
+FROM debian:bookworm-slim
+# curl: container healthchecks (GET /healthz).  ca-certificates: TLS brokers/DBs.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home docstream
+COPY --from=builder /out/docstream /usr/local/bin/docstream
+USER docstream
+ENV DOCSTREAM_HTTP_ADDR=0.0.0.0:8080 \
+    DOCSTREAM_METRICS_ADDR=0.0.0.0:9464
+EXPOSE 8080 9464
+ENTRYPOINT ["docstream"]
+CMD ["--help"]

@@ -1,0 +1,603 @@
+#!/usr/bin/env bash
+# scripts/services.sh — bring up REAL local backing services for docstream,
+# natively (no Docker): a private PostgreSQL cluster and a single-node KRaft
+# Apache Kafka broker.
+#
+#   scripts/services.sh up       start (installing what is missing); idempotent
+#   scripts/services.sh down     stop both, keep data
+#   scripts/services.sh status   exit 0 if both are up, 3 otherwise
+#   scripts/services.sh env      print the export lines for the test suite
+#   scripts/services.sh reset    down + delete all state (keeps the Kafka jar cache)
+#   scripts/services.sh kafka-tool CLASS [ARGS...]
+#                                run a Kafka CLI class with the broker's classpath, e.g.
+#                                kafka-tool org.apache.kafka.tools.TopicCommand --list
+#                                (--bootstrap-server is added when not given)
+#
+# Usage in CI / tests:
+#   scripts/services.sh up && eval "$(scripts/services.sh env)"
+#
+# Ports (override with env vars; use the same values for every subcommand):
+#   DOCSTREAM_PG_PORT                  55432  Postgres, 127.0.0.1 only
+#   DOCSTREAM_KAFKA_PORT               59092  Kafka PLAINTEXT listener, 127.0.0.1 only
+#   DOCSTREAM_KAFKA_CONTROLLER_PORT    59093  KRaft controller listener
+#
+# State lives in $REPO/.services/ (git-ignored):
+#   .services/postgres/   data/ (PGDATA), run/ (unix socket), postgres.log
+#                         (a symlink into /var/tmp/docstream-<hash>/ when the
+#                         postgres OS user cannot reach the repo folder)
+#   .services/kafka/      libs/ (jars from scripts/kafka/pom.xml), data/,
+#                         server.properties, log4j2.properties, kafka.pid, kafka.log
+#
+# Must run as root (it apt-installs and switches to the postgres user).
+
+set -euo pipefail
+
+# --------------------------------------------------------------------------
+# Locations and settings
+# --------------------------------------------------------------------------
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+STATE="$REPO/.services"
+
+PG_PORT="${DOCSTREAM_PG_PORT:-55432}"
+KAFKA_PORT="${DOCSTREAM_KAFKA_PORT:-59092}"
+KAFKA_CTRL_PORT="${DOCSTREAM_KAFKA_CONTROLLER_PORT:-59093}"
+HOST=127.0.0.1
+
+PG_USER=docstream PG_PASSWORD=docstream PG_DB=docstream
+PG_LINK="$STATE/postgres"          # a real dir, or a symlink to the fallback dir
+# Fallback for when the postgres OS user cannot traverse $REPO (e.g. /root/...).
+PG_FALLBACK="/var/tmp/docstream-$(printf '%s' "$REPO" | sha1sum | cut -c1-10)/postgres"
+
+KAFKA_DIR="$STATE/kafka"
+KAFKA_LIBS="$KAFKA_DIR/libs"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_CONF="$KAFKA_DIR/server.properties"
+KAFKA_LOG4J="$KAFKA_DIR/log4j2.properties"
+KAFKA_PID="$KAFKA_DIR/kafka.pid"
+KAFKA_LOG="$KAFKA_DIR/kafka.log"
+KAFKA_POM="$REPO/scripts/kafka/pom.xml"
+# Broker JVM: small heap, the machine is shared with cargo builds.
+KAFKA_HEAP_OPTS="${DOCSTREAM_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
+# CLI tools: tiny heap, fast start-up.
+TOOL_JVM_OPTS=(-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1)
+
+DEADLINE_SECS=90
+
+# Is PID a live (non-zombie) process?  PID 1 on some sandboxes reaps orphans
+# lazily, so a killed daemon can linger as a zombie for seconds; `kill -0` and
+# `pg_ctl status` would call that "running".
+proc_alive() {
+    local st
+    st="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
+    [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# --------------------------------------------------------------------------
+# Installing what is missing (Debian / apt)
+# --------------------------------------------------------------------------
+APT_UPDATED=0
+apt_install() {
+    [ "$(id -u)" = 0 ] || die "need root to apt-get install $*"
+    if [ "$APT_UPDATED" = 0 ]; then
+        log "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    log "apt-get install -y $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" >/dev/null
+}
+
+# Newest /usr/lib/postgresql/<ver>/bin, or the one matching an existing cluster.
+pg_bindir() {
+    local want="" d
+    if [ -f "$PG_LINK/data/PG_VERSION" ]; then
+        want="$(cat "$PG_LINK/data/PG_VERSION")"
+        d="/usr/lib/postgresql/$want/bin"
+        [ -x "$d/postgres" ] || die "cluster in $PG_LINK/data is PostgreSQL $want but $d is missing (apt-get install postgresql-$want, or: $0 reset)"
+        echo "$d"; return
+    fi
+    # shellcheck disable=SC2012
+    d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1 || true)"
+    [ -n "$d" ] && [ -x "$d/initdb" ] && echo "$d"
+}
+
+ensure_packages() {
+    local pkgs=()
+    if [ -z "$(pg_bindir || true)" ] || ! command -v pg_isready >/dev/null; then
+        pkgs+=(postgresql postgresql-client)
+    fi
+    command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
+    # Maven is only needed when the Kafka jars are not cached yet.
+    if ! kafka_libs_ok && ! command -v mvn >/dev/null; then pkgs+=(maven); fi
+    command -v flock >/dev/null || pkgs+=(util-linux)
+    if [ "${#pkgs[@]}" -gt 0 ]; then apt_install "${pkgs[@]}"; fi
+    # postgresql-common creates this user; make sure it exists anyway.
+    id -u postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+    PG_BIN="$(pg_bindir)" || die "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin"
+}
+
+# --------------------------------------------------------------------------
+# Postgres
+# --------------------------------------------------------------------------
+# Run a command as the postgres OS user (postgres refuses to run as root), from
+# "/" so it does not trip over an unreadable cwd.
+as_pg() { (cd / && runuser -u postgres -- "$@"); }
+
+# Pick where the cluster lives.  Preferred: $STATE/postgres (a real dir).
+# If the postgres user cannot reach it, or the unix-socket path would be too
+# long (limit ~107 bytes), use $PG_FALLBACK and symlink $STATE/postgres to it.
+pg_prepare_dir() {
+    if [ -L "$PG_LINK" ]; then
+        local target; target="$(readlink "$PG_LINK")"
+        mkdir -p "$target"; chown postgres:postgres "$target"; chmod 700 "$target"
+        chmod 755 "$(dirname "$target")"
+    elif [ ! -d "$PG_LINK" ]; then
+        local probe="$STATE/.pg-probe"
+        mkdir -p "$probe"; chown postgres:postgres "$probe"
+        local sock="$PG_LINK/run/.s.PGSQL.$PG_PORT.lock"
+        if [ "${#sock}" -lt 100 ] && as_pg test -w "$probe" -a -x "$probe"; then
+            mv "$probe" "$PG_LINK"
+        else
+            rmdir "$probe"
+            log "postgres user cannot use $STATE (or path too long); cluster goes to $PG_FALLBACK"
+            mkdir -p "$PG_FALLBACK"; chmod 755 "$(dirname "$PG_FALLBACK")"
+            chown postgres:postgres "$PG_FALLBACK"; chmod 700 "$PG_FALLBACK"
+            ln -sfn "$PG_FALLBACK" "$PG_LINK"
+        fi
+    fi
+    # From here on use the resolved physical path (what postgres sees).
+    PG_HOME="$(cd "$PG_LINK" && pwd -P)"
+    PG_DATA="$PG_HOME/data"
+    PG_SOCK="$PG_HOME/run"
+    PG_LOGFILE="$PG_HOME/postgres.log"
+    as_pg mkdir -p "$PG_SOCK"
+}
+
+# Our settings, included from postgresql.conf.  Defaults otherwise; fsync stays
+# ON on purpose (tests check durability claims).
+pg_render_conf() {
+    cat <<EOF
+# Written by scripts/services.sh — edits are overwritten on every 'up'.
+listen_addresses = '$HOST'
+port = $PG_PORT
+unix_socket_directories = '$PG_SOCK'
+max_connections = 300
+shared_buffers = 128MB
+log_line_prefix = '%m [%p] %q%u@%d '
+log_timezone = 'UTC'
+timezone = 'UTC'
+EOF
+}
+
+# Postmaster alive?  (pid from postmaster.pid, must be a live postgres process
+# for this data dir; a stale pid file or a zombie counts as not running.)
+pg_running() {
+    local pid
+    pid="$(head -n1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    [ -n "$pid" ] && proc_alive "$pid" \
+        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$PG_DATA"
+}
+pg_start_once() {
+    (cd / && setsid runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOGFILE" \
+        -w -t "$DEADLINE_SECS" start >/dev/null 2>&1 </dev/null 9>&-)
+}
+pg_ready()   { "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_PORT" -d postgres -t 3 >/dev/null 2>&1; }
+pg_sql()     { as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres "$@"; }
+
+pg_up() {
+    pg_prepare_dir
+    if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+        log "initdb $PG_DATA"
+        as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -E UTF8 --locale=C \
+            --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+        echo "include_if_exists = 'docstream.conf'" | as_pg tee -a "$PG_DATA/postgresql.conf" >/dev/null
+    fi
+
+    # (Re)write our config; restart a running server if it changed (e.g. port).
+    local new old=""; new="$(pg_render_conf)"
+    [ -f "$PG_DATA/docstream.conf" ] && old="$(cat "$PG_DATA/docstream.conf")"
+    local changed=0
+    if [ "$new" != "$old" ]; then
+        printf '%s\n' "$new" | as_pg tee "$PG_DATA/docstream.conf" >/dev/null
+        changed=1
+    fi
+
+    if pg_running; then
+        if [ "$changed" = 1 ]; then
+            log "postgres config changed; restarting"
+            as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null
+        elif pg_ready; then
+            pg_ensure_db; return
+        fi
+    fi
+    if ! pg_running; then
+        port_open "$PG_PORT" && die "port $HOST:$PG_PORT is taken by another process (another checkout's services? stop them, or set DOCSTREAM_PG_PORT)"
+        log "starting postgres on $HOST:$PG_PORT (log: $PG_LINK/postgres.log)"
+        # setsid: own session, so the server outlives this script and the terminal.
+        # postgres itself ignores a stale postmaster.pid, but refuses to start while
+        # leftovers of a killed server (zombie postmaster, orphaned backends holding
+        # shared memory) are still around: retry until they are gone.
+        local t1=$SECONDS
+        until pg_start_once; do
+            if (( SECONDS - t1 > DEADLINE_SECS )); then
+                tail -n 30 "$PG_LOGFILE" >&2 || true
+                die "postgres failed to start (log: $PG_LINK/postgres.log)"
+            fi
+            log "postgres did not start; retrying in 2s ($(tail -n1 "$PG_LOGFILE" 2>/dev/null | cut -c1-160))"
+            sleep 2
+        done
+    fi
+    local t0=$SECONDS
+    until pg_ready; do
+        if (( SECONDS - t0 > DEADLINE_SECS )); then
+            tail -n 30 "$PG_LOGFILE" >&2 || true
+            die "postgres not accepting connections on $HOST:$PG_PORT after ${DEADLINE_SECS}s"
+        fi
+        sleep 0.5
+    done
+    pg_ensure_db
+}
+
+# Superuser role + database (idempotent).
+pg_ensure_db() {
+    pg_sql <<SQL
+DO \$\$BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
+    CREATE ROLE $PG_USER LOGIN SUPERUSER PASSWORD '$PG_PASSWORD';
+  END IF;
+END\$\$;
+SQL
+    if [ -z "$(pg_sql -tA -c "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
+        pg_sql -c "CREATE DATABASE $PG_DB OWNER $PG_USER"
+    fi
+}
+
+pg_down() {
+    [ -e "$PG_LINK" ] || return 0
+    PG_BIN="$(pg_bindir)" || return 0
+    PG_DATA="$(cd "$PG_LINK" && pwd -P)/data"
+    pg_running || { log "postgres: not running"; return 0; }
+    log "stopping postgres"
+    # fast = roll back open transactions and disconnect clients (SIGINT), clean
+    # checkpoint.  Then immediate (SIGQUIT), then SIGKILL as a last resort.
+    as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 30 stop >/dev/null 2>&1 && return 0
+    as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m immediate -w -t 10 stop >/dev/null 2>&1 && return 0
+    local pid; pid="$(head -n1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null || true
+}
+
+pg_status() {
+    [ -e "$PG_LINK" ] || return 1
+    PG_BIN="$(pg_bindir)" || return 1
+    PG_DATA="$(cd "$PG_LINK" && pwd -P)/data"
+    pg_running && pg_ready
+}
+
+# --------------------------------------------------------------------------
+# Kafka
+# --------------------------------------------------------------------------
+kafka_libs_ok() {
+    [ -f "$KAFKA_LIBS/.complete" ] && [ "$(cat "$KAFKA_LIBS/.complete")" = "$(sha1sum < "$KAFKA_POM")" ]
+}
+
+kafka_fetch_libs() {
+    kafka_libs_ok && return 0
+    log "resolving Kafka jars from Maven Central (scripts/kafka/pom.xml)"
+    rm -rf "$KAFKA_LIBS"
+    mkdir -p "$KAFKA_DIR"
+    local tmp="$KAFKA_LIBS.tmp.$$"
+    rm -rf "$tmp"
+    if ! mvn -q -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+            -DoutputDirectory="$tmp" >"$KAFKA_DIR/mvn.log" 2>&1; then
+        tail -n 30 "$KAFKA_DIR/mvn.log" >&2
+        rm -rf "$tmp"; die "mvn could not resolve Kafka jars (see $KAFKA_DIR/mvn.log)"
+    fi
+    sha1sum < "$KAFKA_POM" > "$tmp/.complete"
+    mv "$tmp" "$KAFKA_LIBS"
+}
+
+kafka_render_conf() {
+    cat <<EOF
+# Written by scripts/services.sh — edits are overwritten on every 'up'.
+# Single node KRaft: this process is both broker and controller.
+process.roles=broker,controller
+node.id=1
+# Static single-voter quorum (kraft.version 0): survives port changes, no
+# --standalone bootstrap needed.
+controller.quorum.voters=1@$HOST:$KAFKA_CTRL_PORT
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CTRL_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$KAFKA_DATA
+
+num.partitions=6
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+delete.topic.enable=true
+
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+
+# Tests: no 3 s wait before the first rebalance; both group protocols (KIP-848).
+group.initial.rebalance.delay.ms=0
+group.coordinator.rebalance.protocols=classic,consumer
+EOF
+}
+
+kafka_render_log4j() {
+    cat <<'EOF'
+# Written by scripts/services.sh.  Everything to stdout -> .services/kafka/kafka.log
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.kafkareq.name = kafka.request.logger
+logger.kafkareq.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = WARN
+logger.clients.name = org.apache.kafka.clients
+logger.clients.level = WARN
+# One line per partition created/loaded: far too chatty for test suites that
+# create many topics.  Topic creation is still logged by the controller.
+logger.partition.name = kafka.cluster.Partition
+logger.partition.level = WARN
+logger.logmanager.name = kafka.log.LogManager
+logger.logmanager.level = WARN
+logger.storagelog.name = org.apache.kafka.storage.internals.log
+logger.storagelog.level = WARN
+logger.replctl.name = org.apache.kafka.controller.ReplicationControlManager
+logger.replctl.level = WARN
+logger.partchange.name = org.apache.kafka.controller.PartitionChangeBuilder
+logger.partchange.level = WARN
+EOF
+}
+
+# PID of our broker if it is alive (guards against stale pid files / reused pids).
+kafka_pid() {
+    local pid
+    pid="$(cat "$KAFKA_PID" 2>/dev/null || true)"
+    [ -n "$pid" ] && proc_alive "$pid" || return 1
+    tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "kafka.Kafka $KAFKA_CONF" || return 1
+    echo "$pid"
+}
+
+port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+# Run a Kafka CLI class with the broker's jars.
+kafka_tool() {
+    java "${TOOL_JVM_OPTS[@]}" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
+        -cp "$KAFKA_LIBS/*" "$@"
+}
+
+# Real readiness check: the broker answers a metadata request (lists topics).
+kafka_ready() {
+    port_open "$KAFKA_PORT" || return 1
+    timeout 30 java "${TOOL_JVM_OPTS[@]}" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
+        -cp "$KAFKA_LIBS/*" org.apache.kafka.tools.TopicCommand \
+        --bootstrap-server "$HOST:$KAFKA_PORT" --command-config "$KAFKA_DIR/tools.properties" \
+        --list >/dev/null 2>&1
+}
+
+kafka_write_files() {
+    mkdir -p "$KAFKA_DIR"
+    kafka_render_log4j > "$KAFKA_LOG4J"
+    cat > "$KAFKA_DIR/log4j2-tools.properties" <<'EOF'
+status = error
+appender.err.type = Console
+appender.err.name = STDERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = STDERR
+EOF
+    printf 'request.timeout.ms=5000\ndefault.api.timeout.ms=8000\n' > "$KAFKA_DIR/tools.properties"
+    # Returns 0 if server.properties changed.
+    local new; new="$(kafka_render_conf)"
+    if [ ! -f "$KAFKA_CONF" ] || [ "$new" != "$(cat "$KAFKA_CONF")" ]; then
+        printf '%s\n' "$new" > "$KAFKA_CONF"
+        return 0
+    fi
+    return 1
+}
+
+kafka_up() {
+    kafka_fetch_libs
+    local changed=0
+    kafka_write_files && changed=1
+
+    # Format the storage once (meta.properties marks a formatted log dir).
+    if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
+        local cid
+        cid="$(kafka_tool kafka.tools.StorageTool random-uuid)"
+        log "formatting Kafka storage (cluster id $cid)"
+        kafka_tool kafka.tools.StorageTool format -t "$cid" -c "$KAFKA_CONF" >/dev/null
+    fi
+
+    local pid
+    if pid="$(kafka_pid)"; then
+        if [ "$changed" = 1 ]; then
+            log "kafka config changed; restarting"
+            kafka_down
+        elif port_open "$KAFKA_PORT"; then
+            return 0    # warm path: running and listening
+        fi
+    fi
+
+    if ! kafka_pid >/dev/null; then
+        rm -f "$KAFKA_PID"   # stale
+        local p
+        for p in "$KAFKA_PORT" "$KAFKA_CTRL_PORT"; do
+            port_open "$p" && die "port $HOST:$p is taken by another process (another checkout's services? stop them, or set DOCSTREAM_KAFKA_PORT / DOCSTREAM_KAFKA_CONTROLLER_PORT)"
+        done
+        [ -f "$KAFKA_LOG" ] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"
+        log "starting kafka on $HOST:$KAFKA_PORT (log: $KAFKA_LOG)"
+        # setsid: own session, survives this script and the terminal.  The inner
+        # shell writes its own pid and then execs java, so the pid file is the JVM.
+        # shellcheck disable=SC2016
+        setsid bash -c 'echo $$ > "$1.tmp" && mv -f "$1.tmp" "$1"; shift; exec "$@"' _ "$KAFKA_PID" \
+            nohup java -server $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+                -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+                -Dlog4j2.configurationFile="$KAFKA_LOG4J" \
+                -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_CONF" \
+            >>"$KAFKA_LOG" 2>&1 </dev/null 9>&- &
+        disown || true
+    fi
+
+    local t0=$SECONDS
+    until [ -s "$KAFKA_PID" ] || (( SECONDS - t0 > 10 )); do sleep 0.1; done
+    pid="$(cat "$KAFKA_PID" 2>/dev/null || true)"
+    [ -n "$pid" ] || die "kafka launcher did not write $KAFKA_PID"
+    while :; do
+        if ! proc_alive "$pid"; then
+            tail -n 40 "$KAFKA_LOG" >&2 || true
+            die "kafka process exited (log: $KAFKA_LOG)"
+        fi
+        if port_open "$KAFKA_PORT" && grep -q "Kafka Server started" "$KAFKA_LOG" 2>/dev/null \
+                && kafka_ready; then
+            break
+        fi
+        if (( SECONDS - t0 > DEADLINE_SECS )); then
+            tail -n 40 "$KAFKA_LOG" >&2 || true
+            die "kafka not ready on $HOST:$KAFKA_PORT after ${DEADLINE_SECS}s"
+        fi
+        sleep 1
+    done
+}
+
+kafka_down() {
+    local pid
+    if ! pid="$(kafka_pid)"; then
+        rm -f "$KAFKA_PID"
+        log "kafka: not running"
+        return 0
+    fi
+    log "stopping kafka (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 60); do
+        proc_alive "$pid" || break
+        sleep 0.5
+    done
+    if proc_alive "$pid"; then
+        log "kafka did not stop within 30s; SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        sleep 0.5
+    fi
+    rm -f "$KAFKA_PID"
+}
+
+kafka_status() { kafka_pid >/dev/null && port_open "$KAFKA_PORT"; }
+
+# --------------------------------------------------------------------------
+# Housekeeping
+# --------------------------------------------------------------------------
+ensure_state_dir() {
+    mkdir -p "$STATE"
+    chmod 755 "$STATE"
+    # Keep state (and cargo output) out of git.
+    local gi="$REPO/.gitignore" line
+    touch "$gi"
+    for line in ".services/" "/target"; do
+        grep -qxF "$line" "$gi" || {
+            [ -s "$gi" ] && [ -n "$(tail -c1 "$gi")" ] && echo >> "$gi"
+            echo "$line" >> "$gi"
+        }
+    done
+}
+
+# Serialise concurrent invocations (e.g. two test jobs running 'up').
+take_lock() {
+    mkdir -p "$STATE"
+    exec 9>"$STATE/.lock"
+    flock -w 300 9 || die "another services.sh holds $STATE/.lock (see: fuser -v $STATE/.lock)"
+}
+
+print_env() {
+    echo "export DATABASE_URL=postgres://$PG_USER:$PG_PASSWORD@$HOST:$PG_PORT/$PG_DB"
+    echo "export DOCSTREAM_KAFKA_BROKERS=$HOST:$KAFKA_PORT"
+}
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+cmd_up() {
+    [ "$(id -u)" = 0 ] || die "run as root"
+    local t0=$SECONDS
+    ensure_state_dir
+    take_lock
+    ensure_packages
+    pg_up
+    kafka_up
+    log "up in $(( SECONDS - t0 ))s: postgres $HOST:$PG_PORT, kafka $HOST:$KAFKA_PORT"
+}
+
+cmd_down() {
+    [ -d "$STATE" ] || { log "nothing to stop"; return 0; }
+    take_lock
+    kafka_down
+    pg_down
+}
+
+cmd_status() {
+    local rc=0
+    if pg_status; then echo "postgres: up   ($HOST:$PG_PORT)"; else echo "postgres: down"; rc=3; fi
+    if kafka_status; then echo "kafka:    up   ($HOST:$KAFKA_PORT, pid $(kafka_pid))"; else echo "kafka:    down"; rc=3; fi
+    return "$rc"
+}
+
+cmd_reset() {
+    [ -d "$STATE" ] || { log "no state"; return 0; }
+    cmd_down
+    local target=""
+    [ -L "$PG_LINK" ] && target="$(readlink "$PG_LINK")"
+    if [ -n "$target" ]; then
+        rm -rf "$target"
+        rmdir "$(dirname "$target")" 2>/dev/null || true
+    fi
+    # Keep the Kafka jar cache: it only depends on scripts/kafka/pom.xml.
+    find "$STATE" -mindepth 1 -maxdepth 1 ! -name kafka ! -name .lock -exec rm -rf {} +
+    [ -d "$KAFKA_DIR" ] && find "$KAFKA_DIR" -mindepth 1 -maxdepth 1 ! -name libs -exec rm -rf {} +
+    log "state deleted (kept $KAFKA_LIBS)"
+}
+
+cmd_kafka_tool() {
+    [ $# -ge 1 ] || die "usage: $0 kafka-tool CLASS [ARGS...]"
+    kafka_libs_ok || die "kafka jars missing; run '$0 up' first"
+    local cls="$1"; shift
+    case " $* " in
+        *" --bootstrap-server "*) ;;
+        *) set -- --bootstrap-server "$HOST:$KAFKA_PORT" "$@" ;;
+    esac
+    exec java "${TOOL_JVM_OPTS[@]}" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
+        -cp "$KAFKA_LIBS/*" "$cls" "$@"
+}
+
+case "${1:-}" in
+    up)         cmd_up ;;
+    down)       cmd_down ;;
+    status)     cmd_status ;;
+    env)        print_env ;;
+    reset)      cmd_reset ;;
+    kafka-tool) shift; cmd_kafka_tool "$@" ;;
+    *)
+        # Print the header comment as usage.
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
+        exit 2 ;;
+esac
