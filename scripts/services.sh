@@ -332,6 +332,14 @@ share.coordinator.state.topic.min.isr=1
 # Tests: no 3 s wait before the first rebalance; both group protocols (KIP-848).
 group.initial.rebalance.delay.ms=0
 group.coordinator.rebalance.protocols=classic,consumer
+# Fault tests pair short leases with short consumer sessions, so a killed
+# worker's partitions move on about when its claims expire. The broker defaults
+# (6 s classic, 45 s consumer protocol) are production floors, not laws.
+group.min.session.timeout.ms=2000
+group.consumer.min.session.timeout.ms=2000
+group.consumer.session.timeout.ms=10000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.heartbeat.interval.ms=1000
 EOF
 }
 

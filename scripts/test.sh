@@ -16,4 +16,14 @@ cargo build --locked --bins
 
 # Tests isolate themselves (own database, topic prefix and group ids), so the
 # suite needs no cleanup and can be re-run at once.
-cargo test --locked --no-fail-fast "$@"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+# One closing line for the whole suite, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -116,16 +116,44 @@ settings! {
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES";
-    /// How long a worker's claim on an extraction lasts. Without heartbeats a
-    /// claim must outlive the longest run, so it is the async timeout plus a margin.
-    extraction_run_lease_s: f64 = 40.0, env "DOCSTREAM_EXTRACTION_RUN_LEASE_S";
-    /// How long a bbox worker's claim lasts: the bbox timeout plus a margin.
-    bbox_refinement_lease_s: f64 = 40.0, env "DOCSTREAM_BBOX_REFINEMENT_LEASE_S";
-    /// Longest an extractor may run before the job fails. The rule extractor takes
-    /// milliseconds; 30 s leaves room for an HTTP extractor.
-    async_timeout_s: f64 = 30.0, env "DOCSTREAM_ASYNC_TIMEOUT_S";
+    /// How long a claim on an extraction lasts without a heartbeat. The holder
+    /// renews it while it works, so a job may run far longer; only a dead or
+    /// frozen holder loses it. 10 s bounds recovery after a crash to seconds
+    /// while leaving room for five missed heartbeats.
+    extraction_run_lease_s: f64 = 10.0, env "DOCSTREAM_EXTRACTION_RUN_LEASE_S";
+    /// The same for a claim on a bbox refinement.
+    bbox_refinement_lease_s: f64 = 10.0, env "DOCSTREAM_BBOX_REFINEMENT_LEASE_S";
+    /// How often a holder renews its lease: at most half the shorter lease, so a
+    /// single slow renewal never loses a live claim. 2 s is a fifth of 10 s.
+    heartbeat_interval_s: f64 = 2.0, env "DOCSTREAM_HEARTBEAT_INTERVAL_S";
+    /// Longest an extractor may run before the attempt fails (and is retried).
+    /// Independent of the lease, thanks to heartbeats.
+    async_timeout_s: f64 = 60.0, env "DOCSTREAM_ASYNC_TIMEOUT_S";
     /// Longest bbox grounding may run.
-    bbox_refine_timeout_s: f64 = 30.0, env "DOCSTREAM_BBOX_REFINE_TIMEOUT_S";
+    bbox_refine_timeout_s: f64 = 60.0, env "DOCSTREAM_BBOX_REFINE_TIMEOUT_S";
+    /// How often each reaper looks for orphans (one replica at a time sweeps).
+    /// Recovery after a crash takes at most lease + this interval.
+    reaper_sweep_interval_s: f64 = 2.0, env "DOCSTREAM_REAPER_SWEEP_INTERVAL_S";
+    /// A queued job this long past its submit (or its retry's due time) has lost
+    /// its event (orphan classes 1 and 3). Far above the publish-to-claim latency
+    /// of a healthy pipeline; a job legitimately waiting in a backlog is
+    /// republished at most once per threshold, which the atomic claim absorbs.
+    queued_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S";
+    /// A pending bbox refinement this long past its request (or the extraction's
+    /// end) has lost its event (orphan class 4). Same reasoning as above.
+    post_processing_pending_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S";
+    /// Most orphans one sweep republishes; the rest wait for the next sweep.
+    reaper_batch_size: i64 = 500_i64, env "DOCSTREAM_REAPER_BATCH_SIZE";
+    /// First retry delay; each further attempt doubles it, with jitter.
+    retry_base_delay_s: f64 = 1.0, env "DOCSTREAM_RETRY_BASE_DELAY_S";
+    /// Cap on the retry delay: a flaky dependency is retried at least this often.
+    retry_max_delay_s: f64 = 30.0, env "DOCSTREAM_RETRY_MAX_DELAY_S";
+    /// Attempts (claims) before a failing job is marked failed with its last error.
+    max_attempts: i32 = 5, env "DOCSTREAM_MAX_ATTEMPTS";
+    /// Kafka consumer session timeout: how soon the group notices a dead member
+    /// and hands its partitions on. 10 s is librdkafka's order of magnitude and
+    /// matches the lease, so a dead worker's partitions and claims free up together.
+    kafka_session_timeout_ms: u32 = 10_000_u32, env "DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS";
     /// Records a consumer works on at once. 16 keeps two cores and a 20-connection
     /// pool busy without queueing inside the process.
     consumer_max_in_flight: usize = 16_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
@@ -192,23 +220,45 @@ impl Settings {
                 self.subscriber_drain_timeout_s,
             ),
             ("DOCSTREAM_PUBLISH_TIMEOUT_S", self.publish_timeout_s),
+            ("DOCSTREAM_HEARTBEAT_INTERVAL_S", self.heartbeat_interval_s),
+            (
+                "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
+                self.reaper_sweep_interval_s,
+            ),
+            (
+                "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S",
+                self.queued_orphan_threshold_s,
+            ),
+            (
+                "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S",
+                self.post_processing_pending_orphan_threshold_s,
+            ),
+            ("DOCSTREAM_RETRY_BASE_DELAY_S", self.retry_base_delay_s),
+            ("DOCSTREAM_RETRY_MAX_DELAY_S", self.retry_max_delay_s),
         ] {
             if !(secs.is_finite() && secs > 0.0) {
                 return invalid(format!("{name} must be a positive number of seconds"));
             }
         }
-        if self.extraction_run_lease_s <= self.async_timeout_s {
+        let shorter_lease = self
+            .extraction_run_lease_s
+            .min(self.bbox_refinement_lease_s);
+        if self.heartbeat_interval_s * 2.0 > shorter_lease {
             return invalid(format!(
-                "DOCSTREAM_EXTRACTION_RUN_LEASE_S ({}) must exceed DOCSTREAM_ASYNC_TIMEOUT_S ({}): \
-                 a claim that expires while its extractor may still run lets a second worker run it too",
-                self.extraction_run_lease_s, self.async_timeout_s
+                "DOCSTREAM_HEARTBEAT_INTERVAL_S ({}) must be at most half of the shorter lease ({} s): \
+                 a holder must renew at least twice per lease, or one slow renewal loses a live claim",
+                self.heartbeat_interval_s, shorter_lease
             ));
         }
-        if self.bbox_refinement_lease_s <= self.bbox_refine_timeout_s {
-            return invalid(format!(
-                "DOCSTREAM_BBOX_REFINEMENT_LEASE_S ({}) must exceed DOCSTREAM_BBOX_REFINE_TIMEOUT_S ({})",
-                self.bbox_refinement_lease_s, self.bbox_refine_timeout_s
-            ));
+        if self.retry_max_delay_s < self.retry_base_delay_s {
+            return invalid(
+                "DOCSTREAM_RETRY_MAX_DELAY_S must be at least DOCSTREAM_RETRY_BASE_DELAY_S".into(),
+            );
+        }
+        if self.max_attempts < 1 || self.reaper_batch_size < 1 {
+            return invalid(
+                "DOCSTREAM_MAX_ATTEMPTS and DOCSTREAM_REAPER_BATCH_SIZE must be at least 1".into(),
+            );
         }
         for (name, n) in [
             ("DOCSTREAM_JOB_TOPIC_PARTITIONS", self.job_topic_partitions),
@@ -257,6 +307,26 @@ impl Settings {
         Duration::from_secs_f64(self.async_timeout_s)
     }
 
+    /// `heartbeat_interval_s` as a duration.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.heartbeat_interval_s)
+    }
+
+    /// `reaper_sweep_interval_s` as a duration.
+    pub fn reaper_sweep_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.reaper_sweep_interval_s)
+    }
+
+    /// The orphan thresholds the reapers and `docstream orphans` use.
+    pub fn orphan_thresholds(&self) -> crate::store::orphans::Thresholds {
+        crate::store::orphans::Thresholds {
+            queued_s: self.queued_orphan_threshold_s,
+            run_lease_s: self.extraction_run_lease_s,
+            post_processing_pending_s: self.post_processing_pending_orphan_threshold_s,
+            bbox_lease_s: self.bbox_refinement_lease_s,
+        }
+    }
+
     /// `subscriber_drain_timeout_s` as a duration.
     pub fn subscriber_drain_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.subscriber_drain_timeout_s)
@@ -291,13 +361,24 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_shorter_than_the_run_is_refused() {
+    fn a_heartbeat_too_slow_for_its_lease_is_refused() {
         let err = load(&[
             ("DOCSTREAM_EXTRACTION_RUN_LEASE_S", "5"),
-            ("DOCSTREAM_ASYNC_TIMEOUT_S", "10"),
+            ("DOCSTREAM_HEARTBEAT_INTERVAL_S", "5"),
         ])
         .unwrap_err();
-        assert!(err.to_string().contains("must exceed"), "{err}");
+        assert!(
+            err.to_string().contains("DOCSTREAM_HEARTBEAT_INTERVAL_S"),
+            "{err}"
+        );
+        // A job may run longer than its lease: that is what heartbeats are for.
+        let long_job = [
+            ("DOCSTREAM_EXTRACTION_RUN_LEASE_S", "5"),
+            ("DOCSTREAM_ASYNC_TIMEOUT_S", "600"),
+        ];
+        assert!(load(&long_job).is_ok());
+        let err = load(&[("DOCSTREAM_RETRY_MAX_DELAY_S", "0.5")]).unwrap_err();
+        assert!(err.to_string().contains("RETRY_MAX_DELAY"), "{err}");
     }
 
     #[test]

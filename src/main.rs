@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
-use docstream::{demo, kafka, store};
+use docstream::{demo, failpoints, kafka, ops, store};
 use tokio_util::sync::CancellationToken;
 
 /// Kafka-native document-extraction pipeline.
@@ -35,6 +35,17 @@ enum Command {
     Migrate,
     /// Create the Kafka topics with their configured partition counts.
     Topics,
+    /// List the current orphans by class, with ids and ages.
+    Orphans {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Force a re-claim of one extraction now (expires its lease; fenced holders lose).
+    Reclaim {
+        /// The extraction id.
+        id: uuid::Uuid,
+    },
     /// Run the pipeline on the shipped sample documents and print a summary.
     Demo(demo::DemoArgs),
 }
@@ -49,6 +60,10 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(settings.log_json);
+    if let Err(e) = failpoints::init_from_env() {
+        eprintln!("docstream: DOCSTREAM_FAILPOINTS: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     match runtime.block_on(run(cli.command, settings)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -76,6 +91,19 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                     topic.name, topic.partitions, outcome
                 );
             }
+            return Ok(());
+        }
+        Command::Orphans { json } => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::orphans_report(&pool, &settings, json).await?);
+            return Ok(());
+        }
+        Command::Reclaim { id } => {
+            let services = roles::connect(settings).await?;
+            print!("{}", ops::reclaim(&services, id).await?);
+            services
+                .publisher
+                .flush(std::time::Duration::from_secs(10))?;
             return Ok(());
         }
         Command::Demo(args) => return demo::run(settings, args, shutdown).await,

@@ -32,6 +32,20 @@ pub struct Metrics {
     pub bbox_duration: Histogram,
     /// `docstream_http_requests_total{route, status}`.
     pub http_requests: IntCounterVec,
+    /// `docstream_stale_completions_total{claim, stage}`: work of a holder whose
+    /// claim was taken over, dropped without side effects.
+    pub stale_completions: IntCounterVec,
+    /// `docstream_retries_scheduled_total`: attempts requeued with a backoff.
+    pub retries_scheduled: IntCounterVec,
+    /// `docstream_orphans_found_total{class}`.
+    pub orphans_found: IntCounterVec,
+    /// `docstream_orphans_republished_total{class}`.
+    pub orphans_republished: IntCounterVec,
+    /// `docstream_reaper_sweeps_total{reaper, outcome}`.
+    pub reaper_sweeps: IntCounterVec,
+    /// `docstream_recovery_seconds{claim}`: from lease expiry or orphaning to the
+    /// claim that recovered the job.
+    pub recovery: HistogramVec,
 }
 
 impl Metrics {
@@ -80,6 +94,31 @@ impl Metrics {
             "HTTP requests answered, by route and status code.",
             &["route", "status"],
         );
+        let stale_completions = counter(
+            "docstream_stale_completions_total",
+            "Work of a holder whose claim was taken over, dropped without side effects.",
+            &["claim", "stage"],
+        );
+        let retries_scheduled = counter(
+            "docstream_retries_scheduled_total",
+            "Failed attempts requeued with a backoff.",
+            &["claim"],
+        );
+        let orphans_found = counter(
+            "docstream_orphans_found_total",
+            "Orphans a reaper found, by orphan class.",
+            &["class"],
+        );
+        let orphans_republished = counter(
+            "docstream_orphans_republished_total",
+            "Orphans whose event a reaper republished (acknowledged), by class.",
+            &["class"],
+        );
+        let reaper_sweeps = counter(
+            "docstream_reaper_sweeps_total",
+            "Reaper sweeps, by reaper and outcome (swept, locked_elsewhere, failed).",
+            &["reaper", "outcome"],
+        );
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "docstream_in_flight_records",
@@ -117,7 +156,27 @@ impl Metrics {
         registry
             .register(Box::new(bbox_duration.clone()))
             .expect("unique metric");
+        let recovery = HistogramVec::new(
+            HistogramOpts::new(
+                "docstream_recovery_seconds",
+                "From lease expiry or orphaning to the claim that recovered the job.",
+            )
+            .buckets(vec![
+                0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+            ]),
+            &["claim"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(recovery.clone()))
+            .expect("unique metric");
         Self {
+            stale_completions,
+            retries_scheduled,
+            orphans_found,
+            orphans_republished,
+            reaper_sweeps,
+            recovery,
             registry,
             transitions,
             claim_losers,

@@ -20,7 +20,7 @@ use crate::config::Settings;
 use crate::extract::RuleExtractor;
 use crate::kafka::Publisher;
 use crate::metrics::Metrics;
-use crate::pipeline::{BboxWorker, ExtractionWorker, Services};
+use crate::pipeline::{BboxWorker, ExtractionWorker, Reaper, ReaperKind, Services};
 use crate::store;
 
 /// A role's failure, with the role's name.
@@ -87,6 +87,16 @@ pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> Rol
     Ok(())
 }
 
+/// A reaper sweeping until `shutdown`; it runs beside its role's consumers.
+pub async fn reaper(
+    services: Services,
+    kind: ReaperKind,
+    shutdown: CancellationToken,
+) -> RoleResult {
+    Reaper::new(services, kind).run(shutdown).await;
+    Ok(())
+}
+
 /// `/metrics` on `metrics_addr`, for processes without the API.
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
@@ -135,11 +145,19 @@ pub async fn run(
     for _ in 0..mix.workers {
         roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
     }
+    if mix.workers > 0 {
+        let reaper = reaper(services.clone(), ReaperKind::Extraction, stop.clone());
+        roles.push(("extraction-reaper", Box::pin(reaper)));
+    }
     for _ in 0..mix.bbox_workers {
         roles.push((
             "bbox-worker",
             Box::pin(bbox_worker(services.clone(), stop.clone())),
         ));
+    }
+    if mix.bbox_workers > 0 {
+        let reaper = reaper(services.clone(), ReaperKind::Bbox, stop.clone());
+        roles.push(("bbox-reaper", Box::pin(reaper)));
     }
     supervise(roles, stop).await
 }

@@ -12,23 +12,9 @@ use std::time::Duration;
 use common::{free_port, sample_body, wait_for, TestEnv};
 use docstream::events::{decode, ExtractionEvent};
 use futures::stream::{self, StreamExt};
-use nix_free_signal::terminate;
 use uuid::Uuid;
 
 const DOCUMENTS: usize = 1_000;
-
-/// SIGTERM without an extra crate: `kill -TERM`.
-mod nix_free_signal {
-    pub async fn terminate(child: &tokio::process::Child) {
-        let pid = child.id().expect("child still running");
-        let status = tokio::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await
-            .unwrap();
-        assert!(status.success());
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
@@ -84,7 +70,7 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
 
     // Graceful stop: every process exits 0 on SIGTERM.
     for child in workers.iter().chain(std::iter::once(&serve)) {
-        terminate(child).await;
+        common::signal(child, "TERM").await;
     }
     for child in workers.iter_mut().chain(std::iter::once(&mut serve)) {
         let status = tokio::time::timeout(Duration::from_secs(30), child.wait())

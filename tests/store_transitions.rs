@@ -8,7 +8,9 @@ use std::future::Future;
 
 use common::TestEnv;
 use docstream::domain::ExtractionRequest;
-use docstream::store::{self, transitions, Extraction, NewExtraction, SubmitError, Submitted};
+use docstream::store::{
+    self, leases, orphans, transitions, Extraction, NewExtraction, SubmitError, Submitted,
+};
 use futures::future::join_all;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -132,7 +134,7 @@ async fn cancel_and_claim_race_has_one_winner() {
         let id = queued(pool).await;
         let winners = race(|i| async move {
             if i % 2 == 0 {
-                transitions::mark_cancelled(pool, id).await
+                transitions::mark_cancelled(pool, id, None).await
             } else {
                 Ok(transitions::mark_running(pool, id, LEASE_S)
                     .await?
@@ -200,7 +202,7 @@ async fn illegal_transitions_return_none_and_change_nothing() {
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::requeue_for_retry(pool, id, 0, "x")
+    assert!(transitions::requeue_for_retry(pool, id, 0, "x", 0.0)
         .await
         .unwrap()
         .is_none());
@@ -231,7 +233,7 @@ async fn illegal_transitions_return_none_and_change_nothing() {
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_cancelled(pool, id)
+    assert!(transitions::mark_cancelled(pool, id, None)
         .await
         .unwrap()
         .is_none());
@@ -256,7 +258,7 @@ async fn illegal_transitions_return_none_and_change_nothing() {
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_cancelled(pool, id)
+    assert!(transitions::mark_cancelled(pool, id, None)
         .await
         .unwrap()
         .is_none());
@@ -326,7 +328,7 @@ async fn retry_and_bbox_requeue_return_work_to_pending() {
     let env = TestEnv::postgres_only("requeue").await;
     let pool = &env.pool;
     let (id, token) = running(pool).await;
-    let row = transitions::requeue_for_retry(pool, id, token, "flaky")
+    let row = transitions::requeue_for_retry(pool, id, token, "flaky", 0.0)
         .await
         .unwrap()
         .unwrap();
@@ -405,5 +407,158 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
     )
     .await;
     assert!(matches!(reused, Err(SubmitError::KeyReused)));
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
+    let env = TestEnv::postgres_only("orphan_predicates").await;
+    let pool = &env.pool;
+    let thresholds = orphans::Thresholds {
+        queued_s: 10.0,
+        run_lease_s: LEASE_S,
+        post_processing_pending_s: 10.0,
+        bbox_lease_s: LEASE_S,
+    };
+    let fresh = queued(pool).await;
+    let old = queued(pool).await;
+    let (retried, token) = running(pool).await;
+    transitions::requeue_for_retry(pool, retried, token, "flaky", 0.0)
+        .await
+        .unwrap()
+        .unwrap();
+    sqlx::query("UPDATE extractions SET submitted_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id <> $1")
+        .bind(fresh)
+        .execute(pool)
+        .await
+        .unwrap();
+    let found: Vec<(i16, Uuid)> = orphans::list_orphans(pool, thresholds)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.class, o.id))
+        .collect();
+    assert_eq!(
+        found,
+        vec![(1, old), (3, retried)],
+        "a fresh job is not an orphan yet"
+    );
+
+    // An acknowledged event is waiting in a backlog, not lost.
+    orphans::record_published(pool, old).await.unwrap();
+    orphans::record_published(pool, retried).await.unwrap();
+    assert!(orphans::list_orphans(pool, thresholds)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // A reaper takes an orphan once per threshold.
+    let stuck = queued(pool).await;
+    sqlx::query("UPDATE extractions SET submitted_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(stuck)
+        .execute(pool)
+        .await
+        .unwrap();
+    let taken = orphans::take_extraction_orphans(pool, thresholds, 100)
+        .await
+        .unwrap();
+    assert_eq!(taken.iter().map(|o| o.id).collect::<Vec<_>>(), vec![stuck]);
+    assert!(orphans::take_extraction_orphans(pool, thresholds, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
+    let env = TestEnv::postgres_only("heartbeats").await;
+    let pool = &env.pool;
+    let (id, token) = running(pool).await;
+    let renewed = leases::renew_extraction_lease(pool, id, token, LEASE_S)
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed,
+        Some(leases::Renewed {
+            cancel_requested: false
+        })
+    );
+    assert!(leases::renew_extraction_lease(pool, id, token + 1, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+
+    // Cooperative cancel: only the holder ends it, and only once it was asked.
+    assert!(transitions::mark_cancelled(pool, id, Some(token))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::request_cancel(pool, id)
+        .await
+        .unwrap()
+        .is_some());
+    let renewed = leases::renew_extraction_lease(pool, id, token, LEASE_S)
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed,
+        Some(leases::Renewed {
+            cancel_requested: true
+        })
+    );
+    assert!(transitions::mark_cancelled(pool, id, None)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(transitions::mark_cancelled(pool, id, Some(token + 1))
+        .await
+        .unwrap()
+        .is_none());
+    let row = transitions::mark_cancelled(pool, id, Some(token))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, "cancelled");
+    assert!(leases::renew_extraction_lease(pool, id, token, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+
+    // The bbox lease too.
+    let id = succeeded(pool).await;
+    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(leases::renew_bbox_lease(pool, id, claim.token, LEASE_S)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(leases::renew_bbox_lease(pool, id, claim.token + 1, LEASE_S)
+        .await
+        .unwrap()
+        .is_none());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_reclaim_after_lease_expiry_records_the_recovery_time() {
+    let env = TestEnv::postgres_only("recovery_time").await;
+    let pool = &env.pool;
+    let (id, _) = running(pool).await;
+    sqlx::query(
+        "UPDATE extractions SET lease_expires_at = now() - interval '2 seconds' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    let claim = transitions::mark_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    let recovery = claim.extraction.last_recovery_s.unwrap();
+    assert!((2.0..3.0).contains(&recovery), "{recovery}");
     env.cleanup().await;
 }

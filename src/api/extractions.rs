@@ -12,9 +12,10 @@ use uuid::Uuid;
 
 use super::ApiError;
 use crate::domain::{ExtractionRequest, Transition};
-use crate::events::{ExtractionSubmitted, PublishReason};
+use crate::events::PublishReason;
+use crate::pipeline;
 use crate::pipeline::Services;
-use crate::store::{self, transitions, Extraction, NewExtraction, Submitted};
+use crate::store::{self, transitions, Extraction, NewExtraction};
 
 /// Longest accepted `Idempotency-Key`.
 const MAX_KEY_LEN: usize = 255;
@@ -45,6 +46,8 @@ struct ExtractionView {
     finished_at: Option<DateTime<Utc>>,
     result: Option<serde_json::Value>,
     error: Option<String>,
+    next_attempt_at: Option<DateTime<Utc>>,
+    cancel_requested_at: Option<DateTime<Utc>>,
     post_processing: serde_json::Value,
     webhook_url: Option<String>,
     metadata: Option<serde_json::Value>,
@@ -63,6 +66,8 @@ impl From<Extraction> for ExtractionView {
             finished_at: row.finished_at,
             result: row.result,
             error: row.error,
+            next_attempt_at: row.next_attempt_at,
+            cancel_requested_at: row.cancel_requested_at,
             post_processing: row.post_processing,
             webhook_url: request.webhook_url,
             metadata: request.metadata,
@@ -86,10 +91,7 @@ async fn submit(
         idempotency_key,
         request,
     };
-    let submitted = store::submit(&services.pool, new).await?;
-    if let Submitted::Created(row) = &submitted {
-        publish_submitted(&services, row).await;
-    }
+    let submitted = pipeline::submit(&services, new).await?;
     let row = submitted.extraction();
     let location = format!("/v1/extractions/{}", row.id);
     let body = Accepted {
@@ -102,25 +104,6 @@ async fn submit(
         Json(body),
     )
         .into_response())
-}
-
-/// Hands a new row to the workers. The row is already durable, so a failed
-/// publish does not fail the request: the job is then a class-1 orphan (queued,
-/// never published), which the extraction reaper exists to revive.
-async fn publish_submitted(services: &Services, row: &Extraction) {
-    let topic = services.settings.topic(&services.settings.topic_submitted);
-    let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
-    let key = row.id.to_string();
-    let (published, emitted) = tokio::join!(
-        services.publisher.publish(&topic, key.as_bytes(), &event),
-        services.emit(Transition::Submit, row, None, PublishReason::Submit),
-    );
-    if let Err(e) = published {
-        tracing::error!(id = %row.id, error = %e, "submitted event not published; row left queued");
-    }
-    if let Err(e) = emitted {
-        tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
-    }
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -150,12 +133,14 @@ async fn read(
     Ok(Json(row.into()))
 }
 
+/// Cancels a queued job at once (200). A running job is asked to stop: its
+/// holder sees the request at its next heartbeat and cancels it (202).
 async fn cancel(
     State(services): State<Services>,
     id: Result<Path<Uuid>, PathRejection>,
-) -> Result<Json<ExtractionView>, ApiError> {
+) -> Result<Response, ApiError> {
     let Path(id) = id?;
-    let cancelled = transitions::mark_cancelled(&services.pool, id).await?;
+    let cancelled = transitions::mark_cancelled(&services.pool, id, None).await?;
     services
         .metrics
         .transition(Transition::MarkCancelled, &cancelled);
@@ -166,12 +151,22 @@ async fn cancel(
         {
             tracing::warn!(%id, error = %e, "lifecycle event not published");
         }
-        return Ok(Json(row.into()));
+        return Ok((StatusCode::OK, Json(ExtractionView::from(row))).into_response());
+    }
+    let requested = transitions::request_cancel(&services.pool, id).await?;
+    services
+        .metrics
+        .transition(Transition::RequestCancel, &requested);
+    if let Some(row) = requested {
+        return Ok((StatusCode::ACCEPTED, Json(ExtractionView::from(row))).into_response());
     }
     match store::get(&services.pool, id).await? {
         None => Err(ApiError::NotFound(id.to_string())),
+        Some(row) if row.status == "running" => {
+            Ok((StatusCode::ACCEPTED, Json(ExtractionView::from(row))).into_response())
+        }
         Some(row) => Err(ApiError::Conflict(format!(
-            "extraction is {}; only a queued extraction can be cancelled",
+            "extraction is {}; only a queued or running extraction can be cancelled",
             row.status
         ))),
     }

@@ -3,9 +3,11 @@
 //! `store` makes it durable and `pipeline` drives it.
 
 mod request;
+mod retry;
 mod state;
 
 pub use request::{
     Document, ExtractionRequest, FieldSpec, FieldType, Page, RequestError, Word, WordRef,
 };
+pub use retry::retry_delay_s;
 pub use state::{BboxStatus, ExtractionStatus, Transition};

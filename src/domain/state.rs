@@ -118,8 +118,10 @@ pub enum Transition {
     MarkFailed,
     /// running (token held) → queued.
     RequeueForRetry,
-    /// queued → cancelled.
+    /// queued → cancelled; or running (holder, after a cancel request) → cancelled.
     MarkCancelled,
+    /// running: flags the job so its holder cancels it at the next heartbeat.
+    RequestCancel,
     /// succeeded with bbox pending: the post-processing request is being published.
     StartBboxRefinement,
     /// bbox pending, or running with an expired lease → bbox running.
@@ -142,6 +144,7 @@ impl Transition {
             Self::MarkFailed => "mark_failed",
             Self::RequeueForRetry => "requeue_for_retry",
             Self::MarkCancelled => "mark_cancelled",
+            Self::RequestCancel => "request_cancel",
             Self::StartBboxRefinement => "start_bbox_refinement",
             Self::MarkBboxRefinementRunning => "mark_bbox_refinement_running",
             Self::MarkBboxRefinementSucceeded => "mark_bbox_refinement_succeeded",

@@ -24,6 +24,8 @@ pub enum PublishReason {
     Retry,
     /// Published by a reaper reviving an orphan.
     Reaper,
+    /// Published by an operator's `docstream reclaim`.
+    Operator,
 }
 
 impl PublishReason {
@@ -33,6 +35,7 @@ impl PublishReason {
             Self::Submit => "submit",
             Self::Retry => "retry",
             Self::Reaper => "reaper",
+            Self::Operator => "operator",
         }
     }
 }

@@ -32,9 +32,12 @@ pub struct ExtractionOutput {
     pub fields: BTreeMap<String, Option<ExtractedValue>>,
 }
 
-/// Why an extraction failed. Every variant is final: retrying cannot help.
+/// Why an extraction failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ExtractError {
+    /// Something the extractor depends on failed; a later attempt may succeed.
+    #[error("extractor unavailable: {0}")]
+    Unavailable(String),
     /// A field marked `required` is not in the document.
     #[error("required field {0:?} not found in the document")]
     RequiredFieldMissing(String),
@@ -46,6 +49,13 @@ pub enum ExtractError {
         /// Compiler message.
         reason: String,
     },
+}
+
+impl ExtractError {
+    /// True when retrying the job may help.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
 }
 
 /// Turns a request into values.

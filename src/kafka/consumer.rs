@@ -85,6 +85,8 @@ pub struct ConsumerSpec {
     pub max_in_flight: usize,
     /// How long a stop waits for in-flight records.
     pub drain_timeout: Duration,
+    /// Consumer session timeout, ms.
+    pub session_timeout_ms: u32,
 }
 
 /// Why a consumer stopped abnormally.
@@ -163,7 +165,13 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")
             .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
+            .set("session.timeout.ms", spec.session_timeout_ms.to_string())
+            // Three heartbeats per session, as Kafka recommends; librdkafka's
+            // default (3 s) would miss every short session.
+            .set(
+                "heartbeat.interval.ms",
+                (spec.session_timeout_ms / 3).max(100).to_string(),
+            )
             .set("partition.assignment.strategy", "cooperative-sticky")
             .create_with_context(context)?;
         consumer.subscribe(&[&spec.topic])?;

@@ -1,15 +1,19 @@
 //! `bbox-worker`: consumes `extraction.post_processing.requested`, claims the
-//! bbox refinement sub-state, grounds every extracted value to its words' boxes,
-//! and completes the claim.
+//! bbox refinement sub-state, grounds every extracted value to its words' boxes
+//! while heartbeats keep the claim, and completes the claim with its token.
 
 use std::time::Instant;
 
-use super::{decode_record, transient, Services};
+use uuid::Uuid;
+
+use super::lease::{hold, Held};
+use super::{decode_record, transient, Services, Stage};
 use crate::domain::Transition;
-use crate::events::PostProcessingRequested;
+use crate::events::{PostProcessingRequested, PublishReason};
 use crate::extract::{ground, ExtractionOutput};
+use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::transitions;
+use crate::store::{leases, transitions, Claim};
 
 /// The bbox worker's record handler.
 pub struct BboxWorker {
@@ -21,23 +25,85 @@ impl BboxWorker {
     pub fn new(services: Services) -> Self {
         Self { services }
     }
+
+    /// Grounds the claimed job: the values' boxes, or why there are none.
+    async fn grounding(claim: &Claim) -> Result<serde_json::Value, String> {
+        failpoints::hit("bbox.after_claim")
+            .await
+            .map_err(|e| e.to_string())?;
+        let row = &claim.extraction;
+        let output: ExtractionOutput =
+            serde_json::from_value(row.result.clone().unwrap_or_default())
+                .map_err(|e| format!("extraction result is unreadable: {e}"))?;
+        let grounding = ground(&row.request.0.document, &output);
+        Ok(serde_json::to_value(grounding).expect("grounding serialises"))
+    }
+
+    async fn complete(
+        &self,
+        id: Uuid,
+        token: i32,
+        grounded: Result<serde_json::Value, String>,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let services = &self.services;
+        let pool = &services.pool;
+        let (transition, completed) = match grounded {
+            Ok(json) => (
+                Transition::MarkBboxRefinementSucceeded,
+                transitions::mark_bbox_refinement_succeeded(pool, id, token, &json).await,
+            ),
+            Err(error) => (
+                Transition::MarkBboxRefinementFailed,
+                transitions::mark_bbox_refinement_failed(pool, id, token, &error).await,
+            ),
+        };
+        let completed = completed.map_err(transient)?;
+        services.metrics.transition(transition, &completed);
+        match completed {
+            Some(row) => services.emit(transition, &row, Some(token), reason).await,
+            None => {
+                self.stale(id, token, "completion");
+                Ok(())
+            }
+        }
+    }
+
+    fn stale(&self, id: Uuid, token: i32, stage: &'static str) {
+        let metrics = &self.services.metrics;
+        metrics
+            .stale_completions
+            .with_label_values(&["bbox_refinement", stage])
+            .inc();
+        tracing::warn!(%id, token, stage, "stale bbox holder: the claim was taken over; work dropped");
+    }
 }
 
 impl RecordHandler for BboxWorker {
     async fn handle(&self, record: &Record) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
         let services = &self.services;
-        let lease_s = services.settings.bbox_refinement_lease_s;
-        let claim = transitions::mark_bbox_refinement_running(&services.pool, id, lease_s)
-            .await
-            .map_err(transient)?;
-        services
-            .metrics
-            .transition(Transition::MarkBboxRefinementRunning, &claim);
-        let Some(claim) = claim else {
-            return services.lost_claim("bbox_refinement", id).await;
+        let settings = &services.settings;
+        let lease_s = settings.bbox_refinement_lease_s;
+        let try_claim = || transitions::mark_bbox_refinement_running(&services.pool, id, lease_s);
+        let Some(claim) = services
+            .claim_or_wait(Stage::BboxRefinement, id, try_claim)
+            .await?
+        else {
+            return Ok(());
         };
         let token = claim.token;
+        if let Some(recovery) = claim
+            .extraction
+            .bbox_refinement()
+            .and_then(|b| b.last_recovery_s)
+        {
+            services
+                .metrics
+                .recovery
+                .with_label_values(&["bbox_refinement"])
+                .observe(recovery);
+        }
         services
             .emit(
                 Transition::MarkBboxRefinementRunning,
@@ -48,47 +114,25 @@ impl RecordHandler for BboxWorker {
             .await?;
 
         let started = Instant::now();
-        let row = &claim.extraction;
-        let output: Result<ExtractionOutput, _> =
-            serde_json::from_value(row.result.clone().unwrap_or_default());
-        let (transition, completed) = match output {
-            Ok(output) => {
-                let grounding = ground(&row.request.0.document, &output);
-                let json = serde_json::to_value(grounding).expect("grounding serialises");
-                let done =
-                    transitions::mark_bbox_refinement_succeeded(&services.pool, id, token, &json)
-                        .await;
-                (Transition::MarkBboxRefinementSucceeded, done)
-            }
-            Err(e) => {
-                let error = format!("extraction result is unreadable: {e}");
-                let done =
-                    transitions::mark_bbox_refinement_failed(&services.pool, id, token, &error)
-                        .await;
-                (Transition::MarkBboxRefinementFailed, done)
+        let timeout = std::time::Duration::from_secs_f64(settings.bbox_refine_timeout_s);
+        let work = tokio::time::timeout(timeout, Self::grounding(&claim));
+        let renew = || leases::renew_bbox_lease(&services.pool, id, token, lease_s);
+        let grounded = match hold(work, settings.heartbeat_interval(), renew).await {
+            Held::Done(Ok(grounded)) => grounded,
+            Held::Done(Err(_)) => Err(format!(
+                "grounding timed out after {} s",
+                settings.bbox_refine_timeout_s
+            )),
+            // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
+            Held::Lost | Held::CancelRequested => {
+                self.stale(id, token, "heartbeat");
+                return Ok(());
             }
         };
         services
             .metrics
             .bbox_duration
             .observe(started.elapsed().as_secs_f64());
-        let completed = completed.map_err(transient)?;
-        services.metrics.transition(transition, &completed);
-        match completed {
-            Some(row) => {
-                services
-                    .emit(transition, &row, Some(token), event.reason)
-                    .await
-            }
-            None => {
-                services
-                    .metrics
-                    .claim_losers
-                    .with_label_values(&["stale_completion"])
-                    .inc();
-                tracing::warn!(%id, token, "bbox completion rejected: the claim is no longer ours");
-                Ok(())
-            }
-        }
+        self.complete(id, token, grounded, event.reason).await
     }
 }

@@ -7,12 +7,19 @@
 //! after all of that was acknowledged.
 
 mod bbox_worker;
+pub mod lease;
+pub mod reaper;
+mod submit;
 mod worker;
 
 pub use bbox_worker::BboxWorker;
+pub use reaper::{Reaper, ReaperKind};
+pub use submit::submit;
 pub use worker::ExtractionWorker;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -24,7 +31,7 @@ use crate::events::{decode, Event, ExtractionEvent, PublishReason};
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
-use crate::store::{self, Extraction};
+use crate::store::{leases, Claim, Extraction, StoreError};
 
 /// What every role shares: settings, the pool, the producer and the metrics.
 #[derive(Clone)]
@@ -56,19 +63,58 @@ impl Services {
             .map_err(|e| HandlerError::Transient(e.to_string()))
     }
 
-    /// Tells a duplicate delivery (a claim loser: skipped) from an event about a
-    /// row that does not exist (poison).
-    async fn lost_claim(&self, claim: &'static str, id: Uuid) -> Result<(), HandlerError> {
-        match store::get(&self.pool, id).await.map_err(transient)? {
-            Some(row) => {
-                self.metrics.claim_losers.with_label_values(&[claim]).inc();
-                tracing::debug!(%id, claim, status = %row.status, "claim lost; delivery skipped");
-                Ok(())
+    /// Claims with `try_claim`. When another holder's lease is live, waits for it
+    /// heartbeat by heartbeat, for up to two leases: a record redelivered after
+    /// its holder died (its partition moved on) then takes the job over as soon
+    /// as the lease expires, without waiting behind the backlog for a reaper's
+    /// republish. `None` is a duplicate delivery to skip; an event for a row that
+    /// does not exist is poison.
+    async fn claim_or_wait<F, Fut>(
+        &self,
+        stage: Stage,
+        id: Uuid,
+        mut try_claim: F,
+    ) -> Result<Option<Claim>, HandlerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<Claim>, StoreError>>,
+    {
+        let settings = &self.settings;
+        let lease_s = match stage {
+            Stage::Extraction => settings.extraction_run_lease_s,
+            Stage::BboxRefinement => settings.bbox_refinement_lease_s,
+        };
+        let give_up = tokio::time::Instant::now() + Duration::from_secs_f64(2.0 * lease_s);
+        loop {
+            let claim = try_claim().await.map_err(transient)?;
+            if claim.is_some() {
+                self.metrics.transition(stage.claim_transition(), &claim);
+                return Ok(claim);
             }
-            None => Err(HandlerError::Poison {
-                kind: "missing_row",
-                reason: format!("no extraction {id}"),
-            }),
+            let live = match stage {
+                Stage::Extraction => leases::extraction_claim_is_live(&self.pool, id).await,
+                Stage::BboxRefinement => leases::bbox_claim_is_live(&self.pool, id).await,
+            };
+            match live.map_err(transient)? {
+                None => {
+                    return Err(HandlerError::Poison {
+                        kind: "missing_row",
+                        reason: format!("no extraction {id}"),
+                    })
+                }
+                Some(true) if tokio::time::Instant::now() < give_up => {
+                    tokio::time::sleep(settings.heartbeat_interval()).await;
+                }
+                Some(_) => {
+                    self.metrics.transition(stage.claim_transition(), &claim);
+                    self.metrics
+                        .claim_losers
+                        .with_label_values(&[stage.as_str()])
+                        .inc();
+                    tracing::debug!(%id, stage = stage.as_str(), "claim lost; delivery skipped");
+                    return Ok(None);
+                }
+            }
         }
     }
 
@@ -88,6 +134,7 @@ impl Services {
             dlq_topic: settings.topic(&settings.topic_dlq),
             max_in_flight: settings.consumer_max_in_flight,
             drain_timeout: settings.subscriber_drain_timeout(),
+            session_timeout_ms: settings.kafka_session_timeout_ms,
         };
         let runtime = ConsumerRuntime::new(
             spec,
@@ -96,6 +143,32 @@ impl Services {
             self.metrics.clone(),
         )?;
         runtime.run(shutdown).await
+    }
+}
+
+/// The two claimable stages of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The extraction itself.
+    Extraction,
+    /// Its bbox refinement.
+    BboxRefinement,
+}
+
+impl Stage {
+    /// Label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Extraction => "extraction",
+            Self::BboxRefinement => "bbox_refinement",
+        }
+    }
+
+    fn claim_transition(self) -> Transition {
+        match self {
+            Self::Extraction => Transition::MarkRunning,
+            Self::BboxRefinement => Transition::MarkBboxRefinementRunning,
+        }
     }
 }
 

@@ -1,22 +1,38 @@
 //! `worker`: consumes `extraction.submitted`, claims the job, runs the extractor
-//! under the async timeout, completes the claim, and hands the job to bbox
-//! refinement by publishing `extraction.post_processing.requested`.
+//! under the async timeout while heartbeats keep the claim, completes the claim
+//! with its fencing token, and hands the job to bbox refinement by publishing
+//! `extraction.post_processing.requested`.
+//!
+//! A failure that may pass (timeout, unavailable extractor) is retried with a
+//! capped, jittered backoff: the job is requeued with its due time in the row and
+//! its event is republished when due. Should that delayed publish be lost, the
+//! row is an orphan of class 3 and the extraction reaper revives it.
 
 use std::time::Instant;
 
+use rand::Rng;
 use uuid::Uuid;
 
-use super::{decode_record, transient, Services};
-use crate::domain::Transition;
+use super::lease::{hold, Held};
+use super::{decode_record, transient, Services, Stage};
+use crate::domain::{retry_delay_s, ExtractionRequest, Transition};
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use crate::extract::{ExtractionOutput, Extractor};
+use crate::extract::{ExtractError, ExtractionOutput, Extractor};
+use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::{transitions, Claim};
+use crate::store::{leases, orphans, transitions, Claim};
 
 /// The extraction worker's record handler.
 pub struct ExtractionWorker<E> {
     services: Services,
     extractor: E,
+}
+
+/// What the attempt came to, before it is made durable.
+enum Attempt {
+    Extracted(ExtractionOutput),
+    Retryable(String),
+    Failed(String),
 }
 
 impl<E: Extractor> ExtractionWorker<E> {
@@ -29,39 +45,66 @@ impl<E: Extractor> ExtractionWorker<E> {
     }
 
     async fn run_claim(&self, claim: Claim, reason: PublishReason) -> Result<(), HandlerError> {
+        let (id, token) = (claim.extraction.id, claim.token);
+        if let Some(recovery) = claim.extraction.last_recovery_s {
+            self.services
+                .metrics
+                .recovery
+                .with_label_values(&["extraction"])
+                .observe(recovery);
+        }
+        if claim.extraction.cancel_requested_at.is_some() {
+            return self.cancel(id, token, reason).await;
+        }
+        failpoints::hit("worker.after_claim")
+            .await
+            .map_err(transient)?;
+        let settings = &self.services.settings;
         let started = Instant::now();
-        let request = &claim.extraction.request.0;
-        let outcome = tokio::time::timeout(
-            self.services.settings.async_timeout(),
-            self.extractor.extract(request),
-        )
-        .await;
-        let (label, result) = match outcome {
-            Ok(Ok(output)) => ("succeeded", Ok(output)),
-            Ok(Err(e)) => ("failed", Err(e.to_string())),
-            Err(_) => (
-                "timed_out",
-                Err(format!(
-                    "extraction timed out after {} s",
-                    self.services.settings.async_timeout_s
-                )),
-            ),
+        let work = tokio::time::timeout(
+            settings.async_timeout(),
+            self.extract(&claim.extraction.request.0),
+        );
+        let pool = &self.services.pool;
+        let lease_s = settings.extraction_run_lease_s;
+        let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
+        let attempt = match hold(work, settings.heartbeat_interval(), renew).await {
+            Held::Lost => {
+                self.stale(id, token, "heartbeat");
+                return Ok(());
+            }
+            Held::CancelRequested => return self.cancel(id, token, reason).await,
+            Held::Done(Err(_)) => Attempt::Retryable(format!(
+                "extraction timed out after {} s",
+                settings.async_timeout_s
+            )),
+            Held::Done(Ok(Err(e))) if e.is_retryable() => Attempt::Retryable(e.to_string()),
+            Held::Done(Ok(Err(e))) => Attempt::Failed(e.to_string()),
+            Held::Done(Ok(Ok(output))) => Attempt::Extracted(output),
         };
+        let label = match &attempt {
+            Attempt::Extracted(_) => "succeeded",
+            Attempt::Retryable(_) => "retryable",
+            Attempt::Failed(_) => "failed",
+        };
+        let elapsed = started.elapsed().as_secs_f64();
         self.services
             .metrics
             .extraction_duration
             .with_label_values(&[label])
-            .observe(started.elapsed().as_secs_f64());
-        match result {
-            Ok(output) => {
-                self.succeed(claim.extraction.id, claim.token, &output, reason)
-                    .await
-            }
-            Err(error) => {
-                self.fail(claim.extraction.id, claim.token, &error, reason)
-                    .await
-            }
+            .observe(elapsed);
+        match attempt {
+            Attempt::Extracted(output) => self.succeed(id, token, &output, reason).await,
+            Attempt::Retryable(error) => self.retry_or_fail(id, token, &error, reason).await,
+            Attempt::Failed(error) => self.fail(id, token, &error, reason).await,
         }
+    }
+
+    async fn extract(&self, request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+        if let Err(e) = failpoints::hit("worker.extract").await {
+            return Err(ExtractError::Unavailable(e.to_string()));
+        }
+        self.extractor.extract(request).await
     }
 
     async fn succeed(
@@ -78,11 +121,15 @@ impl<E: Extractor> ExtractionWorker<E> {
             .map_err(transient)?;
         services.metrics.transition(Transition::MarkSucceeded, &row);
         let Some(row) = row else {
-            return self.stale(id, token);
+            self.stale(id, token, "completion");
+            return Ok(());
         };
         services
             .emit(Transition::MarkSucceeded, &row, Some(token), reason)
             .await?;
+        failpoints::hit("worker.after_mark_succeeded")
+            .await
+            .map_err(transient)?;
         let requested = transitions::start_bbox_refinement(&services.pool, id)
             .await
             .map_err(transient)?;
@@ -104,6 +151,9 @@ impl<E: Extractor> ExtractionWorker<E> {
             services.emit(Transition::StartBboxRefinement, &requested, None, reason),
         );
         published.map_err(transient)?;
+        orphans::record_bbox_request_published(&services.pool, id)
+            .await
+            .map_err(transient)?;
         emitted
     }
 
@@ -125,19 +175,116 @@ impl<E: Extractor> ExtractionWorker<E> {
                     .emit(Transition::MarkFailed, &row, Some(token), reason)
                     .await
             }
-            None => self.stale(id, token),
+            None => {
+                self.stale(id, token, "completion");
+                Ok(())
+            }
         }
     }
 
-    /// A completion under a token that no longer holds the claim: dropped, counted.
-    fn stale(&self, id: Uuid, token: i32) -> Result<(), HandlerError> {
-        self.services
+    /// Requeues attempt `token` with a backoff, or fails the job once it has had
+    /// its `max_attempts`.
+    async fn retry_or_fail(
+        &self,
+        id: Uuid,
+        token: i32,
+        error: &str,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let settings = &self.services.settings;
+        if token >= settings.max_attempts {
+            let error = format!("{error} (gave up after {token} attempts)");
+            return self.fail(id, token, &error, reason).await;
+        }
+        let jitter = rand::thread_rng().gen::<f64>();
+        let delay_s = retry_delay_s(
+            token,
+            settings.retry_base_delay_s,
+            settings.retry_max_delay_s,
+            jitter,
+        );
+        let services = &self.services;
+        let row = transitions::requeue_for_retry(&services.pool, id, token, error, delay_s)
+            .await
+            .map_err(transient)?;
+        services
             .metrics
-            .claim_losers
-            .with_label_values(&["stale_completion"])
+            .transition(Transition::RequeueForRetry, &row);
+        let Some(row) = row else {
+            self.stale(id, token, "completion");
+            return Ok(());
+        };
+        services
+            .metrics
+            .retries_scheduled
+            .with_label_values(&["extraction"])
             .inc();
-        tracing::warn!(%id, token, "completion rejected: the claim is no longer ours");
+        tracing::info!(%id, attempt = token, delay_s, %error, "attempt failed; retry scheduled");
+        services
+            .emit(Transition::RequeueForRetry, &row, Some(token), reason)
+            .await?;
+        tokio::spawn(publish_when_due(services.clone(), id, delay_s));
         Ok(())
+    }
+
+    async fn cancel(
+        &self,
+        id: Uuid,
+        token: i32,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let services = &self.services;
+        let row = transitions::mark_cancelled(&services.pool, id, Some(token))
+            .await
+            .map_err(transient)?;
+        services.metrics.transition(Transition::MarkCancelled, &row);
+        match row {
+            Some(row) => {
+                tracing::info!(%id, token, "running extraction cancelled at the client's request");
+                services
+                    .emit(Transition::MarkCancelled, &row, Some(token), reason)
+                    .await
+            }
+            None => {
+                self.stale(id, token, "completion");
+                Ok(())
+            }
+        }
+    }
+
+    /// Work under a claim that is no longer ours: dropped and counted, no side effects.
+    fn stale(&self, id: Uuid, token: i32, stage: &'static str) {
+        let metrics = &self.services.metrics;
+        metrics
+            .stale_completions
+            .with_label_values(&["extraction", stage])
+            .inc();
+        tracing::warn!(%id, token, stage, "stale holder: the claim was taken over; work dropped");
+    }
+}
+
+/// The delayed publish of a retry. Losing it (the process dies first) is safe:
+/// the due time is in the row, and the reaper republishes a class-3 orphan.
+async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
+    tokio::time::sleep(std::time::Duration::from_secs_f64(delay_s)).await;
+    if failpoints::hit("worker.before_retry_publish")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let topic = services.settings.topic(&services.settings.topic_submitted);
+    let event = ExtractionSubmitted::new(id, PublishReason::Retry);
+    if let Err(e) = services
+        .publisher
+        .publish(&topic, id.to_string().as_bytes(), &event)
+        .await
+    {
+        tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
+        return;
+    }
+    if let Err(e) = orphans::record_published(&services.pool, id).await {
+        tracing::warn!(%id, error = %e, "retry publish not recorded; the reaper may republish it");
     }
 }
 
@@ -146,12 +293,12 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
         let (event, id) = decode_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
         let services = &self.services;
         let lease_s = services.settings.extraction_run_lease_s;
-        let claim = transitions::mark_running(&services.pool, id, lease_s)
-            .await
-            .map_err(transient)?;
-        services.metrics.transition(Transition::MarkRunning, &claim);
-        let Some(claim) = claim else {
-            return services.lost_claim("extraction", id).await;
+        let try_claim = || transitions::mark_running(&services.pool, id, lease_s);
+        let Some(claim) = services
+            .claim_or_wait(Stage::Extraction, id, try_claim)
+            .await?
+        else {
+            return Ok(());
         };
         services
             .emit(

@@ -7,6 +7,8 @@
 //! statement. Submits are idempotent per `Idempotency-Key` (`submit`).
 //! Lease arithmetic always uses the database clock (`now()`), never the caller's.
 
+pub mod leases;
+pub mod orphans;
 mod row;
 mod submit;
 pub mod transitions;

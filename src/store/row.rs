@@ -36,6 +36,18 @@ pub struct Extraction {
     pub finished_at: Option<DateTime<Utc>>,
     /// Post-processing sub-states, `{"bbox_refinement": {...}}`.
     pub post_processing: serde_json::Value,
+    /// When a requeued job is due again.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When the current queued attempt's event was acknowledged by the broker.
+    pub published_at: Option<DateTime<Utc>>,
+    /// Set when a client asked to cancel the job while it was running.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// Last time a reaper republished the job's event.
+    pub republished_at: Option<DateTime<Utc>>,
+    /// Since when the job has been an orphan, until a claim recovers it.
+    pub orphaned_at: Option<DateTime<Utc>>,
+    /// Seconds from orphaning (or lease expiry) to the claim that recovered it.
+    pub last_recovery_s: Option<f64>,
 }
 
 /// The `bbox_refinement` sub-state inside `post_processing`.
@@ -46,9 +58,12 @@ pub struct BboxRefinement {
     /// Claims so far; the current holder's fencing token.
     #[serde(default)]
     pub attempts: i32,
-    /// When the worker last stamped the post-processing request as being published.
+    /// When the worker started publishing the post-processing request.
     #[serde(default)]
     pub requested_at: Option<DateTime<Utc>>,
+    /// When the post-processing request was acknowledged by the broker.
+    #[serde(default)]
+    pub published_at: Option<DateTime<Utc>>,
     /// When the latest claim started.
     #[serde(default)]
     pub started_at: Option<DateTime<Utc>>,
@@ -64,6 +79,12 @@ pub struct BboxRefinement {
     /// Why grounding failed.
     #[serde(default)]
     pub error: Option<String>,
+    /// Last time a reaper republished the bbox request.
+    #[serde(default)]
+    pub republished_at: Option<DateTime<Utc>>,
+    /// Seconds from orphaning (or lease expiry) to the claim that recovered it.
+    #[serde(default)]
+    pub last_recovery_s: Option<f64>,
 }
 
 impl Extraction {

@@ -35,12 +35,20 @@ macro_rules! bbox_token {
     };
 }
 
+// SET expressions read the row as it was, so the recovery time is measured from
+// the expired lease (class 2) or from when a reaper judged the job orphaned.
 const MARK_RUNNING: &str = logged!(
     "mark_running",
     token = "attempts",
     "UPDATE extractions
         SET status = 'running', attempts = attempts + 1, started_at = now(),
-            lease_expires_at = now() + make_interval(secs => $2)
+            lease_expires_at = now() + make_interval(secs => $2),
+            next_attempt_at = NULL,
+            last_recovery_s = CASE
+                WHEN status = 'running' THEN extract(epoch FROM now() - lease_expires_at)::float8
+                WHEN orphaned_at IS NOT NULL THEN extract(epoch FROM now() - orphaned_at)::float8
+            END,
+            orphaned_at = NULL
       WHERE id = $1
         AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))"
 );
@@ -68,16 +76,29 @@ const REQUEUE_FOR_RETRY: &str = logged!(
     "requeue_for_retry",
     token = "attempts",
     "UPDATE extractions
-        SET status = 'queued', error = $3, lease_expires_at = NULL
+        SET status = 'queued', error = $3, lease_expires_at = NULL, published_at = NULL,
+            next_attempt_at = now() + make_interval(secs => $4)
       WHERE id = $1 AND status = 'running' AND attempts = $2"
 );
 
+// A queued job is cancelled by anyone; a running one only by its holder ($2),
+// after a cancel was requested (cooperative cancel).
 const MARK_CANCELLED: &str = logged!(
     "mark_cancelled",
     token = "NULL::int",
     "UPDATE extractions
-        SET status = 'cancelled', finished_at = now()
-      WHERE id = $1 AND status = 'queued'"
+        SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
+      WHERE id = $1
+        AND (status = 'queued'
+             OR (status = 'running' AND attempts = $2 AND cancel_requested_at IS NOT NULL))"
+);
+
+const REQUEST_CANCEL: &str = logged!(
+    "request_cancel",
+    token = "attempts",
+    "UPDATE extractions
+        SET cancel_requested_at = now()
+      WHERE id = $1 AND status = 'running' AND cancel_requested_at IS NULL"
 );
 
 const START_BBOX_REFINEMENT: &str = logged!(
@@ -95,11 +116,17 @@ const MARK_BBOX_REFINEMENT_RUNNING: &str = logged!(
     token = bbox_token!(),
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
-              (post_processing->'bbox_refinement') || jsonb_build_object(
+              ((post_processing->'bbox_refinement') - 'orphaned_at') || jsonb_build_object(
                   'status', 'running',
                   'started_at', now(),
                   'attempts', COALESCE((post_processing->'bbox_refinement'->>'attempts')::int, 0) + 1,
-                  'lease_expires_at', now() + make_interval(secs => $2)))
+                  'lease_expires_at', now() + make_interval(secs => $2),
+                  'last_recovery_s', CASE
+                      WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN extract(epoch FROM
+                          now() - (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz)::float8
+                      WHEN post_processing->'bbox_refinement' ? 'orphaned_at' THEN extract(epoch FROM
+                          now() - (post_processing->'bbox_refinement'->>'orphaned_at')::timestamptz)::float8
+                  END))
       WHERE id = $1 AND status = 'succeeded'
         AND (post_processing->'bbox_refinement'->>'status' = 'pending'
              OR (post_processing->'bbox_refinement'->>'status' = 'running'
@@ -184,26 +211,50 @@ pub async fn mark_failed<'e>(
     fenced_with_text(executor, MARK_FAILED, id, token, error).await
 }
 
-/// Gives the claim `token` back to the queue, keeping `error` as the reason.
+/// Gives the claim `token` back to the queue, keeping `error` as the reason; the
+/// job is due again in `delay_s` seconds (database clock).
 pub async fn requeue_for_retry<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
     token: i32,
     error: &str,
+    delay_s: f64,
 ) -> Result<Option<Extraction>, StoreError> {
-    fenced_with_text(executor, REQUEUE_FOR_RETRY, id, token, error).await
+    let row = sqlx::query_as::<_, Extraction>(REQUEUE_FOR_RETRY)
+        .bind(id)
+        .bind(token)
+        .bind(error)
+        .bind(delay_s)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row)
 }
 
-/// Cancels a job nobody has claimed yet.
+/// Cancels a queued job (`holder: None`), or, as the holder of claim `token`, a
+/// running job whose cancel was requested.
 pub async fn mark_cancelled<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
+    holder: Option<i32>,
 ) -> Result<Option<Extraction>, StoreError> {
-    by_id(executor, MARK_CANCELLED, id).await
+    let row = sqlx::query_as::<_, Extraction>(MARK_CANCELLED)
+        .bind(id)
+        .bind(holder)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row)
+}
+
+/// Asks the holder of a running job to cancel it; it learns at its next heartbeat.
+pub async fn request_cancel<'e>(
+    executor: impl PgExecutor<'e>,
+    id: Uuid,
+) -> Result<Option<Extraction>, StoreError> {
+    by_id(executor, REQUEST_CANCEL, id).await
 }
 
 /// Stamps the pending bbox refinement as requested, just before its event is
-/// published; the stamp's age is what tells a lost request from a slow one.
+/// published.
 pub async fn start_bbox_refinement<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,

@@ -130,24 +130,60 @@ impl TestEnv {
         self.settings.topic(name)
     }
 
-    /// Environment for a `docstream` child process of this test.
+    /// Environment for a `docstream` child process of this test: every setting
+    /// a test may tune, so children run exactly what the test configured.
     pub fn child_env(&self) -> Vec<(String, String)> {
         let s = &self.settings;
-        vec![
-            ("DATABASE_URL".into(), s.database_url.clone()),
-            ("DOCSTREAM_KAFKA_BROKERS".into(), s.kafka_brokers.clone()),
-            ("DOCSTREAM_TOPIC_PREFIX".into(), s.topic_prefix.clone()),
-            ("DOCSTREAM_METRICS_ADDR".into(), "127.0.0.1:0".into()),
+        let pairs: [(&str, String); 17] = [
+            ("DATABASE_URL", s.database_url.clone()),
+            ("DOCSTREAM_KAFKA_BROKERS", s.kafka_brokers.clone()),
+            ("DOCSTREAM_TOPIC_PREFIX", s.topic_prefix.clone()),
+            ("DOCSTREAM_METRICS_ADDR", "127.0.0.1:0".into()),
             (
-                "DOCSTREAM_EXTRACTION_RUN_LEASE_S".into(),
+                "DOCSTREAM_EXTRACTION_RUN_LEASE_S",
                 s.extraction_run_lease_s.to_string(),
             ),
             (
-                "DOCSTREAM_ASYNC_TIMEOUT_S".into(),
-                s.async_timeout_s.to_string(),
+                "DOCSTREAM_BBOX_REFINEMENT_LEASE_S",
+                s.bbox_refinement_lease_s.to_string(),
             ),
-            ("DOCSTREAM_LOG".into(), "info,rdkafka=warn,sqlx=warn".into()),
-        ]
+            (
+                "DOCSTREAM_HEARTBEAT_INTERVAL_S",
+                s.heartbeat_interval_s.to_string(),
+            ),
+            ("DOCSTREAM_ASYNC_TIMEOUT_S", s.async_timeout_s.to_string()),
+            (
+                "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
+                s.reaper_sweep_interval_s.to_string(),
+            ),
+            (
+                "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S",
+                s.queued_orphan_threshold_s.to_string(),
+            ),
+            (
+                "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S",
+                s.post_processing_pending_orphan_threshold_s.to_string(),
+            ),
+            (
+                "DOCSTREAM_RETRY_BASE_DELAY_S",
+                s.retry_base_delay_s.to_string(),
+            ),
+            (
+                "DOCSTREAM_RETRY_MAX_DELAY_S",
+                s.retry_max_delay_s.to_string(),
+            ),
+            ("DOCSTREAM_MAX_ATTEMPTS", s.max_attempts.to_string()),
+            (
+                "DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS",
+                s.kafka_session_timeout_ms.to_string(),
+            ),
+            (
+                "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT",
+                s.consumer_max_in_flight.to_string(),
+            ),
+            ("DOCSTREAM_LOG", "info,rdkafka=warn,sqlx=warn".into()),
+        ];
+        pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
     }
 
     /// Starts `docstream <role>` as a separate OS process; its output goes to
@@ -215,6 +251,45 @@ pub async fn wait_topic_ready(brokers: &str, topic: &str) {
         },
     )
     .await
+}
+
+/// Short leases and sweeps for fault tests: recovery in a few seconds.
+pub fn fast_recovery(settings: &mut Settings) {
+    settings.extraction_run_lease_s = 3.0;
+    settings.bbox_refinement_lease_s = 3.0;
+    settings.heartbeat_interval_s = 0.5;
+    settings.reaper_sweep_interval_s = 0.5;
+    settings.queued_orphan_threshold_s = 3.0;
+    settings.post_processing_pending_orphan_threshold_s = 3.0;
+    settings.kafka_session_timeout_ms = 3_000;
+}
+
+/// Sends `signal` (KILL, STOP, CONT, TERM) to a child process.
+pub async fn signal(child: &Child, signal: &str) {
+    let pid = child.id().expect("child still running");
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The value of one metric series scraped from `http://{addr}/metrics`, or 0.
+pub async fn scrape(addr: &str, series: &str) -> f64 {
+    let text = match reqwest::get(format!("http://{addr}/metrics")).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => return 0.0,
+    };
+    text.lines()
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A count from the database.
+pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// A free loopback port (bound, then released).

@@ -1,0 +1,92 @@
+//! Operator recipes: list the current orphans, and force a re-claim now.
+
+use std::fmt::Write as _;
+
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
+use crate::pipeline::Services;
+use crate::store::orphans::{self, Orphan, Reclaimed};
+
+/// What each orphan class means, for people.
+pub fn class_name(class: i16) -> &'static str {
+    match class {
+        1 => "queued, never published",
+        2 => "running past its lease",
+        3 => "queued, retry publish lost",
+        4 => "bbox pending, never published",
+        5 => "bbox running past its lease",
+        _ => "unknown",
+    }
+}
+
+/// The current orphans, as a table or as JSON.
+pub async fn orphans_report(
+    pool: &sqlx::PgPool,
+    settings: &Settings,
+    json: bool,
+) -> anyhow::Result<String> {
+    let found = orphans::list_orphans(pool, settings.orphan_thresholds()).await?;
+    if json {
+        return Ok(serde_json::to_string_pretty(&found)? + "\n");
+    }
+    Ok(table(&found))
+}
+
+fn table(found: &[Orphan]) -> String {
+    let mut out = String::new();
+    if found.is_empty() {
+        out.push_str("no orphans\n");
+        return out;
+    }
+    let _ = writeln!(out, "{:<6} {:<32} {:>10}  id", "class", "meaning", "age_s");
+    for orphan in found {
+        let _ = writeln!(
+            out,
+            "{:<6} {:<32} {:>10.1}  {}",
+            orphan.class,
+            class_name(orphan.class),
+            orphan.age_s,
+            orphan.id
+        );
+    }
+    out
+}
+
+/// Expires whatever claim holds job `id` and republishes its event, so a worker
+/// claims it now. Safe against a live holder: its fencing token no longer
+/// matches, so its completion is refused.
+pub async fn reclaim(services: &Services, id: Uuid) -> anyhow::Result<String> {
+    let settings = &services.settings;
+    let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
+        anyhow::bail!("extraction {id} is unknown or has nothing left to do");
+    };
+    let key = id.to_string();
+    match stage {
+        Reclaimed::Extraction => {
+            let topic = settings.topic(&settings.topic_submitted);
+            let event = ExtractionSubmitted::new(id, PublishReason::Operator);
+            services
+                .publisher
+                .publish(&topic, key.as_bytes(), &event)
+                .await?;
+            orphans::record_published(&services.pool, id).await?;
+            Ok(format!(
+                "extraction {id}: lease expired, republished to {topic}\n"
+            ))
+        }
+        Reclaimed::BboxRefinement => {
+            let topic = settings.topic(&settings.topic_post_processing);
+            let event = PostProcessingRequested::bbox_refinement(id, PublishReason::Operator);
+            services
+                .publisher
+                .publish(&topic, key.as_bytes(), &event)
+                .await?;
+            orphans::record_bbox_request_published(&services.pool, id).await?;
+            Ok(format!(
+                "extraction {id}: bbox refinement lease expired, republished to {topic}\n"
+            ))
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Orphans: jobs that nothing is going to deliver to (DESIGN.md, orphan table).
+//!
+//! An event that the broker acknowledged is not lost: the consumer groups commit
+//! offsets only after delivery, so it will be consumed. Each publisher therefore
+//! stamps the row once its event is acknowledged ([`record_published`],
+//! [`record_bbox_request_published`]), and a queued job or pending bbox
+//! refinement without that stamp, past its threshold, is an orphan (classes 1,
+//! 3, 4). A job that waits in a legitimate backlog has its stamp and is left
+//! alone. A running claim is an orphan once its lease expired (classes 2, 5).
+//!
+//! The reapers call [`take_extraction_orphans`] and [`take_bbox_orphans`]: one
+//! statement each that finds the orphans, stamps them as republished, and returns
+//! them, so a row is handed out at most once per threshold however many reapers
+//! sweep (rows locked by a concurrent sweep are skipped). The stamp also records
+//! since when the row was an orphan; the claim that recovers it turns that into
+//! the recovery time.
+
+use serde::Serialize;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// The windows that tell an orphan from slow work, in seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    /// A queued job older than this (since submit, or since its retry was due)
+    /// lost its event: classes 1 and 3.
+    pub queued_s: f64,
+    /// The extraction lease: a running job is orphaned once it expired (class 2);
+    /// also the least time between two republishes of one running job.
+    pub run_lease_s: f64,
+    /// A pending bbox refinement older than this (since requested, or since the
+    /// extraction finished) lost its event: class 4.
+    pub post_processing_pending_s: f64,
+    /// The bbox lease: the least time between two republishes of class 5.
+    pub bbox_lease_s: f64,
+}
+
+/// One orphan.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Orphan {
+    /// The job.
+    pub id: Uuid,
+    /// Orphan class, 1 to 5.
+    pub class: i16,
+    /// Seconds since it became an orphan.
+    pub age_s: f64,
+}
+
+const TAKE_EXTRACTION_ORPHANS: &str = "
+WITH found AS (
+    SELECT id,
+           CASE WHEN status = 'running' THEN 2 WHEN attempts = 0 THEN 1 ELSE 3 END AS class,
+           CASE WHEN status = 'running' THEN lease_expires_at
+                ELSE COALESCE(next_attempt_at, submitted_at) + make_interval(secs => $1) END AS since
+      FROM extractions
+     WHERE ((status = 'queued' AND published_at IS NULL
+             AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => $1))
+            OR (status = 'running' AND lease_expires_at < now()))
+       AND (republished_at IS NULL
+            OR republished_at < now() - make_interval(secs =>
+                   CASE WHEN status = 'running' THEN $2 ELSE $1 END))
+     ORDER BY since
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED)
+UPDATE extractions e
+   SET republished_at = now(), orphaned_at = COALESCE(e.orphaned_at, found.since)
+  FROM found
+ WHERE e.id = found.id
+RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s";
+
+const TAKE_BBOX_ORPHANS: &str = "
+WITH found AS (
+    SELECT id,
+           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN 5 ELSE 4 END AS class,
+           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running'
+                THEN (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz
+                ELSE COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
+                     + make_interval(secs => $1) END AS since
+      FROM extractions
+     WHERE status = 'succeeded'
+       AND ((post_processing->'bbox_refinement'->>'status' = 'pending'
+             AND post_processing->'bbox_refinement'->>'published_at' IS NULL
+             AND COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
+                 < now() - make_interval(secs => $1))
+            OR (post_processing->'bbox_refinement'->>'status' = 'running'
+                AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))
+       AND (post_processing->'bbox_refinement'->>'republished_at' IS NULL
+            OR (post_processing->'bbox_refinement'->>'republished_at')::timestamptz
+               < now() - make_interval(secs =>
+                   CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN $2 ELSE $1 END))
+     ORDER BY since
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED)
+UPDATE extractions e
+   SET post_processing = jsonb_set(e.post_processing, '{bbox_refinement}',
+         (e.post_processing->'bbox_refinement') || jsonb_build_object(
+             'republished_at', now(),
+             'orphaned_at', COALESCE(e.post_processing->'bbox_refinement'->'orphaned_at', to_jsonb(found.since))))
+  FROM found
+ WHERE e.id = found.id
+RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s";
+
+const LIST_ORPHANS: &str = "
+SELECT id, class::int2 AS class, extract(epoch FROM now() - since)::float8 AS age_s FROM (
+    SELECT id,
+           CASE WHEN status = 'running' THEN 2 WHEN attempts = 0 THEN 1 ELSE 3 END AS class,
+           CASE WHEN status = 'running' THEN lease_expires_at
+                ELSE COALESCE(next_attempt_at, submitted_at) + make_interval(secs => $1) END AS since
+      FROM extractions
+     WHERE (status = 'queued' AND published_at IS NULL
+            AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => $1))
+        OR (status = 'running' AND lease_expires_at < now())
+    UNION ALL
+    SELECT id,
+           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN 5 ELSE 4 END,
+           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running'
+                THEN (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz
+                ELSE COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
+                     + make_interval(secs => $2) END
+      FROM extractions
+     WHERE status = 'succeeded'
+       AND ((post_processing->'bbox_refinement'->>'status' = 'pending'
+             AND post_processing->'bbox_refinement'->>'published_at' IS NULL
+             AND COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
+                 < now() - make_interval(secs => $2))
+            OR (post_processing->'bbox_refinement'->>'status' = 'running'
+                AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))
+) orphans
+ORDER BY class, since";
+
+/// Takes up to `limit` extraction orphans (classes 1–3) for republishing.
+pub async fn take_extraction_orphans<'e>(
+    executor: impl PgExecutor<'e>,
+    thresholds: Thresholds,
+    limit: i64,
+) -> Result<Vec<Orphan>, StoreError> {
+    let rows = sqlx::query_as::<_, Orphan>(TAKE_EXTRACTION_ORPHANS)
+        .bind(thresholds.queued_s)
+        .bind(thresholds.run_lease_s)
+        .bind(limit)
+        .fetch_all(executor)
+        .await?;
+    Ok(rows)
+}
+
+/// Takes up to `limit` bbox orphans (classes 4–5) for republishing.
+pub async fn take_bbox_orphans<'e>(
+    executor: impl PgExecutor<'e>,
+    thresholds: Thresholds,
+    limit: i64,
+) -> Result<Vec<Orphan>, StoreError> {
+    let rows = sqlx::query_as::<_, Orphan>(TAKE_BBOX_ORPHANS)
+        .bind(thresholds.post_processing_pending_s)
+        .bind(thresholds.bbox_lease_s)
+        .bind(limit)
+        .fetch_all(executor)
+        .await?;
+    Ok(rows)
+}
+
+/// Every current orphan, oldest first within each class; changes nothing.
+pub async fn list_orphans<'e>(
+    executor: impl PgExecutor<'e>,
+    thresholds: Thresholds,
+) -> Result<Vec<Orphan>, StoreError> {
+    let rows = sqlx::query_as::<_, Orphan>(LIST_ORPHANS)
+        .bind(thresholds.queued_s)
+        .bind(thresholds.post_processing_pending_s)
+        .fetch_all(executor)
+        .await?;
+    Ok(rows)
+}
+
+/// Records that the event of queued job `id`'s current attempt was acknowledged.
+pub async fn record_published<'e>(
+    executor: impl PgExecutor<'e>,
+    id: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE extractions SET published_at = now() WHERE id = $1 AND status = 'queued'")
+        .bind(id)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Records that the bbox refinement request of job `id` was acknowledged.
+pub async fn record_bbox_request_published<'e>(
+    executor: impl PgExecutor<'e>,
+    id: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE extractions
+            SET post_processing = jsonb_set(post_processing, '{bbox_refinement,published_at}', to_jsonb(now()))
+          WHERE id = $1 AND status = 'succeeded' AND post_processing ? 'bbox_refinement'",
+    )
+    .bind(id)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Which stage an operator's reclaim handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaimed {
+    /// The extraction is claimable now; publish `extraction.submitted`.
+    Extraction,
+    /// The bbox refinement is claimable now; publish the post-processing request.
+    BboxRefinement,
+}
+
+// Expires a live lease (the holder is fenced out by its token) and makes a
+// delayed retry due now, so the next event for the job is claimed at once.
+const RECLAIM: &str = "
+UPDATE extractions
+   SET lease_expires_at = CASE WHEN status = 'running' THEN now() - interval '1 millisecond'
+                               ELSE lease_expires_at END,
+       next_attempt_at = CASE WHEN status = 'queued' THEN NULL ELSE next_attempt_at END,
+       post_processing = CASE WHEN status = 'succeeded'
+                                   AND post_processing->'bbox_refinement'->>'status' = 'running'
+                              THEN jsonb_set(post_processing, '{bbox_refinement,lease_expires_at}',
+                                             to_jsonb(now() - interval '1 millisecond'))
+                              ELSE post_processing END
+ WHERE id = $1
+   AND (status IN ('queued', 'running')
+        OR (status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' IN ('pending', 'running')))
+RETURNING status";
+
+/// Makes job `id` claimable now, whatever holds it; `None` when it has nothing
+/// left to do (terminal, or unknown).
+pub async fn reclaim<'e>(
+    executor: impl PgExecutor<'e>,
+    id: Uuid,
+) -> Result<Option<Reclaimed>, StoreError> {
+    let status: Option<String> = sqlx::query_scalar(RECLAIM)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(status.map(|s| match s.as_str() {
+        "succeeded" => Reclaimed::BboxRefinement,
+        _ => Reclaimed::Extraction,
+    }))
+}
