@@ -154,6 +154,24 @@ settings! {
     /// and hands its partitions on. 10 s is librdkafka's order of magnitude and
     /// matches the lease, so a dead worker's partitions and claims free up together.
     kafka_session_timeout_ms: u32 = 10_000_u32, env "DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS";
+    /// Consumer group protocol: `classic` (cooperative-sticky assignment) or
+    /// `consumer` (KIP-848, assignment by the broker). Classic works with every
+    /// Kafka 2.4+ broker; `consumer` needs Kafka 4.0+ and sets the session
+    /// timeout on the broker (`group.consumer.session.timeout.ms`).
+    kafka_group_protocol: String = "classic", env "DOCSTREAM_KAFKA_GROUP_PROTOCOL";
+    /// On a partition revoke, how long the consumer waits for that partition's
+    /// in-flight records before it commits what was delivered and lets the
+    /// rebalance go on. Must stay below the session timeout; 5 s is half of it.
+    rebalance_drain_timeout_s: f64 = 5.0, env "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S";
+    /// librdkafka's prefetch buffer per consumer (`queued.max.messages.kbytes`).
+    /// With pause at the in-flight bound, this is what bounds memory under any
+    /// backlog; 8 MiB holds tens of thousands of our small events.
+    consumer_prefetch_kbytes: u32 = 8_192_u32, env "DOCSTREAM_CONSUMER_PREFETCH_KBYTES";
+    /// Records waiting in the publisher's queue before publishers wait (backpressure).
+    publisher_queue_size: usize = 10_000_usize, env "DOCSTREAM_PUBLISHER_QUEUE_SIZE";
+    /// On shutdown, how long `serve` waits for accepted requests and the
+    /// publisher's queue to drain before it flushes and closes the listener.
+    publisher_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S";
     /// Records a consumer works on at once. 16 keeps two cores and a 20-connection
     /// pool busy without queueing inside the process.
     consumer_max_in_flight: usize = 16_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
@@ -235,6 +253,14 @@ impl Settings {
             ),
             ("DOCSTREAM_RETRY_BASE_DELAY_S", self.retry_base_delay_s),
             ("DOCSTREAM_RETRY_MAX_DELAY_S", self.retry_max_delay_s),
+            (
+                "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S",
+                self.rebalance_drain_timeout_s,
+            ),
+            (
+                "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S",
+                self.publisher_drain_timeout_s,
+            ),
         ] {
             if !(secs.is_finite() && secs > 0.0) {
                 return invalid(format!("{name} must be a positive number of seconds"));
@@ -249,6 +275,22 @@ impl Settings {
                  a holder must renew at least twice per lease, or one slow renewal loses a live claim",
                 self.heartbeat_interval_s, shorter_lease
             ));
+        }
+        if !matches!(self.kafka_group_protocol.as_str(), "classic" | "consumer") {
+            return invalid(format!(
+                "DOCSTREAM_KAFKA_GROUP_PROTOCOL={:?}: expected classic or consumer",
+                self.kafka_group_protocol
+            ));
+        }
+        if self.rebalance_drain_timeout_s * 1000.0 >= f64::from(self.kafka_session_timeout_ms) {
+            return invalid(format!(
+                "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S ({} s) must be below DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS ({} ms): \
+                 a member that drains longer than its session is expelled mid-rebalance",
+                self.rebalance_drain_timeout_s, self.kafka_session_timeout_ms
+            ));
+        }
+        if self.publisher_queue_size == 0 || self.consumer_prefetch_kbytes == 0 {
+            return invalid("DOCSTREAM_PUBLISHER_QUEUE_SIZE and DOCSTREAM_CONSUMER_PREFETCH_KBYTES must be at least 1".into());
         }
         if self.retry_max_delay_s < self.retry_base_delay_s {
             return invalid(
@@ -379,6 +421,14 @@ mod tests {
         assert!(load(&long_job).is_ok());
         let err = load(&[("DOCSTREAM_RETRY_MAX_DELAY_S", "0.5")]).unwrap_err();
         assert!(err.to_string().contains("RETRY_MAX_DELAY"), "{err}");
+        let err = load(&[("DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S", "12")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("below DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS"),
+            "{err}"
+        );
+        let err = load(&[("DOCSTREAM_KAFKA_GROUP_PROTOCOL", "eager")]).unwrap_err();
+        assert!(err.to_string().contains("classic or consumer"), "{err}");
     }
 
     #[test]

@@ -46,6 +46,23 @@ pub struct Metrics {
     /// `docstream_recovery_seconds{claim}`: from lease expiry or orphaning to the
     /// claim that recovered the job.
     pub recovery: HistogramVec,
+    /// `docstream_consumer_paused_partitions{topic}`: paused for backpressure.
+    pub paused_partitions: IntGaugeVec,
+    /// `docstream_consumer_pauses_total{topic}`: times the in-flight bound was hit.
+    pub consumer_pauses: IntCounterVec,
+    /// `docstream_rebalance_drains_total{outcome="drained|timed_out"}`.
+    pub rebalance_drains: IntCounterVec,
+    /// `docstream_records_abandoned_total{cause="revoke|shutdown"}`: in-flight
+    /// records a drain gave up on; not committed, so redelivered.
+    pub records_abandoned: IntCounterVec,
+    /// `docstream_consumer_shutdowns_total{kind="graceful|forced"}`.
+    pub consumer_shutdowns: IntCounterVec,
+    /// `docstream_dead_letters_total{reason}`: poison records acknowledged by the DLQ.
+    pub dead_letters: IntCounterVec,
+    /// `docstream_publisher_queue_depth`: records waiting for the send point.
+    pub publisher_queue_depth: prometheus::IntGauge,
+    /// `docstream_http_shutdown_rejections_total`: requests answered 503 while draining.
+    pub http_shutdown_rejections: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -119,6 +136,58 @@ impl Metrics {
             "Reaper sweeps, by reaper and outcome (swept, locked_elsewhere, failed).",
             &["reaper", "outcome"],
         );
+        let consumer_pauses = counter(
+            "docstream_consumer_pauses_total",
+            "Times a consumer hit its in-flight bound and paused its partitions.",
+            &["topic"],
+        );
+        let rebalance_drains = counter(
+            "docstream_rebalance_drains_total",
+            "Revokes, by whether their in-flight records drained within the budget.",
+            &["outcome"],
+        );
+        let records_abandoned = counter(
+            "docstream_records_abandoned_total",
+            "In-flight records a drain gave up on (not committed; redelivered).",
+            &["cause"],
+        );
+        let consumer_shutdowns = counter(
+            "docstream_consumer_shutdowns_total",
+            "Consumer shutdowns: graceful (drained) or forced (drain timed out).",
+            &["kind"],
+        );
+        let dead_letters = counter(
+            "docstream_dead_letters_total",
+            "Poison records acknowledged by the DLQ, by reason.",
+            &["reason"],
+        );
+        let paused_partitions = IntGaugeVec::new(
+            Opts::new(
+                "docstream_consumer_paused_partitions",
+                "Partitions paused for backpressure.",
+            ),
+            &["topic"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(paused_partitions.clone()))
+            .expect("unique metric");
+        let publisher_queue_depth = prometheus::IntGauge::new(
+            "docstream_publisher_queue_depth",
+            "Records waiting in the publisher's queue for the send point.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(publisher_queue_depth.clone()))
+            .expect("unique metric");
+        let http_shutdown_rejections = prometheus::IntCounter::new(
+            "docstream_http_shutdown_rejections_total",
+            "Requests answered 503 because the server was shutting down.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(http_shutdown_rejections.clone()))
+            .expect("unique metric");
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "docstream_in_flight_records",
@@ -171,6 +240,14 @@ impl Metrics {
             .register(Box::new(recovery.clone()))
             .expect("unique metric");
         Self {
+            paused_partitions,
+            consumer_pauses,
+            rebalance_drains,
+            records_abandoned,
+            consumer_shutdowns,
+            dead_letters,
+            publisher_queue_depth,
+            http_shutdown_rejections,
             stale_completions,
             retries_scheduled,
             orphans_found,

@@ -33,7 +33,12 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
     let metrics = Metrics::new();
     let pool = store::connect(&settings.database_url, settings.db_max_connections).await?;
     let publish_timeout = std::time::Duration::from_secs_f64(settings.publish_timeout_s);
-    let publisher = Publisher::new(&settings.kafka_brokers, publish_timeout, metrics.clone())?;
+    let publisher = Publisher::new(
+        &settings.kafka_brokers,
+        publish_timeout,
+        settings.publisher_queue_size,
+        metrics.clone(),
+    )?;
     Ok(Services {
         settings: Arc::new(settings),
         pool,
@@ -42,7 +47,10 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
     })
 }
 
-/// The HTTP API on an already bound listener.
+/// The HTTP API on an already bound listener. On shutdown: new requests get
+/// 503 with Retry-After, accepted requests and the publisher's queue drain within
+/// the publisher drain timeout, the producer is flushed, and only then does the
+/// listener close. A drain that times out is reported as an error (forced).
 pub async fn serve(
     services: Services,
     listener: TcpListener,
@@ -50,9 +58,43 @@ pub async fn serve(
 ) -> RoleResult {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "serve: listening");
-    api::serve(listener, api::app(services.clone()), shutdown).await?;
-    flush(&services);
-    Ok(())
+    let gate = api::Gate::new(services.metrics.clone());
+    let close_listener = CancellationToken::new();
+    let router = api::app(services.clone(), gate.clone());
+    let mut server = tokio::spawn(api::serve(listener, router, close_listener.clone()));
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        ended = &mut server => {
+            ended??;
+            anyhow::bail!("the HTTP server stopped on its own");
+        }
+    }
+    let started = std::time::Instant::now();
+    let budget = std::time::Duration::from_secs_f64(services.settings.publisher_drain_timeout_s);
+    gate.close();
+    let requests_drained = gate.wait_idle(budget).await;
+    let queue_drained = services
+        .publisher
+        .drain(budget.saturating_sub(started.elapsed()))
+        .await;
+    close_listener.cancel();
+    server.await??;
+    let drain_ms = started.elapsed().as_millis() as u64;
+    if requests_drained && queue_drained {
+        tracing::info!(
+            drain_ms,
+            "serve: graceful shutdown; every accepted request was answered"
+        );
+        Ok(())
+    } else {
+        tracing::error!(
+            drain_ms,
+            requests_drained,
+            queue_drained,
+            "serve: forced shutdown"
+        );
+        anyhow::bail!("serve: drain timed out after {drain_ms} ms")
+    }
 }
 
 /// The extraction worker: one consumer-group member on `extraction.submitted`.

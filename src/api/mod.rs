@@ -2,8 +2,10 @@
 
 mod error;
 mod extractions;
+mod gate;
 
 pub use error::ApiError;
+pub use gate::Gate;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
@@ -16,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::pipeline::Services;
 
-/// The whole API on `services`.
-pub fn app(services: Services) -> Router {
+/// The whole API on `services`, behind `gate` (which refuses requests once
+/// shutdown began and counts the ones in flight).
+pub fn app(services: Services, gate: Gate) -> Router {
     let limit = services.settings.http_body_limit_bytes;
     let metrics = services.metrics.clone();
     Router::new()
@@ -31,6 +34,7 @@ pub fn app(services: Services) -> Router {
         )
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
+        .layer(middleware::from_fn_with_state(gate, gate::admit))
 }
 
 /// Just `/metrics` and `/healthz`, for processes without the API.

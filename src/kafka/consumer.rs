@@ -6,15 +6,28 @@
 //! of a partition are handled concurrently, up to `max_in_flight` per consumer;
 //! [`OffsetTracker`] turns out-of-order completions into the contiguous prefix.
 //!
-//! A record that can never be processed (poison) is produced to the DLQ, and only
-//! once the DLQ acknowledged it does it count as delivered, so one bad record never
-//! stalls its partition. A record whose handling failed for a passing reason is
-//! retried with backoff until it succeeds or the consumer stops; a record not
-//! delivered when the consumer stops is not committed and will be redelivered.
+//! - **Backpressure.** At the in-flight bound the consumer pauses its partitions
+//!   and resumes them once in-flight work falls to half the bound; librdkafka's
+//!   prefetch is capped, so memory stays bounded under any backlog.
+//! - **Rebalance.** When partitions are revoked, their records are told to stop
+//!   waiting, their in-flight work drains within the rebalance budget (below
+//!   the session timeout), the delivered prefix is committed synchronously, and
+//!   only then does the rebalance go on. Work that misses the budget is not
+//!   committed (it is redelivered to the next owner) and is counted. Assigned
+//!   partitions start with fresh bookkeeping.
+//! - **Shutdown.** Pause everything, drain within the drain timeout, commit the
+//!   delivered prefix. A drain that times out commits nothing undelivered and
+//!   is reported as forced.
+//! - **Poison.** A record that can never be processed is produced to the DLQ,
+//!   and only once the DLQ acknowledged it does it count as delivered, so one bad
+//!   record never stalls its partition. A record whose handling failed for a
+//!   passing reason is retried with backoff until it succeeds or its partition
+//!   is stopped.
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{
@@ -26,7 +39,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::offsets::{OffsetTracker, Ticket};
+use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
 use crate::events::{now_ms, DeadLetter};
 use crate::metrics::Metrics;
@@ -65,9 +78,16 @@ pub enum HandlerError {
 /// What a consumer does with each record. `Ok` means delivered: every durable
 /// effect of the record happened and every event it publishes was acknowledged.
 /// Handling must be idempotent: a record may be delivered again after a crash.
+/// `stop` fires when the record's partition is revoked or the consumer stops: a
+/// handler that is merely waiting should give up then; work in progress should
+/// finish, since the drain waits for it.
 pub trait RecordHandler: Send + Sync + 'static {
     /// Handles one record.
-    fn handle(&self, record: &Record) -> impl Future<Output = Result<(), HandlerError>> + Send;
+    fn handle(
+        &self,
+        record: &Record,
+        stop: &CancellationToken,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
 /// Where and how a consumer runs.
@@ -85,8 +105,14 @@ pub struct ConsumerSpec {
     pub max_in_flight: usize,
     /// How long a stop waits for in-flight records.
     pub drain_timeout: Duration,
-    /// Consumer session timeout, ms.
+    /// How long a revoke waits for the revoked partitions' in-flight records.
+    pub rebalance_drain_timeout: Duration,
+    /// Consumer session timeout, ms (classic protocol only).
     pub session_timeout_ms: u32,
+    /// `classic` or `consumer` (KIP-848).
+    pub group_protocol: String,
+    /// librdkafka prefetch cap, KiB.
+    pub prefetch_kbytes: u32,
 }
 
 /// Why a consumer stopped abnormally.
@@ -106,34 +132,205 @@ pub enum ConsumerError {
     },
 }
 
-/// Keeps the offset tracker in step with the group's assignment.
-struct TrackingContext {
-    tracker: Arc<Mutex<OffsetTracker>>,
+/// A received record waiting for a free slot, with its partition's assignment
+/// generation at receipt.
+struct Buffered {
+    record: Record,
+    generation: Option<u64>,
 }
 
-impl ClientContext for TrackingContext {}
+/// Bookkeeping shared by the run loop, the record tasks and the rebalance
+/// callbacks (which librdkafka runs inside the run loop's poll).
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled whenever a record finishes, so a revoke can wait for its drain.
+    finished: Condvar,
+    metrics: Metrics,
+    topic: String,
+    rebalance_drain_timeout: Duration,
+    shutdown: CancellationToken,
+}
 
-impl ConsumerContext for TrackingContext {
-    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+#[derive(Default)]
+struct State {
+    tracker: OffsetTracker,
+    /// Fired when a partition is revoked: its records stop waiting or retrying.
+    stops: HashMap<TopicPartition, CancellationToken>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("consumer state lock")
+    }
+
+    fn on_assign(&self, partitions: &TopicPartitionList) {
+        let mut state = self.lock();
+        for p in partitions.elements() {
+            let tp = (p.topic().to_owned(), p.partition());
+            state.tracker.assign(tp.clone());
+            state.stops.insert(tp, self.shutdown.child_token());
+        }
+        tracing::info!(partitions = partitions.count(), "partitions assigned");
+    }
+
+    /// Stops the revoked partitions, drains their in-flight records within the
+    /// budget, commits their delivered prefix, and forgets them.
+    fn on_revoke<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        partitions: &TopicPartitionList,
+    ) {
+        let revoked: Vec<TopicPartition> = partitions
+            .elements()
+            .iter()
+            .map(|p| (p.topic().to_owned(), p.partition()))
+            .collect();
+        for tp in &revoked {
+            if let Some(stop) = self.lock().stops.get(tp) {
+                stop.cancel();
+            }
+        }
+        let started = Instant::now();
+        let abandoned =
+            blocking(|| self.wait_drained(&revoked, started + self.rebalance_drain_timeout));
+        let outcome = if abandoned == 0 {
+            "drained"
+        } else {
+            "timed_out"
+        };
+        self.metrics
+            .rebalance_drains
+            .with_label_values(&[outcome])
+            .inc();
+        if abandoned > 0 {
+            self.metrics
+                .records_abandoned
+                .with_label_values(&["revoke"])
+                .inc_by(abandoned as u64);
+        }
+        let mut state = self.lock();
+        let points: Vec<(TopicPartition, i64)> = revoked
+            .iter()
+            .filter_map(|tp| {
+                state
+                    .tracker
+                    .commit_point(tp)
+                    .map(|point| (tp.clone(), point))
+            })
+            .collect();
+        commit(consumer, &points);
+        for tp in &revoked {
+            state.tracker.revoke(tp);
+            state.stops.remove(tp);
+        }
+        tracing::info!(
+            partitions = revoked.len(),
+            abandoned,
+            drain_ms = started.elapsed().as_millis() as u64,
+            "partitions revoked: drained and committed"
+        );
+    }
+
+    /// Waits until none of `partitions` has a record running, or `deadline`;
+    /// returns how many were still running.
+    fn wait_drained(&self, partitions: &[TopicPartition], deadline: Instant) -> usize {
+        let mut state = self.lock();
+        loop {
+            let running: usize = partitions.iter().map(|tp| state.tracker.running(tp)).sum();
+            let now = Instant::now();
+            if running == 0 || now >= deadline {
+                return running;
+            }
+            state = self
+                .finished
+                .wait_timeout(state, deadline - now)
+                .expect("consumer state lock")
+                .0;
+        }
+    }
+
+    /// Records a finished record; returns the new commit point to store, if any.
+    fn finish(&self, ticket: &Ticket, delivered: bool) -> Option<i64> {
+        let point = self.lock().tracker.finish(ticket, delivered);
+        self.finished.notify_all();
+        point
+    }
+
+    fn begin(&self, record: &Record) -> (Ticket, CancellationToken) {
+        let tp = (record.topic.clone(), record.partition);
+        let mut state = self.lock();
+        let stop = state
+            .stops
+            .entry(tp.clone())
+            .or_insert_with(|| self.shutdown.child_token())
+            .child_token();
+        (state.tracker.begin(tp, record.offset), stop)
+    }
+
+    /// The current assignment generation of the record's partition.
+    fn generation(&self, record: &Record) -> Option<u64> {
+        let tp = (record.topic.clone(), record.partition);
+        self.lock().tracker.generation(&tp)
+    }
+
+    fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
+        self.lock().tracker.commit_points()
+    }
+}
+
+/// Runs `wait` where blocking is allowed: librdkafka calls the rebalance
+/// callback inside the run loop's poll, on a runtime thread, while the records
+/// being drained run on the others.
+fn blocking<T>(wait: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread {
+        tokio::task::block_in_place(wait)
+    } else {
+        wait()
+    }
+}
+
+/// Commits `points` synchronously; a failure only means redelivery.
+fn commit<C: ConsumerContext>(consumer: &impl Consumer<C>, points: &[(TopicPartition, i64)]) {
+    if points.is_empty() {
+        return;
+    }
+    let mut offsets = TopicPartitionList::new();
+    for ((topic, partition), point) in points {
+        let _ = offsets.add_partition_offset(topic, *partition, Offset::Offset(*point));
+    }
+    if let Err(e) = consumer.commit(&offsets, CommitMode::Sync) {
+        tracing::warn!(error = %e, "commit failed; those records will be redelivered");
+    }
+}
+
+/// Keeps the shared bookkeeping in step with the group's assignment.
+struct RuntimeContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for RuntimeContext {}
+
+impl ConsumerContext for RuntimeContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
-            let mut tracker = self.tracker.lock().expect("tracker lock");
-            for p in partitions.elements() {
-                tracker.revoke(&(p.topic().to_owned(), p.partition()));
-            }
-            tracing::info!(partitions = partitions.count(), "partitions revoked");
+            self.shared.on_revoke(consumer, partitions);
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
-            let mut tracker = self.tracker.lock().expect("tracker lock");
-            for p in partitions.elements() {
-                tracker.assign((p.topic().to_owned(), p.partition()));
+            self.shared.on_assign(partitions);
+            // Fresh state: a partition assigned again must not stay paused.
+            if let Err(e) = consumer.resume(partitions) {
+                tracing::debug!(error = %e, "resume of assigned partitions failed");
             }
-            tracing::info!(partitions = partitions.count(), "partitions assigned");
         }
     }
 }
+
+type Consumed = StreamConsumer<RuntimeContext>;
 
 /// The consumer loop of one role.
 pub struct ConsumerRuntime<H> {
@@ -141,8 +338,9 @@ pub struct ConsumerRuntime<H> {
     handler: Arc<H>,
     publisher: Publisher,
     metrics: Metrics,
-    tracker: Arc<Mutex<OffsetTracker>>,
-    consumer: StreamConsumer<TrackingContext>,
+    shared: Arc<Shared>,
+    consumer: Arc<Consumed>,
+    paused: bool,
 }
 
 impl<H: RecordHandler> ConsumerRuntime<H> {
@@ -152,49 +350,56 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         handler: Arc<H>,
         publisher: Publisher,
         metrics: Metrics,
+        shutdown: CancellationToken,
     ) -> Result<Self, ConsumerError> {
-        let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
-        let context = TrackingContext {
-            tracker: tracker.clone(),
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            finished: Condvar::new(),
+            metrics: metrics.clone(),
+            topic: spec.topic.clone(),
+            rebalance_drain_timeout: spec.rebalance_drain_timeout,
+            shutdown,
+        });
+        let context = RuntimeContext {
+            shared: shared.clone(),
         };
-        let consumer: StreamConsumer<TrackingContext> = ClientConfig::new()
-            .set("bootstrap.servers", &spec.brokers)
-            .set("group.id", &spec.group)
-            // Offsets are stored by us, after delivery; librdkafka commits what is stored.
-            .set("enable.auto.offset.store", "false")
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", spec.session_timeout_ms.to_string())
-            // Three heartbeats per session, as Kafka recommends; librdkafka's
-            // default (3 s) would miss every short session.
-            .set(
-                "heartbeat.interval.ms",
-                (spec.session_timeout_ms / 3).max(100).to_string(),
-            )
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .create_with_context(context)?;
+        let consumer: Consumed = client_config(&spec).create_with_context(context)?;
         consumer.subscribe(&[&spec.topic])?;
         Ok(Self {
             spec,
             handler,
             publisher,
             metrics,
-            tracker,
-            consumer,
+            shared,
+            consumer: Arc::new(consumer),
+            paused: false,
         })
     }
 
-    /// Consumes until `shutdown` fires, then drains in-flight records within the
-    /// drain timeout and commits what was delivered.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ConsumerError> {
-        let mut tasks: JoinSet<(Ticket, bool)> = JoinSet::new();
+    /// Consumes until the shutdown token fires, then drains in-flight records
+    /// within the drain timeout and commits what was delivered.
+    pub async fn run(mut self) -> Result<(), ConsumerError> {
+        let shutdown = self.shared.shutdown.clone();
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        let mut buffer: VecDeque<Buffered> = VecDeque::new();
         loop {
+            while tasks.len() < self.spec.max_in_flight {
+                let Some(next) = buffer.pop_front() else {
+                    break;
+                };
+                if self.shared.generation(&next.record) == next.generation {
+                    self.start(&mut tasks, next.record);
+                }
+                // Otherwise its partition moved on; the next owner redelivers it.
+            }
+            self.resume_below_low_watermark(buffer.len());
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                Some(joined) = tasks.join_next() => self.finish(joined)?,
-                received = self.consumer.recv(), if tasks.len() < self.spec.max_in_flight => {
+                Some(joined) = tasks.join_next() => {
+                    joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
+                }
+                received = self.consumer.recv() => {
                     let record = received?;
                     let record = Record {
                         topic: record.topic().to_owned(),
@@ -203,99 +408,128 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         key: record.key().map(<[u8]>::to_vec),
                         payload: record.payload().map(<[u8]>::to_vec),
                     };
-                    self.start(&mut tasks, record, &shutdown);
+                    self.metrics.events_consumed.with_label_values(&[&record.topic]).inc();
+                    let generation = self.shared.generation(&record);
+                    buffer.push_back(Buffered { record, generation });
+                    self.pause_at_bound(buffer.len());
                 }
             }
         }
-        self.drain(tasks).await
+        self.stop(tasks).await
     }
 
-    fn start(
-        &self,
-        tasks: &mut JoinSet<(Ticket, bool)>,
-        record: Record,
-        shutdown: &CancellationToken,
-    ) {
-        self.metrics
-            .events_consumed
-            .with_label_values(&[&record.topic])
-            .inc();
-        let partition = (record.topic.clone(), record.partition);
-        let ticket = self
-            .tracker
-            .lock()
-            .expect("tracker lock")
-            .begin(partition, record.offset);
-        self.in_flight_gauge(&ticket).inc();
+    fn start(&self, tasks: &mut JoinSet<()>, record: Record) {
+        let (ticket, stop) = self.shared.begin(&record);
+        let gauge = self.in_flight_gauge(&ticket);
+        gauge.inc();
         let delivery = Delivery {
             handler: self.handler.clone(),
             publisher: self.publisher.clone(),
             metrics: self.metrics.clone(),
             dlq_topic: self.spec.dlq_topic.clone(),
-            shutdown: shutdown.clone(),
         };
+        let shared = self.shared.clone();
+        let consumer = self.consumer.clone();
         tasks.spawn(async move {
-            let delivered = delivery.deliver(&record).await;
-            (ticket, delivered)
+            let delivered = delivery.deliver(&record, &stop).await;
+            if let Some(point) = shared.finish(&ticket, delivered) {
+                store_offset(&consumer, &ticket.partition, point);
+            }
+            gauge.dec();
         });
     }
 
-    fn finish(
-        &self,
-        joined: Result<(Ticket, bool), tokio::task::JoinError>,
-    ) -> Result<(), ConsumerError> {
-        let (ticket, delivered) =
-            joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
-        self.in_flight_gauge(&ticket).dec();
-        if !delivered {
-            return Ok(());
+    /// Pauses every assigned partition once the local buffer is full. Records
+    /// are handled `max_in_flight` at a time; the buffer in front of them
+    /// (four times that) keeps work ready while a resumed partition refetches.
+    fn pause_at_bound(&mut self, buffered: usize) {
+        if buffered < self.buffer_bound() {
+            return;
         }
-        let point = self.tracker.lock().expect("tracker lock").finish(&ticket);
-        if let Some(point) = point {
-            let mut offsets = TopicPartitionList::new();
-            let (topic, partition) = &ticket.partition;
-            offsets.add_partition_offset(topic, *partition, Offset::Offset(point))?;
-            // Fails harmlessly when the partition was revoked meanwhile.
-            if let Err(e) = self.consumer.store_offsets(&offsets) {
-                tracing::debug!(%topic, partition, error = %e, "offset not stored");
+        // Also when already paused: a partition assigned meanwhile starts unpaused.
+        let paused = self
+            .consumer
+            .assignment()
+            .and_then(|a| self.consumer.pause(&a).map(|()| a.count()));
+        match paused {
+            Ok(partitions) => {
+                if !self.paused {
+                    self.metrics
+                        .consumer_pauses
+                        .with_label_values(&[&self.spec.topic])
+                        .inc();
+                }
+                self.paused = true;
+                self.paused_gauge().set(partitions as i64);
             }
+            Err(e) => tracing::warn!(error = %e, "pause failed"),
         }
-        Ok(())
     }
 
-    async fn drain(&self, mut tasks: JoinSet<(Ticket, bool)>) -> Result<(), ConsumerError> {
+    /// Resumes once the buffer fell to half its bound (the low watermark).
+    fn resume_below_low_watermark(&mut self, buffered: usize) {
+        if !self.paused || buffered > self.buffer_bound() / 2 {
+            return;
+        }
+        match self
+            .consumer
+            .assignment()
+            .and_then(|a| self.consumer.resume(&a))
+        {
+            Ok(()) => {
+                self.paused = false;
+                self.paused_gauge().set(0);
+            }
+            Err(e) => tracing::warn!(error = %e, "resume failed"),
+        }
+    }
+
+    fn buffer_bound(&self) -> usize {
+        self.spec.max_in_flight * 4
+    }
+
+    /// Shutdown: pause, drain within the timeout, commit the delivered prefix.
+    async fn stop(self, mut tasks: JoinSet<()>) -> Result<(), ConsumerError> {
+        if let Ok(assignment) = self.consumer.assignment() {
+            let _ = self.consumer.pause(&assignment);
+        }
         let pending = tasks.len();
-        tracing::info!(pending, "draining in-flight records");
+        let started = Instant::now();
+        tracing::info!(pending, "shutdown: draining in-flight records");
         let drained = tokio::time::timeout(self.spec.drain_timeout, async {
             while let Some(joined) = tasks.join_next().await {
-                self.finish(joined)?;
+                joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
             }
             Ok::<_, ConsumerError>(())
         })
         .await;
         let abandoned = tasks.len();
         tasks.abort_all();
-        self.commit_delivered();
+        commit(self.consumer.as_ref(), &self.shared.commit_points());
+        let drain_ms = started.elapsed().as_millis() as u64;
+        let shutdowns = &self.metrics.consumer_shutdowns;
         match drained {
-            Ok(result) => result,
-            Err(_) => Err(ConsumerError::DrainTimedOut { abandoned }),
-        }
-    }
-
-    /// Commits the delivered prefix of every owned partition, synchronously.
-    fn commit_delivered(&self) {
-        let points = self.tracker.lock().expect("tracker lock").commit_points();
-        if points.is_empty() {
-            return;
-        }
-        let mut offsets = TopicPartitionList::new();
-        for ((topic, partition), point) in points {
-            let _ = offsets.add_partition_offset(&topic, partition, Offset::Offset(point));
-        }
-        match self.consumer.commit(&offsets, CommitMode::Sync) {
-            Ok(()) => tracing::info!(partitions = offsets.count(), "committed delivered offsets"),
-            Err(e) => {
-                tracing::warn!(error = %e, "final commit failed; records will be redelivered")
+            Ok(result) => {
+                shutdowns.with_label_values(&["graceful"]).inc();
+                tracing::info!(
+                    pending,
+                    drain_ms,
+                    "shutdown: graceful; delivered offsets committed"
+                );
+                result
+            }
+            Err(_) => {
+                shutdowns.with_label_values(&["forced"]).inc();
+                self.metrics
+                    .records_abandoned
+                    .with_label_values(&["shutdown"])
+                    .inc_by(abandoned as u64);
+                tracing::error!(
+                    abandoned,
+                    drain_ms,
+                    "shutdown: forced; undelivered records not committed"
+                );
+                Err(ConsumerError::DrainTimedOut { abandoned })
             }
         }
     }
@@ -306,6 +540,56 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             .in_flight
             .with_label_values(&[topic.as_str(), &partition.to_string()])
     }
+
+    fn paused_gauge(&self) -> prometheus::IntGauge {
+        self.metrics
+            .paused_partitions
+            .with_label_values(&[&self.shared.topic])
+    }
+}
+
+fn client_config(spec: &ConsumerSpec) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &spec.brokers)
+        .set("group.id", &spec.group)
+        // Offsets are stored by us, after delivery; librdkafka commits what is stored.
+        .set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "1000")
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "queued.max.messages.kbytes",
+            spec.prefetch_kbytes.to_string(),
+        )
+        .set("group.protocol", &spec.group_protocol);
+    if spec.group_protocol == "classic" {
+        // Under KIP-848 the broker owns assignment and session timing.
+        config
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", spec.session_timeout_ms.to_string())
+            // Three heartbeats per session, as Kafka recommends.
+            .set(
+                "heartbeat.interval.ms",
+                (spec.session_timeout_ms / 3).max(100).to_string(),
+            );
+    }
+    config
+}
+
+/// Stores `point` as the next offset to commit; harmless when the partition was
+/// revoked meanwhile (the store fails and the new owner redelivers).
+fn store_offset(consumer: &Consumed, (topic, partition): &TopicPartition, point: i64) {
+    let mut offsets = TopicPartitionList::new();
+    if offsets
+        .add_partition_offset(topic, *partition, Offset::Offset(point))
+        .is_err()
+    {
+        return;
+    }
+    if let Err(e) = consumer.store_offsets(&offsets) {
+        tracing::debug!(%topic, partition, error = %e, "offset not stored");
+    }
 }
 
 /// Everything one record's task needs.
@@ -314,18 +598,18 @@ struct Delivery<H> {
     publisher: Publisher,
     metrics: Metrics,
     dlq_topic: String,
-    shutdown: CancellationToken,
 }
 
 /// First and largest pause between two attempts at a failing record.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 impl<H: RecordHandler> Delivery<H> {
-    /// Handles `record` until it is delivered (true) or the consumer stops (false).
-    async fn deliver(&self, record: &Record) -> bool {
+    /// Handles `record` until it is delivered (true) or `stop` fires while it is
+    /// failing (false).
+    async fn deliver(&self, record: &Record, stop: &CancellationToken) -> bool {
         let mut backoff = RETRY_BACKOFF.0;
         loop {
-            let outcome = match self.handler.handle(record).await {
+            let outcome = match self.handler.handle(record, stop).await {
                 Ok(()) => return true,
                 Err(HandlerError::Poison { kind, reason }) => {
                     self.count_error(record, kind);
@@ -342,14 +626,19 @@ impl<H: RecordHandler> Delivery<H> {
                 }
             }
             tokio::select! {
-                _ = self.shutdown.cancelled() => return false,
+                _ = stop.cancelled() => return false,
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(RETRY_BACKOFF.1);
         }
     }
 
-    async fn dead_letter(&self, record: &Record, kind: &str, reason: &str) -> Result<(), String> {
+    async fn dead_letter(
+        &self,
+        record: &Record,
+        kind: &'static str,
+        reason: &str,
+    ) -> Result<(), String> {
         tracing::warn!(topic = %record.topic, partition = record.partition,
             offset = record.offset, kind, reason, "poison record sent to the DLQ");
         let letter = DeadLetter {
@@ -366,7 +655,9 @@ impl<H: RecordHandler> Delivery<H> {
         self.publisher
             .publish(&self.dlq_topic, &key, &letter)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.metrics.dead_letters.with_label_values(&[kind]).inc();
+        Ok(())
     }
 
     fn count_error(&self, record: &Record, kind: &str) {

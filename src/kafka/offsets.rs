@@ -17,7 +17,10 @@ pub type TopicPartition = (String, i32);
 #[derive(Debug, Default)]
 struct PartitionState {
     generation: u64,
+    /// Received and not delivered.
     in_flight: BTreeSet<i64>,
+    /// Records whose handling has not finished yet (delivered or not).
+    running: usize,
     /// One past the highest finished offset.
     finished_end: Option<i64>,
     /// The last commit point handed out.
@@ -65,6 +68,7 @@ impl OffsetTracker {
         }
         let state = self.partitions.get_mut(&partition).expect("just ensured");
         state.in_flight.insert(offset);
+        state.running += 1;
         Ticket {
             generation: state.generation,
             partition,
@@ -72,11 +76,15 @@ impl OffsetTracker {
         }
     }
 
-    /// Records that the ticket's record was delivered. Returns the partition's new
-    /// commit point when it moved forward.
-    pub fn finish(&mut self, ticket: &Ticket) -> Option<i64> {
+    /// Records that the ticket's record finished handling, delivered or not.
+    /// Returns the partition's new commit point when it moved forward.
+    pub fn finish(&mut self, ticket: &Ticket, delivered: bool) -> Option<i64> {
         let state = self.partitions.get_mut(&ticket.partition)?;
-        if state.generation != ticket.generation || !state.in_flight.remove(&ticket.offset) {
+        if state.generation != ticket.generation {
+            return None;
+        }
+        state.running = state.running.saturating_sub(1);
+        if !delivered || !state.in_flight.remove(&ticket.offset) {
             return None;
         }
         let end = ticket.offset + 1;
@@ -87,6 +95,21 @@ impl OffsetTracker {
         }
         state.committed = Some(point);
         Some(point)
+    }
+
+    /// The generation of `partition`'s current assignment, if it is assigned.
+    pub fn generation(&self, partition: &TopicPartition) -> Option<u64> {
+        self.partitions.get(partition).map(|s| s.generation)
+    }
+
+    /// Records of `partition` whose handling has not finished.
+    pub fn running(&self, partition: &TopicPartition) -> usize {
+        self.partitions.get(partition).map_or(0, |s| s.running)
+    }
+
+    /// The last commit point of `partition`, if it has one.
+    pub fn commit_point(&self, partition: &TopicPartition) -> Option<i64> {
+        self.partitions.get(partition)?.committed
     }
 
     /// Records still in flight on `partition`.
@@ -119,20 +142,20 @@ mod tests {
         tracker.assign(tp());
         let tickets: Vec<_> = (10..14).map(|o| tracker.begin(tp(), o)).collect();
         // 12 done but 10 still in flight: the point may not pass 10.
-        assert_eq!(tracker.finish(&tickets[2]), Some(10));
+        assert_eq!(tracker.finish(&tickets[2], true), Some(10));
         assert_eq!(
-            tracker.finish(&tickets[1]),
+            tracker.finish(&tickets[1], true),
             None,
             "still 10: nothing new to store"
         );
         assert_eq!(
-            tracker.finish(&tickets[0]),
+            tracker.finish(&tickets[0], true),
             Some(13),
             "10..=12 done, 13 in flight"
         );
-        assert_eq!(tracker.finish(&tickets[3]), Some(14));
+        assert_eq!(tracker.finish(&tickets[3], true), Some(14));
         assert_eq!(
-            tracker.finish(&tickets[3]),
+            tracker.finish(&tickets[3], true),
             None,
             "finishing twice changes nothing"
         );
@@ -146,9 +169,9 @@ mod tests {
         tracker.revoke(&tp());
         tracker.assign(tp());
         let new = tracker.begin(tp(), 3);
-        assert_eq!(tracker.finish(&old), None);
+        assert_eq!(tracker.finish(&old, true), None);
         assert_eq!(tracker.in_flight(&tp()), 1);
-        assert_eq!(tracker.finish(&new), Some(4));
+        assert_eq!(tracker.finish(&new, true), Some(4));
         assert_eq!(tracker.commit_points(), vec![(tp(), 4)]);
     }
 
@@ -165,11 +188,27 @@ mod tests {
             for t in &tickets {
                 done.insert(t.offset);
                 let prefix_end = (0..=20).find(|o| !done.contains(o)).unwrap();
-                if let Some(point) = tracker.finish(t) {
+                if let Some(point) = tracker.finish(t, true) {
                     assert_eq!(point, prefix_end);
                 }
             }
             assert_eq!(tracker.commit_points(), vec![(tp(), 20)]);
         }
+    }
+
+    #[test]
+    fn an_undelivered_record_holds_the_commit_point_back_for_good() {
+        let mut tracker = OffsetTracker::default();
+        let first = tracker.begin(tp(), 0);
+        let second = tracker.begin(tp(), 1);
+        assert_eq!(tracker.running(&tp()), 2);
+        assert_eq!(tracker.finish(&first, false), None);
+        assert_eq!(tracker.finish(&second, true), Some(0));
+        assert_eq!(tracker.running(&tp()), 0, "both finished");
+        assert_eq!(
+            tracker.commit_point(&tp()),
+            Some(0),
+            "offset 0 is redelivered"
+        );
     }
 }

@@ -1,14 +1,21 @@
-//! The one place records are produced. Every publish waits for the broker's
-//! acknowledgement (idempotent producer, acks=all): a caller that got `Ok` may
-//! treat the record as durable, and that is what lets consumers store offsets
-//! only after the events a record caused were delivered.
+//! The one place records are produced: a bounded queue in front of a single
+//! send point (the idempotent producer, `acks=all`). Every publish waits for the
+//! broker's acknowledgement, so a caller that got `Ok` may treat the record as
+//! durable; that is what lets consumers store offsets only after the events a
+//! record caused were delivered.
+//!
+//! A full queue makes publishers wait (backpressure), never drops. On shutdown
+//! the owner calls [`Publisher::drain`]: new publishes are refused, and it waits
+//! until every accepted record was acknowledged (or the timeout passed).
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::util::Timeout;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::events::{encode, CodecError, Event};
 use crate::metrics::Metrics;
@@ -27,19 +34,45 @@ pub enum PublishError {
         /// librdkafka's error.
         source: KafkaError,
     },
+    /// The publisher is draining for shutdown and takes no new records.
+    #[error("publisher is shutting down")]
+    Closed,
+}
+
+/// A record on its way to the send point.
+struct Outgoing {
+    topic: String,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    ack: oneshot::Sender<Result<(), KafkaError>>,
+}
+
+struct Inner {
+    queue: mpsc::Sender<Outgoing>,
+    producer: FutureProducer,
+    metrics: Metrics,
+    /// Accepted and not yet acknowledged (queued or at the broker).
+    pending: AtomicUsize,
+    idle: Notify,
+    closed: AtomicBool,
 }
 
 /// A shared producer; cheap to clone.
 #[derive(Clone)]
 pub struct Publisher {
-    producer: FutureProducer,
-    metrics: Metrics,
+    inner: Arc<Inner>,
 }
 
 impl Publisher {
-    /// A producer on `brokers` that gives up on a record after `timeout`.
-    pub fn new(brokers: &str, timeout: Duration, metrics: Metrics) -> Result<Self, KafkaError> {
-        let producer = ClientConfig::new()
+    /// A producer on `brokers` with a queue of `queue_size` records, giving up on
+    /// a record after `timeout`. Must be called inside a Tokio runtime.
+    pub fn new(
+        brokers: &str,
+        timeout: Duration,
+        queue_size: usize,
+        metrics: Metrics,
+    ) -> Result<Self, KafkaError> {
+        let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -47,7 +80,19 @@ impl Publisher {
             .set("linger.ms", "5")
             .set("message.timeout.ms", timeout.as_millis().to_string())
             .create()?;
-        Ok(Self { producer, metrics })
+        let (queue, outgoing) = mpsc::channel(queue_size);
+        tokio::spawn(send_point(producer.clone(), outgoing, metrics.clone()));
+        let inner = Inner {
+            queue,
+            producer,
+            metrics,
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            closed: AtomicBool::new(false),
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Encodes `event` and produces it to `topic` under `key`; returns once the
@@ -59,7 +104,7 @@ impl Publisher {
         event: &E,
     ) -> Result<(), PublishError> {
         let payload = encode(event)?;
-        self.publish_bytes(topic, Some(key), &payload).await
+        self.publish_bytes(topic, Some(key), payload).await
     }
 
     /// Produces raw bytes; for callers that already hold an encoded record.
@@ -67,25 +112,25 @@ impl Publisher {
         &self,
         topic: &str,
         key: Option<&[u8]>,
-        payload: &[u8],
+        payload: Vec<u8>,
     ) -> Result<(), PublishError> {
-        let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(payload);
-        if let Some(key) = key {
-            record = record.key(key);
+        let inner = &self.inner;
+        if inner.closed.load(Ordering::SeqCst) {
+            return Err(PublishError::Closed);
         }
-        match self.producer.send(record, Timeout::Never).await {
-            Ok(_) => {
-                self.metrics
-                    .events_produced
-                    .with_label_values(&[topic])
-                    .inc();
+        inner.pending.fetch_add(1, Ordering::SeqCst);
+        let outcome = self.enqueue_and_wait(topic, key, payload).await;
+        if inner.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            inner.idle.notify_waiters();
+        }
+        let metrics = &inner.metrics;
+        match outcome {
+            Ok(()) => {
+                metrics.events_produced.with_label_values(&[topic]).inc();
                 Ok(())
             }
-            Err((source, _)) => {
-                self.metrics
-                    .publish_failures
-                    .with_label_values(&[topic])
-                    .inc();
+            Err(source) => {
+                metrics.publish_failures.with_label_values(&[topic]).inc();
                 Err(PublishError::Kafka {
                     topic: topic.to_owned(),
                     source,
@@ -94,8 +139,89 @@ impl Publisher {
         }
     }
 
-    /// Waits up to `timeout` for every queued record to be acknowledged.
+    async fn enqueue_and_wait(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: Vec<u8>,
+    ) -> Result<(), KafkaError> {
+        let (ack, acked) = oneshot::channel();
+        let outgoing = Outgoing {
+            topic: topic.to_owned(),
+            key: key.map(<[u8]>::to_vec),
+            payload,
+            ack,
+        };
+        let shut = || KafkaError::Canceled;
+        self.inner.queue.send(outgoing).await.map_err(|_| shut())?;
+        self.inner.metrics.publisher_queue_depth.inc();
+        acked.await.map_err(|_| shut())?
+    }
+
+    /// Refuses new records and waits up to `timeout` until every accepted one
+    /// was acknowledged; then flushes. True when nothing was left behind.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let inner = &self.inner;
+        inner.closed.store(true, Ordering::SeqCst);
+        let idle = async {
+            loop {
+                let notified = inner.idle.notified();
+                if inner.pending.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let drained = tokio::time::timeout(timeout, idle).await.is_ok();
+        let flushed = self.flush(Duration::from_secs(5)).is_ok();
+        drained && flushed
+    }
+
+    /// Waits up to `timeout` for every record handed to librdkafka to be acknowledged.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(timeout)
+        self.inner.producer.flush(timeout)
+    }
+}
+
+/// The single send point: hands each queued record to librdkafka in order and
+/// routes the broker's acknowledgement back to its publisher.
+async fn send_point(
+    producer: FutureProducer,
+    mut outgoing: mpsc::Receiver<Outgoing>,
+    metrics: Metrics,
+) {
+    while let Some(record) = outgoing.recv().await {
+        metrics.publisher_queue_depth.dec();
+        let mut retry = Duration::from_millis(1);
+        loop {
+            let mut future_record =
+                FutureRecord::<[u8], [u8]>::to(&record.topic).payload(&record.payload);
+            if let Some(key) = &record.key {
+                future_record = future_record.key(key);
+            }
+            match producer.send_result(future_record) {
+                Ok(delivery) => {
+                    let ack = record.ack;
+                    tokio::spawn(async move {
+                        let result = match delivery.await {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err((e, _))) => Err(e),
+                            Err(_) => Err(KafkaError::Canceled),
+                        };
+                        let _ = ack.send(result);
+                    });
+                    break;
+                }
+                // librdkafka's own buffer is full: wait for acknowledgements to free it.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(Duration::from_millis(100));
+                }
+                Err((e, _)) => {
+                    let _ = record.ack.send(Err(e));
+                    break;
+                }
+            }
+        }
     }
 }

@@ -14,6 +14,7 @@ use crate::extract::{ground, ExtractionOutput};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::{leases, transitions, Claim};
+use tokio_util::sync::CancellationToken;
 
 /// The bbox worker's record handler.
 pub struct BboxWorker {
@@ -80,14 +81,14 @@ impl BboxWorker {
 }
 
 impl RecordHandler for BboxWorker {
-    async fn handle(&self, record: &Record) -> Result<(), HandlerError> {
+    async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
         let services = &self.services;
         let settings = &services.settings;
         let lease_s = settings.bbox_refinement_lease_s;
         let try_claim = || transitions::mark_bbox_refinement_running(&services.pool, id, lease_s);
         let Some(claim) = services
-            .claim_or_wait(Stage::BboxRefinement, id, try_claim)
+            .claim_or_wait(Stage::BboxRefinement, id, stop, try_claim)
             .await?
         else {
             return Ok(());

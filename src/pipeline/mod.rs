@@ -68,11 +68,12 @@ impl Services {
     /// its holder died (its partition moved on) then takes the job over as soon
     /// as the lease expires, without waiting behind the backlog for a reaper's
     /// republish. `None` is a duplicate delivery to skip; an event for a row that
-    /// does not exist is poison.
+    /// does not exist is poison. `stop` (revoke, shutdown) ends the wait early.
     async fn claim_or_wait<F, Fut>(
         &self,
         stage: Stage,
         id: Uuid,
+        stop: &CancellationToken,
         mut try_claim: F,
     ) -> Result<Option<Claim>, HandlerError>
     where
@@ -102,8 +103,13 @@ impl Services {
                         reason: format!("no extraction {id}"),
                     })
                 }
-                Some(true) if tokio::time::Instant::now() < give_up => {
-                    tokio::time::sleep(settings.heartbeat_interval()).await;
+                // Stopping (revoke or shutdown) ends the wait: the live holder
+                // finishes the job, or the reaper revives it.
+                Some(true) if tokio::time::Instant::now() < give_up && !stop.is_cancelled() => {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(settings.heartbeat_interval()) => {}
+                    }
                 }
                 Some(_) => {
                     self.metrics.transition(stage.claim_transition(), &claim);
@@ -134,15 +140,19 @@ impl Services {
             dlq_topic: settings.topic(&settings.topic_dlq),
             max_in_flight: settings.consumer_max_in_flight,
             drain_timeout: settings.subscriber_drain_timeout(),
+            rebalance_drain_timeout: Duration::from_secs_f64(settings.rebalance_drain_timeout_s),
             session_timeout_ms: settings.kafka_session_timeout_ms,
+            group_protocol: settings.kafka_group_protocol.clone(),
+            prefetch_kbytes: settings.consumer_prefetch_kbytes,
         };
         let runtime = ConsumerRuntime::new(
             spec,
             Arc::new(handler),
             self.publisher.clone(),
             self.metrics.clone(),
+            shutdown,
         )?;
-        runtime.run(shutdown).await
+        runtime.run().await
     }
 }
 

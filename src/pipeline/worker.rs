@@ -21,6 +21,7 @@ use crate::extract::{ExtractError, ExtractionOutput, Extractor};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::{leases, orphans, transitions, Claim};
+use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
 pub struct ExtractionWorker<E> {
@@ -289,13 +290,13 @@ async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
 }
 
 impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
-    async fn handle(&self, record: &Record) -> Result<(), HandlerError> {
+    async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
         let services = &self.services;
         let lease_s = services.settings.extraction_run_lease_s;
         let try_claim = || transitions::mark_running(&services.pool, id, lease_s);
         let Some(claim) = services
-            .claim_or_wait(Stage::Extraction, id, try_claim)
+            .claim_or_wait(Stage::Extraction, id, stop, try_claim)
             .await?
         else {
             return Ok(());

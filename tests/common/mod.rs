@@ -134,52 +134,67 @@ impl TestEnv {
     /// a test may tune, so children run exactly what the test configured.
     pub fn child_env(&self) -> Vec<(String, String)> {
         let s = &self.settings;
-        let pairs: [(&str, String); 17] = [
+        let secs = |v: f64| v.to_string();
+        let pairs: Vec<(&str, String)> = vec![
             ("DATABASE_URL", s.database_url.clone()),
             ("DOCSTREAM_KAFKA_BROKERS", s.kafka_brokers.clone()),
             ("DOCSTREAM_TOPIC_PREFIX", s.topic_prefix.clone()),
             ("DOCSTREAM_METRICS_ADDR", "127.0.0.1:0".into()),
             (
                 "DOCSTREAM_EXTRACTION_RUN_LEASE_S",
-                s.extraction_run_lease_s.to_string(),
+                secs(s.extraction_run_lease_s),
             ),
             (
                 "DOCSTREAM_BBOX_REFINEMENT_LEASE_S",
-                s.bbox_refinement_lease_s.to_string(),
+                secs(s.bbox_refinement_lease_s),
             ),
             (
                 "DOCSTREAM_HEARTBEAT_INTERVAL_S",
-                s.heartbeat_interval_s.to_string(),
+                secs(s.heartbeat_interval_s),
             ),
-            ("DOCSTREAM_ASYNC_TIMEOUT_S", s.async_timeout_s.to_string()),
+            ("DOCSTREAM_ASYNC_TIMEOUT_S", secs(s.async_timeout_s)),
             (
                 "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
-                s.reaper_sweep_interval_s.to_string(),
+                secs(s.reaper_sweep_interval_s),
             ),
             (
                 "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S",
-                s.queued_orphan_threshold_s.to_string(),
+                secs(s.queued_orphan_threshold_s),
             ),
             (
                 "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S",
-                s.post_processing_pending_orphan_threshold_s.to_string(),
+                secs(s.post_processing_pending_orphan_threshold_s),
             ),
-            (
-                "DOCSTREAM_RETRY_BASE_DELAY_S",
-                s.retry_base_delay_s.to_string(),
-            ),
-            (
-                "DOCSTREAM_RETRY_MAX_DELAY_S",
-                s.retry_max_delay_s.to_string(),
-            ),
+            ("DOCSTREAM_RETRY_BASE_DELAY_S", secs(s.retry_base_delay_s)),
+            ("DOCSTREAM_RETRY_MAX_DELAY_S", secs(s.retry_max_delay_s)),
             ("DOCSTREAM_MAX_ATTEMPTS", s.max_attempts.to_string()),
             (
                 "DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS",
                 s.kafka_session_timeout_ms.to_string(),
             ),
             (
+                "DOCSTREAM_KAFKA_GROUP_PROTOCOL",
+                s.kafka_group_protocol.clone(),
+            ),
+            (
+                "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S",
+                secs(s.rebalance_drain_timeout_s),
+            ),
+            (
+                "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S",
+                secs(s.subscriber_drain_timeout_s),
+            ),
+            (
+                "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S",
+                secs(s.publisher_drain_timeout_s),
+            ),
+            (
                 "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT",
                 s.consumer_max_in_flight.to_string(),
+            ),
+            (
+                "DOCSTREAM_CONSUMER_PREFETCH_KBYTES",
+                s.consumer_prefetch_kbytes.to_string(),
             ),
             ("DOCSTREAM_LOG", "info,rdkafka=warn,sqlx=warn".into()),
         ];
@@ -262,6 +277,7 @@ pub fn fast_recovery(settings: &mut Settings) {
     settings.queued_orphan_threshold_s = 3.0;
     settings.post_processing_pending_orphan_threshold_s = 3.0;
     settings.kafka_session_timeout_ms = 3_000;
+    settings.rebalance_drain_timeout_s = 1.5;
 }
 
 /// Sends `signal` (KILL, STOP, CONT, TERM) to a child process.

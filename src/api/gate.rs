@@ -1,0 +1,97 @@
+//! The shutdown gate in front of every route: counts requests in flight and,
+//! once shutdown began, answers new ones 503 with `Retry-After`, so a client
+//! retries elsewhere while the requests already accepted finish.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tokio::sync::Notify;
+
+use crate::metrics::Metrics;
+
+/// Shared by the middleware and the `serve` role.
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    closed: AtomicBool,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    metrics: Metrics,
+}
+
+/// Leaves the gate when the request is answered (or dropped).
+struct Pass<'a>(&'a Inner);
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Gate {
+    /// An open gate.
+    pub fn new(metrics: Metrics) -> Self {
+        let inner = Inner {
+            closed: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            metrics,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// From now on, new requests are refused.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits up to `timeout` until no admitted request is in flight.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        let inner = &self.inner;
+        let idle = async {
+            loop {
+                let notified = inner.idle.notified();
+                if inner.in_flight.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, idle).await.is_ok()
+    }
+}
+
+/// The middleware. Counting before checking means a request that slipped in
+/// as the gate closed is waited for, never lost.
+pub async fn admit(State(gate): State<Gate>, request: Request, next: Next) -> Response {
+    let inner = &gate.inner;
+    inner.in_flight.fetch_add(1, Ordering::SeqCst);
+    let pass = Pass(inner);
+    if inner.closed.load(Ordering::SeqCst) {
+        drop(pass);
+        inner.metrics.http_shutdown_rejections.inc();
+        let body = serde_json::json!({"error": {"code": "shutting_down", "message": "server is shutting down; retry shortly"}});
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            Json(body),
+        )
+            .into_response();
+    }
+    let response = next.run(request).await;
+    drop(pass);
+    response
+}
