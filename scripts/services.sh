@@ -337,7 +337,7 @@ group.coordinator.rebalance.protocols=classic,consumer
 # (6 s classic, 45 s consumer protocol) are production floors, not laws.
 group.min.session.timeout.ms=2000
 group.consumer.min.session.timeout.ms=2000
-group.consumer.session.timeout.ms=10000
+group.consumer.session.timeout.ms=6000
 group.consumer.min.heartbeat.interval.ms=500
 group.consumer.heartbeat.interval.ms=1000
 EOF

@@ -8,107 +8,15 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{count, fast_recovery, free_port, sample_body, scrape, signal, wait_for, TestEnv};
+use common::{
+    assert_exactly_once, count, fast_recovery, free_port, insert_job, percentile, sample_body,
+    scrape, signal, stop, submit_jobs, wait_count, wait_for, wins, TestEnv, ALL_BBOX_SUCCEEDED,
+};
 use docstream::events::{decode, ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use docstream::pipeline::{Reaper, ReaperKind, Services};
-use docstream::store::{self, NewExtraction};
-use futures::stream::{self, StreamExt};
-use sqlx::PgPool;
+use docstream::pipeline::{Reaper, ReaperKind};
+use docstream::store;
 use tokio::process::Child;
 use uuid::Uuid;
-
-/// Submits `n` jobs through the same path as `POST /v1/extractions`.
-async fn submit_jobs(services: &Services, n: usize) -> Vec<Uuid> {
-    stream::iter(0..n)
-        .map(|i| async move {
-            let request = serde_json::from_value(sample_body(i)).unwrap();
-            let new = NewExtraction {
-                id: Uuid::new_v4(),
-                idempotency_key: None,
-                request,
-            };
-            docstream::pipeline::submit(services, new)
-                .await
-                .unwrap()
-                .extraction()
-                .id
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await
-}
-
-/// Inserts a job without publishing anything: the raw material of an orphan.
-async fn insert_job(pool: &PgPool) -> Uuid {
-    let request = serde_json::from_value(sample_body(0)).unwrap();
-    let new = NewExtraction {
-        id: Uuid::new_v4(),
-        idempotency_key: None,
-        request,
-    };
-    store::submit(pool, new).await.unwrap().extraction().id
-}
-
-async fn wait_count(pool: &PgPool, what: &str, sql: &str, at_least: i64, timeout: Duration) {
-    wait_for(what, timeout, || {
-        let pool = pool.clone();
-        let sql = sql.to_owned();
-        async move {
-            let n: i64 = sqlx::query_scalar(&sql)
-                .fetch_one(&pool)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n >= at_least {
-                Ok(())
-            } else {
-                Err(format!("{n}/{at_least}"))
-            }
-        }
-    })
-    .await
-}
-
-const ALL_BBOX_SUCCEEDED: &str = "SELECT count(*) FROM extractions
-    WHERE status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' = 'succeeded'";
-
-/// How many times each id won `transition`.
-async fn wins(pool: &PgPool, transition: &str) -> HashMap<Uuid, i64> {
-    let rows: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT extraction_id, count(*) FROM extraction_transitions WHERE transition = $1 GROUP BY 1",
-    )
-    .bind(transition)
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    rows.into_iter().collect()
-}
-
-fn assert_exactly_once(wins: &HashMap<Uuid, i64>, ids: &[Uuid], what: &str) {
-    let expected: HashSet<Uuid> = ids.iter().copied().collect();
-    let got: HashSet<Uuid> = wins.keys().copied().collect();
-    assert_eq!(
-        got, expected,
-        "{what}: the set of ids differs (lost or foreign jobs)"
-    );
-    let twice: Vec<_> = wins.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "{what} won more than once: {twice:?}");
-}
-
-async fn stop(children: impl IntoIterator<Item = &mut Child>) {
-    for child in children {
-        if child.id().is_some() {
-            let _ = signal(child, "TERM").await;
-            let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
-        }
-    }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_two_of_three_workers_under_load_loses_nothing() {

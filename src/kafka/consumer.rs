@@ -24,7 +24,7 @@
 //!   passing reason is retried with backoff until it succeeds or its partition
 //!   is stopped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -137,6 +137,46 @@ pub enum ConsumerError {
 struct Buffered {
     record: Record,
     generation: Option<u64>,
+}
+
+/// Received records waiting for a slot, one queue per partition, started
+/// round-robin across partitions and in offset order within each: a partition
+/// with a deep backlog cannot starve the others (among them, the head records a
+/// dead member left behind, whose jobs wait to be taken over).
+#[derive(Default)]
+struct Buffer {
+    queues: BTreeMap<i32, VecDeque<Buffered>>,
+    /// Partitions paused because their queue reached the bound.
+    paused: BTreeSet<i32>,
+    /// The partition after which the next pop starts looking.
+    last: Option<i32>,
+    len: usize,
+}
+
+impl Buffer {
+    fn push(&mut self, buffered: Buffered) -> usize {
+        let queue = self.queues.entry(buffered.record.partition).or_default();
+        queue.push_back(buffered);
+        self.len += 1;
+        queue.len()
+    }
+
+    fn pop(&mut self) -> Option<Buffered> {
+        let after = self.last.map_or(i32::MIN, |p| p.saturating_add(1));
+        let partition = self
+            .queues
+            .range(after..)
+            .chain(self.queues.range(..after))
+            .find(|(_, queue)| !queue.is_empty())
+            .map(|(p, _)| *p)?;
+        self.last = Some(partition);
+        self.len -= 1;
+        self.queues.get_mut(&partition)?.pop_front()
+    }
+
+    fn queued(&self, partition: i32) -> usize {
+        self.queues.get(&partition).map_or(0, VecDeque::len)
+    }
 }
 
 /// Bookkeeping shared by the run loop, the record tasks and the rebalance
@@ -340,7 +380,6 @@ pub struct ConsumerRuntime<H> {
     metrics: Metrics,
     shared: Arc<Shared>,
     consumer: Arc<Consumed>,
-    paused: bool,
 }
 
 impl<H: RecordHandler> ConsumerRuntime<H> {
@@ -372,27 +411,29 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             metrics,
             shared,
             consumer: Arc::new(consumer),
-            paused: false,
         })
     }
 
     /// Consumes until the shutdown token fires, then drains in-flight records
     /// within the drain timeout and commits what was delivered.
-    pub async fn run(mut self) -> Result<(), ConsumerError> {
+    pub async fn run(self) -> Result<(), ConsumerError> {
         let shutdown = self.shared.shutdown.clone();
         let mut tasks: JoinSet<()> = JoinSet::new();
-        let mut buffer: VecDeque<Buffered> = VecDeque::new();
+        let mut buffer = Buffer::default();
         loop {
             while tasks.len() < self.spec.max_in_flight {
-                let Some(next) = buffer.pop_front() else {
-                    break;
-                };
+                let Some(next) = buffer.pop() else { break };
+                self.resume_below_low_watermark(&mut buffer, next.record.partition);
                 if self.shared.generation(&next.record) == next.generation {
                     self.start(&mut tasks, next.record);
+                } else {
+                    tracing::debug!(
+                        partition = next.record.partition,
+                        offset = next.record.offset,
+                        "buffered record dropped: its partition was reassigned"
+                    );
                 }
-                // Otherwise its partition moved on; the next owner redelivers it.
             }
-            self.resume_below_low_watermark(buffer.len());
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -410,8 +451,9 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                     };
                     self.metrics.events_consumed.with_label_values(&[&record.topic]).inc();
                     let generation = self.shared.generation(&record);
-                    buffer.push_back(Buffered { record, generation });
-                    self.pause_at_bound(buffer.len());
+                    let partition = record.partition;
+                    let queued = buffer.push(Buffered { record, generation });
+                    self.pause_at_bound(&mut buffer, partition, queued);
                 }
             }
         }
@@ -439,53 +481,48 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         });
     }
 
-    /// Pauses every assigned partition once the local buffer is full. Records
-    /// are handled `max_in_flight` at a time; the buffer in front of them
-    /// (four times that) keeps work ready while a resumed partition refetches.
-    fn pause_at_bound(&mut self, buffered: usize) {
-        if buffered < self.buffer_bound() {
+    /// Pauses a partition once its queue in the local buffer is full. Records
+    /// are handled `max_in_flight` at a time; the queue in front of them (16
+    /// times that, per partition) keeps work ready while a resumed partition
+    /// refetches. Pausing per partition keeps one deep backlog from starving the
+    /// others.
+    fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32, queued: usize) {
+        if queued < self.queue_bound() || buffer.paused.contains(&partition) {
             return;
         }
-        // Also when already paused: a partition assigned meanwhile starts unpaused.
-        let paused = self
-            .consumer
-            .assignment()
-            .and_then(|a| self.consumer.pause(&a).map(|()| a.count()));
-        match paused {
-            Ok(partitions) => {
-                if !self.paused {
-                    self.metrics
-                        .consumer_pauses
-                        .with_label_values(&[&self.spec.topic])
-                        .inc();
-                }
-                self.paused = true;
-                self.paused_gauge().set(partitions as i64);
-            }
-            Err(e) => tracing::warn!(error = %e, "pause failed"),
-        }
-    }
-
-    /// Resumes once the buffer fell to half its bound (the low watermark).
-    fn resume_below_low_watermark(&mut self, buffered: usize) {
-        if !self.paused || buffered > self.buffer_bound() / 2 {
-            return;
-        }
-        match self
-            .consumer
-            .assignment()
-            .and_then(|a| self.consumer.resume(&a))
-        {
+        let mut one = TopicPartitionList::new();
+        one.add_partition(&self.spec.topic, partition);
+        match self.consumer.pause(&one) {
             Ok(()) => {
-                self.paused = false;
-                self.paused_gauge().set(0);
+                buffer.paused.insert(partition);
+                self.metrics
+                    .consumer_pauses
+                    .with_label_values(&[&self.spec.topic])
+                    .inc();
+                self.paused_gauge().set(buffer.paused.len() as i64);
             }
-            Err(e) => tracing::warn!(error = %e, "resume failed"),
+            Err(e) => tracing::warn!(partition, error = %e, "pause failed"),
         }
     }
 
-    fn buffer_bound(&self) -> usize {
-        self.spec.max_in_flight * 4
+    /// Resumes a paused partition once its queue fell to half the bound.
+    fn resume_below_low_watermark(&self, buffer: &mut Buffer, partition: i32) {
+        if !buffer.paused.contains(&partition) || buffer.queued(partition) > self.queue_bound() / 2
+        {
+            return;
+        }
+        let mut one = TopicPartitionList::new();
+        one.add_partition(&self.spec.topic, partition);
+        // A partition revoked meanwhile cannot be resumed; it starts fresh anyway.
+        if let Err(e) = self.consumer.resume(&one) {
+            tracing::debug!(partition, error = %e, "resume failed");
+        }
+        buffer.paused.remove(&partition);
+        self.paused_gauge().set(buffer.paused.len() as i64);
+    }
+
+    fn queue_bound(&self) -> usize {
+        self.spec.max_in_flight * 16
     }
 
     /// Shutdown: pause, drain within the timeout, commit the delivered prefix.

@@ -64,6 +64,11 @@ impl OffsetTracker {
     /// Records that `offset` was received and is now in flight.
     pub fn begin(&mut self, partition: TopicPartition, offset: i64) -> Ticket {
         if !self.partitions.contains_key(&partition) {
+            tracing::debug!(
+                ?partition,
+                offset,
+                "record for a partition not assigned; tracking it afresh"
+            );
             self.assign(partition.clone());
         }
         let state = self.partitions.get_mut(&partition).expect("just ensured");

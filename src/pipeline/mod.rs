@@ -68,7 +68,8 @@ impl Services {
     /// its holder died (its partition moved on) then takes the job over as soon
     /// as the lease expires, without waiting behind the backlog for a reaper's
     /// republish. `None` is a duplicate delivery to skip; an event for a row that
-    /// does not exist is poison. `stop` (revoke, shutdown) ends the wait early.
+    /// does not exist is poison. `stop` (revoke, shutdown) ends the wait with the
+    /// record undelivered.
     async fn claim_or_wait<F, Fut>(
         &self,
         stage: Stage,
@@ -103,14 +104,22 @@ impl Services {
                         reason: format!("no extraction {id}"),
                     })
                 }
-                // Stopping (revoke or shutdown) ends the wait: the live holder
-                // finishes the job, or the reaper revives it.
-                Some(true) if tokio::time::Instant::now() < give_up && !stop.is_cancelled() => {
+                // Stopping (revoke or shutdown) ends the wait undelivered: the
+                // record is not committed, and the partition's next owner waits
+                // for the lease in our place (its holder may be dead).
+                Some(true) if stop.is_cancelled() => {
+                    return Err(HandlerError::Transient(format!(
+                        "stopped while {id} was held under a live lease; left for the next owner"
+                    )));
+                }
+                Some(true) if tokio::time::Instant::now() < give_up => {
                     tokio::select! {
                         _ = stop.cancelled() => {}
                         _ = tokio::time::sleep(settings.heartbeat_interval()) => {}
                     }
                 }
+                // The holder has kept its lease for two leases: it is alive and
+                // owns the job; this delivery is a duplicate.
                 Some(_) => {
                     self.metrics.transition(stage.claim_transition(), &claim);
                     self.metrics

@@ -15,12 +15,12 @@ use uuid::Uuid;
 
 use super::lease::{hold, Held};
 use super::{decode_record, transient, Services, Stage};
-use crate::domain::{retry_delay_s, ExtractionRequest, Transition};
+use crate::domain::{retry_delay_s, BboxStatus, ExtractionRequest, ExtractionStatus, Transition};
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
 use crate::extract::{ExtractError, ExtractionOutput, Extractor};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::{leases, orphans, transitions, Claim};
+use crate::store::{self, leases, orphans, transitions, Claim};
 use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
@@ -140,22 +140,80 @@ impl<E: Extractor> ExtractionWorker<E> {
         let Some(requested) = requested else {
             return Ok(());
         };
+        let (requested_published, emitted) = tokio::join!(
+            self.request_bbox_refinement(id, reason),
+            services.emit(Transition::StartBboxRefinement, &requested, None, reason),
+        );
+        requested_published?;
+        emitted
+    }
+
+    /// Publishes the bbox refinement request and, once acknowledged, stamps it.
+    async fn request_bbox_refinement(
+        &self,
+        id: Uuid,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let services = &self.services;
         let topic = services
             .settings
             .topic(&services.settings.topic_post_processing);
         let follow_up = PostProcessingRequested::bbox_refinement(id, reason);
-        let key = id.to_string();
-        let (published, emitted) = tokio::join!(
-            services
-                .publisher
-                .publish(&topic, key.as_bytes(), &follow_up),
-            services.emit(Transition::StartBboxRefinement, &requested, None, reason),
-        );
-        published.map_err(transient)?;
-        orphans::record_bbox_request_published(&services.pool, id)
+        services
+            .publisher
+            .publish(&topic, id.to_string().as_bytes(), &follow_up)
             .await
             .map_err(transient)?;
-        emitted
+        orphans::record_bbox_request_published(&services.pool, id)
+            .await
+            .map_err(transient)
+    }
+
+    /// A delivery that lost the claim is complete only once the job's follow-up
+    /// is durable. If the job succeeded but its bbox request is not yet
+    /// acknowledged, the holder is either publishing it right now or died
+    /// before it could: wait for the stamp, heartbeat by heartbeat, for up to
+    /// the post-processing orphan threshold, then publish it ourselves (a
+    /// second request is harmless: the bbox claim is atomic). Stopping leaves
+    /// the record undelivered for the next owner.
+    async fn finish_follow_up(
+        &self,
+        id: Uuid,
+        reason: PublishReason,
+        stop: &CancellationToken,
+    ) -> Result<(), HandlerError> {
+        let settings = &self.services.settings;
+        let give_up = tokio::time::Instant::now()
+            + std::time::Duration::from_secs_f64(
+                settings.post_processing_pending_orphan_threshold_s,
+            );
+        loop {
+            let row = store::get(&self.services.pool, id)
+                .await
+                .map_err(transient)?;
+            let owes_request = row.as_ref().is_some_and(|row| {
+                row.status() == ExtractionStatus::Succeeded
+                    && row.bbox_refinement().is_some_and(|b| {
+                        b.status == BboxStatus::Pending && b.published_at.is_none()
+                    })
+            });
+            if !owes_request {
+                return Ok(());
+            }
+            if stop.is_cancelled() {
+                return Err(transient(format!(
+                    "stopped while {id}'s follow-up was unacknowledged"
+                )));
+            }
+            if tokio::time::Instant::now() >= give_up {
+                tracing::info!(%id, "completing a follow-up its holder never acknowledged");
+                return self.request_bbox_refinement(id, reason).await;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(settings.heartbeat_interval()) => {}
+            }
+        }
     }
 
     async fn fail(
@@ -299,7 +357,7 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
             .claim_or_wait(Stage::Extraction, id, stop, try_claim)
             .await?
         else {
-            return Ok(());
+            return self.finish_follow_up(id, event.reason, stop).await;
         };
         services
             .emit(

@@ -7,12 +7,15 @@
 #[cfg(feature = "docker")]
 mod docker;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use docstream::config::Settings;
+use docstream::pipeline::Services;
+use docstream::store::{self, NewExtraction};
+use futures::stream::{self, StreamExt};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -20,6 +23,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
+use uuid::Uuid;
 
 /// One test's isolated world.
 pub struct TestEnv {
@@ -219,6 +223,11 @@ impl TestEnv {
         command.spawn().expect("spawn docstream")
     }
 
+    /// The committed offsets of consumer group `group` (full name) on `topic`.
+    pub fn committed(&self, group: &str, topic: &str) -> HashMap<i32, i64> {
+        committed_offsets(&self.settings.kafka_brokers, group, &self.topic(topic))
+    }
+
     /// Every record of `topic` written so far: (key, value).
     pub fn read_topic(&self, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
         read_topic(&self.settings.kafka_brokers, &self.topic(topic))
@@ -352,8 +361,19 @@ pub async fn wait_healthy(base: &str) {
     .await
 }
 
+/// A record read back: partition, offset, key, value.
+pub type Positioned = (i32, i64, Option<Vec<u8>>, Vec<u8>);
+
 /// Reads a topic from the beginning to its current end.
 pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    read_topic_positioned(brokers, topic)
+        .into_iter()
+        .map(|(_, _, key, value)| (key, value))
+        .collect()
+}
+
+/// Reads a topic from the beginning to its current end, with positions.
+pub fn read_topic_positioned(brokers: &str, topic: &str) -> Vec<Positioned> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
@@ -399,6 +419,8 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
         let end = ends.get(&message.partition()).copied();
         if let Some(end) = end {
             records.push((
+                message.partition(),
+                message.offset(),
                 message.key().map(<[u8]>::to_vec),
                 message.payload().unwrap_or_default().to_vec(),
             ));
@@ -408,6 +430,41 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
         }
     }
     records
+}
+
+/// The committed offsets of `group` on `topic`, by partition (absent when none).
+pub fn committed_offsets(brokers: &str, group: &str, topic: &str) -> HashMap<i32, i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("client");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let mut partitions = TopicPartitionList::new();
+    for p in metadata.topics()[0].partitions() {
+        partitions.add_partition(topic, p.id());
+    }
+    let committed = consumer
+        .committed_offsets(partitions, Duration::from_secs(10))
+        .expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Peak resident memory of a process, in KiB (VmHWM), if it is still there.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Sum of the high watermarks of every partition of `topic`: records ever written.
@@ -435,4 +492,102 @@ pub fn topic_size(brokers: &str, topic: &str) -> i64 {
 pub fn sample_body(i: usize) -> serde_json::Value {
     let samples = docstream::demo::sample_requests();
     serde_json::to_value(&samples[i % samples.len()].request).unwrap()
+}
+
+/// Submits `n` jobs through the same path as `POST /v1/extractions`.
+pub async fn submit_jobs(services: &Services, n: usize) -> Vec<Uuid> {
+    stream::iter(0..n)
+        .map(|i| async move {
+            let request = serde_json::from_value(sample_body(i)).unwrap();
+            let new = NewExtraction {
+                id: Uuid::new_v4(),
+                idempotency_key: None,
+                request,
+            };
+            docstream::pipeline::submit(services, new)
+                .await
+                .unwrap()
+                .extraction()
+                .id
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await
+}
+
+/// Inserts a job without publishing anything: the raw material of an orphan.
+pub async fn insert_job(pool: &PgPool) -> Uuid {
+    let request = serde_json::from_value(sample_body(0)).unwrap();
+    let new = NewExtraction {
+        id: Uuid::new_v4(),
+        idempotency_key: None,
+        request,
+    };
+    store::submit(pool, new).await.unwrap().extraction().id
+}
+
+/// Waits until `sql` counts at least `at_least`.
+pub async fn wait_count(pool: &PgPool, what: &str, sql: &str, at_least: i64, timeout: Duration) {
+    wait_for(what, timeout, || {
+        let pool = pool.clone();
+        let sql = sql.to_owned();
+        async move {
+            let n: i64 = sqlx::query_scalar(&sql)
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n >= at_least {
+                Ok(())
+            } else {
+                Err(format!("{n}/{at_least}"))
+            }
+        }
+    })
+    .await
+}
+
+/// Jobs finished with their bbox refinement.
+pub const ALL_BBOX_SUCCEEDED: &str = "SELECT count(*) FROM extractions
+    WHERE status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' = 'succeeded'";
+
+/// How many times each id won `transition`.
+pub async fn wins(pool: &PgPool, transition: &str) -> HashMap<Uuid, i64> {
+    let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT extraction_id, count(*) FROM extraction_transitions WHERE transition = $1 GROUP BY 1",
+    )
+    .bind(transition)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter().collect()
+}
+
+/// Asserts that exactly `ids` won, each once.
+pub fn assert_exactly_once(wins: &HashMap<Uuid, i64>, ids: &[Uuid], what: &str) {
+    let expected: HashSet<Uuid> = ids.iter().copied().collect();
+    let got: HashSet<Uuid> = wins.keys().copied().collect();
+    assert_eq!(
+        got, expected,
+        "{what}: the set of ids differs (lost or foreign jobs)"
+    );
+    let twice: Vec<_> = wins.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "{what} won more than once: {twice:?}");
+}
+
+/// SIGTERMs the children still running and waits for them.
+pub async fn stop(children: impl IntoIterator<Item = &mut Child>) {
+    for child in children {
+        if child.id().is_some() {
+            let _ = signal(child, "TERM").await;
+            let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+        }
+    }
+}
+
+/// The `p` quantile of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
