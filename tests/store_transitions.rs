@@ -49,6 +49,11 @@ async fn succeeded(pool: &PgPool) -> Uuid {
     id
 }
 
+/// Runs one statement about job `id` ($1), as a test's time machine.
+async fn exec(pool: &PgPool, sql: &str, id: Uuid) {
+    sqlx::query(sql).bind(id).execute(pool).await.unwrap();
+}
+
 /// Rows and transition-log entries: the whole observable state of a job.
 async fn snapshot(pool: &PgPool, id: Uuid) -> (String, i64) {
     let row: Extraction = store::get(pool, id).await.unwrap().unwrap();
@@ -293,19 +298,23 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
     let env = TestEnv::postgres_only("fencing").await;
     let pool = &env.pool;
     let (id, stale_token) = running(pool).await;
-    // The holder froze past its lease (expired on the database clock).
-    sqlx::query(
-        "UPDATE extractions SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    // The holder froze past its lease (expired 2 s ago on the database clock).
+    exec(
+        pool,
+        "UPDATE extractions SET lease_expires_at = now() - interval '2 seconds' WHERE id = $1",
+        id,
     )
-    .bind(id)
-    .execute(pool)
-    .await
-    .unwrap();
+    .await;
     let fresh = transitions::mark_running(pool, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(fresh.token, stale_token + 1);
+    let recovery = fresh.extraction.last_recovery_s.unwrap();
+    assert!(
+        (2.0..3.0).contains(&recovery),
+        "recovery measured from lease expiry: {recovery}"
+    );
     let result = serde_json::json!({"fields": {}});
     assert!(transitions::mark_succeeded(pool, id, stale_token, &result)
         .await
@@ -427,11 +436,7 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
         .await
         .unwrap()
         .unwrap();
-    sqlx::query("UPDATE extractions SET submitted_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id <> $1")
-        .bind(fresh)
-        .execute(pool)
-        .await
-        .unwrap();
+    exec(pool, "UPDATE extractions SET submitted_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id <> $1", fresh).await;
     let found: Vec<(i16, Uuid)> = orphans::list_orphans(pool, thresholds)
         .await
         .unwrap()
@@ -454,11 +459,12 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
 
     // A reaper takes an orphan once per threshold.
     let stuck = queued(pool).await;
-    sqlx::query("UPDATE extractions SET submitted_at = now() - interval '1 hour' WHERE id = $1")
-        .bind(stuck)
-        .execute(pool)
-        .await
-        .unwrap();
+    exec(
+        pool,
+        "UPDATE extractions SET submitted_at = now() - interval '1 hour' WHERE id = $1",
+        stuck,
+    )
+    .await;
     let taken = orphans::take_extraction_orphans(pool, thresholds, 100)
         .await
         .unwrap();
@@ -539,26 +545,5 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
         .await
         .unwrap()
         .is_none());
-    env.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_reclaim_after_lease_expiry_records_the_recovery_time() {
-    let env = TestEnv::postgres_only("recovery_time").await;
-    let pool = &env.pool;
-    let (id, _) = running(pool).await;
-    sqlx::query(
-        "UPDATE extractions SET lease_expires_at = now() - interval '2 seconds' WHERE id = $1",
-    )
-    .bind(id)
-    .execute(pool)
-    .await
-    .unwrap();
-    let claim = transitions::mark_running(pool, id, LEASE_S)
-        .await
-        .unwrap()
-        .unwrap();
-    let recovery = claim.extraction.last_recovery_s.unwrap();
-    assert!((2.0..3.0).contains(&recovery), "{recovery}");
     env.cleanup().await;
 }

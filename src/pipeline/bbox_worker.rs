@@ -60,23 +60,11 @@ impl BboxWorker {
             ),
         };
         let completed = completed.map_err(transient)?;
-        services.metrics.transition(transition, &completed);
-        match completed {
-            Some(row) => services.emit(transition, &row, Some(token), reason).await,
-            None => {
-                self.stale(id, token, "completion");
-                Ok(())
-            }
-        }
-    }
-
-    fn stale(&self, id: Uuid, token: i32, stage: &'static str) {
-        let metrics = &self.services.metrics;
-        metrics
-            .stale_completions
-            .with_label_values(&["bbox_refinement", stage])
-            .inc();
-        tracing::warn!(%id, token, stage, "stale bbox holder: the claim was taken over; work dropped");
+        let claim = (id, token);
+        services
+            .conclude(Stage::BboxRefinement, transition, claim, completed, reason)
+            .await?;
+        Ok(())
     }
 }
 
@@ -126,7 +114,7 @@ impl RecordHandler for BboxWorker {
             )),
             // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
             Held::Lost | Held::CancelRequested => {
-                self.stale(id, token, "heartbeat");
+                services.stale(Stage::BboxRefinement, id, token, "heartbeat");
                 return Ok(());
             }
         };

@@ -63,6 +63,41 @@ impl Services {
             .map_err(|e| HandlerError::Transient(e.to_string()))
     }
 
+    /// Concludes a completing transition of claim `token`: publishes its event
+    /// when it won; when it lost, the claim was taken over, so the work is
+    /// dropped without side effects and counted as a stale completion.
+    async fn conclude(
+        &self,
+        stage: Stage,
+        transition: Transition,
+        (id, token): (Uuid, i32),
+        row: Option<Extraction>,
+        reason: PublishReason,
+    ) -> Result<Option<Extraction>, HandlerError> {
+        self.metrics.transition(transition, &row);
+        match row {
+            Some(row) => {
+                self.emit(transition, &row, Some(token), reason).await?;
+                Ok(Some(row))
+            }
+            None => {
+                self.stale(stage, id, token, "completion");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Work under a claim that is no longer ours, found at a heartbeat or at
+    /// completion: dropped and counted.
+    fn stale(&self, stage: Stage, id: Uuid, token: i32, at: &'static str) {
+        let labels = [stage.as_str(), at];
+        self.metrics
+            .stale_completions
+            .with_label_values(&labels)
+            .inc();
+        tracing::warn!(%id, token, stage = stage.as_str(), at, "stale holder: the claim was taken over; work dropped");
+    }
+
     /// Claims with `try_claim`. When another holder's lease is live, waits for it
     /// heartbeat by heartbeat, for up to two leases: a record redelivered after
     /// its holder died (its partition moved on) then takes the job over as soon

@@ -71,7 +71,8 @@ impl<E: Extractor> ExtractionWorker<E> {
         let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
         let attempt = match hold(work, settings.heartbeat_interval(), renew).await {
             Held::Lost => {
-                self.stale(id, token, "heartbeat");
+                self.services
+                    .stale(Stage::Extraction, id, token, "heartbeat");
                 return Ok(());
             }
             Held::CancelRequested => return self.cancel(id, token, reason).await,
@@ -120,14 +121,15 @@ impl<E: Extractor> ExtractionWorker<E> {
         let row = transitions::mark_succeeded(&services.pool, id, token, &result)
             .await
             .map_err(transient)?;
-        services.metrics.transition(Transition::MarkSucceeded, &row);
-        let Some(row) = row else {
-            self.stale(id, token, "completion");
+        let claim = (id, token);
+        let transition = Transition::MarkSucceeded;
+        if services
+            .conclude(Stage::Extraction, transition, claim, row, reason)
+            .await?
+            .is_none()
+        {
             return Ok(());
-        };
-        services
-            .emit(Transition::MarkSucceeded, &row, Some(token), reason)
-            .await?;
+        }
         failpoints::hit("worker.after_mark_succeeded")
             .await
             .map_err(transient)?;
@@ -227,18 +229,17 @@ impl<E: Extractor> ExtractionWorker<E> {
         let row = transitions::mark_failed(&services.pool, id, token, error)
             .await
             .map_err(transient)?;
-        services.metrics.transition(Transition::MarkFailed, &row);
-        match row {
-            Some(row) => {
-                services
-                    .emit(Transition::MarkFailed, &row, Some(token), reason)
-                    .await
-            }
-            None => {
-                self.stale(id, token, "completion");
-                Ok(())
-            }
-        }
+        let claim = (id, token);
+        services
+            .conclude(
+                Stage::Extraction,
+                Transition::MarkFailed,
+                claim,
+                row,
+                reason,
+            )
+            .await?;
+        Ok(())
     }
 
     /// Requeues attempt `token` with a backoff, or fails the job once it has had
@@ -266,11 +267,12 @@ impl<E: Extractor> ExtractionWorker<E> {
         let row = transitions::requeue_for_retry(&services.pool, id, token, error, delay_s)
             .await
             .map_err(transient)?;
-        services
-            .metrics
-            .transition(Transition::RequeueForRetry, &row);
-        let Some(row) = row else {
-            self.stale(id, token, "completion");
+        let claim = (id, token);
+        let transition = Transition::RequeueForRetry;
+        let Some(row) = services
+            .conclude(Stage::Extraction, transition, claim, row, reason)
+            .await?
+        else {
             return Ok(());
         };
         services
@@ -278,10 +280,7 @@ impl<E: Extractor> ExtractionWorker<E> {
             .retries_scheduled
             .with_label_values(&["extraction"])
             .inc();
-        tracing::info!(%id, attempt = token, delay_s, %error, "attempt failed; retry scheduled");
-        services
-            .emit(Transition::RequeueForRetry, &row, Some(token), reason)
-            .await?;
+        tracing::info!(%id, attempt = token, delay_s, %error, next_attempt_at = ?row.next_attempt_at, "attempt failed; retry scheduled");
         tokio::spawn(publish_when_due(services.clone(), id, delay_s));
         Ok(())
     }
@@ -296,29 +295,20 @@ impl<E: Extractor> ExtractionWorker<E> {
         let row = transitions::mark_cancelled(&services.pool, id, Some(token))
             .await
             .map_err(transient)?;
-        services.metrics.transition(Transition::MarkCancelled, &row);
-        match row {
-            Some(row) => {
-                tracing::info!(%id, token, "running extraction cancelled at the client's request");
-                services
-                    .emit(Transition::MarkCancelled, &row, Some(token), reason)
-                    .await
-            }
-            None => {
-                self.stale(id, token, "completion");
-                Ok(())
-            }
+        let claim = (id, token);
+        let cancelled = services
+            .conclude(
+                Stage::Extraction,
+                Transition::MarkCancelled,
+                claim,
+                row,
+                reason,
+            )
+            .await?;
+        if cancelled.is_some() {
+            tracing::info!(%id, token, "running extraction cancelled at the client's request");
         }
-    }
-
-    /// Work under a claim that is no longer ours: dropped and counted, no side effects.
-    fn stale(&self, id: Uuid, token: i32, stage: &'static str) {
-        let metrics = &self.services.metrics;
-        metrics
-            .stale_completions
-            .with_label_values(&["extraction", stage])
-            .inc();
-        tracing::warn!(%id, token, stage, "stale holder: the claim was taken over; work dropped");
+        Ok(())
     }
 }
 
