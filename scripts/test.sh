@@ -5,11 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-source scripts/lib/toolchain.sh
-ensure_build_tools
-
-bash scripts/services.sh up
-eval "$(bash scripts/services.sh env)"
+source scripts/lib/prepare.sh
+prepare
 
 cargo build --locked --bins
 ./target/debug/docstream migrate

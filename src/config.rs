@@ -67,10 +67,6 @@ macro_rules! settings {
                 Ok(())
             }
 
-            /// Each setting's variable and current value, for `--help`-like listings.
-            pub fn variables() -> &'static [&'static str] {
-                &[$( $var, )*]
-            }
         }
     };
 }

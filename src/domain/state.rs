@@ -32,11 +32,6 @@ impl ExtractionStatus {
             Self::Cancelled => "cancelled",
         }
     }
-
-    /// True when no transition leaves this state (bbox refinement aside).
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
-    }
 }
 
 /// State of the out-of-band bbox refinement that follows a successful extraction.

@@ -89,11 +89,6 @@ impl CodecError {
     }
 }
 
-/// The parsed schema of event type `E`.
-pub fn schema_of<E: Event>() -> &'static Schema {
-    &known::<E>().schema
-}
-
 fn known<E: Event>() -> &'static Known {
     SCHEMAS
         .get(E::NAME)

@@ -6,7 +6,7 @@
 
 mod codec;
 
-pub use codec::{decode, encode, schema_of, CodecError, SINGLE_OBJECT_MAGIC};
+pub use codec::{decode, encode, CodecError, SINGLE_OBJECT_MAGIC};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -117,13 +117,6 @@ impl OffsetTracker {
         self.partitions.get(partition)?.committed
     }
 
-    /// Records still in flight on `partition`.
-    pub fn in_flight(&self, partition: &TopicPartition) -> usize {
-        self.partitions
-            .get(partition)
-            .map_or(0, |s| s.in_flight.len())
-    }
-
     /// The last commit point of every owned partition that has one.
     pub fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
         self.partitions
@@ -175,7 +168,7 @@ mod tests {
         tracker.assign(tp());
         let new = tracker.begin(tp(), 3);
         assert_eq!(tracker.finish(&old, true), None);
-        assert_eq!(tracker.in_flight(&tp()), 1);
+        assert_eq!(tracker.running(&tp()), 1);
         assert_eq!(tracker.finish(&new, true), Some(4));
         assert_eq!(tracker.commit_points(), vec![(tp(), 4)]);
     }

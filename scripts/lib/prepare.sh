@@ -1,6 +1,7 @@
-# Sourced by the scripts that build: makes sure the Rust toolchain and the C
-# build tools librdkafka needs are present, installing the latter from Debian's
-# packages when missing.
+# Sourced by the scripts that build and run: `prepare` makes sure the Rust
+# toolchain and the C build tools librdkafka needs are present (installing the
+# latter from Debian's packages when missing), starts the local services, and
+# exports DATABASE_URL and DOCSTREAM_KAFKA_BROKERS.
 
 ensure_build_tools() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -21,4 +22,10 @@ ensure_build_tools() {
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+prepare() {
+    ensure_build_tools
+    bash scripts/services.sh up
+    eval "$(bash scripts/services.sh env)"
 }
