@@ -168,9 +168,10 @@ settings! {
     /// On shutdown, how long `serve` waits for accepted requests and the
     /// publisher's queue to drain before it flushes and closes the listener.
     publisher_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S";
-    /// Records a consumer works on at once. 16 keeps two cores and a 20-connection
-    /// pool busy without queueing inside the process.
-    consumer_max_in_flight: usize = 16_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
+    /// Records a consumer works on at once. Their statements are grouped
+    /// (`db_batch_max`), so a few hundred in flight cost a few commits, not a
+    /// few hundred.
+    consumer_max_in_flight: usize = 256_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
     /// How long a stopping consumer waits for in-flight records before it gives up
     /// on them (they are not committed and will be redelivered).
     subscriber_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S";
@@ -179,6 +180,12 @@ settings! {
     /// Postgres connections per process. 20 covers the in-flight records of one
     /// worker and the API's concurrency on the default 300-connection server.
     db_max_connections: u32 = 20_u32, env "DOCSTREAM_DB_MAX_CONNECTIONS";
+    /// Most requests of one kind (claims, completions, stamps) that one statement
+    /// serves: concurrent callers share a statement and its commit.
+    db_batch_max: usize = 256_usize, env "DOCSTREAM_DB_BATCH_MAX";
+    /// Statements of one kind in flight at once; the requests arriving meanwhile
+    /// form the next batch.
+    db_batch_concurrency: usize = 2_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY";
     /// Logs as JSON lines instead of text.
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
@@ -314,9 +321,13 @@ impl Settings {
                 return invalid(format!("{name} must be at least 1"));
             }
         }
-        if self.consumer_max_in_flight == 0 || self.db_max_connections == 0 {
+        if self.consumer_max_in_flight == 0
+            || self.db_max_connections == 0
+            || self.db_batch_max == 0
+            || self.db_batch_concurrency == 0
+        {
             return invalid(
-                "consumer_max_in_flight and db_max_connections must be at least 1".into(),
+                "consumer_max_in_flight, db_max_connections, db_batch_max and db_batch_concurrency must be at least 1".into(),
             );
         }
         for (name, addr) in [

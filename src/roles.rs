@@ -9,7 +9,6 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -39,12 +38,7 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
         settings.publisher_queue_size,
         metrics.clone(),
     )?;
-    Ok(Services {
-        settings: Arc::new(settings),
-        pool,
-        publisher,
-        metrics,
-    })
+    Ok(Services::new(settings, pool, publisher, metrics))
 }
 
 /// The HTTP API on an already bound listener. On shutdown: new requests get

@@ -108,6 +108,70 @@ async fn fifty_concurrent_claims_have_one_winner() {
     env.cleanup().await;
 }
 
+/// A batch statement judges every row by the same `WHERE` as the single-row one:
+/// in one batch, claimable rows are won, others and repeats lose; batches racing
+/// over overlapping ids claim each id once; completions are fenced per row.
+#[tokio::test]
+async fn batch_statements_win_and_lose_row_by_row() {
+    let env = TestEnv::postgres_only("batches").await;
+    let pool = &env.pool;
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(queued(pool).await);
+    }
+    let (taken, _) = running(pool).await;
+    let batch = [ids[0], taken, ids[1], ids[0], Uuid::new_v4()];
+    let claims = transitions::mark_running_many(pool, &batch, LEASE_S)
+        .await
+        .unwrap();
+    let won: Vec<bool> = claims.iter().map(Option::is_some).collect();
+    assert_eq!(won, [true, false, true, false, false]);
+
+    // Ten batches over overlapping windows of the other 38 ids, at once.
+    let rest = &ids[2..];
+    let windows: Vec<Vec<Uuid>> = (0..10)
+        .map(|i| rest.iter().cycle().skip(i * 7).take(20).copied().collect())
+        .collect();
+    let racing = join_all(
+        windows
+            .iter()
+            .map(|window| transitions::mark_running_many(pool, window, LEASE_S)),
+    )
+    .await;
+    let mut winners: Vec<Uuid> = racing
+        .into_iter()
+        .flat_map(|claims| claims.unwrap().into_iter().flatten())
+        .map(|claim| claim.extraction.id)
+        .collect();
+    winners.sort();
+    let mut expected = rest.to_vec();
+    expected.sort();
+    assert_eq!(winners, expected, "each id is claimed exactly once");
+    for id in rest {
+        assert_eq!(wins_of(pool, *id, "mark_running").await, 1);
+    }
+
+    // Completions: the right token wins, a wrong token and a repeat lose.
+    let result = serde_json::json!({"fields": {}});
+    let completion = |id, token| transitions::Completion {
+        id,
+        token,
+        result: result.clone(),
+    };
+    let done = [
+        completion(ids[0], 1),
+        completion(ids[1], 7),
+        completion(ids[0], 1),
+        completion(taken, 1),
+    ];
+    let outcomes = transitions::mark_succeeded_many(pool, &done).await.unwrap();
+    let won: Vec<bool> = outcomes.iter().map(Option::is_some).collect();
+    assert_eq!(won, [true, false, false, true]);
+    assert_eq!(wins_of(pool, ids[0], "mark_succeeded").await, 1);
+    assert_eq!(wins_of(pool, ids[1], "mark_succeeded").await, 0);
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn succeeded_and_failed_race_has_one_winner() {
     let env = TestEnv::postgres_only("complete_race").await;

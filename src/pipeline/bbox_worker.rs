@@ -13,7 +13,8 @@ use crate::events::{PostProcessingRequested, PublishReason};
 use crate::extract::{ground, ExtractionOutput};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::{leases, transitions, Claim};
+use crate::store::transitions::{self, Completion};
+use crate::store::{leases, Claim};
 use tokio_util::sync::CancellationToken;
 
 /// The bbox worker's record handler.
@@ -50,16 +51,21 @@ impl BboxWorker {
         let services = &self.services;
         let pool = &services.pool;
         let (transition, completed) = match grounded {
-            Ok(json) => (
-                Transition::MarkBboxRefinementSucceeded,
-                transitions::mark_bbox_refinement_succeeded(pool, id, token, &json).await,
-            ),
+            Ok(result) => {
+                let completion = Completion { id, token, result };
+                let succeeded = services.batched.bbox_succeed.run(completion).await;
+                (
+                    Transition::MarkBboxRefinementSucceeded,
+                    succeeded.map_err(transient)?,
+                )
+            }
             Err(error) => (
                 Transition::MarkBboxRefinementFailed,
-                transitions::mark_bbox_refinement_failed(pool, id, token, &error).await,
+                transitions::mark_bbox_refinement_failed(pool, id, token, &error)
+                    .await
+                    .map_err(transient)?,
             ),
         };
-        let completed = completed.map_err(transient)?;
         let claim = (id, token);
         services
             .conclude(Stage::BboxRefinement, transition, claim, completed, reason)
@@ -74,7 +80,7 @@ impl RecordHandler for BboxWorker {
         let services = &self.services;
         let settings = &services.settings;
         let lease_s = settings.bbox_refinement_lease_s;
-        let try_claim = || transitions::mark_bbox_refinement_running(&services.pool, id, lease_s);
+        let try_claim = || services.batched.bbox_claim.run(id);
         let Some(claim) = services
             .claim_or_wait(Stage::BboxRefinement, id, stop, try_claim)
             .await?

@@ -6,12 +6,14 @@
 //! `ExtractionEvent` per transition it won. A record counts as delivered only
 //! after all of that was acknowledged.
 
+mod batched;
 mod bbox_worker;
 pub mod lease;
 pub mod reaper;
 mod submit;
 mod worker;
 
+pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
 pub use reaper::{Reaper, ReaperKind};
 pub use submit::submit;
@@ -31,7 +33,7 @@ use crate::events::{decode, Event, ExtractionEvent, PublishReason};
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
-use crate::store::{leases, Claim, Extraction, StoreError};
+use crate::store::{leases, Claim, Extraction};
 
 /// What every role shares: settings, the pool, the producer and the metrics.
 #[derive(Clone)]
@@ -44,9 +46,23 @@ pub struct Services {
     pub publisher: Publisher,
     /// The process's metrics.
     pub metrics: Metrics,
+    /// The hot-path transitions, grouped across concurrent records.
+    pub batched: Batched,
 }
 
 impl Services {
+    /// Services on `pool` and `publisher`; starts the statement batchers.
+    pub fn new(settings: Settings, pool: PgPool, publisher: Publisher, metrics: Metrics) -> Self {
+        let batched = Batched::new(&settings, &pool);
+        Self {
+            settings: Arc::new(settings),
+            pool,
+            publisher,
+            metrics,
+            batched,
+        }
+    }
+
     /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.
     pub async fn emit(
         &self,
@@ -105,7 +121,7 @@ impl Services {
     /// republish. `None` is a duplicate delivery to skip; an event for a row that
     /// does not exist is poison. `stop` (revoke, shutdown) ends the wait with the
     /// record undelivered.
-    async fn claim_or_wait<F, Fut>(
+    async fn claim_or_wait<F, Fut, E>(
         &self,
         stage: Stage,
         id: Uuid,
@@ -114,7 +130,8 @@ impl Services {
     ) -> Result<Option<Claim>, HandlerError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Option<Claim>, StoreError>>,
+        Fut: Future<Output = Result<Option<Claim>, E>>,
+        E: std::fmt::Display,
     {
         let settings = &self.settings;
         let lease_s = match stage {

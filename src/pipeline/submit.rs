@@ -10,7 +10,7 @@ use super::Services;
 use crate::domain::Transition;
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::failpoints;
-use crate::store::{self, orphans, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
+use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
 
 /// Inserts `new` (or finds the row its idempotency key names) and, when a row
 /// was created, publishes it.
@@ -37,7 +37,7 @@ async fn publish_submitted(services: &Services, row: &Extraction) {
     );
     match published {
         Ok(()) => {
-            if let Err(e) = orphans::record_published(&services.pool, row.id).await {
+            if let Err(e) = services.batched.published.run(row.id).await {
                 tracing::warn!(id = %row.id, error = %e, "publish not recorded; the reaper may republish it");
             }
         }

@@ -20,7 +20,8 @@ use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason}
 use crate::extract::{ExtractError, ExtractionOutput, Extractor};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::{self, leases, orphans, transitions, Claim};
+use crate::store::transitions::{self, Completion};
+use crate::store::{self, leases, orphans, Claim};
 use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
@@ -118,7 +119,11 @@ impl<E: Extractor> ExtractionWorker<E> {
     ) -> Result<(), HandlerError> {
         let services = &self.services;
         let result = serde_json::to_value(output).expect("extraction output serialises");
-        let row = transitions::mark_succeeded(&services.pool, id, token, &result)
+        let completion = Completion { id, token, result };
+        let row = services
+            .batched
+            .succeed
+            .run(completion)
             .await
             .map_err(transient)?;
         let claim = (id, token);
@@ -133,7 +138,10 @@ impl<E: Extractor> ExtractionWorker<E> {
         failpoints::hit("worker.after_mark_succeeded")
             .await
             .map_err(transient)?;
-        let requested = transitions::start_bbox_refinement(&services.pool, id)
+        let requested = services
+            .batched
+            .start_bbox
+            .run(id)
             .await
             .map_err(transient)?;
         services
@@ -166,7 +174,10 @@ impl<E: Extractor> ExtractionWorker<E> {
             .publish(&topic, id.to_string().as_bytes(), &follow_up)
             .await
             .map_err(transient)?;
-        orphans::record_bbox_request_published(&services.pool, id)
+        services
+            .batched
+            .bbox_requested
+            .run(id)
             .await
             .map_err(transient)
     }
@@ -341,8 +352,7 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
         let services = &self.services;
-        let lease_s = services.settings.extraction_run_lease_s;
-        let try_claim = || transitions::mark_running(&services.pool, id, lease_s);
+        let try_claim = || services.batched.claim.run(id);
         let Some(claim) = services
             .claim_or_wait(Stage::Extraction, id, stop, try_claim)
             .await?

@@ -178,10 +178,20 @@ pub async fn record_published<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
 ) -> Result<(), StoreError> {
-    sqlx::query("UPDATE extractions SET published_at = now() WHERE id = $1 AND status = 'queued'")
-        .bind(id)
-        .execute(executor)
-        .await?;
+    record_published_many(executor, &[id]).await
+}
+
+/// [`record_published`] for many jobs in one statement.
+pub async fn record_published_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE extractions SET published_at = now() WHERE id = ANY($1) AND status = 'queued'",
+    )
+    .bind(ids)
+    .execute(executor)
+    .await?;
     Ok(())
 }
 
@@ -190,12 +200,20 @@ pub async fn record_bbox_request_published<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
 ) -> Result<(), StoreError> {
+    record_bbox_request_published_many(executor, &[id]).await
+}
+
+/// [`record_bbox_request_published`] for many jobs in one statement.
+pub async fn record_bbox_request_published_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE extractions
             SET post_processing = jsonb_set(post_processing, '{bbox_refinement,published_at}', to_jsonb(now()))
-          WHERE id = $1 AND status = 'succeeded' AND post_processing ? 'bbox_refinement'",
+          WHERE id = ANY($1) AND status = 'succeeded' AND post_processing ? 'bbox_refinement'",
     )
-    .bind(id)
+    .bind(ids)
     .execute(executor)
     .await?;
     Ok(())

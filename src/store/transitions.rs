@@ -4,8 +4,18 @@
 //! win in `extraction_transitions`. A caller that loses the race gets `Ok(None)`
 //! and the row is untouched.
 //!
+//! The transitions on the hot path (claims, successes, the bbox request) also
+//! come in a `_many` form: the same single statement over an array of ids (or of
+//! id, token, result), so concurrent callers can share one statement and one
+//! commit (`store::coalesce`). Every row is still judged by the same `WHERE`, so
+//! each request in a batch wins or loses exactly as it would alone; the
+//! single-row functions are the batch of one.
+//!
 //! Completing transitions take the fencing token their claim returned, so a holder
 //! whose lease expired and whose job was claimed again cannot complete it.
+
+use std::collections::HashMap;
+use std::hash::Hash;
 
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -18,7 +28,7 @@ macro_rules! logged {
         concat!(
             "WITH moved AS (",
             $update,
-            " RETURNING *), logged AS (INSERT INTO extraction_transitions ",
+            " RETURNING extractions.*), logged AS (INSERT INTO extraction_transitions ",
             "(extraction_id, transition, token) SELECT id, '",
             $transition,
             "', ",
@@ -49,7 +59,7 @@ const MARK_RUNNING: &str = logged!(
                 WHEN orphaned_at IS NOT NULL THEN extract(epoch FROM now() - orphaned_at)::float8
             END,
             orphaned_at = NULL
-      WHERE id = $1
+      WHERE id = ANY($1)
         AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))"
 );
 
@@ -57,11 +67,12 @@ const MARK_SUCCEEDED: &str = logged!(
     "mark_succeeded",
     token = "attempts",
     "UPDATE extractions
-        SET status = 'succeeded', result = $3, error = NULL, finished_at = now(),
+        SET status = 'succeeded', result = done.result, error = NULL, finished_at = now(),
             lease_expires_at = NULL,
             post_processing = jsonb_set(post_processing, '{bbox_refinement}',
                                         jsonb_build_object('status', 'pending', 'attempts', 0))
-      WHERE id = $1 AND status = 'running' AND attempts = $2"
+       FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
+      WHERE extractions.id = done.id AND status = 'running' AND attempts = done.token"
 );
 
 const MARK_FAILED: &str = logged!(
@@ -107,7 +118,7 @@ const START_BBOX_REFINEMENT: &str = logged!(
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement,requested_at}',
                                         to_jsonb(now()))
-      WHERE id = $1 AND status = 'succeeded'
+      WHERE id = ANY($1) AND status = 'succeeded'
         AND post_processing->'bbox_refinement'->>'status' = 'pending'"
 );
 
@@ -127,7 +138,7 @@ const MARK_BBOX_REFINEMENT_RUNNING: &str = logged!(
                       WHEN post_processing->'bbox_refinement' ? 'orphaned_at' THEN extract(epoch FROM
                           now() - (post_processing->'bbox_refinement'->>'orphaned_at')::timestamptz)::float8
                   END))
-      WHERE id = $1 AND status = 'succeeded'
+      WHERE id = ANY($1) AND status = 'succeeded'
         AND (post_processing->'bbox_refinement'->>'status' = 'pending'
              OR (post_processing->'bbox_refinement'->>'status' = 'running'
                  AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))"
@@ -139,10 +150,11 @@ const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = logged!(
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
               ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(
-                  'status', 'succeeded', 'finished_at', now(), 'result', $3::jsonb, 'error', NULL))
-      WHERE id = $1 AND status = 'succeeded'
+                  'status', 'succeeded', 'finished_at', now(), 'result', done.result, 'error', NULL))
+       FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
+      WHERE extractions.id = done.id AND status = 'succeeded'
         AND post_processing->'bbox_refinement'->>'status' = 'running'
-        AND (post_processing->'bbox_refinement'->>'attempts')::int = $2"
+        AND (post_processing->'bbox_refinement'->>'attempts')::int = done.token"
 );
 
 const MARK_BBOX_REFINEMENT_FAILED: &str = logged!(
@@ -174,15 +186,28 @@ pub async fn mark_running<'e>(
     id: Uuid,
     lease_s: f64,
 ) -> Result<Option<Claim>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>(MARK_RUNNING)
-        .bind(id)
+    Ok(mark_running_many(executor, &[id], lease_s)
+        .await?
+        .pop()
+        .flatten())
+}
+
+/// [`mark_running`] for many jobs in one statement; one answer per id, in order.
+pub async fn mark_running_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+    lease_s: f64,
+) -> Result<Vec<Option<Claim>>, StoreError> {
+    let rows = sqlx::query_as::<_, Extraction>(MARK_RUNNING)
+        .bind(ids)
         .bind(lease_s)
-        .fetch_optional(executor)
+        .fetch_all(executor)
         .await?;
-    Ok(row.map(|extraction| Claim {
+    let claims = rows.into_iter().map(|extraction| Claim {
         token: extraction.attempts,
         extraction,
-    }))
+    });
+    Ok(align(ids.iter().copied(), claims, |c| c.extraction.id))
 }
 
 /// Completes the claim `token` with `result`; bbox refinement becomes pending.
@@ -192,13 +217,23 @@ pub async fn mark_succeeded<'e>(
     token: i32,
     result: &serde_json::Value,
 ) -> Result<Option<Extraction>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>(MARK_SUCCEEDED)
-        .bind(id)
-        .bind(token)
-        .bind(result)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row)
+    let done = [Completion {
+        id,
+        token,
+        result: result.clone(),
+    }];
+    Ok(mark_succeeded_many(executor, &done).await?.pop().flatten())
+}
+
+/// [`mark_succeeded`] for many claims in one statement; one answer per claim.
+pub async fn mark_succeeded_many<'e>(
+    executor: impl PgExecutor<'e>,
+    done: &[Completion],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let rows = completing(executor, MARK_SUCCEEDED, done).await?;
+    Ok(align(done.iter().map(Completion::key), rows, |row| {
+        (row.id, row.attempts)
+    }))
 }
 
 /// Ends the claim `token` as failed with `error`.
@@ -259,7 +294,22 @@ pub async fn start_bbox_refinement<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
 ) -> Result<Option<Extraction>, StoreError> {
-    by_id(executor, START_BBOX_REFINEMENT, id).await
+    Ok(start_bbox_refinement_many(executor, &[id])
+        .await?
+        .pop()
+        .flatten())
+}
+
+/// [`start_bbox_refinement`] for many jobs in one statement.
+pub async fn start_bbox_refinement_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let rows = sqlx::query_as::<_, Extraction>(START_BBOX_REFINEMENT)
+        .bind(ids)
+        .fetch_all(executor)
+        .await?;
+    Ok(align(ids.iter().copied(), rows, |row| row.id))
 }
 
 /// Claims the bbox refinement of `id` for `lease_s` seconds.
@@ -268,15 +318,28 @@ pub async fn mark_bbox_refinement_running<'e>(
     id: Uuid,
     lease_s: f64,
 ) -> Result<Option<Claim>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>(MARK_BBOX_REFINEMENT_RUNNING)
-        .bind(id)
+    Ok(mark_bbox_refinement_running_many(executor, &[id], lease_s)
+        .await?
+        .pop()
+        .flatten())
+}
+
+/// [`mark_bbox_refinement_running`] for many jobs in one statement.
+pub async fn mark_bbox_refinement_running_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+    lease_s: f64,
+) -> Result<Vec<Option<Claim>>, StoreError> {
+    let rows = sqlx::query_as::<_, Extraction>(MARK_BBOX_REFINEMENT_RUNNING)
+        .bind(ids)
         .bind(lease_s)
-        .fetch_optional(executor)
+        .fetch_all(executor)
         .await?;
-    Ok(row.and_then(|extraction| {
+    let claims = rows.into_iter().filter_map(|extraction| {
         let token = extraction.bbox_refinement()?.attempts;
         Some(Claim { extraction, token })
-    }))
+    });
+    Ok(align(ids.iter().copied(), claims, |c| c.extraction.id))
 }
 
 /// Completes the bbox claim `token` with the grounded boxes.
@@ -286,13 +349,26 @@ pub async fn mark_bbox_refinement_succeeded<'e>(
     token: i32,
     result: &serde_json::Value,
 ) -> Result<Option<Extraction>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>(MARK_BBOX_REFINEMENT_SUCCEEDED)
-        .bind(id)
-        .bind(token)
-        .bind(result)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row)
+    let done = [Completion {
+        id,
+        token,
+        result: result.clone(),
+    }];
+    Ok(mark_bbox_refinement_succeeded_many(executor, &done)
+        .await?
+        .pop()
+        .flatten())
+}
+
+/// [`mark_bbox_refinement_succeeded`] for many claims in one statement.
+pub async fn mark_bbox_refinement_succeeded_many<'e>(
+    executor: impl PgExecutor<'e>,
+    done: &[Completion],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let rows = completing(executor, MARK_BBOX_REFINEMENT_SUCCEEDED, done).await?;
+    Ok(align(done.iter().map(Completion::key), rows, |row| {
+        (row.id, row.bbox_refinement().map_or(0, |b| b.attempts))
+    }))
 }
 
 /// Ends the bbox claim `token` as failed with `error`.
@@ -311,6 +387,54 @@ pub async fn requeue_bbox_refinement<'e>(
     id: Uuid,
 ) -> Result<Option<Extraction>, StoreError> {
     by_id(executor, REQUEUE_BBOX_REFINEMENT, id).await
+}
+
+/// A claim completed with its result, for the batch completions.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The job.
+    pub id: Uuid,
+    /// The claim's fencing token.
+    pub token: i32,
+    /// What the work produced.
+    pub result: serde_json::Value,
+}
+
+impl Completion {
+    fn key(&self) -> (Uuid, i32) {
+        (self.id, self.token)
+    }
+}
+
+/// Runs a completing statement over `done`, bound as three parallel arrays.
+async fn completing<'e>(
+    executor: impl PgExecutor<'e>,
+    sql: &'static str,
+    done: &[Completion],
+) -> Result<Vec<Extraction>, StoreError> {
+    let ids: Vec<Uuid> = done.iter().map(|c| c.id).collect();
+    let tokens: Vec<i32> = done.iter().map(|c| c.token).collect();
+    let results: Vec<&serde_json::Value> = done.iter().map(|c| &c.result).collect();
+    let rows = sqlx::query_as::<_, Extraction>(sql)
+        .bind(ids)
+        .bind(tokens)
+        .bind(results)
+        .fetch_all(executor)
+        .await?;
+    Ok(rows)
+}
+
+/// Matches the rows a batch statement returned to its requests, in request
+/// order: a request whose row the statement did not move, or a repeat of a
+/// request earlier in the same batch, gets `None` (it lost, as a single-row
+/// statement would have).
+fn align<K: Eq + Hash, T>(
+    requests: impl IntoIterator<Item = K>,
+    won: impl IntoIterator<Item = T>,
+    key_of: impl Fn(&T) -> K,
+) -> Vec<Option<T>> {
+    let mut won: HashMap<K, T> = won.into_iter().map(|row| (key_of(&row), row)).collect();
+    requests.into_iter().map(|key| won.remove(&key)).collect()
 }
 
 async fn by_id<'e>(

@@ -1,0 +1,104 @@
+// Peer benchmark driver for scripts/bench/peer.sh (run it through that script,
+// which installs graphile-worker and sets NODE_PATH).
+//
+// In a fresh database: install the graphile-worker schema and queue JOBS no-op
+// jobs (untimed), then start a worker (run(), CONCURRENCY workers) and time
+// until the job table is empty.  Prints one JSON object on stdout; everything
+// else goes to stderr.  The database is dropped afterwards.
+"use strict";
+const { Client } = require("pg");
+const { run, runMigrations, Logger } = require("graphile-worker");
+
+const jobs = Number(process.env.PEER_JOBS);
+const concurrency = Number(process.env.PEER_CONCURRENCY);
+const adminUrl = process.env.PEER_DATABASE_URL;
+const BATCH = 10000;
+
+const log = (msg) => process.stderr.write(`[peer] ${msg}\n`);
+// Only warnings and errors: graphile-worker logs every completed job at info.
+const logger = new Logger(() => (level, message) => {
+  if (level === "error" || level === "warning") log(`${level}: ${message}`);
+});
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// SIGINT/SIGTERM: stop at the next check so the database still gets dropped.
+let stopSignal = null;
+for (const sig of ["SIGINT", "SIGTERM"]) process.once(sig, () => { stopSignal = sig; });
+const checkSignal = () => { if (stopSignal) throw new Error(`interrupted by ${stopSignal}`); };
+
+async function withClient(url, fn) {
+  const c = new Client({ connectionString: url });
+  await c.connect();
+  try { return await fn(c); } finally { await c.end(); }
+}
+
+async function bench(url) {
+  await runMigrations({ connectionString: url, logger });
+  await withClient(url, async (c) => {
+    for (let left = jobs; left > 0; left -= BATCH) {
+      checkSignal();
+      await c.query(
+        `select count(*) from graphile_worker.add_jobs(array(
+           select row('noop', null, null, null, null, null, null, null)::graphile_worker.job_spec
+           from generate_series(1, $1)))`,
+        [Math.min(BATCH, left)],
+      );
+    }
+  });
+  log(`queued ${jobs} jobs; starting worker (concurrency ${concurrency})`);
+
+  return withClient(url, async (c) => {
+    const count = async () =>
+      Number((await c.query("select count(*) from graphile_worker._private_jobs")).rows[0].count);
+    if ((await count()) !== jobs) throw new Error("queued job count mismatch");
+    let failures = 0;
+    const t0 = process.hrtime.bigint();
+    const runner = await run({
+      connectionString: url,
+      concurrency,
+      maxPoolSize: concurrency + 2, // graphile-worker warns when below concurrency
+      noHandleSignals: true,
+      pollInterval: 100,
+      logger,
+      taskList: { noop: async () => {} },
+    });
+    runner.events.on("job:error", () => { failures += 1; });
+    try {
+      while ((await count()) > 0) {
+        if (failures > 0) throw new Error(`${failures} job(s) failed`);
+        checkSignal();
+        await sleep(50);
+      }
+      return Number(process.hrtime.bigint() - t0) / 1e9;
+    } finally {
+      await runner.stop();
+      await runner.promise;
+    }
+  });
+}
+
+async function main() {
+  if (!(jobs > 0 && concurrency > 0 && adminUrl)) throw new Error("PEER_JOBS, PEER_CONCURRENCY, PEER_DATABASE_URL required");
+  const db = `bench_peer_${process.pid}_${Date.now()}`;
+  const url = new URL(adminUrl);
+  url.pathname = `/${db}`;
+  await withClient(adminUrl, (c) => c.query(`create database ${db}`));
+  log(`created database ${db}`);
+  let seconds;
+  try {
+    seconds = await bench(url.toString());
+  } finally {
+    await withClient(adminUrl, (c) => c.query(`drop database if exists ${db} with (force)`));
+    log(`dropped database ${db}`);
+  }
+  const version = require("graphile-worker/package.json").version;
+  console.log(JSON.stringify({
+    peer: "graphile-worker", version, jobs, concurrency,
+    seconds: Number(seconds.toFixed(3)),
+    jobs_per_s: Math.round(jobs / seconds),
+  }));
+}
+
+main().catch((err) => {
+  log(`ERROR: ${err && err.stack ? err.stack : err}`);
+  process.exit(1);
+});

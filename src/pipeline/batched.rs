@@ -1,0 +1,71 @@
+//! The hot-path transitions of one process, each behind a [`Coalescer`]: the
+//! records a consumer handles concurrently share their claims, completions and
+//! stamps, one statement (and one commit) per batch instead of per job.
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::store::coalesce::Coalescer;
+use crate::store::transitions::{self, Completion};
+use crate::store::{orphans, Claim, Extraction};
+
+/// The grouped statements; clones share the batchers.
+#[derive(Clone)]
+pub struct Batched {
+    /// `mark_running` for the extraction lease.
+    pub claim: Coalescer<Uuid, Option<Claim>>,
+    /// `mark_succeeded`.
+    pub succeed: Coalescer<Completion, Option<Extraction>>,
+    /// `start_bbox_refinement`.
+    pub start_bbox: Coalescer<Uuid, Option<Extraction>>,
+    /// `mark_bbox_refinement_running` for the bbox lease.
+    pub bbox_claim: Coalescer<Uuid, Option<Claim>>,
+    /// `mark_bbox_refinement_succeeded`.
+    pub bbox_succeed: Coalescer<Completion, Option<Extraction>>,
+    /// The submitted event of a queued job was acknowledged.
+    pub published: Coalescer<Uuid, ()>,
+    /// The bbox request of a job was acknowledged.
+    pub bbox_requested: Coalescer<Uuid, ()>,
+}
+
+impl Batched {
+    /// Starts the batchers on `pool` (needs a Tokio runtime).
+    pub fn new(settings: &Settings, pool: &PgPool) -> Self {
+        let (max, concurrency) = (settings.db_batch_max, settings.db_batch_concurrency);
+        let extraction_lease_s = settings.extraction_run_lease_s;
+        let bbox_lease_s = settings.bbox_refinement_lease_s;
+        macro_rules! batcher {
+            (|$pool:ident, $inputs:ident| $statement:expr) => {{
+                let $pool = pool.clone();
+                Coalescer::spawn(max, concurrency, move |$inputs| {
+                    let $pool = $pool.clone();
+                    async move { $statement }
+                })
+            }};
+        }
+        Self {
+            claim: batcher!(|pool, ids| {
+                transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
+            }),
+            succeed: batcher!(|pool, done| transitions::mark_succeeded_many(&pool, &done).await),
+            start_bbox: batcher!(|pool, ids| {
+                transitions::start_bbox_refinement_many(&pool, &ids).await
+            }),
+            bbox_claim: batcher!(|pool, ids| {
+                transitions::mark_bbox_refinement_running_many(&pool, &ids, bbox_lease_s).await
+            }),
+            bbox_succeed: batcher!(|pool, done| {
+                transitions::mark_bbox_refinement_succeeded_many(&pool, &done).await
+            }),
+            published: batcher!(|pool, ids| {
+                let stamped = orphans::record_published_many(&pool, &ids).await;
+                stamped.map(|()| vec![(); ids.len()])
+            }),
+            bbox_requested: batcher!(|pool, ids| {
+                let stamped = orphans::record_bbox_request_published_many(&pool, &ids).await;
+                stamped.map(|()| vec![(); ids.len()])
+            }),
+        }
+    }
+}
