@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod domain;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
-use docstream::{demo, failpoints, kafka, ops, store};
+use docstream::{bench, demo, failpoints, kafka, ops, store};
 use tokio_util::sync::CancellationToken;
 
 /// Kafka-native document-extraction pipeline.
@@ -48,6 +48,9 @@ enum Command {
     },
     /// Run the pipeline on the shipped sample documents and print a summary.
     Demo(demo::DemoArgs),
+    /// Benchmark: the Postgres and Kafka ceilings, graphile-worker, and
+    /// docstream's burn-down and steady state, in one run (scripts/bench.sh).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +110,10 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Demo(args) => return demo::run(settings, args, shutdown).await,
+        Command::Bench(args) => {
+            print!("{}", bench::run(settings, args).await?);
+            return Ok(());
+        }
         Command::Serve => Mix {
             serve: true,
             ..Mix::default()

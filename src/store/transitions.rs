@@ -47,7 +47,7 @@ macro_rules! bbox_token {
 
 // SET expressions read the row as it was, so the recovery time is measured from
 // the expired lease (class 2) or from when a reaper judged the job orphaned.
-const MARK_RUNNING: &str = logged!(
+pub(crate) const MARK_RUNNING: &str = logged!(
     "mark_running",
     token = "attempts",
     "UPDATE extractions
@@ -63,7 +63,7 @@ const MARK_RUNNING: &str = logged!(
         AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))"
 );
 
-const MARK_SUCCEEDED: &str = logged!(
+pub(crate) const MARK_SUCCEEDED: &str = logged!(
     "mark_succeeded",
     token = "attempts",
     "UPDATE extractions

@@ -1,0 +1,337 @@
+//! `docstream bench`: docstream side by side with the ceilings of what it is
+//! built on and with a peer job queue, all in one run on the same machine and
+//! services, so that the ratios (not the drifting absolute numbers) are what
+//! the report stands on.
+//!
+//! Phases, in order: the Postgres ceiling (pgbench on docstream's own
+//! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
+//! perf tools), the peer (graphile-worker burning down no-op jobs), docstream's
+//! burn-down and docstream's steady state. Every phase runs on a scratch
+//! database and its own topics, dropped at the end. The report is printed as a
+//! table and written as JSON under `--out`.
+
+mod external;
+mod pipeline;
+mod postgres;
+mod procs;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use sqlx::PgPool;
+
+use crate::config::Settings;
+use crate::demo::sample_requests;
+use crate::extract::rule_extract;
+use crate::kafka::admin::{create_topics, topic_specs};
+use crate::store;
+use pipeline::Rig;
+pub use report::Report;
+
+/// Options of `docstream bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Jobs in the burn-downs (docstream's and the peer's).
+    #[arg(long, default_value_t = 20_000)]
+    pub jobs: usize,
+    /// Steady state: submissions per second.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub rate: f64,
+    /// Steady state: seconds of sending.
+    #[arg(long, default_value_t = 20.0)]
+    pub duration_s: f64,
+    /// Extraction worker processes.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Bbox worker processes.
+    #[arg(long, default_value_t = 1)]
+    pub bbox_workers: usize,
+    /// Seconds each pgbench run lasts.
+    #[arg(long, default_value_t = 10)]
+    pub pg_seconds: u64,
+    /// pgbench clients.
+    #[arg(long, default_value_t = 8)]
+    pub pg_clients: usize,
+    /// Rows per statement of the batched Postgres ceiling.
+    #[arg(long, default_value_t = 100)]
+    pub pg_batch: usize,
+    /// Records for Kafka's perf tools.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub kafka_records: usize,
+    /// Record size for Kafka's perf tools, bytes (about one docstream event).
+    #[arg(long, default_value_t = 200)]
+    pub record_size: usize,
+    /// graphile-worker concurrency.
+    #[arg(long, default_value_t = 16)]
+    pub peer_concurrency: usize,
+    /// Phases to leave out: postgres, kafka, peer, burndown, steady.
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
+    /// A seconds-long run of every phase (sizes override the others), to check
+    /// that the benchmark works, not to measure.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Where the JSON report and the child logs go.
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+    /// Where the helper scripts (kafka.sh, peer.sh) are.
+    #[arg(long, default_value = "scripts/bench")]
+    pub scripts: PathBuf,
+}
+
+impl BenchArgs {
+    fn smoke_sized(mut self) -> Self {
+        if self.smoke {
+            self.jobs = 300;
+            self.rate = 100.0;
+            self.duration_s = 2.0;
+            self.pg_seconds = 1;
+            self.kafka_records = 5_000;
+        }
+        self
+    }
+
+    fn runs(&self, phase: &str) -> bool {
+        !self.skip.iter().any(|s| s == phase)
+    }
+}
+
+/// Runs the benchmark; see the module docs.
+pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> {
+    let args = args.smoke_sized();
+    for phase in &args.skip {
+        anyhow::ensure!(
+            ["postgres", "kafka", "peer", "burndown", "steady"].contains(&phase.as_str()),
+            "--skip: unknown phase `{phase}`"
+        );
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let logs = args.out.join(format!("run-{stamp}"));
+    std::fs::create_dir_all(&logs)?;
+    let mut report = Report::new(&args);
+
+    if args.runs("postgres") {
+        let scratch = Scratch::create(&settings, &format!("docstream_bench_pg_{stamp}")).await?;
+        let sample = &sample_requests()[0].request;
+        let request = serde_json::to_value(sample)?;
+        let result = serde_json::to_value(rule_extract(sample)?)?;
+        for rows in [1, args.pg_batch] {
+            let bar = phase_bar(
+                &format!("postgres ceiling, {rows} row(s)/statement"),
+                args.pg_seconds,
+            );
+            let ticker = tick_seconds(bar.clone());
+            let ceiling = postgres::ceiling(
+                &scratch.url,
+                rows,
+                args.pg_clients,
+                args.pg_seconds,
+                &request,
+                &result,
+                &logs,
+            )
+            .await;
+            ticker.abort();
+            bar.finish();
+            report.postgres.push(ceiling?);
+        }
+        scratch.drop_database().await?;
+    }
+
+    if args.runs("kafka") {
+        let bar = spinner("kafka ceiling (perf tools)");
+        let answer = external::run(
+            &args.scripts,
+            "kafka.sh",
+            &[
+                "--records".into(),
+                args.kafka_records.to_string(),
+                "--record-size".into(),
+                args.record_size.to_string(),
+            ],
+            &logs,
+        )
+        .await?;
+        bar.finish();
+        report.kafka = Some(answer);
+    }
+
+    if args.runs("peer") {
+        let bar = spinner("peer: graphile-worker burn-down");
+        let answer = external::run(
+            &args.scripts,
+            "peer.sh",
+            &[
+                "--jobs".into(),
+                args.jobs.to_string(),
+                "--concurrency".into(),
+                args.peer_concurrency.to_string(),
+                "--database-url".into(),
+                settings.database_url.clone(),
+            ],
+            &logs,
+        )
+        .await?;
+        bar.finish();
+        report.peer = Some(answer);
+    }
+
+    if args.runs("burndown") || args.runs("steady") {
+        let scratch = Scratch::create(&settings, &format!("docstream_bench_{stamp}")).await?;
+        let rig = scratch
+            .rig(&settings, &format!("bench{stamp}."), logs.clone())
+            .await?;
+        if args.runs("burndown") {
+            let bar = phase_bar("docstream burn-down", args.jobs as u64);
+            let outcome =
+                pipeline::burn_down(&rig, args.jobs, args.workers, args.bbox_workers, &bar).await;
+            bar.finish();
+            report.burn_down = Some(outcome?);
+        }
+        if args.runs("steady") {
+            let bar = phase_bar("docstream steady state", 0);
+            let outcome = pipeline::steady(
+                &rig,
+                args.rate,
+                args.duration_s,
+                args.workers,
+                args.bbox_workers,
+                &bar,
+            )
+            .await;
+            bar.finish();
+            report.steady = Some(outcome?);
+        }
+        delete_topics(&rig.settings).await;
+        rig.pool.close().await;
+        scratch.drop_database().await?;
+    }
+
+    report.finish();
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(logs.join("report.json"), &json)?;
+    std::fs::write(args.out.join("latest.json"), &json)?;
+    Ok(report)
+}
+
+/// A throw-away database on the configured server.
+struct Scratch {
+    admin: PgPool,
+    name: String,
+    url: String,
+}
+
+impl Scratch {
+    async fn create(settings: &Settings, name: &str) -> anyhow::Result<Self> {
+        let admin = store::connect(&settings.database_url, 1).await?;
+        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+            .execute(&admin)
+            .await?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&admin)
+            .await
+            .context(
+                "the benchmark creates scratch databases: DATABASE_URL's role needs CREATEDB",
+            )?;
+        let mut url = url::Url::parse(&settings.database_url)?;
+        url.set_path(name);
+        let pool = store::connect(url.as_str(), 1).await?;
+        store::migrate(&pool).await?;
+        pool.close().await;
+        Ok(Self {
+            admin,
+            name: name.to_owned(),
+            url: url.to_string(),
+        })
+    }
+
+    /// Settings, child environment and pool for running docstream here, on
+    /// topics named with `prefix`.
+    async fn rig(&self, settings: &Settings, prefix: &str, logs: PathBuf) -> anyhow::Result<Rig> {
+        let mut settings = settings.clone();
+        settings.database_url = self.url.clone();
+        settings.topic_prefix = prefix.to_owned();
+        create_topics(&settings).await?;
+        let env = vec![
+            ("DATABASE_URL".into(), self.url.clone()),
+            ("DOCSTREAM_TOPIC_PREFIX".into(), prefix.to_owned()),
+            (
+                "DOCSTREAM_KAFKA_BROKERS".into(),
+                settings.kafka_brokers.clone(),
+            ),
+            ("DOCSTREAM_METRICS_ADDR".into(), "127.0.0.1:0".into()),
+            ("DOCSTREAM_LOG".into(), "warn".into()),
+        ];
+        let pool = store::connect(&self.url, 4).await?;
+        Ok(Rig {
+            settings,
+            env,
+            pool,
+            logs,
+        })
+    }
+
+    async fn drop_database(self) -> anyhow::Result<()> {
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        ))
+        .execute(&self.admin)
+        .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
+
+async fn delete_topics(settings: &Settings) {
+    let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
+        .set("bootstrap.servers", &settings.kafka_brokers)
+        .create();
+    let Ok(admin) = admin else { return };
+    let names: Vec<String> = topic_specs(settings).into_iter().map(|t| t.name).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    if let Err(e) = admin.delete_topics(&names, &AdminOptions::new()).await {
+        tracing::warn!(error = %e, "bench topics not deleted");
+    }
+}
+
+fn phase_bar(name: &str, length: u64) -> ProgressBar {
+    let bar = ProgressBar::new(length);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:<40} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_owned());
+    bar
+}
+
+fn spinner(name: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:<40} {spinner} ({elapsed})").expect("valid template"),
+    );
+    bar.set_prefix(name.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Advances a time-boxed phase's bar once a second.
+fn tick_seconds(bar: ProgressBar) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            bar.inc(1);
+        }
+    })
+}

@@ -1,0 +1,496 @@
+//! docstream itself under load, as separate processes (`serve`, `worker`,
+//! `bbox-worker`) on the benchmark's scratch database and topics.
+//!
+//! - **Burn-down**: N jobs are submitted and queued (their events acknowledged)
+//!   before any worker runs; then the workers start and drain them. The rate is
+//!   N over the window from the first claim to the last bbox success, both read
+//!   from the transition log, so group-join time is not counted as work.
+//! - **Steady state**: an open-loop generator submits over HTTP at a fixed rate,
+//!   whatever the answers' timing; each job's latency runs from its *intended*
+//!   send time (no coordinated omission) to its transitions' log timestamps.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use futures::stream::{self, StreamExt};
+use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::procs::{Proc, ProcCost};
+use crate::config::Settings;
+use crate::demo::sample_requests;
+use crate::pipeline;
+use crate::roles;
+use crate::store::NewExtraction;
+
+/// The scratch database and topics, and the environment children run with.
+pub struct Rig {
+    /// Settings pointing at the scratch database and topics.
+    pub settings: Settings,
+    /// The same, as environment variables for the children.
+    pub env: Vec<(String, String)>,
+    /// Pool on the scratch database.
+    pub pool: PgPool,
+    /// Where child logs go.
+    pub logs: PathBuf,
+}
+
+/// Latency percentiles, ms.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// Largest.
+    pub max_ms: f64,
+}
+
+impl Latency {
+    fn of(histogram: &Histogram<u64>) -> Self {
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            count: histogram.len(),
+            p50_ms: ms(histogram.value_at_quantile(0.50)),
+            p99_ms: ms(histogram.value_at_quantile(0.99)),
+            p999_ms: ms(histogram.value_at_quantile(0.999)),
+            max_ms: ms(histogram.max()),
+        }
+    }
+}
+
+/// The burn-down's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct BurnDown {
+    /// Jobs queued before the workers started.
+    pub jobs: usize,
+    /// Extraction worker processes.
+    pub workers: usize,
+    /// Bbox worker processes.
+    pub bbox_workers: usize,
+    /// Seconds submitting took (not part of the rate).
+    pub submit_s: f64,
+    /// First claim to last bbox success, from the transition log.
+    pub seconds: f64,
+    /// Worker start to the last bbox success, wall clock (includes joining the group).
+    pub wall_s: f64,
+    /// Jobs to bbox succeeded per second, over `seconds`.
+    pub jobs_per_s: f64,
+    /// Records the two consumer groups consumed per second (one submitted event
+    /// and one bbox request per job), over `seconds`.
+    pub consumer_records_per_s: f64,
+    /// Each worker process's CPU and peak RSS.
+    pub processes: Vec<ProcCost>,
+}
+
+/// The steady state's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Steady {
+    /// Target submissions per second.
+    pub rate: f64,
+    /// Seconds of sending.
+    pub duration_s: f64,
+    /// Submissions sent.
+    pub sent: usize,
+    /// Answered 202.
+    pub accepted: usize,
+    /// Submissions actually sent per second.
+    pub achieved_rate: f64,
+    /// Intended send time to the 202 answer.
+    pub submit_answer: Latency,
+    /// Intended send time to `mark_succeeded`.
+    pub submit_to_succeeded: Latency,
+    /// Intended send time to `mark_bbox_refinement_succeeded`.
+    pub submit_to_bbox_succeeded: Latency,
+    /// Where the time goes: each hop between consecutive transitions.
+    pub hops: Vec<Hop>,
+    /// CPU seconds per 1,000 jobs, all processes of the pipeline together.
+    pub cpu_s_per_1000_jobs: f64,
+    /// Each process's CPU over the window and peak RSS.
+    pub processes: Vec<ProcCost>,
+}
+
+/// One hop of a job's path, between two logged transitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct Hop {
+    /// Transition the hop starts at.
+    pub from: String,
+    /// Transition it ends at.
+    pub to: String,
+    /// How long it took.
+    pub latency: Latency,
+}
+
+/// The transitions of a successful job, in order.
+const PATH: [&str; 6] = [
+    "submit",
+    "mark_running",
+    "mark_succeeded",
+    "start_bbox_refinement",
+    "mark_bbox_refinement_running",
+    "mark_bbox_refinement_succeeded",
+];
+
+/// Submits `jobs` jobs, then starts the workers and waits until all are done.
+pub async fn burn_down(
+    rig: &Rig,
+    jobs: usize,
+    workers: usize,
+    bbox_workers: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<BurnDown> {
+    progress.set_length(jobs as u64);
+    progress.set_message("submitting (no worker running)");
+    let services = roles::connect(rig.settings.clone()).await?;
+    let samples = sample_requests();
+    let started = Instant::now();
+    let ids: Vec<Uuid> = stream::iter(0..jobs)
+        .map(|i| {
+            let new = NewExtraction {
+                id: Uuid::new_v4(),
+                idempotency_key: None,
+                request: samples[i % samples.len()].request.clone(),
+            };
+            let services = &services;
+            async move {
+                let submitted = pipeline::submit(services, new).await?;
+                progress.inc(1);
+                anyhow::Ok(submitted.extraction().id)
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    let submit_s = started.elapsed().as_secs_f64();
+    services.publisher.flush(Duration::from_secs(30))?;
+    drop(services);
+
+    progress.set_position(0);
+    progress.set_message("workers draining the backlog");
+    let started = Instant::now();
+    let mut procs = spawn_workers(rig, workers, bbox_workers)?;
+    let deadline = Duration::from_secs(120.max(jobs as u64 / 100));
+    wait_all_done(rig, &ids, &mut procs, deadline, progress).await?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let processes = costs(&procs, &[])?;
+    for proc in procs {
+        proc.stop().await?;
+    }
+    ensure_exactly_once(&rig.pool, &ids).await?;
+    let seconds: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(at) FILTER (WHERE transition = 'mark_bbox_refinement_succeeded')
+                              - min(at) FILTER (WHERE transition = 'mark_running'))::float8
+           FROM extraction_transitions WHERE extraction_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_one(&rig.pool)
+    .await?;
+    Ok(BurnDown {
+        jobs,
+        workers,
+        bbox_workers,
+        submit_s,
+        seconds,
+        wall_s,
+        jobs_per_s: jobs as f64 / seconds,
+        consumer_records_per_s: 2.0 * jobs as f64 / seconds,
+        processes,
+    })
+}
+
+/// Runs `serve` and the workers, sends `rate` submissions per second for
+/// `duration_s`, and waits until every accepted job is done.
+pub async fn steady(
+    rig: &Rig,
+    rate: f64,
+    duration_s: f64,
+    workers: usize,
+    bbox_workers: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<Steady> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut env = rig.env.clone();
+    env.push(("DOCSTREAM_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
+    let mut procs = vec![Proc::spawn("serve", "serve", &env, &rig.logs)?];
+    procs.extend(spawn_workers(rig, workers, bbox_workers)?);
+    let client = reqwest::Client::new();
+    wait_healthy(&client, &base, &mut procs).await?;
+
+    // Warm-up: the consumers have joined their groups once a few jobs made it through.
+    progress.set_message("warming up");
+    let samples = sample_requests();
+    let mut warm = Vec::new();
+    for sample in samples.iter().cycle().take(20) {
+        warm.push(post(&client, &base, &sample.request).await?);
+    }
+    wait_all_done(
+        rig,
+        &warm,
+        &mut procs,
+        Duration::from_secs(60),
+        &ProgressBar::hidden(),
+    )
+    .await?;
+
+    let cpu_before: Vec<f64> = procs
+        .iter()
+        .map(Proc::cpu_s)
+        .collect::<anyhow::Result<_>>()?;
+    let total = (rate * duration_s).round() as usize;
+    progress.set_length(total as u64);
+    progress.set_position(0);
+    progress.set_message(format!("open loop at {rate}/s"));
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let start_wall = SystemTime::now() + Duration::from_millis(50);
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + interval * i as u32;
+        tokio::time::sleep_until(due).await;
+        let (client, base) = (client.clone(), base.clone());
+        let request = samples[i % samples.len()].request.clone();
+        sends.spawn(async move {
+            let outcome = post(&client, &base, &request).await;
+            (i, outcome, due.elapsed())
+        });
+        progress.inc(1);
+    }
+    let sent_s = start.elapsed().as_secs_f64();
+    let intended = |i: usize| start_wall + interval * i as u32;
+    let mut answer = histogram();
+    let mut accepted: Vec<(Uuid, SystemTime)> = Vec::with_capacity(total);
+    let mut refused = 0;
+    while let Some(joined) = sends.join_next().await {
+        let (i, outcome, answered_after) = joined?;
+        match outcome {
+            Ok(id) => {
+                accepted.push((id, intended(i)));
+                answer.saturating_record(answered_after.as_micros() as u64);
+            }
+            Err(e) => {
+                refused += 1;
+                tracing::warn!(error = %e, "submission refused");
+            }
+        }
+    }
+    anyhow::ensure!(
+        refused == 0,
+        "{refused} of {total} submissions were refused"
+    );
+
+    progress.set_message("waiting for the last jobs");
+    let ids: Vec<Uuid> = accepted.iter().map(|(id, _)| *id).collect();
+    wait_all_done(
+        rig,
+        &ids,
+        &mut procs,
+        Duration::from_secs(120),
+        &ProgressBar::hidden(),
+    )
+    .await?;
+    let processes = costs(&procs, &cpu_before)?;
+    for proc in procs {
+        proc.stop().await?;
+    }
+    ensure_exactly_once(&rig.pool, &ids).await?;
+
+    let log = transition_times(&rig.pool, &ids).await?;
+    let mut to_succeeded = histogram();
+    let mut to_bbox = histogram();
+    let mut hops: Vec<Histogram<u64>> = (1..PATH.len()).map(|_| histogram()).collect();
+    for (id, sent_at) in &accepted {
+        let sent_at = sent_at.duration_since(UNIX_EPOCH)?.as_secs_f64();
+        let times = log.get(id).context("a job without its transitions")?;
+        let at = |t: &str| times.get(t).copied().context("a missing transition");
+        let us = |seconds: f64| (seconds.max(0.0) * 1e6) as u64;
+        to_succeeded.saturating_record(us(at("mark_succeeded")? - sent_at));
+        to_bbox.saturating_record(us(at("mark_bbox_refinement_succeeded")? - sent_at));
+        for (hop, pair) in hops.iter_mut().zip(PATH.windows(2)) {
+            hop.saturating_record(us(at(pair[1])? - at(pair[0])?));
+        }
+    }
+    let cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
+    Ok(Steady {
+        rate,
+        duration_s,
+        sent: total,
+        accepted: accepted.len(),
+        achieved_rate: total as f64 / sent_s.max(f64::EPSILON),
+        submit_answer: Latency::of(&answer),
+        submit_to_succeeded: Latency::of(&to_succeeded),
+        submit_to_bbox_succeeded: Latency::of(&to_bbox),
+        hops: PATH
+            .windows(2)
+            .zip(&hops)
+            .map(|(pair, histogram)| Hop {
+                from: pair[0].into(),
+                to: pair[1].into(),
+                latency: Latency::of(histogram),
+            })
+            .collect(),
+        cpu_s_per_1000_jobs: cpu / (accepted.len() as f64 / 1000.0),
+        processes,
+    })
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn spawn_workers(rig: &Rig, workers: usize, bbox_workers: usize) -> anyhow::Result<Vec<Proc>> {
+    let mut procs = Vec::new();
+    for n in 1..=workers {
+        procs.push(Proc::spawn(
+            &format!("worker-{n}"),
+            "worker",
+            &rig.env,
+            &rig.logs,
+        )?);
+    }
+    for n in 1..=bbox_workers {
+        let name = format!("bbox-worker-{n}");
+        procs.push(Proc::spawn(&name, "bbox-worker", &rig.env, &rig.logs)?);
+    }
+    Ok(procs)
+}
+
+/// Each process's cost since `cpu_before` (empty: since it started).
+fn costs(procs: &[Proc], cpu_before: &[f64]) -> anyhow::Result<Vec<ProcCost>> {
+    procs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| p.cost_since(cpu_before.get(i).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+async fn post(
+    client: &reqwest::Client,
+    base: &str,
+    request: &crate::domain::ExtractionRequest,
+) -> anyhow::Result<Uuid> {
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .json(request)
+        .send()
+        .await?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await?;
+    anyhow::ensure!(
+        status == reqwest::StatusCode::ACCEPTED,
+        "answered {status}: {body}"
+    );
+    Ok(body["id"].as_str().context("answer without id")?.parse()?)
+}
+
+async fn wait_healthy(
+    client: &reqwest::Client,
+    base: &str,
+    procs: &mut [Proc],
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for proc in procs.iter_mut() {
+            proc.ensure_running()?;
+        }
+        let answer = client.get(format!("{base}/healthz")).send().await;
+        if answer.is_ok_and(|a| a.status().is_success()) {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "serve not healthy after 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every job of `ids` has its bbox refinement succeeded, showing
+/// progress; fails if a process dies or `timeout` passes.
+async fn wait_all_done(
+    rig: &Rig,
+    ids: &[Uuid],
+    procs: &mut [Proc],
+    timeout: Duration,
+    progress: &ProgressBar,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM extractions
+              WHERE id = ANY($1) AND post_processing->'bbox_refinement'->>'status' = 'succeeded'",
+        )
+        .bind(ids)
+        .fetch_one(&rig.pool)
+        .await?;
+        progress.set_position(done as u64);
+        if done as usize == ids.len() {
+            return Ok(());
+        }
+        for proc in procs.iter_mut() {
+            proc.ensure_running()?;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {} jobs not done after {timeout:?}",
+            ids.len() as i64 - done,
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The benchmark counts only runs that kept the contract: every job claimed,
+/// succeeded and bbox-refined exactly once (no duplicate work was done to win).
+async fn ensure_exactly_once(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<()> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT transition, count(*) FROM extraction_transitions
+          WHERE extraction_id = ANY($1) AND transition IN ('mark_succeeded', 'mark_bbox_refinement_succeeded')
+          GROUP BY transition",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    anyhow::ensure!(
+        rows.len() == 2,
+        "jobs finished without their transitions: {rows:?}"
+    );
+    for (transition, count) in rows {
+        anyhow::ensure!(
+            count as usize == ids.len(),
+            "{transition}: {count} wins for {} jobs",
+            ids.len()
+        );
+    }
+    Ok(())
+}
+
+/// Each job's transition timestamps (epoch seconds), first win of each kind.
+async fn transition_times(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> anyhow::Result<HashMap<Uuid, HashMap<String, f64>>> {
+    let rows: Vec<(Uuid, String, f64)> = sqlx::query_as(
+        "SELECT extraction_id, transition, extract(epoch FROM min(at))::float8
+           FROM extraction_transitions WHERE extraction_id = ANY($1)
+          GROUP BY extraction_id, transition",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    let mut log: HashMap<Uuid, HashMap<String, f64>> = HashMap::new();
+    for (id, transition, at) in rows {
+        log.entry(id).or_default().insert(transition, at);
+    }
+    Ok(log)
+}
