@@ -167,6 +167,11 @@ port = $PG_PORT
 unix_socket_directories = '$PG_SOCK'
 max_connections = 300
 shared_buffers = 128MB
+# Per-statement timings: \`docstream bench\` reports where the server's time goes.
+shared_preload_libraries = 'pg_stat_statements'
+# Job rows are rewritten several times in a few seconds; look for tables to
+# vacuum every 5 s instead of every minute so dead versions do not pile up.
+autovacuum_naptime = 5s
 log_line_prefix = '%m [%p] %q%u@%d '
 log_timezone = 'UTC'
 timezone = 'UTC'

@@ -90,6 +90,49 @@ pub struct BurnDown {
     pub consumer_records_per_s: f64,
     /// Each worker process's CPU and peak RSS.
     pub processes: Vec<ProcCost>,
+    /// Where the server's time went, by statement (pg_stat_statements, when
+    /// the server loads it).
+    pub statements: Vec<StatementCost>,
+}
+
+/// One statement's share of the server's time during a phase.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct StatementCost {
+    /// Its text, whitespace collapsed and cut short.
+    pub query: String,
+    /// Executions.
+    pub calls: i64,
+    /// Rows it returned or changed.
+    pub rows: i64,
+    /// Total execution time, ms.
+    pub total_ms: f64,
+}
+
+/// Clears the server's statement statistics, if it keeps them.
+async fn reset_statements(pool: &PgPool) -> bool {
+    let created = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(pool)
+        .await;
+    created.is_ok()
+        && sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(pool)
+            .await
+            .is_ok()
+}
+
+/// The statements that took the most server time in this database since the
+/// last reset.
+async fn statement_costs(pool: &PgPool) -> anyhow::Result<Vec<StatementCost>> {
+    let costs = sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90) AS query, calls, rows,
+                total_exec_time AS total_ms
+           FROM pg_stat_statements
+          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+          ORDER BY total_exec_time DESC LIMIT 10",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(costs)
 }
 
 /// The steady state's outcome.
@@ -152,6 +195,7 @@ pub async fn burn_down(
     progress.set_message("submitting (no worker running)");
     let services = roles::connect(rig.settings.clone()).await?;
     let samples = sample_requests();
+    let base = done_count(&rig.pool).await?;
     let started = Instant::now();
     let ids: Vec<Uuid> = stream::iter(0..jobs)
         .map(|i| {
@@ -178,15 +222,20 @@ pub async fn burn_down(
 
     progress.set_position(0);
     progress.set_message("workers draining the backlog");
+    let keeps_statistics = reset_statements(&rig.pool).await;
     let started = Instant::now();
     let mut procs = spawn_workers(rig, workers, bbox_workers)?;
     let deadline = Duration::from_secs(120.max(jobs as u64 / 100));
-    wait_all_done(rig, &ids, &mut procs, deadline, progress).await?;
+    wait_all_done(rig, (base, jobs), &mut procs, deadline, progress).await?;
     let wall_s = started.elapsed().as_secs_f64();
     let processes = costs(&procs, &[])?;
     for proc in procs {
         proc.stop().await?;
     }
+    let statements = match keeps_statistics {
+        true => statement_costs(&rig.pool).await?,
+        false => Vec::new(),
+    };
     ensure_exactly_once(&rig.pool, &ids).await?;
     let seconds: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(at) FILTER (WHERE transition = 'mark_bbox_refinement_succeeded')
@@ -206,6 +255,7 @@ pub async fn burn_down(
         jobs_per_s: jobs as f64 / seconds,
         consumer_records_per_s: 2.0 * jobs as f64 / seconds,
         processes,
+        statements,
     })
 }
 
@@ -233,18 +283,14 @@ pub async fn steady(
     // Warm-up: the consumers have joined their groups once a few jobs made it through.
     progress.set_message("warming up");
     let samples = sample_requests();
-    let mut warm = Vec::new();
+    let before = done_count(&rig.pool).await?;
     for sample in samples.iter().cycle().take(20) {
-        warm.push(post(&client, &base, &sample.request).await?);
+        post(&client, &base, &sample.request).await?;
     }
-    wait_all_done(
-        rig,
-        &warm,
-        &mut procs,
-        Duration::from_secs(60),
-        &ProgressBar::hidden(),
-    )
-    .await?;
+    let hidden = ProgressBar::hidden();
+    let warm_up = Duration::from_secs(60);
+    wait_all_done(rig, (before, 20), &mut procs, warm_up, &hidden).await?;
+    let before = done_count(&rig.pool).await?;
 
     let cpu_before: Vec<f64> = procs
         .iter()
@@ -294,14 +340,8 @@ pub async fn steady(
 
     progress.set_message("waiting for the last jobs");
     let ids: Vec<Uuid> = accepted.iter().map(|(id, _)| *id).collect();
-    wait_all_done(
-        rig,
-        &ids,
-        &mut procs,
-        Duration::from_secs(120),
-        &ProgressBar::hidden(),
-    )
-    .await?;
+    let last = Duration::from_secs(120);
+    wait_all_done(rig, (before, ids.len()), &mut procs, last, &hidden).await?;
     let processes = costs(&procs, &cpu_before)?;
     for proc in procs {
         proc.stop().await?;
@@ -415,26 +455,34 @@ async fn wait_healthy(
     }
 }
 
-/// Waits until every job of `ids` has its bbox refinement succeeded, showing
+/// Bbox successes in the scratch database's transition log. The log is
+/// append-only, so this stays cheap enough to poll without loading the server
+/// being measured (counting over the rewritten job rows did not).
+async fn done_count(pool: &PgPool) -> anyhow::Result<i64> {
+    let done = sqlx::query_scalar(
+        "SELECT count(*) FROM extraction_transitions
+          WHERE transition = 'mark_bbox_refinement_succeeded'",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(done)
+}
+
+/// Waits until `jobs` more jobs than `base` (a [`done_count`] taken before
+/// they were submitted) have their bbox refinement succeeded, showing
 /// progress; fails if a process dies or `timeout` passes.
 async fn wait_all_done(
     rig: &Rig,
-    ids: &[Uuid],
+    (base, jobs): (i64, usize),
     procs: &mut [Proc],
     timeout: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let done: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM extractions
-              WHERE id = ANY($1) AND post_processing->'bbox_refinement'->>'status' = 'succeeded'",
-        )
-        .bind(ids)
-        .fetch_one(&rig.pool)
-        .await?;
+        let done = done_count(&rig.pool).await? - base;
         progress.set_position(done as u64);
-        if done as usize == ids.len() {
+        if done as usize >= jobs {
             return Ok(());
         }
         for proc in procs.iter_mut() {
@@ -442,11 +490,10 @@ async fn wait_all_done(
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{} of {} jobs not done after {timeout:?}",
-            ids.len() as i64 - done,
-            ids.len()
+            "{} of {jobs} jobs not done after {timeout:?}",
+            jobs as i64 - done
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

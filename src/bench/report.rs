@@ -219,6 +219,21 @@ impl fmt::Display for Report {
                     p.name, p.cpu_s, p.peak_rss_mib
                 )?;
             }
+            if !b.statements.is_empty() {
+                writeln!(f, "  where the server's time goes (pg_stat_statements):")?;
+                writeln!(
+                    f,
+                    "  {:>9} {:>8} {:>9}  statement",
+                    "total ms", "calls", "rows"
+                )?;
+            }
+            for st in &b.statements {
+                writeln!(
+                    f,
+                    "  {:>9.0} {:>8} {:>9}  {}",
+                    st.total_ms, st.calls, st.rows, st.query
+                )?;
+            }
         }
         if let Some(s) = &self.steady {
             writeln!(

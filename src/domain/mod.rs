@@ -1,7 +1,9 @@
-//! The job model, free of I/O: states, the transitions between them, and the
+//! The job model, free of I/O (the one shared state is the compiled-pattern
+//! cache): states, the transitions between them, and the
 //! request a client submits. Everything here is plain data and pure functions;
 //! `store` makes it durable and `pipeline` drives it.
 
+pub mod pattern;
 mod request;
 mod retry;
 mod state;

@@ -235,10 +235,7 @@ impl FieldSpec {
             if pattern.len() > MAX_PATTERN_LEN {
                 return Err(invalid(format!("longer than {MAX_PATTERN_LEN} bytes")));
             }
-            regex::RegexBuilder::new(pattern)
-                .size_limit(1 << 20)
-                .build()
-                .map_err(|e| invalid(e.to_string()))?;
+            super::pattern::compile(pattern).map_err(|e| invalid(e.to_string()))?;
         }
         Ok(())
     }

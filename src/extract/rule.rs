@@ -4,10 +4,10 @@
 //! runs on that joined text, every match maps back to exact word indices, which
 //! is what bbox grounding needs.
 
-use regex::{Regex, RegexBuilder};
+use regex::Regex;
 
 use super::{ExtractError, ExtractedValue, ExtractionOutput, Extractor};
-use crate::domain::{ExtractionRequest, FieldSpec, FieldType, WordRef};
+use crate::domain::{pattern, ExtractionRequest, FieldSpec, FieldType, WordRef};
 
 /// The built-in extractor. Stateless.
 #[derive(Debug, Clone, Copy, Default)]
@@ -67,13 +67,10 @@ pub fn extract_sync(request: &ExtractionRequest) -> Result<ExtractionOutput, Ext
 
 fn find(field: &FieldSpec, doc: &JoinedText) -> Result<Option<ExtractedValue>, ExtractError> {
     let compile = |pattern: &str| {
-        RegexBuilder::new(pattern)
-            .size_limit(1 << 20)
-            .build()
-            .map_err(|e| ExtractError::Pattern {
-                name: field.name.clone(),
-                reason: e.to_string(),
-            })
+        pattern::compile(pattern).map_err(|e| ExtractError::Pattern {
+            name: field.name.clone(),
+            reason: e.to_string(),
+        })
     };
     let start = match &field.anchor {
         Some(anchor) => match compile(&anchor_pattern(anchor))?.find(&doc.text) {

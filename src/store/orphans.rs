@@ -19,7 +19,7 @@ use serde::Serialize;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{transitions, StoreError};
 
 /// The windows that tell an orphan from slow work, in seconds.
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +174,13 @@ pub async fn list_orphans<'e>(
 }
 
 /// Records that the event of queued job `id`'s current attempt was acknowledged.
+///
+/// A stamp never waits for a row another transaction holds: that holder is
+/// almost always the claim the acknowledged event just caused, after which the
+/// stamp has nothing left to say. Should that transaction roll back instead,
+/// the job looks unpublished and, past its threshold, the reaper publishes it
+/// again, which a claim makes harmless. Waiting instead made every stamp queue
+/// behind the claims of its batch (and the claims behind the stamps).
 pub async fn record_published<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
@@ -187,9 +194,15 @@ pub async fn record_published_many<'e>(
     ids: &[Uuid],
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE extractions SET published_at = now() WHERE id = ANY($1) AND status = 'queued'",
+        "WITH unstamped AS (
+             SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
+               JOIN extractions ON extractions.id = batch.id
+              WHERE status = 'queued' AND published_at IS NULL
+                FOR UPDATE OF extractions SKIP LOCKED)
+         UPDATE extractions SET published_at = now()
+           FROM unstamped WHERE extractions.id = unstamped.id",
     )
-    .bind(ids)
+    .bind(transitions::in_lock_order(ids))
     .execute(executor)
     .await?;
     Ok(())
@@ -209,11 +222,17 @@ pub async fn record_bbox_request_published_many<'e>(
     ids: &[Uuid],
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE extractions
+        "WITH unstamped AS (
+             SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
+               JOIN extractions ON extractions.id = batch.id
+              WHERE status = 'succeeded'
+                AND post_processing->'bbox_refinement'->>'status' = 'pending'
+                FOR UPDATE OF extractions SKIP LOCKED)
+         UPDATE extractions
             SET post_processing = jsonb_set(post_processing, '{bbox_refinement,published_at}', to_jsonb(now()))
-          WHERE id = ANY($1) AND status = 'succeeded' AND post_processing ? 'bbox_refinement'",
+           FROM unstamped WHERE extractions.id = unstamped.id",
     )
-    .bind(ids)
+    .bind(transitions::in_lock_order(ids))
     .execute(executor)
     .await?;
     Ok(())

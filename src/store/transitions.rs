@@ -59,7 +59,8 @@ pub(crate) const MARK_RUNNING: &str = logged!(
                 WHEN orphaned_at IS NOT NULL THEN extract(epoch FROM now() - orphaned_at)::float8
             END,
             orphaned_at = NULL
-      WHERE id = ANY($1)
+       FROM unnest($1::uuid[]) AS batch(id)
+      WHERE extractions.id = batch.id
         AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))"
 );
 
@@ -118,7 +119,8 @@ const START_BBOX_REFINEMENT: &str = logged!(
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement,requested_at}',
                                         to_jsonb(now()))
-      WHERE id = ANY($1) AND status = 'succeeded'
+       FROM unnest($1::uuid[]) AS batch(id)
+      WHERE extractions.id = batch.id AND status = 'succeeded'
         AND post_processing->'bbox_refinement'->>'status' = 'pending'"
 );
 
@@ -138,7 +140,8 @@ const MARK_BBOX_REFINEMENT_RUNNING: &str = logged!(
                       WHEN post_processing->'bbox_refinement' ? 'orphaned_at' THEN extract(epoch FROM
                           now() - (post_processing->'bbox_refinement'->>'orphaned_at')::timestamptz)::float8
                   END))
-      WHERE id = ANY($1) AND status = 'succeeded'
+       FROM unnest($1::uuid[]) AS batch(id)
+      WHERE extractions.id = batch.id AND status = 'succeeded'
         AND (post_processing->'bbox_refinement'->>'status' = 'pending'
              OR (post_processing->'bbox_refinement'->>'status' = 'running'
                  AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))"
@@ -199,7 +202,7 @@ pub async fn mark_running_many<'e>(
     lease_s: f64,
 ) -> Result<Vec<Option<Claim>>, StoreError> {
     let rows = sqlx::query_as::<_, Extraction>(MARK_RUNNING)
-        .bind(ids)
+        .bind(in_lock_order(ids))
         .bind(lease_s)
         .fetch_all(executor)
         .await?;
@@ -306,7 +309,7 @@ pub async fn start_bbox_refinement_many<'e>(
     ids: &[Uuid],
 ) -> Result<Vec<Option<Extraction>>, StoreError> {
     let rows = sqlx::query_as::<_, Extraction>(START_BBOX_REFINEMENT)
-        .bind(ids)
+        .bind(in_lock_order(ids))
         .fetch_all(executor)
         .await?;
     Ok(align(ids.iter().copied(), rows, |row| row.id))
@@ -331,7 +334,7 @@ pub async fn mark_bbox_refinement_running_many<'e>(
     lease_s: f64,
 ) -> Result<Vec<Option<Claim>>, StoreError> {
     let rows = sqlx::query_as::<_, Extraction>(MARK_BBOX_REFINEMENT_RUNNING)
-        .bind(ids)
+        .bind(in_lock_order(ids))
         .bind(lease_s)
         .fetch_all(executor)
         .await?;
@@ -412,6 +415,8 @@ async fn completing<'e>(
     sql: &'static str,
     done: &[Completion],
 ) -> Result<Vec<Extraction>, StoreError> {
+    let mut done: Vec<&Completion> = done.iter().collect();
+    done.sort_by_key(|c| c.id);
     let ids: Vec<Uuid> = done.iter().map(|c| c.id).collect();
     let tokens: Vec<i32> = done.iter().map(|c| c.token).collect();
     let results: Vec<&serde_json::Value> = done.iter().map(|c| &c.result).collect();
@@ -422,6 +427,16 @@ async fn completing<'e>(
         .fetch_all(executor)
         .await?;
     Ok(rows)
+}
+
+/// `ids` sorted. Batch statements join their ids in array order, so they lock
+/// rows in that order; with every batch sorted, two batches that share rows
+/// (a stamp and a claim of the same jobs, say) queue behind each other instead
+/// of deadlocking.
+pub(crate) fn in_lock_order(ids: &[Uuid]) -> Vec<Uuid> {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted
 }
 
 /// Matches the rows a batch statement returned to its requests, in request

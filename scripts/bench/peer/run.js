@@ -49,7 +49,9 @@ async function bench(url) {
   return withClient(url, async (c) => {
     const count = async () =>
       Number((await c.query("select count(*) from graphile_worker._private_jobs")).rows[0].count);
-    if ((await count()) !== jobs) throw new Error("queued job count mismatch");
+    const empty = async () =>
+      (await c.query("select not exists (select 1 from graphile_worker._private_jobs) as e")).rows[0].e;
+    if ((await count()) !== jobs) throw new Error(`queued ${await count()} jobs, wanted ${jobs}`);
     let failures = 0;
     const t0 = process.hrtime.bigint();
     const runner = await run({
@@ -63,7 +65,7 @@ async function bench(url) {
     });
     runner.events.on("job:error", () => { failures += 1; });
     try {
-      while ((await count()) > 0) {
+      while (!(await empty())) {
         if (failures > 0) throw new Error(`${failures} job(s) failed`);
         checkSignal();
         await sleep(50);
