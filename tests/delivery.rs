@@ -103,7 +103,13 @@ fn offset_ahead_violations(env: &TestEnv, samples: &[Sample]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice() {
     const JOBS: usize = 2_000;
-    let env = TestEnv::with_settings("sigterm_worker", fast_recovery).await;
+    // 16 records in flight (not the default 256) keeps the run long enough for
+    // the offset sampler to see the commits move several times.
+    let env = TestEnv::with_settings("sigterm_worker", |s| {
+        fast_recovery(s);
+        s.consumer_max_in_flight = 16;
+    })
+    .await;
     let services = env.services().await;
     let pool = &env.pool;
     let slow = [(
