@@ -34,8 +34,10 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument '$1' (usage: --records N --record-size B [--partitions P])" ;;
     esac
 done
-for v in RECORDS SIZE PARTITIONS; do
-    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--${v,,} must be a positive integer (usage: --records N --record-size B [--partitions P])"
+for flag in records:RECORDS record-size:SIZE partitions:PARTITIONS; do
+    v="${flag#*:}"
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] \
+        || die "--${flag%:*} must be a positive integer (usage: --records N --record-size B [--partitions P])"
 done
 
 # The broker's jars (and a running broker) come from services.sh.
@@ -51,8 +53,9 @@ tool() {
         -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
         -cp "$KAFKA_DIR/libs/*" "$@"
 }
-topics() {
-    tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BROKERS" "$@"
+topics() {   # tools.properties: short admin timeouts (from services.sh)
+    tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BROKERS" \
+        --command-config "$KAFKA_DIR/tools.properties" "$@"
 }
 
 TOPIC="bench-kafka-$$-$(date +%s%N)"

@@ -50,5 +50,5 @@ if [ "$(cat "$DEST/.stamp" 2>/dev/null || true)" != "$stamp" ]; then
     echo "$stamp" > "$DEST/.stamp"
 fi
 
-NODE_PATH="$DEST/node_modules" PEER_JOBS="$JOBS" PEER_CONCURRENCY="$CONCURRENCY" \
+exec env NODE_PATH="$DEST/node_modules" PEER_JOBS="$JOBS" PEER_CONCURRENCY="$CONCURRENCY" \
     PEER_DATABASE_URL="$DB_URL" node "$SRC/run.js"

@@ -482,9 +482,10 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     }
 
     /// Pauses a partition once its queue in the local buffer is full. Records
-    /// are handled `max_in_flight` at a time; the queue in front of them (16
-    /// times that, per partition) keeps work ready while a resumed partition
-    /// refetches. Pausing per partition keeps one deep backlog from starving the
+    /// are handled `max_in_flight` at a time; the queue in front of them (eight
+    /// times that per partition, at least 256) keeps work ready while a resumed
+    /// partition refetches (burn-down, 512 in flight: twice gave 1,335 jobs/s,
+    /// eight times 2,000). Pausing per partition keeps one deep backlog from starving the
     /// others.
     fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32, queued: usize) {
         if queued < self.queue_bound() || buffer.paused.contains(&partition) {
@@ -522,7 +523,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     }
 
     fn queue_bound(&self) -> usize {
-        self.spec.max_in_flight * 16
+        (self.spec.max_in_flight * 8).max(256)
     }
 
     /// Shutdown: pause, drain within the timeout, commit the delivered prefix.

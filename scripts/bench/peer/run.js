@@ -6,7 +6,7 @@
 // until the job table is empty.  Prints one JSON object on stdout; everything
 // else goes to stderr.  The database is dropped afterwards.
 "use strict";
-const { Client } = require("pg");
+const { Client, Pool } = require("pg");
 const { run, runMigrations, Logger } = require("graphile-worker");
 
 const jobs = Number(process.env.PEER_JOBS);
@@ -31,9 +31,23 @@ async function withClient(url, fn) {
   try { return await fn(c); } finally { await c.end(); }
 }
 
+async function withPoolClient(pool, fn) {
+  const c = await pool.connect();
+  try { return await fn(c); } finally { c.release(); }
+}
+
+// One pool of our own for graphile-worker and us, closed (awaited) before the
+// database is dropped; graphile-worker's own pool is not awaited on stop.
+// Size: the workers, graphile-worker's LISTEN client and our polling client.
 async function bench(url) {
-  await runMigrations({ connectionString: url, logger });
-  await withClient(url, async (c) => {
+  const pgPool = new Pool({ connectionString: url, max: concurrency + 2 });
+  pgPool.on("error", (err) => log(`pool: ${err.message}`));
+  try { return await benchWith(pgPool); } finally { await pgPool.end(); }
+}
+
+async function benchWith(pgPool) {
+  await runMigrations({ pgPool, logger });
+  await withPoolClient(pgPool, async (c) => {
     for (let left = jobs; left > 0; left -= BATCH) {
       checkSignal();
       await c.query(
@@ -46,7 +60,7 @@ async function bench(url) {
   });
   log(`queued ${jobs} jobs; starting worker (concurrency ${concurrency})`);
 
-  return withClient(url, async (c) => {
+  return withPoolClient(pgPool, async (c) => {
     const count = async () =>
       Number((await c.query("select count(*) from graphile_worker._private_jobs")).rows[0].count);
     const empty = async () =>
@@ -55,9 +69,8 @@ async function bench(url) {
     let failures = 0;
     const t0 = process.hrtime.bigint();
     const runner = await run({
-      connectionString: url,
+      pgPool,
       concurrency,
-      maxPoolSize: concurrency + 2, // graphile-worker warns when below concurrency
       noHandleSignals: true,
       pollInterval: 100,
       logger,
