@@ -165,6 +165,11 @@ settings! {
     consumer_prefetch_kbytes: u32 = 8_192_u32, env "DOCSTREAM_CONSUMER_PREFETCH_KBYTES";
     /// Records waiting in the publisher's queue before publishers wait (backpressure).
     publisher_queue_size: usize = 10_000_usize, env "DOCSTREAM_PUBLISHER_QUEUE_SIZE";
+    /// How long the producer lets records gather into one request
+    /// (`linger.ms`). Every hop of a job waits for one acknowledgement, so this
+    /// is paid once per hop; under load, records gather anyway while earlier
+    /// requests are in flight.
+    publisher_linger_ms: f64 = 5.0, env "DOCSTREAM_PUBLISHER_LINGER_MS";
     /// On shutdown, how long `serve` waits for accepted requests and the
     /// publisher's queue to drain before it flushes and closes the listener.
     publisher_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S";
@@ -321,6 +326,9 @@ impl Settings {
             if n < 1 {
                 return invalid(format!("{name} must be at least 1"));
             }
+        }
+        if !(0.0..=900_000.0).contains(&self.publisher_linger_ms) {
+            return invalid("DOCSTREAM_PUBLISHER_LINGER_MS must be between 0 and 900000".into());
         }
         if self.consumer_max_in_flight == 0
             || self.db_max_connections == 0

@@ -36,6 +36,7 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
         &settings.kafka_brokers,
         publish_timeout,
         settings.publisher_queue_size,
+        settings.publisher_linger_ms,
         metrics.clone(),
     )?;
     Ok(Services::new(settings, pool, publisher, metrics))

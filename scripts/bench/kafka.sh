@@ -41,8 +41,9 @@ for flag in records:RECORDS record-size:SIZE partitions:PARTITIONS; do
 done
 
 # The broker's jars (and a running broker) come from services.sh.
-[ -f "$KAFKA_DIR/libs/.complete" ] || bash "$REPO/scripts/services.sh" up >&2 \
-    || die "scripts/services.sh up failed"
+if [ ! -f "$KAFKA_DIR/libs/.complete" ] || [ ! -f "$KAFKA_DIR/tools.properties" ]; then
+    bash "$REPO/scripts/services.sh" up >&2 || die "scripts/services.sh up failed"
+fi
 
 # Like kafka-run-class.sh for tools: small heap, but the full JIT (not the
 # C1-only start-up flags services.sh uses), since these clients are measured.
@@ -59,15 +60,19 @@ topics() {   # tools.properties: short admin timeouts (from services.sh)
 }
 
 TOPIC="bench-kafka-$$-$(date +%s%N)"
-OUT="$(mktemp -d)"
-cleanup() {
-    topics --delete --topic "$TOPIC" >/dev/null 2>&1 || log "could not delete topic $TOPIC"
-    rm -rf "$OUT"
-}
 log "creating topic $TOPIC ($PARTITIONS partitions) on $BROKERS"
 topics --create --topic "$TOPIC" --partitions "$PARTITIONS" --replication-factor 1 >&2 \
     || die "could not create topic $TOPIC (is the broker up? scripts/services.sh up)"
+OUT="$(mktemp -d)"   # the tools' outputs
+cleanup() {
+    rm -rf "$OUT"
+    [ -n "$TOPIC" ] || return 0
+    topics --delete --topic "$TOPIC" >/dev/null 2>&1 || log "could not delete topic $TOPIC"
+    TOPIC=""
+}
 trap cleanup EXIT
+trap 'exit 130' INT   # bash skips the EXIT trap when killed by a signal
+trap 'exit 143' TERM
 
 log "producing $RECORDS records of $SIZE bytes"
 tool org.apache.kafka.tools.ProducerPerformance --topic "$TOPIC" --num-records "$RECORDS" \
@@ -96,6 +101,7 @@ read -r C_N C_RPS C_MBS C_FRPS C_FMBS < <(awk -F', *' '
 [[ "${C_N:-}" =~ ^[0-9]+$ ]] || die "could not parse ConsumerPerformance output"
 [ "$C_N" -ge "$RECORDS" ] || die "consumer read only $C_N of $RECORDS records"
 
+cleanup   # before answering: the JSON line means "done"
 printf '{"records":%s,"record_size":%s,"partitions":%s,"producer_records_per_s":%s,"producer_mb_per_s":%s,"producer_avg_latency_ms":%s,"producer_p99_latency_ms":%s,"consumer_records_per_s":%s,"consumer_mb_per_s":%s,"consumer_fetch_records_per_s":%s,"consumer_fetch_mb_per_s":%s}\n' \
     "$RECORDS" "$SIZE" "$PARTITIONS" "$P_RPS" "$P_MBS" "$P_AVG" "$P_P99" \
     "$C_RPS" "$C_MBS" "$C_FRPS" "$C_FMBS"

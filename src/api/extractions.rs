@@ -55,7 +55,10 @@ struct ExtractionView {
 
 impl From<Extraction> for ExtractionView {
     fn from(row: Extraction) -> Self {
-        let request = row.request.0;
+        let (webhook_url, metadata) = row
+            .request
+            .map(|r| (r.0.webhook_url, r.0.metadata))
+            .unwrap_or_default();
         Self {
             id: row.id,
             status: row.status,
@@ -69,8 +72,8 @@ impl From<Extraction> for ExtractionView {
             next_attempt_at: row.next_attempt_at,
             cancel_requested_at: row.cancel_requested_at,
             post_processing: row.post_processing,
-            webhook_url: request.webhook_url,
-            metadata: request.metadata,
+            webhook_url,
+            metadata,
         }
     }
 }

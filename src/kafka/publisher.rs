@@ -64,20 +64,21 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// A producer on `brokers` with a queue of `queue_size` records, giving up on
-    /// a record after `timeout`. Must be called inside a Tokio runtime.
+    /// A producer on `brokers` with a queue of `queue_size` records, batching
+    /// for `linger_ms`, giving up on a record after `timeout`. Must be called
+    /// inside a Tokio runtime.
     pub fn new(
         brokers: &str,
         timeout: Duration,
         queue_size: usize,
+        linger_ms: f64,
         metrics: Metrics,
     ) -> Result<Self, KafkaError> {
         let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            // A few ms of batching: many records per request under load, little latency.
-            .set("linger.ms", "5")
+            .set("linger.ms", linger_ms.to_string())
             .set("message.timeout.ms", timeout.as_millis().to_string())
             .create()?;
         let (queue, outgoing) = mpsc::channel(queue_size);

@@ -8,11 +8,13 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::store::coalesce::Coalescer;
 use crate::store::transitions::{self, Completion};
-use crate::store::{orphans, Claim, Extraction};
+use crate::store::{self, orphans, Claim, Extraction, Insert};
 
 /// The grouped statements; clones share the batchers.
 #[derive(Clone)]
 pub struct Batched {
+    /// The submit INSERT.
+    pub insert: Coalescer<Insert, Option<Extraction>>,
     /// `mark_running` for the extraction lease.
     pub claim: Coalescer<Uuid, Option<Claim>>,
     /// `mark_succeeded`.
@@ -45,6 +47,7 @@ impl Batched {
             }};
         }
         Self {
+            insert: batcher!(|pool, inserts| store::insert_many(&pool, &inserts).await),
             claim: batcher!(|pool, ids| {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),

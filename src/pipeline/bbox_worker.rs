@@ -37,7 +37,8 @@ impl BboxWorker {
         let output: ExtractionOutput =
             serde_json::from_value(row.result.clone().unwrap_or_default())
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
-        let grounding = ground(&row.request.0.document, &output);
+        let request = row.request().ok_or("the claim returned no request")?;
+        let grounding = ground(&request.document, &output);
         Ok(serde_json::to_value(grounding).expect("grounding serialises"))
     }
 
@@ -72,42 +73,16 @@ impl BboxWorker {
             .await?;
         Ok(())
     }
-}
 
-impl RecordHandler for BboxWorker {
-    async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
-        let (event, id) = decode_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
+    async fn ground_and_complete(
+        &self,
+        claim: Claim,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
         let services = &self.services;
         let settings = &services.settings;
+        let (id, token) = (claim.extraction.id, claim.token);
         let lease_s = settings.bbox_refinement_lease_s;
-        let try_claim = || services.batched.bbox_claim.run(id);
-        let Some(claim) = services
-            .claim_or_wait(Stage::BboxRefinement, id, stop, try_claim)
-            .await?
-        else {
-            return Ok(());
-        };
-        let token = claim.token;
-        if let Some(recovery) = claim
-            .extraction
-            .bbox_refinement()
-            .and_then(|b| b.last_recovery_s)
-        {
-            services
-                .metrics
-                .recovery
-                .with_label_values(&["bbox_refinement"])
-                .observe(recovery);
-        }
-        services
-            .emit(
-                Transition::MarkBboxRefinementRunning,
-                &claim.extraction,
-                Some(token),
-                event.reason,
-            )
-            .await?;
-
         let started = Instant::now();
         let timeout = std::time::Duration::from_secs_f64(settings.bbox_refine_timeout_s);
         let work = tokio::time::timeout(timeout, Self::grounding(&claim));
@@ -128,6 +103,46 @@ impl RecordHandler for BboxWorker {
             .metrics
             .bbox_duration
             .observe(started.elapsed().as_secs_f64());
-        self.complete(id, token, grounded, event.reason).await
+        self.complete(id, token, grounded, reason).await
+    }
+}
+
+impl RecordHandler for BboxWorker {
+    async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
+        let (event, id) = decode_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
+        let services = &self.services;
+        let try_claim = || services.batched.bbox_claim.run(id);
+        let Some(claim) = services
+            .claim_or_wait(Stage::BboxRefinement, id, stop, try_claim)
+            .await?
+        else {
+            return Ok(());
+        };
+        let token = claim.token;
+        if let Some(recovery) = claim
+            .extraction
+            .bbox_refinement()
+            .and_then(|b| b.last_recovery_s)
+        {
+            services
+                .metrics
+                .recovery
+                .with_label_values(&["bbox_refinement"])
+                .observe(recovery);
+        }
+        // The claim's event is acknowledged while the grounding runs (joined:
+        // queued first, and the record is delivered only once both are done).
+        let claimed = claim.extraction.clone();
+        let (emitted, grounded) = tokio::join!(
+            services.emit(
+                Transition::MarkBboxRefinementRunning,
+                &claimed,
+                Some(token),
+                event.reason,
+            ),
+            self.ground_and_complete(claim, event.reason),
+        );
+        emitted?;
+        grounded
     }
 }

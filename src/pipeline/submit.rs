@@ -15,12 +15,12 @@ use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Sub
 /// Inserts `new` (or finds the row its idempotency key names) and, when a row
 /// was created, publishes it.
 pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
-    let submitted = store::submit(&services.pool, new).await?;
+    let insert = |insert| services.batched.insert.run(insert);
+    let submitted = store::submit_with(&services.pool, new, insert).await?;
     if let Submitted::Created(row) = &submitted {
         if let Err(e) = failpoints::hit("submit.after_insert").await {
-            return Err(SubmitError::Store(StoreError(sqlx::Error::Protocol(
-                e.to_string(),
-            ))));
+            let failed = sqlx::Error::Protocol(e.to_string());
+            return Err(SubmitError::Store(StoreError::from(failed)));
         }
         publish_submitted(services, row).await;
     }

@@ -65,7 +65,9 @@ impl<E: Extractor> ExtractionWorker<E> {
         let started = Instant::now();
         let work = tokio::time::timeout(
             settings.async_timeout(),
-            self.extract(&claim.extraction.request.0),
+            self.extract(claim.extraction.request().ok_or_else(|| {
+                transient("the claim returned no request (a bug in its statement)")
+            })?),
         );
         let pool = &self.services.pool;
         let lease_s = settings.extraction_run_lease_s;
@@ -126,15 +128,24 @@ impl<E: Extractor> ExtractionWorker<E> {
             .run(completion)
             .await
             .map_err(transient)?;
-        let claim = (id, token);
-        let transition = Transition::MarkSucceeded;
-        if services
-            .conclude(Stage::Extraction, transition, claim, row, reason)
-            .await?
-            .is_none()
-        {
+        services.metrics.transition(Transition::MarkSucceeded, &row);
+        let Some(row) = row else {
+            services.stale(Stage::Extraction, id, token, "completion");
             return Ok(());
-        }
+        };
+        // As with the claim: the success event is acknowledged while the bbox
+        // refinement is requested.
+        let (emitted, followed) = tokio::join!(
+            services.emit(Transition::MarkSucceeded, &row, Some(token), reason),
+            self.follow_up(id, reason),
+        );
+        emitted?;
+        followed
+    }
+
+    /// After a success: bbox refinement requested, its event and request acknowledged.
+    async fn follow_up(&self, id: Uuid, reason: PublishReason) -> Result<(), HandlerError> {
+        let services = &self.services;
         failpoints::hit("worker.after_mark_succeeded")
             .await
             .map_err(transient)?;
@@ -359,14 +370,16 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
         else {
             return self.finish_follow_up(id, event.reason, stop).await;
         };
-        services
-            .emit(
-                Transition::MarkRunning,
-                &claim.extraction,
-                Some(claim.token),
-                event.reason,
-            )
-            .await?;
-        self.run_claim(claim, event.reason).await
+        // The claim's event is acknowledged while the work runs: joined, so it
+        // is queued (in order) before anything the work publishes, and the
+        // record is delivered only once both are done.
+        let claimed = claim.extraction.clone();
+        let token = Some(claim.token);
+        let (emitted, ran) = tokio::join!(
+            services.emit(Transition::MarkRunning, &claimed, token, event.reason),
+            self.run_claim(claim, event.reason),
+        );
+        emitted?;
+        ran
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::StoreError;
 
-type Reply<O> = oneshot::Sender<Result<O, Arc<StoreError>>>;
+type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
 
 /// A handle to submit requests of type `I` answered with `O`. Cloning shares the
 /// batcher; it stops once every handle is dropped.
@@ -68,7 +68,6 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
                             }
                         }
                         Err(e) => {
-                            let e = Arc::new(e);
                             for reply in replies {
                                 let _ = reply.send(Err(e.clone()));
                             }
@@ -82,9 +81,9 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
 
     /// Runs `input` in the next batch and returns its answer. A failed statement
     /// fails every request of its batch.
-    pub async fn run(&self, input: I) -> Result<O, Arc<StoreError>> {
+    pub async fn run(&self, input: I) -> Result<O, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let gone = || Arc::new(StoreError(sqlx::Error::PoolClosed));
+        let gone = || StoreError::from(sqlx::Error::PoolClosed);
         self.requests.send((input, reply)).map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
     }
@@ -125,7 +124,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_statement_fails_its_whole_batch() {
         let failing = Coalescer::spawn(8, 1, |_: Vec<u32>| async {
-            Err::<Vec<u32>, _>(StoreError(sqlx::Error::RowNotFound))
+            Err::<Vec<u32>, _>(StoreError::from(sqlx::Error::RowNotFound))
         });
         let (a, b) = tokio::join!(failing.run(1), failing.run(2));
         assert!(a.is_err() && b.is_err());

@@ -24,7 +24,11 @@ pub(crate) mod lifecycle {
     pub(crate) use super::submit::INSERT;
     pub(crate) use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
 }
-pub use submit::{request_hash, submit, NewExtraction, SubmitError, Submitted};
+pub use submit::{
+    insert_many, request_hash, submit, submit_with, Insert, NewExtraction, SubmitError, Submitted,
+};
+
+use std::sync::Arc;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
@@ -33,9 +37,16 @@ use uuid::Uuid;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// A database failure; operators see the detail in logs, clients never do.
-#[derive(Debug, thiserror::Error)]
+/// Cloneable, so one failed batch statement can fail each of its requests.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("database error: {0}")]
-pub struct StoreError(#[from] pub sqlx::Error);
+pub struct StoreError(pub Arc<sqlx::Error>);
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self(Arc::new(e))
+    }
+}
 
 /// Opens a pool with `max_connections` connections.
 pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool, StoreError> {

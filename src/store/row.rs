@@ -18,8 +18,11 @@ pub struct Extraction {
     pub idempotency_key: Option<String>,
     /// Hash of the request, to refuse a replayed key with another body.
     pub request_hash: String,
-    /// The submitted request.
-    pub request: Json<ExtractionRequest>,
+    /// The submitted request. Transitions that do not need it (every one but
+    /// the claims and the insert) leave it out of what they return: it is the
+    /// bulk of the row, and parsing it back is most of a completion's cost.
+    #[sqlx(default)]
+    pub request: Option<Json<ExtractionRequest>>,
     /// Extracted values, once succeeded.
     pub result: Option<serde_json::Value>,
     /// Last error (failed, or the reason of the last retry).
@@ -88,6 +91,11 @@ pub struct BboxRefinement {
 }
 
 impl Extraction {
+    /// The submitted request, when the statement that read the row returned it.
+    pub fn request(&self) -> Option<&ExtractionRequest> {
+        self.request.as_ref().map(|r| &r.0)
+    }
+
     /// The typed status; a value outside the CHECK constraint cannot be read back.
     pub fn status(&self) -> ExtractionStatus {
         self.status

@@ -1,9 +1,17 @@
 //! Idempotent submit (invariant 3): SELECT by key, else INSERT; a concurrent twin
 //! that loses the INSERT on the partial unique index re-reads the winner, so every
 //! caller with one key sees one row. The same key with another body is refused.
+//!
+//! The INSERT takes arrays: concurrent submits can share one statement (and one
+//! commit) through [`submit_with`]; a row that lost on its key is skipped by the
+//! statement, not failed, so one twin cannot fail the others of its batch.
+
+use std::collections::HashMap;
+use std::future::Future;
 
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::types::Json;
+use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::{Extraction, StoreError};
@@ -15,6 +23,7 @@ pub(crate) const INSERT: &str = "WITH created AS (
         INSERT INTO extractions (id, status, idempotency_key, request_hash, request)
         SELECT new.id, 'queued', new.key, new.hash, new.request
           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS new(id, key, hash, request)
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING *),
     logged AS (
         INSERT INTO extraction_transitions (extraction_id, transition, token)
@@ -22,8 +31,6 @@ pub(crate) const INSERT: &str = "WITH created AS (
     SELECT * FROM created";
 
 const BY_KEY: &str = "SELECT * FROM extractions WHERE idempotency_key = $1";
-
-const KEY_INDEX: &str = "uq_extractions_idempotency_key";
 
 /// A job about to be inserted.
 #[derive(Debug, Clone)]
@@ -67,7 +74,7 @@ pub enum SubmitError {
 
 impl From<sqlx::Error> for SubmitError {
     fn from(e: sqlx::Error) -> Self {
-        Self::Store(StoreError(e))
+        Self::Store(StoreError::from(e))
     }
 }
 
@@ -78,31 +85,79 @@ pub fn request_hash(request: &ExtractionRequest) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A job ready to insert: the request and its hash.
+#[derive(Debug, Clone)]
+pub struct Insert {
+    /// The job.
+    pub new: NewExtraction,
+    /// [`request_hash`] of its request.
+    pub hash: String,
+}
+
 /// Inserts `new`, or returns the row its idempotency key already names.
 pub async fn submit(pool: &PgPool, new: NewExtraction) -> Result<Submitted, SubmitError> {
+    submit_with(pool, new, |insert| async move {
+        Ok(insert_many(pool, &[insert]).await?.pop().flatten())
+    })
+    .await
+}
+
+/// [`submit`] with the INSERT done by `insert` (one of a batch, say), which
+/// answers `None` when the key was taken meanwhile.
+pub async fn submit_with<F, Fut>(
+    pool: &PgPool,
+    new: NewExtraction,
+    insert: F,
+) -> Result<Submitted, SubmitError>
+where
+    F: FnOnce(Insert) -> Fut,
+    Fut: Future<Output = Result<Option<Extraction>, StoreError>>,
+{
     let hash = request_hash(&new.request);
     if let Some(key) = &new.idempotency_key {
         if let Some(existing) = by_key(pool, key).await? {
             return replay(existing, &hash);
         }
     }
-    let inserted = sqlx::query_as::<_, Extraction>(INSERT)
-        .bind([new.id])
-        .bind([&new.idempotency_key])
-        .bind([&hash])
-        .bind([sqlx::types::Json(&new.request)])
-        .fetch_one(pool)
-        .await;
+    let key = new.idempotency_key.clone().unwrap_or_default();
+    let inserted = insert(Insert {
+        new,
+        hash: hash.clone(),
+    })
+    .await?;
     match inserted {
-        Ok(row) => Ok(Submitted::Created(row)),
-        Err(sqlx::Error::Database(e)) if e.constraint() == Some(KEY_INDEX) => {
+        Some(row) => Ok(Submitted::Created(row)),
+        None => {
             // A concurrent twin with the same key won the INSERT: answer with its row.
-            let key = new.idempotency_key.as_deref().unwrap_or_default();
-            let winner = by_key(pool, key).await?.ok_or(sqlx::Error::RowNotFound)?;
+            let winner = by_key(pool, &key).await?.ok_or(sqlx::Error::RowNotFound)?;
             replay(winner, &hash)
         }
-        Err(e) => Err(e.into()),
     }
+}
+
+/// Inserts many jobs in one statement; a job whose key another row holds gets
+/// `None`. One answer per job, in order.
+pub async fn insert_many<'e>(
+    executor: impl PgExecutor<'e>,
+    inserts: &[Insert],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let ids: Vec<Uuid> = inserts.iter().map(|i| i.new.id).collect();
+    let keys: Vec<Option<&str>> = inserts
+        .iter()
+        .map(|i| i.new.idempotency_key.as_deref())
+        .collect();
+    let hashes: Vec<&str> = inserts.iter().map(|i| i.hash.as_str()).collect();
+    let requests: Vec<Json<&ExtractionRequest>> =
+        inserts.iter().map(|i| Json(&i.new.request)).collect();
+    let rows = sqlx::query_as::<_, Extraction>(INSERT)
+        .bind(&ids)
+        .bind(keys)
+        .bind(hashes)
+        .bind(requests)
+        .fetch_all(executor)
+        .await?;
+    let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
+    Ok(ids.iter().map(|id| created.remove(id)).collect())
 }
 
 async fn by_key(pool: &PgPool, key: &str) -> Result<Option<Extraction>, sqlx::Error> {

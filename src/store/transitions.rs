@@ -25,6 +25,22 @@ use super::{Claim, Extraction, StoreError};
 /// Builds the statement: the update, then the log row for the transition it won.
 macro_rules! logged {
     ($transition:literal, token = $token:expr, $update:literal) => {
+        logged!($transition, token = $token, returning = "*", $update)
+    };
+    // The row without its request, for the transitions whose callers do not
+    // read it (see `Extraction::request`).
+    ($transition:literal, token = $token:expr, lean, $update:literal) => {
+        logged!(
+            $transition,
+            token = $token,
+            returning = "id, status, idempotency_key, request_hash, result, error, attempts, \
+                lease_expires_at, submitted_at, started_at, finished_at, post_processing, \
+                next_attempt_at, published_at, cancel_requested_at, republished_at, \
+                orphaned_at, last_recovery_s",
+            $update
+        )
+    };
+    ($transition:literal, token = $token:expr, returning = $columns:literal, $update:literal) => {
         concat!(
             "WITH moved AS (",
             $update,
@@ -33,7 +49,9 @@ macro_rules! logged {
             $transition,
             "', ",
             $token,
-            " FROM moved) SELECT * FROM moved"
+            " FROM moved) SELECT ",
+            $columns,
+            " FROM moved"
         )
     };
 }
@@ -67,6 +85,7 @@ pub(crate) const MARK_RUNNING: &str = logged!(
 pub(crate) const MARK_SUCCEEDED: &str = logged!(
     "mark_succeeded",
     token = "attempts",
+    lean,
     "UPDATE extractions
         SET status = 'succeeded', result = done.result, error = NULL, finished_at = now(),
             lease_expires_at = NULL,
@@ -79,6 +98,7 @@ pub(crate) const MARK_SUCCEEDED: &str = logged!(
 const MARK_FAILED: &str = logged!(
     "mark_failed",
     token = "attempts",
+    lean,
     "UPDATE extractions
         SET status = 'failed', error = $3, finished_at = now(), lease_expires_at = NULL
       WHERE id = $1 AND status = 'running' AND attempts = $2"
@@ -87,6 +107,7 @@ const MARK_FAILED: &str = logged!(
 const REQUEUE_FOR_RETRY: &str = logged!(
     "requeue_for_retry",
     token = "attempts",
+    lean,
     "UPDATE extractions
         SET status = 'queued', error = $3, lease_expires_at = NULL, published_at = NULL,
             next_attempt_at = now() + make_interval(secs => $4)
@@ -98,6 +119,7 @@ const REQUEUE_FOR_RETRY: &str = logged!(
 const MARK_CANCELLED: &str = logged!(
     "mark_cancelled",
     token = "NULL::int",
+    lean,
     "UPDATE extractions
         SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
       WHERE id = $1
@@ -108,6 +130,7 @@ const MARK_CANCELLED: &str = logged!(
 const REQUEST_CANCEL: &str = logged!(
     "request_cancel",
     token = "attempts",
+    lean,
     "UPDATE extractions
         SET cancel_requested_at = now()
       WHERE id = $1 AND status = 'running' AND cancel_requested_at IS NULL"
@@ -116,6 +139,7 @@ const REQUEST_CANCEL: &str = logged!(
 const START_BBOX_REFINEMENT: &str = logged!(
     "start_bbox_refinement",
     token = "NULL::int",
+    lean,
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement,requested_at}',
                                         to_jsonb(now()))
@@ -150,6 +174,7 @@ const MARK_BBOX_REFINEMENT_RUNNING: &str = logged!(
 const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = logged!(
     "mark_bbox_refinement_succeeded",
     token = bbox_token!(),
+    lean,
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
               ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(
@@ -163,6 +188,7 @@ const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = logged!(
 const MARK_BBOX_REFINEMENT_FAILED: &str = logged!(
     "mark_bbox_refinement_failed",
     token = bbox_token!(),
+    lean,
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
               ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(
@@ -175,6 +201,7 @@ const MARK_BBOX_REFINEMENT_FAILED: &str = logged!(
 const REQUEUE_BBOX_REFINEMENT: &str = logged!(
     "requeue_bbox_refinement",
     token = bbox_token!(),
+    lean,
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
               ((post_processing->'bbox_refinement') - 'lease_expires_at')

@@ -1,0 +1,72 @@
+//! The benchmark keeps working: a seconds-long `docstream bench --smoke` runs
+//! every phase (pgbench, Kafka's perf tools, graphile-worker, docstream's
+//! burn-down and steady state) against the real services and writes a report
+//! in which each phase measured something. It measures nothing worth keeping:
+//! performance is the benchmark's job (`scripts/bench.sh`), not this test's.
+
+use std::process::Command;
+
+fn number(report: &serde_json::Value, path: &str) -> f64 {
+    report
+        .pointer(path)
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or_else(|| panic!("report has no number at {path}: {report:#}"))
+}
+
+#[test]
+fn a_smoke_run_measures_every_phase() {
+    let out = tempfile::tempdir().unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(env!("CARGO_BIN_EXE_docstream"))
+        .args(["bench", "--smoke", "--out"])
+        .arg(out.path())
+        .arg("--scripts")
+        .arg(format!("{root}/scripts/bench"))
+        .current_dir(root)
+        .output()
+        .expect("run docstream bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "bench failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{stdout}");
+    let json = std::fs::read_to_string(out.path().join("latest.json")).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+
+    assert_eq!(report["smoke"], true);
+    for (i, rows) in [1.0, 100.0].into_iter().enumerate() {
+        assert_eq!(
+            number(&report, &format!("/postgres/{i}/rows_per_statement")),
+            rows
+        );
+        assert!(number(&report, &format!("/postgres/{i}/lifecycles_per_s")) > 0.0);
+    }
+    assert!(number(&report, "/kafka/producer_records_per_s") > 0.0);
+    assert!(number(&report, "/kafka/consumer_records_per_s") > 0.0);
+    assert!(number(&report, "/peer/jobs_per_s") > 0.0);
+    assert_eq!(number(&report, "/burn_down/jobs"), 300.0);
+    assert!(number(&report, "/burn_down/jobs_per_s") > 0.0);
+    let steady = &report["steady"];
+    assert_eq!(steady["accepted"], steady["sent"]);
+    assert!(number(&report, "/steady/submit_to_succeeded/count") > 0.0);
+    assert!(
+        number(&report, "/steady/submit_to_bbox_succeeded/p99_ms")
+            >= number(&report, "/steady/submit_to_bbox_succeeded/p50_ms")
+    );
+    let checks = report["checks"].as_array().unwrap();
+    for name in [
+        "graphile-worker",
+        "Postgres ceiling, 1 row",
+        "peak RSS",
+        "steady p99",
+    ] {
+        assert!(
+            checks
+                .iter()
+                .any(|c| c["name"].as_str().unwrap().contains(name)),
+            "no check about {name}: {checks:?}"
+        );
+    }
+}
