@@ -176,7 +176,7 @@ settings! {
     /// Records a consumer works on at once. Their statements are grouped
     /// (`db_batch_max`), so a few hundred in flight cost a few commits, not a
     /// few hundred.
-    consumer_max_in_flight: usize = 512_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
+    consumer_max_in_flight: usize = 384_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
     /// How long a stopping consumer waits for in-flight records before it gives up
     /// on them (they are not committed and will be redelivered).
     subscriber_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S";

@@ -3,8 +3,8 @@
 # bench`: Kafka's perf tools (ProducerPerformance, ConsumerPerformance) against
 # the local broker, on a fresh topic (P partitions, replication 1) that is
 # deleted afterwards.  The producer uses docstream's settings (acks=all,
-# enable.idempotence=true, linger.ms=5) without throttling; the consumer then
-# reads all N records.
+# enable.idempotence=true, linger.ms=$DOCSTREAM_PUBLISHER_LINGER_MS or 5) without
+# throttling; the consumer then reads all N records.
 #
 #   scripts/bench/kafka.sh --records N --record-size B [--partitions P]
 #
@@ -21,6 +21,9 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 KAFKA_DIR="$REPO/.services/kafka"
 BROKERS="${DOCSTREAM_KAFKA_BROKERS:-127.0.0.1:59092}"
+# As docstream's publisher; Java's linger.ms takes whole milliseconds.
+LINGER_MS="$(printf '%.0f' "${DOCSTREAM_PUBLISHER_LINGER_MS:-5}")" \
+    || { echo "kafka.sh: DOCSTREAM_PUBLISHER_LINGER_MS is not a number" >&2; exit 1; }
 
 log() { echo "kafka.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -77,7 +80,7 @@ trap 'exit 143' TERM
 log "producing $RECORDS records of $SIZE bytes"
 tool org.apache.kafka.tools.ProducerPerformance --topic "$TOPIC" --num-records "$RECORDS" \
     --record-size "$SIZE" --throughput -1 --producer-props bootstrap.servers="$BROKERS" \
-    acks=all enable.idempotence=true linger.ms=5 | tee "$OUT/producer" >&2 \
+    acks=all enable.idempotence=true linger.ms="$LINGER_MS" | tee "$OUT/producer" >&2 \
     || die "ProducerPerformance failed"
 # Last line: "N records sent, X records/sec (Y MB/sec), A ms avg latency, M ms max
 # latency, p50 ms 50th, p95 ms 95th, p99 ms 99th, p999 ms 99.9th."

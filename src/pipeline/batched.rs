@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::store::coalesce::Coalescer;
-use crate::store::transitions::{self, Completion};
+use crate::store::transitions::{self, Completion, Succeeded};
 use crate::store::{self, orphans, Claim, Extraction, Insert};
 
 /// The grouped statements; clones share the batchers.
@@ -17,10 +17,8 @@ pub struct Batched {
     pub insert: Coalescer<Insert, Option<Extraction>>,
     /// `mark_running` for the extraction lease.
     pub claim: Coalescer<Uuid, Option<Claim>>,
-    /// `mark_succeeded`.
-    pub succeed: Coalescer<Completion, Option<Extraction>>,
-    /// `start_bbox_refinement`.
-    pub start_bbox: Coalescer<Uuid, Option<Extraction>>,
+    /// `mark_succeeded`, then `start_bbox_refinement`, in one transaction.
+    pub succeed: Coalescer<Completion, Option<Succeeded>>,
     /// `mark_bbox_refinement_running` for the bbox lease.
     pub bbox_claim: Coalescer<Uuid, Option<Claim>>,
     /// `mark_bbox_refinement_succeeded`.
@@ -51,9 +49,8 @@ impl Batched {
             claim: batcher!(|pool, ids| {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),
-            succeed: batcher!(|pool, done| transitions::mark_succeeded_many(&pool, &done).await),
-            start_bbox: batcher!(|pool, ids| {
-                transitions::start_bbox_refinement_many(&pool, &ids).await
+            succeed: batcher!(|pool, done| {
+                transitions::succeed_and_request_bbox_many(&pool, &done).await
             }),
             bbox_claim: batcher!(|pool, ids| {
                 transitions::mark_bbox_refinement_running_many(&pool, &ids, bbox_lease_s).await

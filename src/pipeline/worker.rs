@@ -20,8 +20,8 @@ use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason}
 use crate::extract::{ExtractError, ExtractionOutput, Extractor};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::transitions::{self, Completion};
-use crate::store::{self, leases, orphans, Claim};
+use crate::store::transitions::{self, Completion, Succeeded};
+use crate::store::{self, leases, orphans, Claim, Extraction};
 use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
@@ -122,42 +122,49 @@ impl<E: Extractor> ExtractionWorker<E> {
         let services = &self.services;
         let result = serde_json::to_value(output).expect("extraction output serialises");
         let completion = Completion { id, token, result };
-        let row = services
+        // The success and the bbox refinement's start share one commit.
+        let done = services
             .batched
             .succeed
             .run(completion)
             .await
             .map_err(transient)?;
-        services.metrics.transition(Transition::MarkSucceeded, &row);
-        let Some(row) = row else {
+        let succeeded = done.as_ref().map(|d| &d.succeeded);
+        services
+            .metrics
+            .transition(Transition::MarkSucceeded, &succeeded);
+        let Some(Succeeded {
+            succeeded,
+            requested,
+        }) = done
+        else {
             services.stale(Stage::Extraction, id, token, "completion");
             return Ok(());
         };
+        services
+            .metrics
+            .transition(Transition::StartBboxRefinement, &requested);
         // As with the claim: the success event is acknowledged while the bbox
         // refinement is requested.
         let (emitted, followed) = tokio::join!(
-            services.emit(Transition::MarkSucceeded, &row, Some(token), reason),
-            self.follow_up(id, reason),
+            services.emit(Transition::MarkSucceeded, &succeeded, Some(token), reason),
+            self.follow_up(id, requested, reason),
         );
         emitted?;
         followed
     }
 
-    /// After a success: bbox refinement requested, its event and request acknowledged.
-    async fn follow_up(&self, id: Uuid, reason: PublishReason) -> Result<(), HandlerError> {
+    /// After a success: the bbox request and its event acknowledged.
+    async fn follow_up(
+        &self,
+        id: Uuid,
+        requested: Option<Extraction>,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
         let services = &self.services;
         failpoints::hit("worker.after_mark_succeeded")
             .await
             .map_err(transient)?;
-        let requested = services
-            .batched
-            .start_bbox
-            .run(id)
-            .await
-            .map_err(transient)?;
-        services
-            .metrics
-            .transition(Transition::StartBboxRefinement, &requested);
         let Some(requested) = requested else {
             return Ok(());
         };

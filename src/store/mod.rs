@@ -7,6 +7,17 @@
 //! statement. Submits are idempotent per `Idempotency-Key` (`submit`).
 //! Lease arithmetic always uses the database clock (`now()`), never the caller's.
 
+/// Every column of `extractions` but the request: what the statements whose
+/// callers do not read the request return (see `Extraction::request`).
+macro_rules! lean_columns {
+    () => {
+        "id, status, idempotency_key, request_hash, result, error, attempts, \
+         lease_expires_at, submitted_at, started_at, finished_at, post_processing, \
+         next_attempt_at, published_at, cancel_requested_at, republished_at, \
+         orphaned_at, last_recovery_s"
+    };
+}
+
 pub mod coalesce;
 pub mod leases;
 pub mod orphans;

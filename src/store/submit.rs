@@ -19,7 +19,9 @@ use crate::domain::ExtractionRequest;
 
 // Written over arrays (one element from `submit`) so that the benchmark's
 // Postgres ceiling runs this very statement with one row and with a hundred.
-pub(crate) const INSERT: &str = "WITH created AS (
+// The request is not returned: the caller has it (see `insert_many`).
+pub(crate) const INSERT: &str = concat!(
+    "WITH created AS (
         INSERT INTO extractions (id, status, idempotency_key, request_hash, request)
         SELECT new.id, 'queued', new.key, new.hash, new.request
           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS new(id, key, hash, request)
@@ -28,7 +30,10 @@ pub(crate) const INSERT: &str = "WITH created AS (
     logged AS (
         INSERT INTO extraction_transitions (extraction_id, transition, token)
         SELECT id, 'submit', NULL FROM created)
-    SELECT * FROM created";
+    SELECT ",
+    lean_columns!(),
+    " FROM created"
+);
 
 const BY_KEY: &str = "SELECT * FROM extractions WHERE idempotency_key = $1";
 
@@ -157,7 +162,14 @@ pub async fn insert_many<'e>(
         .fetch_all(executor)
         .await?;
     let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
-    Ok(ids.iter().map(|id| created.remove(id)).collect())
+    Ok(inserts
+        .iter()
+        .map(|insert| {
+            let mut row = created.remove(&insert.new.id)?;
+            row.request = Some(Json(insert.new.request.clone()));
+            Some(row)
+        })
+        .collect())
 }
 
 async fn by_key(pool: &PgPool, key: &str) -> Result<Option<Extraction>, sqlx::Error> {

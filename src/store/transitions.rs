@@ -33,14 +33,11 @@ macro_rules! logged {
         logged!(
             $transition,
             token = $token,
-            returning = "id, status, idempotency_key, request_hash, result, error, attempts, \
-                lease_expires_at, submitted_at, started_at, finished_at, post_processing, \
-                next_attempt_at, published_at, cancel_requested_at, republished_at, \
-                orphaned_at, last_recovery_s",
+            returning = lean_columns!(),
             $update
         )
     };
-    ($transition:literal, token = $token:expr, returning = $columns:literal, $update:literal) => {
+    ($transition:literal, token = $token:expr, returning = $columns:expr, $update:literal) => {
         concat!(
             "WITH moved AS (",
             $update,
@@ -316,6 +313,39 @@ pub async fn request_cancel<'e>(
     id: Uuid,
 ) -> Result<Option<Extraction>, StoreError> {
     by_id(executor, REQUEST_CANCEL, id).await
+}
+
+/// A success and the bbox request it leads to, as one transaction.
+#[derive(Debug, Clone)]
+pub struct Succeeded {
+    /// The row after `mark_succeeded`.
+    pub succeeded: Extraction,
+    /// The row after `start_bbox_refinement`, when that transition won too.
+    pub requested: Option<Extraction>,
+}
+
+/// `mark_succeeded` for many claims, then `start_bbox_refinement` for those that
+/// won: two statements (two transitions, each logged) and one commit. One
+/// answer per claim, in order.
+pub async fn succeed_and_request_bbox_many(
+    pool: &sqlx::PgPool,
+    done: &[Completion],
+) -> Result<Vec<Option<Succeeded>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let succeeded = mark_succeeded_many(&mut *tx, done).await?;
+    let won: Vec<Uuid> = succeeded.iter().flatten().map(|row| row.id).collect();
+    let requested = start_bbox_refinement_many(&mut *tx, &won).await?;
+    tx.commit().await?;
+    let mut requested: HashMap<Uuid, Option<Extraction>> = won.into_iter().zip(requested).collect();
+    Ok(succeeded
+        .into_iter()
+        .map(|row| {
+            row.map(|succeeded| Succeeded {
+                requested: requested.remove(&succeeded.id).flatten(),
+                succeeded,
+            })
+        })
+        .collect())
 }
 
 /// Stamps the pending bbox refinement as requested, just before its event is
