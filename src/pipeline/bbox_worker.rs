@@ -132,11 +132,10 @@ impl RecordHandler for BboxWorker {
         }
         // The claim's event is acknowledged while the grounding runs (joined:
         // queued first, and the record is delivered only once both are done).
-        let claimed = claim.extraction.clone();
         let (emitted, grounded) = tokio::join!(
             services.emit(
                 Transition::MarkBboxRefinementRunning,
-                &claimed,
+                &claim.extraction,
                 Some(token),
                 event.reason,
             ),

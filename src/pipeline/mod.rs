@@ -64,19 +64,24 @@ impl Services {
     }
 
     /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.
-    pub async fn emit(
-        &self,
+    /// The event is built at once, so the future does not hold on to `row`
+    /// (which may carry a whole document) while it waits.
+    pub fn emit<'s>(
+        &'s self,
         transition: Transition,
         row: &Extraction,
         token: Option<i32>,
         reason: PublishReason,
-    ) -> Result<(), HandlerError> {
+    ) -> impl Future<Output = Result<(), HandlerError>> + use<'s> {
         let event = ExtractionEvent::of(transition, row, token, reason);
+        let key = row.id.to_string();
         let topic = self.settings.topic(&self.settings.topic_events);
-        self.publisher
-            .publish(&topic, row.id.to_string().as_bytes(), &event)
-            .await
-            .map_err(|e| HandlerError::Transient(e.to_string()))
+        async move {
+            self.publisher
+                .publish(&topic, key.as_bytes(), &event)
+                .await
+                .map_err(|e| HandlerError::Transient(e.to_string()))
+        }
     }
 
     /// Concludes a completing transition of claim `token`: publishes its event

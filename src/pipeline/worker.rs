@@ -380,10 +380,14 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
         // The claim's event is acknowledged while the work runs: joined, so it
         // is queued (in order) before anything the work publishes, and the
         // record is delivered only once both are done.
-        let claimed = claim.extraction.clone();
         let token = Some(claim.token);
         let (emitted, ran) = tokio::join!(
-            services.emit(Transition::MarkRunning, &claimed, token, event.reason),
+            services.emit(
+                Transition::MarkRunning,
+                &claim.extraction,
+                token,
+                event.reason
+            ),
             self.run_claim(claim, event.reason),
         );
         emitted?;
