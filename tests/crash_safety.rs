@@ -21,27 +21,47 @@ use uuid::Uuid;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_two_of_three_workers_under_load_loses_nothing() {
     const JOBS: usize = 2_500;
-    let env = TestEnv::with_settings("kill_workers", fast_recovery).await;
+    // 16 records in flight per worker and 100 ms per extraction: three workers
+    // take several seconds over the jobs, so thousands are in flight at the kill.
+    let env = TestEnv::with_settings("kill_workers", |s| {
+        fast_recovery(s);
+        s.consumer_max_in_flight = 16;
+    })
+    .await;
     let services = env.services().await;
     let ids = submit_jobs(&services, JOBS).await;
-    // Extraction takes 100 ms, so thousands of jobs are still in flight when we kill.
-    let slow = [(
-        "DOCSTREAM_FAILPOINTS",
-        "worker.extract=sleep(100)".to_owned(),
-    )];
+    let metrics: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let slow = |i: usize| {
+        [
+            (
+                "DOCSTREAM_FAILPOINTS",
+                "worker.extract=sleep(100)".to_owned(),
+            ),
+            ("DOCSTREAM_METRICS_ADDR", metrics[i].clone()),
+        ]
+    };
     let mut workers: Vec<Child> = (0..3)
-        .map(|i| env.spawn("worker", &slow, &format!("kill-worker-{i}")))
+        .map(|i| env.spawn("worker", &slow(i), &format!("kill-worker-{i}")))
         .collect();
     let mut bbox = env.spawn("bbox-worker", &[], "kill-bbox-worker");
     let pool = &env.pool;
     let succeeded = "SELECT count(*) FROM extractions WHERE status = 'succeeded'";
-    wait_count(
-        pool,
-        "the first 200 jobs",
-        succeeded,
-        200,
-        Duration::from_secs(120),
-    )
+    // The two we kill must hold claims: wait until every worker has records in flight.
+    let every_worker = "every worker to have records in flight";
+    wait_for(every_worker, Duration::from_secs(60), || async {
+        let mut holding = 0;
+        for addr in &metrics {
+            if scrape(addr, "docstream_in_flight_records").await >= 1.0 {
+                holding += 1;
+            }
+        }
+        match holding {
+            3 => Ok(()),
+            n => Err(format!("{n} of 3 workers hold records")),
+        }
+    })
     .await;
 
     let in_flight = JOBS as i64 - count(pool, succeeded).await;
@@ -53,8 +73,8 @@ async fn sigkill_two_of_three_workers_under_load_loses_nothing() {
     // The scenario, not a stand-in for a condition: the orchestrator restarts the
     // killed workers a few seconds later.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    workers[0] = env.spawn("worker", &slow, "kill-worker-0-restarted");
-    workers[1] = env.spawn("worker", &slow, "kill-worker-1-restarted");
+    workers[0] = env.spawn("worker", &slow(0), "kill-worker-0-restarted");
+    workers[1] = env.spawn("worker", &slow(1), "kill-worker-1-restarted");
 
     wait_count(
         pool,

@@ -148,40 +148,32 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
     }
 
     if args.runs("kafka") {
-        let bar = spinner("kafka ceiling (perf tools)");
-        let answer = external::run(
-            &args.scripts,
+        let records = ["--records".into(), args.kafka_records.to_string()];
+        let size = ["--record-size".into(), args.record_size.to_string()];
+        let answer = external_phase(
+            &args,
+            "kafka ceiling (perf tools)",
             "kafka.sh",
-            &[
-                "--records".into(),
-                args.kafka_records.to_string(),
-                "--record-size".into(),
-                args.record_size.to_string(),
-            ],
+            &[records, size],
             &logs,
         )
         .await?;
-        bar.finish();
         report.kafka = Some(answer);
     }
 
     if args.runs("peer") {
-        let bar = spinner("peer: graphile-worker burn-down");
-        let answer = external::run(
-            &args.scripts,
+        let jobs = ["--jobs".into(), args.jobs.to_string()];
+        let concurrency = ["--concurrency".into(), args.peer_concurrency.to_string()];
+        let database = ["--database-url".into(), settings.database_url.clone()];
+        let name = "peer: graphile-worker burn-down";
+        let answer = external_phase(
+            &args,
+            name,
             "peer.sh",
-            &[
-                "--jobs".into(),
-                args.jobs.to_string(),
-                "--concurrency".into(),
-                args.peer_concurrency.to_string(),
-                "--database-url".into(),
-                settings.database_url.clone(),
-            ],
+            &[jobs, concurrency, database],
             &logs,
         )
         .await?;
-        bar.finish();
         report.peer = Some(answer);
     }
 
@@ -221,6 +213,21 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
     std::fs::write(logs.join("report.json"), &json)?;
     std::fs::write(args.out.join("latest.json"), &json)?;
     Ok(report)
+}
+
+/// Runs `scripts/<script>` with `options` (flag, value) under a spinner.
+async fn external_phase(
+    args: &BenchArgs,
+    name: &str,
+    script: &str,
+    options: &[[String; 2]],
+    logs: &std::path::Path,
+) -> anyhow::Result<serde_json::Value> {
+    let bar = spinner(name);
+    let argv: Vec<String> = options.iter().flatten().cloned().collect();
+    let answer = external::run(&args.scripts, script, &argv, logs).await;
+    bar.finish();
+    answer
 }
 
 /// A throw-away database on the configured server.

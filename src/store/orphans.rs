@@ -193,18 +193,37 @@ pub async fn record_published_many<'e>(
     executor: impl PgExecutor<'e>,
     ids: &[Uuid],
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "WITH unstamped AS (
-             SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
-               JOIN extractions ON extractions.id = batch.id
-              WHERE status = 'queued' AND published_at IS NULL
-                FOR UPDATE OF extractions SKIP LOCKED)
-         UPDATE extractions SET published_at = now()
-           FROM unstamped WHERE extractions.id = unstamped.id",
-    )
-    .bind(transitions::in_lock_order(ids))
-    .execute(executor)
-    .await?;
+    stamp(executor, STAMP_PUBLISHED, ids).await
+}
+
+const STAMP_PUBLISHED: &str = "WITH unstamped AS (
+         SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
+           JOIN extractions ON extractions.id = batch.id
+          WHERE status = 'queued' AND published_at IS NULL
+            FOR UPDATE OF extractions SKIP LOCKED)
+     UPDATE extractions SET published_at = now()
+       FROM unstamped WHERE extractions.id = unstamped.id";
+
+const STAMP_BBOX_REQUEST_PUBLISHED: &str = "WITH unstamped AS (
+         SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
+           JOIN extractions ON extractions.id = batch.id
+          WHERE status = 'succeeded'
+            AND post_processing->'bbox_refinement'->>'status' = 'pending'
+            FOR UPDATE OF extractions SKIP LOCKED)
+     UPDATE extractions
+        SET post_processing = jsonb_set(post_processing, '{bbox_refinement,published_at}', to_jsonb(now()))
+       FROM unstamped WHERE extractions.id = unstamped.id";
+
+/// Runs one of the stamps over `ids`, in lock order.
+async fn stamp<'e>(
+    executor: impl PgExecutor<'e>,
+    sql: &'static str,
+    ids: &[Uuid],
+) -> Result<(), StoreError> {
+    sqlx::query(sql)
+        .bind(transitions::in_lock_order(ids))
+        .execute(executor)
+        .await?;
     Ok(())
 }
 
@@ -221,21 +240,7 @@ pub async fn record_bbox_request_published_many<'e>(
     executor: impl PgExecutor<'e>,
     ids: &[Uuid],
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "WITH unstamped AS (
-             SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
-               JOIN extractions ON extractions.id = batch.id
-              WHERE status = 'succeeded'
-                AND post_processing->'bbox_refinement'->>'status' = 'pending'
-                FOR UPDATE OF extractions SKIP LOCKED)
-         UPDATE extractions
-            SET post_processing = jsonb_set(post_processing, '{bbox_refinement,published_at}', to_jsonb(now()))
-           FROM unstamped WHERE extractions.id = unstamped.id",
-    )
-    .bind(transitions::in_lock_order(ids))
-    .execute(executor)
-    .await?;
-    Ok(())
+    stamp(executor, STAMP_BBOX_REQUEST_PUBLISHED, ids).await
 }
 
 /// Which stage an operator's reclaim handed back.
