@@ -103,6 +103,8 @@ settings! {
     worker_group: String = "docstream-worker", env "DOCSTREAM_WORKER_GROUP";
     /// Consumer group of `bbox-worker`.
     bbox_worker_group: String = "docstream-bbox-worker", env "DOCSTREAM_BBOX_WORKER_GROUP";
+    /// Consumer group of the intake (on `extraction.requests`).
+    intake_group: String = "docstream-intake", env "DOCSTREAM_INTAKE_GROUP";
     /// Listen address of `serve` (and of `all`). Loopback by default: exposing it is
     /// a decision, not an accident.
     http_addr: String = "127.0.0.1:8080", env "DOCSTREAM_HTTP_ADDR";

@@ -29,7 +29,9 @@ enum Command {
     Worker,
     /// Bbox refinement worker: consumes extraction.post_processing.requested.
     BboxWorker,
-    /// Every role in one process (API, one worker, one bbox worker).
+    /// Intake: consumes extraction.requests (submissions from Kafka producers).
+    Intake,
+    /// Every role in one process (API, intake, one worker, one bbox worker).
     All,
     /// Apply database migrations.
     Migrate,
@@ -126,10 +128,15 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             bbox_workers: 1,
             ..Mix::default()
         },
+        Command::Intake => Mix {
+            intakes: 1,
+            ..Mix::default()
+        },
         Command::All => Mix {
             serve: true,
             workers: 1,
             bbox_workers: 1,
+            intakes: 1,
         },
     };
     let http = match mix.serve {

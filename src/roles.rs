@@ -19,7 +19,7 @@ use crate::config::Settings;
 use crate::extract::RuleExtractor;
 use crate::kafka::Publisher;
 use crate::metrics::Metrics;
-use crate::pipeline::{BboxWorker, ExtractionWorker, Reaper, ReaperKind, Services};
+use crate::pipeline::{BboxWorker, ExtractionWorker, Intake, Reaper, ReaperKind, Services};
 use crate::store;
 
 /// A role's failure, with the role's name.
@@ -108,6 +108,22 @@ pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResu
     Ok(())
 }
 
+/// The intake: one consumer-group member on `extraction.requests`.
+pub async fn intake(services: Services, shutdown: CancellationToken) -> RoleResult {
+    let handler = Intake::new(services.clone());
+    let settings = services.settings.clone();
+    services
+        .consume(
+            &settings.intake_group,
+            &settings.topic_requests,
+            handler,
+            shutdown,
+        )
+        .await?;
+    flush(&services);
+    Ok(())
+}
+
 /// The bbox worker: one consumer-group member on `extraction.post_processing.requested`.
 pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> RoleResult {
     let handler = BboxWorker::new(services.clone());
@@ -156,6 +172,8 @@ pub struct Mix {
     pub workers: usize,
     /// Bbox worker consumers.
     pub bbox_workers: usize,
+    /// Intake consumers (Kafka submissions).
+    pub intakes: usize,
 }
 
 /// Runs `mix` in this process until `shutdown` fires or a role fails; a failing
@@ -178,6 +196,9 @@ pub async fn run(
             "metrics",
             Box::pin(metrics_endpoint(services.clone(), stop.clone())),
         )),
+    }
+    for _ in 0..mix.intakes {
+        roles.push(("intake", Box::pin(intake(services.clone(), stop.clone()))));
     }
     for _ in 0..mix.workers {
         roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));

@@ -11,15 +11,15 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::ApiError;
-use crate::domain::{ExtractionRequest, Transition};
+use crate::domain::{
+    idempotency_key_is_valid, ExtractionRequest, Transition, MAX_IDEMPOTENCY_KEY_LEN,
+};
 use crate::events::PublishReason;
 use crate::pipeline;
 use crate::pipeline::Services;
 use crate::store::{self, transitions, Extraction, NewExtraction};
 
 /// Longest accepted `Idempotency-Key`.
-const MAX_KEY_LEN: usize = 255;
-
 pub(super) fn router() -> Router<Services> {
     Router::new()
         .route("/v1/extractions", post(submit))
@@ -116,10 +116,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let key = value
         .to_str()
         .ok()
-        .filter(|k| !k.is_empty() && k.len() <= MAX_KEY_LEN)
+        .filter(|k| idempotency_key_is_valid(k))
         .ok_or_else(|| {
             ApiError::BadRequest(format!(
-                "Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"
+                "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
             ))
         })?;
     Ok(Some(key.to_owned()))

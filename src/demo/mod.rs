@@ -53,6 +53,7 @@ pub async fn run(
         serve: true,
         workers: args.workers,
         bbox_workers: args.bbox_workers,
+        intakes: 0,
     };
     let stop = shutdown.child_token();
     let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));

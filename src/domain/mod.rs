@@ -9,7 +9,8 @@ mod retry;
 mod state;
 
 pub use request::{
-    Document, ExtractionRequest, FieldSpec, FieldType, Page, RequestError, Word, WordRef,
+    idempotency_key_is_valid, Document, ExtractionRequest, FieldSpec, FieldType, Page,
+    RequestError, Word, WordRef, MAX_IDEMPOTENCY_KEY_LEN,
 };
 pub use retry::retry_delay_s;
 pub use state::{BboxStatus, ExtractionStatus, Transition};

@@ -8,6 +8,17 @@ use serde::{Deserialize, Serialize};
 
 /// Most field specs one request may carry.
 pub const MAX_FIELDS: usize = 100;
+/// Longest idempotency key accepted, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// Whether `key` can name a job: 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII
+/// characters (what an HTTP header carries), whichever intake it came through.
+pub fn idempotency_key_is_valid(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_IDEMPOTENCY_KEY_LEN
+        && key.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
 /// Longest pattern accepted, in bytes; the compiled regex is size-limited too.
 pub const MAX_PATTERN_LEN: usize = 512;
 

@@ -19,7 +19,8 @@ pub const SINGLE_OBJECT_MAGIC: [u8; 2] = [0xC3, 0x01];
 const HEADER_LEN: usize = 10;
 
 /// The `.avsc` files, compiled into the binary.
-const SCHEMA_SOURCES: [&str; 4] = [
+const SCHEMA_SOURCES: [&str; 5] = [
+    include_str!("../../schemas/ExtractionRequested.avsc"),
     include_str!("../../schemas/ExtractionSubmitted.avsc"),
     include_str!("../../schemas/PostProcessingRequested.avsc"),
     include_str!("../../schemas/ExtractionEvent.avsc"),
@@ -140,7 +141,8 @@ pub fn decode<E: Event>(bytes: &[u8]) -> Result<E, CodecError> {
 mod tests {
     use super::*;
     use crate::events::{
-        DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested, PublishReason,
+        DeadLetter, ExtractionEvent, ExtractionRequested, ExtractionSubmitted,
+        PostProcessingRequested, PublishReason,
     };
 
     fn round_trip<E: Event + PartialEq + std::fmt::Debug>(event: E) {
@@ -151,6 +153,11 @@ mod tests {
 
     #[test]
     fn every_event_round_trips() {
+        round_trip(ExtractionRequested {
+            idempotency_key: "order-17".into(),
+            request_json: r#"{"document":{"pages":[]},"fields":[]}"#.into(),
+            requested_at_ms: 1_764_460_800_000,
+        });
         round_trip(ExtractionSubmitted {
             extraction_id: "5b0c".into(),
             reason: PublishReason::Reaper,

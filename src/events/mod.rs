@@ -46,6 +46,18 @@ pub trait Event: Serialize + for<'de> Deserialize<'de> {
     const NAME: &'static str;
 }
 
+/// `extraction.requests`: a submission from a Kafka producer (the intake role
+/// turns it into a job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExtractionRequested {
+    /// Names the job, as the `Idempotency-Key` header does.
+    pub idempotency_key: String,
+    /// The request, as the JSON body of `POST /v1/extractions`.
+    pub request_json: String,
+    /// When the producer sent it, ms since the epoch.
+    pub requested_at_ms: i64,
+}
+
 /// `extraction.submitted`: a job waits for a worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExtractionSubmitted {
@@ -114,6 +126,9 @@ pub struct DeadLetter {
     pub published_at_ms: i64,
 }
 
+impl Event for ExtractionRequested {
+    const NAME: &'static str = "dev.docstream.events.ExtractionRequested";
+}
 impl Event for ExtractionSubmitted {
     const NAME: &'static str = "dev.docstream.events.ExtractionSubmitted";
 }

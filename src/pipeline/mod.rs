@@ -1,4 +1,4 @@
-//! The pipeline roles: the extraction worker and the bbox worker, each a
+//! The pipeline roles: the intake, the extraction worker and the bbox worker, each a
 //! [`RecordHandler`](crate::kafka::RecordHandler) run by the consumer runtime.
 //!
 //! Every role claims before it works (a duplicate delivery loses the claim and is
@@ -8,6 +8,7 @@
 
 mod batched;
 mod bbox_worker;
+mod intake;
 pub mod lease;
 pub mod reaper;
 mod submit;
@@ -15,8 +16,9 @@ mod worker;
 
 pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
+pub use intake::Intake;
 pub use reaper::{Reaper, ReaperKind};
-pub use submit::submit;
+pub use submit::{submit, submit_durably, DurableSubmitError};
 pub use worker::ExtractionWorker;
 
 use std::future::Future;

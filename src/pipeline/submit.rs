@@ -1,51 +1,97 @@
-//! The one submit path (HTTP today; the WebSocket and Kafka intakes later): insert
-//! the row idempotently, then hand it to the workers.
+//! The one submit path, for every intake (HTTP, and the Kafka topic
+//! `extraction.requests`): insert the row idempotently, then hand it to the
+//! workers.
 //!
-//! The row is durable before anything is published, so a failed publish does not
-//! fail the submit: the job is then a class-1 orphan (queued, never published),
-//! which the extraction reaper revives. Once the broker acknowledged the event,
-//! the row is stamped as published, which tells the reaper it is not lost.
+//! The row is durable before anything is published. Over HTTP ([`submit`]) a
+//! failed publish does not fail the submit: the job is then a class-1 orphan
+//! (queued, never published), which the extraction reaper revives. The Kafka
+//! intake ([`submit_durably`]) has a better option: it fails the record, which
+//! is delivered again, so its offset is committed only once the row and the
+//! job's event are both durable. Once the broker acknowledged the event, the
+//! row is stamped as published, which tells the reaper it is not lost.
 
 use super::Services;
 use crate::domain::Transition;
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::failpoints;
+use crate::kafka::PublishError;
 use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
 
 /// Inserts `new` (or finds the row its idempotency key names) and, when a row
-/// was created, publishes it.
+/// was created, publishes it; a failed publish is left to the reaper.
 pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
-    let insert = |insert| services.batched.insert.run(insert);
-    let submitted = store::submit_with(&services.pool, new, insert).await?;
+    let submitted = insert(services, new).await?;
     if let Submitted::Created(row) = &submitted {
-        if let Err(e) = failpoints::hit("submit.after_insert").await {
-            let failed = sqlx::Error::Protocol(e.to_string());
-            return Err(SubmitError::Store(StoreError::from(failed)));
+        if let Err(e) = publish_created(services, row).await {
+            tracing::error!(id = %row.id, error = %e, "submitted event not published; the reaper will revive it");
         }
-        publish_submitted(services, row).await;
     }
     Ok(submitted)
 }
 
-async fn publish_submitted(services: &Services, row: &Extraction) {
-    let topic = services.settings.topic(&services.settings.topic_submitted);
-    let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
-    let key = row.id.to_string();
-    let (published, emitted) = tokio::join!(
-        services.publisher.publish(&topic, key.as_bytes(), &event),
-        services.emit(Transition::Submit, row, None, PublishReason::Submit),
-    );
-    match published {
-        Ok(()) => {
-            if let Err(e) = services.batched.published.run(row.id).await {
-                tracing::warn!(id = %row.id, error = %e, "publish not recorded; the reaper may republish it");
-            }
+/// Why [`submit_durably`] did not make a job durable.
+#[derive(Debug, thiserror::Error)]
+pub enum DurableSubmitError {
+    /// Refused, or the database failed.
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    /// The job's event was not acknowledged.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+/// [`submit`], but `Ok` only once the job's event was acknowledged, also for a
+/// repeat whose first publish never was (its submitter failed in between).
+pub async fn submit_durably(
+    services: &Services,
+    new: NewExtraction,
+) -> Result<Submitted, DurableSubmitError> {
+    let submitted = insert(services, new).await?;
+    match &submitted {
+        Submitted::Created(row) => publish_created(services, row).await?,
+        Submitted::Replayed(row) if row.status == "queued" && row.published_at.is_none() => {
+            publish_job(services, row).await?
         }
-        Err(e) => {
-            tracing::error!(id = %row.id, error = %e, "submitted event not published; the reaper will revive it")
+        Submitted::Replayed(_) => {}
+    }
+    Ok(submitted)
+}
+
+async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
+    let insert = |insert| services.batched.insert.run(insert);
+    let submitted = store::submit_with(&services.pool, new, insert).await?;
+    if let Submitted::Created(_) = &submitted {
+        if let Err(e) = failpoints::hit("submit.after_insert").await {
+            let failed = sqlx::Error::Protocol(e.to_string());
+            return Err(SubmitError::Store(StoreError::from(failed)));
         }
     }
+    Ok(submitted)
+}
+
+/// A new job: its `extraction.submitted` event, and the `submit` lifecycle event.
+async fn publish_created(services: &Services, row: &Extraction) -> Result<(), PublishError> {
+    let (published, emitted) = tokio::join!(
+        publish_job(services, row),
+        services.emit(Transition::Submit, row, None, PublishReason::Submit),
+    );
     if let Err(e) = emitted {
         tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
     }
+    published
+}
+
+/// Publishes the job's `extraction.submitted` event and, once acknowledged,
+/// stamps the row.
+async fn publish_job(services: &Services, row: &Extraction) -> Result<(), PublishError> {
+    let topic = services.settings.topic(&services.settings.topic_submitted);
+    let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
+    services
+        .publisher
+        .publish(&topic, row.id.to_string().as_bytes(), &event)
+        .await?;
+    if let Err(e) = services.batched.published.run(row.id).await {
+        tracing::warn!(id = %row.id, error = %e, "publish not recorded; the reaper may republish it");
+    }
+    Ok(())
 }

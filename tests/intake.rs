@@ -1,0 +1,206 @@
+//! The Kafka intake against the real broker and Postgres: submissions produced
+//! to `extraction.requests` by a plain Kafka producer become jobs by the same
+//! path as `POST /v1/extractions`. A repeat of a key creates nothing new, an
+//! invalid request goes to the DLQ with its reason, and every valid one is
+//! carried through to bbox succeeded by separate processes.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::{
+    assert_exactly_once, sample_body, stop, topic_size, wait_count, wait_for, wins, TestEnv,
+    ALL_BBOX_SUCCEEDED,
+};
+use docstream::events::{decode, encode, DeadLetter, ExtractionRequested};
+use futures::stream::{self, StreamExt};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use uuid::Uuid;
+
+const REQUESTS: usize = 5_000;
+/// 1% of the records: requests that can never become jobs.
+const INVALID: usize = 50;
+/// 10% of the records: repeats of a valid key with the same request.
+const REPEATS: usize = 500;
+
+/// One record of the stream the test produces.
+struct Produced {
+    key: String,
+    requested: ExtractionRequested,
+}
+
+fn requested(key: &str, request_json: String) -> ExtractionRequested {
+    ExtractionRequested {
+        idempotency_key: key.to_owned(),
+        request_json,
+        requested_at_ms: 0,
+    }
+}
+
+/// 4,450 distinct valid keys, 500 repeats of them (each some records after its
+/// original), and 50 invalid requests of three kinds, interleaved.
+fn stream_of_requests(run: &str) -> (Vec<Produced>, HashSet<String>) {
+    let distinct = REQUESTS - INVALID - REPEATS;
+    let originals: Vec<(String, String)> = (0..distinct)
+        .map(|i| (format!("{run}-job-{i}"), sample_body(i).to_string()))
+        .collect();
+    let keys = originals.iter().map(|(key, _)| key.clone()).collect();
+    let mut records: Vec<Produced> = originals
+        .iter()
+        .map(|(key, body)| Produced {
+            key: key.clone(),
+            requested: requested(key, body.clone()),
+        })
+        .collect();
+    for j in 0..REPEATS {
+        // Each earlier insert moved the original at most one place on, so
+        // `original + j + 1` is after it: a repeat follows its original.
+        let original = (j * 8) % distinct;
+        let (key, body) = &originals[original];
+        let at = (original + 1 + j % 40 + j).min(records.len());
+        records.insert(
+            at,
+            Produced {
+                key: key.clone(),
+                requested: requested(key, body.clone()),
+            },
+        );
+    }
+    for i in 0..INVALID {
+        let key = format!("{run}-bad-{i}");
+        let (key, json) = match i % 3 {
+            // Not JSON at all.
+            0 => (key, "{\"document\": ".to_owned()),
+            // JSON, but no fields to extract.
+            1 => {
+                let mut body = sample_body(i);
+                body["fields"] = serde_json::json!([]);
+                (key, body.to_string())
+            }
+            // A key that cannot name a job.
+            _ => (String::new(), sample_body(i).to_string()),
+        };
+        let at = (i * 97) % records.len();
+        records.insert(
+            at,
+            Produced {
+                key: key.clone(),
+                requested: requested(&key, json),
+            },
+        );
+    }
+    (records, keys)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq() {
+    let env = TestEnv::new("intake").await;
+    let pool = &env.pool;
+    let run = Uuid::new_v4().simple().to_string();
+    let (records, keys) = stream_of_requests(&run);
+    assert_eq!(records.len(), REQUESTS);
+    assert_eq!(keys.len(), REQUESTS - INVALID - REPEATS);
+
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let topic = env.topic("extraction.requests");
+    stream::iter(&records)
+        .map(|record| {
+            let payload = encode(&record.requested).unwrap();
+            let producer = producer.clone();
+            let topic = topic.clone();
+            async move {
+                let sent = FutureRecord::to(&topic)
+                    .key(record.key.as_bytes())
+                    .payload(&payload);
+                producer.send(sent, Duration::from_secs(30)).await.unwrap();
+            }
+        })
+        .buffered(256)
+        .collect::<Vec<_>>()
+        .await;
+
+    let mut children = [
+        env.spawn("intake", &[], "intake"),
+        env.spawn("worker", &[], "intake-worker"),
+        env.spawn("bbox-worker", &[], "intake-bbox-worker"),
+    ];
+    let valid = keys.len() as i64;
+    wait_count(
+        pool,
+        "every valid request to reach bbox succeeded",
+        ALL_BBOX_SUCCEEDED,
+        valid,
+        Duration::from_secs(300),
+    )
+    .await;
+    let dlq = env.topic("extraction.dlq");
+    let brokers = env.settings.kafka_brokers.clone();
+    wait_for(
+        "the invalid requests in the DLQ",
+        Duration::from_secs(60),
+        || {
+            let (brokers, dlq) = (brokers.clone(), dlq.clone());
+            async move {
+                match topic_size(&brokers, &dlq) {
+                    n if n >= INVALID as i64 => Ok(()),
+                    n => Err(format!("{n} dead letters")),
+                }
+            }
+        },
+    )
+    .await;
+    stop(children.iter_mut()).await;
+
+    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, idempotency_key FROM extractions")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let mut per_key: HashMap<&str, usize> = HashMap::new();
+    for (_, key) in &rows {
+        *per_key.entry(key.as_str()).or_default() += 1;
+    }
+    let row_keys: HashSet<String> = per_key.keys().map(|k| k.to_string()).collect();
+    assert_eq!(
+        row_keys, keys,
+        "one row for each distinct valid key, none for others"
+    );
+    assert!(per_key.values().all(|&n| n == 1), "a key made two rows");
+    let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+    assert_exactly_once(&wins(pool, "submit").await, &ids, "submit");
+    assert_exactly_once(&wins(pool, "mark_succeeded").await, &ids, "mark_succeeded");
+    assert_exactly_once(
+        &wins(pool, "mark_bbox_refinement_succeeded").await,
+        &ids,
+        "bbox succeeded",
+    );
+
+    let letters: Vec<DeadLetter> = env
+        .read_topic("extraction.dlq")
+        .into_iter()
+        .map(|(_, value)| decode(&value).unwrap())
+        .collect();
+    assert_eq!(
+        letters.len(),
+        INVALID,
+        "exactly the invalid requests are dead letters"
+    );
+    assert!(letters.iter().all(|l| l.error_kind == "invalid_request"));
+    let reasons: HashSet<&str> = letters
+        .iter()
+        .map(|l| l.error.split(':').next().unwrap_or_default())
+        .collect();
+    eprintln!(
+        "intake test: records={REQUESTS} distinct_valid={} repeats={REPEATS} invalid={INVALID} \
+         rows={} dead_letters={} reasons={reasons:?}",
+        keys.len(),
+        rows.len(),
+        letters.len()
+    );
+    env.cleanup().await;
+}
