@@ -30,6 +30,9 @@ pub enum ApiError {
     /// The request conflicts with the job's state.
     #[error("{0}")]
     Conflict(String),
+    /// The server is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
     /// A dependency failed; details are logged.
     #[error("internal error")]
     Internal(String),
@@ -46,6 +49,7 @@ impl ApiError {
             }
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -82,13 +86,20 @@ impl From<SubmitError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
-        if let Self::Internal(detail) = &self {
+impl ApiError {
+    /// `{"error": {"code", "message"}}`; an internal detail goes to the log.
+    pub(super) fn body(&self) -> serde_json::Value {
+        let (_, code) = self.status_and_code();
+        if let Self::Internal(detail) = self {
             tracing::error!(%detail, "request failed");
         }
-        let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
-        (status, Json(body)).into_response()
+        serde_json::json!({"error": {"code": code, "message": self.to_string()}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, _) = self.status_and_code();
+        (status, Json(self.body())).into_response()
     }
 }

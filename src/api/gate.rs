@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 
@@ -23,9 +24,22 @@ pub struct Gate {
 
 struct Inner {
     closed: AtomicBool,
+    /// Cancelled at [`Gate::close`]: what long-lived streams watch.
+    closing: CancellationToken,
     in_flight: AtomicUsize,
     idle: Notify,
     metrics: Metrics,
+}
+
+/// A stream admitted through the gate; leaves it when dropped.
+pub struct Hold(Arc<Inner>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// Leaves the gate when the request is answered (or dropped).
@@ -44,6 +58,7 @@ impl Gate {
     pub fn new(metrics: Metrics) -> Self {
         let inner = Inner {
             closed: AtomicBool::new(false),
+            closing: CancellationToken::new(),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             metrics,
@@ -56,6 +71,23 @@ impl Gate {
     /// From now on, new requests are refused.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.closing.cancel();
+    }
+
+    /// Fires when the gate closes: a stream stops reading and drains.
+    pub fn closing(&self) -> CancellationToken {
+        self.inner.closing.clone()
+    }
+
+    /// Counts a long-lived stream as in flight until the guard is dropped, so
+    /// [`wait_idle`](Self::wait_idle) waits for its drain; `None` once closed.
+    pub fn hold(&self) -> Option<Hold> {
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        let hold = Hold(self.inner.clone());
+        match self.inner.closed.load(Ordering::SeqCst) {
+            true => None,
+            false => Some(hold),
+        }
     }
 
     /// Waits up to `timeout` until no admitted request is in flight.

@@ -1,8 +1,10 @@
-//! The HTTP edge: `serve`'s routes, assembled by [`app`] and run by [`serve`].
+//! The HTTP edge: `serve`'s routes (the REST API and the import stream),
+//! assembled by [`app`] and run by [`serve`].
 
 mod error;
 mod extractions;
 mod gate;
+mod import;
 
 pub use error::ApiError;
 pub use gate::Gate;
@@ -25,6 +27,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     let metrics = services.metrics.clone();
     Router::new()
         .merge(extractions::router())
+        .merge(import::router())
         .route("/healthz", get(healthz))
         .with_state(services)
         .merge(
@@ -33,6 +36,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
                 .with_state(metrics.clone()),
         )
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::Extension(gate.clone()))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
 }

@@ -1,0 +1,202 @@
+//! `GET /v1/import`: a WebSocket on which a client streams submissions.
+//!
+//! Each text frame is `{"ref": any, "idempotency_key": "…"?, "request": {…}}`
+//! (`request` is the body `POST /v1/extractions` takes) and is answered on the
+//! socket, in completion order, with `{"ref", "id", "status"}` or
+//! `{"ref", "error": {"code", "message"}}`. Every frame takes the submit path
+//! of the API, so it is validated, inserted idempotently and published alike.
+//!
+//! - **Backpressure.** At most [`IN_FLIGHT`] frames of a socket are being
+//!   submitted; the next frame is read only when one finishes, so a fast client
+//!   is slowed by TCP, never dropped.
+//! - **Close.** When the client closes, or when the server shuts down, reading
+//!   stops; every frame already read is drained (row written, event
+//!   published) and answered while the socket still takes answers; on
+//!   shutdown the server then closes with 1000 (normal), and frames that
+//!   arrive after that are dropped unread and unanswered. `serve` waits for
+//!   that drain before it flushes and exits.
+
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{ApiError, Gate};
+use crate::domain::{idempotency_key_is_valid, ExtractionRequest, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::pipeline::{self, Services};
+use crate::store::NewExtraction;
+
+/// Frames of one socket being submitted at once.
+pub const IN_FLIGHT: usize = 64;
+
+/// How long a server-side close waits for the client's close frame.
+const CLOSE_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(5);
+
+pub(super) fn router() -> Router<Services> {
+    Router::new().route("/v1/import", get(upgrade))
+}
+
+/// One submission on the socket.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Frame {
+    /// The client's reference, echoed in the answer.
+    #[serde(rename = "ref", default)]
+    reference: serde_json::Value,
+    idempotency_key: Option<String>,
+    request: ExtractionRequest,
+}
+
+async fn upgrade(
+    State(services): State<Services>,
+    Extension(gate): Extension<Gate>,
+    socket: WebSocketUpgrade,
+) -> Response {
+    let Some(hold) = gate.hold() else {
+        return ApiError::Unavailable("server is shutting down; retry shortly".into())
+            .into_response();
+    };
+    let closing = gate.closing();
+    socket.on_upgrade(move |socket| async move {
+        import(socket, services, closing).await;
+        drop(hold);
+    })
+}
+
+#[derive(Debug, PartialEq)]
+enum Ended {
+    ClientClosed,
+    ServerClosing,
+}
+
+async fn import(socket: WebSocket, services: Services, closing: CancellationToken) {
+    let (mut sink, mut frames) = socket.split();
+    let (answers, mut to_send) = mpsc::channel::<Message>(IN_FLIGHT);
+    // Answers go out as they come; once the client is gone they are dropped,
+    // but the submits behind them still finish.
+    let writer = tokio::spawn(async move {
+        let mut open = true;
+        while let Some(answer) = to_send.recv().await {
+            if open && sink.send(answer).await.is_err() {
+                open = false;
+            }
+        }
+        sink
+    });
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut submits = JoinSet::new();
+    let ended = loop {
+        let slot = tokio::select! {
+            _ = closing.cancelled() => break Ended::ServerClosing,
+            slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+        };
+        let frame = tokio::select! {
+            _ = closing.cancelled() => break Ended::ServerClosing,
+            frame = frames.next() => frame,
+        };
+        let text = match frame {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::ClientClosed,
+            Some(Ok(Message::Text(text))) => text.to_string(),
+            Some(Ok(Message::Binary(_))) => {
+                let refused = ApiError::BadRequest("frames must be JSON text".into());
+                let _ = answers
+                    .send(answer(serde_json::Value::Null, refused.body()))
+                    .await;
+                continue;
+            }
+            Some(Ok(_)) => continue,
+        };
+        let (services, answers) = (services.clone(), answers.clone());
+        submits.spawn(async move {
+            let (reference, outcome) = submit_frame(&services, &text).await;
+            let _ = answers.send(answer(reference, outcome)).await;
+            drop(slot);
+        });
+    };
+    while submits.join_next().await.is_some() {}
+    drop(answers);
+    if let Ok(mut sink) = writer.await {
+        if ended == Ended::ServerClosing {
+            let close = CloseFrame {
+                code: axum::extract::ws::close_code::NORMAL,
+                reason: "server shutting down".into(),
+            };
+            let _ = sink.send(Message::Close(Some(close))).await;
+            // The closing handshake: read (and drop, unanswered) what the
+            // client sent meanwhile until its close arrives, so the connection
+            // ends with both close frames instead of a reset.
+            let handshake = async {
+                while let Some(Ok(message)) = frames.next().await {
+                    if let Message::Close(_) = message {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+        }
+        let _ = sink.close().await;
+    }
+    tracing::debug!(?ended, "import stream drained and closed");
+}
+
+fn answer(reference: serde_json::Value, mut outcome: serde_json::Value) -> Message {
+    outcome["ref"] = reference;
+    Message::Text(outcome.to_string().into())
+}
+
+/// Submits one frame; its reference and `{"id", "status"}` or `{"error"}`.
+async fn submit_frame(services: &Services, text: &str) -> (serde_json::Value, serde_json::Value) {
+    let frame: Frame = match serde_json::from_str(text) {
+        Ok(frame) => frame,
+        Err(e) => {
+            let reference = serde_json::from_str::<serde_json::Value>(text)
+                .map(|v| v["ref"].clone())
+                .unwrap_or_default();
+            return (
+                reference,
+                ApiError::Unprocessable(format!("frame: {e}")).body(),
+            );
+        }
+    };
+    let outcome = submit(services, frame.idempotency_key, frame.request).await;
+    let body = match outcome {
+        Ok((id, status)) => serde_json::json!({"id": id, "status": status}),
+        Err(e) => e.body(),
+    };
+    (frame.reference, body)
+}
+
+async fn submit(
+    services: &Services,
+    idempotency_key: Option<String>,
+    request: ExtractionRequest,
+) -> Result<(Uuid, String), ApiError> {
+    request
+        .validate()
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    if idempotency_key
+        .as_deref()
+        .is_some_and(|k| !idempotency_key_is_valid(k))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+        )));
+    }
+    let new = NewExtraction {
+        id: Uuid::new_v4(),
+        idempotency_key,
+        request,
+    };
+    let submitted = pipeline::submit(services, new).await?;
+    let row = submitted.extraction();
+    Ok((row.id, row.status.clone()))
+}
