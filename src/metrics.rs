@@ -63,6 +63,13 @@ pub struct Metrics {
     pub publisher_queue_depth: prometheus::IntGauge,
     /// `docstream_http_shutdown_rejections_total`: requests answered 503 while draining.
     pub http_shutdown_rejections: prometheus::IntCounter,
+    /// `docstream_stream_queue_depth{stream}`: frames read and not yet answered.
+    pub stream_queue_depth: IntGaugeVec,
+    /// `docstream_stream_frames_total{stream, outcome="accepted|refused"}`.
+    pub stream_frames: IntCounterVec,
+    /// `docstream_stream_closes_total{stream, kind="client|graceful"}`: closed by
+    /// the client, or by the server after draining on shutdown.
+    pub stream_closes: IntCounterVec,
 }
 
 impl Metrics {
@@ -156,6 +163,27 @@ impl Metrics {
             "Consumer shutdowns: graceful (drained) or forced (drain timed out).",
             &["kind"],
         );
+        let stream_frames = counter(
+            "docstream_stream_frames_total",
+            "Frames of a stream, accepted (submitted) or refused with an error.",
+            &["stream", "outcome"],
+        );
+        let stream_closes = counter(
+            "docstream_stream_closes_total",
+            "Streams closed by the client, or by the server after a drain on shutdown.",
+            &["stream", "kind"],
+        );
+        let stream_queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "docstream_stream_queue_depth",
+                "Frames of a stream read and not yet answered.",
+            ),
+            &["stream"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(stream_queue_depth.clone()))
+            .expect("unique metric");
         let dead_letters = counter(
             "docstream_dead_letters_total",
             "Poison records acknowledged by the DLQ, by reason.",
@@ -248,6 +276,9 @@ impl Metrics {
             dead_letters,
             publisher_queue_depth,
             http_shutdown_rejections,
+            stream_queue_depth,
+            stream_frames,
+            stream_closes,
             stale_completions,
             retries_scheduled,
             orphans_found,

@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    assert_exactly_once, free_port, sample_body, signal, stop, wait_count, wait_healthy, wins,
-    TestEnv, ALL_BBOX_SUCCEEDED,
+    assert_exactly_once, free_port, sample_body, scrape, signal, stop, wait_count, wait_healthy,
+    wins, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{decode, ExtractionSubmitted};
 use futures::{SinkExt, StreamExt};
@@ -91,8 +91,20 @@ async fn a_client_that_closes_at_once_loses_none_of_what_it_sent() {
         ids.iter().all(|id| published.contains(&id.to_string())),
         "every job was published"
     );
+    let metrics = format!("127.0.0.1:{port}");
+    let accepted = scrape(
+        &metrics,
+        "docstream_stream_frames_total{outcome=\"accepted\",stream=\"import\"}",
+    )
+    .await;
+    let closes = scrape(
+        &metrics,
+        "docstream_stream_closes_total{kind=\"client\",stream=\"import\"}",
+    )
+    .await;
+    assert_eq!((accepted, closes), (SENT as f64, 1.0));
     eprintln!(
-        "import close test: sent={SENT} rows={} published_and_succeeded={}",
+        "import close test: sent={SENT} rows={} published_and_succeeded={} frames_accepted={accepted} client_closes={closes}",
         ids.len(),
         ids.len()
     );

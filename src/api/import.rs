@@ -38,6 +38,9 @@ use crate::store::NewExtraction;
 /// Frames of one socket being submitted at once.
 pub const IN_FLIGHT: usize = 64;
 
+/// The `stream` label of this stream's metrics.
+const STREAM: &str = "import";
+
 /// How long a server-side close waits for the client's close frame.
 const CLOSE_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -107,6 +110,8 @@ async fn import(socket: WebSocket, services: Services, closing: CancellationToke
             None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::ClientClosed,
             Some(Ok(Message::Text(text))) => text.to_string(),
             Some(Ok(Message::Binary(_))) => {
+                let frames = &services.metrics.stream_frames;
+                frames.with_label_values(&[STREAM, "refused"]).inc();
                 let refused = ApiError::BadRequest("frames must be JSON text".into());
                 let _ = answers
                     .send(answer(serde_json::Value::Null, refused.body()))
@@ -116,9 +121,21 @@ async fn import(socket: WebSocket, services: Services, closing: CancellationToke
             Some(Ok(_)) => continue,
         };
         let (services, answers) = (services.clone(), answers.clone());
+        let depth = services
+            .metrics
+            .stream_queue_depth
+            .with_label_values(&[STREAM]);
+        depth.inc();
         submits.spawn(async move {
             let (reference, outcome) = submit_frame(&services, &text).await;
+            let verdict = match outcome["error"].is_null() {
+                true => "accepted",
+                false => "refused",
+            };
+            let frames = &services.metrics.stream_frames;
+            frames.with_label_values(&[STREAM, verdict]).inc();
             let _ = answers.send(answer(reference, outcome)).await;
+            depth.dec();
             drop(slot);
         });
     };
@@ -145,6 +162,12 @@ async fn import(socket: WebSocket, services: Services, closing: CancellationToke
         }
         let _ = sink.close().await;
     }
+    let kind = match ended {
+        Ended::ClientClosed => "client",
+        Ended::ServerClosing => "graceful",
+    };
+    let closes = &services.metrics.stream_closes;
+    closes.with_label_values(&[STREAM, kind]).inc();
     tracing::debug!(?ended, "import stream drained and closed");
 }
 
