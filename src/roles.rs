@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api;
 use crate::config::Settings;
 use crate::extract::RuleExtractor;
-use crate::kafka::Publisher;
+use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{BboxWorker, ExtractionWorker, Intake, Reaper, ReaperKind, Services};
 use crate::store;
@@ -96,46 +96,35 @@ pub async fn serve(
 pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResult {
     let handler = ExtractionWorker::new(services.clone(), RuleExtractor);
     let settings = services.settings.clone();
-    services
-        .consume(
-            &settings.worker_group,
-            &settings.topic_submitted,
-            handler,
-            shutdown,
-        )
-        .await?;
-    flush(&services);
-    Ok(())
+    let (group, topic) = (&settings.worker_group, &settings.topic_submitted);
+    consumer(services, group, topic, handler, shutdown).await
 }
 
 /// The intake: one consumer-group member on `extraction.requests`.
 pub async fn intake(services: Services, shutdown: CancellationToken) -> RoleResult {
     let handler = Intake::new(services.clone());
     let settings = services.settings.clone();
-    services
-        .consume(
-            &settings.intake_group,
-            &settings.topic_requests,
-            handler,
-            shutdown,
-        )
-        .await?;
-    flush(&services);
-    Ok(())
+    let (group, topic) = (&settings.intake_group, &settings.topic_requests);
+    consumer(services, group, topic, handler, shutdown).await
 }
 
 /// The bbox worker: one consumer-group member on `extraction.post_processing.requested`.
 pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> RoleResult {
     let handler = BboxWorker::new(services.clone());
     let settings = services.settings.clone();
-    services
-        .consume(
-            &settings.bbox_worker_group,
-            &settings.topic_post_processing,
-            handler,
-            shutdown,
-        )
-        .await?;
+    let (group, topic) = (&settings.bbox_worker_group, &settings.topic_post_processing);
+    consumer(services, group, topic, handler, shutdown).await
+}
+
+/// Runs `handler` on `topic` in `group` until `shutdown`, then flushes.
+async fn consumer<H: RecordHandler>(
+    services: Services,
+    group: &str,
+    topic: &str,
+    handler: H,
+    shutdown: CancellationToken,
+) -> RoleResult {
+    services.consume(group, topic, handler, shutdown).await?;
     flush(&services);
     Ok(())
 }
