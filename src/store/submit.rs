@@ -19,7 +19,7 @@ use crate::domain::ExtractionRequest;
 
 // Written over arrays (one element from `submit`) so that the benchmark's
 // Postgres ceiling runs this very statement with one row and with a hundred.
-// The request is not returned: the caller has it (see `insert_many`).
+// The request is not returned: the caller has it.
 pub(crate) const INSERT: &str = concat!(
     "WITH created AS (
         INSERT INTO extractions (id, status, idempotency_key, request_hash, request)
@@ -141,7 +141,8 @@ where
 }
 
 /// Inserts many jobs in one statement; a job whose key another row holds gets
-/// `None`. One answer per job, in order.
+/// `None`. One answer per job, in order. The rows come back without their
+/// request (`Extraction::request` is `None`): the caller has it already.
 pub async fn insert_many<'e>(
     executor: impl PgExecutor<'e>,
     inserts: &[Insert],
@@ -162,14 +163,7 @@ pub async fn insert_many<'e>(
         .fetch_all(executor)
         .await?;
     let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
-    Ok(inserts
-        .iter()
-        .map(|insert| {
-            let mut row = created.remove(&insert.new.id)?;
-            row.request = Some(Json(insert.new.request.clone()));
-            Some(row)
-        })
-        .collect())
+    Ok(ids.iter().map(|id| created.remove(id)).collect())
 }
 
 async fn by_key(pool: &PgPool, key: &str) -> Result<Option<Extraction>, sqlx::Error> {
