@@ -36,6 +36,38 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// What an export stream does with an event when its queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backpressure {
+    /// Wait for room: nothing is lost, and a slow client slows its stream.
+    Block,
+    /// Drop the oldest queued event to make room (counted).
+    DropOldest,
+    /// Drop the new event (counted).
+    DropNew,
+}
+
+impl Backpressure {
+    /// `block`, `drop_oldest` or `drop_new`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "block" => Some(Self::Block),
+            "drop_oldest" => Some(Self::DropOldest),
+            "drop_new" => Some(Self::DropNew),
+            _ => None,
+        }
+    }
+
+    /// The name, also the `strategy` label of the drop metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Block => "block",
+            Self::DropOldest => "drop_oldest",
+            Self::DropNew => "drop_new",
+        }
+    }
+}
+
 /// Declares the settings once: field, type, default, variable, and the reason.
 macro_rules! settings {
     ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, env $var:literal; )*) => {
@@ -194,6 +226,29 @@ settings! {
     /// form the next batch. One gives the largest batches, hence the fewest
     /// commits (burn-down, 20,000 jobs: 1,893 jobs/s with 1, 1,428 with 2).
     db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY";
+    /// Consumer groups of export streams are this prefix and the client's
+    /// `group` name, so an export never joins a pipeline role's group.
+    export_group_prefix: String = "docstream-export-", env "DOCSTREAM_EXPORT_GROUP_PREFIX";
+    /// The backpressure strategy of an export stream whose client names none:
+    /// `block` (never lose an event; a slow client slows its stream), `drop_oldest`
+    /// or `drop_new` (keep up; count what was dropped). Block, because losing
+    /// nothing is the promise a client gets unless it asks otherwise.
+    export_backpressure_strategy: String = "block", env "DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY";
+    /// Events of one export stream waiting for the socket. Beyond it `block`
+    /// waits and the drop strategies drop; 256 events are about 64 KiB.
+    export_max_queue_size: usize = 256_usize, env "DOCSTREAM_EXPORT_MAX_QUEUE_SIZE";
+    /// Events of one export stream sent and not yet acknowledged by the client:
+    /// the window a client may lag behind before sending stops. 1,024 keeps a
+    /// client that acknowledges in batches busy.
+    export_max_unacked: usize = 1024_usize, env "DOCSTREAM_EXPORT_MAX_UNACKED";
+    /// On shutdown, how long an export stream waits for its client to
+    /// acknowledge what was sent before it commits what was and closes anyway
+    /// (a forced close).
+    export_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S";
+    /// Consecutive failed sends or malformed client frames after which an
+    /// export stream is closed by force: a client that keeps failing is gone or
+    /// broken, and holds a consumer-group member.
+    export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS";
     /// Logs as JSON lines instead of text.
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
@@ -272,6 +327,10 @@ impl Settings {
                 "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S",
                 self.publisher_drain_timeout_s,
             ),
+            (
+                "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S",
+                self.export_drain_timeout_s,
+            ),
         ] {
             if !(secs.is_finite() && secs > 0.0) {
                 return invalid(format!("{name} must be a positive number of seconds"));
@@ -340,6 +399,18 @@ impl Settings {
             return invalid(
                 "consumer_max_in_flight, db_max_connections, db_batch_max and db_batch_concurrency must be at least 1".into(),
             );
+        }
+        if Backpressure::parse(&self.export_backpressure_strategy).is_none() {
+            return invalid(format!(
+                "DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY={:?}: expected block, drop_oldest or drop_new",
+                self.export_backpressure_strategy
+            ));
+        }
+        if self.export_max_queue_size == 0
+            || self.export_max_unacked == 0
+            || self.export_max_consecutive_errors == 0
+        {
+            return invalid("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE, DOCSTREAM_EXPORT_MAX_UNACKED and DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS must be at least 1".into());
         }
         for (name, addr) in [
             ("DOCSTREAM_HTTP_ADDR", &self.http_addr),

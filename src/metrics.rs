@@ -67,9 +67,17 @@ pub struct Metrics {
     pub stream_queue_depth: IntGaugeVec,
     /// `docstream_stream_frames_total{stream, outcome="accepted|refused"}`.
     pub stream_frames: IntCounterVec,
-    /// `docstream_stream_closes_total{stream, kind="client|graceful"}`: closed by
-    /// the client, or by the server after draining on shutdown.
+    /// `docstream_stream_closes_total{stream, kind="client|graceful|forced"}`:
+    /// closed by the client, by the server after a drain on shutdown, or by the
+    /// server without one (drain timed out, client kept failing, Kafka failed).
     pub stream_closes: IntCounterVec,
+    /// `docstream_stream_dropped_total{stream, strategy}`: events an export
+    /// stream dropped for a slow client, by backpressure strategy.
+    pub stream_dropped: IntCounterVec,
+    /// `docstream_stream_redeliveries_total{stream}`: events sent to an export
+    /// client and not acknowledged when its stream ended; the group's next
+    /// connection receives them again.
+    pub stream_redeliveries: IntCounterVec,
 }
 
 impl Metrics {
@@ -170,13 +178,23 @@ impl Metrics {
         );
         let stream_closes = counter(
             "docstream_stream_closes_total",
-            "Streams closed by the client, or by the server after a drain on shutdown.",
+            "Streams closed by the client, by the server after a drain (graceful), or without one (forced).",
             &["stream", "kind"],
+        );
+        let stream_dropped = counter(
+            "docstream_stream_dropped_total",
+            "Events an export stream dropped for a slow client, by backpressure strategy.",
+            &["stream", "strategy"],
+        );
+        let stream_redeliveries = counter(
+            "docstream_stream_redeliveries_total",
+            "Events sent on a stream and not acknowledged when it ended: sent again on the next connection.",
+            &["stream"],
         );
         let stream_queue_depth = IntGaugeVec::new(
             Opts::new(
                 "docstream_stream_queue_depth",
-                "Frames of a stream read and not yet answered.",
+                "Import: frames read and not yet answered. Export: events waiting for the socket.",
             ),
             &["stream"],
         )
@@ -279,6 +297,8 @@ impl Metrics {
             stream_queue_depth,
             stream_frames,
             stream_closes,
+            stream_dropped,
+            stream_redeliveries,
             stale_completions,
             retries_scheduled,
             orphans_found,

@@ -65,13 +65,13 @@ pub async fn serve(
         }
     }
     let started = std::time::Instant::now();
-    let budget = std::time::Duration::from_secs_f64(services.settings.publisher_drain_timeout_s);
+    let settings = &services.settings;
+    let budget = std::time::Duration::from_secs_f64(settings.publisher_drain_timeout_s);
+    // An export stream may take its whole drain, then its closing handshake.
+    let streams = std::time::Duration::from_secs_f64(settings.export_drain_timeout_s + 5.0);
     gate.close();
-    let requests_drained = gate.wait_idle(budget).await;
-    let queue_drained = services
-        .publisher
-        .drain(budget.saturating_sub(started.elapsed()))
-        .await;
+    let requests_drained = gate.wait_idle(budget.max(streams)).await;
+    let queue_drained = services.publisher.drain(budget).await;
     close_listener.cancel();
     server.await??;
     let drain_ms = started.elapsed().as_millis() as u64;

@@ -1,7 +1,8 @@
-//! The HTTP edge: `serve`'s routes (the REST API and the import stream),
+//! The HTTP edge: `serve`'s routes (the REST API, the import and export streams),
 //! assembled by [`app`] and run by [`serve`].
 
 mod error;
+mod export;
 mod extractions;
 mod gate;
 mod import;
@@ -28,6 +29,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     Router::new()
         .merge(extractions::router())
         .merge(import::router())
+        .merge(export::router())
         .route("/healthz", get(healthz))
         .with_state(services)
         .merge(

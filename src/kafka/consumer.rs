@@ -73,6 +73,11 @@ pub enum HandlerError {
     /// A dependency failed; handling is retried.
     #[error("transient failure: {0}")]
     Transient(String),
+    /// The record's destination is gone (an export stream's client left): it is
+    /// not delivered, not retried here, and not committed, so the next member
+    /// of the group gets it again.
+    #[error("abandoned: {0}")]
+    Abandoned(String),
 }
 
 /// What a consumer does with each record. `Ok` means delivered: every durable
@@ -88,6 +93,13 @@ pub trait RecordHandler: Send + Sync + 'static {
         record: &Record,
         stop: &CancellationToken,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Called by the consumer loop just before `record`'s task starts, so in
+    /// offset order within a partition, whereas the tasks then run
+    /// concurrently. A handler whose effects must keep the partition's order
+    /// (an export stream) takes the record's place in line here. Does nothing
+    /// by default.
+    fn starting(&self, _record: &Record) {}
 }
 
 /// Where and how a consumer runs.
@@ -289,11 +301,19 @@ impl Shared {
         }
     }
 
-    /// Records a finished record; returns the new commit point to store, if any.
-    fn finish(&self, ticket: &Ticket, delivered: bool) -> Option<i64> {
-        let point = self.lock().tracker.finish(ticket, delivered);
+    /// Records a finished record and stores the partition's new commit point,
+    /// if it moved. The store happens under the lock: two records finishing
+    /// at once must not store their points out of order, or the later,
+    /// lower one would be what librdkafka commits (on close, after the
+    /// runtime's own commit), and delivered records would come again.
+    fn finish(&self, ticket: &Ticket, delivered: bool, consumer: &Consumed) {
+        {
+            let mut state = self.lock();
+            if let Some(point) = state.tracker.finish(ticket, delivered) {
+                store_offset(consumer, &ticket.partition, point);
+            }
+        }
         self.finished.notify_all();
-        point
     }
 
     fn begin(&self, record: &Record) -> (Ticket, CancellationToken) {
@@ -462,6 +482,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
 
     fn start(&self, tasks: &mut JoinSet<()>, record: Record) {
         let (ticket, stop) = self.shared.begin(&record);
+        self.handler.starting(&record);
         let gauge = self.in_flight_gauge(&ticket);
         gauge.inc();
         let delivery = Delivery {
@@ -474,9 +495,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let consumer = self.consumer.clone();
         tasks.spawn(async move {
             let delivered = delivery.deliver(&record, &stop).await;
-            if let Some(point) = shared.finish(&ticket, delivered) {
-                store_offset(&consumer, &ticket.partition, point);
-            }
+            shared.finish(&ticket, delivered, &consumer);
             gauge.dec();
         });
     }
@@ -654,6 +673,11 @@ impl<H: RecordHandler> Delivery<H> {
                     self.dead_letter(record, kind, &reason).await
                 }
                 Err(HandlerError::Transient(reason)) => Err(reason),
+                Err(HandlerError::Abandoned(reason)) => {
+                    tracing::debug!(topic = %record.topic, partition = record.partition,
+                        offset = record.offset, %reason, "record abandoned; not committed");
+                    return false;
+                }
             };
             match outcome {
                 Ok(()) => return true,

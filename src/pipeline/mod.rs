@@ -200,8 +200,14 @@ impl Services {
         handler: H,
         shutdown: CancellationToken,
     ) -> Result<(), ConsumerError> {
+        let spec = self.consumer_spec(group, topic);
+        self.consume_with(spec, handler, shutdown)?.run().await
+    }
+
+    /// The consumer of `group` on `topic` as the settings describe it.
+    pub fn consumer_spec(&self, group: &str, topic: &str) -> ConsumerSpec {
         let settings = &self.settings;
-        let spec = ConsumerSpec {
+        ConsumerSpec {
             brokers: settings.kafka_brokers.clone(),
             group: settings.group(group),
             topic: settings.topic(topic),
@@ -212,15 +218,24 @@ impl Services {
             session_timeout_ms: settings.kafka_session_timeout_ms,
             group_protocol: settings.kafka_group_protocol.clone(),
             prefetch_kbytes: settings.consumer_prefetch_kbytes,
-        };
-        let runtime = ConsumerRuntime::new(
+        }
+    }
+
+    /// A consumer per `spec` running `handler`, subscribed and ready to run
+    /// until `shutdown`.
+    pub fn consume_with<H: RecordHandler>(
+        &self,
+        spec: ConsumerSpec,
+        handler: H,
+        shutdown: CancellationToken,
+    ) -> Result<ConsumerRuntime<H>, ConsumerError> {
+        ConsumerRuntime::new(
             spec,
             Arc::new(handler),
             self.publisher.clone(),
             self.metrics.clone(),
             shutdown,
-        )?;
-        runtime.run().await
+        )
     }
 }
 

@@ -1,0 +1,738 @@
+//! `GET /v1/export?group=NAME`: a WebSocket that streams `extraction.events`.
+//!
+//! Query parameters:
+//! - `group` (required): the stream's name. Each name is a consumer group of
+//!   its own (`export_group_prefix` + name), so a client that reconnects with
+//!   the same name resumes after the last event it acknowledged.
+//! - `strategy`: `block` (the default, `export_backpressure_strategy`),
+//!   `drop_oldest` or `drop_new` — what happens to an event when the stream's
+//!   queue (`export_max_queue_size`) is full.
+//! - `ack`: `client` (the default: the client acknowledges) or `auto` (an
+//!   event counts as received once the socket took it).
+//! - `status`, `transition`: comma-separated filters on the event's fields.
+//!
+//! Each event goes out as `{"seq", "partition", "offset", "event": {…}}`; the
+//! client answers `{"ack": N}`, which acknowledges every event up to `seq` N.
+//! A malformed frame from the client is answered `{"error": {"code", "message"}}`.
+//!
+//! **No loss.** The stream is a member of the group's consumer
+//! ([`crate::kafka::consumer`]): an event's record counts as delivered only when
+//! the client acknowledged it, so the committed offset never passes an event
+//! the client did not get. With `block` nothing is ever skipped: a slow client
+//! stops the queue, then the consumer pauses. The drop strategies keep the
+//! stream moving instead and count every event they drop; a dropped event is
+//! committed (it was decided, not lost by accident). At most
+//! `export_max_unacked` events are sent and not yet acknowledged.
+//!
+//! **Close.** When the client leaves, what it did not acknowledge is not
+//! committed and goes to the group's next connection (counted as
+//! redeliveries). On server shutdown the stream stops consuming, keeps sending
+//! what was queued and reading acknowledgements until every event in flight is
+//! acknowledged (`export_drain_timeout_s`), commits, and only then closes the
+//! socket with 1000. A drain that times out, a client that keeps sending
+//! malformed frames or failing sends (`export_max_consecutive_errors`), or a
+//! Kafka failure closes the stream by force (1011), committing only what was
+//! acknowledged.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Extension, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use futures::{SinkExt, StreamExt};
+use prometheus::{IntCounter, IntGauge};
+use serde::Deserialize;
+use tokio::sync::{oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::{ApiError, Gate};
+use crate::config::Backpressure;
+use crate::events::{decode, ExtractionEvent};
+use crate::kafka::{HandlerError, Record, RecordHandler};
+use crate::pipeline::Services;
+
+/// The `stream` label of this stream's metrics.
+const STREAM: &str = "export";
+
+/// How long a server-side close waits for the client's close frame.
+const CLOSE_HANDSHAKE: Duration = Duration::from_secs(5);
+
+/// Longest group name a client may choose.
+const MAX_GROUP_LEN: usize = 100;
+
+pub(super) fn router() -> Router<Services> {
+    Router::new().route("/v1/export", get(upgrade))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    group: Option<String>,
+    strategy: Option<String>,
+    ack: Option<String>,
+    status: Option<String>,
+    transition: Option<String>,
+}
+
+/// A stream's options, checked before the upgrade.
+struct Options {
+    group: String,
+    strategy: Backpressure,
+    auto_ack: bool,
+    filter: Filter,
+}
+
+/// Which events a stream sends; `None` admits all.
+#[derive(Default)]
+struct Filter {
+    statuses: Option<HashSet<String>>,
+    transitions: Option<HashSet<String>>,
+}
+
+impl Filter {
+    fn admits(&self, event: &ExtractionEvent) -> bool {
+        let admits = |set: &Option<HashSet<String>>, value: &str| {
+            set.as_ref().is_none_or(|set| set.contains(value))
+        };
+        admits(&self.statuses, &event.status) && admits(&self.transitions, &event.transition)
+    }
+}
+
+fn options(params: Params, default_strategy: &str) -> Result<Options, ApiError> {
+    let bad = |msg: String| Err(ApiError::BadRequest(msg));
+    let Some(group) = params.group else {
+        return bad("the group parameter is required: it names the stream's consumer group".into());
+    };
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if group.is_empty() || group.len() > MAX_GROUP_LEN || !group.chars().all(legal) {
+        return bad(format!(
+            "group must be 1 to {MAX_GROUP_LEN} characters of A-Z, a-z, 0-9, '.', '_' and '-'"
+        ));
+    }
+    let strategy = params.strategy.as_deref().unwrap_or(default_strategy);
+    let Some(strategy) = Backpressure::parse(strategy) else {
+        return bad(format!(
+            "strategy {strategy:?}: expected block, drop_oldest or drop_new"
+        ));
+    };
+    let auto_ack = match params.ack.as_deref() {
+        None | Some("client") => false,
+        Some("auto") => true,
+        Some(other) => return bad(format!("ack {other:?}: expected client or auto")),
+    };
+    let set = |list: Option<String>| {
+        list.map(|l| {
+            l.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+    };
+    Ok(Options {
+        group,
+        strategy,
+        auto_ack,
+        filter: Filter {
+            statuses: set(params.status),
+            transitions: set(params.transition),
+        },
+    })
+}
+
+async fn upgrade(
+    State(services): State<Services>,
+    Extension(gate): Extension<Gate>,
+    params: Result<Query<Params>, QueryRejection>,
+    socket: WebSocketUpgrade,
+) -> Response {
+    let params = match params {
+        Ok(Query(params)) => params,
+        Err(e) => return ApiError::BadRequest(e.body_text()).into_response(),
+    };
+    let options = match options(params, &services.settings.export_backpressure_strategy) {
+        Ok(options) => options,
+        Err(e) => return e.into_response(),
+    };
+    let Some(hold) = gate.hold() else {
+        return ApiError::Unavailable("server is shutting down; retry shortly".into())
+            .into_response();
+    };
+    let closing = gate.closing();
+    socket.on_upgrade(move |socket| async move {
+        export(socket, services, options, closing).await;
+        drop(hold);
+    })
+}
+
+/// An event waiting for the socket; `done` tells its record's handler that
+/// the client has it (or that it was dropped by the strategy).
+struct Outgoing {
+    partition: i32,
+    offset: i64,
+    event: ExtractionEvent,
+    done: oneshot::Sender<()>,
+}
+
+/// The queue between the stream's consumer (many record handlers) and its
+/// socket (one writer), bounded by the backpressure strategy.
+struct Outbound {
+    queue: Mutex<Queue>,
+    /// An event entered the queue.
+    ready: Notify,
+    /// An event left the queue.
+    room: Notify,
+    strategy: Backpressure,
+    capacity: usize,
+    depth: IntGauge,
+    dropped: IntCounter,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Outgoing>,
+    closed: bool,
+}
+
+enum Offered {
+    Queued,
+    Dropped,
+    Closed,
+}
+
+impl Outbound {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().expect("export queue lock")
+    }
+
+    /// Queues `item` per the strategy; with `block`, waits for room.
+    async fn offer(&self, item: Outgoing) -> Offered {
+        let mut item = Some(item);
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut queue = self.lock();
+                if queue.closed {
+                    return Offered::Closed;
+                }
+                if queue.items.len() >= self.capacity {
+                    match self.strategy {
+                        Backpressure::Block => {}
+                        Backpressure::DropNew => {
+                            self.dropped.inc();
+                            return Offered::Dropped;
+                        }
+                        Backpressure::DropOldest => {
+                            if let Some(oldest) = queue.items.pop_front() {
+                                // Decided, not lost: its record is committed.
+                                let _ = oldest.done.send(());
+                                self.dropped.inc();
+                                self.depth.dec();
+                            }
+                        }
+                    }
+                }
+                if queue.items.len() < self.capacity {
+                    queue.items.push_back(item.take().expect("offered once"));
+                    self.depth.inc();
+                    self.ready.notify_one();
+                    return Offered::Queued;
+                }
+            }
+            room.await;
+        }
+    }
+
+    /// The next queued event; waits for one. Cancel-safe.
+    async fn next(&self) -> Outgoing {
+        loop {
+            let ready = self.ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            if let Some(item) = self.lock().items.pop_front() {
+                self.depth.dec();
+                self.room.notify_waiters();
+                return item;
+            }
+            ready.await;
+        }
+    }
+
+    /// Refuses further events and forgets the queued ones: their handlers see
+    /// their record abandoned, so it is not committed.
+    fn close(&self) {
+        let mut queue = self.lock();
+        queue.closed = true;
+        self.depth.sub(queue.items.len() as i64);
+        queue.items.clear();
+        self.room.notify_waiters();
+    }
+}
+
+/// Keeps each partition's events in offset order on their way into the
+/// queue: the consumer starts a partition's records in order, but their tasks
+/// run concurrently, and a client reads a job's events in the order they
+/// happened (a job's events share a key, hence a partition).
+#[derive(Default)]
+struct Line {
+    partitions: Mutex<HashMap<i32, Waiting>>,
+}
+
+/// A partition's records in line: offset, and how to wake the record.
+type Waiting = VecDeque<(i64, Arc<Notify>)>;
+
+impl Line {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Waiting>> {
+        self.partitions.lock().expect("export line lock")
+    }
+
+    fn join(&self, partition: i32, offset: i64) {
+        let mut partitions = self.lock();
+        let line = partitions.entry(partition).or_default();
+        line.push_back((offset, Arc::new(Notify::new())));
+    }
+}
+
+/// A record's place in its partition's line; leaving (on drop) lets the next
+/// record go.
+struct Place<'a> {
+    line: &'a Line,
+    partition: i32,
+    offset: i64,
+}
+
+impl Place<'_> {
+    /// Waits until every earlier record of the partition has left the line.
+    async fn turn(&self) {
+        loop {
+            let wake = {
+                let partitions = self.line.lock();
+                let Some(line) = partitions.get(&self.partition) else {
+                    return;
+                };
+                match line.iter().position(|(o, _)| *o == self.offset) {
+                    Some(0) | None => return,
+                    Some(i) => line[i].1.clone(),
+                }
+            };
+            wake.notified().await;
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let mut partitions = self.line.lock();
+        let Some(line) = partitions.get_mut(&self.partition) else {
+            return;
+        };
+        if let Some(i) = line.iter().position(|(o, _)| *o == self.offset) {
+            line.remove(i);
+            if let (0, Some((_, next))) = (i, line.front()) {
+                next.notify_one();
+            }
+        }
+        if line.is_empty() {
+            partitions.remove(&self.partition);
+        }
+    }
+}
+
+/// The record handler of a stream's consumer: an event is delivered when the
+/// client acknowledged it.
+struct Exporter {
+    outbound: Arc<Outbound>,
+    line: Line,
+    filter: Filter,
+}
+
+impl RecordHandler for Exporter {
+    fn starting(&self, record: &Record) {
+        self.line.join(record.partition, record.offset);
+    }
+
+    async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
+        // `_stop` is not watched: on shutdown an event in flight is drained
+        // (sent and acknowledged) rather than given up; the stream abandons
+        // it by closing the queue when the client is gone.
+        let place = Place {
+            line: &self.line,
+            partition: record.partition,
+            offset: record.offset,
+        };
+        let payload = record.payload.as_deref().unwrap_or_default();
+        let event: ExtractionEvent = decode(payload).map_err(|e| HandlerError::Poison {
+            kind: e.kind(),
+            reason: e.to_string(),
+        })?;
+        if !self.filter.admits(&event) {
+            return Ok(());
+        }
+        let (done, received) = oneshot::channel();
+        let item = Outgoing {
+            partition: record.partition,
+            offset: record.offset,
+            event,
+            done,
+        };
+        place.turn().await;
+        let offered = self.outbound.offer(item).await;
+        drop(place);
+        let gone = || HandlerError::Abandoned("the export client is gone".into());
+        match offered {
+            Offered::Queued => received.await.map_err(|_| gone()),
+            Offered::Dropped => Ok(()),
+            Offered::Closed => Err(gone()),
+        }
+    }
+}
+
+/// How a stream ended.
+#[derive(Debug)]
+enum Ended {
+    /// The client closed or vanished.
+    Client,
+    /// Shutdown: everything in flight was acknowledged and committed.
+    Graceful,
+    /// Closed by the server without a complete drain.
+    Forced(String),
+}
+
+async fn export(
+    socket: WebSocket,
+    services: Services,
+    options: Options,
+    closing: CancellationToken,
+) {
+    let settings = services.settings.clone();
+    let metrics = services.metrics.clone();
+    let outbound = Arc::new(Outbound {
+        queue: Mutex::new(Queue::default()),
+        ready: Notify::new(),
+        room: Notify::new(),
+        strategy: options.strategy,
+        capacity: settings.export_max_queue_size,
+        depth: metrics.stream_queue_depth.with_label_values(&[STREAM]),
+        dropped: metrics
+            .stream_dropped
+            .with_label_values(&[STREAM, options.strategy.as_str()]),
+    });
+    let group = format!("{}{}", settings.export_group_prefix, options.group);
+    let mut spec = services.consumer_spec(&group, &settings.topic_events);
+    // Every event in the queue or the unacknowledged window is a record in
+    // flight. The drop strategies read on past a full queue (that is what
+    // makes them drop), as many records ahead as a pipeline consumer would.
+    spec.max_in_flight = settings.export_max_queue_size + settings.export_max_unacked;
+    if options.strategy != Backpressure::Block {
+        spec.max_in_flight += settings.consumer_max_in_flight;
+    }
+    spec.drain_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
+    let exporter = Exporter {
+        outbound: outbound.clone(),
+        line: Line::default(),
+        filter: options.filter,
+    };
+    let consume = CancellationToken::new();
+    let (mut sink, mut frames) = socket.split();
+    let runtime = match services.consume_with(spec, exporter, consume.clone()) {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "export stream: consumer not created");
+            let _ = sink
+                .send(close(close_code::ERROR, "consumer unavailable"))
+                .await;
+            metrics
+                .stream_closes
+                .with_label_values(&[STREAM, "forced"])
+                .inc();
+            return;
+        }
+    };
+    let mut consuming = tokio::spawn(runtime.run());
+    tracing::info!(%group, strategy = options.strategy.as_str(), "export stream opened");
+
+    // A send that takes longer than the drain timeout counts as a failed send.
+    let send_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
+    let mut unacked: BTreeMap<u64, oneshot::Sender<()>> = BTreeMap::new();
+    let mut seq: u64 = 0;
+    let mut errors: u32 = 0;
+    let mut draining = false;
+    let mut consumer_done = false;
+    let sent = metrics.stream_frames.with_label_values(&[STREAM, "sent"]);
+    let ended = loop {
+        if errors >= settings.export_max_consecutive_errors {
+            break Ended::Forced(format!("{errors} consecutive errors"));
+        }
+        let window_open = options.auto_ack || unacked.len() < settings.export_max_unacked;
+        tokio::select! {
+            biased;
+            _ = closing.cancelled(), if !draining => {
+                // Stop consuming; what is in flight drains through this loop.
+                draining = true;
+                consume.cancel();
+            }
+            joined = &mut consuming => {
+                consumer_done = true;
+                break match joined {
+                    Ok(Ok(())) if draining => Ended::Graceful,
+                    Ok(Ok(())) => Ended::Forced("the consumer stopped".into()),
+                    Ok(Err(e)) => Ended::Forced(e.to_string()),
+                    Err(e) => Ended::Forced(format!("the consumer task failed: {e}")),
+                };
+            }
+            frame = frames.next() => match frame {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::Client,
+                Some(Ok(Message::Text(text))) => match acknowledged(&text, seq) {
+                    Ok(upto) => {
+                        let rest = unacked.split_off(&(upto + 1));
+                        for (_, done) in std::mem::replace(&mut unacked, rest) {
+                            let _ = done.send(());
+                        }
+                        errors = 0;
+                    }
+                    Err(message) => {
+                        errors += 1;
+                        let _ = sink.send(refusal(&message)).await;
+                    }
+                },
+                Some(Ok(Message::Binary(_))) => {
+                    errors += 1;
+                    let _ = sink.send(refusal("frames must be JSON text")).await;
+                }
+                Some(Ok(_)) => {}
+            },
+            item = outbound.next(), if window_open => {
+                seq += 1;
+                let frame = serde_json::json!({
+                    "seq": seq,
+                    "partition": item.partition,
+                    "offset": item.offset,
+                    "event": item.event,
+                });
+                let message = Message::Text(frame.to_string().into());
+                match tokio::time::timeout(send_timeout, sink.send(message)).await {
+                    Ok(Ok(())) => {
+                        errors = 0;
+                        sent.inc();
+                        if options.auto_ack {
+                            let _ = item.done.send(());
+                        } else {
+                            unacked.insert(seq, item.done);
+                        }
+                    }
+                    // Dropping `done` abandons the record: it is not committed.
+                    _ => errors += 1,
+                }
+            }
+        }
+    };
+
+    // Whatever was not acknowledged is abandoned (not committed); the
+    // consumer then stops and commits the acknowledged prefix.
+    outbound.close();
+    if !unacked.is_empty() {
+        metrics
+            .stream_redeliveries
+            .with_label_values(&[STREAM])
+            .inc_by(unacked.len() as u64);
+    }
+    drop(unacked);
+    consume.cancel();
+    if !consumer_done {
+        if let Ok(Err(e)) = consuming.await {
+            tracing::warn!(error = %e, "export stream: consumer stopped with an error");
+        }
+    }
+    let kind = match &ended {
+        Ended::Client => "client",
+        Ended::Graceful => {
+            let _ = sink
+                .send(close(close_code::NORMAL, "server shutting down"))
+                .await;
+            finish_handshake(&mut frames).await;
+            "graceful"
+        }
+        Ended::Forced(reason) => {
+            tracing::warn!(%reason, "export stream closed by force");
+            let _ = sink.send(close(close_code::ERROR, reason)).await;
+            finish_handshake(&mut frames).await;
+            "forced"
+        }
+    };
+    let _ = sink.close().await;
+    metrics
+        .stream_closes
+        .with_label_values(&[STREAM, kind])
+        .inc();
+    tracing::info!(%group, ?ended, last_seq = seq, "export stream closed");
+}
+
+/// The `seq` a client frame acknowledges up to, or why the frame is refused.
+fn acknowledged(text: &str, last_sent: u64) -> Result<u64, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Ack {
+        ack: u64,
+    }
+    let Ack { ack } =
+        serde_json::from_str(text).map_err(|e| format!("expected {{\"ack\": <seq>}}: {e}"))?;
+    if ack > last_sent {
+        return Err(format!(
+            "ack {ack} is beyond the last event sent ({last_sent})"
+        ));
+    }
+    Ok(ack)
+}
+
+fn refusal(message: &str) -> Message {
+    let body = ApiError::BadRequest(message.to_owned()).body();
+    Message::Text(body.to_string().into())
+}
+
+fn close(code: u16, reason: &str) -> Message {
+    // A close reason is at most 123 bytes.
+    let mut reason = reason.to_owned();
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+/// Reads (and drops) what the client still sends until its close frame, so
+/// the connection ends with both close frames instead of a reset.
+async fn finish_handshake(frames: &mut futures::stream::SplitStream<WebSocket>) {
+    let handshake = async {
+        while let Some(Ok(message)) = frames.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(query: &str) -> Params {
+        let uri: axum::http::Uri = format!("/v1/export?{query}").parse().unwrap();
+        Query::<Params>::try_from_uri(&uri).unwrap().0
+    }
+
+    #[test]
+    fn options_are_checked_before_the_upgrade() {
+        let ok = options(
+            params("group=audit&strategy=drop_new&ack=auto&status=succeeded,failed"),
+            "block",
+        )
+        .unwrap();
+        assert_eq!(ok.strategy, Backpressure::DropNew);
+        assert!(ok.auto_ack);
+        assert_eq!(ok.filter.statuses.unwrap().len(), 2);
+        let default = options(params("group=a"), "block").unwrap();
+        assert_eq!(default.strategy, Backpressure::Block);
+        assert!(!default.auto_ack);
+        for bad in [
+            "",
+            "group=",
+            "group=a%20b",
+            "group=a&strategy=fifo",
+            "group=a&ack=never",
+        ] {
+            assert!(
+                options(params(bad), "block").is_err(),
+                "{bad:?} was accepted"
+            );
+        }
+    }
+
+    fn outbound(strategy: Backpressure, capacity: usize) -> Outbound {
+        Outbound {
+            queue: Mutex::new(Queue::default()),
+            ready: Notify::new(),
+            room: Notify::new(),
+            strategy,
+            capacity,
+            depth: IntGauge::new("depth", "test").unwrap(),
+            dropped: IntCounter::new("dropped", "test").unwrap(),
+        }
+    }
+
+    fn item(offset: i64) -> (Outgoing, oneshot::Receiver<()>) {
+        let (done, received) = oneshot::channel();
+        let event = ExtractionEvent {
+            extraction_id: offset.to_string(),
+            transition: "mark_running".into(),
+            status: "running".into(),
+            bbox_status: None,
+            token: Some(1),
+            error: None,
+            reason: crate::events::PublishReason::Submit,
+            published_at_ms: 0,
+        };
+        let outgoing = Outgoing {
+            partition: 0,
+            offset,
+            event,
+            done,
+        };
+        (outgoing, received)
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_per_strategy_and_blocks_otherwise() {
+        let drop_new = outbound(Backpressure::DropNew, 1);
+        assert!(matches!(drop_new.offer(item(1).0).await, Offered::Queued));
+        assert!(matches!(drop_new.offer(item(2).0).await, Offered::Dropped));
+        assert_eq!((drop_new.dropped.get(), drop_new.depth.get()), (1, 1));
+        assert_eq!(drop_new.next().await.offset, 1);
+
+        let drop_oldest = outbound(Backpressure::DropOldest, 1);
+        let (first, mut first_done) = item(1);
+        assert!(matches!(drop_oldest.offer(first).await, Offered::Queued));
+        assert!(matches!(
+            drop_oldest.offer(item(2).0).await,
+            Offered::Queued
+        ));
+        assert_eq!(
+            first_done.try_recv(),
+            Ok(()),
+            "the evicted event counts as decided"
+        );
+        assert_eq!(drop_oldest.dropped.get(), 1);
+        assert_eq!(drop_oldest.next().await.offset, 2);
+
+        let block = Arc::new(outbound(Backpressure::Block, 1));
+        assert!(matches!(block.offer(item(1).0).await, Offered::Queued));
+        let waiting = tokio::spawn({
+            let block = block.clone();
+            async move { matches!(block.offer(item(2).0).await, Offered::Queued) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "block waits for room");
+        assert_eq!(block.next().await.offset, 1);
+        assert!(waiting.await.unwrap(), "room made, the event is queued");
+        assert_eq!(block.dropped.get(), 0);
+        block.close();
+        assert!(matches!(block.offer(item(3).0).await, Offered::Closed));
+    }
+
+    #[test]
+    fn acks_are_cumulative_and_never_beyond_what_was_sent() {
+        assert_eq!(acknowledged(r#"{"ack": 7}"#, 10), Ok(7));
+        assert!(acknowledged(r#"{"ack": 11}"#, 10).is_err());
+        assert!(acknowledged(r#"{"ack": -1}"#, 10).is_err());
+        assert!(acknowledged("ack", 10).is_err());
+    }
+}

@@ -1,0 +1,661 @@
+//! The WebSocket export stream against a real `serve` process and a real
+//! broker: a group resumes after what its client acknowledged, the committed
+//! offset never passes an event the client did not acknowledge, the drop
+//! strategies count every drop while memory stays bounded, and a server
+//! shutdown with both streams busy drains, commits and closes normally.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    free_port, peak_rss_kib, read_topic_positioned, sample_body, scrape, signal, stop, wait_count,
+    wait_for, wait_healthy, TestEnv, ALL_BBOX_SUCCEEDED,
+};
+use docstream::events::{encode, now_ms, ExtractionEvent, PublishReason};
+use futures::{stream, SinkExt, StreamExt};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use uuid::Uuid;
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// One event as the client received it.
+#[derive(Debug, Clone)]
+struct Received {
+    seq: u64,
+    position: (i32, i64),
+}
+
+/// Produces `n` events straight onto the test's `extraction.events`, each about
+/// a job of its own.
+async fn produce_events(env: &TestEnv, n: usize) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let topic = env.topic("extraction.events");
+    stream::iter(0..n)
+        .map(|_| {
+            let id = Uuid::new_v4().to_string();
+            let event = ExtractionEvent {
+                extraction_id: id.clone(),
+                transition: "mark_succeeded".into(),
+                status: "succeeded".into(),
+                bbox_status: Some("pending".into()),
+                token: Some(1),
+                error: None,
+                reason: PublishReason::Submit,
+                published_at_ms: now_ms(),
+            };
+            let payload = encode(&event).unwrap();
+            let (producer, topic) = (producer.clone(), topic.clone());
+            async move {
+                let record = FutureRecord::to(&topic)
+                    .key(id.as_bytes())
+                    .payload(&payload);
+                producer
+                    .send(record, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffered(256)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+async fn connect(port: u16, query: &str) -> Socket {
+    let url = format!("ws://127.0.0.1:{port}/v1/export?{query}");
+    tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect")
+        .0
+}
+
+fn ack(seq: u64) -> Message {
+    Message::Text(serde_json::json!({ "ack": seq }).to_string().into())
+}
+
+/// An event frame's seq and position; panics on anything else.
+fn parse(text: &str) -> Received {
+    let frame: serde_json::Value = serde_json::from_str(text).unwrap();
+    let (Some(seq), Some(partition), Some(offset)) = (
+        frame["seq"].as_u64(),
+        frame["partition"].as_i64(),
+        frame["offset"].as_i64(),
+    ) else {
+        panic!("not an event frame: {text}");
+    };
+    assert!(frame["event"]["extraction_id"].is_string(), "{text}");
+    Received {
+        seq,
+        position: (partition as i32, offset),
+    }
+}
+
+/// Reads until the server's close frame (answering it), returning the events
+/// that arrived meanwhile and the close frame.
+async fn read_to_close(socket: &mut Socket) -> (Vec<Received>, Option<CloseFrame>) {
+    let mut late = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), socket.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) => late.push(parse(&text)),
+            Ok(Some(Ok(Message::Close(frame)))) => {
+                // Drive the close reply out.
+                while let Some(Ok(_)) = socket.next().await {}
+                return (late, frame);
+            }
+            Ok(Some(Ok(_))) => {}
+            Ok(None) | Ok(Some(Err(_))) => return (late, None),
+            Err(_) => panic!("no close from the server within 60 s"),
+        }
+    }
+}
+
+/// A partition's events arrive in offset order (a job's events share a
+/// partition, so a client sees each job's changes in the order they happened).
+fn assert_in_partition_order<'a>(received: impl IntoIterator<Item = &'a Received>) {
+    let mut last: HashMap<i32, &Received> = HashMap::new();
+    for r in received {
+        if let Some(before) = last.insert(r.position.0, r) {
+            assert!(
+                before.position.1 < r.position.1 && before.seq < r.seq,
+                "out of order: {before:?} then {r:?}"
+            );
+        }
+    }
+}
+
+/// The export group's committed offsets, summed: records it has delivered.
+fn committed_sum(env: &TestEnv, group: &str) -> i64 {
+    let group = env.settings.group(&format!("docstream-export-{group}"));
+    env.committed(&group, "extraction.events").values().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
+    const EVENTS: usize = 1_000;
+    const ACKED: usize = 500;
+    let env = TestEnv::new("export_resume").await;
+    produce_events(&env, EVENTS).await;
+    let all: HashSet<(i32, i64)> =
+        read_topic_positioned(&env.settings.kafka_brokers, &env.topic("extraction.events"))
+            .into_iter()
+            .map(|(partition, offset, _, _)| (partition, offset))
+            .collect();
+    assert_eq!(all.len(), EVENTS);
+    let port = free_port();
+    let mut serve = env.spawn(
+        "serve",
+        &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+        "export-resume-serve",
+    );
+    wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+
+    // First connection: acknowledge the first 500 events received, then leave.
+    let mut socket = connect(port, "group=resume").await;
+    let mut first = Vec::new();
+    while first.len() < ACKED {
+        match socket.next().await {
+            Some(Ok(Message::Text(text))) => first.push(parse(&text)),
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(first[ACKED - 1].seq, ACKED as u64, "seqs count from 1");
+    socket.send(ack(ACKED as u64)).await.unwrap();
+    socket.close(None).await.unwrap();
+    // Received after the ack and never acknowledged: not counted as delivered.
+    let (unacknowledged, _) = read_to_close(&mut socket).await;
+    let acked: HashSet<(i32, i64)> = first.iter().map(|r| r.position).collect();
+    assert_eq!(acked.len(), ACKED, "no event twice in one connection");
+    let committed = committed_sum(&env, "resume");
+    assert!(
+        committed <= ACKED as i64,
+        "committed {committed} records, but only {ACKED} were acknowledged"
+    );
+
+    assert_in_partition_order(first.iter().chain(&unacknowledged));
+    let committed_after_first = wait_for(
+        "the first connection's close to commit what it acknowledged",
+        Duration::from_secs(30),
+        || {
+            let sum = committed_sum(&env, "resume");
+            async move {
+                assert!(
+                    sum <= ACKED as i64,
+                    "committed {sum} > {ACKED} acknowledged"
+                );
+                (sum == ACKED as i64)
+                    .then_some(sum)
+                    .ok_or(format!("committed {sum}"))
+            }
+        },
+    )
+    .await;
+    // Second connection, same group: everything else arrives.
+    let mut socket = connect(port, "group=resume").await;
+    let mut second = Vec::new();
+    let mut seen: HashSet<(i32, i64)> = acked.clone();
+    while seen.len() < EVENTS {
+        let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
+        match next.expect("the rest arrives within 60 s") {
+            Some(Ok(Message::Text(text))) => {
+                let received = parse(&text);
+                seen.insert(received.position);
+                second.push(received);
+            }
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    let last = second.last().expect("the rest came").seq;
+    socket.send(ack(last)).await.unwrap();
+    socket.close(None).await.unwrap();
+    read_to_close(&mut socket).await;
+
+    let second_set: HashSet<(i32, i64)> = second.iter().map(|r| r.position).collect();
+    let union: HashSet<(i32, i64)> = acked.union(&second_set).copied().collect();
+    assert_eq!(union, all, "none missing, none invented");
+    assert_in_partition_order(&second);
+    let again = second_set.intersection(&acked).count();
+    assert_eq!(again, 0, "the group resumed after what was acknowledged");
+    assert_eq!(second.len(), EVENTS - ACKED, "each of the rest came once");
+    let committed = wait_for(
+        "the group to commit every event",
+        Duration::from_secs(30),
+        || {
+            let sum = committed_sum(&env, "resume");
+            async move {
+                (sum == EVENTS as i64)
+                    .then_some(sum)
+                    .ok_or(format!("committed {sum}"))
+            }
+        },
+    )
+    .await;
+    let redeliveries = scrape(
+        &format!("127.0.0.1:{port}"),
+        "docstream_stream_redeliveries_total{stream=\"export\"}",
+    )
+    .await;
+    eprintln!(
+        "export resume test: events={EVENTS} acked_first={ACKED} unacked_first={} committed_after_first={committed_after_first} \
+         received_second={} acked_again_in_second={again} missing=0 committed_final={committed} redeliveries_metric={redeliveries}",
+        unacknowledged.len(),
+        second.len(),
+    );
+    stop([&mut serve]).await;
+    env.cleanup().await;
+}
+
+/// A client that acknowledges each event `delay` after receiving it, until it
+/// has `until` events; counts what it received and acknowledged.
+fn slow_client(
+    mut socket: Socket,
+    delay: Duration,
+    until: usize,
+    acked: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<Received>> {
+    tokio::spawn(async move {
+        let mut received = Vec::new();
+        while received.len() < until {
+            match tokio::time::timeout(Duration::from_secs(60), socket.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) => {
+                    let event = parse(&text);
+                    tokio::time::sleep(delay).await;
+                    socket.send(ack(event.seq)).await.unwrap();
+                    acked.store(event.seq, Ordering::SeqCst);
+                    received.push(event);
+                }
+                Ok(Some(Ok(_))) => {}
+                // The test stops the client once the server is idle.
+                Ok(None) | Ok(Some(Err(_))) | Err(_) => break,
+            }
+        }
+        let _ = socket.close(None).await;
+        while let Some(Ok(_)) = socket.next().await {}
+        received
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block() {
+    const EVENTS: usize = 2_000;
+    const QUEUE: usize = 16;
+    let env = TestEnv::new("export_slow").await;
+    produce_events(&env, EVENTS).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let serve_env = [
+        ("DOCSTREAM_HTTP_ADDR", addr.clone()),
+        ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", QUEUE.to_string()),
+        ("DOCSTREAM_EXPORT_MAX_UNACKED", QUEUE.to_string()),
+    ];
+    let mut serve = env.spawn("serve", &serve_env, "export-slow-serve");
+    wait_healthy(&format!("http://{addr}")).await;
+    let series = |name: &str, labels: &str| format!("docstream_{name}{{{labels}}}");
+    let sent_series = series("stream_frames_total", "outcome=\"sent\",stream=\"export\"");
+    let depth_series = series("stream_queue_depth", "stream=\"export\"");
+
+    // drop_new: the consumer keeps reading; what finds the queue full is dropped and counted.
+    let acked = Arc::new(AtomicU64::new(0));
+    let socket = connect(port, "group=slow-drop&strategy=drop_new").await;
+    let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
+    let dropped_series = series(
+        "stream_dropped_total",
+        "strategy=\"drop_new\",stream=\"export\"",
+    );
+    let mut deepest = 0.0_f64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (sent, dropped) = loop {
+        deepest = deepest.max(scrape(&addr, &depth_series).await);
+        let sent = scrape(&addr, &sent_series).await;
+        let dropped = scrape(&addr, &dropped_series).await;
+        if sent + dropped >= EVENTS as f64 {
+            break (sent, dropped);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out: sent {sent} dropped {dropped} of {EVENTS}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Every sent event reaches the client, which then stops.
+    wait_for(
+        "the client to receive every sent event",
+        Duration::from_secs(60),
+        || {
+            let seen = acked.load(Ordering::SeqCst) as f64;
+            async move {
+                (seen >= sent)
+                    .then_some(())
+                    .ok_or(format!("acked up to {seen}"))
+            }
+        },
+    )
+    .await;
+    client.abort();
+    let peak_kib = peak_rss_kib(serve.id().unwrap()).unwrap();
+    assert!(
+        dropped > 0.0,
+        "a slow client behind a 16-event queue causes drops"
+    );
+    assert_eq!(
+        sent + dropped,
+        EVENTS as f64,
+        "every event was sent or counted as dropped"
+    );
+    assert!(
+        deepest <= QUEUE as f64,
+        "queue depth {deepest} exceeded {QUEUE}"
+    );
+    assert!(peak_kib < 150 * 1024, "serve peak RSS {peak_kib} KiB");
+    let committed_drop = wait_for(
+        "drops and acks to be committed",
+        Duration::from_secs(30),
+        || {
+            let sum = committed_sum(&env, "slow-drop");
+            async move {
+                (sum == EVENTS as i64)
+                    .then_some(sum)
+                    .ok_or(format!("committed {sum}"))
+            }
+        },
+    )
+    .await;
+
+    // block: nothing dropped, and the committed offset never passes what the
+    // client acknowledged, sampled while it works through the backlog.
+    let acked = Arc::new(AtomicU64::new(0));
+    let socket = connect(port, "group=slow-block&strategy=block").await;
+    let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
+    let mut samples = 0;
+    let mut highest = 0;
+    while !client.is_finished() {
+        // Committed first, acknowledged second: an ack after the read only raises the bound.
+        let committed = committed_sum(&env, "slow-block");
+        let acknowledged = acked.load(Ordering::SeqCst) as i64;
+        assert!(
+            committed <= acknowledged,
+            "block committed {committed} records with only {acknowledged} acknowledged"
+        );
+        highest = highest.max(committed);
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let received = client.await.unwrap();
+    assert_in_partition_order(&received);
+    let distinct: HashSet<(i32, i64)> = received.iter().map(|r| r.position).collect();
+    assert_eq!(distinct.len(), EVENTS, "block delivers every event");
+    let block_dropped = scrape(
+        &addr,
+        &series(
+            "stream_dropped_total",
+            "strategy=\"block\",stream=\"export\"",
+        ),
+    )
+    .await;
+    assert_eq!(block_dropped, 0.0);
+    assert!(
+        samples >= 5,
+        "the commit was sampled while the client worked ({samples})"
+    );
+    let committed_block = wait_for(
+        "block to commit every event",
+        Duration::from_secs(30),
+        || {
+            let sum = committed_sum(&env, "slow-block");
+            async move {
+                (sum == EVENTS as i64)
+                    .then_some(sum)
+                    .ok_or(format!("committed {sum}"))
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "export slow-client test: events={EVENTS} queue={QUEUE} drop_new: sent={sent} dropped={dropped} deepest_queue={deepest} \
+         serve_peak_rss_kib={peak_kib} committed={committed_drop}; block: received={} dropped={block_dropped} \
+         commit_samples={samples} (committed <= acknowledged in each; highest mid-run {highest}) committed={committed_block}",
+        distinct.len()
+    );
+    stop([&mut serve]).await;
+    env.cleanup().await;
+}
+
+fn submission(reference: usize, key: &str) -> Message {
+    let frame = serde_json::json!({
+        "ref": reference,
+        "idempotency_key": key,
+        "request": sample_body(reference),
+    });
+    Message::Text(frame.to_string().into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses_nothing() {
+    const SUBMISSIONS: usize = 300;
+    let env = TestEnv::new("streams_shutdown").await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // Submits take 100 ms between INSERT and publish, so the import is busy.
+    let serve_env = [
+        ("DOCSTREAM_HTTP_ADDR", addr.clone()),
+        (
+            "DOCSTREAM_FAILPOINTS",
+            "submit.after_insert=sleep(100)".to_owned(),
+        ),
+    ];
+    let mut serve = env.spawn("serve", &serve_env, "streams-shutdown-serve");
+    let mut workers = [
+        env.spawn("worker", &[], "streams-shutdown-worker"),
+        env.spawn("bbox-worker", &[], "streams-shutdown-bbox-worker"),
+    ];
+    wait_healthy(&format!("http://{addr}")).await;
+
+    // The export client acknowledges every event 1 ms after it arrives, until
+    // the server closes; it reports what it acknowledged and the close frame.
+    let export = connect(port, "group=dashboard").await;
+    let exported = Arc::new(AtomicU64::new(0));
+    let exporting = {
+        let exported = exported.clone();
+        tokio::spawn(async move {
+            let mut socket = export;
+            let mut acked = Vec::new();
+            loop {
+                match socket.next().await {
+                    Some(Ok(Message::Text(text))) => {
+                        let event = parse(&text);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        // After the server's close the ack cannot go out; the
+                        // event then counts as unacknowledged.
+                        if socket.send(ack(event.seq)).await.is_ok() {
+                            acked.push(event);
+                            exported.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    Some(Ok(Message::Close(frame))) => {
+                        while let Some(Ok(_)) = socket.next().await {}
+                        return (acked, frame);
+                    }
+                    Some(Ok(_)) => {}
+                    other => panic!("the export stream broke instead of closing: {other:?}"),
+                }
+            }
+        })
+    };
+
+    let (import, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/v1/import"))
+        .await
+        .expect("connect import");
+    let (mut sender, mut answers) = import.split();
+    let prefix = format!("both-{}", Uuid::new_v4().simple());
+    let keys = prefix.clone();
+    let sending = tokio::spawn(async move {
+        for i in 0..SUBMISSIONS {
+            if sender
+                .send(submission(i, &format!("{keys}-{i}")))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        sender
+    });
+    let mut answered = Vec::new();
+    while answered.len() < 20 {
+        match answers.next().await {
+            Some(Ok(Message::Text(text))) => {
+                answered.push(serde_json::from_str::<serde_json::Value>(&text).unwrap())
+            }
+            other => panic!("unexpected before shutdown: {other:?}"),
+        }
+    }
+    wait_for(
+        "the export stream to be busy",
+        Duration::from_secs(60),
+        || {
+            let n = exported.load(Ordering::SeqCst);
+            async move { (n >= 20).then_some(()).ok_or(format!("{n} exported")) }
+        },
+    )
+    .await;
+
+    signal(&serve, "TERM").await;
+    let mut import_close = None;
+    while let Some(message) = answers.next().await {
+        match message {
+            Ok(Message::Text(text)) => answered.push(serde_json::from_str(&text).unwrap()),
+            Ok(Message::Close(frame)) => {
+                import_close = frame;
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("the import stream broke instead of closing: {e}"),
+        }
+    }
+    let _sender = sending.await.unwrap();
+    let (acked_first, export_close) = exporting.await.unwrap();
+    let status = serve.wait().await.unwrap();
+    assert!(status.success(), "serve exits 0 after a graceful drain");
+    assert_eq!(
+        import_close.expect("import close frame").code,
+        CloseCode::Normal
+    );
+    assert_eq!(
+        export_close.expect("export close frame").code,
+        CloseCode::Normal
+    );
+
+    // Import: every answered submission, and nothing else, was written and runs.
+    let accepted: HashSet<Uuid> = answered
+        .iter()
+        .filter_map(|a| a["id"].as_str().map(|id| id.parse().unwrap()))
+        .collect();
+    assert!(
+        answered.iter().all(|a| a["error"].is_null()),
+        "{answered:?}"
+    );
+    assert!(accepted.len() < SUBMISSIONS, "the shutdown came mid-stream");
+    let rows: HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM extractions WHERE idempotency_key LIKE $1 || '%'")
+            .bind(&prefix)
+            .fetch_all(&env.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert_eq!(
+        rows, accepted,
+        "the rows are exactly the answered submissions"
+    );
+
+    // Export: the graceful drain committed exactly what was acknowledged.
+    let first: HashSet<(i32, i64)> = acked_first.iter().map(|r| r.position).collect();
+    let committed_at_close = committed_sum(&env, "dashboard");
+    assert_eq!(
+        committed_at_close,
+        first.len() as i64,
+        "the drain commits every acknowledged event and nothing more"
+    );
+
+    // Once the pipeline is done, a new server resumes the group: together the
+    // two connections saw every event on the topic.
+    wait_count(
+        &env.pool,
+        "every answered submission to reach bbox succeeded",
+        ALL_BBOX_SUCCEEDED,
+        accepted.len() as i64,
+        Duration::from_secs(120),
+    )
+    .await;
+    let transitions: i64 = sqlx::query_scalar("SELECT count(*) FROM extraction_transitions")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let events_topic = env.topic("extraction.events");
+    let brokers = env.settings.kafka_brokers.clone();
+    wait_for("an event per transition", Duration::from_secs(60), || {
+        let size = common::topic_size(&brokers, &events_topic);
+        async move {
+            (size >= transitions)
+                .then_some(())
+                .ok_or(format!("{size} of {transitions}"))
+        }
+    })
+    .await;
+    let all: HashSet<(i32, i64)> = read_topic_positioned(&brokers, &events_topic)
+        .into_iter()
+        .map(|(partition, offset, _, _)| (partition, offset))
+        .collect();
+    let mut serve = env.spawn(
+        "serve",
+        &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
+        "streams-shutdown-serve-again",
+    );
+    wait_healthy(&format!("http://{addr}")).await;
+    let mut socket = connect(port, "group=dashboard").await;
+    let mut seen = first.clone();
+    let mut second: HashMap<(i32, i64), u64> = HashMap::new();
+    while !all.is_subset(&seen) {
+        let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
+        match next.expect("the rest arrives within 60 s") {
+            Some(Ok(Message::Text(text))) => {
+                let received = parse(&text);
+                seen.insert(received.position);
+                second.insert(received.position, received.seq);
+            }
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    socket.close(None).await.unwrap();
+    read_to_close(&mut socket).await;
+    let again = second.keys().filter(|p| first.contains(p)).count();
+    assert_eq!(
+        again, 0,
+        "nothing acknowledged before the shutdown came again"
+    );
+    assert_eq!(seen, all, "none missing");
+    eprintln!(
+        "streams shutdown test: import sent_up_to={SUBMISSIONS} answered={} rows={} close=Normal; \
+         export acked_before_shutdown={} committed_at_close={committed_at_close} close=Normal; \
+         events_on_topic={} received_after_restart={} acked_twice={again} missing=0",
+        accepted.len(),
+        rows.len(),
+        first.len(),
+        all.len(),
+        second.len(),
+    );
+    stop(workers.iter_mut().chain([&mut serve])).await;
+    env.cleanup().await;
+}
