@@ -249,6 +249,33 @@ settings! {
     /// export stream is closed by force: a client that keeps failing is gone or
     /// broken, and holds a consumer-group member.
     export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS";
+    /// The key webhooks are signed with (Standard Webhooks: `whsec_` and the
+    /// base64 of 24 to 64 random bytes). Empty disables webhooks: a request
+    /// naming a `webhook_url` is then refused, rather than accepted and never
+    /// announced.
+    webhook_secret: String = "", env "DOCSTREAM_WEBHOOK_SECRET";
+    /// Addresses webhooks may reach although the SSRF guard refuses them
+    /// (loopback, private, link-local…): comma-separated IPs or CIDR blocks,
+    /// e.g. `127.0.0.1/32,::1`. Empty, the default: only public addresses,
+    /// since a job's submitter chooses the URL and the server makes the request.
+    webhook_allow: String = "", env "DOCSTREAM_WEBHOOK_ALLOW";
+    /// Longest one webhook attempt may take, connect to last byte. Bounded, so
+    /// a slow receiver costs an attempt, not a stuck dispatcher.
+    webhook_timeout_s: f64 = 10.0, env "DOCSTREAM_WEBHOOK_TIMEOUT_S";
+    /// Attempts before a delivery is given up as failed. With the delays
+    /// below, 12 attempts span about 8 minutes.
+    webhook_max_attempts: i32 = 12_i32, env "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS";
+    /// First delay between attempts; each further one doubles it, with jitter.
+    webhook_retry_base_delay_s: f64 = 1.0, env "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S";
+    /// Cap on the delay between attempts: a receiver that is back is found
+    /// within this long.
+    webhook_retry_max_delay_s: f64 = 60.0, env "DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S";
+    /// A pending delivery due this long ago that nobody holds is an orphan
+    /// (class 6): its dispatcher died. Well above a wake-up's latency; an
+    /// attempt in progress holds a lease (timeout + this) and is left alone.
+    webhook_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S";
+    /// Webhook attempts one process makes at once.
+    webhook_concurrency: usize = 32_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY";
     /// Logs as JSON lines instead of text.
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
@@ -331,6 +358,19 @@ impl Settings {
                 "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S",
                 self.export_drain_timeout_s,
             ),
+            ("DOCSTREAM_WEBHOOK_TIMEOUT_S", self.webhook_timeout_s),
+            (
+                "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S",
+                self.webhook_retry_base_delay_s,
+            ),
+            (
+                "DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S",
+                self.webhook_retry_max_delay_s,
+            ),
+            (
+                "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S",
+                self.webhook_orphan_threshold_s,
+            ),
         ] {
             if !(secs.is_finite() && secs > 0.0) {
                 return invalid(format!("{name} must be a positive number of seconds"));
@@ -412,6 +452,21 @@ impl Settings {
         {
             return invalid("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE, DOCSTREAM_EXPORT_MAX_UNACKED and DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS must be at least 1".into());
         }
+        if self.webhook_max_attempts < 1 || self.webhook_concurrency == 0 {
+            return invalid(
+                "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS and DOCSTREAM_WEBHOOK_CONCURRENCY must be at least 1"
+                    .into(),
+            );
+        }
+        if self.webhook_retry_max_delay_s < self.webhook_retry_base_delay_s {
+            return invalid("DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S must be at least DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S".into());
+        }
+        if let Err(e) = crate::webhook::Signer::new(&self.webhook_secret) {
+            return invalid(format!("DOCSTREAM_WEBHOOK_SECRET: {e}"));
+        }
+        if let Err(e) = crate::webhook::AllowList::parse(&self.webhook_allow) {
+            return invalid(format!("DOCSTREAM_WEBHOOK_ALLOW: {e}"));
+        }
         for (name, addr) in [
             ("DOCSTREAM_HTTP_ADDR", &self.http_addr),
             ("DOCSTREAM_METRICS_ADDR", &self.metrics_addr),
@@ -455,6 +510,7 @@ impl Settings {
             run_lease_s: self.extraction_run_lease_s,
             post_processing_pending_s: self.post_processing_pending_orphan_threshold_s,
             bbox_lease_s: self.bbox_refinement_lease_s,
+            webhook_pending_s: self.webhook_orphan_threshold_s,
         }
     }
 

@@ -8,7 +8,9 @@
 //! of the process under test, set once at start-up and never changed.
 //!
 //! Points: `submit.after_insert`, `worker.after_claim`, `worker.extract`,
-//! `worker.after_mark_succeeded`, `worker.before_retry_publish`, `bbox.after_claim`.
+//! `worker.after_mark_succeeded`, `worker.before_retry_publish`, `bbox.after_claim`,
+//! `webhook.after_state_change` (a terminal transition wrote a delivery),
+//! `webhook.before_send` (an attempt is claimed).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;

@@ -4,7 +4,8 @@
 //! Map of the crate, edge first (arrows point one way: edge → kafka/store → domain):
 //! - [`roles`] assembles processes (`serve`, `worker`, `bbox-worker`, `all`);
 //!   [`api`] is the HTTP edge; [`pipeline`] holds the consumer roles;
-//!   [`demo`] drives the pipeline on the shipped sample documents.
+//!   [`demo`] drives the pipeline on the shipped sample documents;
+//!   [`webhook`] delivers the outbox of terminal-state webhooks.
 //! - [`kafka`] is the producer, the consumer runtime (offsets stored only after
 //!   delivery) and topic admin; [`store`] is Postgres (one statement per
 //!   transition); [`events`] binds Avro schemas to types.
@@ -26,3 +27,4 @@ pub mod ops;
 pub mod pipeline;
 pub mod roles;
 pub mod store;
+pub mod webhook;

@@ -78,6 +78,16 @@ pub struct Metrics {
     /// client and not acknowledged when its stream ended; the group's next
     /// connection receives them again.
     pub stream_redeliveries: IntCounterVec,
+    /// `docstream_webhook_deliveries_total{outcome="delivered|retried|failed|disabled|forbidden"}`:
+    /// webhook attempts by how they ended (`retried`: failed, another is scheduled).
+    pub webhook_deliveries: IntCounterVec,
+    /// `docstream_webhook_attempts_total`: HTTP requests made to webhook endpoints.
+    pub webhook_attempts: prometheus::IntCounter,
+    /// `docstream_webhook_disabled_endpoints_total`: endpoints disabled after 410 Gone.
+    pub webhook_disabled_endpoints: prometheus::IntCounter,
+    /// `docstream_webhook_ssrf_rejections_total{stage="submit|send"}`: webhook
+    /// URLs refused by the SSRF guard.
+    pub webhook_ssrf_rejections: IntCounterVec,
 }
 
 impl Metrics {
@@ -191,6 +201,32 @@ impl Metrics {
             "Events sent on a stream and not acknowledged when it ended: sent again on the next connection.",
             &["stream"],
         );
+        let webhook_deliveries = counter(
+            "docstream_webhook_deliveries_total",
+            "Webhook attempts by how they ended: delivered, retried, failed (given up), disabled (410 Gone), forbidden (SSRF guard).",
+            &["outcome"],
+        );
+        let webhook_ssrf_rejections = counter(
+            "docstream_webhook_ssrf_rejections_total",
+            "Webhook URLs refused by the SSRF guard, at submit or at send.",
+            &["stage"],
+        );
+        let webhook_attempts = prometheus::IntCounter::new(
+            "docstream_webhook_attempts_total",
+            "HTTP requests made to webhook endpoints.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(webhook_attempts.clone()))
+            .expect("unique metric");
+        let webhook_disabled_endpoints = prometheus::IntCounter::new(
+            "docstream_webhook_disabled_endpoints_total",
+            "Webhook endpoints disabled after answering 410 Gone.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(webhook_disabled_endpoints.clone()))
+            .expect("unique metric");
         let stream_queue_depth = IntGaugeVec::new(
             Opts::new(
                 "docstream_stream_queue_depth",
@@ -299,6 +335,10 @@ impl Metrics {
             stream_closes,
             stream_dropped,
             stream_redeliveries,
+            webhook_deliveries,
+            webhook_attempts,
+            webhook_disabled_endpoints,
+            webhook_ssrf_rejections,
             stale_completions,
             retries_scheduled,
             orphans_found,

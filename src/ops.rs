@@ -17,6 +17,7 @@ pub fn class_name(class: i16) -> &'static str {
         3 => "queued, retry publish lost",
         4 => "bbox pending, never published",
         5 => "bbox running past its lease",
+        6 => "webhook pending, nobody sending",
         _ => "unknown",
     }
 }

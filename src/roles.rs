@@ -206,6 +206,10 @@ pub async fn run(
         let reaper = reaper(services.clone(), ReaperKind::Bbox, stop.clone());
         roles.push(("bbox-reaper", Box::pin(reaper)));
     }
+    if mix.workers + mix.bbox_workers > 0 {
+        let reaper = reaper(services.clone(), ReaperKind::Webhook, stop.clone());
+        roles.push(("webhook-reaper", Box::pin(reaper)));
+    }
     supervise(roles, stop).await
 }
 

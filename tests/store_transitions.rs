@@ -492,6 +492,7 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
         run_lease_s: LEASE_S,
         post_processing_pending_s: 10.0,
         bbox_lease_s: LEASE_S,
+        webhook_pending_s: 10.0,
     };
     let fresh = queued(pool).await;
     let old = queued(pool).await;
@@ -609,5 +610,94 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
         .await
         .unwrap()
         .is_none());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenced() {
+    use docstream::store::webhooks::{self, Final};
+    let env = TestEnv::postgres_only("webhook_outbox").await;
+    let pool = &env.pool;
+    let mut with_hook = request();
+    with_hook.webhook_url = Some("https://hooks.example.com/docstream".into());
+    let new = NewExtraction {
+        id: Uuid::new_v4(),
+        idempotency_key: None,
+        request: with_hook,
+    };
+    let hooked = store::submit(pool, new).await.unwrap().extraction().id;
+    let claim = transitions::mark_running(pool, hooked, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    let failed = transitions::mark_failed(pool, hooked, claim.token, "broken")
+        .await
+        .unwrap()
+        .unwrap();
+    let id = format!("msg_{}_failed", hooked.simple());
+    assert_eq!(failed.webhook_id.as_deref(), Some(id.as_str()));
+    // Without a webhook_url the same transition writes no delivery.
+    let (plain, token) = running(pool).await;
+    let row = transitions::mark_failed(pool, plain, token, "broken")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.webhook_id, None);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+
+    // One attempt at a time; only its holder records the outcome.
+    let first = webhooks::claim(pool, &id, LEASE_S).await.unwrap().unwrap();
+    assert_eq!(
+        (first.attempts, first.event_type.as_str()),
+        (1, "extraction.failed")
+    );
+    assert_eq!(first.payload["data"]["error"], "broken");
+    assert!(
+        webhooks::claim(pool, &id, LEASE_S).await.unwrap().is_none(),
+        "leased"
+    );
+    assert!(webhooks::retry_later(pool, &id, 1, 0.0, Some(500), "500")
+        .await
+        .unwrap());
+    let second = webhooks::claim(pool, &id, LEASE_S).await.unwrap().unwrap();
+    assert_eq!(second.attempts, 2);
+    assert!(
+        !webhooks::finish(pool, &id, 1, Final::Delivered, Some(200), None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        webhooks::finish(pool, &id, 2, Final::Delivered, Some(200), None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        webhooks::claim(pool, &id, LEASE_S).await.unwrap().is_none(),
+        "delivered"
+    );
+
+    // Class 6: due long ago, held by nobody; handed out once per threshold.
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, extraction_id, event_type, url, payload, next_attempt_at)
+         VALUES ('msg_stuck', $1, 'extraction.failed', 'https://x.example/', '{}', now() - interval '1 minute'),
+                ('msg_fresh', $1, 'extraction.failed', 'https://x.example/', '{}', now())",
+    )
+    .bind(plain)
+    .execute(pool)
+    .await
+    .unwrap();
+    let taken = webhooks::take_orphans(pool, 10.0, 100).await.unwrap();
+    assert_eq!(
+        taken.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(),
+        ["msg_stuck"]
+    );
+    assert!(webhooks::take_orphans(pool, 10.0, 100)
+        .await
+        .unwrap()
+        .is_empty());
     env.cleanup().await;
 }

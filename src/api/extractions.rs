@@ -148,6 +148,7 @@ async fn cancel(
         .metrics
         .transition(Transition::MarkCancelled, &cancelled);
     if let Some(row) = cancelled {
+        services.webhooks.wake(row.webhook_id.as_deref());
         if let Err(e) = services
             .emit(Transition::MarkCancelled, &row, None, PublishReason::Submit)
             .await

@@ -32,10 +32,12 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::domain::Transition;
 use crate::events::{decode, Event, ExtractionEvent, PublishReason};
+use crate::failpoints;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::store::{leases, Claim, Extraction};
+use crate::webhook::Webhooks;
 
 /// What every role shares: settings, the pool, the producer and the metrics.
 #[derive(Clone)]
@@ -50,18 +52,22 @@ pub struct Services {
     pub metrics: Metrics,
     /// The hot-path transitions, grouped across concurrent records.
     pub batched: Batched,
+    /// This process's webhook dispatcher.
+    pub webhooks: Webhooks,
 }
 
 impl Services {
     /// Services on `pool` and `publisher`; starts the statement batchers.
     pub fn new(settings: Settings, pool: PgPool, publisher: Publisher, metrics: Metrics) -> Self {
         let batched = Batched::new(&settings, &pool);
+        let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         Self {
             settings: Arc::new(settings),
             pool,
             publisher,
             metrics,
             batched,
+            webhooks,
         }
     }
 
@@ -100,6 +106,14 @@ impl Services {
         self.metrics.transition(transition, &row);
         match row {
             Some(row) => {
+                if row.webhook_id.is_some() {
+                    // The delivery is durable with the state change; a crash
+                    // here leaves it to the webhook reaper (orphan class 6).
+                    failpoints::hit("webhook.after_state_change")
+                        .await
+                        .map_err(transient)?;
+                    self.webhooks.wake(row.webhook_id.as_deref());
+                }
                 self.emit(transition, &row, Some(token), reason).await?;
                 Ok(Some(row))
             }

@@ -9,6 +9,8 @@
 //!
 //! ExtractionReaper (in `worker`): classes 1–3 → `extraction.submitted`.
 //! BboxReaper (in `bbox-worker`): classes 4–5 → `extraction.post_processing.requested`.
+//! WebhookReaper (in every process with a worker or bbox worker): class 6, a
+//! pending webhook delivery nobody works on → this process's dispatcher.
 
 use futures::future::join_all;
 use sqlx::pool::PoolConnection;
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::Services;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
 use crate::store::orphans::{self, Orphan};
+use crate::store::webhooks;
 use crate::store::StoreError;
 
 /// Which reaper.
@@ -27,6 +30,8 @@ pub enum ReaperKind {
     Extraction,
     /// Classes 4–5.
     Bbox,
+    /// Class 6.
+    Webhook,
 }
 
 impl ReaperKind {
@@ -35,6 +40,7 @@ impl ReaperKind {
         match self {
             Self::Extraction => "extraction",
             Self::Bbox => "bbox",
+            Self::Webhook => "webhook",
         }
     }
 
@@ -43,6 +49,7 @@ impl ReaperKind {
         match self {
             Self::Extraction => 0x646f_6373_7472_0001,
             Self::Bbox => 0x646f_6373_7472_0002,
+            Self::Webhook => 0x646f_6373_7472_0003,
         }
     }
 }
@@ -127,6 +134,7 @@ impl Reaper {
                 orphans::take_extraction_orphans(&mut **conn, thresholds, limit).await?
             }
             ReaperKind::Bbox => orphans::take_bbox_orphans(&mut **conn, thresholds, limit).await?,
+            ReaperKind::Webhook => return self.revive_webhooks(conn).await,
         };
         let outcomes = join_all(taken.iter().map(|orphan| self.republish(orphan))).await;
         let republished = outcomes.iter().filter(|ok| **ok).count();
@@ -141,6 +149,36 @@ impl Reaper {
         Ok(Sweep::Swept {
             found: taken.len(),
             republished,
+        })
+    }
+
+    /// Class 6: hands each orphaned delivery to this process's dispatcher.
+    async fn revive_webhooks(
+        &self,
+        conn: &mut PoolConnection<Postgres>,
+    ) -> Result<Sweep, StoreError> {
+        let services = &self.services;
+        let settings = &services.settings;
+        let threshold = settings.webhook_orphan_threshold_s;
+        let taken =
+            webhooks::take_orphans(&mut **conn, threshold, settings.reaper_batch_size).await?;
+        let metrics = &services.metrics;
+        for (id, age_s) in &taken {
+            tracing::info!(id, class = 6, age_s, "orphan found");
+            metrics.orphans_found.with_label_values(&["6"]).inc();
+            services.webhooks.wake(Some(id));
+            metrics.orphans_republished.with_label_values(&["6"]).inc();
+        }
+        if !taken.is_empty() {
+            tracing::info!(
+                reaper = self.kind.as_str(),
+                found = taken.len(),
+                "orphans revived"
+            );
+        }
+        Ok(Sweep::Swept {
+            found: taken.len(),
+            republished: taken.len(),
         })
     }
 
@@ -166,6 +204,7 @@ impl Reaper {
                     .publish(&topic, key.as_bytes(), &event)
                     .await
             }
+            ReaperKind::Webhook => unreachable!("class 6 is revived by revive_webhooks"),
             ReaperKind::Bbox => {
                 let topic = settings.topic(&settings.topic_post_processing);
                 let event =
@@ -181,9 +220,7 @@ impl Reaper {
             (Ok(()), ReaperKind::Extraction) => {
                 orphans::record_published(&services.pool, orphan.id).await
             }
-            (Ok(()), ReaperKind::Bbox) => {
-                orphans::record_bbox_request_published(&services.pool, orphan.id).await
-            }
+            (Ok(()), _) => orphans::record_bbox_request_published(&services.pool, orphan.id).await,
         };
         if let Err(e) = recorded {
             tracing::warn!(id = %orphan.id, error = %e, "republish not recorded; it may be republished again");

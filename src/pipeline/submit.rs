@@ -9,6 +9,9 @@
 //! is delivered again, so its offset is committed only once the row and the
 //! job's event are both durable. Once the broker acknowledged the event, the
 //! row is stamped as published, which tells the reaper it is not lost.
+//!
+//! A request naming a `webhook_url` is refused before anything is written if
+//! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off.
 
 use super::Services;
 use crate::domain::Transition;
@@ -58,6 +61,10 @@ pub async fn submit_durably(
 }
 
 async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
+    if let Some(url) = &new.request.webhook_url {
+        let checked = services.webhooks.check_submitted(url).await;
+        checked.map_err(SubmitError::WebhookRefused)?;
+    }
     let insert = |insert| services.batched.insert.run(insert);
     let submitted = store::submit_with(&services.pool, new, insert).await?;
     if let Submitted::Created(_) = &submitted {

@@ -24,6 +24,7 @@ pub mod orphans;
 mod row;
 mod submit;
 pub mod transitions;
+pub mod webhooks;
 
 pub use row::{BboxRefinement, Claim, Extraction};
 

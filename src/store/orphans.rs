@@ -35,6 +35,9 @@ pub struct Thresholds {
     pub post_processing_pending_s: f64,
     /// The bbox lease: the least time between two republishes of class 5.
     pub bbox_lease_s: f64,
+    /// A pending webhook delivery due longer ago than this, held by nobody,
+    /// lost its dispatcher: class 6 (`store::webhooks`).
+    pub webhook_pending_s: f64,
 }
 
 /// One orphan.
@@ -42,7 +45,7 @@ pub struct Thresholds {
 pub struct Orphan {
     /// The job.
     pub id: Uuid,
-    /// Orphan class, 1 to 5.
+    /// Orphan class, 1 to 6 (for class 6, the job whose webhook it is).
     pub class: i16,
     /// Seconds since it became an orphan.
     pub age_s: f64,
@@ -127,6 +130,11 @@ SELECT id, class::int2 AS class, extract(epoch FROM now() - since)::float8 AS ag
                  < now() - make_interval(secs => $2))
             OR (post_processing->'bbox_refinement'->>'status' = 'running'
                 AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))
+    UNION ALL
+    SELECT extraction_id, 6, next_attempt_at + make_interval(secs => $3)
+      FROM webhook_deliveries
+     WHERE status = 'pending' AND next_attempt_at < now() - make_interval(secs => $3)
+       AND (lease_expires_at IS NULL OR lease_expires_at < now())
 ) orphans
 ORDER BY class, since";
 
@@ -168,6 +176,7 @@ pub async fn list_orphans<'e>(
     let rows = sqlx::query_as::<_, Orphan>(LIST_ORPHANS)
         .bind(thresholds.queued_s)
         .bind(thresholds.post_processing_pending_s)
+        .bind(thresholds.webhook_pending_s)
         .fetch_all(executor)
         .await?;
     Ok(rows)

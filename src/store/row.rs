@@ -51,6 +51,10 @@ pub struct Extraction {
     pub orphaned_at: Option<DateTime<Utc>>,
     /// Seconds from orphaning (or lease expiry) to the claim that recovered it.
     pub last_recovery_s: Option<f64>,
+    /// Not a column: the webhook delivery a terminal transition wrote along
+    /// with it (see `store::webhooks`); `None` from every other statement.
+    #[sqlx(default)]
+    pub webhook_id: Option<String>,
 }
 
 /// The `bbox_refinement` sub-state inside `post_processing`.

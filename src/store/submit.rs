@@ -72,6 +72,10 @@ pub enum SubmitError {
     /// The key belongs to a job with a different request body.
     #[error("idempotency key was already used with a different request")]
     KeyReused,
+    /// The request's webhook URL was refused (SSRF guard, or webhooks are off);
+    /// nothing was written.
+    #[error("{0}")]
+    WebhookRefused(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -37,6 +37,36 @@ macro_rules! logged {
             $update
         )
     };
+    // A terminal transition: the same statement also writes the webhook
+    // delivery that announces it, when the request named a `webhook_url` (the
+    // outbox: a crash after the state change cannot lose the webhook). The
+    // row comes back lean, with the delivery's id as `webhook_id`.
+    ($transition:literal, token = $token:expr, lean, webhook = $event:literal, $update:literal) => {
+        concat!(
+            "WITH moved AS (",
+            $update,
+            " RETURNING extractions.*), logged AS (INSERT INTO extraction_transitions ",
+            "(extraction_id, transition, token) SELECT id, '",
+            $transition,
+            "', ",
+            $token,
+            " FROM moved), hooked AS (INSERT INTO webhook_deliveries ",
+            "(id, extraction_id, event_type, url, payload) SELECT 'msg_' || replace(id::text, '-', '') || '_",
+            $event,
+            "', id, 'extraction.",
+            $event,
+            "', request->>'webhook_url', jsonb_build_object('type', 'extraction.",
+            $event,
+            "', 'timestamp', now(), 'data', jsonb_build_object('id', id, 'status', status, ",
+            "'bbox_status', post_processing->'bbox_refinement'->>'status', 'result', result, ",
+            "'bbox', post_processing->'bbox_refinement'->'result', ",
+            "'error', COALESCE(error, post_processing->'bbox_refinement'->>'error'), ",
+            "'metadata', request->'metadata')) FROM moved WHERE request->>'webhook_url' IS NOT NULL ",
+            "ON CONFLICT (id) DO NOTHING RETURNING id, extraction_id) SELECT ",
+            lean_columns!(),
+            ", (SELECT h.id FROM hooked h WHERE h.extraction_id = moved.id) AS webhook_id FROM moved"
+        )
+    };
     ($transition:literal, token = $token:expr, returning = $columns:expr, $update:literal) => {
         concat!(
             "WITH moved AS (",
@@ -96,6 +126,7 @@ const MARK_FAILED: &str = logged!(
     "mark_failed",
     token = "attempts",
     lean,
+    webhook = "failed",
     "UPDATE extractions
         SET status = 'failed', error = $3, finished_at = now(), lease_expires_at = NULL
       WHERE id = $1 AND status = 'running' AND attempts = $2"
@@ -117,6 +148,7 @@ const MARK_CANCELLED: &str = logged!(
     "mark_cancelled",
     token = "NULL::int",
     lean,
+    webhook = "cancelled",
     "UPDATE extractions
         SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
       WHERE id = $1
@@ -172,6 +204,7 @@ const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = logged!(
     "mark_bbox_refinement_succeeded",
     token = bbox_token!(),
     lean,
+    webhook = "succeeded",
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
               ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(
@@ -186,6 +219,7 @@ const MARK_BBOX_REFINEMENT_FAILED: &str = logged!(
     "mark_bbox_refinement_failed",
     token = bbox_token!(),
     lean,
+    webhook = "succeeded",
     "UPDATE extractions
         SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
               ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(

@@ -309,7 +309,7 @@ pub async fn scrape(addr: &str, series: &str) -> f64 {
     text.lines()
         .filter(|line| line.starts_with(series))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |total, value| total + value)
 }
 
 /// A count from the database.

@@ -1,0 +1,275 @@
+//! The SSRF guard: a job's submitter chooses its webhook URL and the server
+//! makes the request, so a URL must not reach what only the server can reach
+//! (loopback, private networks, link-local and cloud metadata addresses,
+//! reserved ranges), and must be http or https.
+//!
+//! URLs are parsed as browsers do (the `url` crate, WHATWG), so `0x7f000001`,
+//! `2130706433` and `127.1` are all 127.0.0.1, and an IPv4-mapped IPv6 address
+//! is judged as the IPv4 address it maps. A host name is resolved and every
+//! address it resolves to must pass. When sending, the same guard is the HTTP
+//! client's resolver: the connection goes only to addresses it checked, so a
+//! name that resolves elsewhere the second time (DNS rebinding) gains nothing.
+//!
+//! An allow-list ([`AllowList`], `DOCSTREAM_WEBHOOK_ALLOW`) admits chosen
+//! addresses anyway, for development and tests.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use url::{Host, Url};
+
+/// Why a webhook URL is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Forbidden {
+    /// Not a URL at all.
+    #[error("webhook_url is not a URL")]
+    Malformed,
+    /// Not http or https.
+    #[error("webhook_url must be http or https, not {0}")]
+    Scheme(String),
+    /// No host to send to.
+    #[error("webhook_url has no host")]
+    NoHost,
+    /// An address the server must not reach.
+    #[error("webhook_url host {host} is {addr}, which webhooks may not reach (loopback, private, link-local, metadata or reserved address)")]
+    Address {
+        /// The host as written.
+        host: String,
+        /// The refused address.
+        addr: IpAddr,
+    },
+    /// The name does not resolve.
+    #[error("webhook_url host {host} does not resolve: {reason}")]
+    Unresolvable {
+        /// The host as written.
+        host: String,
+        /// What the resolver said.
+        reason: String,
+    },
+}
+
+/// Addresses admitted despite the guard: IPs and CIDR blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowList(Vec<(IpAddr, u8)>);
+
+impl AllowList {
+    /// Parses `127.0.0.1/32,::1,10.0.0.0/8`; empty admits nothing extra.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut blocks = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (addr, len) = match item.split_once('/') {
+                Some((addr, len)) => (addr, Some(len)),
+                None => (item, None),
+            };
+            let bad = || format!("{item:?} is not an IP address or CIDR block");
+            let ip = canonical(addr.parse::<IpAddr>().map_err(|_| bad())?);
+            let bits = if ip.is_ipv4() { 32 } else { 128 };
+            let len = match len {
+                Some(len) => len
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|l| *l <= bits)
+                    .ok_or_else(bad)?,
+                None => bits,
+            };
+            blocks.push((ip, len));
+        }
+        Ok(Self(blocks))
+    }
+
+    /// Whether `ip` is in one of the blocks.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.0.iter().any(|&(block, len)| match (block, ip) {
+            (IpAddr::V4(b), IpAddr::V4(a)) => {
+                same_prefix(u32::from(b).into(), u32::from(a).into(), len, 32)
+            }
+            (IpAddr::V6(b), IpAddr::V6(a)) => same_prefix(u128::from(b), u128::from(a), len, 128),
+            _ => false,
+        })
+    }
+}
+
+fn same_prefix(a: u128, b: u128, len: u8, bits: u8) -> bool {
+    len == 0 || (a >> (bits - len)) == (b >> (bits - len))
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is a public unicast address: not loopback, private, shared
+/// (CGNAT), link-local (cloud metadata lives there), multicast, documentation,
+/// benchmarking or reserved; for IPv6 also not unique-local, site-local, or a
+/// form that embeds an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible).
+pub fn is_public(ip: IpAddr) -> bool {
+    match canonical(ip) {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            let special = v4.is_unspecified()
+                || v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || v4.is_multicast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && c == 0)
+                || (a == 198 && (b == 18 || b == 19))
+                || a >= 240;
+            !special
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let special = v6.is_unspecified()
+                || v6.is_loopback()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
+                || (s[0] == 0x2001 && s[1] == 0x0db8)
+                || (s[0] == 0x2001 && s[1] == 0)
+                || (s[0] == 0x0064 && s[1] == 0xff9b)
+                || s[0] == 0x2002
+                || s[..6] == [0; 6];
+            !special
+        }
+    }
+}
+
+/// Checks webhook URLs and resolves their hosts to the addresses it admits.
+#[derive(Debug, Clone, Default)]
+pub struct Guard {
+    allow: Arc<AllowList>,
+}
+
+impl Guard {
+    /// A guard admitting public addresses and `allow`.
+    pub fn new(allow: AllowList) -> Self {
+        Self {
+            allow: Arc::new(allow),
+        }
+    }
+
+    /// Whether webhooks may reach `ip`.
+    pub fn admits(&self, ip: IpAddr) -> bool {
+        is_public(ip) || self.allow.contains(ip)
+    }
+
+    /// Checks `url` and returns the addresses it may be sent to.
+    pub async fn check(&self, url: &str) -> Result<Vec<SocketAddr>, Forbidden> {
+        let url = Url::parse(url).map_err(|_| Forbidden::Malformed)?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(Forbidden::Scheme(url.scheme().to_owned()));
+        }
+        let port = url.port_or_known_default().unwrap_or(80);
+        let ip = match url.host() {
+            None => return Err(Forbidden::NoHost),
+            Some(Host::Domain(name)) => return self.resolve(name, port).await,
+            Some(Host::Ipv4(ip)) => IpAddr::V4(ip),
+            Some(Host::Ipv6(ip)) => IpAddr::V6(ip),
+        };
+        match self.admits(ip) {
+            true => Ok(vec![SocketAddr::new(ip, port)]),
+            false => Err(Forbidden::Address {
+                host: url.host_str().unwrap_or_default().to_owned(),
+                addr: ip,
+            }),
+        }
+    }
+
+    /// Resolves `name`; refuses it if any address it resolves to is refused.
+    async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, Forbidden> {
+        let unresolvable = |reason: String| Forbidden::Unresolvable {
+            host: name.to_owned(),
+            reason,
+        };
+        // A fully qualified name ("localhost.") is the same name without its
+        // root dot; some resolvers only know the short form.
+        let lookup = name.strip_suffix('.').unwrap_or(name);
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((lookup, port))
+            .await
+            .map_err(|e| unresolvable(e.to_string()))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(unresolvable("no addresses".into()));
+        }
+        if let Some(refused) = addrs.iter().find(|a| !self.admits(a.ip())) {
+            return Err(Forbidden::Address {
+                host: name.to_owned(),
+                addr: refused.ip(),
+            });
+        }
+        Ok(addrs)
+    }
+}
+
+/// The HTTP client's resolver: connections go only to checked addresses.
+impl reqwest::dns::Resolve for Guard {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let guard = self.clone();
+        Box::pin(async move {
+            let addrs = guard.resolve(name.as_str(), 0).await?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn loopback_private_metadata_and_odd_spellings_are_refused() {
+        let guard = Guard::default();
+        for url in [
+            "http://127.0.0.1/hook",
+            "http://[::1]/hook",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://0x7f000001/",
+            "http://2130706433/",
+            "http://127.1/",
+            "http://10.0.0.1/",
+            "http://192.168.1.20:8080/",
+            "http://100.100.100.200/",
+            "http://[fd00:ec2::254]/",
+            "http://[64:ff9b::7f00:1]/",
+            "http://0.0.0.0/",
+            "http://localhost/",
+            "http://localhost./",
+            "file:///etc/passwd",
+            "gopher://example.com/",
+            "not a url",
+        ] {
+            assert!(guard.check(url).await.is_err(), "{url} was admitted");
+        }
+    }
+
+    #[tokio::test]
+    async fn public_addresses_pass_and_the_allow_list_admits_its_blocks() {
+        let guard = Guard::default();
+        assert_eq!(
+            guard.check("https://93.184.215.14/hook").await.unwrap(),
+            vec!["93.184.215.14:443".parse().unwrap()]
+        );
+        assert!(guard.check("http://[2606:4700::1111]:8080/").await.is_ok());
+        let allow = AllowList::parse("127.0.0.1/32, ::1, 10.1.0.0/16").unwrap();
+        let guard = Guard::new(allow.clone());
+        assert!(guard.check("http://127.0.0.1:9/").await.is_ok());
+        assert!(guard.check("http://[::ffff:127.0.0.1]:9/").await.is_ok());
+        assert!(guard.check("http://[::1]:9/").await.is_ok());
+        assert!(guard.check("http://10.1.200.3/").await.is_ok());
+        assert!(guard.check("http://10.2.0.1/").await.is_err());
+        assert!(guard.check("http://127.0.0.2/").await.is_err());
+        assert!(allow.contains("10.1.0.0".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "example.com", "1.2.3.4/x"] {
+            assert!(AllowList::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

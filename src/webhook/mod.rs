@@ -1,0 +1,308 @@
+//! Webhooks: announcing a job's terminal state to the `webhook_url` its request
+//! named, following the Standard Webhooks spec.
+//!
+//! - **Outbox.** The terminal transition writes the delivery row in the same
+//!   statement (`store::transitions`), so a crash after the state change still
+//!   delivers. The process that made the change wakes its [`Webhooks`]
+//!   dispatcher with the delivery's id; a delivery nobody works on is orphan
+//!   class 6, which the webhook reaper hands to its own dispatcher.
+//! - **Attempts.** Each attempt is claimed in the store (a lease and a fencing
+//!   token), signed afresh ([`Signer`]: `webhook-id`, `webhook-timestamp`,
+//!   `webhook-signature`) and sent with a bounded timeout, without following
+//!   redirects or proxies. 2xx delivers; 410 Gone disables the endpoint (no
+//!   further deliveries to it); anything else is retried with capped
+//!   exponential backoff and jitter, always with the same `webhook-id`, until
+//!   `webhook_max_attempts`.
+//! - **SSRF.** [`Guard`] refuses URLs that reach loopback, private,
+//!   link-local, metadata or reserved addresses, at submit and again at send,
+//!   where it is also the client's resolver.
+
+mod guard;
+mod sign;
+
+pub use guard::{is_public, AllowList, Forbidden, Guard};
+pub use sign::Signer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::config::Settings;
+use crate::failpoints;
+use crate::metrics::Metrics;
+use crate::store::webhooks::{self as outbox, Delivery, Final};
+
+/// A process's webhook dispatcher: wake it with a delivery's id and it makes
+/// the attempts that are due.
+#[derive(Clone)]
+pub struct Webhooks {
+    wake: mpsc::UnboundedSender<String>,
+    guard: Guard,
+    enabled: bool,
+    metrics: Metrics,
+}
+
+impl Webhooks {
+    /// Starts this process's dispatcher (a task that lives as long as the
+    /// process; deliveries it leaves unfinished are orphans the reaper revives).
+    pub fn start(settings: &Settings, pool: PgPool, metrics: Metrics) -> Self {
+        let allow = AllowList::parse(&settings.webhook_allow).expect("validated setting");
+        let guard = Guard::new(allow);
+        let signer = Signer::new(&settings.webhook_secret).expect("validated setting");
+        let timeout = Duration::from_secs_f64(settings.webhook_timeout_s);
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .dns_resolver(Arc::new(guard.clone()))
+            .user_agent(concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("an HTTP client without TLS always builds");
+        let (wake, woken) = mpsc::unbounded_channel();
+        let enabled = signer.enabled();
+        let dispatcher = Dispatcher {
+            pool,
+            metrics: metrics.clone(),
+            client,
+            guard: guard.clone(),
+            signer,
+            wake: wake.clone(),
+            // The lease outlives an attempt's timeout, so only a dead
+            // dispatcher's attempt is ever taken over.
+            lease_s: settings.webhook_timeout_s + settings.webhook_orphan_threshold_s,
+            max_attempts: settings.webhook_max_attempts,
+            base_delay_s: settings.webhook_retry_base_delay_s,
+            max_delay_s: settings.webhook_retry_max_delay_s,
+        };
+        tokio::spawn(Arc::new(dispatcher).run(woken, settings.webhook_concurrency));
+        Self {
+            wake,
+            guard,
+            enabled,
+            metrics,
+        }
+    }
+
+    /// Attempts delivery `id` now (if it is due and nobody holds it).
+    pub fn wake(&self, id: Option<&str>) {
+        if let Some(id) = id {
+            let _ = self.wake.send(id.to_owned());
+        }
+    }
+
+    /// Checks a submitted request's webhook URL; counts refusals.
+    pub async fn check_submitted(&self, url: &str) -> Result<(), String> {
+        if !self.enabled {
+            return Err(
+                "webhooks are disabled on this deployment (no DOCSTREAM_WEBHOOK_SECRET): \
+                 submit without webhook_url"
+                    .into(),
+            );
+        }
+        match self.guard.check(url).await {
+            Ok(_) => Ok(()),
+            Err(forbidden) => {
+                self.metrics
+                    .webhook_ssrf_rejections
+                    .with_label_values(&["submit"])
+                    .inc();
+                Err(forbidden.to_string())
+            }
+        }
+    }
+}
+
+/// How one attempt went.
+#[derive(Debug)]
+enum Outcome {
+    /// 2xx.
+    Delivered(u16),
+    /// 410 Gone: the endpoint wants no more.
+    Gone,
+    /// The endpoint said 410 before; nothing was sent.
+    Disabled,
+    /// The SSRF guard refused the URL; nothing was sent.
+    Forbidden(String),
+    /// Anything else: try again later.
+    Failed { status: Option<u16>, error: String },
+}
+
+struct Dispatcher {
+    pool: PgPool,
+    metrics: Metrics,
+    client: reqwest::Client,
+    guard: Guard,
+    signer: Signer,
+    wake: mpsc::UnboundedSender<String>,
+    lease_s: f64,
+    max_attempts: i32,
+    base_delay_s: f64,
+    max_delay_s: f64,
+}
+
+impl Dispatcher {
+    async fn run(self: Arc<Self>, mut woken: mpsc::UnboundedReceiver<String>, concurrency: usize) {
+        let slots = Arc::new(Semaphore::new(concurrency));
+        while let Some(id) = woken.recv().await {
+            let slot = slots.clone().acquire_owned().await.expect("never closed");
+            let dispatcher = self.clone();
+            tokio::spawn(async move {
+                dispatcher.attempt(&id).await;
+                drop(slot);
+            });
+        }
+    }
+
+    /// One attempt of delivery `id`, if this dispatcher gets to claim it.
+    async fn attempt(&self, id: &str) {
+        let delivery = match outbox::claim(&self.pool, id, self.lease_s).await {
+            Ok(Some(delivery)) => delivery,
+            // Delivered, not due, or someone else's attempt.
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(id, error = %e, "webhook not claimed; the reaper will revive it");
+                return;
+            }
+        };
+        if let Err(e) = failpoints::hit("webhook.before_send").await {
+            tracing::warn!(id, error = %e, "attempt abandoned; the reaper will revive it");
+            return;
+        }
+        let outcome = match delivery.endpoint_disabled {
+            true => Outcome::Disabled,
+            false => self.send(&delivery).await,
+        };
+        if let Err(e) = self.record(&delivery, outcome).await {
+            tracing::warn!(id, error = %e, "webhook outcome not recorded; the reaper will revive it");
+        }
+    }
+
+    async fn send(&self, delivery: &Delivery) -> Outcome {
+        let timestamp = chrono::Utc::now().timestamp();
+        let body = delivery.payload.to_string().into_bytes();
+        let Some(signature) = self.signer.sign(&delivery.id, timestamp, &body) else {
+            return Outcome::Failed {
+                status: None,
+                error: "no DOCSTREAM_WEBHOOK_SECRET on this process".into(),
+            };
+        };
+        match self.guard.check(&delivery.url).await {
+            Ok(_) => {}
+            Err(e @ Forbidden::Unresolvable { .. }) => {
+                return Outcome::Failed {
+                    status: None,
+                    error: e.to_string(),
+                }
+            }
+            Err(forbidden) => return Outcome::Forbidden(forbidden.to_string()),
+        }
+        self.metrics.webhook_attempts.inc();
+        let sent = self
+            .client
+            .post(&delivery.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("webhook-id", &delivery.id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await;
+        match sent {
+            Ok(response) => match response.status().as_u16() {
+                code @ 200..=299 => Outcome::Delivered(code),
+                410 => Outcome::Gone,
+                code => Outcome::Failed {
+                    status: Some(code),
+                    error: format!("the endpoint answered {code}"),
+                },
+            },
+            Err(e) => Outcome::Failed {
+                status: None,
+                error: error_chain(&e),
+            },
+        }
+    }
+
+    async fn record(
+        &self,
+        delivery: &Delivery,
+        outcome: Outcome,
+    ) -> Result<(), crate::store::StoreError> {
+        let (id, attempt, pool) = (&delivery.id, delivery.attempts, &self.pool);
+        let counted = match outcome {
+            Outcome::Delivered(code) => {
+                outbox::finish(pool, id, attempt, Final::Delivered, Some(code), None).await?;
+                tracing::info!(id, attempt, code, "webhook delivered");
+                "delivered"
+            }
+            Outcome::Gone => {
+                if outbox::disable_endpoint(pool, &delivery.url, "answered 410 Gone").await? {
+                    self.metrics.webhook_disabled_endpoints.inc();
+                    tracing::warn!(id, url = %delivery.url, "endpoint answered 410 Gone; disabled");
+                }
+                outbox::finish(pool, id, attempt, Final::Disabled, Some(410), None).await?;
+                "disabled"
+            }
+            Outcome::Disabled => {
+                let why = Some("the endpoint answered 410 Gone before");
+                outbox::finish(pool, id, attempt, Final::Disabled, None, why).await?;
+                "disabled"
+            }
+            Outcome::Forbidden(reason) => {
+                self.metrics
+                    .webhook_ssrf_rejections
+                    .with_label_values(&["send"])
+                    .inc();
+                tracing::warn!(id, %reason, "webhook refused by the SSRF guard");
+                outbox::finish(pool, id, attempt, Final::Failed, None, Some(&reason)).await?;
+                "forbidden"
+            }
+            Outcome::Failed { status, error } if attempt >= self.max_attempts => {
+                tracing::warn!(id, attempt, %error, "webhook given up");
+                outbox::finish(pool, id, attempt, Final::Failed, status, Some(&error)).await?;
+                "failed"
+            }
+            Outcome::Failed { status, error } => {
+                let delay = self.backoff(attempt);
+                tracing::info!(id, attempt, %error, delay_s = delay.as_secs_f64(), "webhook attempt failed; retrying");
+                outbox::retry_later(pool, id, attempt, delay.as_secs_f64(), status, &error).await?;
+                let (wake, id) = (self.wake.clone(), id.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = wake.send(id);
+                });
+                "retried"
+            }
+        };
+        self.metrics
+            .webhook_deliveries
+            .with_label_values(&[counted])
+            .inc();
+        Ok(())
+    }
+
+    /// Exponential from the base, capped, with jitter (half to all of it), so
+    /// the deliveries of a receiver that was down do not return in lockstep.
+    fn backoff(&self, attempt: i32) -> Duration {
+        let exponent = attempt.saturating_sub(1).clamp(0, 30);
+        let full = (self.base_delay_s * 2f64.powi(exponent)).min(self.max_delay_s);
+        let jittered = full * rand::thread_rng().gen_range(0.5..=1.0);
+        Duration::from_secs_f64(jittered)
+    }
+}
+
+/// An error with its causes, for the delivery's `last_error`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

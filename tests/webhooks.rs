@@ -1,0 +1,526 @@
+//! Webhooks against real processes and real HTTP receivers on loopback: each
+//! job's terminal event is delivered under one `webhook-id`, signed, retried
+//! through a receiver outage and 500s, never twice once answered 2xx, still
+//! delivered when the delivering process is SIGKILLed right after the state
+//! change, and never sent where the SSRF guard forbids.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use common::{
+    fast_recovery, free_port, insert_job, sample_body, scrape, signal, stop, wait_for,
+    wait_healthy, TestEnv,
+};
+use docstream::webhook::Signer;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use uuid::Uuid;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+struct Receipt {
+    id: String,
+    body: Value,
+    signed: bool,
+    answered: u16,
+}
+
+/// What a receiver got, and how it answers: `fail_first` 500s per webhook-id,
+/// then `then`.
+#[derive(Clone)]
+struct Receiver {
+    url: String,
+    receipts: Arc<Mutex<Vec<Receipt>>>,
+    fail_first: usize,
+    then: u16,
+}
+
+impl Receiver {
+    fn receipts(&self) -> Vec<Receipt> {
+        self.receipts.lock().unwrap().clone()
+    }
+
+    /// Receipts by webhook-id.
+    fn by_id(&self) -> HashMap<String, Vec<Receipt>> {
+        let mut by_id: HashMap<String, Vec<Receipt>> = HashMap::new();
+        for receipt in self.receipts() {
+            by_id.entry(receipt.id.clone()).or_default().push(receipt);
+        }
+        by_id
+    }
+}
+
+async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let id = header("webhook-id");
+    let timestamp: i64 = header("webhook-timestamp").parse().unwrap_or_default();
+    let expected = Signer::new(SECRET).unwrap().sign(&id, timestamp, &body);
+    let signed = expected.as_deref() == Some(header("webhook-signature").as_str());
+    let mut receipts = receiver.receipts.lock().unwrap();
+    let before = receipts.iter().filter(|r| r.id == id).count();
+    let answered = match before < receiver.fail_first {
+        true => 500,
+        false => receiver.then,
+    };
+    receipts.push(Receipt {
+        id,
+        body: serde_json::from_slice(&body).unwrap_or_default(),
+        signed,
+        answered,
+    });
+    StatusCode::from_u16(answered).unwrap()
+}
+
+/// Serves a receiver on `listener` (loopback).
+fn start_receiver(listener: TcpListener, fail_first: usize, then: u16) -> Receiver {
+    let port = listener.local_addr().unwrap().port();
+    let receiver = Receiver {
+        url: format!("http://127.0.0.1:{port}/hook"),
+        receipts: Arc::default(),
+        fail_first,
+        then,
+    };
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(receiver.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    receiver
+}
+
+/// Webhook settings for child processes: signed, loopback allowed, fast retries.
+fn webhook_env(allow_loopback: bool) -> Vec<(&'static str, String)> {
+    let allow = if allow_loopback { "127.0.0.1/32" } else { "" };
+    vec![
+        ("DOCSTREAM_WEBHOOK_SECRET", SECRET.into()),
+        ("DOCSTREAM_WEBHOOK_ALLOW", allow.into()),
+        ("DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S", "0.2".into()),
+        ("DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S", "1".into()),
+        ("DOCSTREAM_WEBHOOK_TIMEOUT_S", "2".into()),
+        ("DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S", "1".into()),
+        ("DOCSTREAM_WEBHOOK_MAX_ATTEMPTS", "50".into()),
+    ]
+}
+
+fn with(
+    base: &[(&'static str, String)],
+    more: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
+    base.iter().chain(more).cloned().collect()
+}
+
+/// Submits one job over HTTP; its id, or the refusal.
+async fn submit(api: &str, webhook_url: &str) -> Result<Uuid, (u16, Value)> {
+    let mut body = sample_body(0);
+    body["webhook_url"] = json!(webhook_url);
+    let response = reqwest::Client::new()
+        .post(format!("{api}/v1/extractions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await.unwrap();
+    match status {
+        200..=299 => Ok(answer["id"].as_str().unwrap().parse().unwrap()),
+        _ => Err((status, answer)),
+    }
+}
+
+/// Counts deliveries in `status`.
+async fn deliveries(pool: &sqlx::PgPool, status: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries WHERE status = $1")
+        .bind(status)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn wait_delivered(pool: &sqlx::PgPool, status: &str, n: i64, timeout: Duration) {
+    wait_for(
+        &format!("{n} deliveries {status}"),
+        timeout,
+        || async move {
+            let count = deliveries(pool, status).await;
+            (count >= n)
+                .then_some(())
+                .ok_or(format!("{count} {status}"))
+        },
+    )
+    .await;
+}
+
+fn expected_id(job: Uuid) -> String {
+    format!("msg_{}_succeeded", job.simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_endpoint() {
+    const JOBS: usize = 20;
+    const OUTAGE: Duration = Duration::from_secs(10);
+    let env = TestEnv::new("webhooks_retry").await;
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let base = webhook_env(true);
+    let worker_metrics = free_port();
+    let mut children = [
+        env.spawn(
+            "serve",
+            &with(
+                &base,
+                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+            ),
+            "webhooks-retry-serve",
+        ),
+        env.spawn("worker", &base, "webhooks-retry-worker"),
+        env.spawn(
+            "bbox-worker",
+            &with(
+                &base,
+                &[(
+                    "DOCSTREAM_METRICS_ADDR",
+                    format!("127.0.0.1:{worker_metrics}"),
+                )],
+            ),
+            "webhooks-retry-bbox-worker",
+        ),
+    ];
+    wait_healthy(&api).await;
+
+    // Receiver 1 is down: nothing listens on its port for the first 10 s.
+    let down_port = free_port();
+    let down_url = format!("http://127.0.0.1:{down_port}/hook");
+    let outage_began = Instant::now();
+    let mut outage_jobs = Vec::new();
+    for _ in 0..JOBS {
+        outage_jobs.push(submit(&api, &down_url).await.unwrap());
+    }
+    // Receiver 2 answers 500 three times per webhook-id, then 200.
+    let flaky = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 3, 200);
+    let flaky_job = submit(&api, &flaky.url).await.unwrap();
+
+    // Every outage job reaches its terminal state and fails an attempt while
+    // the receiver is down.
+    let pool = &env.pool;
+    let down = &down_url;
+    wait_for("an attempt at every outage delivery", OUTAGE, || async move {
+        let tried: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_deliveries WHERE url = $1 AND attempts >= 1 AND status = 'pending'",
+        )
+        .bind(down)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (tried == JOBS as i64).then_some(()).ok_or(format!("{tried} tried"))
+    })
+    .await;
+    // The outage lasts its 10 s: this sleep is the scenario, not a wait.
+    tokio::time::sleep(OUTAGE.saturating_sub(outage_began.elapsed())).await;
+    let attempts_during_outage: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(attempts), 0)::int8 FROM webhook_deliveries WHERE url = $1",
+    )
+    .bind(&down_url)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let listener = TcpListener::bind(format!("127.0.0.1:{down_port}"))
+        .await
+        .unwrap();
+    let back = start_receiver(listener, 0, 200);
+    wait_delivered(pool, "delivered", JOBS as i64 + 1, Duration::from_secs(60)).await;
+
+    // The outage: one distinct id per job event, each answered 2xx exactly once.
+    let by_id = back.by_id();
+    let expected: HashSet<String> = outage_jobs.iter().map(|j| expected_id(*j)).collect();
+    assert_eq!(by_id.keys().cloned().collect::<HashSet<_>>(), expected);
+    for (id, receipts) in &by_id {
+        assert_eq!(
+            receipts.len(),
+            1,
+            "{id} arrived {} times after the outage",
+            receipts.len()
+        );
+        assert!(receipts[0].signed, "{id} carries a valid signature");
+        assert_eq!(receipts[0].body["type"], "extraction.succeeded");
+        assert_eq!(receipts[0].body["data"]["bbox_status"], "succeeded");
+    }
+    // The 500s: one id, four attempts, all signed, the last one answered 200.
+    let flaky_receipts = flaky.receipts();
+    let ids: HashSet<&str> = flaky_receipts.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, HashSet::from([expected_id(flaky_job).as_str()]));
+    let answers: Vec<u16> = flaky_receipts.iter().map(|r| r.answered).collect();
+    assert_eq!(answers, vec![500, 500, 500, 200]);
+    assert!(flaky_receipts.iter().all(|r| r.signed));
+    let flaky_attempts: i32 =
+        sqlx::query_scalar("SELECT attempts FROM webhook_deliveries WHERE extraction_id = $1")
+            .bind(flaky_job)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(flaky_attempts, 4);
+
+    // 410 Gone: the endpoint is disabled, and the next job's webhook is not sent.
+    let gone = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 410);
+    submit(&api, &gone.url).await.unwrap();
+    wait_delivered(pool, "disabled", 1, Duration::from_secs(60)).await;
+    submit(&api, &gone.url).await.unwrap();
+    wait_delivered(pool, "disabled", 2, Duration::from_secs(60)).await;
+    assert_eq!(
+        gone.receipts().len(),
+        1,
+        "nothing is sent to a disabled endpoint"
+    );
+
+    let metrics = format!("127.0.0.1:{worker_metrics}");
+    let delivered = scrape(
+        &metrics,
+        "docstream_webhook_deliveries_total{outcome=\"delivered\"}",
+    )
+    .await;
+    let retried = scrape(
+        &metrics,
+        "docstream_webhook_deliveries_total{outcome=\"retried\"}",
+    )
+    .await;
+    let disabled = scrape(&metrics, "docstream_webhook_disabled_endpoints_total").await;
+    assert_eq!(delivered, JOBS as f64 + 1.0);
+    assert_eq!(disabled, 1.0);
+    eprintln!(
+        "webhook retry test: outage={}s jobs={JOBS} attempts_during_outage={attempts_during_outage} distinct_ids_after={} \
+         receipts_per_id=1 flaky_answers={answers:?} flaky_attempts={flaky_attempts} gone_receipts={} \
+         metrics: delivered={delivered} retried={retried} disabled_endpoints={disabled}",
+        OUTAGE.as_secs(),
+        by_id.len(),
+        gone.receipts().len(),
+    );
+    stop(children.iter_mut()).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
+    const JOBS: usize = 5;
+    let env = TestEnv::with_settings("webhooks_kill", fast_recovery).await;
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let base = webhook_env(true);
+    let receiver = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 200);
+    let mut serve = env.spawn(
+        "serve",
+        &with(
+            &base,
+            &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+        ),
+        "webhooks-kill-serve",
+    );
+    let worker_metrics = free_port();
+    let mut worker = env.spawn(
+        "worker",
+        &with(
+            &base,
+            &[(
+                "DOCSTREAM_METRICS_ADDR",
+                format!("127.0.0.1:{worker_metrics}"),
+            )],
+        ),
+        "webhooks-kill-worker",
+    );
+    // The first bbox worker stalls right after each terminal state change,
+    // before it wakes its dispatcher; the test kills it there.
+    let stalled = [(
+        "DOCSTREAM_FAILPOINTS",
+        "webhook.after_state_change=sleep(60000)".to_owned(),
+    )];
+    let mut victim = env.spawn(
+        "bbox-worker",
+        &with(&base, &stalled),
+        "webhooks-kill-victim",
+    );
+    wait_healthy(&api).await;
+    let mut jobs = Vec::new();
+    for _ in 0..JOBS {
+        jobs.push(submit(&api, &receiver.url).await.unwrap());
+    }
+    let pool = &env.pool;
+    wait_delivered(pool, "pending", 1, Duration::from_secs(60)).await;
+    signal(&victim, "KILL").await;
+    let _ = victim.wait().await;
+    let written_before_kill = deliveries(pool, "pending").await;
+    assert_eq!(
+        receiver.receipts().len(),
+        0,
+        "nothing was sent before the kill"
+    );
+
+    let survivor_metrics = free_port();
+    let mut survivor = env.spawn(
+        "bbox-worker",
+        &with(
+            &base,
+            &[(
+                "DOCSTREAM_METRICS_ADDR",
+                format!("127.0.0.1:{survivor_metrics}"),
+            )],
+        ),
+        "webhooks-kill-survivor",
+    );
+    wait_delivered(pool, "delivered", JOBS as i64, Duration::from_secs(120)).await;
+    let by_id = receiver.by_id();
+    let expected: HashSet<String> = jobs.iter().map(|j| expected_id(*j)).collect();
+    assert_eq!(by_id.keys().cloned().collect::<HashSet<_>>(), expected);
+    for (id, receipts) in &by_id {
+        assert_eq!(
+            receipts.len(),
+            1,
+            "{id} was delivered {} times",
+            receipts.len()
+        );
+        assert!(receipts[0].signed);
+    }
+    // Nothing woke those deliveries but a reaper: the victim died first.
+    let class6 = "docstream_orphans_found_total{class=\"6\"}";
+    let by_worker = scrape(&format!("127.0.0.1:{worker_metrics}"), class6).await;
+    let by_survivor = scrape(&format!("127.0.0.1:{survivor_metrics}"), class6).await;
+    assert!(
+        by_worker + by_survivor >= written_before_kill as f64,
+        "the reapers revived {by_worker} + {by_survivor} of {written_before_kill} orphaned deliveries"
+    );
+    eprintln!(
+        "webhook kill test: jobs={JOBS} deliveries_written_before_kill={written_before_kill} \
+         distinct_ids={} receipts_per_id=1 class6_orphans_revived: worker={by_worker} survivor={by_survivor}",
+        by_id.len()
+    );
+    stop([&mut serve, &mut worker, &mut survivor]).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothing() {
+    let env = TestEnv::new("webhooks_ssrf").await;
+    // The canary: loopback listeners (IPv4 and, where there is one, IPv6)
+    // that count every connection.
+    let canary = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let canary_port = canary.local_addr().unwrap().port();
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut listeners = vec![canary];
+    if let Ok(v6) = TcpListener::bind(format!("[::1]:{canary_port}")).await {
+        listeners.push(v6);
+    }
+    for listener in listeners {
+        let connections = connections.clone();
+        tokio::spawn(async move {
+            while listener.accept().await.is_ok() {
+                connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    }
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let base = webhook_env(false);
+    let mut serve = env.spawn(
+        "serve",
+        &with(
+            &base,
+            &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+        ),
+        "webhooks-ssrf-serve",
+    );
+    wait_healthy(&api).await;
+
+    let p = canary_port;
+    let refused_urls = [
+        format!("http://127.0.0.1:{p}/hook"),
+        format!("http://[::1]:{p}/hook"),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        "http://[::ffff:169.254.169.254]/".to_owned(),
+        format!("http://0x7f000001:{p}/hook"),
+        format!("http://2130706433:{p}/hook"),
+        format!("http://127.1:{p}/hook"),
+        "http://10.0.0.1/hook".to_owned(),
+        format!("http://localhost.:{p}/hook"),
+        "file:///etc/passwd".to_owned(),
+        format!("http://localhost:{p}/hook"),
+    ];
+    let mut refusals = Vec::new();
+    for url in &refused_urls {
+        match submit(&api, url).await {
+            Ok(id) => panic!("{url} was accepted as job {id}"),
+            Err((status, answer)) => {
+                assert_eq!(status, 422, "{url}: {answer}");
+                refusals.push(format!("{url} -> {}", answer["error"]["message"]));
+            }
+        }
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "a refused submit writes nothing");
+    let at_submit = scrape(
+        &format!("127.0.0.1:{port}"),
+        "docstream_webhook_ssrf_rejections_total{stage=\"submit\"}",
+    )
+    .await;
+    // Every URL but file:// (refused earlier, by request validation) reached the guard.
+    assert_eq!(at_submit, refused_urls.len() as f64 - 1.0);
+
+    // At send: a delivery to the canary already in the outbox (as if its
+    // name had resolved elsewhere at submit) is refused, not sent.
+    let job = insert_job(&env.pool).await;
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, extraction_id, event_type, url, payload, next_attempt_at)
+         VALUES ('msg_canary', $1, 'extraction.succeeded', $2, '{}', now() - interval '1 minute')",
+    )
+    .bind(job)
+    .bind(format!("http://127.0.0.1:{p}/hook"))
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let worker_metrics = free_port();
+    let mut worker = env.spawn(
+        "worker",
+        &with(
+            &base,
+            &[(
+                "DOCSTREAM_METRICS_ADDR",
+                format!("127.0.0.1:{worker_metrics}"),
+            )],
+        ),
+        "webhooks-ssrf-worker",
+    );
+    wait_delivered(&env.pool, "failed", 1, Duration::from_secs(60)).await;
+    let error: String =
+        sqlx::query_scalar("SELECT last_error FROM webhook_deliveries WHERE id = 'msg_canary'")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(error.contains("127.0.0.1"), "{error}");
+    let at_send = scrape(
+        &format!("127.0.0.1:{worker_metrics}"),
+        "docstream_webhook_ssrf_rejections_total{stage=\"send\"}",
+    )
+    .await;
+    assert_eq!(at_send, 1.0);
+    let heard = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(heard, 0, "the canary heard a connection");
+    eprintln!(
+        "webhook ssrf test: refused_at_submit={} (metric {at_submit}) refused_at_send={at_send} canary_connections={heard}\n  {}",
+        refusals.len(),
+        refusals.join("\n  ")
+    );
+    stop([&mut serve, &mut worker]).await;
+    env.cleanup().await;
+}
