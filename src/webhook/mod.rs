@@ -53,15 +53,7 @@ impl Webhooks {
         let guard = Guard::new(allow);
         let signer = Signer::new(&settings.webhook_secret).expect("validated setting");
         let timeout = Duration::from_secs_f64(settings.webhook_timeout_s);
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .dns_resolver(Arc::new(guard.clone()))
-            .user_agent(concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .expect("an HTTP client without TLS always builds");
+        let client = http_client(&guard, timeout);
         let (wake, woken) = mpsc::unbounded_channel();
         let enabled = signer.enabled();
         let dispatcher = Dispatcher {
@@ -114,6 +106,27 @@ impl Webhooks {
             }
         }
     }
+}
+
+/// The client attempts are sent with: no redirects, no proxy (either would
+/// take the request past the guard), bounded time, the guard as resolver, and
+/// HTTPS verified against the system's root certificates.
+fn http_client(guard: &Guard, timeout: Duration) -> reqwest::Client {
+    let builder = |native_roots: bool| {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .dns_resolver(Arc::new(guard.clone()))
+            .tls_built_in_native_certs(native_roots)
+            .user_agent(concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()
+    };
+    builder(true).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "the system's root certificates did not load; https webhooks will fail until they do");
+        builder(false).expect("a client without root certificates always builds")
+    })
 }
 
 /// How one attempt went.
