@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    free_port, peak_rss_kib, read_topic_positioned, sample_body, scrape, signal, stop, wait_count,
-    wait_for, wait_healthy, TestEnv, ALL_BBOX_SUCCEEDED,
+    answers_until_close, free_port, import_frame, peak_rss_kib, read_topic_positioned, scrape,
+    signal, stop, wait_count, wait_for, wait_healthy, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{encode, now_ms, ExtractionEvent, PublishReason};
 use futures::{stream, SinkExt, StreamExt};
@@ -253,6 +253,34 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
         unacknowledged.len(),
         second.len(),
     );
+
+    // ack=auto: a client that never acknowledges still moves its group on,
+    // once the socket took each event.
+    let mut socket = connect(port, "group=auto&ack=auto").await;
+    let mut auto = HashSet::new();
+    while auto.len() < EVENTS {
+        let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
+        match next.expect("every event arrives within 60 s") {
+            Some(Ok(Message::Text(text))) => auto.insert(parse(&text).position),
+            other => panic!("unexpected: {other:?}"),
+        };
+    }
+    socket.close(None).await.unwrap();
+    read_to_close(&mut socket).await;
+    assert_eq!(auto, all);
+    wait_for(
+        "ack=auto to commit every event",
+        Duration::from_secs(30),
+        || {
+            let sum = committed_sum(&env, "auto");
+            async move {
+                (sum == EVENTS as i64)
+                    .then_some(())
+                    .ok_or(format!("committed {sum}"))
+            }
+        },
+    )
+    .await;
     stop([&mut serve]).await;
     env.cleanup().await;
 }
@@ -432,15 +460,6 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     env.cleanup().await;
 }
 
-fn submission(reference: usize, key: &str) -> Message {
-    let frame = serde_json::json!({
-        "ref": reference,
-        "idempotency_key": key,
-        "request": sample_body(reference),
-    });
-    Message::Text(frame.to_string().into())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses_nothing() {
     const SUBMISSIONS: usize = 300;
@@ -503,7 +522,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
     let sending = tokio::spawn(async move {
         for i in 0..SUBMISSIONS {
             if sender
-                .send(submission(i, &format!("{keys}-{i}")))
+                .send(import_frame(i, &format!("{keys}-{i}")))
                 .await
                 .is_err()
             {
@@ -532,18 +551,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
     .await;
 
     signal(&serve, "TERM").await;
-    let mut import_close = None;
-    while let Some(message) = answers.next().await {
-        match message {
-            Ok(Message::Text(text)) => answered.push(serde_json::from_str(&text).unwrap()),
-            Ok(Message::Close(frame)) => {
-                import_close = frame;
-                break;
-            }
-            Ok(_) => {}
-            Err(e) => panic!("the import stream broke instead of closing: {e}"),
-        }
-    }
+    let import_close = answers_until_close(&mut answers, &mut answered).await;
     let _sender = sending.await.unwrap();
     let (acked_first, export_close) = exporting.await.unwrap();
     let status = serve.wait().await.unwrap();

@@ -9,23 +9,14 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    assert_exactly_once, free_port, sample_body, scrape, signal, stop, wait_count, wait_healthy,
-    wins, TestEnv, ALL_BBOX_SUCCEEDED,
+    answers_until_close, assert_exactly_once, free_port, import_frame, scrape, signal, stop,
+    wait_count, wait_healthy, wins, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{decode, ExtractionSubmitted};
 use futures::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 use uuid::Uuid;
-
-fn frame(reference: usize, key: &str) -> Message {
-    let frame = serde_json::json!({
-        "ref": reference,
-        "idempotency_key": key,
-        "request": sample_body(reference),
-    });
-    Message::Text(frame.to_string().into())
-}
 
 async fn ids_of_keys(pool: &sqlx::PgPool, prefix: &str) -> Vec<Uuid> {
     sqlx::query_scalar("SELECT id FROM extractions WHERE idempotency_key LIKE $1 || '%'")
@@ -55,7 +46,7 @@ async fn a_client_that_closes_at_once_loses_none_of_what_it_sent() {
     let prefix = format!("close-{}", Uuid::new_v4().simple());
     for i in 0..SENT {
         socket
-            .send(frame(i, &format!("{prefix}-{i}")))
+            .send(import_frame(i, &format!("{prefix}-{i}")))
             .await
             .unwrap();
     }
@@ -140,7 +131,11 @@ async fn a_server_shutdown_answers_what_it_read_then_closes_normally() {
     let keys = prefix.clone();
     let sending = tokio::spawn(async move {
         for i in 0..SENT {
-            if sender.send(frame(i, &format!("{keys}-{i}"))).await.is_err() {
+            if sender
+                .send(import_frame(i, &format!("{keys}-{i}")))
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -158,18 +153,7 @@ async fn a_server_shutdown_answers_what_it_read_then_closes_normally() {
         }
     }
     signal(&serve, "TERM").await;
-    let mut close = None;
-    while let Some(message) = receiver.next().await {
-        match message {
-            Ok(Message::Text(text)) => answered.push(serde_json::from_str(&text).unwrap()),
-            Ok(Message::Close(frame)) => {
-                close = frame;
-                break;
-            }
-            Ok(_) => {}
-            Err(e) => panic!("the stream broke instead of closing: {e}"),
-        }
-    }
+    let close = answers_until_close(&mut receiver, &mut answered).await;
     let _sender = sending.await.unwrap();
     let status = serve.wait().await.unwrap();
     assert!(status.success(), "serve exits 0 after a graceful drain");

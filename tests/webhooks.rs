@@ -48,6 +48,19 @@ impl Receiver {
         self.receipts.lock().unwrap().clone()
     }
 
+    /// Checks that the receiver got exactly one signed request per job, under
+    /// the job's webhook-id; returns the receipts by id.
+    fn assert_once_each(&self, jobs: &[Uuid]) -> HashMap<String, Vec<Receipt>> {
+        let by_id = self.by_id();
+        let expected: HashSet<String> = jobs.iter().map(|j| expected_id(*j)).collect();
+        assert_eq!(by_id.keys().cloned().collect::<HashSet<_>>(), expected);
+        for (id, receipts) in &by_id {
+            assert_eq!(receipts.len(), 1, "{id} arrived {} times", receipts.len());
+            assert!(receipts[0].signed, "{id} carries a valid signature");
+        }
+        by_id
+    }
+
     /// Receipts by webhook-id.
     fn by_id(&self) -> HashMap<String, Vec<Receipt>> {
         let mut by_id: HashMap<String, Vec<Receipt>> = HashMap::new();
@@ -243,17 +256,8 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
     wait_delivered(pool, "delivered", JOBS as i64 + 1, Duration::from_secs(60)).await;
 
     // The outage: one distinct id per job event, each answered 2xx exactly once.
-    let by_id = back.by_id();
-    let expected: HashSet<String> = outage_jobs.iter().map(|j| expected_id(*j)).collect();
-    assert_eq!(by_id.keys().cloned().collect::<HashSet<_>>(), expected);
-    for (id, receipts) in &by_id {
-        assert_eq!(
-            receipts.len(),
-            1,
-            "{id} arrived {} times after the outage",
-            receipts.len()
-        );
-        assert!(receipts[0].signed, "{id} carries a valid signature");
+    let by_id = back.assert_once_each(&outage_jobs);
+    for receipts in by_id.values() {
         assert_eq!(receipts[0].body["type"], "extraction.succeeded");
         assert_eq!(receipts[0].body["data"]["bbox_status"], "succeeded");
     }
@@ -378,18 +382,7 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
         "webhooks-kill-survivor",
     );
     wait_delivered(pool, "delivered", JOBS as i64, Duration::from_secs(120)).await;
-    let by_id = receiver.by_id();
-    let expected: HashSet<String> = jobs.iter().map(|j| expected_id(*j)).collect();
-    assert_eq!(by_id.keys().cloned().collect::<HashSet<_>>(), expected);
-    for (id, receipts) in &by_id {
-        assert_eq!(
-            receipts.len(),
-            1,
-            "{id} was delivered {} times",
-            receipts.len()
-        );
-        assert!(receipts[0].signed);
-    }
+    let by_id = receiver.assert_once_each(&jobs);
     // Nothing woke those deliveries but a reaper: the victim died first.
     let class6 = "docstream_orphans_found_total{class=\"6\"}";
     let by_worker = scrape(&format!("127.0.0.1:{worker_metrics}"), class6).await;

@@ -591,3 +591,39 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
+
+/// One frame of the import stream: sample submission `i` under `key`.
+pub fn import_frame(i: usize, key: &str) -> tokio_tungstenite::tungstenite::Message {
+    let frame = serde_json::json!({
+        "ref": i,
+        "idempotency_key": key,
+        "request": sample_body(i),
+    });
+    tokio_tungstenite::tungstenite::Message::Text(frame.to_string().into())
+}
+
+/// Reads import-stream answers into `answered` until the server's close
+/// frame, which it returns; panics if the stream breaks instead of closing.
+pub async fn answers_until_close<S>(
+    answers: &mut S,
+    answered: &mut Vec<serde_json::Value>,
+) -> Option<tokio_tungstenite::tungstenite::protocol::CloseFrame>
+where
+    S: futures::Stream<
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
+        > + Unpin,
+{
+    use tokio_tungstenite::tungstenite::Message as Frame;
+    while let Some(message) = answers.next().await {
+        match message {
+            Ok(Frame::Text(text)) => answered.push(serde_json::from_str(&text).unwrap()),
+            Ok(Frame::Close(frame)) => return frame,
+            Ok(_) => {}
+            Err(e) => panic!("the import stream broke instead of closing: {e}"),
+        }
+    }
+    None
+}
