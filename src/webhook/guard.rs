@@ -31,12 +31,14 @@ pub enum Forbidden {
     #[error("webhook_url has no host")]
     NoHost,
     /// An address the server must not reach.
-    #[error("webhook_url host {host} is {addr}, which webhooks may not reach (loopback, private, link-local, metadata or reserved address)")]
+    #[error("webhook_url host {host} is {addr} ({kind}), which webhooks may not reach")]
     Address {
         /// The host as written.
         host: String,
         /// The refused address.
         addr: IpAddr,
+        /// What kind of address it is.
+        kind: &'static str,
     },
     /// The name does not resolve.
     #[error("webhook_url host {host} does not resolve: {reason}")]
@@ -107,37 +109,50 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// benchmarking or reserved; for IPv6 also not unique-local, site-local, or a
 /// form that embeds an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible).
 pub fn is_public(ip: IpAddr) -> bool {
+    special_use(ip).is_none()
+}
+
+/// What kind of non-public address `ip` is, if it is one.
+fn special_use(ip: IpAddr) -> Option<&'static str> {
     match canonical(ip) {
         IpAddr::V4(v4) => {
             let [a, b, c, _] = v4.octets();
-            let special = v4.is_unspecified()
-                || v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_broadcast()
-                || v4.is_documentation()
-                || v4.is_multicast()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-                || (a == 192 && b == 0 && c == 0)
-                || (a == 198 && (b == 18 || b == 19))
-                || a >= 240;
-            !special
+            let kind = match () {
+                _ if v4.is_loopback() => "loopback",
+                _ if v4.is_private() => "private",
+                _ if v4.is_link_local() => "link-local, where cloud metadata lives",
+                _ if a == 100 && (64..128).contains(&b) => "shared (CGNAT)",
+                _ if v4.is_unspecified() || a == 0 => "this network",
+                _ if v4.is_multicast() => "multicast",
+                _ if v4.is_broadcast() || a >= 240 => "reserved",
+                _ if v4.is_documentation() || (a == 198 && (b == 18 || b == 19)) => {
+                    "documentation or benchmarking"
+                }
+                _ if a == 192 && b == 0 && c == 0 => "IETF protocol assignment",
+                _ => return None,
+            };
+            Some(kind)
         }
         IpAddr::V6(v6) => {
             let s = v6.segments();
-            let special = v6.is_unspecified()
-                || v6.is_loopback()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00
-                || (s[0] & 0xffc0) == 0xfe80
-                || (s[0] & 0xffc0) == 0xfec0
-                || (s[0] == 0x2001 && s[1] == 0x0db8)
-                || (s[0] == 0x2001 && s[1] == 0)
-                || (s[0] == 0x0064 && s[1] == 0xff9b)
-                || s[0] == 0x2002
-                || s[..6] == [0; 6];
-            !special
+            let kind = match () {
+                _ if v6.is_loopback() => "loopback",
+                _ if v6.is_unspecified() => "unspecified",
+                _ if v6.is_multicast() => "multicast",
+                _ if (s[0] & 0xfe00) == 0xfc00 => "unique-local (private)",
+                _ if (s[0] & 0xffc0) == 0xfe80 => "link-local",
+                _ if (s[0] & 0xffc0) == 0xfec0 => "site-local",
+                _ if s[0] == 0x2001 && s[1] == 0x0db8 => "documentation",
+                _ if (s[0] == 0x2001 && s[1] == 0)
+                    || (s[0] == 0x0064 && s[1] == 0xff9b)
+                    || s[0] == 0x2002
+                    || s[..6] == [0; 6] =>
+                {
+                    "IPv4 embedded in Teredo, NAT64, 6to4 or IPv4-compatible form"
+                }
+                _ => return None,
+            };
+            Some(kind)
         }
     }
 }
@@ -161,6 +176,14 @@ impl Guard {
         is_public(ip) || self.allow.contains(ip)
     }
 
+    fn refusal(&self, host: &str, addr: IpAddr) -> Forbidden {
+        Forbidden::Address {
+            host: host.to_owned(),
+            addr,
+            kind: special_use(addr).unwrap_or("non-public"),
+        }
+    }
+
     /// Checks `url` and returns the addresses it may be sent to.
     pub async fn check(&self, url: &str) -> Result<Vec<SocketAddr>, Forbidden> {
         let url = Url::parse(url).map_err(|_| Forbidden::Malformed)?;
@@ -176,10 +199,7 @@ impl Guard {
         };
         match self.admits(ip) {
             true => Ok(vec![SocketAddr::new(ip, port)]),
-            false => Err(Forbidden::Address {
-                host: url.host_str().unwrap_or_default().to_owned(),
-                addr: ip,
-            }),
+            false => Err(self.refusal(url.host_str().unwrap_or_default(), ip)),
         }
     }
 
@@ -200,10 +220,7 @@ impl Guard {
             return Err(unresolvable("no addresses".into()));
         }
         if let Some(refused) = addrs.iter().find(|a| !self.admits(a.ip())) {
-            return Err(Forbidden::Address {
-                host: name.to_owned(),
-                addr: refused.ip(),
-            });
+            return Err(self.refusal(name, refused.ip()));
         }
         Ok(addrs)
     }
