@@ -39,7 +39,7 @@ use crate::store::webhooks::{self as outbox, Delivery, Final};
 /// the attempts that are due.
 #[derive(Clone)]
 pub struct Webhooks {
-    wake: mpsc::UnboundedSender<String>,
+    wake: mpsc::Sender<String>,
     guard: Guard,
     enabled: bool,
     metrics: Metrics,
@@ -54,7 +54,7 @@ impl Webhooks {
         let signer = Signer::new(&settings.webhook_secret).expect("validated setting");
         let timeout = Duration::from_secs_f64(settings.webhook_timeout_s);
         let client = http_client(&guard, timeout);
-        let (wake, woken) = mpsc::unbounded_channel();
+        let (wake, woken) = mpsc::channel(WAKE_QUEUE);
         let enabled = signer.enabled();
         let dispatcher = Dispatcher {
             pool,
@@ -79,10 +79,12 @@ impl Webhooks {
         }
     }
 
-    /// Attempts delivery `id` now (if it is due and nobody holds it).
+    /// Attempts delivery `id` now (if it is due and nobody holds it). Never
+    /// waits: with the wake-up queue full, the delivery stays pending in the
+    /// outbox and the reaper revives it (class 6).
     pub fn wake(&self, id: Option<&str>) {
         if let Some(id) = id {
-            let _ = self.wake.send(id.to_owned());
+            wake(&self.wake, id.to_owned());
         }
     }
 
@@ -150,7 +152,7 @@ struct Dispatcher {
     client: reqwest::Client,
     guard: Guard,
     signer: Signer,
-    wake: mpsc::UnboundedSender<String>,
+    wake: mpsc::Sender<String>,
     lease_s: f64,
     max_attempts: i32,
     base_delay_s: f64,
@@ -158,7 +160,7 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    async fn run(self: Arc<Self>, mut woken: mpsc::UnboundedReceiver<String>, concurrency: usize) {
+    async fn run(self: Arc<Self>, mut woken: mpsc::Receiver<String>, concurrency: usize) {
         let slots = Arc::new(Semaphore::new(concurrency));
         while let Some(id) = woken.recv().await {
             let slot = slots.clone().acquire_owned().await.expect("never closed");
@@ -286,7 +288,7 @@ impl Dispatcher {
                 let (wake, id) = (self.wake.clone(), id.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let _ = wake.send(id);
+                    self::wake(&wake, id);
                 });
                 "retried"
             }
@@ -305,6 +307,15 @@ impl Dispatcher {
         let full = (self.base_delay_s * 2f64.powi(exponent)).min(self.max_delay_s);
         let jittered = full * rand::thread_rng().gen_range(0.5..=1.0);
         Duration::from_secs_f64(jittered)
+    }
+}
+
+/// Wake-ups waiting for the dispatcher; beyond them, the reaper's sweep takes over.
+const WAKE_QUEUE: usize = 10_000;
+
+fn wake(queue: &mpsc::Sender<String>, id: String) {
+    if let Err(mpsc::error::TrySendError::Full(id)) = queue.try_send(id) {
+        tracing::debug!(%id, "webhook wake-up queue full; the reaper will revive the delivery");
     }
 }
 
