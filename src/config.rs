@@ -245,9 +245,10 @@ settings! {
     /// acknowledge what was sent before it commits what was and closes anyway
     /// (a forced close).
     export_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S";
-    /// Consecutive failed sends or malformed client frames after which an
-    /// export stream is closed by force: a client that keeps failing is gone or
-    /// broken, and holds a consumer-group member.
+    /// Malformed client frames in a row after which an export stream is
+    /// closed by force: such a client is broken, and holds a consumer-group
+    /// member. (A send that fails or outlasts the drain timeout closes the
+    /// stream at once.)
     export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS";
     /// The key webhooks are signed with (Standard Webhooks: `whsec_` and the
     /// base64 of 24 to 64 random bytes). Empty disables webhooks: a request

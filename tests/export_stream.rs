@@ -667,3 +667,118 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
     stop(workers.iter_mut().chain([&mut serve])).await;
     env.cleanup().await;
 }
+
+/// A client that acknowledges every event `delay` after it arrives and
+/// records its position, until `done`; then closes.
+fn acking_client(
+    mut socket: Socket,
+    delay: Duration,
+    seen: Arc<std::sync::Mutex<HashSet<(i32, i64)>>>,
+    done: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                _ = done.cancelled() => break,
+                next = socket.next() => next,
+            };
+            match next {
+                Some(Ok(Message::Text(text))) => {
+                    let event = parse(&text);
+                    tokio::time::sleep(delay).await;
+                    socket.send(ack(event.seq)).await.unwrap();
+                    seen.lock().unwrap().insert(event.position);
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the stream broke: {other:?}"),
+            }
+        }
+        let _ = socket.close(None).await;
+        while let Some(Ok(_)) = socket.next().await {}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowing() {
+    const EVENTS: usize = 2_000;
+    let env = TestEnv::new("export_shared").await;
+    produce_events(&env, EVENTS).await;
+    let all: HashSet<(i32, i64)> =
+        read_topic_positioned(&env.settings.kafka_brokers, &env.topic("extraction.events"))
+            .into_iter()
+            .map(|(partition, offset, _, _)| (partition, offset))
+            .collect();
+    let port = free_port();
+    // A small queue and window, so records wait for their turn and for room
+    // when the partitions move.
+    let serve_env = [
+        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+        ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", "16".to_owned()),
+        ("DOCSTREAM_EXPORT_MAX_UNACKED", "16".to_owned()),
+    ];
+    let mut serve = env.spawn("serve", &serve_env, "export-shared-serve");
+    wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+
+    let first_seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
+    let first_done = tokio_util::sync::CancellationToken::new();
+    let socket = connect(port, "group=shared").await;
+    // About 200 events/s: the first connection still has most of the backlog
+    // ahead of it when the group rebalances (a join takes seconds).
+    let delay = Duration::from_millis(5);
+    let first = acking_client(socket, delay, first_seen.clone(), first_done.clone());
+    wait_for(
+        "the first connection to be busy",
+        Duration::from_secs(60),
+        || {
+            let n = first_seen.lock().unwrap().len();
+            async move { (n >= 200).then_some(()).ok_or(format!("{n} seen")) }
+        },
+    )
+    .await;
+    // A second connection of the group takes some partitions, acknowledges
+    // 100 events, and leaves: its partitions go back to the first.
+    let acked = Arc::new(AtomicU64::new(0));
+    let socket = connect(port, "group=shared").await;
+    let second = slow_client(socket, Duration::from_millis(1), 100, acked)
+        .await
+        .unwrap();
+    let second: HashSet<(i32, i64)> = second.iter().map(|r| r.position).collect();
+    let seen = wait_for(
+        "the two connections to see every event",
+        Duration::from_secs(120),
+        || {
+            let first: HashSet<(i32, i64)> = first_seen.lock().unwrap().clone();
+            let missing = all
+                .iter()
+                .filter(|p| !first.contains(p) && !second.contains(p))
+                .count();
+            async move {
+                (missing == 0)
+                    .then_some(first.len())
+                    .ok_or(format!("{missing} missing"))
+            }
+        },
+    )
+    .await;
+    first_done.cancel();
+    first.await.unwrap();
+    let committed = wait_for(
+        "the group to commit every event",
+        Duration::from_secs(30),
+        || {
+            let sum = committed_sum(&env, "shared");
+            async move {
+                (sum == EVENTS as i64)
+                    .then_some(sum)
+                    .ok_or(format!("committed {sum}"))
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "export shared-group test: events={EVENTS} first_connection={seen} second_connection={} missing=0 committed={committed}",
+        second.len()
+    );
+    stop([&mut serve]).await;
+    env.cleanup().await;
+}

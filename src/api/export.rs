@@ -30,11 +30,13 @@
 //! what was queued and reading acknowledgements until every event in flight is
 //! acknowledged (`export_drain_timeout_s`), commits, and only then closes the
 //! socket with 1000. A drain that times out, a client that keeps sending
-//! malformed frames or failing sends (`export_max_consecutive_errors`), or a
-//! Kafka failure closes the stream by force (1011), committing only what was
-//! acknowledged.
+//! malformed frames (`export_max_consecutive_errors` in a row), a send that
+//! fails or takes longer than the drain timeout (the client stopped reading),
+//! or a Kafka failure closes the stream by force (1011), committing only what
+//! was acknowledged.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -351,6 +353,9 @@ struct Exporter {
     outbound: Arc<Outbound>,
     line: Line,
     filter: Filter,
+    /// Set when the stream's own shutdown began: from then on a stopped
+    /// record drains instead of giving up.
+    draining: Arc<AtomicBool>,
 }
 
 impl RecordHandler for Exporter {
@@ -358,10 +363,7 @@ impl RecordHandler for Exporter {
         self.line.join(record.partition, record.offset);
     }
 
-    async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
-        // `_stop` is not watched: on shutdown an event in flight is drained
-        // (sent and acknowledged) rather than given up; the stream abandons
-        // it by closing the queue when the client is gone.
+    async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let place = Place {
             line: &self.line,
             partition: record.partition,
@@ -382,8 +384,22 @@ impl RecordHandler for Exporter {
             event,
             done,
         };
-        place.turn().await;
-        let offered = self.outbound.offer(item).await;
+        // Waiting for its turn or for room is given up when the partition is
+        // revoked (another connection of the group takes it over; this
+        // member forgot it), but not when the stream's own shutdown stopped
+        // the consumer: then what is in flight drains. Once queued, the event
+        // waits for the client: on a revoke, the drain lets it be
+        // acknowledged; when the client is gone, closing the queue abandons it.
+        let entered = async {
+            place.turn().await;
+            self.outbound.offer(item).await
+        };
+        let offered = tokio::select! {
+            offered = entered => offered,
+            _ = revoked(stop, &self.draining) => {
+                return Err(HandlerError::Abandoned("partition revoked".into()));
+            }
+        };
         drop(place);
         let gone = || HandlerError::Abandoned("the export client is gone".into());
         match offered {
@@ -391,6 +407,14 @@ impl RecordHandler for Exporter {
             Offered::Dropped => Ok(()),
             Offered::Closed => Err(gone()),
         }
+    }
+}
+
+/// Fires when `stop` does, unless the stream is draining.
+async fn revoked(stop: &CancellationToken, draining: &AtomicBool) {
+    stop.cancelled().await;
+    if draining.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -434,10 +458,12 @@ async fn export(
         spec.max_in_flight += settings.consumer_max_in_flight;
     }
     spec.drain_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
+    let draining = Arc::new(AtomicBool::new(false));
     let exporter = Exporter {
         outbound: outbound.clone(),
         line: Line::default(),
         filter: options.filter,
+        draining: draining.clone(),
     };
     let consume = CancellationToken::new();
     let (mut sink, mut frames) = socket.split();
@@ -458,12 +484,11 @@ async fn export(
     let mut consuming = tokio::spawn(runtime.run());
     tracing::info!(%group, strategy = options.strategy.as_str(), "export stream opened");
 
-    // A send that takes longer than the drain timeout counts as a failed send.
+    // A send that takes longer than the drain timeout ends the stream.
     let send_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
     let mut unacked: BTreeMap<u64, oneshot::Sender<()>> = BTreeMap::new();
     let mut seq: u64 = 0;
     let mut errors: u32 = 0;
-    let mut draining = false;
     let mut consumer_done = false;
     let sent = metrics.stream_frames.with_label_values(&[STREAM, "sent"]);
     let ended = loop {
@@ -473,15 +498,15 @@ async fn export(
         let window_open = options.auto_ack || unacked.len() < settings.export_max_unacked;
         tokio::select! {
             biased;
-            _ = closing.cancelled(), if !draining => {
+            _ = closing.cancelled(), if !draining.load(Ordering::SeqCst) => {
                 // Stop consuming; what is in flight drains through this loop.
-                draining = true;
+                draining.store(true, Ordering::SeqCst);
                 consume.cancel();
             }
             joined = &mut consuming => {
                 consumer_done = true;
                 break match joined {
-                    Ok(Ok(())) if draining => Ended::Graceful,
+                    Ok(Ok(())) if draining.load(Ordering::SeqCst) => Ended::Graceful,
                     Ok(Ok(())) => Ended::Forced("the consumer stopped".into()),
                     Ok(Err(e)) => Ended::Forced(e.to_string()),
                     Err(e) => Ended::Forced(format!("the consumer task failed: {e}")),
@@ -499,12 +524,16 @@ async fn export(
                     }
                     Err(message) => {
                         errors += 1;
-                        let _ = sink.send(refusal(&message)).await;
+                        if let Err(e) = send(&mut sink, refusal(&message), send_timeout).await {
+                            break Ended::Forced(e);
+                        }
                     }
                 },
                 Some(Ok(Message::Binary(_))) => {
                     errors += 1;
-                    let _ = sink.send(refusal("frames must be JSON text")).await;
+                    if let Err(e) = send(&mut sink, refusal("frames must be JSON text"), send_timeout).await {
+                        break Ended::Forced(e);
+                    }
                 }
                 Some(Ok(_)) => {}
             },
@@ -517,18 +546,19 @@ async fn export(
                     "event": item.event,
                 });
                 let message = Message::Text(frame.to_string().into());
-                match tokio::time::timeout(send_timeout, sink.send(message)).await {
-                    Ok(Ok(())) => {
-                        errors = 0;
-                        sent.inc();
-                        if options.auto_ack {
-                            let _ = item.done.send(());
-                        } else {
-                            unacked.insert(seq, item.done);
-                        }
-                    }
-                    // Dropping `done` abandons the record: it is not committed.
-                    _ => errors += 1,
+                // A send that failed or timed out leaves the socket in an
+                // unknown state, and skipping the event would hold its
+                // partition's commit until the stream ends: the stream ends
+                // now, and the event (abandoned, not committed) goes to the
+                // group's next connection.
+                if let Err(e) = send(&mut sink, message, send_timeout).await {
+                    break Ended::Forced(e);
+                }
+                sent.inc();
+                if options.auto_ack {
+                    let _ = item.done.send(());
+                } else {
+                    unacked.insert(seq, item.done);
                 }
             }
         }
@@ -553,25 +583,41 @@ async fn export(
     let kind = match &ended {
         Ended::Client => "client",
         Ended::Graceful => {
-            let _ = sink
-                .send(close(close_code::NORMAL, "server shutting down"))
-                .await;
-            finish_handshake(&mut frames).await;
+            let closed = close(close_code::NORMAL, "server shutting down");
+            if send(&mut sink, closed, CLOSE_HANDSHAKE).await.is_ok() {
+                finish_handshake(&mut frames).await;
+            }
             "graceful"
         }
         Ended::Forced(reason) => {
             tracing::warn!(%reason, "export stream closed by force");
-            let _ = sink.send(close(close_code::ERROR, reason)).await;
-            finish_handshake(&mut frames).await;
+            let closed = close(close_code::ERROR, reason);
+            if send(&mut sink, closed, CLOSE_HANDSHAKE).await.is_ok() {
+                finish_handshake(&mut frames).await;
+            }
             "forced"
         }
     };
-    let _ = sink.close().await;
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, sink.close()).await;
     metrics
         .stream_closes
         .with_label_values(&[STREAM, kind])
         .inc();
     tracing::info!(%group, ?ended, last_seq = seq, "export stream closed");
+}
+
+/// Sends `message` within `timeout`: a client that stops reading cannot hold
+/// the stream (and its group member) forever.
+async fn send(
+    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
+    message: Message,
+    timeout: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, sink.send(message)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("send failed: {e}")),
+        Err(_) => Err(format!("send timed out after {timeout:?}")),
+    }
 }
 
 /// The `seq` a client frame acknowledges up to, or why the frame is refused.

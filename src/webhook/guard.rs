@@ -15,8 +15,13 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use url::{Host, Url};
+
+/// The longest a name lookup may take; beyond it the name counts as
+/// unresolvable (for now: a failed lookup may pass).
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a webhook URL is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -212,8 +217,11 @@ impl Guard {
         // A fully qualified name ("localhost.") is the same name without its
         // root dot; some resolvers only know the short form.
         let lookup = name.strip_suffix('.').unwrap_or(name);
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((lookup, port))
-            .await
+        let looked_up =
+            tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((lookup, port)))
+                .await
+                .map_err(|_| unresolvable(format!("no answer within {LOOKUP_TIMEOUT:?}")))?;
+        let addrs: Vec<SocketAddr> = looked_up
             .map_err(|e| unresolvable(e.to_string()))?
             .collect();
         if addrs.is_empty() {

@@ -63,9 +63,11 @@ impl Webhooks {
             guard: guard.clone(),
             signer,
             wake: wake.clone(),
-            // The lease outlives an attempt's timeout, so only a dead
-            // dispatcher's attempt is ever taken over.
-            lease_s: settings.webhook_timeout_s + settings.webhook_orphan_threshold_s,
+            // The lease outlives an attempt (its lookup, then its request),
+            // so only a dead dispatcher's attempt is ever taken over.
+            lease_s: settings.webhook_timeout_s
+                + guard::LOOKUP_TIMEOUT.as_secs_f64()
+                + settings.webhook_orphan_threshold_s,
             max_attempts: settings.webhook_max_attempts,
             base_delay_s: settings.webhook_retry_base_delay_s,
             max_delay_s: settings.webhook_retry_max_delay_s,
@@ -99,6 +101,15 @@ impl Webhooks {
         }
         match self.guard.check(url).await {
             Ok(_) => Ok(()),
+            // No address to judge yet (a typo, or the resolver is down): the
+            // job is accepted, and the name is resolved and judged again
+            // before each attempt, which is where the guard must hold anyway.
+            // Refusing it would turn a resolver outage into lost jobs (the
+            // Kafka intake dead-letters refused requests).
+            Err(Forbidden::Unresolvable { host, reason }) => {
+                tracing::debug!(%host, %reason, "webhook host does not resolve at submit; judged at send");
+                Ok(())
+            }
             Err(forbidden) => {
                 self.metrics
                     .webhook_ssrf_rejections
