@@ -122,6 +122,22 @@ async fn read_to_close(socket: &mut Socket) -> (Vec<Received>, Option<CloseFrame
     }
 }
 
+/// Waits until the export group's committed offsets sum to `n`, checking on
+/// the way that they never pass it.
+async fn wait_committed(env: &TestEnv, group: &str, n: usize) -> i64 {
+    let what = format!("group {group} to commit {n} records");
+    wait_for(&what, Duration::from_secs(30), || {
+        let sum = committed_sum(env, group);
+        async move {
+            assert!(sum <= n as i64, "group {group} committed {sum} > {n}");
+            (sum == n as i64)
+                .then_some(sum)
+                .ok_or(format!("committed {sum}"))
+        }
+    })
+    .await
+}
+
 /// A partition's events arrive in offset order (a job's events share a
 /// partition, so a client sees each job's changes in the order they happened).
 fn assert_in_partition_order<'a>(received: impl IntoIterator<Item = &'a Received>) {
@@ -185,23 +201,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     );
 
     assert_in_partition_order(first.iter().chain(&unacknowledged));
-    let committed_after_first = wait_for(
-        "the first connection's close to commit what it acknowledged",
-        Duration::from_secs(30),
-        || {
-            let sum = committed_sum(&env, "resume");
-            async move {
-                assert!(
-                    sum <= ACKED as i64,
-                    "committed {sum} > {ACKED} acknowledged"
-                );
-                (sum == ACKED as i64)
-                    .then_some(sum)
-                    .ok_or(format!("committed {sum}"))
-            }
-        },
-    )
-    .await;
+    let committed_after_first = wait_committed(&env, "resume", ACKED).await;
     // Second connection, same group: everything else arrives.
     let mut socket = connect(port, "group=resume").await;
     let mut second = Vec::new();
@@ -229,19 +229,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     let again = second_set.intersection(&acked).count();
     assert_eq!(again, 0, "the group resumed after what was acknowledged");
     assert_eq!(second.len(), EVENTS - ACKED, "each of the rest came once");
-    let committed = wait_for(
-        "the group to commit every event",
-        Duration::from_secs(30),
-        || {
-            let sum = committed_sum(&env, "resume");
-            async move {
-                (sum == EVENTS as i64)
-                    .then_some(sum)
-                    .ok_or(format!("committed {sum}"))
-            }
-        },
-    )
-    .await;
+    let committed = wait_committed(&env, "resume", EVENTS).await;
     let redeliveries = scrape(
         &format!("127.0.0.1:{port}"),
         "docstream_stream_redeliveries_total{stream=\"export\"}",
@@ -268,19 +256,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     socket.close(None).await.unwrap();
     read_to_close(&mut socket).await;
     assert_eq!(auto, all);
-    wait_for(
-        "ack=auto to commit every event",
-        Duration::from_secs(30),
-        || {
-            let sum = committed_sum(&env, "auto");
-            async move {
-                (sum == EVENTS as i64)
-                    .then_some(())
-                    .ok_or(format!("committed {sum}"))
-            }
-        },
-    )
-    .await;
+    wait_committed(&env, "auto", EVENTS).await;
     stop([&mut serve]).await;
     env.cleanup().await;
 }
@@ -387,19 +363,7 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
         "queue depth {deepest} exceeded {QUEUE}"
     );
     assert!(peak_kib < 150 * 1024, "serve peak RSS {peak_kib} KiB");
-    let committed_drop = wait_for(
-        "drops and acks to be committed",
-        Duration::from_secs(30),
-        || {
-            let sum = committed_sum(&env, "slow-drop");
-            async move {
-                (sum == EVENTS as i64)
-                    .then_some(sum)
-                    .ok_or(format!("committed {sum}"))
-            }
-        },
-    )
-    .await;
+    let committed_drop = wait_committed(&env, "slow-drop", EVENTS).await;
 
     // block: nothing dropped, and the committed offset never passes what the
     // client acknowledged, sampled while it works through the backlog.
@@ -437,19 +401,7 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
         samples >= 5,
         "the commit was sampled while the client worked ({samples})"
     );
-    let committed_block = wait_for(
-        "block to commit every event",
-        Duration::from_secs(30),
-        || {
-            let sum = committed_sum(&env, "slow-block");
-            async move {
-                (sum == EVENTS as i64)
-                    .then_some(sum)
-                    .ok_or(format!("committed {sum}"))
-            }
-        },
-    )
-    .await;
+    let committed_block = wait_committed(&env, "slow-block", EVENTS).await;
     eprintln!(
         "export slow-client test: events={EVENTS} queue={QUEUE} drop_new: sent={sent} dropped={dropped} deepest_queue={deepest} \
          serve_peak_rss_kib={peak_kib} committed={committed_drop}; block: received={} dropped={block_dropped} \
@@ -762,19 +714,7 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
     .await;
     first_done.cancel();
     first.await.unwrap();
-    let committed = wait_for(
-        "the group to commit every event",
-        Duration::from_secs(30),
-        || {
-            let sum = committed_sum(&env, "shared");
-            async move {
-                (sum == EVENTS as i64)
-                    .then_some(sum)
-                    .ok_or(format!("committed {sum}"))
-            }
-        },
-    )
-    .await;
+    let committed = wait_committed(&env, "shared", EVENTS).await;
     eprintln!(
         "export shared-group test: events={EVENTS} first_connection={seen} second_connection={} missing=0 committed={committed}",
         second.len()
