@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    answers_until_close, free_port, import_frame, peak_rss_kib, read_topic_positioned, scrape,
-    signal, stop, wait_count, wait_for, wait_healthy, TestEnv, ALL_BBOX_SUCCEEDED,
+    answers_until_close, busy_import, first_answers, free_port, peak_rss_kib,
+    read_topic_positioned, scrape, signal, stop, wait_count, wait_for, wait_healthy, TestEnv,
+    ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{encode, now_ms, ExtractionEvent, PublishReason};
 use futures::{stream, SinkExt, StreamExt};
@@ -152,6 +153,14 @@ fn assert_in_partition_order<'a>(received: impl IntoIterator<Item = &'a Received
     }
 }
 
+/// Every (partition, offset) on the test's `extraction.events` so far.
+fn event_positions(env: &TestEnv) -> HashSet<(i32, i64)> {
+    read_topic_positioned(&env.settings.kafka_brokers, &env.topic("extraction.events"))
+        .into_iter()
+        .map(|(partition, offset, _, _)| (partition, offset))
+        .collect()
+}
+
 /// The export group's committed offsets, summed: records it has delivered.
 fn committed_sum(env: &TestEnv, group: &str) -> i64 {
     let group = env.settings.group(&format!("docstream-export-{group}"));
@@ -164,11 +173,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     const ACKED: usize = 500;
     let env = TestEnv::new("export_resume").await;
     produce_events(&env, EVENTS).await;
-    let all: HashSet<(i32, i64)> =
-        read_topic_positioned(&env.settings.kafka_brokers, &env.topic("extraction.events"))
-            .into_iter()
-            .map(|(partition, offset, _, _)| (partition, offset))
-            .collect();
+    let all: HashSet<(i32, i64)> = event_positions(&env);
     assert_eq!(all.len(), EVENTS);
     let port = free_port();
     let mut serve = env.spawn(
@@ -465,33 +470,9 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         })
     };
 
-    let (import, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/v1/import"))
-        .await
-        .expect("connect import");
-    let (mut sender, mut answers) = import.split();
     let prefix = format!("both-{}", Uuid::new_v4().simple());
-    let keys = prefix.clone();
-    let sending = tokio::spawn(async move {
-        for i in 0..SUBMISSIONS {
-            if sender
-                .send(import_frame(i, &format!("{keys}-{i}")))
-                .await
-                .is_err()
-            {
-                break;
-            }
-        }
-        sender
-    });
-    let mut answered = Vec::new();
-    while answered.len() < 20 {
-        match answers.next().await {
-            Some(Ok(Message::Text(text))) => {
-                answered.push(serde_json::from_str::<serde_json::Value>(&text).unwrap())
-            }
-            other => panic!("unexpected before shutdown: {other:?}"),
-        }
-    }
+    let (sending, mut answers) = busy_import(&addr, &prefix, SUBMISSIONS).await;
+    let mut answered = first_answers(&mut answers, 20).await;
     wait_for(
         "the export stream to be busy",
         Duration::from_secs(60),
@@ -574,10 +555,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         }
     })
     .await;
-    let all: HashSet<(i32, i64)> = read_topic_positioned(&brokers, &events_topic)
-        .into_iter()
-        .map(|(partition, offset, _, _)| (partition, offset))
-        .collect();
+    let all = event_positions(&env);
     let mut serve = env.spawn(
         "serve",
         &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
@@ -655,11 +633,7 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
     const EVENTS: usize = 2_000;
     let env = TestEnv::new("export_shared").await;
     produce_events(&env, EVENTS).await;
-    let all: HashSet<(i32, i64)> =
-        read_topic_positioned(&env.settings.kafka_brokers, &env.topic("extraction.events"))
-            .into_iter()
-            .map(|(partition, offset, _, _)| (partition, offset))
-            .collect();
+    let all: HashSet<(i32, i64)> = event_positions(&env);
     let port = free_port();
     // A small queue and window, so records wait for their turn and for room
     // when the partitions move.

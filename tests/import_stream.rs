@@ -9,13 +9,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    answers_until_close, assert_exactly_once, free_port, import_frame, scrape, signal, stop,
-    wait_count, wait_healthy, wins, TestEnv, ALL_BBOX_SUCCEEDED,
+    answers_until_close, assert_exactly_once, busy_import, first_answers, free_port, import_frame,
+    scrape, signal, stop, wait_count, wait_healthy, wins, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{decode, ExtractionSubmitted};
 use futures::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::Message;
 use uuid::Uuid;
 
 async fn ids_of_keys(pool: &sqlx::PgPool, prefix: &str) -> Vec<Uuid> {
@@ -123,35 +122,10 @@ async fn a_server_shutdown_answers_what_it_read_then_closes_normally() {
         env.spawn("bbox-worker", &[], "import-shutdown-bbox-worker"),
     ];
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
-    let (socket, _) = tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/v1/import"))
-        .await
-        .expect("connect");
-    let (mut sender, mut receiver) = socket.split();
     let prefix = format!("shutdown-{}", Uuid::new_v4().simple());
-    let keys = prefix.clone();
-    let sending = tokio::spawn(async move {
-        for i in 0..SENT {
-            if sender
-                .send(import_frame(i, &format!("{keys}-{i}")))
-                .await
-                .is_err()
-            {
-                break;
-            }
-        }
-        sender
-    });
-
+    let (sending, mut receiver) = busy_import(&format!("127.0.0.1:{port}"), &prefix, SENT).await;
     // Once the first answers arrive, the stream is busy: stop the server.
-    let mut answered = Vec::new();
-    while answered.len() < 10 {
-        match receiver.next().await {
-            Some(Ok(Message::Text(text))) => {
-                answered.push(serde_json::from_str::<serde_json::Value>(&text).unwrap())
-            }
-            other => panic!("unexpected before shutdown: {other:?}"),
-        }
-    }
+    let mut answered = first_answers(&mut receiver, 10).await;
     signal(&serve, "TERM").await;
     let close = answers_until_close(&mut receiver, &mut answered).await;
     let _sender = sending.await.unwrap();

@@ -135,6 +135,14 @@ fn with(
     base.iter().chain(more).cloned().collect()
 }
 
+/// `base`, with the process's `/metrics` on `port`.
+fn with_metrics_on(base: &[(&'static str, String)], port: u16) -> Vec<(&'static str, String)> {
+    with(
+        base,
+        &[("DOCSTREAM_METRICS_ADDR", format!("127.0.0.1:{port}"))],
+    )
+}
+
 /// Submits one job over HTTP; its id, or the refusal.
 async fn submit(api: &str, webhook_url: &str) -> Result<Uuid, (u16, Value)> {
     let mut body = sample_body(0);
@@ -201,13 +209,7 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
         env.spawn("worker", &base, "webhooks-retry-worker"),
         env.spawn(
             "bbox-worker",
-            &with(
-                &base,
-                &[(
-                    "DOCSTREAM_METRICS_ADDR",
-                    format!("127.0.0.1:{worker_metrics}"),
-                )],
-            ),
+            &with_metrics_on(&base, worker_metrics),
             "webhooks-retry-bbox-worker",
         ),
     ];
@@ -333,13 +335,7 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
     let worker_metrics = free_port();
     let mut worker = env.spawn(
         "worker",
-        &with(
-            &base,
-            &[(
-                "DOCSTREAM_METRICS_ADDR",
-                format!("127.0.0.1:{worker_metrics}"),
-            )],
-        ),
+        &with_metrics_on(&base, worker_metrics),
         "webhooks-kill-worker",
     );
     // The first bbox worker stalls right after each terminal state change,
@@ -372,13 +368,7 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
     let survivor_metrics = free_port();
     let mut survivor = env.spawn(
         "bbox-worker",
-        &with(
-            &base,
-            &[(
-                "DOCSTREAM_METRICS_ADDR",
-                format!("127.0.0.1:{survivor_metrics}"),
-            )],
-        ),
+        &with_metrics_on(&base, survivor_metrics),
         "webhooks-kill-survivor",
     );
     wait_delivered(pool, "delivered", JOBS as i64, Duration::from_secs(120)).await;
@@ -485,13 +475,7 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
     let worker_metrics = free_port();
     let mut worker = env.spawn(
         "worker",
-        &with(
-            &base,
-            &[(
-                "DOCSTREAM_METRICS_ADDR",
-                format!("127.0.0.1:{worker_metrics}"),
-            )],
-        ),
+        &with_metrics_on(&base, worker_metrics),
         "webhooks-ssrf-worker",
     );
     wait_delivered(&env.pool, "failed", 1, Duration::from_secs(60)).await;

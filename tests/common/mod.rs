@@ -627,3 +627,59 @@ where
     }
     None
 }
+
+/// The import stream of a client that keeps submitting: `n` sample frames
+/// keyed `{prefix}-{i}`, sent in the background (stopping if the socket
+/// closes), and the stream of their answers.
+pub async fn busy_import(
+    addr: &str,
+    prefix: &str,
+    n: usize,
+) -> (
+    tokio::task::JoinHandle<impl Sized>,
+    impl futures::Stream<
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
+        > + Unpin,
+) {
+    use futures::SinkExt;
+    let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/v1/import"))
+        .await
+        .expect("connect to the import stream");
+    let (mut sender, answers) = socket.split();
+    let prefix = prefix.to_owned();
+    let sending = tokio::spawn(async move {
+        for i in 0..n {
+            let frame = import_frame(i, &format!("{prefix}-{i}"));
+            if sender.send(frame).await.is_err() {
+                break;
+            }
+        }
+        sender
+    });
+    (sending, answers)
+}
+
+/// The first `k` answers of an import stream; panics on anything else.
+pub async fn first_answers<S>(answers: &mut S, k: usize) -> Vec<serde_json::Value>
+where
+    S: futures::Stream<
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
+        > + Unpin,
+{
+    let mut answered = Vec::new();
+    while answered.len() < k {
+        match answers.next().await {
+            Some(Ok(tokio_tungstenite::tungstenite::Message::Text(text))) => {
+                answered.push(serde_json::from_str(&text).unwrap())
+            }
+            other => panic!("unexpected before shutdown: {other:?}"),
+        }
+    }
+    answered
+}
