@@ -50,6 +50,9 @@ enum Command {
     },
     /// Run the pipeline on the shipped sample documents and print a summary.
     Demo(demo::DemoArgs),
+    /// A reference extraction service (the extractor protocol, with the
+    /// built-in rules): for the demo, the benchmark, and trying the protocol.
+    ExtractorServe(docstream::extract::provider::ProviderArgs),
     /// Benchmark: the Postgres and Kafka ceilings, graphile-worker, and
     /// docstream's burn-down and steady state, in one run (scripts/bench.sh).
     Bench(bench::BenchArgs),
@@ -112,6 +115,9 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Demo(args) => return demo::run(settings, args, shutdown).await,
+        Command::ExtractorServe(args) => {
+            return Ok(docstream::extract::provider::run(args, shutdown).await?);
+        }
         Command::Bench(args) => {
             print!("{}", bench::run(settings, args).await?);
             return Ok(());

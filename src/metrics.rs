@@ -88,6 +88,107 @@ pub struct Metrics {
     /// `docstream_webhook_ssrf_rejections_total{stage="submit|send"}`: webhook
     /// URLs refused by the SSRF guard.
     pub webhook_ssrf_rejections: IntCounterVec,
+    /// Calls to external extractors.
+    pub extractors: ExtractorMetrics,
+}
+
+/// Calls to external extractors, each series labelled with the extractor's name.
+#[derive(Clone)]
+pub struct ExtractorMetrics {
+    /// `docstream_extractor_calls_total{extractor, outcome}`: HTTP calls by how
+    /// they ended: `succeeded`, `refused` (422/400), `invalid_answer`,
+    /// `retry_after` (429/503 with Retry-After), `failed` (other statuses),
+    /// `timed_out`, `unreachable`.
+    pub calls: IntCounterVec,
+    /// `docstream_extractor_call_seconds{extractor}`: one call, request to answer.
+    pub call_seconds: HistogramVec,
+    /// `docstream_extractor_in_flight_calls{extractor}`: calls in progress.
+    pub in_flight: IntGaugeVec,
+    /// `docstream_extractor_max_concurrency{extractor}`: the cap of in-flight calls.
+    pub max_concurrency: IntGaugeVec,
+    /// `docstream_extractor_wait_seconds{extractor, wait="slot|token"}`: time a
+    /// call waited for a concurrency slot, then for the rate limit.
+    pub wait_seconds: HistogramVec,
+    /// `docstream_extractor_retry_after_seconds_total{extractor}`: seconds
+    /// waited because the provider answered with `Retry-After`.
+    pub retry_after_seconds: prometheus::CounterVec,
+}
+
+impl ExtractorMetrics {
+    fn register(registry: &Registry) -> Self {
+        let register = |metric: Box<dyn prometheus::core::Collector>| {
+            registry.register(metric).expect("unique metric");
+        };
+        let calls = IntCounterVec::new(
+            Opts::new(
+                "docstream_extractor_calls_total",
+                "Calls to external extractors, by extractor and outcome.",
+            ),
+            &["extractor", "outcome"],
+        )
+        .expect("valid metric");
+        register(Box::new(calls.clone()));
+        // Model services take from tens of milliseconds to many minutes.
+        let call_buckets = vec![
+            0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+            600.0, 1200.0,
+        ];
+        let call_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "docstream_extractor_call_seconds",
+                "Duration of one call to an external extractor.",
+            )
+            .buckets(call_buckets.clone()),
+            &["extractor"],
+        )
+        .expect("valid metric");
+        register(Box::new(call_seconds.clone()));
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "docstream_extractor_in_flight_calls",
+                "Calls to an external extractor in progress in this process.",
+            ),
+            &["extractor"],
+        )
+        .expect("valid metric");
+        register(Box::new(in_flight.clone()));
+        let max_concurrency = IntGaugeVec::new(
+            Opts::new(
+                "docstream_extractor_max_concurrency",
+                "The most calls this process makes to an external extractor at once.",
+            ),
+            &["extractor"],
+        )
+        .expect("valid metric");
+        register(Box::new(max_concurrency.clone()));
+        let wait_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "docstream_extractor_wait_seconds",
+                "Time a call waited for a concurrency slot (wait=slot), then for the rate limit (wait=token).",
+            )
+            .buckets(vec![0.001, 0.005].into_iter().chain(call_buckets).collect()),
+            &["extractor", "wait"],
+        )
+        .expect("valid metric");
+        register(Box::new(wait_seconds.clone()));
+        let retry_after_seconds = prometheus::CounterVec::new(
+            Opts::new(
+                "docstream_extractor_retry_after_seconds_total",
+                "Seconds waited on Retry-After answers of an external extractor.",
+            ),
+            &["extractor"],
+        )
+        .expect("valid metric");
+        register(Box::new(retry_after_seconds.clone()));
+        Self {
+            calls,
+            call_seconds,
+            in_flight,
+            max_concurrency,
+            wait_seconds,
+            retry_after_seconds,
+        }
+    }
 }
 
 impl Metrics {
@@ -321,7 +422,9 @@ impl Metrics {
         registry
             .register(Box::new(recovery.clone()))
             .expect("unique metric");
+        let extractors = ExtractorMetrics::register(&registry);
         Self {
+            extractors,
             paused_partitions,
             consumer_pauses,
             rebalance_drains,

@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api;
 use crate::config::Settings;
-use crate::extract::RuleExtractor;
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{BboxWorker, ExtractionWorker, Intake, Reaper, ReaperKind, Services};
@@ -39,7 +38,7 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
         settings.publisher_linger_ms,
         metrics.clone(),
     )?;
-    Ok(Services::new(settings, pool, publisher, metrics))
+    Ok(Services::new(settings, pool, publisher, metrics)?)
 }
 
 /// The HTTP API on an already bound listener. On shutdown: new requests get
@@ -94,7 +93,7 @@ pub async fn serve(
 
 /// The extraction worker: one consumer-group member on `extraction.submitted`.
 pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResult {
-    let handler = ExtractionWorker::new(services.clone(), RuleExtractor);
+    let handler = ExtractionWorker::new(services.clone());
     let settings = services.settings.clone();
     let (group, topic) = (&settings.worker_group, &settings.topic_submitted);
     consumer(services, group, topic, handler, shutdown).await

@@ -80,9 +80,9 @@ impl From<StoreError> for ApiError {
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
-            SubmitError::KeyReused | SubmitError::WebhookRefused(_) => {
-                Self::Unprocessable(e.to_string())
-            }
+            SubmitError::KeyReused
+            | SubmitError::WebhookRefused(_)
+            | SubmitError::UnknownExtractor(..) => Self::Unprocessable(e.to_string()),
             SubmitError::Store(e) => e.into(),
         }
     }

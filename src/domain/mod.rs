@@ -9,8 +9,9 @@ mod retry;
 mod state;
 
 pub use request::{
-    idempotency_key_is_valid, Document, ExtractionRequest, FieldSpec, FieldType, Page,
-    RequestError, Word, WordRef, MAX_IDEMPOTENCY_KEY_LEN,
+    extractor_name_is_valid, idempotency_key_is_valid, Document, ExtractionRequest, FieldSpec,
+    FieldType, Page, RequestError, Word, WordRef, MAX_EXTRACTOR_NAME_LEN, MAX_IDEMPOTENCY_KEY_LEN,
+    RULES_EXTRACTOR,
 };
 pub use retry::retry_delay_s;
 pub use state::{BboxStatus, ExtractionStatus, Transition};

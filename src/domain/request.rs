@@ -36,6 +36,26 @@ pub struct ExtractionRequest {
     /// Opaque client data, echoed back unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
+    /// The extractor to run: `rules` (the built-in one, the default) or the
+    /// name of an extractor in the settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extractor: Option<String>,
+}
+
+/// The built-in rule extractor's name, used when a request names none.
+pub const RULES_EXTRACTOR: &str = "rules";
+
+/// Longest extractor name, in bytes.
+pub const MAX_EXTRACTOR_NAME_LEN: usize = 64;
+
+/// Whether `name` can name an extractor: 1 to 64 of `a-z`, `0-9`, `-`, `_`
+/// (it becomes part of environment variables and metric labels).
+pub fn extractor_name_is_valid(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_EXTRACTOR_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 /// A document either as plain text or as pages of OCR words with geometry.
@@ -144,8 +164,13 @@ pub enum RequestError {
     #[error("field name {0:?} is empty or repeated")]
     FieldName(String),
     /// A field has neither a pattern nor an anchor.
-    #[error("field {0:?} needs a `pattern` or an `anchor`")]
+    #[error(
+        "field {0:?} needs a `pattern` or an `anchor` (the rules extractor finds values by them)"
+    )]
     FieldRule(String),
+    /// The extractor's name cannot name one.
+    #[error("extractor must be 1 to 64 of a-z, 0-9, - and _")]
+    ExtractorName,
     /// A pattern does not compile or is too long.
     #[error("field {name:?}: invalid pattern: {reason}")]
     Pattern {
@@ -167,9 +192,13 @@ impl ExtractionRequest {
         if self.fields.is_empty() || self.fields.len() > MAX_FIELDS {
             return Err(RequestError::FieldCount);
         }
+        if !extractor_name_is_valid(self.extractor_name()) {
+            return Err(RequestError::ExtractorName);
+        }
+        let rules = self.extractor_name() == RULES_EXTRACTOR;
         let mut names = HashSet::new();
         for field in &self.fields {
-            field.validate()?;
+            field.validate(rules)?;
             if !names.insert(field.name.as_str()) {
                 return Err(RequestError::FieldName(field.name.clone()));
             }
@@ -181,6 +210,13 @@ impl ExtractionRequest {
             }
         }
         Ok(())
+    }
+}
+
+impl ExtractionRequest {
+    /// The extractor this request asks for.
+    pub fn extractor_name(&self) -> &str {
+        self.extractor.as_deref().unwrap_or(RULES_EXTRACTOR)
     }
 }
 
@@ -231,11 +267,14 @@ impl Document {
 }
 
 impl FieldSpec {
-    fn validate(&self) -> Result<(), RequestError> {
+    /// `rules`: the rule extractor will run it, so it needs a way to find the
+    /// value; other extractors may take the name (and type) alone.
+    fn validate(&self, rules: bool) -> Result<(), RequestError> {
         if self.name.trim().is_empty() || self.name.len() > 128 {
             return Err(RequestError::FieldName(self.name.clone()));
         }
-        if self.pattern.is_none() && self.anchor.as_deref().is_none_or(|a| a.trim().is_empty()) {
+        let no_anchor = self.anchor.as_deref().is_none_or(|a| a.trim().is_empty());
+        if rules && self.pattern.is_none() && no_anchor {
             return Err(RequestError::FieldRule(self.name.clone()));
         }
         if let Some(pattern) = &self.pattern {
@@ -274,8 +313,12 @@ mod tests {
 
     #[test]
     fn refuses_bad_shapes_with_their_reason() {
-        let req = text_request(serde_json::json!([{"name": "x"}]));
+        let mut req = text_request(serde_json::json!([{"name": "x"}]));
         assert_eq!(req.validate(), Err(RequestError::FieldRule("x".into())));
+        req.extractor = Some("ocr".into());
+        assert_eq!(req.validate(), Ok(()), "a model service needs no pattern");
+        req.extractor = Some("OCR!".into());
+        assert_eq!(req.validate(), Err(RequestError::ExtractorName));
         let req = text_request(serde_json::json!([{"name": "x", "pattern": "("}]));
         assert!(matches!(req.validate(), Err(RequestError::Pattern { .. })));
         let req = text_request(serde_json::json!([

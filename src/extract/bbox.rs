@@ -34,14 +34,14 @@ pub fn ground(document: &Document, output: &ExtractionOutput) -> Grounding {
         .iter()
         .map(|(name, value)| {
             let grounded = value.as_ref().and_then(|v| {
-                let [first, last] = v.words;
+                let [first, last] = v.words?;
                 let page = words.get(first)?.page;
                 let boxes = words.get(first..=last)?.iter().filter(|w| w.page == page);
                 let bbox = boxes.filter_map(|w| w.bbox).reduce(union)?;
                 Some(GroundedField {
                     page,
                     bbox,
-                    words: v.words,
+                    words: [first, last],
                 })
             });
             (name.clone(), grounded)
@@ -77,8 +77,8 @@ mod tests {
         let mut output = ExtractionOutput::default();
         let value = ExtractedValue {
             value: "12.50".into(),
-            raw: "USD 12.50".into(),
-            words: [1, 2],
+            raw: Some("USD 12.50".into()),
+            words: Some([1, 2]),
         };
         output.fields.insert("total".into(), Some(value));
         output.fields.insert("missing".into(), None);

@@ -1,16 +1,31 @@
-//! Extraction itself: the [`Extractor`] trait, the built-in rule extractor, and
-//! bbox grounding (mapping each extracted value back to the words it came from).
+//! Extraction itself: the [`Extractor`] trait, the built-in rule extractor, the
+//! HTTP extractor that calls a team's own service over the extractor protocol
+//! (and a reference server of that protocol), and bbox grounding (mapping each
+//! extracted value back to the words it came from).
+//!
+//! A job names its extractor (`"extractor": "ocr"`, default `rules`); the
+//! worker process holds one [`Extractors`] with every configured extractor and
+//! its limits, shared by all of the process's records.
 
 mod bbox;
+mod http;
+mod limits;
+pub mod protocol;
+pub mod provider;
+mod registry;
 mod rule;
 
 pub use bbox::{ground, GroundedField, Grounding};
-pub use rule::{extract_sync as rule_extract, RuleExtractor};
+pub use http::HttpExtractor;
+pub use limits::Limits;
+pub use registry::Extractors;
+pub use rule::{extract_sync as rule_extract, find_fields, RuleExtractor};
 
 use std::collections::BTreeMap;
 use std::future::Future;
 
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use crate::domain::ExtractionRequest;
 
@@ -19,10 +34,13 @@ use crate::domain::ExtractionRequest;
 pub struct ExtractedValue {
     /// Normalised value: `1234.50` for money, `2026-11-30` for dates.
     pub value: String,
-    /// The text as it appears in the document.
-    pub raw: String,
-    /// First and last index (inclusive) of the words it spans, in reading order.
-    pub words: [usize; 2],
+    /// The text as it appears in the document, when the extractor knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+    /// First and last index (inclusive) of the words it spans, in reading
+    /// order, when the extractor knows them; bbox grounding needs them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub words: Option<[usize; 2]>,
 }
 
 /// What an extractor returns: each requested field, found or not (`null`).
@@ -32,10 +50,22 @@ pub struct ExtractionOutput {
     pub fields: BTreeMap<String, Option<ExtractedValue>>,
 }
 
+/// One attempt at one job, as an extractor sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Job<'a> {
+    /// The job's id.
+    pub id: Uuid,
+    /// The claim's attempt number (its fencing token), from 1.
+    pub attempt: i32,
+    /// What was submitted.
+    pub request: &'a ExtractionRequest,
+}
+
 /// Why an extraction failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ExtractError {
-    /// Something the extractor depends on failed; a later attempt may succeed.
+    /// Something the extractor depends on failed or timed out; a later attempt
+    /// may succeed.
     #[error("extractor unavailable: {0}")]
     Unavailable(String),
     /// A field marked `required` is not in the document.
@@ -49,6 +79,22 @@ pub enum ExtractError {
         /// Compiler message.
         reason: String,
     },
+    /// The extractor refused the document for good (HTTP 422 or 400).
+    #[error("extractor {extractor:?} refused the document: {message}")]
+    Refused {
+        /// The extractor's name.
+        extractor: String,
+        /// What it said.
+        message: String,
+    },
+    /// The extractor answered success with something that is not a result.
+    #[error("extractor {extractor:?} answered with an invalid result: {reason}")]
+    InvalidAnswer {
+        /// The extractor's name.
+        extractor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl ExtractError {
@@ -58,11 +104,11 @@ impl ExtractError {
     }
 }
 
-/// Turns a request into values.
+/// Turns a job into values.
 pub trait Extractor: Send + Sync + 'static {
-    /// Extracts every field of `request`.
+    /// Extracts every field of `job`'s request.
     fn extract(
         &self,
-        request: &ExtractionRequest,
+        job: &Job<'_>,
     ) -> impl Future<Output = Result<ExtractionOutput, ExtractError>> + Send;
 }

@@ -6,7 +6,7 @@
 
 use regex::Regex;
 
-use super::{ExtractError, ExtractedValue, ExtractionOutput, Extractor};
+use super::{ExtractError, ExtractedValue, ExtractionOutput, Extractor, Job};
 use crate::domain::{pattern, ExtractionRequest, FieldSpec, FieldType, WordRef};
 
 /// The built-in extractor. Stateless.
@@ -14,8 +14,8 @@ use crate::domain::{pattern, ExtractionRequest, FieldSpec, FieldType, WordRef};
 pub struct RuleExtractor;
 
 impl Extractor for RuleExtractor {
-    async fn extract(&self, request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
-        extract_sync(request)
+    async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
+        extract_sync(job.request)
     }
 }
 
@@ -50,17 +50,30 @@ impl JoinedText {
     }
 }
 
-/// Runs every field spec over the document.
+/// Runs every field spec over the document; a `required` field that is not
+/// found fails the extraction.
 pub fn extract_sync(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+    let output = find_fields(request)?;
+    if let Some(missing) = request
+        .fields
+        .iter()
+        .find(|f| f.required && output.fields.get(&f.name).is_none_or(Option::is_none))
+    {
+        return Err(ExtractError::RequiredFieldMissing(missing.name.clone()));
+    }
+    Ok(output)
+}
+
+/// Runs every field spec over the document, reporting what was not found as
+/// `null` whether it is required or not.
+pub fn find_fields(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
     let words = request.document.words();
     let joined = JoinedText::new(&words);
     let mut output = ExtractionOutput::default();
     for field in &request.fields {
-        let value = find(field, &joined)?;
-        if value.is_none() && field.required {
-            return Err(ExtractError::RequiredFieldMissing(field.name.clone()));
-        }
-        output.fields.insert(field.name.clone(), value);
+        output
+            .fields
+            .insert(field.name.clone(), find(field, &joined)?);
     }
     Ok(output)
 }
@@ -114,8 +127,8 @@ fn first_value(
     let words = doc.word_range(whole.start(), whole.end().max(whole.start() + 1))?;
     Some(ExtractedValue {
         value: normalise(field_type, value.as_str()),
-        raw: whole.as_str().to_owned(),
-        words,
+        raw: Some(whole.as_str().to_owned()),
+        words: Some(words),
     })
 }
 
@@ -166,12 +179,12 @@ mod tests {
         let out = extract_sync(&req).unwrap();
         let get = |k: &str| out.fields[k].clone();
         assert_eq!(get("number").unwrap().value, "INV-0042");
-        assert_eq!(get("number").unwrap().words, [3, 3]);
+        assert_eq!(get("number").unwrap().words, Some([3, 3]));
         assert_eq!(get("date").unwrap().value, "2026-11-30");
         let total = get("total").unwrap();
         assert_eq!(
-            (total.value.as_str(), total.raw.as_str(), total.words),
-            ("1234.50", "$1,234.50", [9, 9])
+            (total.value.as_str(), total.raw.as_deref(), total.words),
+            ("1234.50", Some("$1,234.50"), Some([9, 9]))
         );
         assert_eq!(get("vendor").unwrap().value, "ACME");
         assert_eq!(get("po"), None);

@@ -71,12 +71,12 @@ impl RecordHandler for Intake {
                     reason: e.to_string(),
                 })
             }
-            Err(DurableSubmitError::Submit(e @ SubmitError::WebhookRefused(_))) => {
-                Err(HandlerError::Poison {
-                    kind: "invalid_request",
-                    reason: e.to_string(),
-                })
-            }
+            Err(DurableSubmitError::Submit(
+                e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(..)),
+            )) => Err(HandlerError::Poison {
+                kind: "invalid_request",
+                reason: e.to_string(),
+            }),
             Err(e) => Err(HandlerError::Transient(e.to_string())),
         }
     }

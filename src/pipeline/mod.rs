@@ -32,6 +32,7 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::domain::Transition;
 use crate::events::{decode, Event, ExtractionEvent, PublishReason};
+use crate::extract::Extractors;
 use crate::failpoints;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
@@ -54,21 +55,30 @@ pub struct Services {
     pub batched: Batched,
     /// This process's webhook dispatcher.
     pub webhooks: Webhooks,
+    /// The extractors the worker can run, with their per-process limits.
+    pub extractors: Extractors,
 }
 
 impl Services {
     /// Services on `pool` and `publisher`; starts the statement batchers.
-    pub fn new(settings: Settings, pool: PgPool, publisher: Publisher, metrics: Metrics) -> Self {
+    pub fn new(
+        settings: Settings,
+        pool: PgPool,
+        publisher: Publisher,
+        metrics: Metrics,
+    ) -> Result<Self, reqwest::Error> {
         let batched = Batched::new(&settings, &pool);
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
-        Self {
+        let extractors = Extractors::new(&settings, &metrics)?;
+        Ok(Self {
             settings: Arc::new(settings),
             pool,
             publisher,
             metrics,
             batched,
             webhooks,
-        }
+            extractors,
+        })
     }
 
     /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.

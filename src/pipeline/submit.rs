@@ -11,9 +11,11 @@
 //! row is stamped as published, which tells the reaper it is not lost.
 //!
 //! A request naming a `webhook_url` is refused before anything is written if
-//! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off.
+//! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off, and
+//! so is one naming an extractor that the settings do not have.
 
 use super::Services;
+use crate::config::RULES;
 use crate::domain::Transition;
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::failpoints;
@@ -61,6 +63,7 @@ pub async fn submit_durably(
 }
 
 async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
+    known_extractor(services, new.request.extractor_name())?;
     if let Some(url) = &new.request.webhook_url {
         let checked = services.webhooks.check_submitted(url).await;
         checked.map_err(SubmitError::WebhookRefused)?;
@@ -74,6 +77,21 @@ async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, Su
         }
     }
     Ok(submitted)
+}
+
+/// Refuses a request for an extractor the settings do not name.
+fn known_extractor(services: &Services, name: &str) -> Result<(), SubmitError> {
+    let extractors = &services.settings.extractors;
+    if name == RULES || extractors.contains_key(name) {
+        return Ok(());
+    }
+    let known: Vec<&str> = std::iter::once(RULES)
+        .chain(extractors.keys().map(String::as_str))
+        .collect();
+    Err(SubmitError::UnknownExtractor(
+        name.to_owned(),
+        known.join(", "),
+    ))
 }
 
 /// A new job: its `extraction.submitted` event, and the `submit` lifecycle event.

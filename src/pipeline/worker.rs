@@ -1,7 +1,13 @@
-//! `worker`: consumes `extraction.submitted`, claims the job, runs the extractor
-//! under the async timeout while heartbeats keep the claim, completes the claim
-//! with its fencing token, and hands the job to bbox refinement by publishing
+//! `worker`: consumes `extraction.submitted`, claims the job, runs the job's
+//! extractor while heartbeats keep the claim, completes the claim with its
+//! fencing token, and hands the job to bbox refinement by publishing
 //! `extraction.post_processing.requested`.
+//!
+//! A cancel request seen at a heartbeat drops the running extraction (an HTTP
+//! extractor's call is closed) and cancels the job. When the consumer stops
+//! (shutdown, revoke), a running extraction gets the drain's budget to
+//! finish; past it, it is dropped and its claim released for the next owner,
+//! and the record is not committed.
 //!
 //! A failure that may pass (timeout, unavailable extractor) is retried with a
 //! capped, jittered backoff: the job is requeued with its due time in the row and
@@ -15,9 +21,9 @@ use uuid::Uuid;
 
 use super::lease::{hold, Held};
 use super::{decode_record, transient, Services, Stage};
-use crate::domain::{retry_delay_s, BboxStatus, ExtractionRequest, ExtractionStatus, Transition};
+use crate::domain::{retry_delay_s, BboxStatus, ExtractionStatus, Transition};
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use crate::extract::{ExtractError, ExtractionOutput, Extractor};
+use crate::extract::{ExtractError, ExtractionOutput, Job};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::transitions::{self, Completion, Succeeded};
@@ -25,9 +31,8 @@ use crate::store::{self, leases, orphans, Claim, Extraction};
 use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
-pub struct ExtractionWorker<E> {
+pub struct ExtractionWorker {
     services: Services,
-    extractor: E,
 }
 
 /// What the attempt came to, before it is made durable.
@@ -37,16 +42,18 @@ enum Attempt {
     Failed(String),
 }
 
-impl<E: Extractor> ExtractionWorker<E> {
-    /// A worker that extracts with `extractor`.
-    pub fn new(services: Services, extractor: E) -> Self {
-        Self {
-            services,
-            extractor,
-        }
+impl ExtractionWorker {
+    /// A worker that runs each job's extractor from `services.extractors`.
+    pub fn new(services: Services) -> Self {
+        Self { services }
     }
 
-    async fn run_claim(&self, claim: Claim, reason: PublishReason) -> Result<(), HandlerError> {
+    async fn run_claim(
+        &self,
+        claim: Claim,
+        reason: PublishReason,
+        stop: &CancellationToken,
+    ) -> Result<(), HandlerError> {
         let (id, token) = (claim.extraction.id, claim.token);
         if let Some(recovery) = claim.extraction.last_recovery_s {
             self.services
@@ -61,14 +68,18 @@ impl<E: Extractor> ExtractionWorker<E> {
         failpoints::hit("worker.after_claim")
             .await
             .map_err(transient)?;
+        let request = claim
+            .extraction
+            .request()
+            .ok_or_else(|| transient("the claim returned no request (a bug in its statement)"))?;
+        let job = Job {
+            id,
+            attempt: token,
+            request,
+        };
         let settings = &self.services.settings;
         let started = Instant::now();
-        let work = tokio::time::timeout(
-            settings.async_timeout(),
-            self.extract(claim.extraction.request().ok_or_else(|| {
-                transient("the claim returned no request (a bug in its statement)")
-            })?),
-        );
+        let work = within_drain(self.extract(&job), stop, settings.extraction_drain_budget());
         let pool = &self.services.pool;
         let lease_s = settings.extraction_run_lease_s;
         let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
@@ -78,14 +89,12 @@ impl<E: Extractor> ExtractionWorker<E> {
                     .stale(Stage::Extraction, id, token, "heartbeat");
                 return Ok(());
             }
+            // Dropping the work closed its call: the provider sees the close.
             Held::CancelRequested => return self.cancel(id, token, reason).await,
-            Held::Done(Err(_)) => Attempt::Retryable(format!(
-                "extraction timed out after {} s",
-                settings.async_timeout_s
-            )),
-            Held::Done(Ok(Err(e))) if e.is_retryable() => Attempt::Retryable(e.to_string()),
-            Held::Done(Ok(Err(e))) => Attempt::Failed(e.to_string()),
-            Held::Done(Ok(Ok(output))) => Attempt::Extracted(output),
+            Held::Done(None) => return self.release(id, token).await,
+            Held::Done(Some(Err(e))) if e.is_retryable() => Attempt::Retryable(e.to_string()),
+            Held::Done(Some(Err(e))) => Attempt::Failed(e.to_string()),
+            Held::Done(Some(Ok(output))) => Attempt::Extracted(output),
         };
         let label = match &attempt {
             Attempt::Extracted(_) => "succeeded",
@@ -105,11 +114,26 @@ impl<E: Extractor> ExtractionWorker<E> {
         }
     }
 
-    async fn extract(&self, request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+    async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
         if let Err(e) = failpoints::hit("worker.extract").await {
             return Err(ExtractError::Unavailable(e.to_string()));
         }
-        self.extractor.extract(request).await
+        let name = job.request.extractor_name();
+        self.services.extractors.extract(name, job).await
+    }
+
+    /// Gives up claim `token` after a drain ran out: the lease ends now, so the
+    /// record's next owner claims the job at once instead of waiting for the
+    /// lease, and the record is left undelivered (not committed).
+    async fn release(&self, id: Uuid, token: i32) -> Result<(), HandlerError> {
+        let released = leases::release_extraction_lease(&self.services.pool, id, token).await;
+        if let Err(e) = released {
+            tracing::warn!(%id, token, error = %e, "claim not released; it ends with its lease");
+        }
+        tracing::info!(%id, token, "extraction still running when the drain ran out; claim released");
+        Err(HandlerError::Abandoned(format!(
+            "{id}: extraction still running when the drain ran out"
+        )))
     }
 
     async fn succeed(
@@ -341,6 +365,22 @@ impl<E: Extractor> ExtractionWorker<E> {
     }
 }
 
+/// Runs `work`, unless `stop` fired (shutdown, revoke) and `budget` passed
+/// since: then `None`, and the work is dropped.
+async fn within_drain<T>(
+    work: impl std::future::Future<Output = T>,
+    stop: &CancellationToken,
+    budget: std::time::Duration,
+) -> Option<T> {
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        done = &mut work => return Some(done),
+        _ = stop.cancelled() => {}
+    }
+    tokio::time::timeout(budget, work).await.ok()
+}
+
 /// The delayed publish of a retry. Losing it (the process dies first) is safe:
 /// the due time is in the row, and the reaper republishes a class-3 orphan.
 async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
@@ -366,7 +406,7 @@ async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
     }
 }
 
-impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
+impl RecordHandler for ExtractionWorker {
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
         let services = &self.services;
@@ -388,7 +428,7 @@ impl<E: Extractor> RecordHandler for ExtractionWorker<E> {
                 token,
                 event.reason
             ),
-            self.run_claim(claim, event.reason),
+            self.run_claim(claim, event.reason, stop),
         );
         emitted?;
         ran

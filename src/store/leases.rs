@@ -37,6 +37,17 @@ pub async fn renew_extraction_lease<'e>(
     renew(executor, RENEW_EXTRACTION, id, token, lease_s).await
 }
 
+/// Ends claim `token` on extraction `id` now, without a transition: its holder
+/// gives the work up (a drain ran out) and the next claim need not wait for the
+/// lease. `None` when the claim was no longer held.
+pub async fn release_extraction_lease<'e>(
+    executor: impl PgExecutor<'e>,
+    id: Uuid,
+    token: i32,
+) -> Result<Option<Renewed>, StoreError> {
+    renew(executor, RENEW_EXTRACTION, id, token, 0.0).await
+}
+
 /// Extends bbox claim `token` on extraction `id` to `lease_s` seconds from now.
 pub async fn renew_bbox_lease<'e>(
     executor: impl PgExecutor<'e>,

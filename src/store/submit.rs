@@ -76,6 +76,10 @@ pub enum SubmitError {
     /// nothing was written.
     #[error("{0}")]
     WebhookRefused(String),
+    /// The request names an extractor this deployment does not have; nothing
+    /// was written.
+    #[error("unknown extractor {0:?}: this deployment has {1}")]
+    UnknownExtractor(String, String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),

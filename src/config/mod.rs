@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod extractors;
+
+pub use extractors::{ExtractorSettings, RULES};
+
 /// Why settings were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,7 +29,7 @@ pub enum ConfigError {
     #[error("{var}={value:?}: {reason}")]
     Env {
         /// The variable.
-        var: &'static str,
+        var: String,
         /// Its value.
         value: String,
         /// What the parser said.
@@ -76,11 +80,15 @@ macro_rules! settings {
         #[serde(default, deny_unknown_fields)]
         pub struct Settings {
             $( $(#[doc = $doc])* pub $field: $ty, )*
+            /// External extractors by name (`[extractors.NAME]`, or
+            /// `DOCSTREAM_EXTRACTORS` and `DOCSTREAM_EXTRACTOR_<NAME>_…`).
+            /// None by default: the built-in `rules` extractor needs no setting.
+            pub extractors: std::collections::BTreeMap<String, ExtractorSettings>,
         }
 
         impl Default for Settings {
             fn default() -> Self {
-                Self { $( $field: $default.into(), )* }
+                Self { $( $field: $default.into(), )* extractors: Default::default() }
             }
         }
 
@@ -90,13 +98,13 @@ macro_rules! settings {
                 $(
                     if let Some(value) = lookup($var) {
                         self.$field = value.parse::<$ty>().map_err(|e| ConfigError::Env {
-                            var: $var,
+                            var: $var.to_owned(),
                             value: value.clone(),
                             reason: e.to_string(),
                         })?;
                     }
                 )*
-                Ok(())
+                extractors::apply_env(&mut self.extractors, lookup)
             }
 
         }
@@ -468,6 +476,7 @@ impl Settings {
         if let Err(e) = crate::webhook::AllowList::parse(&self.webhook_allow) {
             return invalid(format!("DOCSTREAM_WEBHOOK_ALLOW: {e}"));
         }
+        extractors::validate(&self.extractors)?;
         for (name, addr) in [
             ("DOCSTREAM_HTTP_ADDR", &self.http_addr),
             ("DOCSTREAM_METRICS_ADDR", &self.metrics_addr),
@@ -518,6 +527,14 @@ impl Settings {
     /// `subscriber_drain_timeout_s` as a duration.
     pub fn subscriber_drain_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.subscriber_drain_timeout_s)
+    }
+
+    /// How long a running extraction may go on once its consumer stopped: the
+    /// drain timeout less a margin (a tenth, at most 1 s) to release the claim
+    /// and report before the drain gives up on the record.
+    pub fn extraction_drain_budget(&self) -> Duration {
+        let margin = (self.subscriber_drain_timeout_s / 10.0).min(1.0);
+        Duration::from_secs_f64(self.subscriber_drain_timeout_s - margin)
     }
 }
 

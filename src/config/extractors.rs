@@ -1,0 +1,257 @@
+//! Named external extractors: each an HTTP service that implements the
+//! extractor protocol (see `extract::http`), with its own call timeout,
+//! concurrency cap and rate limit per worker process.
+//!
+//! In TOML they are tables, `[extractors.NAME]`. In the environment,
+//! `DOCSTREAM_EXTRACTORS` lists the names (comma-separated) and each name's
+//! settings are `DOCSTREAM_EXTRACTOR_<NAME>_<SETTING>` (the name upper-cased,
+//! `-` as `_`), e.g. `DOCSTREAM_EXTRACTOR_OCR_URL`. The environment wins over
+//! the file, setting by setting.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// The built-in rule extractor's name; no external extractor may take it.
+pub const RULES: &str = crate::domain::RULES_EXTRACTOR;
+
+use crate::domain::{
+    extractor_name_is_valid as name_is_valid, MAX_EXTRACTOR_NAME_LEN as MAX_NAME_LEN,
+};
+
+/// One external extractor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtractorSettings {
+    /// Where calls are posted: an absolute http(s) URL. Operators configure it,
+    /// so it is trusted (no SSRF guard: the provider usually lives next door).
+    pub url: String,
+    /// Longest one call may take, connect to last byte; past it the attempt
+    /// fails and is retried. 300 s: model services take seconds to minutes.
+    /// The claim's heartbeats run all along, so this may exceed the lease.
+    pub timeout_s: f64,
+    /// Calls one worker process makes at once. Records beyond it wait for a
+    /// slot while their leases are renewed. Across the deployment the provider
+    /// sees up to replicas × this. 8 suits a small model service.
+    pub max_concurrency: usize,
+    /// Calls per second one worker process starts, spaced evenly (a token
+    /// bucket holding one token). 0, the default, sets no limit.
+    pub requests_per_second: f64,
+    /// Sent as `Authorization: Bearer …` when not empty.
+    pub token: String,
+    /// The longest one attempt waits in total on `Retry-After` answers (429,
+    /// 503) before it counts as failed and spends an attempt: a provider that
+    /// only ever asks to wait cannot hold a job forever. 600 s.
+    pub retry_after_budget_s: f64,
+}
+
+impl Default for ExtractorSettings {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            timeout_s: 300.0,
+            max_concurrency: 8,
+            requests_per_second: 0.0,
+            token: String::new(),
+            retry_after_budget_s: 600.0,
+        }
+    }
+}
+
+impl ExtractorSettings {
+    /// `timeout_s` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_s)
+    }
+
+    /// `retry_after_budget_s` as a duration.
+    pub fn retry_after_budget(&self) -> Duration {
+        Duration::from_secs_f64(self.retry_after_budget_s)
+    }
+
+    fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        let var = |setting: &str| env_var(name, setting);
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        match reqwest::Url::parse(&self.url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+            _ => {
+                return invalid(format!(
+                    "{}={:?}: an extractor needs an absolute http or https URL",
+                    var("URL"),
+                    self.url
+                ))
+            }
+        }
+        for (setting, secs) in [
+            ("TIMEOUT_S", self.timeout_s),
+            ("RETRY_AFTER_BUDGET_S", self.retry_after_budget_s),
+        ] {
+            if !(secs.is_finite() && secs > 0.0) {
+                return invalid(format!(
+                    "{} must be a positive number of seconds",
+                    var(setting)
+                ));
+            }
+        }
+        if self.max_concurrency == 0 {
+            return invalid(format!("{} must be at least 1", var("MAX_CONCURRENCY")));
+        }
+        if !(self.requests_per_second.is_finite() && self.requests_per_second >= 0.0) {
+            return invalid(format!(
+                "{} must be 0 (no limit) or a positive number",
+                var("REQUESTS_PER_SECOND")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The environment variable of `setting` of extractor `name`.
+pub fn env_var(name: &str, setting: &str) -> String {
+    let upper = name.to_ascii_uppercase().replace('-', "_");
+    format!("DOCSTREAM_EXTRACTOR_{upper}_{setting}")
+}
+
+/// Adds and overrides extractors from the environment.
+pub(super) fn apply_env(
+    extractors: &mut BTreeMap<String, ExtractorSettings>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let names = lookup("DOCSTREAM_EXTRACTORS").unwrap_or_default();
+    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !name_is_valid(name) {
+            return Err(ConfigError::Invalid(format!(
+                "DOCSTREAM_EXTRACTORS: {name:?} is not a valid extractor name (a-z, 0-9, - and _)"
+            )));
+        }
+        let entry = extractors.entry(name.to_owned()).or_default();
+        apply_one(name, entry, lookup)?;
+    }
+    Ok(())
+}
+
+fn apply_one(
+    name: &str,
+    settings: &mut ExtractorSettings,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    fn parse<T: std::str::FromStr>(
+        var: String,
+        value: String,
+        target: &mut T,
+    ) -> Result<(), ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        *target = value.parse().map_err(|e: T::Err| ConfigError::Env {
+            var,
+            value,
+            reason: e.to_string(),
+        })?;
+        Ok(())
+    }
+    let get = |setting: &str| {
+        let var = env_var(name, setting);
+        lookup(&var).map(|value| (var, value))
+    };
+    if let Some((var, value)) = get("URL") {
+        parse(var, value, &mut settings.url)?;
+    }
+    if let Some((var, value)) = get("TIMEOUT_S") {
+        parse(var, value, &mut settings.timeout_s)?;
+    }
+    if let Some((var, value)) = get("MAX_CONCURRENCY") {
+        parse(var, value, &mut settings.max_concurrency)?;
+    }
+    if let Some((var, value)) = get("REQUESTS_PER_SECOND") {
+        parse(var, value, &mut settings.requests_per_second)?;
+    }
+    if let Some((var, value)) = get("TOKEN") {
+        parse(var, value, &mut settings.token)?;
+    }
+    if let Some((var, value)) = get("RETRY_AFTER_BUDGET_S") {
+        parse(var, value, &mut settings.retry_after_budget_s)?;
+    }
+    Ok(())
+}
+
+/// Refuses names and settings that cannot work.
+pub(super) fn validate(
+    extractors: &BTreeMap<String, ExtractorSettings>,
+) -> Result<(), ConfigError> {
+    for (name, settings) in extractors {
+        if name == RULES || !name_is_valid(name) {
+            return Err(ConfigError::Invalid(format!(
+                "extractor name {name:?}: names are 1 to {MAX_NAME_LEN} of a-z, 0-9, - and _, and {RULES:?} is the built-in one"
+            )));
+        }
+        settings.validate(name)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_env(vars: &[(&str, &str)]) -> Result<BTreeMap<String, ExtractorSettings>, ConfigError> {
+        let mut extractors = BTreeMap::new();
+        apply_env(&mut extractors, &|var| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        })?;
+        validate(&extractors)?;
+        Ok(extractors)
+    }
+
+    #[test]
+    fn extractors_are_named_in_one_variable_and_set_in_their_own() {
+        let extractors = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr, layout-v2"),
+            (
+                "DOCSTREAM_EXTRACTOR_OCR_URL",
+                "http://ocr.internal:8000/extract",
+            ),
+            ("DOCSTREAM_EXTRACTOR_OCR_MAX_CONCURRENCY", "4"),
+            ("DOCSTREAM_EXTRACTOR_LAYOUT_V2_URL", "https://layout/x"),
+            ("DOCSTREAM_EXTRACTOR_LAYOUT_V2_REQUESTS_PER_SECOND", "2.5"),
+        ])
+        .unwrap();
+        assert_eq!(extractors["ocr"].max_concurrency, 4);
+        assert_eq!(extractors["layout-v2"].requests_per_second, 2.5);
+        assert_eq!(extractors["layout-v2"].max_concurrency, 8);
+    }
+
+    #[test]
+    fn bad_extractors_are_refused_by_their_variable() {
+        let err = from_env(&[("DOCSTREAM_EXTRACTORS", "ocr")]).unwrap_err();
+        assert!(
+            err.to_string().contains("DOCSTREAM_EXTRACTOR_OCR_URL"),
+            "{err}"
+        );
+        let err = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr"),
+            ("DOCSTREAM_EXTRACTOR_OCR_URL", "http://x/"),
+            ("DOCSTREAM_EXTRACTOR_OCR_MAX_CONCURRENCY", "0"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("MAX_CONCURRENCY"), "{err}");
+        let err = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr"),
+            ("DOCSTREAM_EXTRACTOR_OCR_URL", "http://x/"),
+            ("DOCSTREAM_EXTRACTOR_OCR_TIMEOUT_S", "soon"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("DOCSTREAM_EXTRACTOR_OCR_TIMEOUT_S"),
+            "{err}"
+        );
+        assert!(from_env(&[("DOCSTREAM_EXTRACTORS", "rules")]).is_err());
+        assert!(from_env(&[("DOCSTREAM_EXTRACTORS", "OCR")]).is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! The HTTP extractor: one `POST` to a team's extraction service per attempt,
+//! following the extractor protocol (see [`super::protocol`]).
+//!
+//! What each answer means for the job:
+//! - 200 with a valid result: the extraction succeeded;
+//! - 422 or 400: the provider refused the document, and the job fails at once;
+//! - 429 or 503 with `Retry-After`: the provider is busy; the call is made
+//!   again after that long, within the same attempt (no attempt is spent),
+//!   until the waits exceed the extractor's `retry_after_budget_s`;
+//! - any other status, a timeout or a connection error: the attempt fails and
+//!   the job is retried with its backoff, which spends an attempt;
+//! - a 200 that is not a valid result: the job fails at once.
+//!
+//! Calls pass [`Limits`] first (a concurrency slot, then the rate limit). A
+//! call's future may be dropped at any point (a cancelled job, a drain that
+//! ran out): the connection is then closed, which tells the provider to stop.
+
+use std::time::{Duration, Instant};
+
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::StatusCode;
+
+use super::limits::Limits;
+use super::protocol::{self, CallBody};
+use super::{ExtractError, ExtractionOutput, Extractor, Job};
+use crate::config::ExtractorSettings;
+use crate::metrics::ExtractorMetrics;
+
+/// The shortest wait a `Retry-After` answer buys.
+const MIN_RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// One configured external extractor.
+pub struct HttpExtractor {
+    name: String,
+    settings: ExtractorSettings,
+    client: reqwest::Client,
+    limits: Limits,
+    metrics: ExtractorMetrics,
+}
+
+/// What one call came to.
+enum Answer {
+    /// The attempt is over, one way or the other.
+    Done(Result<ExtractionOutput, ExtractError>),
+    /// The provider asked to be called again after this long.
+    RetryAfter(Duration),
+}
+
+impl HttpExtractor {
+    /// The extractor `name` with `settings`, counting into `metrics`.
+    pub fn new(
+        name: &str,
+        settings: &ExtractorSettings,
+        metrics: ExtractorMetrics,
+    ) -> reqwest::Result<Self> {
+        let client = reqwest::Client::builder()
+            .timeout(settings.timeout())
+            .connect_timeout(settings.timeout().min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("docstream/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let cap = i64::try_from(settings.max_concurrency).unwrap_or(i64::MAX);
+        metrics.max_concurrency.with_label_values(&[name]).set(cap);
+        Ok(Self {
+            name: name.to_owned(),
+            limits: Limits::new(settings.max_concurrency, settings.requests_per_second),
+            settings: settings.clone(),
+            client,
+            metrics,
+        })
+    }
+
+    /// Calls until an answer ends the attempt, waiting out `Retry-After`s
+    /// within the budget.
+    async fn run(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
+        let body = serde_json::to_vec(&CallBody::of(job)).expect("a request serialises");
+        let budget = self.settings.retry_after_budget();
+        let mut waited = Duration::ZERO;
+        loop {
+            let wait = match self.admitted_call(job, &body).await {
+                Answer::Done(result) => return result,
+                // A floor, so "Retry-After: 0" cannot turn into a busy loop.
+                Answer::RetryAfter(wait) => wait.max(MIN_RETRY_AFTER),
+            };
+            if waited + wait > budget {
+                return Err(ExtractError::Unavailable(format!(
+                    "extractor {:?} kept asking to retry later (Retry-After) beyond its budget of {} s",
+                    self.name, self.settings.retry_after_budget_s
+                )));
+            }
+            tracing::debug!(id = %job.id, attempt = job.attempt, extractor = %self.name,
+                wait_s = wait.as_secs_f64(), "extractor busy; calling again after Retry-After");
+            self.metrics
+                .retry_after_seconds
+                .with_label_values(&[&self.name])
+                .inc_by(wait.as_secs_f64());
+            tokio::time::sleep(wait).await;
+            waited += wait;
+        }
+    }
+
+    /// One call, inside a concurrency slot and after the rate limit.
+    async fn admitted_call(&self, job: &Job<'_>, body: &[u8]) -> Answer {
+        let admitted = self.limits.admit().await;
+        let waits = &self.metrics.wait_seconds;
+        waits
+            .with_label_values(&[&self.name, "slot"])
+            .observe(admitted.slot_wait.as_secs_f64());
+        waits
+            .with_label_values(&[&self.name, "token"])
+            .observe(admitted.token_wait.as_secs_f64());
+        let in_flight = self.metrics.in_flight.with_label_values(&[&self.name]);
+        in_flight.inc();
+        // Decremented however the call ends, including by being dropped.
+        let _in_flight = scopeguard(move || in_flight.dec());
+        let started = Instant::now();
+        let (outcome, answer) = self.call(job, body).await;
+        self.metrics
+            .call_seconds
+            .with_label_values(&[&self.name])
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .calls
+            .with_label_values(&[&self.name, outcome])
+            .inc();
+        answer
+    }
+
+    /// Sends the call and reads its answer: (outcome label, answer).
+    async fn call(&self, job: &Job<'_>, body: &[u8]) -> (&'static str, Answer) {
+        let mut request = self
+            .client
+            .post(&self.settings.url)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header("Idempotency-Key", protocol::idempotency_key(job))
+            .header("traceparent", protocol::traceparent(job))
+            .body(body.to_vec());
+        if !self.settings.token.is_empty() {
+            request = request.header(AUTHORIZATION, format!("Bearer {}", self.settings.token));
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => return self.transport_error(&e),
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| protocol::retry_after(v, chrono::Utc::now()));
+        let body = match read_limited(response, protocol::MAX_ANSWER_BYTES).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => {
+                return self.invalid(format!(
+                    "the answer is larger than {} bytes",
+                    protocol::MAX_ANSWER_BYTES
+                ))
+            }
+            Err(ReadError::Transport(e)) => return self.transport_error(&e),
+        };
+        self.judge(job, status, retry_after, &body)
+    }
+
+    fn judge(
+        &self,
+        job: &Job<'_>,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        body: &[u8],
+    ) -> (&'static str, Answer) {
+        match status.as_u16() {
+            200 => {
+                let words = job.request.document.words().len();
+                match protocol::read_result(body, job.request, words) {
+                    Ok(output) => ("succeeded", Answer::Done(Ok(output))),
+                    Err(reason) => self.invalid(reason),
+                }
+            }
+            400 | 422 => {
+                let refused = ExtractError::Refused {
+                    extractor: self.name.clone(),
+                    message: protocol::error_message(body),
+                };
+                ("refused", Answer::Done(Err(refused)))
+            }
+            429 | 503 if retry_after.is_some() => (
+                "retry_after",
+                Answer::RetryAfter(retry_after.unwrap_or_default()),
+            ),
+            _ => {
+                let message = protocol::error_message(body);
+                let failed = ExtractError::Unavailable(format!(
+                    "extractor {:?} answered {status}: {message}",
+                    self.name
+                ));
+                ("failed", Answer::Done(Err(failed)))
+            }
+        }
+    }
+
+    fn invalid(&self, reason: String) -> (&'static str, Answer) {
+        let invalid = ExtractError::InvalidAnswer {
+            extractor: self.name.clone(),
+            reason,
+        };
+        ("invalid_answer", Answer::Done(Err(invalid)))
+    }
+
+    fn transport_error(&self, e: &reqwest::Error) -> (&'static str, Answer) {
+        let (outcome, message) = if e.is_timeout() {
+            (
+                "timed_out",
+                format!(
+                    "extractor {:?} timed out after {} s",
+                    self.name, self.settings.timeout_s
+                ),
+            )
+        } else {
+            (
+                "unreachable",
+                format!("extractor {:?} unreachable: {}", self.name, error_chain(e)),
+            )
+        };
+        (
+            outcome,
+            Answer::Done(Err(ExtractError::Unavailable(message))),
+        )
+    }
+}
+
+impl Extractor for HttpExtractor {
+    async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
+        self.run(job).await
+    }
+}
+
+enum ReadError {
+    TooLarge,
+    Transport(reqwest::Error),
+}
+
+/// The body, unless it is longer than `limit`.
+async fn read_limited(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, ReadError> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(ReadError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(ReadError::Transport)? {
+        if body.len() + chunk.len() > limit {
+            return Err(ReadError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The error and its causes, which is where reqwest keeps the useful part
+/// ("connection refused").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Runs `f` when dropped.
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}

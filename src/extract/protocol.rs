@@ -1,0 +1,181 @@
+//! The extractor protocol's wire types, shared by the HTTP extractor (the
+//! client) and `docstream extractor-serve` (a reference server). One call per
+//! attempt: `POST <url>` with a [`CallBody`], answered by a [`ResultBody`] (200)
+//! or a status that tells the worker what to do next. The README and
+//! `docs/extractor-protocol.openapi.yaml` document it for provider authors.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{ExtractedValue, ExtractionOutput, Job};
+use crate::domain::{Document, ExtractionRequest, FieldSpec};
+
+/// Largest 200 body the client reads; a provider that sends more is broken.
+pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+
+/// What the worker posts for one attempt.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CallBody<'a> {
+    /// The job's id.
+    pub job_id: Uuid,
+    /// The claim's attempt number, from 1.
+    pub attempt: i32,
+    /// The document as submitted.
+    pub document: std::borrow::Cow<'a, Document>,
+    /// The field specs as submitted.
+    pub fields: std::borrow::Cow<'a, [FieldSpec]>,
+    /// The submitter's opaque data, or null.
+    pub metadata: Option<std::borrow::Cow<'a, serde_json::Value>>,
+}
+
+impl<'a> CallBody<'a> {
+    /// The body of `job`'s call.
+    pub fn of(job: &Job<'a>) -> Self {
+        let request: &'a ExtractionRequest = job.request;
+        Self {
+            job_id: job.id,
+            attempt: job.attempt,
+            document: std::borrow::Cow::Borrowed(&request.document),
+            fields: std::borrow::Cow::Borrowed(&request.fields),
+            metadata: request.metadata.as_ref().map(std::borrow::Cow::Borrowed),
+        }
+    }
+}
+
+/// A successful answer: each field found, or null.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ResultBody {
+    /// Values by field name; a missing name means not found.
+    pub fields: BTreeMap<String, Option<ExtractedValue>>,
+}
+
+/// An error answer (422, 400): `{"error": "message"}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What the provider says went wrong.
+    pub error: String,
+}
+
+/// The `Idempotency-Key` of `job`'s call: the same for every call of one attempt.
+pub fn idempotency_key(job: &Job<'_>) -> String {
+    format!("{}:{}", job.id, job.attempt)
+}
+
+/// A W3C `traceparent` whose trace id is the job id, so every call of a job
+/// shares one trace.
+pub fn traceparent(job: &Job<'_>) -> String {
+    let span: u64 = rand::random::<u64>() | 1;
+    format!("00-{}-{span:016x}-01", job.id.simple())
+}
+
+/// Turns a 200 body into the job's output: the requested fields only, each
+/// value's word range checked against the document (`word_count` words).
+pub fn read_result(
+    body: &[u8],
+    request: &ExtractionRequest,
+    word_count: usize,
+) -> Result<ExtractionOutput, String> {
+    let mut answer: ResultBody = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "expected {{\"fields\": {{name: {{\"value\", \"raw\"?, \"words\"?}} | null}}}}: {e}"
+        )
+    })?;
+    let mut output = ExtractionOutput::default();
+    for field in &request.fields {
+        let value = answer.fields.remove(&field.name).flatten();
+        if let Some([first, last]) = value.as_ref().and_then(|v| v.words) {
+            if first > last || last >= word_count {
+                return Err(format!(
+                    "field {:?}: words [{first}, {last}] are not a range of the document's {word_count} words",
+                    field.name
+                ));
+            }
+        }
+        output.fields.insert(field.name.clone(), value);
+    }
+    Ok(output)
+}
+
+/// The message of an error answer: `{"error": "…"}`, or the body's text, at
+/// most 1,000 characters.
+pub fn error_message(body: &[u8]) -> String {
+    let message = match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(ErrorBody { error }) => error,
+        Err(_) => String::from_utf8_lossy(body).trim().to_owned(),
+    };
+    match message.char_indices().nth(1000) {
+        Some((cut, _)) => format!("{}…", &message[..cut]),
+        None if message.is_empty() => "(no message)".to_owned(),
+        None => message,
+    }
+}
+
+/// How long a `Retry-After` value asks to wait: delta-seconds or an HTTP date.
+pub fn retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    Some(
+        (at.with_timezone(&chrono::Utc) - now)
+            .to_std()
+            .unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ExtractionRequest {
+        serde_json::from_value(serde_json::json!({
+            "document": {"text": "Total 12.50"},
+            "fields": [{"name": "total", "type": "money"}, {"name": "date", "type": "date"}],
+            "extractor": "ocr"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_result_keeps_requested_fields_and_checks_word_ranges() {
+        let body = br#"{"fields": {"total": {"value": "12.50", "words": [1, 1]}, "extra": null}}"#;
+        let output = read_result(body, &request(), 2).unwrap();
+        assert_eq!(output.fields["total"].as_ref().unwrap().value, "12.50");
+        assert_eq!(output.fields["date"], None);
+        assert!(!output.fields.contains_key("extra"));
+        let body = br#"{"fields": {"total": {"value": "12.50", "words": [1, 5]}}}"#;
+        assert!(read_result(body, &request(), 2)
+            .unwrap_err()
+            .contains("words [1, 5]"));
+        assert!(read_result(b"<html>", &request(), 2).is_err());
+        assert!(read_result(br#"{"fields": {"total": 12.5}}"#, &request(), 2).is_err());
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        assert_eq!(retry_after("2", now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            retry_after("Tue, 01 Dec 2026 10:00:05 GMT", now),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(retry_after("soon", now), None);
+        assert_eq!(retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn error_messages_come_from_json_or_text() {
+        assert_eq!(
+            error_message(br#"{"error": "not an invoice"}"#),
+            "not an invoice"
+        );
+        assert_eq!(error_message(b"bad scan\n"), "bad scan");
+        assert_eq!(error_message(b""), "(no message)");
+    }
+}
