@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 mod extractors;
 
-pub use extractors::{ExtractorSettings, RULES};
+pub use extractors::{env_var as extractor_env_var, ExtractorSettings, RULES};
 
 /// Why settings were refused.
 #[derive(Debug, thiserror::Error)]

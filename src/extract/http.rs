@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
+use tokio_util::sync::CancellationToken;
 
 use super::limits::Limits;
 use super::protocol::{self, CallBody};
@@ -71,13 +72,19 @@ impl HttpExtractor {
     }
 
     /// Calls until an answer ends the attempt, waiting out `Retry-After`s
-    /// within the budget.
-    async fn run(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
+    /// within the budget. Once `stop` fires, no new call starts: waiting for a
+    /// slot, a token or a `Retry-After` ends with [`ExtractError::Interrupted`],
+    /// while a call already made goes on.
+    pub async fn run(
+        &self,
+        job: &Job<'_>,
+        stop: &CancellationToken,
+    ) -> Result<ExtractionOutput, ExtractError> {
         let body = serde_json::to_vec(&CallBody::of(job)).expect("a request serialises");
         let budget = self.settings.retry_after_budget();
         let mut waited = Duration::ZERO;
         loop {
-            let wait = match self.admitted_call(job, &body).await {
+            let wait = match self.admitted_call(job, &body, stop).await {
                 Answer::Done(result) => return result,
                 // A floor, so "Retry-After: 0" cannot turn into a busy loop.
                 Answer::RetryAfter(wait) => wait.max(MIN_RETRY_AFTER),
@@ -94,14 +101,21 @@ impl HttpExtractor {
                 .retry_after_seconds
                 .with_label_values(&[&self.name])
                 .inc_by(wait.as_secs_f64());
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = stop.cancelled() => return Err(ExtractError::Interrupted),
+                _ = tokio::time::sleep(wait) => {}
+            }
             waited += wait;
         }
     }
 
     /// One call, inside a concurrency slot and after the rate limit.
-    async fn admitted_call(&self, job: &Job<'_>, body: &[u8]) -> Answer {
-        let admitted = self.limits.admit().await;
+    async fn admitted_call(&self, job: &Job<'_>, body: &[u8], stop: &CancellationToken) -> Answer {
+        let admitted = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
+            admitted = self.limits.admit() => admitted,
+        };
         let waits = &self.metrics.wait_seconds;
         waits
             .with_label_values(&[&self.name, "slot"])
@@ -230,7 +244,7 @@ impl HttpExtractor {
 
 impl Extractor for HttpExtractor {
     async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
-        self.run(job).await
+        self.run(job, &CancellationToken::new()).await
     }
 }
 

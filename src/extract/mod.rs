@@ -87,6 +87,10 @@ pub enum ExtractError {
         /// What it said.
         message: String,
     },
+    /// The worker is stopping, and the extraction had not started its call
+    /// yet (it was waiting for a slot, a token or a `Retry-After`).
+    #[error("the worker stopped before the extractor was called")]
+    Interrupted,
     /// The extractor answered success with something that is not a result.
     #[error("extractor {extractor:?} answered with an invalid result: {reason}")]
     InvalidAnswer {

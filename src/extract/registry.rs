@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use super::{ExtractError, ExtractionOutput, Extractor, HttpExtractor, Job, RuleExtractor};
 use crate::config::{Settings, RULES};
 use crate::metrics::Metrics;
@@ -34,11 +36,13 @@ impl Extractors {
 
     /// Runs the extractor `name` on `job`. The rule extractor is bounded by the
     /// async timeout; an HTTP extractor bounds each call by its own timeout, and
-    /// may wait for a slot, a token or a `Retry-After` besides.
+    /// may wait for a slot, a token or a `Retry-After` besides; once `stop`
+    /// fires it starts no new call ([`ExtractError::Interrupted`]).
     pub async fn extract(
         &self,
         name: &str,
         job: &Job<'_>,
+        stop: &CancellationToken,
     ) -> Result<ExtractionOutput, ExtractError> {
         if name == RULES {
             let rules = RuleExtractor.extract(job);
@@ -52,7 +56,7 @@ impl Extractors {
                 });
         }
         match self.http.get(name) {
-            Some(extractor) => extractor.extract(job).await,
+            Some(extractor) => extractor.run(job, stop).await,
             // Accepted by an API that knows it, so this worker's settings lag
             // behind: retrying gives the deployment time to catch up.
             None => Err(ExtractError::Unavailable(format!(

@@ -79,7 +79,11 @@ impl ExtractionWorker {
         };
         let settings = &self.services.settings;
         let started = Instant::now();
-        let work = within_drain(self.extract(&job), stop, settings.extraction_drain_budget());
+        let work = within_drain(
+            self.extract(&job, stop),
+            stop,
+            settings.extraction_drain_budget(),
+        );
         let pool = &self.services.pool;
         let lease_s = settings.extraction_run_lease_s;
         let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
@@ -91,7 +95,9 @@ impl ExtractionWorker {
             }
             // Dropping the work closed its call: the provider sees the close.
             Held::CancelRequested => return self.cancel(id, token, reason).await,
-            Held::Done(None) => return self.release(id, token).await,
+            Held::Done(None | Some(Err(ExtractError::Interrupted))) => {
+                return self.release(id, token).await
+            }
             Held::Done(Some(Err(e))) if e.is_retryable() => Attempt::Retryable(e.to_string()),
             Held::Done(Some(Err(e))) => Attempt::Failed(e.to_string()),
             Held::Done(Some(Ok(output))) => Attempt::Extracted(output),
@@ -114,25 +120,31 @@ impl ExtractionWorker {
         }
     }
 
-    async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
+    async fn extract(
+        &self,
+        job: &Job<'_>,
+        stop: &CancellationToken,
+    ) -> Result<ExtractionOutput, ExtractError> {
         if let Err(e) = failpoints::hit("worker.extract").await {
             return Err(ExtractError::Unavailable(e.to_string()));
         }
         let name = job.request.extractor_name();
-        self.services.extractors.extract(name, job).await
+        self.services.extractors.extract(name, job, stop).await
     }
 
-    /// Gives up claim `token` after a drain ran out: the lease ends now, so the
-    /// record's next owner claims the job at once instead of waiting for the
-    /// lease, and the record is left undelivered (not committed).
+    /// Gives up claim `token` when the consumer stopped: the extraction had not
+    /// called its extractor yet, or its call outlived the drain's budget. The
+    /// lease ends now, so the record's next owner claims the job at once
+    /// instead of waiting for the lease, and the record is left undelivered
+    /// (not committed). Like a crash, the claim counts as an attempt.
     async fn release(&self, id: Uuid, token: i32) -> Result<(), HandlerError> {
         let released = leases::release_extraction_lease(&self.services.pool, id, token).await;
         if let Err(e) = released {
             tracing::warn!(%id, token, error = %e, "claim not released; it ends with its lease");
         }
-        tracing::info!(%id, token, "extraction still running when the drain ran out; claim released");
+        tracing::info!(%id, token, "consumer stopping: extraction unfinished; claim released");
         Err(HandlerError::Abandoned(format!(
-            "{id}: extraction still running when the drain ran out"
+            "{id}: extraction unfinished when the consumer stopped"
         )))
     }
 
