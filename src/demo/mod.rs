@@ -1,7 +1,11 @@
 //! `docstream demo`: runs every role in this process (the API, two workers, one
-//! bbox worker), submits the shipped sample documents over HTTP, shows progress
-//! while they flow, and prints a summary. It fails when any document does not
-//! reach bbox succeeded.
+//! bbox worker) and the reference extraction service (`extractor-serve`),
+//! submits the shipped sample documents over HTTP for that service to extract,
+//! shows progress while they flow, and prints a summary. It fails when any
+//! document does not reach bbox succeeded.
+//!
+//! The jobs take the path a team's own extraction service would: each one is
+//! an HTTP call under the extractor protocol, with its limits and metrics.
 
 mod report;
 mod samples;
@@ -17,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::ExtractionRequest;
+use crate::extract::provider;
 use crate::roles::{self, Mix};
 
 /// Options of `docstream demo`.
@@ -37,7 +43,17 @@ pub struct DemoArgs {
     /// Give up waiting after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
+    /// Extract with the built-in rules in the worker instead of calling the
+    /// reference extraction service.
+    #[arg(long)]
+    pub rules: bool,
+    /// A delay the reference extraction service adds to each call.
+    #[arg(long, default_value_t = 0)]
+    pub extractor_latency_ms: u64,
 }
+
+/// The name the demo gives the reference extraction service.
+const REFERENCE: &str = "reference";
 
 /// Runs the demo; see the module docs.
 pub async fn run(
@@ -45,6 +61,11 @@ pub async fn run(
     args: DemoArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let mut settings = settings;
+    let provider = match args.rules {
+        true => None,
+        false => Some(start_provider(&mut settings, &args, &shutdown).await?),
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let services = roles::connect(settings).await?;
@@ -58,10 +79,15 @@ pub async fn run(
     let stop = shutdown.child_token();
     let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));
 
-    let outcome = drive(&base, &pool, &args, &shutdown).await;
+    let extractor = provider.as_ref().map(|(url, _)| url.as_str());
+    let outcome = drive(&base, &pool, &args, extractor.is_some(), &shutdown).await;
     stop.cancel();
     pipeline.await??;
     let summary = outcome?;
+    match extractor {
+        Some(url) => println!("extractor: {REFERENCE:?}, docstream extractor-serve at {url}"),
+        None => println!("extractor: the built-in rules"),
+    }
     print!("{summary}");
     anyhow::ensure!(
         summary.all_bbox_succeeded(),
@@ -72,10 +98,35 @@ pub async fn run(
     Ok(())
 }
 
+/// Starts the reference extraction service on a free loopback port and names
+/// it in `settings` (unless the settings already have one by that name).
+async fn start_provider(
+    settings: &mut Settings,
+    args: &DemoArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(String, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}{}", listener.local_addr()?, provider::PATH);
+    let provider_args = provider::ProviderArgs {
+        addr: listener.local_addr()?,
+        latency_ms: args.extractor_latency_ms,
+        token: None,
+    };
+    let stop = shutdown.child_token();
+    let server = tokio::spawn(async move { provider::serve(listener, &provider_args, stop).await });
+    let extractor = settings.extractors.entry(REFERENCE.to_owned()).or_default();
+    if extractor.url.is_empty() {
+        extractor.url = url.clone();
+        extractor.max_concurrency = 64;
+    }
+    Ok((extractor.url.clone(), server))
+}
+
 async fn drive(
     base: &str,
     pool: &sqlx::PgPool,
     args: &DemoArgs,
+    reference: bool,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<report::Summary> {
     let samples = sample_requests();
@@ -84,8 +135,11 @@ async fn drive(
     let progress = report::Progress::new(args.documents as u64);
     let ids: Vec<Uuid> = stream::iter(0..args.documents)
         .map(|i| {
-            let sample = &samples[i % samples.len()];
-            submit(&client, base, sample)
+            let mut request = samples[i % samples.len()].request.clone();
+            if reference {
+                request.extractor = Some(REFERENCE.to_owned());
+            }
+            submit(&client, base, request)
         })
         .buffer_unordered(args.concurrency.max(1))
         .inspect(|_| progress.submitted())
@@ -115,10 +169,14 @@ async fn drive(
     Ok(report::Summary::query(pool, &ids, started.elapsed()).await?)
 }
 
-async fn submit(client: &reqwest::Client, base: &str, sample: &Sample) -> anyhow::Result<Uuid> {
+async fn submit(
+    client: &reqwest::Client,
+    base: &str,
+    request: ExtractionRequest,
+) -> anyhow::Result<Uuid> {
     let response = client
         .post(format!("{base}/v1/extractions"))
-        .json(&sample.request)
+        .json(&request)
         .send()
         .await
         .context("submitting a sample")?;
