@@ -1,6 +1,6 @@
 //! The benchmark keeps working: a seconds-long `docstream bench --smoke` runs
 //! every phase (pgbench, Kafka's perf tools, graphile-worker, docstream's
-//! burn-down and steady state) against the real services and writes a report
+//! burn-down and steady state, and the steady state through extractor-serve) against the real services and writes a report
 //! in which each phase measured something. It measures nothing worth keeping:
 //! performance is the benchmark's job (`scripts/bench.sh`), not this test's.
 
@@ -55,12 +55,20 @@ fn a_smoke_run_measures_every_phase() {
         number(&report, "/steady/submit_to_bbox_succeeded/p99_ms")
             >= number(&report, "/steady/submit_to_bbox_succeeded/p50_ms")
     );
+    let provider = &report["provider"]["steady"];
+    assert_eq!(provider["accepted"], provider["sent"]);
+    assert!(
+        number(&report, "/provider/steady/submit_to_succeeded/p50_ms") >= 200.0,
+        "the provider's latency is in every job"
+    );
+    assert!(number(&report, "/provider/utilisation") > 0.0);
     let checks = report["checks"].as_array().unwrap();
     for name in [
         "graphile-worker",
         "Postgres ceiling, 1 row",
         "peak RSS",
         "steady p99",
+        "extractor utilisation",
     ] {
         assert!(
             checks

@@ -6,7 +6,8 @@
 //! Phases, in order: the Postgres ceiling (pgbench on docstream's own
 //! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
 //! perf tools), the peer (graphile-worker burning down no-op jobs), docstream's
-//! burn-down and docstream's steady state. Every phase runs on a scratch
+//! burn-down, docstream's steady state, and the steady state through an
+//! external extractor (`extractor-serve` with a fixed latency). Every phase runs on a scratch
 //! database and its own topics, dropped at the end. The report is printed as a
 //! table and written as JSON under `--out`.
 
@@ -71,7 +72,17 @@ pub struct BenchArgs {
     /// graphile-worker concurrency.
     #[arg(long, default_value_t = 16)]
     pub peer_concurrency: usize,
-    /// Phases to leave out: postgres, kafka, peer, burndown, steady.
+    /// Provider phase: the reference extraction service's latency per call, ms.
+    #[arg(long, default_value_t = 200)]
+    pub provider_latency_ms: u64,
+    /// Provider phase: `max_concurrency` per worker process.
+    #[arg(long, default_value_t = 32)]
+    pub provider_cap: usize,
+    /// Provider phase: offered load as a share of cap × workers ÷ latency.
+    /// Arrivals are evenly spaced, so below 1 no call should wait for a slot.
+    #[arg(long, default_value_t = 0.95)]
+    pub provider_load: f64,
+    /// Phases to leave out: postgres, kafka, peer, burndown, steady, provider.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -103,12 +114,17 @@ impl BenchArgs {
     }
 }
 
+/// The phases, in the order they run.
+const PHASES: [&str; 6] = [
+    "postgres", "kafka", "peer", "burndown", "steady", "provider",
+];
+
 /// Runs the benchmark; see the module docs.
 pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> {
     let args = args.smoke_sized();
     for phase in &args.skip {
         anyhow::ensure!(
-            ["postgres", "kafka", "peer", "burndown", "steady"].contains(&phase.as_str()),
+            PHASES.contains(&phase.as_str()),
             "--skip: unknown phase `{phase}`"
         );
     }
@@ -177,7 +193,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         report.peer = Some(answer);
     }
 
-    if args.runs("burndown") || args.runs("steady") {
+    if args.runs("burndown") || args.runs("steady") || args.runs("provider") {
         let scratch = Scratch::create(&settings, &format!("docstream_bench_{stamp}")).await?;
         let rig = scratch
             .rig(&settings, &format!("bench{stamp}."), logs.clone())
@@ -191,17 +207,23 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         }
         if args.runs("steady") {
             let bar = phase_bar("docstream steady state", 0);
-            let outcome = pipeline::steady(
-                &rig,
-                args.rate,
-                args.duration_s,
-                args.workers,
-                args.bbox_workers,
-                &bar,
-            )
-            .await;
+            let mix = (args.workers, args.bbox_workers);
+            let outcome = pipeline::steady(&rig, args.rate, args.duration_s, mix, None, &bar).await;
             bar.finish();
             report.steady = Some(outcome?);
+        }
+        if args.runs("provider") {
+            let bar = phase_bar("steady state through extractor-serve", 0);
+            let load = pipeline::ProviderLoad {
+                latency_ms: args.provider_latency_ms,
+                cap: args.provider_cap,
+                load: args.provider_load,
+                duration_s: args.duration_s,
+            };
+            let mix = (args.workers, args.bbox_workers);
+            let outcome = pipeline::provider_steady(&rig, load, mix, &bar).await;
+            bar.finish();
+            report.provider = Some(outcome?);
         }
         delete_topics(&rig.settings).await;
         rig.pool.close().await;

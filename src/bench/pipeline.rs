@@ -22,13 +22,15 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::procs::{Proc, ProcCost};
-use crate::config::Settings;
+use crate::config::{ExtractorSettings, Settings};
 use crate::demo::sample_requests;
+use crate::domain::ExtractionRequest;
 use crate::pipeline;
 use crate::roles;
 use crate::store::NewExtraction;
 
 /// The scratch database and topics, and the environment children run with.
+#[derive(Clone)]
 pub struct Rig {
     /// Settings pointing at the scratch database and topics.
     pub settings: Settings,
@@ -148,6 +150,9 @@ pub struct Steady {
     pub accepted: usize,
     /// Submissions actually sent per second.
     pub achieved_rate: f64,
+    /// Jobs succeeded per second: accepted jobs over the time from the first
+    /// intended send to the last `mark_succeeded`.
+    pub succeeded_per_s: f64,
     /// Intended send time to the 202 answer.
     pub submit_answer: Latency,
     /// Intended send time to `mark_succeeded`.
@@ -260,13 +265,14 @@ pub async fn burn_down(
 }
 
 /// Runs `serve` and the workers, sends `rate` submissions per second for
-/// `duration_s`, and waits until every accepted job is done.
+/// `duration_s` (for `extractor`, when given), and waits until every accepted
+/// job is done.
 pub async fn steady(
     rig: &Rig,
     rate: f64,
     duration_s: f64,
-    workers: usize,
-    bbox_workers: usize,
+    (workers, bbox_workers): (usize, usize),
+    extractor: Option<&str>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Steady> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -282,10 +288,16 @@ pub async fn steady(
 
     // Warm-up: the consumers have joined their groups once a few jobs made it through.
     progress.set_message("warming up");
-    let samples = sample_requests();
+    let samples: Vec<ExtractionRequest> = sample_requests()
+        .into_iter()
+        .map(|sample| ExtractionRequest {
+            extractor: extractor.map(str::to_owned),
+            ..sample.request
+        })
+        .collect();
     let before = done_count(&rig.pool).await?;
-    for sample in samples.iter().cycle().take(20) {
-        post(&client, &base, &sample.request).await?;
+    for request in samples.iter().cycle().take(20) {
+        post(&client, &base, request).await?;
     }
     let hidden = ProgressBar::hidden();
     let warm_up = Duration::from_secs(60);
@@ -308,7 +320,7 @@ pub async fn steady(
         let due = start + interval * i as u32;
         tokio::time::sleep_until(due).await;
         let (client, base) = (client.clone(), base.clone());
-        let request = samples[i % samples.len()].request.clone();
+        let request = samples[i % samples.len()].clone();
         sends.spawn(async move {
             let outcome = post(&client, &base, &request).await;
             (i, outcome, due.elapsed())
@@ -352,11 +364,13 @@ pub async fn steady(
     let mut to_succeeded = histogram();
     let mut to_bbox = histogram();
     let mut hops: Vec<Histogram<u64>> = (1..PATH.len()).map(|_| histogram()).collect();
+    let mut last_succeeded = 0.0_f64;
     for (id, sent_at) in &accepted {
         let sent_at = sent_at.duration_since(UNIX_EPOCH)?.as_secs_f64();
         let times = log.get(id).context("a job without its transitions")?;
         let at = |t: &str| times.get(t).copied().context("a missing transition");
         let us = |seconds: f64| (seconds.max(0.0) * 1e6) as u64;
+        last_succeeded = last_succeeded.max(at("mark_succeeded")?);
         to_succeeded.saturating_record(us(at("mark_succeeded")? - sent_at));
         to_bbox.saturating_record(us(at("mark_bbox_refinement_succeeded")? - sent_at));
         for (hop, pair) in hops.iter_mut().zip(PATH.windows(2)) {
@@ -364,7 +378,9 @@ pub async fn steady(
         }
     }
     let cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
+    let first_send = start_wall.duration_since(UNIX_EPOCH)?.as_secs_f64();
     Ok(Steady {
+        succeeded_per_s: accepted.len() as f64 / (last_succeeded - first_send).max(f64::EPSILON),
         rate,
         duration_s,
         sent: total,
@@ -384,6 +400,103 @@ pub async fn steady(
             .collect(),
         cpu_s_per_1000_jobs: cpu / (accepted.len() as f64 / 1000.0),
         processes,
+    })
+}
+
+/// The steady state through an external extractor: `docstream extractor-serve`
+/// answering every call after a fixed latency, with a concurrency cap per
+/// worker, at a load just under what the cap allows.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderSteady {
+    /// The provider's latency per call, ms.
+    pub latency_ms: u64,
+    /// `max_concurrency` per worker process.
+    pub cap: usize,
+    /// Worker processes.
+    pub workers: usize,
+    /// What the cap allows: cap × workers ÷ latency, jobs per second.
+    pub capacity_per_s: f64,
+    /// Offered load as a share of the capacity.
+    pub load: f64,
+    /// Jobs succeeded per second ÷ capacity.
+    pub utilisation: f64,
+    /// The steady state itself.
+    pub steady: Steady,
+}
+
+/// Options of the provider phase.
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderLoad {
+    /// The provider's latency per call, ms.
+    pub latency_ms: u64,
+    /// `max_concurrency` per worker process.
+    pub cap: usize,
+    /// Offered load as a share of cap × workers ÷ latency.
+    pub load: f64,
+    /// Seconds of sending.
+    pub duration_s: f64,
+}
+
+/// The name the provider phase gives the reference extraction service.
+const REFERENCE: &str = "reference";
+
+/// Runs `extractor-serve` with `load.latency_ms`, then the steady state through
+/// it at `load.load` of the capacity its cap allows.
+pub async fn provider_steady(
+    rig: &Rig,
+    load: ProviderLoad,
+    (workers, bbox_workers): (usize, usize),
+    progress: &ProgressBar,
+) -> anyhow::Result<ProviderSteady> {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let args = [
+        "extractor-serve".to_owned(),
+        "--addr".to_owned(),
+        addr.to_string(),
+        "--latency-ms".to_owned(),
+        load.latency_ms.to_string(),
+    ];
+    let provider = Proc::spawn_args("extractor-serve", &args, &rig.env, &rig.logs)?;
+    let url = format!("http://{addr}{}", crate::extract::provider::PATH);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "extractor-serve did not listen on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut rig = rig.clone();
+    let extractor = ExtractorSettings {
+        url: url.clone(),
+        max_concurrency: load.cap,
+        ..ExtractorSettings::default()
+    };
+    let var = |setting: &str| crate::config::extractor_env_var(REFERENCE, setting);
+    rig.env.extend([
+        ("DOCSTREAM_EXTRACTORS".to_owned(), REFERENCE.to_owned()),
+        (var("URL"), url),
+        (var("MAX_CONCURRENCY"), load.cap.to_string()),
+    ]);
+    rig.settings
+        .extractors
+        .insert(REFERENCE.to_owned(), extractor);
+    let capacity = (load.cap * workers) as f64 / (load.latency_ms as f64 / 1000.0);
+    let rate = (capacity * load.load).round();
+    let mix = (workers, bbox_workers);
+    let outcome = steady(&rig, rate, load.duration_s, mix, Some(REFERENCE), progress).await;
+    let provider_cost = provider.cost_since(0.0)?;
+    provider.stop().await?;
+    let mut steady = outcome?;
+    steady.processes.push(provider_cost);
+    Ok(ProviderSteady {
+        latency_ms: load.latency_ms,
+        cap: load.cap,
+        workers,
+        capacity_per_s: capacity,
+        load: load.load,
+        utilisation: steady.succeeded_per_s / capacity,
+        steady,
     })
 }
 

@@ -42,9 +42,19 @@ impl Proc {
         env: &[(String, String)],
         logs: &Path,
     ) -> anyhow::Result<Self> {
+        Self::spawn_args(name, &[role.to_owned()], env, logs)
+    }
+
+    /// Like [`Proc::spawn`], with the whole command line after `docstream`.
+    pub fn spawn_args(
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        logs: &Path,
+    ) -> anyhow::Result<Self> {
         let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
         let child = Command::new(std::env::current_exe()?)
-            .arg(role)
+            .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

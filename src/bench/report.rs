@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::external::number;
-use super::pipeline::{BurnDown, Latency, Steady};
+use super::pipeline::{BurnDown, Latency, ProviderSteady, Steady};
 use super::postgres::PgCeiling;
 use super::BenchArgs;
 
@@ -47,6 +47,8 @@ pub struct Report {
     pub burn_down: Option<BurnDown>,
     /// docstream under an open-loop HTTP load.
     pub steady: Option<Steady>,
+    /// The same through an external extractor with a fixed latency.
+    pub provider: Option<ProviderSteady>,
     /// Ratios and targets.
     pub checks: Vec<Check>,
 }
@@ -63,6 +65,7 @@ impl Report {
             peer: None,
             burn_down: None,
             steady: None,
+            provider: None,
             checks: Vec::new(),
         }
     }
@@ -132,6 +135,24 @@ impl Report {
                 unit: "ms",
                 target: Some("<= 50".into()),
                 met: Some(p99 <= 50.0),
+            });
+        }
+        if let Some(p) = &self.provider {
+            checks.push(Check {
+                name: "extractor utilisation (succeeded/s / cap x workers / latency)".into(),
+                value: p.utilisation,
+                unit: "x",
+                target: Some(">= 0.9".into()),
+                met: Some(p.utilisation >= 0.9),
+            });
+            let p99 = p.steady.submit_to_succeeded.p99_ms;
+            let bound = p.latency_ms as f64 + 50.0;
+            checks.push(Check {
+                name: format!("extractor p99 submit->succeeded at {}/s", p.steady.rate),
+                value: p99,
+                unit: "ms",
+                target: Some(format!("<= {bound}")),
+                met: Some(p99 <= bound),
             });
         }
         self.checks = checks;
@@ -261,6 +282,26 @@ impl fmt::Display for Report {
                     "  {:<38} {:>7.2} CPU-s/1000 jobs  peak RSS {:>6.1} MiB",
                     p.name, per_1000, p.peak_rss_mib
                 )?;
+            }
+        }
+        if let Some(p) = &self.provider {
+            let s = &p.steady;
+            writeln!(
+                f,
+                "\nthrough extractor-serve ({} ms per call, cap {} x {} worker(s) = {:.0} jobs/s; offered {}/s = {:.2} of it)",
+                p.latency_ms, p.cap, p.workers, p.capacity_per_s, s.rate, p.load
+            )?;
+            writeln!(
+                f,
+                "  succeeded                              {:>10.1} jobs/s  utilisation {:.3}",
+                s.succeeded_per_s, p.utilisation
+            )?;
+            latency(f, "submit answered (202)", &s.submit_answer)?;
+            latency(f, "submit -> succeeded", &s.submit_to_succeeded)?;
+            latency(f, "submit -> bbox succeeded", &s.submit_to_bbox_succeeded)?;
+            for hop in &s.hops {
+                let name = format!("  {} -> {}", short(&hop.from), short(&hop.to));
+                latency(f, &name, &hop.latency)?;
             }
         }
         writeln!(f, "\nratios and targets")?;
