@@ -28,3 +28,16 @@ pub mod pipeline;
 pub mod roles;
 pub mod store;
 pub mod webhook;
+
+/// An error and its causes on one line: where HTTP clients keep the useful
+/// part ("connection refused"), for logs and stored errors alike.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

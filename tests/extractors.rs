@@ -21,7 +21,6 @@ use docstream::config::{ExtractorSettings, Settings};
 use docstream::events::{decode, ExtractionSubmitted};
 use docstream::pipeline::Services;
 use docstream::store::{self, NewExtraction, SubmitError};
-use futures::stream::{self, StreamExt};
 use tokio::io::AsyncBufReadExt;
 use uuid::Uuid;
 
@@ -53,28 +52,26 @@ async fn submit_for(
     extractor: &str,
     metadata: serde_json::Value,
 ) -> Vec<Uuid> {
-    stream::iter(0..n)
-        .map(|i| {
-            let metadata = metadata.clone();
-            async move {
-                let mut body = sample_body(i);
-                body["extractor"] = extractor.into();
-                body["metadata"] = metadata;
-                let new = NewExtraction {
-                    id: Uuid::new_v4(),
-                    idempotency_key: None,
-                    request: serde_json::from_value(body).unwrap(),
-                };
-                docstream::pipeline::submit(services, new)
-                    .await
-                    .unwrap()
-                    .extraction()
-                    .id
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await
+    common::submit_bodies(services, n, |i| {
+        let mut body = sample_body(i);
+        body["extractor"] = extractor.into();
+        body["metadata"] = metadata.clone();
+        body
+    })
+    .await
+}
+
+/// Waits until `n` jobs succeeded.
+async fn wait_succeeded(env: &TestEnv, n: i64, timeout_s: u64) {
+    let timeout = Duration::from_secs(timeout_s);
+    wait_count(&env.pool, "jobs to succeed", SUCCEEDED, n, timeout).await;
+}
+
+/// A worker with its metrics on a port of its own: (process, metrics address).
+fn worker_with_metrics(env: &TestEnv, log_name: &str) -> (tokio::process::Child, String) {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let env_vars = [("DOCSTREAM_METRICS_ADDR", metrics.clone())];
+    (env.spawn("worker", &env_vars, log_name), metrics)
 }
 
 /// The calls the provider saw, by job, in arrival order.
@@ -95,10 +92,6 @@ async fn attempts(pool: &sqlx::PgPool) -> HashMap<Uuid, i32> {
     rows.into_iter().collect()
 }
 
-fn metrics_env(addr: &str) -> (&'static str, String) {
-    ("DOCSTREAM_METRICS_ADDR", addr.to_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_three_times_longer_than_the_lease_keep_their_claims() {
     const JOBS: usize = 12;
@@ -113,17 +106,9 @@ async fn calls_three_times_longer_than_the_lease_keep_their_claims() {
     })
     .await;
     let services = env.services().await;
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut worker = env.spawn("worker", &[metrics_env(&metrics)], "extractor-slow-worker");
+    let (mut worker, metrics) = worker_with_metrics(&env, "extractor-slow-worker");
     let ids = submit_for(&services, JOBS, "slow", serde_json::Value::Null).await;
-    wait_count(
-        &env.pool,
-        "every job",
-        SUCCEEDED,
-        JOBS as i64,
-        Duration::from_secs(90),
-    )
-    .await;
+    wait_succeeded(&env, JOBS as i64, 90).await;
 
     let calls = provider.calls();
     let stale = scrape(&metrics, "docstream_stale_completions_total").await;
@@ -197,15 +182,9 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
     })
     .await;
     let services = env.services().await;
-    let metrics: Vec<String> = (0..2)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let mut workers: Vec<_> = (0..2)
-        .map(|i| {
-            let name = format!("extractor-limits-worker-{i}");
-            env.spawn("worker", &[metrics_env(&metrics[i])], &name)
-        })
-        .collect();
+    let (mut workers, metrics): (Vec<_>, Vec<_>) = (0..2)
+        .map(|i| worker_with_metrics(&env, &format!("extractor-limits-worker-{i}")))
+        .unzip();
 
     // Both workers hold partitions once each has called the warm-up extractor.
     wait_for("both workers to call", Duration::from_secs(90), || {
@@ -229,14 +208,7 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
 
     // The cap: 200 jobs of 200 ms each could run 200 at once.
     submit_for(&services, 200, "capped", serde_json::Value::Null).await;
-    wait_count(
-        &env.pool,
-        "the capped jobs",
-        SUCCEEDED,
-        warmed_up + 200,
-        Duration::from_secs(120),
-    )
-    .await;
+    wait_succeeded(&env, warmed_up + 200, 120).await;
     let peak = capped.max_concurrency();
     let mut cap_gauges = 0.0;
     for addr in &metrics {
@@ -249,14 +221,7 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
 
     // The rate: 100 jobs the provider could answer in well under a second.
     submit_for(&services, 100, "limited", serde_json::Value::Null).await;
-    wait_count(
-        &env.pool,
-        "the limited jobs",
-        SUCCEEDED,
-        warmed_up + 300,
-        Duration::from_secs(120),
-    )
-    .await;
+    wait_succeeded(&env, warmed_up + 300, 120).await;
     let calls = limited.calls();
     let first = calls.iter().map(|c| c.started).min().unwrap();
     let last = calls.iter().map(|c| c.started).max().unwrap();
@@ -323,17 +288,9 @@ async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
     })
     .await;
     let services = env.services().await;
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut worker = env.spawn("worker", &[metrics_env(&metrics)], "extractor-flaky-worker");
+    let (mut worker, metrics) = worker_with_metrics(&env, "extractor-flaky-worker");
     let ids = submit_for(&services, JOBS, "flaky", serde_json::Value::Null).await;
-    wait_count(
-        &env.pool,
-        "every job",
-        SUCCEEDED,
-        JOBS as i64,
-        Duration::from_secs(120),
-    )
-    .await;
+    wait_succeeded(&env, JOBS as i64, 120).await;
 
     let calls = provider.calls();
     let by_job = calls_by_job(&calls);
@@ -626,14 +583,7 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     let services = env.services().await;
     let mut first = env.spawn("worker", &[], "extractor-sigterm-first");
     let ids = submit_for(&services, JOBS, "model", serde_json::Value::Null).await;
-    wait_count(
-        &env.pool,
-        "a first round of calls",
-        SUCCEEDED,
-        CAP as i64,
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_succeeded(&env, CAP as i64, 60).await;
     wait_for("calls in progress", Duration::from_secs(30), || async {
         match provider.in_flight() {
             CAP => Ok(()),
@@ -682,14 +632,7 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     .count();
 
     let mut replacement = env.spawn("worker", &[], "extractor-sigterm-replacement");
-    wait_count(
-        &env.pool,
-        "every job",
-        SUCCEEDED,
-        JOBS as i64,
-        Duration::from_secs(120),
-    )
-    .await;
+    wait_succeeded(&env, JOBS as i64, 120).await;
     let calls = provider.calls();
     let answered: HashMap<Uuid, usize> =
         calls

@@ -25,6 +25,7 @@ use super::limits::Limits;
 use super::protocol::{self, CallBody};
 use super::{ExtractError, ExtractionOutput, Extractor, Job};
 use crate::config::ExtractorSettings;
+use crate::error_chain;
 use crate::metrics::ExtractorMetrics;
 
 /// The shortest wait a `Retry-After` answer buys.
@@ -266,19 +267,6 @@ async fn read_limited(mut response: reqwest::Response, limit: usize) -> Result<V
         body.extend_from_slice(&chunk);
     }
     Ok(body)
-}
-
-/// The error and its causes, which is where reqwest keeps the useful part
-/// ("connection refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// Runs `f` when dropped.

@@ -31,6 +31,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::config::Settings;
+use crate::error_chain;
 use crate::failpoints;
 use crate::metrics::Metrics;
 use crate::store::webhooks::{self as outbox, Delivery, Final};
@@ -328,16 +329,4 @@ fn wake(queue: &mpsc::Sender<String>, id: String) {
     if let Err(mpsc::error::TrySendError::Full(id)) = queue.try_send(id) {
         tracing::debug!(%id, "webhook wake-up queue full; the reaper will revive the delivery");
     }
-}
-
-/// An error with its causes, for the delivery's `last_error`.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -527,13 +527,22 @@ pub fn sample_body(i: usize) -> serde_json::Value {
 
 /// Submits `n` jobs through the same path as `POST /v1/extractions`.
 pub async fn submit_jobs(services: &Services, n: usize) -> Vec<Uuid> {
+    submit_bodies(services, n, sample_body).await
+}
+
+/// Submits `n` jobs whose bodies `body(i)` gives, through the submit path.
+pub async fn submit_bodies(
+    services: &Services,
+    n: usize,
+    body: impl Fn(usize) -> serde_json::Value,
+) -> Vec<Uuid> {
+    let body = &body;
     stream::iter(0..n)
         .map(|i| async move {
-            let request = serde_json::from_value(sample_body(i)).unwrap();
             let new = NewExtraction {
                 id: Uuid::new_v4(),
                 idempotency_key: None,
-                request,
+                request: serde_json::from_value(body(i)).unwrap(),
             };
             docstream::pipeline::submit(services, new)
                 .await
