@@ -8,6 +8,7 @@
 
 mod batched;
 mod bbox_worker;
+mod complete;
 mod intake;
 pub mod lease;
 pub mod reaper;

@@ -16,18 +16,16 @@
 
 use std::time::Instant;
 
-use rand::Rng;
 use uuid::Uuid;
 
 use super::lease::{hold, Held};
 use super::{decode_record, transient, Services, Stage};
-use crate::domain::{retry_delay_s, BboxStatus, ExtractionStatus, Transition};
-use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
+use crate::domain::{BboxStatus, ExtractionStatus, Transition};
+use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::extract::{ExtractError, ExtractionOutput, Job};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::transitions::{self, Completion, Succeeded};
-use crate::store::{self, leases, orphans, Claim, Extraction};
+use crate::store::{self, leases, Claim};
 use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
@@ -113,11 +111,16 @@ impl ExtractionWorker {
             .extraction_duration
             .with_label_values(&[label])
             .observe(elapsed);
+        let (services, claim) = (&self.services, (id, token));
         match attempt {
-            Attempt::Extracted(output) => self.succeed(id, token, &output, reason).await,
-            Attempt::Retryable(error) => self.retry_or_fail(id, token, &error, reason).await,
-            Attempt::Failed(error) => self.fail(id, token, &error, reason).await,
+            Attempt::Extracted(output) => services.succeed_extraction(claim, &output, reason).await,
+            Attempt::Retryable(error) => {
+                let retried = services.retry_or_fail_extraction(claim, &error, reason);
+                retried.await
+            }
+            Attempt::Failed(error) => services.fail_extraction(claim, &error, reason).await,
         }
+        .map(drop)
     }
 
     async fn extract(
@@ -130,6 +133,16 @@ impl ExtractionWorker {
         }
         let name = job.request.extractor_name();
         self.services.extractors.extract(name, job, stop).await
+    }
+
+    async fn cancel(
+        &self,
+        id: Uuid,
+        token: i32,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let cancelled = self.services.cancel_running_extraction((id, token), reason);
+        cancelled.await.map(drop)
     }
 
     /// Gives up claim `token` when the consumer stopped: the extraction had not
@@ -146,94 +159,6 @@ impl ExtractionWorker {
         Err(HandlerError::Abandoned(format!(
             "{id}: extraction unfinished when the consumer stopped"
         )))
-    }
-
-    async fn succeed(
-        &self,
-        id: Uuid,
-        token: i32,
-        output: &ExtractionOutput,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        let result = serde_json::to_value(output).expect("extraction output serialises");
-        let completion = Completion { id, token, result };
-        // The success and the bbox refinement's start share one commit.
-        let done = services
-            .batched
-            .succeed
-            .run(completion)
-            .await
-            .map_err(transient)?;
-        let succeeded = done.as_ref().map(|d| &d.succeeded);
-        services
-            .metrics
-            .transition(Transition::MarkSucceeded, &succeeded);
-        let Some(Succeeded {
-            succeeded,
-            requested,
-        }) = done
-        else {
-            services.stale(Stage::Extraction, id, token, "completion");
-            return Ok(());
-        };
-        services
-            .metrics
-            .transition(Transition::StartBboxRefinement, &requested);
-        // As with the claim: the success event is acknowledged while the bbox
-        // refinement is requested.
-        let (emitted, followed) = tokio::join!(
-            services.emit(Transition::MarkSucceeded, &succeeded, Some(token), reason),
-            self.follow_up(id, requested, reason),
-        );
-        emitted?;
-        followed
-    }
-
-    /// After a success: the bbox request and its event acknowledged.
-    async fn follow_up(
-        &self,
-        id: Uuid,
-        requested: Option<Extraction>,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        failpoints::hit("worker.after_mark_succeeded")
-            .await
-            .map_err(transient)?;
-        let Some(requested) = requested else {
-            return Ok(());
-        };
-        let (requested_published, emitted) = tokio::join!(
-            self.request_bbox_refinement(id, reason),
-            services.emit(Transition::StartBboxRefinement, &requested, None, reason),
-        );
-        requested_published?;
-        emitted
-    }
-
-    /// Publishes the bbox refinement request and, once acknowledged, stamps it.
-    async fn request_bbox_refinement(
-        &self,
-        id: Uuid,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        let topic = services
-            .settings
-            .topic(&services.settings.topic_post_processing);
-        let follow_up = PostProcessingRequested::bbox_refinement(id, reason);
-        services
-            .publisher
-            .publish(&topic, id.to_string().as_bytes(), &follow_up)
-            .await
-            .map_err(transient)?;
-        services
-            .batched
-            .bbox_requested
-            .run(id)
-            .await
-            .map_err(transient)
     }
 
     /// A delivery that lost the claim is complete only once the job's follow-up
@@ -274,106 +199,13 @@ impl ExtractionWorker {
             }
             if tokio::time::Instant::now() >= give_up {
                 tracing::info!(%id, "completing a follow-up its holder never acknowledged");
-                return self.request_bbox_refinement(id, reason).await;
+                return self.services.request_bbox_refinement(id, reason).await;
             }
             tokio::select! {
                 _ = stop.cancelled() => {}
                 _ = tokio::time::sleep(settings.heartbeat_interval()) => {}
             }
         }
-    }
-
-    async fn fail(
-        &self,
-        id: Uuid,
-        token: i32,
-        error: &str,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        let row = transitions::mark_failed(&services.pool, id, token, error)
-            .await
-            .map_err(transient)?;
-        let claim = (id, token);
-        services
-            .conclude(
-                Stage::Extraction,
-                Transition::MarkFailed,
-                claim,
-                row,
-                reason,
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Requeues attempt `token` with a backoff, or fails the job once it has had
-    /// its `max_attempts`.
-    async fn retry_or_fail(
-        &self,
-        id: Uuid,
-        token: i32,
-        error: &str,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let settings = &self.services.settings;
-        if token >= settings.max_attempts {
-            let error = format!("{error} (gave up after {token} attempts)");
-            return self.fail(id, token, &error, reason).await;
-        }
-        let jitter = rand::thread_rng().gen::<f64>();
-        let delay_s = retry_delay_s(
-            token,
-            settings.retry_base_delay_s,
-            settings.retry_max_delay_s,
-            jitter,
-        );
-        let services = &self.services;
-        let row = transitions::requeue_for_retry(&services.pool, id, token, error, delay_s)
-            .await
-            .map_err(transient)?;
-        let claim = (id, token);
-        let transition = Transition::RequeueForRetry;
-        let Some(row) = services
-            .conclude(Stage::Extraction, transition, claim, row, reason)
-            .await?
-        else {
-            return Ok(());
-        };
-        services
-            .metrics
-            .retries_scheduled
-            .with_label_values(&["extraction"])
-            .inc();
-        tracing::info!(%id, attempt = token, delay_s, %error, next_attempt_at = ?row.next_attempt_at, "attempt failed; retry scheduled");
-        tokio::spawn(publish_when_due(services.clone(), id, delay_s));
-        Ok(())
-    }
-
-    async fn cancel(
-        &self,
-        id: Uuid,
-        token: i32,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        let row = transitions::mark_cancelled(&services.pool, id, Some(token))
-            .await
-            .map_err(transient)?;
-        let claim = (id, token);
-        let cancelled = services
-            .conclude(
-                Stage::Extraction,
-                Transition::MarkCancelled,
-                claim,
-                row,
-                reason,
-            )
-            .await?;
-        if cancelled.is_some() {
-            tracing::info!(%id, token, "running extraction cancelled at the client's request");
-        }
-        Ok(())
     }
 }
 
@@ -391,31 +223,6 @@ async fn within_drain<T>(
         _ = stop.cancelled() => {}
     }
     tokio::time::timeout(budget, work).await.ok()
-}
-
-/// The delayed publish of a retry. Losing it (the process dies first) is safe:
-/// the due time is in the row, and the reaper republishes a class-3 orphan.
-async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
-    tokio::time::sleep(std::time::Duration::from_secs_f64(delay_s)).await;
-    if failpoints::hit("worker.before_retry_publish")
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let topic = services.settings.topic(&services.settings.topic_submitted);
-    let event = ExtractionSubmitted::new(id, PublishReason::Retry);
-    if let Err(e) = services
-        .publisher
-        .publish(&topic, id.to_string().as_bytes(), &event)
-        .await
-    {
-        tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
-        return;
-    }
-    if let Err(e) = orphans::record_published(&services.pool, id).await {
-        tracing::warn!(%id, error = %e, "retry publish not recorded; the reaper may republish it");
-    }
 }
 
 impl RecordHandler for ExtractionWorker {

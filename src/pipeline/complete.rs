@@ -1,0 +1,196 @@
+//! How an extraction attempt ends: succeeded (and its bbox refinement
+//! requested), failed, requeued for a retry, or cancelled. Each is one fenced
+//! transition of claim `token` followed by its events. The worker ends the
+//! attempts it ran itself; the API ends a deferred attempt when its extractor
+//! posts the result. Each returns whether the claim was still held: a `false`
+//! is a stale holder, whose work is dropped and counted.
+
+use rand::Rng;
+use uuid::Uuid;
+
+use super::{transient, Services, Stage};
+use crate::domain::{retry_delay_s, Transition};
+use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
+use crate::extract::ExtractionOutput;
+use crate::failpoints;
+use crate::kafka::HandlerError;
+use crate::store::transitions::{self, Completion, Succeeded};
+use crate::store::{orphans, Extraction};
+
+impl Services {
+    /// Marks attempt `token` succeeded with `output` and requests its bbox
+    /// refinement, in one commit; then publishes both events and the request.
+    pub async fn succeed_extraction(
+        &self,
+        (id, token): (Uuid, i32),
+        output: &ExtractionOutput,
+        reason: PublishReason,
+    ) -> Result<bool, HandlerError> {
+        let result = serde_json::to_value(output).expect("extraction output serialises");
+        let completion = Completion { id, token, result };
+        let done = self
+            .batched
+            .succeed
+            .run(completion)
+            .await
+            .map_err(transient)?;
+        let succeeded = done.as_ref().map(|d| &d.succeeded);
+        self.metrics
+            .transition(Transition::MarkSucceeded, &succeeded);
+        let Some(Succeeded {
+            succeeded,
+            requested,
+        }) = done
+        else {
+            self.stale(Stage::Extraction, id, token, "completion");
+            return Ok(false);
+        };
+        self.metrics
+            .transition(Transition::StartBboxRefinement, &requested);
+        // As with the claim: the success event is acknowledged while the bbox
+        // refinement is requested.
+        let (emitted, followed) = tokio::join!(
+            self.emit(Transition::MarkSucceeded, &succeeded, Some(token), reason),
+            self.follow_up(id, requested, reason),
+        );
+        emitted?;
+        followed?;
+        Ok(true)
+    }
+
+    /// After a success: the bbox request and its event acknowledged.
+    async fn follow_up(
+        &self,
+        id: Uuid,
+        requested: Option<Extraction>,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        failpoints::hit("worker.after_mark_succeeded")
+            .await
+            .map_err(transient)?;
+        let Some(requested) = requested else {
+            return Ok(());
+        };
+        let (requested_published, emitted) = tokio::join!(
+            self.request_bbox_refinement(id, reason),
+            self.emit(Transition::StartBboxRefinement, &requested, None, reason),
+        );
+        requested_published?;
+        emitted
+    }
+
+    /// Publishes the bbox refinement request and, once acknowledged, stamps it.
+    pub(super) async fn request_bbox_refinement(
+        &self,
+        id: Uuid,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let topic = self.settings.topic(&self.settings.topic_post_processing);
+        let follow_up = PostProcessingRequested::bbox_refinement(id, reason);
+        self.publisher
+            .publish(&topic, id.to_string().as_bytes(), &follow_up)
+            .await
+            .map_err(transient)?;
+        self.batched.bbox_requested.run(id).await.map_err(transient)
+    }
+
+    /// Marks attempt `token` failed for good with `error`.
+    pub async fn fail_extraction(
+        &self,
+        (id, token): (Uuid, i32),
+        error: &str,
+        reason: PublishReason,
+    ) -> Result<bool, HandlerError> {
+        let row = transitions::mark_failed(&self.pool, id, token, error)
+            .await
+            .map_err(transient)?;
+        let transition = Transition::MarkFailed;
+        let row = self
+            .conclude(Stage::Extraction, transition, (id, token), row, reason)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// Requeues attempt `token` with a backoff, or fails the job once it has
+    /// had its `max_attempts`.
+    pub async fn retry_or_fail_extraction(
+        &self,
+        (id, token): (Uuid, i32),
+        error: &str,
+        reason: PublishReason,
+    ) -> Result<bool, HandlerError> {
+        let settings = &self.settings;
+        if token >= settings.max_attempts {
+            let error = format!("{error} (gave up after {token} attempts)");
+            return self.fail_extraction((id, token), &error, reason).await;
+        }
+        let jitter = rand::thread_rng().gen::<f64>();
+        let delay_s = retry_delay_s(
+            token,
+            settings.retry_base_delay_s,
+            settings.retry_max_delay_s,
+            jitter,
+        );
+        let row = transitions::requeue_for_retry(&self.pool, id, token, error, delay_s)
+            .await
+            .map_err(transient)?;
+        let transition = Transition::RequeueForRetry;
+        let Some(row) = self
+            .conclude(Stage::Extraction, transition, (id, token), row, reason)
+            .await?
+        else {
+            return Ok(false);
+        };
+        self.metrics
+            .retries_scheduled
+            .with_label_values(&["extraction"])
+            .inc();
+        tracing::info!(%id, attempt = token, delay_s, %error, next_attempt_at = ?row.next_attempt_at, "attempt failed; retry scheduled");
+        tokio::spawn(publish_when_due(self.clone(), id, delay_s));
+        Ok(true)
+    }
+
+    /// Cancels the job of running attempt `token`, at its client's request.
+    pub async fn cancel_running_extraction(
+        &self,
+        (id, token): (Uuid, i32),
+        reason: PublishReason,
+    ) -> Result<bool, HandlerError> {
+        let row = transitions::mark_cancelled(&self.pool, id, Some(token))
+            .await
+            .map_err(transient)?;
+        let transition = Transition::MarkCancelled;
+        let cancelled = self
+            .conclude(Stage::Extraction, transition, (id, token), row, reason)
+            .await?;
+        if cancelled.is_some() {
+            tracing::info!(%id, token, "running extraction cancelled at the client's request");
+        }
+        Ok(cancelled.is_some())
+    }
+}
+
+/// The delayed publish of a retry. Losing it (the process dies first) is safe:
+/// the due time is in the row, and the reaper republishes a class-3 orphan.
+async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
+    tokio::time::sleep(std::time::Duration::from_secs_f64(delay_s)).await;
+    if failpoints::hit("worker.before_retry_publish")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let topic = services.settings.topic(&services.settings.topic_submitted);
+    let event = ExtractionSubmitted::new(id, PublishReason::Retry);
+    if let Err(e) = services
+        .publisher
+        .publish(&topic, id.to_string().as_bytes(), &event)
+        .await
+    {
+        tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
+        return;
+    }
+    if let Err(e) = orphans::record_published(&services.pool, id).await {
+        tracing::warn!(%id, error = %e, "retry publish not recorded; the reaper may republish it");
+    }
+}
