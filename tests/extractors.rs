@@ -11,6 +11,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::provider::{Call, FakeProvider, Plan};
@@ -774,4 +775,192 @@ async fn the_python_example_provider_serves_a_hundred_jobs() {
     assert_eq!(results.len(), 100);
     assert_eq!(found, 100, "every job came back with values");
     let _ = provider.kill().await;
+}
+
+/// Posts `body` to a deferred result's `url` with `token`: (status, answer).
+async fn post_result(url: &str, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let answer = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
+    const JOBS: usize = 8;
+    let deferred = |deadline: &str| Plan::Answer {
+        delay: Duration::ZERO,
+        status: 202,
+        headers: Vec::new(),
+        body: deadline.to_owned(),
+    };
+    // Every call is deferred, and the provider keeps what each call asked
+    // (where to post, with which token). A job tagged "lapse" gets a 1 s
+    // deadline on its first attempt and never a result; its second attempt is
+    // answered at once.
+    let asked: Arc<Mutex<HashMap<(Uuid, i64), serde_json::Value>>> = Arc::default();
+    let keep = asked.clone();
+    let provider = FakeProvider::start(move |_, body| {
+        let job = (
+            body["job_id"].as_str().unwrap().parse().unwrap(),
+            body["attempt"].as_i64().unwrap(),
+        );
+        keep.lock().unwrap().insert(job, body.clone());
+        match (body["metadata"]["case"].as_str(), job.1) {
+            (Some("lapse"), 1) => deferred(r#"{"deadline_s": 1}"#),
+            (Some("lapse"), _) => Plan::ok(Duration::ZERO),
+            _ => deferred(""),
+        }
+    })
+    .await;
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let env = TestEnv::with_settings("extractor_deferred", |s| {
+        common::fast_recovery(s);
+        s.consumer_max_in_flight = 2;
+        s.public_url = base.clone();
+        s.callback_secret = "deferred-results-test-secret".into();
+        add_extractor(s, "model", &provider.url(), |e| {
+            e.deferred_deadline_s = 120.0
+        });
+    })
+    .await;
+    let services = env.services().await;
+    let http = [("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))];
+    let mut serve = env.spawn("serve", &http, "extractor-deferred-serve");
+    let mut worker = env.spawn("worker", &[], "extractor-deferred-worker");
+    common::wait_healthy(&base).await;
+    let ids = submit_for(&services, JOBS, "model", serde_json::Value::Null).await;
+
+    // Two records in flight at most, yet every job is called and every record
+    // committed while all the jobs still run: a deferred job holds no slot.
+    wait_for(
+        "every job to be called",
+        Duration::from_secs(60),
+        || async {
+            match provider.calls().len() {
+                n if n >= JOBS => Ok(()),
+                n => Err(format!("{n} calls")),
+            }
+        },
+    )
+    .await;
+    let group = env.settings.group(&env.settings.worker_group);
+    wait_for(
+        "the worker to commit every record",
+        Duration::from_secs(30),
+        || async {
+            let committed: i64 = env.committed(&group, "extraction.submitted").values().sum();
+            match committed {
+                n if n >= JOBS as i64 => Ok(()),
+                n => Err(format!("{n} committed")),
+            }
+        },
+    )
+    .await;
+    let running = "SELECT count(*) FROM extractions WHERE status = 'running'";
+    assert_eq!(
+        count(&env.pool, running).await,
+        JOBS as i64,
+        "every job still runs"
+    );
+
+    let callback = |id: Uuid| {
+        let asked = asked.lock().unwrap()[&(id, 1)].clone();
+        let url = asked["callback"]["url"].as_str().unwrap().to_owned();
+        let token = asked["callback"]["token"].as_str().unwrap().to_owned();
+        (url, token, asked)
+    };
+    let (url0, token0, asked0) = callback(ids[0]);
+    let (_, token1, _) = callback(ids[1]);
+    let result0 = serde_json::from_str(&common::provider::all_found_body(&asked0)).unwrap();
+    let forged = format!("{token0}x");
+    assert_eq!(
+        post_result(&url0, &forged, &result0).await.0,
+        401,
+        "a forged token"
+    );
+    assert_eq!(
+        post_result(&url0, &token1, &result0).await.0,
+        401,
+        "another job's token"
+    );
+    let garbage = serde_json::json!({"fields": "none"});
+    assert_eq!(
+        post_result(&url0, &token0, &garbage).await.0,
+        422,
+        "not a result"
+    );
+    for id in &ids[..JOBS - 1] {
+        let (url, token, asked) = callback(*id);
+        let result = serde_json::from_str(&common::provider::all_found_body(&asked)).unwrap();
+        let (status, answer) = post_result(&url, &token, &result).await;
+        assert_eq!(
+            (status, answer["status"].as_str()),
+            (200, Some("succeeded")),
+            "{answer}"
+        );
+    }
+    let (url, token, _) = callback(ids[JOBS - 1]);
+    let failure = serde_json::json!({"error": "the scan is unreadable"});
+    let (status, answer) = post_result(&url, &token, &failure).await;
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("failed")),
+        "{answer}"
+    );
+    let (status, _) = post_result(&url0, &token0, &result0).await;
+    assert_eq!(status, 409, "a second result for the same attempt");
+
+    // A deadline that passes without a result: the job is revived and retried.
+    let lapse = serde_json::json!({"case": "lapse"});
+    let lapsed = submit_for(&services, 1, "model", lapse).await[0];
+    wait_count(
+        &env.pool,
+        "every job to end",
+        FINISHED,
+        JOBS as i64 + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let (stale_url, stale_token, asked_lapsed) = callback(lapsed);
+    let stale_result =
+        serde_json::from_str(&common::provider::all_found_body(&asked_lapsed)).unwrap();
+    let (status, _) = post_result(&stale_url, &stale_token, &stale_result).await;
+    assert_eq!(status, 409, "the lapsed attempt's result comes too late");
+
+    let lapsed_row = store::get(&env.pool, lapsed).await.unwrap().unwrap();
+    let failed_row = store::get(&env.pool, ids[JOBS - 1]).await.unwrap().unwrap();
+    let lapsed_calls: Vec<i64> = provider
+        .calls()
+        .iter()
+        .filter(|c| c.job_id == lapsed)
+        .map(|c| c.attempt)
+        .collect();
+    eprintln!(
+        "deferred: {} jobs called with 2 in flight; lapsed job {} after attempts {lapsed_calls:?}; failed job: {:?}",
+        JOBS, lapsed_row.status, failed_row.error
+    );
+    common::assert_exactly_once(
+        &wins(&env.pool, "mark_succeeded").await,
+        &[&ids[..JOBS - 1], &[lapsed]].concat(),
+        "mark_succeeded",
+    );
+    assert_eq!(failed_row.status, "failed");
+    assert_eq!(
+        failed_row.error.as_deref(),
+        Some("extractor \"model\" refused the document: the scan is unreadable")
+    );
+    assert_eq!(
+        (lapsed_row.status.as_str(), lapsed_row.attempts),
+        ("succeeded", 2)
+    );
+    assert_eq!(lapsed_calls, [1, 2]);
+    stop([&mut worker, &mut serve]).await;
+    env.cleanup().await;
 }

@@ -24,6 +24,9 @@ pub enum ApiError {
     /// The body is not declared as JSON.
     #[error("expected a body with Content-Type: application/json")]
     UnsupportedMediaType,
+    /// The request's credentials are missing or wrong.
+    #[error("{0}")]
+    Unauthorized(String),
     /// No extraction has this id.
     #[error("no extraction with id {0}")]
     NotFound(String),
@@ -47,6 +50,7 @@ impl ApiError {
             Self::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),

@@ -6,6 +6,7 @@ mod export;
 mod extractions;
 mod gate;
 mod import;
+mod results;
 
 pub use error::ApiError;
 pub use gate::Gate;
@@ -28,6 +29,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     let metrics = services.metrics.clone();
     Router::new()
         .merge(extractions::router())
+        .merge(results::router())
         .merge(import::router())
         .merge(export::router())
         .route("/healthz", get(healthz))

@@ -46,6 +46,10 @@ pub struct ExtractorSettings {
     /// 503) before it counts as failed and spends an attempt: a provider that
     /// only ever asks to wait cannot hold a job forever. 600 s.
     pub retry_after_budget_s: f64,
+    /// The longest a deferred extraction (answered 202) holds its claim
+    /// waiting for its result; the provider's `deadline_s` is capped at it.
+    /// Past it, the job is retried. 1,200 s: the reference design's 20 minutes.
+    pub deferred_deadline_s: f64,
 }
 
 impl Default for ExtractorSettings {
@@ -57,6 +61,7 @@ impl Default for ExtractorSettings {
             requests_per_second: 0.0,
             token: String::new(),
             retry_after_budget_s: 600.0,
+            deferred_deadline_s: 1200.0,
         }
     }
 }
@@ -88,6 +93,7 @@ impl ExtractorSettings {
         for (setting, secs) in [
             ("TIMEOUT_S", self.timeout_s),
             ("RETRY_AFTER_BUDGET_S", self.retry_after_budget_s),
+            ("DEFERRED_DEADLINE_S", self.deferred_deadline_s),
         ] {
             if !(secs.is_finite() && secs > 0.0) {
                 return invalid(format!(
@@ -174,6 +180,9 @@ fn apply_one(
     }
     if let Some((var, value)) = get("RETRY_AFTER_BUDGET_S") {
         parse(var, value, &mut settings.retry_after_budget_s)?;
+    }
+    if let Some((var, value)) = get("DEFERRED_DEADLINE_S") {
+        parse(var, value, &mut settings.deferred_deadline_s)?;
     }
     Ok(())
 }

@@ -285,6 +285,14 @@ settings! {
     webhook_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S";
     /// Webhook attempts one process makes at once.
     webhook_concurrency: usize = 32_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY";
+    /// The API's base URL as extraction services reach it, e.g.
+    /// `https://docstream.internal`. With `callback_secret`, it turns deferred
+    /// results on: each call names where to post its result later. Empty, the
+    /// default: every call must answer with its result.
+    public_url: String = "", env "DOCSTREAM_PUBLIC_URL";
+    /// The key that signs the token of each deferred result; `serve` and the
+    /// workers must share it. At least 16 bytes; empty turns deferred results off.
+    callback_secret: String = "", env "DOCSTREAM_CALLBACK_SECRET";
     /// Logs as JSON lines instead of text.
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
@@ -477,6 +485,18 @@ impl Settings {
             return invalid(format!("DOCSTREAM_WEBHOOK_ALLOW: {e}"));
         }
         extractors::validate(&self.extractors)?;
+        if !self.public_url.is_empty() {
+            let url = reqwest::Url::parse(&self.public_url);
+            if !url.is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()) {
+                return invalid(format!(
+                    "DOCSTREAM_PUBLIC_URL={:?} is not an absolute http or https URL",
+                    self.public_url
+                ));
+            }
+        }
+        if !self.callback_secret.is_empty() && self.callback_secret.len() < 16 {
+            return invalid("DOCSTREAM_CALLBACK_SECRET must be at least 16 bytes".into());
+        }
         for (name, addr) in [
             ("DOCSTREAM_HTTP_ADDR", &self.http_addr),
             ("DOCSTREAM_METRICS_ADDR", &self.metrics_addr),
@@ -522,6 +542,13 @@ impl Settings {
             bbox_lease_s: self.bbox_refinement_lease_s,
             webhook_pending_s: self.webhook_orphan_threshold_s,
         }
+    }
+
+    /// Where deferred results are posted and the key of their tokens, when
+    /// both are set.
+    pub fn deferred_results(&self) -> Option<(&str, &str)> {
+        let on = !self.public_url.is_empty() && !self.callback_secret.is_empty();
+        on.then_some((self.public_url.trim_end_matches('/'), &self.callback_secret))
     }
 
     /// `subscriber_drain_timeout_s` as a duration.

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::Limits;
 use super::protocol::{self, CallBody};
-use super::{ExtractError, ExtractionOutput, Extractor, Job};
+use super::{check_required, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::config::ExtractorSettings;
 use crate::error_chain;
 use crate::metrics::ExtractorMetrics;
@@ -46,6 +46,8 @@ enum Answer {
     Done(Result<ExtractionOutput, ExtractError>),
     /// The provider asked to be called again after this long.
     RetryAfter(Duration),
+    /// The provider took the job and will post the result within this long.
+    Deferred(Duration),
 }
 
 impl HttpExtractor {
@@ -80,13 +82,14 @@ impl HttpExtractor {
         &self,
         job: &Job<'_>,
         stop: &CancellationToken,
-    ) -> Result<ExtractionOutput, ExtractError> {
+    ) -> Result<Extracted, ExtractError> {
         let body = serde_json::to_vec(&CallBody::of(job)).expect("a request serialises");
         let budget = self.settings.retry_after_budget();
         let mut waited = Duration::ZERO;
         loop {
             let wait = match self.admitted_call(job, &body, stop).await {
-                Answer::Done(result) => return result,
+                Answer::Done(result) => return result.map(Extracted::Output),
+                Answer::Deferred(deadline) => return Ok(Extracted::Deferred(deadline)),
                 // A floor, so "Retry-After: 0" cannot turn into a busy loop.
                 Answer::RetryAfter(wait) => wait.max(MIN_RETRY_AFTER),
             };
@@ -187,10 +190,25 @@ impl HttpExtractor {
             200 => {
                 let words = job.request.document.words().len();
                 match protocol::read_result(body, job.request, words) {
-                    Ok(output) => ("succeeded", Answer::Done(Ok(output))),
+                    Ok(output) => {
+                        let checked = check_required(job.request, &output).map(|()| output);
+                        ("succeeded", Answer::Done(checked))
+                    }
                     Err(reason) => self.invalid(reason),
                 }
             }
+            202 if job.callback.is_some() => {
+                let cap = Duration::from_secs_f64(self.settings.deferred_deadline_s);
+                match protocol::deferred_deadline(body, cap) {
+                    Ok(deadline) => ("deferred", Answer::Deferred(deadline)),
+                    Err(reason) => self.invalid(reason),
+                }
+            }
+            202 => self.invalid(
+                "answered 202 (a deferred result), but deferred results are off: \
+                 set DOCSTREAM_PUBLIC_URL and DOCSTREAM_CALLBACK_SECRET"
+                    .to_owned(),
+            ),
             400 | 422 => {
                 let refused = ExtractError::Refused {
                     extractor: self.name.clone(),
@@ -240,12 +258,6 @@ impl HttpExtractor {
             outcome,
             Answer::Done(Err(ExtractError::Unavailable(message))),
         )
-    }
-}
-
-impl Extractor for HttpExtractor {
-    async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
-        self.run(job, &CancellationToken::new()).await
     }
 }
 

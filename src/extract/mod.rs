@@ -8,6 +8,7 @@
 //! its limits, shared by all of the process's records.
 
 mod bbox;
+pub mod deferred;
 mod http;
 mod limits;
 pub mod protocol;
@@ -59,6 +60,19 @@ pub struct Job<'a> {
     pub attempt: i32,
     /// What was submitted.
     pub request: &'a ExtractionRequest,
+    /// Where an HTTP extractor may post the result later instead of answering
+    /// with it; `None` when deferred results are off.
+    pub callback: Option<&'a deferred::Callback>,
+}
+
+/// What an attempt's extraction came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Extracted {
+    /// The values, now.
+    Output(ExtractionOutput),
+    /// The extractor took the job and will post the result to the job's
+    /// callback within this long.
+    Deferred(std::time::Duration),
 }
 
 /// Why an extraction failed.
@@ -105,6 +119,21 @@ impl ExtractError {
     /// True when retrying the job may help.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// Fails an output that lacks a field its request marked `required`.
+pub fn check_required(
+    request: &ExtractionRequest,
+    output: &ExtractionOutput,
+) -> Result<(), ExtractError> {
+    let missing = request
+        .fields
+        .iter()
+        .find(|f| f.required && output.fields.get(&f.name).is_none_or(Option::is_none));
+    match missing {
+        Some(field) => Err(ExtractError::RequiredFieldMissing(field.name.clone())),
+        None => Ok(()),
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::deferred::Callback;
 use super::{ExtractedValue, ExtractionOutput, Job};
 use crate::domain::{Document, ExtractionRequest, FieldSpec};
 
@@ -29,6 +30,19 @@ pub struct CallBody<'a> {
     pub fields: std::borrow::Cow<'a, [FieldSpec]>,
     /// The submitter's opaque data, or null.
     pub metadata: Option<std::borrow::Cow<'a, serde_json::Value>>,
+    /// Where to post the result if the provider answers 202 (deferred results
+    /// on), else absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<std::borrow::Cow<'a, Callback>>,
+}
+
+/// A deferred answer (202): the result follows, within `deadline_s`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct DeferredBody {
+    /// Seconds within which the result will be posted; the extractor's
+    /// `deferred_deadline_s` when absent, and capped at it.
+    #[serde(default)]
+    pub deadline_s: Option<f64>,
 }
 
 impl<'a> CallBody<'a> {
@@ -41,6 +55,7 @@ impl<'a> CallBody<'a> {
             document: std::borrow::Cow::Borrowed(&request.document),
             fields: std::borrow::Cow::Borrowed(&request.fields),
             metadata: request.metadata.as_ref().map(std::borrow::Cow::Borrowed),
+            callback: job.callback.map(std::borrow::Cow::Borrowed),
         }
     }
 }
@@ -97,6 +112,24 @@ pub fn read_result(
         output.fields.insert(field.name.clone(), value);
     }
     Ok(output)
+}
+
+/// How long a 202 answer's result may take: the body's `deadline_s`, at most
+/// `cap` (also the default). A body that is not a [`DeferredBody`] is an error.
+pub fn deferred_deadline(body: &[u8], cap: Duration) -> Result<Duration, String> {
+    let deferred: DeferredBody = if body.iter().all(u8::is_ascii_whitespace) {
+        DeferredBody::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| format!("expected {{\"deadline_s\"?: seconds}}: {e}"))?
+    };
+    match deferred.deadline_s {
+        None => Ok(cap),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s).min(cap)),
+        Some(s) => Err(format!(
+            "deadline_s must be a positive number of seconds, not {s}"
+        )),
+    }
 }
 
 /// The message of an error answer: `{"error": "…"}`, or the body's text, at

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{ExtractError, ExtractionOutput, Extractor, HttpExtractor, Job, RuleExtractor};
+use super::{ExtractError, Extracted, Extractor, HttpExtractor, Job, RuleExtractor};
 use crate::config::{Settings, RULES};
 use crate::metrics::Metrics;
 
@@ -43,11 +43,12 @@ impl Extractors {
         name: &str,
         job: &Job<'_>,
         stop: &CancellationToken,
-    ) -> Result<ExtractionOutput, ExtractError> {
+    ) -> Result<Extracted, ExtractError> {
         if name == RULES {
             let rules = RuleExtractor.extract(job);
             return tokio::time::timeout(self.rules_timeout, rules)
                 .await
+                .map(|done| done.map(Extracted::Output))
                 .unwrap_or_else(|_| {
                     Err(ExtractError::Unavailable(format!(
                         "extraction timed out after {} s",

@@ -54,13 +54,7 @@ impl JoinedText {
 /// found fails the extraction.
 pub fn extract_sync(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
     let output = find_fields(request)?;
-    if let Some(missing) = request
-        .fields
-        .iter()
-        .find(|f| f.required && output.fields.get(&f.name).is_none_or(Option::is_none))
-    {
-        return Err(ExtractError::RequiredFieldMissing(missing.name.clone()));
-    }
+    super::check_required(request, &output)?;
     Ok(output)
 }
 

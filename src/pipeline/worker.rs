@@ -14,7 +14,7 @@
 //! its event is republished when due. Should that delayed publish be lost, the
 //! row is an orphan of class 3 and the extraction reaper revives it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -22,7 +22,8 @@ use super::lease::{hold, Held};
 use super::{decode_record, transient, Services, Stage};
 use crate::domain::{BboxStatus, ExtractionStatus, Transition};
 use crate::events::{ExtractionSubmitted, PublishReason};
-use crate::extract::{ExtractError, ExtractionOutput, Job};
+use crate::extract::deferred::Callback;
+use crate::extract::{ExtractError, Extracted, ExtractionOutput, Job};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::{self, leases, Claim};
@@ -36,6 +37,7 @@ pub struct ExtractionWorker {
 /// What the attempt came to, before it is made durable.
 enum Attempt {
     Extracted(ExtractionOutput),
+    Deferred(std::time::Duration),
     Retryable(String),
     Failed(String),
 }
@@ -70,12 +72,16 @@ impl ExtractionWorker {
             .extraction
             .request()
             .ok_or_else(|| transient("the claim returned no request (a bug in its statement)"))?;
+        let settings = &self.services.settings;
+        let callback = settings
+            .deferred_results()
+            .map(|(url, secret)| Callback::new(url, secret, id, token));
         let job = Job {
             id,
             attempt: token,
             request,
+            callback: callback.as_ref(),
         };
-        let settings = &self.services.settings;
         let started = Instant::now();
         let work = within_drain(
             self.extract(&job, stop),
@@ -98,10 +104,12 @@ impl ExtractionWorker {
             }
             Held::Done(Some(Err(e))) if e.is_retryable() => Attempt::Retryable(e.to_string()),
             Held::Done(Some(Err(e))) => Attempt::Failed(e.to_string()),
-            Held::Done(Some(Ok(output))) => Attempt::Extracted(output),
+            Held::Done(Some(Ok(Extracted::Output(output)))) => Attempt::Extracted(output),
+            Held::Done(Some(Ok(Extracted::Deferred(deadline)))) => Attempt::Deferred(deadline),
         };
         let label = match &attempt {
             Attempt::Extracted(_) => "succeeded",
+            Attempt::Deferred(_) => "deferred",
             Attempt::Retryable(_) => "retryable",
             Attempt::Failed(_) => "failed",
         };
@@ -114,6 +122,7 @@ impl ExtractionWorker {
         let (services, claim) = (&self.services, (id, token));
         match attempt {
             Attempt::Extracted(output) => services.succeed_extraction(claim, &output, reason).await,
+            Attempt::Deferred(deadline) => self.defer(claim, deadline).await,
             Attempt::Retryable(error) => {
                 let retried = services.retry_or_fail_extraction(claim, &error, reason);
                 retried.await
@@ -127,12 +136,33 @@ impl ExtractionWorker {
         &self,
         job: &Job<'_>,
         stop: &CancellationToken,
-    ) -> Result<ExtractionOutput, ExtractError> {
+    ) -> Result<Extracted, ExtractError> {
         if let Err(e) = failpoints::hit("worker.extract").await {
             return Err(ExtractError::Unavailable(e.to_string()));
         }
         let name = job.request.extractor_name();
         self.services.extractors.extract(name, job, stop).await
+    }
+
+    /// The extractor will post the result: the claim is held until `deadline`
+    /// (no heartbeats meanwhile) and the record is delivered, so a long
+    /// extraction holds no worker slot. A result that never comes leaves a job
+    /// running past its lease, which the reaper revives (orphan class 2).
+    async fn defer(
+        &self,
+        (id, token): (Uuid, i32),
+        deadline: Duration,
+    ) -> Result<bool, HandlerError> {
+        let pool = &self.services.pool;
+        let held = leases::renew_extraction_lease(pool, id, token, deadline.as_secs_f64())
+            .await
+            .map_err(transient)?;
+        if held.is_none() {
+            self.services
+                .stale(Stage::Extraction, id, token, "completion");
+        }
+        tracing::info!(%id, token, deadline_s = deadline.as_secs_f64(), "extraction deferred: the result will be posted");
+        Ok(held.is_some())
     }
 
     async fn cancel(

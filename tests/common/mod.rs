@@ -201,6 +201,8 @@ impl TestEnv {
                 "DOCSTREAM_CONSUMER_PREFETCH_KBYTES",
                 s.consumer_prefetch_kbytes.to_string(),
             ),
+            ("DOCSTREAM_PUBLIC_URL", s.public_url.clone()),
+            ("DOCSTREAM_CALLBACK_SECRET", s.callback_secret.clone()),
             ("DOCSTREAM_LOG", "info,rdkafka=warn,sqlx=warn".into()),
         ];
         let mut env: Vec<(String, String)> =

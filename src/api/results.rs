@@ -1,0 +1,173 @@
+//! `POST /v1/extractions/{id}/result`: where an extraction service that
+//! answered a call with 202 posts the result later. The bearer token it got
+//! with the call names the job and the attempt; the result ends that attempt
+//! the way the worker ends one it ran (the same fenced transitions), so a
+//! result for an attempt that no longer holds the job changes nothing.
+//!
+//! Body: the 200 answer of the extractor protocol, `{"fields": {…}}`, or a
+//! failure, `{"error": "…", "retryable": false}`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::ApiError;
+use crate::domain::ExtractionRequest;
+use crate::events::PublishReason;
+use crate::extract::{check_required, deferred, protocol, ExtractError, ExtractionOutput};
+use crate::kafka::HandlerError;
+use crate::pipeline::Services;
+use crate::store;
+
+pub(super) fn router() -> Router<Services> {
+    Router::new().route("/v1/extractions/{id}/result", post(post_result))
+}
+
+/// What the result did to the job.
+#[derive(Serialize)]
+struct Ended {
+    id: Uuid,
+    status: &'static str,
+}
+
+/// A posted failure.
+#[derive(serde::Deserialize)]
+struct Failure {
+    error: String,
+    #[serde(default)]
+    retryable: bool,
+}
+
+/// Results continue the path of the submitted job: they are not a retry, a
+/// reaper's or an operator's doing.
+const REASON: PublishReason = PublishReason::Submit;
+
+async fn post_result(
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Ended>, ApiError> {
+    let Path(id) = id?;
+    let attempt = authorised_attempt(&services, id, &headers)?;
+    let row = store::get(&services.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    if row.status != "running" || row.attempts != attempt {
+        return Err(ApiError::Conflict(format!(
+            "attempt {attempt} no longer holds this extraction (it is {}, attempt {})",
+            row.status, row.attempts
+        )));
+    }
+    let claim = (id, attempt);
+    if row.cancel_requested_at.is_some() {
+        services
+            .cancel_running_extraction(claim, REASON)
+            .await
+            .map_err(unavailable)?;
+        return Err(ApiError::Conflict("the extraction was cancelled".into()));
+    }
+    let request = row
+        .request()
+        .ok_or_else(|| ApiError::Internal("the row was read without its request".into()))?;
+    end(&services, claim, request, &body).await
+}
+
+/// The attempt the bearer token was issued for, if it is this job's.
+fn authorised_attempt(services: &Services, id: Uuid, headers: &HeaderMap) -> Result<i32, ApiError> {
+    let Some((_, secret)) = services.settings.deferred_results() else {
+        return Err(ApiError::Unauthorized(
+            "deferred results are off in this deployment".into(),
+        ));
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    token
+        .and_then(|token| deferred::verify(secret, id, token))
+        .ok_or_else(|| {
+            ApiError::Unauthorized("missing or wrong result token for this extraction".into())
+        })
+}
+
+/// How a posted result ends its attempt.
+enum Ending {
+    Succeed(ExtractionOutput),
+    Retry(String),
+    Fail(String),
+}
+
+/// What `body` says of the attempt: a 422 when it is neither a result nor a failure.
+fn read_ending(request: &ExtractionRequest, body: &[u8]) -> Result<Ending, ApiError> {
+    let name = request.extractor_name();
+    if let Ok(Failure { error, retryable }) = serde_json::from_slice::<Failure>(body) {
+        return Ok(match retryable {
+            true => Ending::Retry(
+                ExtractError::Unavailable(format!("extractor {name:?}: {error}")).to_string(),
+            ),
+            false => Ending::Fail(
+                ExtractError::Refused {
+                    extractor: name.to_owned(),
+                    message: error,
+                }
+                .to_string(),
+            ),
+        });
+    }
+    let words = request.document.words().len();
+    let output = protocol::read_result(body, request, words).map_err(|reason| {
+        ApiError::Unprocessable(format!(
+            "expected {{\"fields\": …}} or {{\"error\": …}}: {reason}"
+        ))
+    })?;
+    Ok(match check_required(request, &output) {
+        Ok(()) => Ending::Succeed(output),
+        Err(missing) => Ending::Fail(missing.to_string()),
+    })
+}
+
+/// Ends attempt `claim` with what `body` says.
+async fn end(
+    services: &Services,
+    claim: (Uuid, i32),
+    request: &ExtractionRequest,
+    body: &[u8],
+) -> Result<Json<Ended>, ApiError> {
+    let (won, status) = match read_ending(request, body)? {
+        Ending::Succeed(output) => (
+            services.succeed_extraction(claim, &output, REASON).await,
+            "succeeded",
+        ),
+        Ending::Retry(error) => (
+            services
+                .retry_or_fail_extraction(claim, &error, REASON)
+                .await,
+            "retried",
+        ),
+        Ending::Fail(error) => (
+            services.fail_extraction(claim, &error, REASON).await,
+            "failed",
+        ),
+    };
+    match won.map_err(unavailable)? {
+        true => Ok(Json(Ended {
+            id: claim.0,
+            status,
+        })),
+        false => Err(ApiError::Conflict(format!(
+            "attempt {} no longer holds this extraction",
+            claim.1
+        ))),
+    }
+}
+
+fn unavailable(e: HandlerError) -> ApiError {
+    tracing::warn!(error = %e, "deferred result not recorded");
+    ApiError::Unavailable("the result could not be recorded now; post it again".into())
+}
