@@ -148,7 +148,11 @@ async fn end(
             services
                 .retry_or_fail_extraction(claim, &error, REASON)
                 .await,
-            "retried",
+            // The last attempt's failure fails the job instead.
+            match claim.1 >= services.settings.max_attempts {
+                true => "failed",
+                false => "retried",
+            },
         ),
         Ending::Fail(error) => (
             services.fail_extraction(claim, &error, REASON).await,
