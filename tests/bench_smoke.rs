@@ -46,8 +46,16 @@ fn a_smoke_run_measures_every_phase() {
     assert!(number(&report, "/kafka/producer_records_per_s") > 0.0);
     assert!(number(&report, "/kafka/consumer_records_per_s") > 0.0);
     assert!(number(&report, "/peer/jobs_per_s") > 0.0);
+    assert!(number(&report, "/river/jobs_per_s") > 0.0);
+    assert_eq!(number(&report, "/river/jobs"), 300.0);
     assert_eq!(number(&report, "/burn_down/jobs"), 300.0);
     assert!(number(&report, "/burn_down/jobs_per_s") > 0.0);
+    for cost in ["total_cpu_ms", "wal_bytes", "kafka_records", "kafka_bytes"] {
+        assert!(
+            number(&report, &format!("/burn_down/cost/{cost}")) > 0.0,
+            "{cost}"
+        );
+    }
     let steady = &report["steady"];
     assert_eq!(steady["accepted"], steady["sent"]);
     assert!(number(&report, "/steady/submit_to_succeeded/count") > 0.0);
@@ -65,6 +73,7 @@ fn a_smoke_run_measures_every_phase() {
     let checks = report["checks"].as_array().unwrap();
     for name in [
         "graphile-worker",
+        "River",
         "Postgres ceiling, 1 row",
         "peak RSS",
         "steady p99",

@@ -5,12 +5,14 @@
 //!
 //! Phases, in order: the Postgres ceiling (pgbench on docstream's own
 //! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
-//! perf tools), the peer (graphile-worker burning down no-op jobs), docstream's
+//! perf tools), the peers (graphile-worker and River burning down no-op jobs),
+//! docstream's
 //! burn-down, docstream's steady state, and the steady state through an
 //! external extractor (`extractor-serve` with a fixed latency). Every phase runs on a scratch
 //! database and its own topics, dropped at the end. The report is printed as a
 //! table and written as JSON under `--out`.
 
+mod cost;
 mod external;
 mod pipeline;
 mod postgres;
@@ -72,6 +74,11 @@ pub struct BenchArgs {
     /// graphile-worker concurrency.
     #[arg(long, default_value_t = 16)]
     pub peer_concurrency: usize,
+    /// River's `MaxWorkers`: its default queue settings cap it near 1,000
+    /// jobs/s, so the bench lets it run at its speed (with a 1 ms fetch
+    /// cooldown and a 20 ms poll interval, set in its program).
+    #[arg(long, default_value_t = 1000)]
+    pub river_max_workers: usize,
     /// Provider phase: the reference extraction service's latency per call, ms.
     #[arg(long, default_value_t = 200)]
     pub provider_latency_ms: u64,
@@ -84,7 +91,7 @@ pub struct BenchArgs {
     /// 0.92's, utilisation 0.94); at 0.92 none did (utilisation 0.91).
     #[arg(long, default_value_t = 0.92)]
     pub provider_load: f64,
-    /// Phases to leave out: postgres, kafka, peer, burndown, steady, provider.
+    /// Phases to leave out: postgres, kafka, peer, river, burndown, steady, provider.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -117,8 +124,8 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 6] = [
-    "postgres", "kafka", "peer", "burndown", "steady", "provider",
+const PHASES: [&str; 7] = [
+    "postgres", "kafka", "peer", "river", "burndown", "steady", "provider",
 ];
 
 /// Runs the benchmark; see the module docs.
@@ -193,6 +200,16 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         )
         .await?;
         report.peer = Some(answer);
+    }
+
+    if args.runs("river") {
+        let jobs = ["--jobs".into(), args.jobs.to_string()];
+        let workers = ["--max-workers".into(), args.river_max_workers.to_string()];
+        let database = ["--database-url".into(), settings.database_url.clone()];
+        let name = "peer: River burn-down";
+        let options = [jobs, workers, database];
+        let answer = external_phase(&args, name, "river.sh", &options, &logs).await?;
+        report.river = Some(answer);
     }
 
     if args.runs("burndown") || args.runs("steady") || args.runs("provider") {

@@ -21,6 +21,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::cost::{JobCost, Snapshot};
 use super::procs::{Proc, ProcCost};
 use crate::config::{ExtractorSettings, Settings};
 use crate::demo::sample_requests;
@@ -93,8 +94,10 @@ pub struct BurnDown {
     /// Each worker process's CPU and peak RSS.
     pub processes: Vec<ProcCost>,
     /// Where the server's time went, by statement (pg_stat_statements, when
-    /// the server loads it).
+    /// the server loads it), submits included.
     pub statements: Vec<StatementCost>,
+    /// What one job cost the whole system, submit to bbox succeeded.
+    pub cost: JobCost,
 }
 
 /// One statement's share of the server's time during a phase.
@@ -201,6 +204,8 @@ pub async fn burn_down(
     let services = roles::connect(rig.settings.clone()).await?;
     let samples = sample_requests();
     let base = done_count(&rig.pool).await?;
+    let keeps_statistics = reset_statements(&rig.pool).await;
+    let before = Snapshot::take(&rig.pool).await?;
     let started = Instant::now();
     let ids: Vec<Uuid> = stream::iter(0..jobs)
         .map(|i| {
@@ -227,13 +232,16 @@ pub async fn burn_down(
 
     progress.set_position(0);
     progress.set_message("workers draining the backlog");
-    let keeps_statistics = reset_statements(&rig.pool).await;
     let started = Instant::now();
     let mut procs = spawn_workers(rig, workers, bbox_workers)?;
     let deadline = Duration::from_secs(120.max(jobs as u64 / 100));
     wait_all_done(rig, (base, jobs), &mut procs, deadline, progress).await?;
     let wall_s = started.elapsed().as_secs_f64();
     let processes = costs(&procs, &[])?;
+    let statistics = (&rig.pool, keeps_statistics);
+    let cost = before
+        .cost(jobs, &processes, statistics, &rig.settings)
+        .await?;
     for proc in procs {
         proc.stop().await?;
     }
@@ -261,6 +269,7 @@ pub async fn burn_down(
         consumer_records_per_s: 2.0 * jobs as f64 / seconds,
         processes,
         statements,
+        cost,
     })
 }
 

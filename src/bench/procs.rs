@@ -14,6 +14,54 @@ use tokio::process::{Child, Command};
 /// every architecture Linux exports to user space.
 const USER_HZ: f64 = 100.0;
 
+/// CPU seconds of one process from `/proc/<pid>/stat`: its own (utime +
+/// stime) and that of its children it has reaped (cutime + cstime).
+pub struct CpuTimes {
+    /// User + system seconds of the process itself.
+    pub own: f64,
+    /// User + system seconds of its exited, reaped children.
+    pub reaped_children: f64,
+}
+
+/// The CPU times of process `pid`.
+pub fn cpu_of(pid: u32) -> anyhow::Result<CpuTimes> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command: state is the 3rd field overall,
+    // utime the 14th, stime the 15th, cutime the 16th and cstime the 17th.
+    let after = stat.rsplit_once(')').context("malformed /proc stat")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks =
+        |i: usize| -> anyhow::Result<f64> { Ok(fields[i].parse::<u64>()? as f64 / USER_HZ) };
+    Ok(CpuTimes {
+        own: ticks(11)? + ticks(12)?,
+        reaped_children: ticks(13)? + ticks(14)?,
+    })
+}
+
+/// The processes on this machine whose command line contains `needle`.
+pub fn pids_matching(needle: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
+        })
+        .collect()
+}
+
+/// CPU seconds so far of a server made of `pids`: every live process, plus
+/// the exited children the parents reaped (Postgres backends of closed
+/// connections live on in the postmaster's children time).
+pub fn server_cpu_s(pids: &[u32]) -> f64 {
+    pids.iter()
+        .filter_map(|pid| cpu_of(*pid).ok())
+        .map(|t| t.own + t.reaped_children)
+        .sum()
+}
+
 /// A running `docstream <role>` child.
 pub struct Proc {
     /// Name in the report, e.g. `worker-1`.
@@ -72,13 +120,7 @@ impl Proc {
 
     /// User + system CPU seconds so far.
     pub fn cpu_s(&self) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
-        // Fields after the parenthesised command: state is the 3rd field overall,
-        // utime the 14th and stime the 15th.
-        let after = stat.rsplit_once(')').context("malformed /proc stat")?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-        Ok(ticks as f64 / USER_HZ)
+        Ok(cpu_of(self.pid)?.own)
     }
 
     /// Peak resident set size (VmHWM), MiB.

@@ -43,6 +43,8 @@ pub struct Report {
     pub kafka: Option<serde_json::Value>,
     /// graphile-worker (`scripts/bench/peer.sh`).
     pub peer: Option<serde_json::Value>,
+    /// River (`scripts/bench/river.sh`).
+    pub river: Option<serde_json::Value>,
     /// docstream draining a queued backlog.
     pub burn_down: Option<BurnDown>,
     /// docstream under an open-loop HTTP load.
@@ -63,6 +65,7 @@ impl Report {
             postgres: Vec::new(),
             kafka: None,
             peer: None,
+            river: None,
             burn_down: None,
             steady: None,
             provider: None,
@@ -104,6 +107,15 @@ impl Report {
                 .and_then(|p| number(p, "jobs_per_s").ok())
             {
                 checks.push(ratio("burn-down / graphile-worker", rate / peer, Some(2.0)));
+            }
+            if let Some(river) = self
+                .river
+                .as_ref()
+                .and_then(|p| number(p, "jobs_per_s").ok())
+            {
+                // A docstream job is two stages; half of River's rate is
+                // River's rate per stage (the stretch target).
+                checks.push(ratio("burn-down / River", rate / river, Some(0.5)));
             }
             let kafka = self.kafka.as_ref();
             if let Some(ceiling) = kafka.and_then(|k| number(k, "consumer_records_per_s").ok()) {
@@ -221,6 +233,18 @@ impl fmt::Display for Report {
                 p["jobs"]
             )?;
         }
+        if let Some(r) = &self.river {
+            writeln!(
+                f,
+                "  River {} burn-down                  {:>10.0} jobs/s  ({} jobs; MaxWorkers {}, FetchCooldown {} ms, FetchPollInterval {} ms)",
+                r["version"].as_str().unwrap_or("?"),
+                number(r, "jobs_per_s").unwrap_or(f64::NAN),
+                r["jobs"],
+                r["max_workers"],
+                r["fetch_cooldown_ms"],
+                r["fetch_poll_interval_ms"]
+            )?;
+        }
         if let Some(b) = &self.burn_down {
             writeln!(
                 f,
@@ -255,6 +279,32 @@ impl fmt::Display for Report {
                     st.total_ms, st.calls, st.rows, st.query
                 )?;
             }
+            let c = &b.cost;
+            writeln!(f, "  cost per job, submit to bbox succeeded:")?;
+            for (name, ms) in &c.cpu_ms {
+                writeln!(f, "    CPU {name:<34} {ms:>8.3} ms")?;
+            }
+            writeln!(
+                f,
+                "    CPU, all processes                     {:>8.3} ms",
+                c.total_cpu_ms
+            )?;
+            writeln!(
+                f,
+                "    WAL                                    {:>8.0} bytes",
+                c.wal_bytes
+            )?;
+            if let (Some(statements), Some(rows)) = (c.statements, c.statement_rows) {
+                writeln!(
+                    f,
+                    "    statements / their rows                {statements:>8.2} / {rows:.2}"
+                )?;
+            }
+            writeln!(
+                f,
+                "    Kafka records / bytes                  {:>8.2} / {:.0}",
+                c.kafka_records, c.kafka_bytes
+            )?;
         }
         if let Some(s) = &self.steady {
             writeln!(
