@@ -125,7 +125,10 @@ pub fn deferred_deadline(body: &[u8], cap: Duration) -> Result<Duration, String>
     };
     match deferred.deadline_s {
         None => Ok(cap),
-        Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s).min(cap)),
+        // Capped before the conversion, which panics on values past u64 seconds.
+        Some(s) if s.is_finite() && s > 0.0 => {
+            Ok(Duration::from_secs_f64(s.min(cap.as_secs_f64())))
+        }
         Some(s) => Err(format!(
             "deadline_s must be a positive number of seconds, not {s}"
         )),
@@ -146,18 +149,22 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
+/// The longest wait a `Retry-After` is read as.
+const MAX_RETRY_AFTER_S: f64 = 86_400.0;
+
 /// How long a `Retry-After` value asks to wait: delta-seconds or an HTTP date.
 pub fn retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        // Any wait longer than a day is as good as a day: every budget is shorter.
+        let valid = secs.is_finite() && secs >= 0.0;
+        return valid.then(|| Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER_S)));
     }
     let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    Some(
-        (at.with_timezone(&chrono::Utc) - now)
-            .to_std()
-            .unwrap_or_default(),
-    )
+    let wait = (at.with_timezone(&chrono::Utc) - now)
+        .to_std()
+        .unwrap_or_default();
+    Some(wait.min(Duration::from_secs_f64(MAX_RETRY_AFTER_S)))
 }
 
 #[cfg(test)]
@@ -199,7 +206,28 @@ mod tests {
             Some(Duration::from_secs(5))
         );
         assert_eq!(retry_after("soon", now), None);
+        let a_day = Some(Duration::from_secs(86_400));
+        assert_eq!(
+            retry_after("1e300", now),
+            a_day,
+            "a huge value must not panic"
+        );
+        assert_eq!(retry_after("NaN", now), None);
+        assert_eq!(retry_after("inf", now), None);
         assert_eq!(retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn a_deadline_is_capped_and_checked() {
+        let cap = Duration::from_secs(1200);
+        assert_eq!(deferred_deadline(b"", cap), Ok(cap));
+        assert_eq!(
+            deferred_deadline(br#"{"deadline_s": 30}"#, cap),
+            Ok(Duration::from_secs(30))
+        );
+        assert_eq!(deferred_deadline(br#"{"deadline_s": 1e300}"#, cap), Ok(cap));
+        assert!(deferred_deadline(br#"{"deadline_s": -1}"#, cap).is_err());
+        assert!(deferred_deadline(b"soon", cap).is_err());
     }
 
     #[test]
