@@ -131,6 +131,8 @@ async fn calls_three_times_longer_than_the_lease_keep_their_claims() {
     );
     common::assert_exactly_once(&running, &ids, "mark_running (a claim taken over)");
     common::assert_exactly_once(&succeeded, &ids, "mark_succeeded");
+    let made = scrape(&metrics, "docstream_extractor_calls_total").await;
+    assert_eq!(made, JOBS as f64, "the worker's metrics were read");
     assert_eq!(stale, 0.0, "no holder was fenced out");
     assert_eq!(calls.len(), JOBS, "one call per job");
     for call in &calls {
@@ -251,10 +253,13 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
     assert_eq!(cap_gauges, (2 * CAP) as f64);
     assert_eq!(workers_busy, 2, "both workers called the limited extractor");
     assert_eq!(calls.len(), 100);
-    // Two workers at RATE each; a window of two seconds holds at most
-    // 2 × (2 s × RATE + 1) evenly spaced starts, plus one for arrival jitter.
+    // Two workers at RATE each start at most 2 × 2 s × RATE calls in two
+    // seconds. Arrivals lag starts: a call started just before the window may
+    // arrive inside it, and a stall of the machine can bunch a second one, so
+    // two per worker are allowed. Without the limit, all 100 arrive in well
+    // under a second.
     assert!(
-        busiest <= 2 * (2 * RATE as usize + 1) + 1,
+        busiest <= 2 * (2 * RATE as usize + 2),
         "{busiest} calls in 2 s"
     );
     assert!(overall <= 2.0 * RATE * 1.05, "{overall:.1} calls/s overall");
@@ -400,6 +405,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         match body["metadata"]["case"].as_str().unwrap_or_default() {
             "refused" => Plan::status(422, r#"{"error": "page 2 is not an invoice"}"#),
             "garbage" => Plan::status(200, "<html>upstream proxy error</html>"),
+            "deferred" => Plan::status(202, ""),
             "out_of_range" => Plan::status(
                 200,
                 r#"{"fields": {"invoice_number": {"value": "X", "words": [0, 100000]}}}"#,
@@ -424,7 +430,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
     };
     let refused = docstream::pipeline::submit(&services, new).await;
     assert!(
-        matches!(&refused, Err(SubmitError::UnknownExtractor(name, _)) if name == "nope"),
+        matches!(&refused, Err(SubmitError::UnknownExtractor(name)) if name == "nope"),
         "{:?}",
         refused.err()
     );
@@ -435,7 +441,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
 
     let mut worker = env.spawn("worker", &[], "extractor-permanent-worker");
     let mut cases = BTreeMap::new();
-    for case in ["refused", "garbage", "out_of_range"] {
+    for case in ["refused", "garbage", "out_of_range", "deferred"] {
         let id = submit_for(&services, 1, "model", serde_json::json!({"case": case})).await[0];
         cases.insert(case, id);
     }
@@ -443,7 +449,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         &env.pool,
         "every job to fail",
         FINISHED,
-        3,
+        4,
         Duration::from_secs(60),
     )
     .await;
@@ -481,6 +487,11 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         errors["out_of_range"].contains("words [0, 100000]"),
         "{}",
         errors["out_of_range"]
+    );
+    assert!(
+        errors["deferred"].contains("deferred results are off"),
+        "{}",
+        errors["deferred"]
     );
     stop([&mut worker]).await;
     env.cleanup().await;
@@ -563,6 +574,10 @@ async fn cancelling_a_job_closes_its_call() {
         calls[0].closed_by_client
     );
     assert_eq!(row.status, "cancelled");
+    assert!(
+        ended < Duration::from_secs(2),
+        "seen within a lease: {ended:?}"
+    );
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].status, None, "the call was never answered");
     assert!(!wins(&env.pool, "mark_succeeded").await.contains_key(&id));
@@ -604,6 +619,9 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
         .filter(|c| c.started > terminated + Duration::from_millis(100))
         .count();
     let succeeded_then = count(&env.pool, SUCCEEDED).await;
+    let live_leases =
+        "SELECT count(*) FROM extractions WHERE status = 'running' AND lease_expires_at > now()";
+    let held_after_exit = count(&env.pool, live_leases).await;
 
     // Nothing committed ahead of delivery: every record below the committed
     // offset belongs to a job whose bbox request was acknowledged.
@@ -645,7 +663,7 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
             });
     eprintln!(
         "sigterm: jobs={JOBS} exit={status} drain={:.2}s succeeded_before_exit={succeeded_then} \
-         calls_before_exit={} unfinished={unfinished} started_after_sigterm={started_after} \
+         calls_before_exit={} unfinished={unfinished} started_after_sigterm={started_after} held_after_exit={held_after_exit} \
          committed={committed:?} offset_ahead={ahead} calls_total={}",
         drain.as_secs_f64(),
         calls_then.len(),
@@ -661,6 +679,10 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
         "every call in progress finished within the drain"
     );
     assert_eq!(started_after, 0, "no call started after SIGTERM");
+    assert_eq!(
+        held_after_exit, 0,
+        "every unfinished claim was released, not left to expire"
+    );
     assert_eq!(ahead, 0, "no offset committed ahead of delivery");
     assert!(
         committed.values().sum::<i64>() > 0,
@@ -801,8 +823,8 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
     };
     // Every call is deferred, and the provider keeps what each call asked
     // (where to post, with which token). A job tagged "lapse" gets a 1 s
-    // deadline on its first attempt and never a result; its second attempt is
-    // answered at once.
+    // deadline (raised to the lease) on its first attempt and never a result;
+    // one tagged "always_lapse" gets that on every attempt.
     let asked: Arc<Mutex<HashMap<(Uuid, i64), serde_json::Value>>> = Arc::default();
     let keep = asked.clone();
     let provider = FakeProvider::start(move |_, body| {
@@ -812,8 +834,7 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         );
         keep.lock().unwrap().insert(job, body.clone());
         match (body["metadata"]["case"].as_str(), job.1) {
-            (Some("lapse"), 1) => deferred(r#"{"deadline_s": 1}"#),
-            (Some("lapse"), _) => Plan::ok(Duration::ZERO),
+            (Some("lapse"), 1) | (Some("always_lapse"), _) => deferred(r#"{"deadline_s": 1}"#),
             _ => deferred(""),
         }
     })
@@ -822,6 +843,7 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
     let base = format!("http://127.0.0.1:{port}");
     let env = TestEnv::with_settings("extractor_deferred", |s| {
         common::fast_recovery(s);
+        s.max_attempts = 2;
         s.consumer_max_in_flight = 2;
         s.public_url = base.clone();
         s.callback_secret = "deferred-results-test-secret".into();
@@ -917,34 +939,93 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
     let (status, _) = post_result(&url0, &token0, &result0).await;
     assert_eq!(status, 409, "a second result for the same attempt");
 
-    // A deadline that passes without a result: the job is revived and retried.
-    let lapse = serde_json::json!({"case": "lapse"});
-    let lapsed = submit_for(&services, 1, "model", lapse).await[0];
+    // A deadline that passes without a result: the job is revived, and the
+    // lapsed attempt's token no longer ends it while the next one runs.
+    let lapsed = submit_for(&services, 1, "model", serde_json::json!({"case": "lapse"})).await[0];
+    let always = submit_for(
+        &services,
+        1,
+        "model",
+        serde_json::json!({"case": "always_lapse"}),
+    )
+    .await[0];
+    let cancelled = submit_for(&services, 1, "model", serde_json::Value::Null).await[0];
+    wait_for(
+        "the lapsed job's second call",
+        Duration::from_secs(60),
+        || async {
+            match asked.lock().unwrap().contains_key(&(lapsed, 2)) {
+                true => Ok(()),
+                false => Err("one call so far".to_owned()),
+            }
+        },
+    )
+    .await;
+    let (url1, token1, asked1) = callback(lapsed);
+    let result1 = serde_json::from_str(&common::provider::all_found_body(&asked1)).unwrap();
+    let (status, _) = post_result(&url1, &token1, &result1).await;
+    assert_eq!(
+        status, 409,
+        "attempt 1's result while attempt 2 holds the job"
+    );
+    let token2 = asked.lock().unwrap()[&(lapsed, 2)]["callback"]["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, answer) = post_result(&url1, &token2, &result1).await;
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("succeeded")),
+        "{answer}"
+    );
+
+    // A cancel while the result is pending: the result that comes is refused
+    // and the job ends cancelled.
+    let (url_c, token_c, asked_c) = callback(cancelled);
+    let cancel = reqwest::Client::new()
+        .post(format!("{base}/v1/extractions/{cancelled}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status().as_u16(), 202);
+    let result_c = serde_json::from_str(&common::provider::all_found_body(&asked_c)).unwrap();
+    let (status, _) = post_result(&url_c, &token_c, &result_c).await;
+    assert_eq!(status, 409, "the result of a cancelled job");
+
+    // A provider that never posts spends the job's attempts, then fails it.
     wait_count(
         &env.pool,
         "every job to end",
         FINISHED,
-        JOBS as i64 + 1,
-        Duration::from_secs(60),
+        JOBS as i64 + 3,
+        Duration::from_secs(90),
     )
     .await;
-    let (stale_url, stale_token, asked_lapsed) = callback(lapsed);
-    let stale_result =
-        serde_json::from_str(&common::provider::all_found_body(&asked_lapsed)).unwrap();
-    let (status, _) = post_result(&stale_url, &stale_token, &stale_result).await;
-    assert_eq!(status, 409, "the lapsed attempt's result comes too late");
 
-    let lapsed_row = store::get(&env.pool, lapsed).await.unwrap().unwrap();
-    let failed_row = store::get(&env.pool, ids[JOBS - 1]).await.unwrap().unwrap();
-    let lapsed_calls: Vec<i64> = provider
-        .calls()
-        .iter()
-        .filter(|c| c.job_id == lapsed)
-        .map(|c| c.attempt)
-        .collect();
+    let row = |id: Uuid| {
+        let pool = env.pool.clone();
+        async move { store::get(&pool, id).await.unwrap().unwrap() }
+    };
+    let (lapsed_row, always_row) = (row(lapsed).await, row(always).await);
+    let (failed_row, cancelled_row) = (row(ids[JOBS - 1]).await, row(cancelled).await);
+    let calls_of = |id: Uuid| -> Vec<i64> {
+        let calls = provider.calls();
+        calls
+            .iter()
+            .filter(|c| c.job_id == id)
+            .map(|c| c.attempt)
+            .collect()
+    };
     eprintln!(
-        "deferred: {} jobs called with 2 in flight; lapsed job {} after attempts {lapsed_calls:?}; failed job: {:?}",
-        JOBS, lapsed_row.status, failed_row.error
+        "deferred: {JOBS} jobs called with 2 in flight; lapsed job {} after attempts {:?}; \
+         always lapsing: {} after attempts {:?} ({:?}); cancelled: {}; failed job: {:?}",
+        lapsed_row.status,
+        calls_of(lapsed),
+        always_row.status,
+        calls_of(always),
+        always_row.error,
+        cancelled_row.status,
+        failed_row.error
     );
     common::assert_exactly_once(
         &wins(&env.pool, "mark_succeeded").await,
@@ -960,7 +1041,12 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         (lapsed_row.status.as_str(), lapsed_row.attempts),
         ("succeeded", 2)
     );
-    assert_eq!(lapsed_calls, [1, 2]);
+    assert_eq!(calls_of(lapsed), [1, 2]);
+    assert_eq!(cancelled_row.status, "cancelled");
+    assert_eq!(always_row.status, "failed");
+    assert_eq!(calls_of(always), [1, 2], "no call past the last attempt");
+    let error = always_row.error.unwrap_or_default();
+    assert!(error.contains("gave up after 2 attempts"), "{error}");
     stop([&mut worker, &mut serve]).await;
     env.cleanup().await;
 }

@@ -62,6 +62,7 @@ that is not found is still answered with null: docstream fails the job.
 
 import argparse
 import bisect
+import hmac
 import json
 import re
 import signal
@@ -116,7 +117,13 @@ def find_by_anchor(words, anchor):
 
 
 def find_by_pattern(words, pattern):
-    """(first, last, matched text) of the pattern's value, or None."""
+    """(first, last, matched text) of the pattern's value, or None.
+
+    A warning for a real service: Python's `re` backtracks, so a submitter's
+    pattern such as `(a+)+$` can take exponential time on a crafted document
+    (docstream itself uses a linear-time engine). Run patterns with a time
+    limit, or with a linear-time engine such as the `re2` bindings.
+    """
     try:
         regex = re.compile(pattern)
     except re.error as e:
@@ -196,7 +203,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self._on_path():
             return
         if self.server.token is not None:
-            if self.headers.get("Authorization") != f"Bearer {self.server.token}":
+            given = (self.headers.get("Authorization") or "").encode()
+            # Constant time, so the answer's timing does not reveal the token.
+            if not hmac.compare_digest(given, f"Bearer {self.server.token}".encode()):
                 # The body is left unread, so this connection cannot be reused.
                 return self._send_json(401, {"error": "missing or wrong bearer token"}, close=True)
         try:

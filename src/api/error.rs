@@ -86,7 +86,7 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::KeyReused
             | SubmitError::WebhookRefused(_)
-            | SubmitError::UnknownExtractor(..) => Self::Unprocessable(e.to_string()),
+            | SubmitError::UnknownExtractor(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Store(e) => e.into(),
         }
     }

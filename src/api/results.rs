@@ -8,9 +8,9 @@
 //! failure, `{"error": "…", "retryable": false}`.
 
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Serialize;
@@ -51,9 +51,14 @@ async fn post_result(
     State(services): State<Services>,
     id: Result<Path<Uuid>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Ended>, ApiError> {
     let Path(id) = id?;
+    let limit = services.settings.http_body_limit_bytes;
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(limit),
+        _ => ApiError::BadRequest(rejection.body_text()),
+    })?;
     let attempt = authorised_attempt(&services, id, &headers)?;
     let row = store::get(&services.pool, id)
         .await?
@@ -107,6 +112,7 @@ enum Ending {
 fn read_ending(request: &ExtractionRequest, body: &[u8]) -> Result<Ending, ApiError> {
     let name = request.extractor_name();
     if let Ok(Failure { error, retryable }) = serde_json::from_slice::<Failure>(body) {
+        let error = protocol::shortened(error);
         return Ok(match retryable {
             true => Ending::Retry(
                 ExtractError::Unavailable(format!("extractor {name:?}: {error}")).to_string(),

@@ -22,6 +22,13 @@ use crate::domain::{
     extractor_name_is_valid as name_is_valid, MAX_EXTRACTOR_NAME_LEN as MAX_NAME_LEN,
 };
 
+/// The longest any of an extractor's durations may be: a day. Longer is a
+/// typo, and would not fit the timers and intervals it becomes.
+const MAX_SECONDS: f64 = 86_400.0;
+
+/// The lowest rate limit: one call in 1,000 seconds.
+const MIN_RATE: f64 = 0.001;
+
 /// One external extractor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -95,9 +102,9 @@ impl ExtractorSettings {
             ("RETRY_AFTER_BUDGET_S", self.retry_after_budget_s),
             ("DEFERRED_DEADLINE_S", self.deferred_deadline_s),
         ] {
-            if !(secs.is_finite() && secs > 0.0) {
+            if !(secs.is_finite() && secs > 0.0 && secs <= MAX_SECONDS) {
                 return invalid(format!(
-                    "{} must be a positive number of seconds",
+                    "{} must be a positive number of seconds, at most {MAX_SECONDS} (a day)",
                     var(setting)
                 ));
             }
@@ -105,9 +112,10 @@ impl ExtractorSettings {
         if self.max_concurrency == 0 {
             return invalid(format!("{} must be at least 1", var("MAX_CONCURRENCY")));
         }
-        if !(self.requests_per_second.is_finite() && self.requests_per_second >= 0.0) {
+        let rate = self.requests_per_second;
+        if !(rate == 0.0 || (rate.is_finite() && rate >= MIN_RATE)) {
             return invalid(format!(
-                "{} must be 0 (no limit) or a positive number",
+                "{} must be 0 (no limit) or at least {MIN_RATE} (one call in 1,000 s)",
                 var("REQUESTS_PER_SECOND")
             ));
         }
@@ -260,6 +268,20 @@ mod tests {
                 .contains("DOCSTREAM_EXTRACTOR_OCR_TIMEOUT_S"),
             "{err}"
         );
+        let err = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr"),
+            ("DOCSTREAM_EXTRACTOR_OCR_URL", "http://x/"),
+            ("DOCSTREAM_EXTRACTOR_OCR_DEFERRED_DEADLINE_S", "1e20"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("at most"), "{err}");
+        let err = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr"),
+            ("DOCSTREAM_EXTRACTOR_OCR_URL", "http://x/"),
+            ("DOCSTREAM_EXTRACTOR_OCR_REQUESTS_PER_SECOND", "1e-320"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("REQUESTS_PER_SECOND"), "{err}");
         assert!(from_env(&[("DOCSTREAM_EXTRACTORS", "rules")]).is_err());
         assert!(from_env(&[("DOCSTREAM_EXTRACTORS", "OCR")]).is_err());
     }

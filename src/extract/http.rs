@@ -63,8 +63,6 @@ impl HttpExtractor {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("docstream/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        let cap = i64::try_from(settings.max_concurrency).unwrap_or(i64::MAX);
-        metrics.max_concurrency.with_label_values(&[name]).set(cap);
         Ok(Self {
             name: name.to_owned(),
             limits: Limits::new(settings.max_concurrency, settings.requests_per_second),
@@ -127,6 +125,13 @@ impl HttpExtractor {
         waits
             .with_label_values(&[&self.name, "token"])
             .observe(admitted.token_wait.as_secs_f64());
+        // Set where calls are made, so only worker processes export the cap.
+        let cap = i64::try_from(self.settings.max_concurrency).unwrap_or(i64::MAX);
+        let cap_gauge = self
+            .metrics
+            .max_concurrency
+            .with_label_values(&[&self.name]);
+        cap_gauge.set(cap);
         let in_flight = self.metrics.in_flight.with_label_values(&[&self.name]);
         in_flight.inc();
         // Decremented however the call ends, including by being dropped.
@@ -158,7 +163,7 @@ impl HttpExtractor {
         }
         let response = match request.send().await {
             Ok(response) => response,
-            Err(e) => return self.transport_error(&e),
+            Err(e) => return self.transport_error(e),
         };
         let status = response.status();
         let retry_after = response
@@ -174,7 +179,7 @@ impl HttpExtractor {
                     protocol::MAX_ANSWER_BYTES
                 ))
             }
-            Err(ReadError::Transport(e)) => return self.transport_error(&e),
+            Err(ReadError::Transport(e)) => return self.transport_error(e),
         };
         self.judge(job, status, retry_after, &body)
     }
@@ -221,9 +226,13 @@ impl HttpExtractor {
                 Answer::RetryAfter(retry_after.unwrap_or_default()),
             ),
             _ => {
+                // The body of an unexpected answer (a stack trace, a proxy's
+                // page) is for the operator's log, not the job's client.
                 let message = protocol::error_message(body);
+                tracing::warn!(id = %job.id, attempt = job.attempt, extractor = %self.name,
+                    %status, %message, "extractor failed; the attempt will be retried");
                 let failed = ExtractError::Unavailable(format!(
-                    "extractor {:?} answered {status}: {message}",
+                    "extractor {:?} answered {status}",
                     self.name
                 ));
                 ("failed", Answer::Done(Err(failed)))
@@ -239,7 +248,7 @@ impl HttpExtractor {
         ("invalid_answer", Answer::Done(Err(invalid)))
     }
 
-    fn transport_error(&self, e: &reqwest::Error) -> (&'static str, Answer) {
+    fn transport_error(&self, e: reqwest::Error) -> (&'static str, Answer) {
         let (outcome, message) = if e.is_timeout() {
             (
                 "timed_out",
@@ -251,7 +260,13 @@ impl HttpExtractor {
         } else {
             (
                 "unreachable",
-                format!("extractor {:?} unreachable: {}", self.name, error_chain(e)),
+                // Without the URL: it may carry credentials, and the error is
+                // shown to the job's client.
+                format!(
+                    "extractor {:?} unreachable: {}",
+                    self.name,
+                    error_chain(&e.without_url())
+                ),
             )
         };
         (

@@ -142,6 +142,12 @@ pub fn error_message(body: &[u8]) -> String {
         Ok(ErrorBody { error }) => error,
         Err(_) => String::from_utf8_lossy(body).trim().to_owned(),
     };
+    shortened(message)
+}
+
+/// A provider's message as docstream keeps it: at most 1,000 characters, so
+/// it fits a row, an event and a webhook.
+pub fn shortened(message: String) -> String {
     match message.char_indices().nth(1000) {
         Some((cut, _)) => format!("{}…", &message[..cut]),
         None if message.is_empty() => "(no message)".to_owned(),

@@ -74,8 +74,8 @@ async fn extract(
         let expected = format!("Bearer {token}");
         let given = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if given != Some(expected.as_str()) {
+            .map_or(&b""[..], |v| v.as_bytes());
+        if !constant_time_eq(given, expected.as_bytes()) {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong bearer token".into(),
@@ -119,4 +119,10 @@ async fn extract(
 
 fn error(status: StatusCode, error: String) -> Response {
     (status, Json(ErrorBody { error })).into_response()
+}
+
+/// Whether `a` equals `b`, in a time that does not depend on where they
+/// differ (so the answer's timing does not reveal the token).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }

@@ -72,7 +72,7 @@ impl RecordHandler for Intake {
                 })
             }
             Err(DurableSubmitError::Submit(
-                e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(..)),
+                e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(_)),
             )) => Err(HandlerError::Poison {
                 kind: "invalid_request",
                 reason: e.to_string(),

@@ -26,6 +26,7 @@ use crate::extract::deferred::Callback;
 use crate::extract::{ExtractError, Extracted, ExtractionOutput, Job};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
+use crate::store::leases::Renewed;
 use crate::store::{self, leases, Claim};
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +69,15 @@ impl ExtractionWorker {
         failpoints::hit("worker.after_claim")
             .await
             .map_err(transient)?;
+        let max_attempts = self.services.settings.max_attempts;
+        if token > max_attempts {
+            // Only a revived claim gets here (a worker that died, a deferred
+            // result that never came): the attempts are spent all the same.
+            let error =
+                format!("gave up after {max_attempts} attempts (the last ended without a result)");
+            let failed = self.services.fail_extraction((id, token), &error, reason);
+            return failed.await.map(drop);
+        }
         let request = claim
             .extraction
             .request()
@@ -153,16 +163,41 @@ impl ExtractionWorker {
         (id, token): (Uuid, i32),
         deadline: Duration,
     ) -> Result<bool, HandlerError> {
-        let pool = &self.services.pool;
-        let held = leases::renew_extraction_lease(pool, id, token, deadline.as_secs_f64())
+        let services = &self.services;
+        // Never shorter than a lease: a provider cannot make the reaper
+        // revive the job before its result had a chance to arrive.
+        let deadline_s = deadline
+            .as_secs_f64()
+            .max(services.settings.extraction_run_lease_s);
+        let held = leases::renew_extraction_lease(&services.pool, id, token, deadline_s)
             .await
             .map_err(transient)?;
-        if held.is_none() {
-            self.services
-                .stale(Stage::Extraction, id, token, "completion");
+        match held {
+            Some(Renewed {
+                cancel_requested: true,
+            }) => {
+                let cancelled =
+                    services.cancel_running_extraction((id, token), PublishReason::Submit);
+                cancelled.await
+            }
+            Some(_) => {
+                tracing::info!(%id, token, deadline_s, "extraction deferred: the result will be posted");
+                Ok(true)
+            }
+            // A fast provider may have posted the result already; otherwise
+            // the claim was taken over.
+            None => {
+                let row = store::get(&services.pool, id).await.map_err(transient)?;
+                let answered = row.is_some_and(|r| r.attempts == token && r.status != "running");
+                match answered {
+                    true => {
+                        tracing::debug!(%id, token, "deferred result arrived before the deferral")
+                    }
+                    false => services.stale(Stage::Extraction, id, token, "completion"),
+                }
+                Ok(answered)
+            }
         }
-        tracing::info!(%id, token, deadline_s = deadline.as_secs_f64(), "extraction deferred: the result will be posted");
-        Ok(held.is_some())
     }
 
     async fn cancel(

@@ -78,8 +78,8 @@ pub enum SubmitError {
     WebhookRefused(String),
     /// The request names an extractor this deployment does not have; nothing
     /// was written.
-    #[error("unknown extractor {0:?}: this deployment has {1}")]
-    UnknownExtractor(String, String),
+    #[error("unknown extractor {0:?}")]
+    UnknownExtractor(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
