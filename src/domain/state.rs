@@ -1,4 +1,4 @@
-//! Job states and the named transitions of the state machine (DESIGN.md).
+//! Job states and the named transitions of the state machine.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,5 @@
-//! Orphans: jobs that nothing is going to deliver to (DESIGN.md, orphan table).
+//! Orphans: jobs that nothing is going to deliver to (the orphan classes
+//! are listed in the README, "Operating it").
 //!
 //! An event that the broker acknowledged is not lost: the consumer groups commit
 //! offsets only after delivery, so it will be consumed. Each publisher therefore
