@@ -477,19 +477,15 @@ pub async fn provider_steady(
     }
     let mut rig = rig.clone();
     let extractor = ExtractorSettings {
-        url: url.clone(),
+        url,
         max_concurrency: load.cap,
         ..ExtractorSettings::default()
     };
-    let var = |setting: &str| crate::config::extractor_env_var(REFERENCE, setting);
-    rig.env.extend([
-        ("DOCSTREAM_EXTRACTORS".to_owned(), REFERENCE.to_owned()),
-        (var("URL"), url),
-        (var("MAX_CONCURRENCY"), load.cap.to_string()),
-    ]);
     rig.settings
         .extractors
         .insert(REFERENCE.to_owned(), extractor);
+    rig.env
+        .extend(crate::config::extractors_env(&rig.settings.extractors));
     let capacity = (load.cap * workers) as f64 / (load.latency_ms as f64 / 1000.0);
     let rate = (capacity * load.load).round();
     let mix = (workers, bbox_workers);

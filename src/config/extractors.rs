@@ -123,6 +123,21 @@ impl ExtractorSettings {
     }
 }
 
+/// Calls `$then!(field, "SUFFIX")` for every setting of an extractor and the
+/// suffix of its variable: the one list that reading the environment and
+/// writing it for another process share.
+macro_rules! for_each_variable {
+    ($then:ident) => {
+        $then!(url, "URL");
+        $then!(timeout_s, "TIMEOUT_S");
+        $then!(max_concurrency, "MAX_CONCURRENCY");
+        $then!(requests_per_second, "REQUESTS_PER_SECOND");
+        $then!(token, "TOKEN");
+        $then!(retry_after_budget_s, "RETRY_AFTER_BUDGET_S");
+        $then!(deferred_deadline_s, "DEFERRED_DEADLINE_S");
+    };
+}
+
 /// The environment variable of `setting` of extractor `name`.
 pub fn env_var(name: &str, setting: &str) -> String {
     let upper = name.to_ascii_uppercase().replace('-', "_");
@@ -171,28 +186,31 @@ fn apply_one(
         let var = env_var(name, setting);
         lookup(&var).map(|value| (var, value))
     };
-    if let Some((var, value)) = get("URL") {
-        parse(var, value, &mut settings.url)?;
+    macro_rules! read {
+        ($field:ident, $suffix:literal) => {
+            if let Some((var, value)) = get($suffix) {
+                parse(var, value, &mut settings.$field)?;
+            }
+        };
     }
-    if let Some((var, value)) = get("TIMEOUT_S") {
-        parse(var, value, &mut settings.timeout_s)?;
-    }
-    if let Some((var, value)) = get("MAX_CONCURRENCY") {
-        parse(var, value, &mut settings.max_concurrency)?;
-    }
-    if let Some((var, value)) = get("REQUESTS_PER_SECOND") {
-        parse(var, value, &mut settings.requests_per_second)?;
-    }
-    if let Some((var, value)) = get("TOKEN") {
-        parse(var, value, &mut settings.token)?;
-    }
-    if let Some((var, value)) = get("RETRY_AFTER_BUDGET_S") {
-        parse(var, value, &mut settings.retry_after_budget_s)?;
-    }
-    if let Some((var, value)) = get("DEFERRED_DEADLINE_S") {
-        parse(var, value, &mut settings.deferred_deadline_s)?;
-    }
+    for_each_variable!(read);
     Ok(())
+}
+
+/// The environment that configures `extractors` in another process: the
+/// inverse of reading it (`DOCSTREAM_EXTRACTORS` and each extractor's variables).
+pub fn env_of(extractors: &BTreeMap<String, ExtractorSettings>) -> Vec<(String, String)> {
+    let names: Vec<&str> = extractors.keys().map(String::as_str).collect();
+    let mut env = vec![("DOCSTREAM_EXTRACTORS".to_owned(), names.join(","))];
+    for (name, settings) in extractors {
+        macro_rules! write {
+            ($field:ident, $suffix:literal) => {
+                env.push((env_var(name, $suffix), settings.$field.to_string()));
+            };
+        }
+        for_each_variable!(write);
+    }
+    env
 }
 
 /// Refuses names and settings that cannot work.
@@ -241,6 +259,21 @@ mod tests {
         assert_eq!(extractors["ocr"].max_concurrency, 4);
         assert_eq!(extractors["layout-v2"].requests_per_second, 2.5);
         assert_eq!(extractors["layout-v2"].max_concurrency, 8);
+    }
+
+    #[test]
+    fn the_environment_written_for_a_child_reads_back_the_same() {
+        let extractors = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr,layout"),
+            ("DOCSTREAM_EXTRACTOR_OCR_URL", "http://ocr/x"),
+            ("DOCSTREAM_EXTRACTOR_OCR_TOKEN", "t"),
+            ("DOCSTREAM_EXTRACTOR_LAYOUT_URL", "http://layout/x"),
+            ("DOCSTREAM_EXTRACTOR_LAYOUT_DEFERRED_DEADLINE_S", "60"),
+        ])
+        .unwrap();
+        let env = env_of(&extractors);
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(from_env(&pairs).unwrap(), extractors);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 mod extractors;
 
-pub use extractors::{env_var as extractor_env_var, ExtractorSettings, RULES};
+pub use extractors::{
+    env_of as extractors_env, env_var as extractor_env_var, ExtractorSettings, RULES,
+};
 
 /// Why settings were refused.
 #[derive(Debug, thiserror::Error)]

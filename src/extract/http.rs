@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use tokio_util::sync::CancellationToken;
@@ -81,7 +82,9 @@ impl HttpExtractor {
         job: &Job<'_>,
         stop: &CancellationToken,
     ) -> Result<Extracted, ExtractError> {
-        let body = serde_json::to_vec(&CallBody::of(job)).expect("a request serialises");
+        // Serialised once; each call (a retry after Retry-After) shares it.
+        let body =
+            Bytes::from(serde_json::to_vec(&CallBody::of(job)).expect("a request serialises"));
         let budget = self.settings.retry_after_budget();
         let mut waited = Duration::ZERO;
         loop {
@@ -112,7 +115,7 @@ impl HttpExtractor {
     }
 
     /// One call, inside a concurrency slot and after the rate limit.
-    async fn admitted_call(&self, job: &Job<'_>, body: &[u8], stop: &CancellationToken) -> Answer {
+    async fn admitted_call(&self, job: &Job<'_>, body: &Bytes, stop: &CancellationToken) -> Answer {
         let admitted = tokio::select! {
             biased;
             _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
@@ -150,14 +153,14 @@ impl HttpExtractor {
     }
 
     /// Sends the call and reads its answer: (outcome label, answer).
-    async fn call(&self, job: &Job<'_>, body: &[u8]) -> (&'static str, Answer) {
+    async fn call(&self, job: &Job<'_>, body: &Bytes) -> (&'static str, Answer) {
         let mut request = self
             .client
             .post(&self.settings.url)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header("Idempotency-Key", protocol::idempotency_key(job))
             .header("traceparent", protocol::traceparent(job))
-            .body(body.to_vec());
+            .body(body.clone());
         if !self.settings.token.is_empty() {
             request = request.header(AUTHORIZATION, format!("Bearer {}", self.settings.token));
         }

@@ -207,7 +207,7 @@ impl TestEnv {
         ];
         let mut env: Vec<(String, String)> =
             pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        env.extend(extractor_env(s));
+        env.extend(docstream::config::extractors_env(&s.extractors));
         env
     }
 
@@ -238,33 +238,6 @@ impl TestEnv {
     pub fn read_topic(&self, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
         read_topic(&self.settings.kafka_brokers, &self.topic(topic))
     }
-}
-
-/// The environment that configures `settings.extractors` in a child.
-fn extractor_env(settings: &Settings) -> Vec<(String, String)> {
-    let names: Vec<&str> = settings.extractors.keys().map(String::as_str).collect();
-    let mut env = vec![("DOCSTREAM_EXTRACTORS".to_owned(), names.join(","))];
-    for (name, extractor) in &settings.extractors {
-        let var = |setting: &str| docstream::config::extractor_env_var(name, setting);
-        env.extend([
-            (var("URL"), extractor.url.clone()),
-            (var("TIMEOUT_S"), extractor.timeout_s.to_string()),
-            (
-                var("MAX_CONCURRENCY"),
-                extractor.max_concurrency.to_string(),
-            ),
-            (
-                var("REQUESTS_PER_SECOND"),
-                extractor.requests_per_second.to_string(),
-            ),
-            (var("TOKEN"), extractor.token.clone()),
-            (
-                var("RETRY_AFTER_BUDGET_S"),
-                extractor.retry_after_budget_s.to_string(),
-            ),
-        ]);
-    }
-    env
 }
 
 async fn create_database(admin_url: &str, name: &str) -> String {
