@@ -234,11 +234,13 @@ async fn craft_orphans(env: &TestEnv) -> Vec<(i16, Uuid)> {
         (2, "UPDATE extractions SET status = 'running', attempts = 1, started_at = now() - interval '5 seconds',
                 lease_expires_at = now() - interval '1 second' WHERE id = $1".to_owned()),
         (3, format!("UPDATE extractions SET attempts = 1, error = 'flaky', next_attempt_at = {queued_old} WHERE id = $1")),
-        (4, format!("UPDATE extractions SET status = 'succeeded', attempts = 1, result = $2, finished_at = {pp_old},
-                post_processing = '{{\"bbox_refinement\": {{\"status\": \"pending\", \"attempts\": 0}}}}' WHERE id = $1")),
-        (5, "UPDATE extractions SET status = 'succeeded', attempts = 1, result = $2, finished_at = now(),
-                post_processing = jsonb_build_object('bbox_refinement', jsonb_build_object('status', 'running',
-                    'attempts', 1, 'lease_expires_at', now() - interval '1 second')) WHERE id = $1".to_owned()),
+        (4, format!("WITH stored AS (INSERT INTO extraction_results (id, stage, result) VALUES ($1, 'extraction', $2))
+                UPDATE extractions SET status = 'succeeded', attempts = 1, finished_at = {pp_old},
+                bbox_status = 'pending', bbox_attempts = 0 WHERE id = $1")),
+        (5, "WITH stored AS (INSERT INTO extraction_results (id, stage, result) VALUES ($1, 'extraction', $2))
+                UPDATE extractions SET status = 'succeeded', attempts = 1, finished_at = now(),
+                bbox_status = 'running', bbox_attempts = 1, bbox_lease_expires_at = now() - interval '1 second'
+                WHERE id = $1".to_owned()),
     ];
     let mut orphans = Vec::new();
     for (class, sql) in crafted {
@@ -430,10 +432,10 @@ async fn sigkill_of_the_bbox_worker_mid_grounding_is_healed() {
     )];
     let mut doomed = env.spawn("bbox-worker", &stuck, "kill-bbox-doomed");
     let ids = submit_jobs(&services, 10).await;
-    let grounding = "SELECT count(*) FROM extractions WHERE post_processing->'bbox_refinement'->>'status' = 'running'";
+    let grounding = "SELECT count(*) FROM extractions WHERE bbox_status = 'running'";
     wait_count(pool, "bbox claims", grounding, 1, Duration::from_secs(60)).await;
     let held: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM extractions WHERE post_processing->'bbox_refinement'->>'status' = 'running'",
+        "SELECT id FROM extractions WHERE bbox_status = 'running'",
     )
     .fetch_all(pool)
     .await

@@ -50,7 +50,7 @@ fn sample_offsets(
             // Delivered: the record's transition is durable and its follow-up
             // event acknowledged (the stamp is written after the ack).
             let delivered: Vec<Uuid> = sqlx::query_scalar(
-                "SELECT id FROM extractions WHERE post_processing->'bbox_refinement' ? 'published_at'",
+                "SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL",
             )
             .fetch_all(&pool)
             .await

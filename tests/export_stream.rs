@@ -509,7 +509,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
     );
     assert!(accepted.len() < SUBMISSIONS, "the shutdown came mid-stream");
     let rows: HashSet<Uuid> =
-        sqlx::query_scalar("SELECT id FROM extractions WHERE idempotency_key LIKE $1 || '%'")
+        sqlx::query_scalar("SELECT id FROM extraction_requests WHERE idempotency_key LIKE $1 || '%'")
             .bind(&prefix)
             .fetch_all(&env.pool)
             .await

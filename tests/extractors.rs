@@ -628,7 +628,7 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     let group = env.settings.group(&env.settings.worker_group);
     let committed = env.committed(&group, "extraction.submitted");
     let delivered: HashSet<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM extractions WHERE post_processing->'bbox_refinement' ? 'published_at'",
+        "SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL",
     )
     .fetch_all(&env.pool)
     .await

@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use uuid::Uuid;
 
 async fn ids_of_keys(pool: &sqlx::PgPool, prefix: &str) -> Vec<Uuid> {
-    sqlx::query_scalar("SELECT id FROM extractions WHERE idempotency_key LIKE $1 || '%'")
+    sqlx::query_scalar("SELECT id FROM extraction_requests WHERE idempotency_key LIKE $1 || '%'")
         .bind(prefix)
         .fetch_all(pool)
         .await

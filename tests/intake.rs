@@ -157,7 +157,7 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
     .await;
     stop(children.iter_mut()).await;
 
-    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, idempotency_key FROM extractions")
+    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, idempotency_key FROM extraction_requests")
         .fetch_all(pool)
         .await
         .unwrap();

@@ -58,7 +58,7 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
         async move {
             let done: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM extractions
-                  WHERE status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' = 'succeeded'",
+                  WHERE status = 'succeeded' AND bbox_status = 'succeeded'",
             )
             .fetch_one(&pool)
             .await

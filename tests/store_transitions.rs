@@ -64,8 +64,8 @@ async fn snapshot(pool: &PgPool, id: Uuid) -> (String, i64) {
             .await
             .unwrap();
     let state = format!(
-        "{} {} {:?} {:?} {:?} {}",
-        row.status, row.attempts, row.lease_expires_at, row.result, row.error, row.post_processing
+        "{} {} {:?} {:?} {:?} {:?}",
+        row.status, row.attempts, row.lease_expires_at, row.result, row.error, row.bbox_refinement()
     );
     (state, log)
 }

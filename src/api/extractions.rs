@@ -53,8 +53,17 @@ struct ExtractionView {
     metadata: Option<serde_json::Value>,
 }
 
+/// `{"bbox_refinement": {...}}` once the extraction succeeded, else `{}`.
+fn post_processing(row: &Extraction) -> serde_json::Value {
+    match row.bbox_refinement() {
+        Some(bbox) => serde_json::json!({ "bbox_refinement": bbox }),
+        None => serde_json::json!({}),
+    }
+}
+
 impl From<Extraction> for ExtractionView {
     fn from(row: Extraction) -> Self {
+        let post_processing = post_processing(&row);
         let (webhook_url, metadata) = row
             .request
             .map(|r| (r.0.webhook_url, r.0.metadata))
@@ -71,7 +80,7 @@ impl From<Extraction> for ExtractionView {
             error: row.error,
             next_attempt_at: row.next_attempt_at,
             cancel_requested_at: row.cancel_requested_at,
-            post_processing: row.post_processing,
+            post_processing,
             webhook_url,
             metadata,
         }
@@ -90,7 +99,7 @@ async fn submit(
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewExtraction {
-        id: Uuid::new_v4(),
+        id: crate::domain::new_job_id(),
         idempotency_key,
         request,
     };

@@ -215,7 +215,7 @@ async fn submit(
         )));
     }
     let new = NewExtraction {
-        id: Uuid::new_v4(),
+        id: crate::domain::new_job_id(),
         idempotency_key,
         request,
     };

@@ -210,7 +210,7 @@ pub async fn burn_down(
     let ids: Vec<Uuid> = stream::iter(0..jobs)
         .map(|i| {
             let new = NewExtraction {
-                id: Uuid::new_v4(),
+                id: crate::domain::new_job_id(),
                 idempotency_key: None,
                 request: samples[i % samples.len()].request.clone(),
             };

@@ -30,8 +30,8 @@ impl Counts {
             "SELECT count(*) FILTER (WHERE status IN ('queued', 'running')),
                     count(*) FILTER (WHERE status = 'succeeded'),
                     count(*) FILTER (WHERE status IN ('failed', 'cancelled')),
-                    count(*) FILTER (WHERE post_processing->'bbox_refinement'->>'status' IN ('succeeded', 'failed')),
-                    count(*) FILTER (WHERE post_processing->'bbox_refinement'->>'status' = 'succeeded')
+                    count(*) FILTER (WHERE bbox_status IN ('succeeded', 'failed')),
+                    count(*) FILTER (WHERE bbox_status = 'succeeded')
                FROM extractions WHERE id = ANY($1)",
         )
         .bind(ids)
@@ -153,14 +153,14 @@ impl Summary {
             .fetch_one(pool)
             .await?;
         let to_bbox: (f64, f64) = sqlx::query_as(&latency(
-            "(post_processing->'bbox_refinement'->>'finished_at')::timestamptz",
+            "bbox_finished_at",
         ))
         .bind(ids)
         .fetch_one(pool)
         .await?;
         let sample: Option<(Uuid, serde_json::Value, serde_json::Value)> = sqlx::query_as(
-            "SELECT id, result, post_processing->'bbox_refinement'->'result' FROM extractions
-              WHERE id = ANY($1) AND post_processing->'bbox_refinement'->>'status' = 'succeeded'
+            "SELECT id, result, bbox_result FROM extraction_rows
+              WHERE id = ANY($1) AND bbox_status = 'succeeded'
               ORDER BY submitted_at LIMIT 1",
         )
         .bind(ids)

@@ -15,3 +15,10 @@ pub use request::{
 };
 pub use retry::retry_delay_s;
 pub use state::{BboxStatus, ExtractionStatus, Transition};
+
+/// A new job's id: a UUIDv7, ordered by creation time, so the index entries
+/// of the jobs in flight sit together at the end of each index instead of
+/// being scattered over all of it.
+pub fn new_job_id() -> uuid::Uuid {
+    uuid::Uuid::now_v7()
+}

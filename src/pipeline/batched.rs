@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::store::coalesce::Coalescer;
-use crate::store::transitions::{self, Completion, Succeeded};
+use crate::store::transitions::{self, Completion};
 use crate::store::{self, orphans, Claim, Extraction, Insert};
 
 /// The grouped statements; clones share the batchers.
@@ -17,8 +17,8 @@ pub struct Batched {
     pub insert: Coalescer<Insert, Option<Extraction>>,
     /// `mark_running` for the extraction lease.
     pub claim: Coalescer<Uuid, Option<Claim>>,
-    /// `mark_succeeded`, then `start_bbox_refinement`, in one transaction.
-    pub succeed: Coalescer<Completion, Option<Succeeded>>,
+    /// `mark_succeeded` with `start_bbox_refinement` (one statement).
+    pub succeed: Coalescer<Completion, Option<Extraction>>,
     /// `mark_bbox_refinement_running` for the bbox lease.
     pub bbox_claim: Coalescer<Uuid, Option<Claim>>,
     /// `mark_bbox_refinement_succeeded`.
@@ -50,7 +50,7 @@ impl Batched {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),
             succeed: batcher!(|pool, done| {
-                transitions::succeed_and_request_bbox_many(&pool, &done).await
+                transitions::mark_succeeded_many(&pool, &done).await
             }),
             bbox_claim: batcher!(|pool, ids| {
                 transitions::mark_bbox_refinement_running_many(&pool, &ids, bbox_lease_s).await

@@ -14,7 +14,7 @@ use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason}
 use crate::extract::ExtractionOutput;
 use crate::failpoints;
 use crate::kafka::HandlerError;
-use crate::store::transitions::{self, Completion, Succeeded};
+use crate::store::transitions::{self, Completion};
 use crate::store::{orphans, Extraction};
 
 impl Services {
@@ -28,30 +28,26 @@ impl Services {
     ) -> Result<bool, HandlerError> {
         let result = serde_json::to_value(output).expect("extraction output serialises");
         let completion = Completion { id, token, result };
-        let done = self
+        let succeeded = self
             .batched
             .succeed
             .run(completion)
             .await
             .map_err(transient)?;
-        let succeeded = done.as_ref().map(|d| &d.succeeded);
+        // One statement made both transitions: they win or lose together.
         self.metrics
             .transition(Transition::MarkSucceeded, &succeeded);
-        let Some(Succeeded {
-            succeeded,
-            requested,
-        }) = done
-        else {
+        self.metrics
+            .transition(Transition::StartBboxRefinement, &succeeded);
+        let Some(succeeded) = succeeded else {
             self.stale(Stage::Extraction, id, token, "completion");
             return Ok(false);
         };
-        self.metrics
-            .transition(Transition::StartBboxRefinement, &requested);
         // As with the claim: the success event is acknowledged while the bbox
         // refinement is requested.
         let (emitted, followed) = tokio::join!(
             self.emit(Transition::MarkSucceeded, &succeeded, Some(token), reason),
-            self.follow_up(id, requested, reason),
+            self.follow_up(id, &succeeded, reason),
         );
         emitted?;
         followed?;
@@ -62,18 +58,15 @@ impl Services {
     async fn follow_up(
         &self,
         id: Uuid,
-        requested: Option<Extraction>,
+        requested: &Extraction,
         reason: PublishReason,
     ) -> Result<(), HandlerError> {
         failpoints::hit("worker.after_mark_succeeded")
             .await
             .map_err(transient)?;
-        let Some(requested) = requested else {
-            return Ok(());
-        };
         let (requested_published, emitted) = tokio::join!(
             self.request_bbox_refinement(id, reason),
-            self.emit(Transition::StartBboxRefinement, &requested, None, reason),
+            self.emit(Transition::StartBboxRefinement, requested, None, reason),
         );
         requested_published?;
         emitted

@@ -10,7 +10,6 @@
 //! creates nothing new.
 
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::submit::{submit_durably, DurableSubmitError};
 use super::Services;
@@ -54,7 +53,7 @@ fn parse(record: &Record) -> Result<NewExtraction, HandlerError> {
         .map_err(|e| invalid(format!("request_json: {e}")))?;
     request.validate().map_err(|e| invalid(e.to_string()))?;
     Ok(NewExtraction {
-        id: Uuid::new_v4(),
+        id: crate::domain::new_job_id(),
         idempotency_key: Some(requested.idempotency_key),
         request,
     })

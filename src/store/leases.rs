@@ -20,11 +20,8 @@ const RENEW_EXTRACTION: &str = "UPDATE extractions
   RETURNING cancel_requested_at IS NOT NULL";
 
 const RENEW_BBOX: &str = "UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement,lease_expires_at}',
-                                        to_jsonb(now() + make_interval(secs => $3)))
-      WHERE id = $1 AND status = 'succeeded'
-        AND post_processing->'bbox_refinement'->>'status' = 'running'
-        AND (post_processing->'bbox_refinement'->>'attempts')::int = $2
+        SET bbox_lease_expires_at = now() + make_interval(secs => $3)
+      WHERE id = $1 AND bbox_status = 'running' AND bbox_attempts = $2
   RETURNING false";
 
 /// Extends claim `token` on extraction `id` to `lease_s` seconds from now.
@@ -96,9 +93,7 @@ pub async fn bbox_claim_is_live<'e>(
     id: Uuid,
 ) -> Result<Option<bool>, StoreError> {
     let live = sqlx::query_scalar(
-        "SELECT COALESCE(status = 'succeeded'
-                AND post_processing->'bbox_refinement'->>'status' = 'running'
-                AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz >= now(), false)
+        "SELECT COALESCE(bbox_status = 'running' AND bbox_lease_expires_at >= now(), false)
            FROM extractions WHERE id = $1",
     )
     .bind(id)

@@ -7,17 +7,6 @@
 //! statement. Submits are idempotent per `Idempotency-Key` (`submit`).
 //! Lease arithmetic always uses the database clock (`now()`), never the caller's.
 
-/// Every column of `extractions` but the request: what the statements whose
-/// callers do not read the request return (see `Extraction::request`).
-macro_rules! lean_columns {
-    () => {
-        "id, status, idempotency_key, request_hash, result, error, attempts, \
-         lease_expires_at, submitted_at, started_at, finished_at, post_processing, \
-         next_attempt_at, published_at, cancel_requested_at, republished_at, \
-         orphaned_at, last_recovery_s"
-    };
-}
-
 pub mod coalesce;
 pub mod leases;
 pub mod orphans;
@@ -75,12 +64,12 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
 }
 
-/// Reads one extraction.
+/// Reads one extraction, with its request and results.
 pub async fn get<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     id: Uuid,
 ) -> Result<Option<Extraction>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>("SELECT * FROM extractions WHERE id = $1")
+    let row = sqlx::query_as::<_, Extraction>("SELECT * FROM extraction_rows WHERE id = $1")
         .bind(id)
         .fetch_optional(executor)
         .await?;

@@ -77,31 +77,22 @@ RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.sin
 const TAKE_BBOX_ORPHANS: &str = "
 WITH found AS (
     SELECT id,
-           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN 5 ELSE 4 END AS class,
-           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running'
-                THEN (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz
-                ELSE COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
-                     + make_interval(secs => $1) END AS since
+           CASE WHEN bbox_status = 'running' THEN 5 ELSE 4 END AS class,
+           CASE WHEN bbox_status = 'running' THEN bbox_lease_expires_at
+                ELSE COALESCE(bbox_requested_at, finished_at) + make_interval(secs => $1) END AS since
       FROM extractions
-     WHERE status = 'succeeded'
-       AND ((post_processing->'bbox_refinement'->>'status' = 'pending'
-             AND post_processing->'bbox_refinement'->>'published_at' IS NULL
-             AND COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
-                 < now() - make_interval(secs => $1))
-            OR (post_processing->'bbox_refinement'->>'status' = 'running'
-                AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))
-       AND (post_processing->'bbox_refinement'->>'republished_at' IS NULL
-            OR (post_processing->'bbox_refinement'->>'republished_at')::timestamptz
-               < now() - make_interval(secs =>
-                   CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN $2 ELSE $1 END))
+     WHERE bbox_status IN ('pending', 'running')
+       AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
+             AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => $1))
+            OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))
+       AND (bbox_republished_at IS NULL
+            OR bbox_republished_at < now() - make_interval(secs =>
+                   CASE WHEN bbox_status = 'running' THEN $2 ELSE $1 END))
      ORDER BY since
      LIMIT $3
        FOR UPDATE SKIP LOCKED)
 UPDATE extractions e
-   SET post_processing = jsonb_set(e.post_processing, '{bbox_refinement}',
-         (e.post_processing->'bbox_refinement') || jsonb_build_object(
-             'republished_at', now(),
-             'orphaned_at', COALESCE(e.post_processing->'bbox_refinement'->'orphaned_at', to_jsonb(found.since))))
+   SET bbox_republished_at = now(), bbox_orphaned_at = COALESCE(e.bbox_orphaned_at, found.since)
   FROM found
  WHERE e.id = found.id
 RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s";
@@ -118,19 +109,14 @@ SELECT id, class::int2 AS class, extract(epoch FROM now() - since)::float8 AS ag
         OR (status = 'running' AND lease_expires_at < now())
     UNION ALL
     SELECT id,
-           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN 5 ELSE 4 END,
-           CASE WHEN post_processing->'bbox_refinement'->>'status' = 'running'
-                THEN (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz
-                ELSE COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
-                     + make_interval(secs => $2) END
+           CASE WHEN bbox_status = 'running' THEN 5 ELSE 4 END,
+           CASE WHEN bbox_status = 'running' THEN bbox_lease_expires_at
+                ELSE COALESCE(bbox_requested_at, finished_at) + make_interval(secs => $2) END
       FROM extractions
-     WHERE status = 'succeeded'
-       AND ((post_processing->'bbox_refinement'->>'status' = 'pending'
-             AND post_processing->'bbox_refinement'->>'published_at' IS NULL
-             AND COALESCE((post_processing->'bbox_refinement'->>'requested_at')::timestamptz, finished_at)
-                 < now() - make_interval(secs => $2))
-            OR (post_processing->'bbox_refinement'->>'status' = 'running'
-                AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))
+     WHERE bbox_status IN ('pending', 'running')
+       AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
+             AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => $2))
+            OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))
     UNION ALL
     SELECT extraction_id, 6, next_attempt_at + make_interval(secs => $3)
       FROM webhook_deliveries
@@ -217,11 +203,9 @@ const STAMP_PUBLISHED: &str = "WITH unstamped AS (
 const STAMP_BBOX_REQUEST_PUBLISHED: &str = "WITH unstamped AS (
          SELECT extractions.id FROM unnest($1::uuid[]) AS batch(id)
            JOIN extractions ON extractions.id = batch.id
-          WHERE status = 'succeeded'
-            AND post_processing->'bbox_refinement'->>'status' = 'pending'
+          WHERE bbox_status = 'pending' AND bbox_published_at IS NULL
             FOR UPDATE OF extractions SKIP LOCKED)
-     UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement,published_at}', to_jsonb(now()))
+     UPDATE extractions SET bbox_published_at = now()
        FROM unstamped WHERE extractions.id = unstamped.id";
 
 /// Runs one of the stamps over `ids`, in lock order.
@@ -269,14 +253,11 @@ UPDATE extractions
    SET lease_expires_at = CASE WHEN status = 'running' THEN now() - interval '1 millisecond'
                                ELSE lease_expires_at END,
        next_attempt_at = CASE WHEN status = 'queued' THEN NULL ELSE next_attempt_at END,
-       post_processing = CASE WHEN status = 'succeeded'
-                                   AND post_processing->'bbox_refinement'->>'status' = 'running'
-                              THEN jsonb_set(post_processing, '{bbox_refinement,lease_expires_at}',
-                                             to_jsonb(now() - interval '1 millisecond'))
-                              ELSE post_processing END
+       bbox_lease_expires_at = CASE WHEN bbox_status = 'running'
+                                    THEN now() - interval '1 millisecond'
+                                    ELSE bbox_lease_expires_at END
  WHERE id = $1
-   AND (status IN ('queued', 'running')
-        OR (status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' IN ('pending', 'running')))
+   AND (status IN ('queued', 'running') OR bbox_status IN ('pending', 'running'))
 RETURNING status";
 
 /// Makes job `id` claimable now, whatever holds it; `None` when it has nothing

@@ -7,24 +7,33 @@ use uuid::Uuid;
 
 use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus};
 
-/// One row of `extractions`.
+/// One job: the row of `extractions`, with the columns of its side tables
+/// (`extraction_requests`, `extraction_results`) when the statement that read
+/// it joined them (the view `extraction_rows` has them all).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Extraction {
     /// Primary key, also the Kafka key of every event about this job.
     pub id: Uuid,
     /// See [`ExtractionStatus`]; stored as text.
     pub status: String,
-    /// The client's idempotency key, if it sent one.
+    /// The client's idempotency key, if it sent one (from the request row).
+    #[sqlx(default)]
     pub idempotency_key: Option<String>,
-    /// Hash of the request, to refuse a replayed key with another body.
-    pub request_hash: String,
-    /// The submitted request. Transitions that do not need it (every one but
-    /// the claims and the insert) leave it out of what they return: it is the
-    /// bulk of the row, and parsing it back is most of a completion's cost.
+    /// Hash of the request, to refuse a replayed key with another body (from
+    /// the request row).
+    #[sqlx(default)]
+    pub request_hash: Option<String>,
+    /// The submitted request, from the request row: the claims and the reads
+    /// return it, the other transitions do not (parsing it back would be most
+    /// of a completion's cost).
     #[sqlx(default)]
     pub request: Option<Json<ExtractionRequest>>,
-    /// Extracted values, once succeeded.
+    /// Extracted values, once succeeded (from the result row).
+    #[sqlx(default)]
     pub result: Option<serde_json::Value>,
+    /// Grounded boxes, once the bbox refinement succeeded (from its result row).
+    #[sqlx(default)]
+    pub bbox_result: Option<serde_json::Value>,
     /// Last error (failed, or the reason of the last retry).
     pub error: Option<String>,
     /// Claims so far; the current holder's fencing token.
@@ -37,8 +46,6 @@ pub struct Extraction {
     pub started_at: Option<DateTime<Utc>>,
     /// When the extraction reached a terminal state.
     pub finished_at: Option<DateTime<Utc>>,
-    /// Post-processing sub-states, `{"bbox_refinement": {...}}`.
-    pub post_processing: serde_json::Value,
     /// When a requeued job is due again.
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// When the current queued attempt's event was acknowledged by the broker.
@@ -51,46 +58,61 @@ pub struct Extraction {
     pub orphaned_at: Option<DateTime<Utc>>,
     /// Seconds from orphaning (or lease expiry) to the claim that recovered it.
     pub last_recovery_s: Option<f64>,
+    /// Whether the request named a `webhook_url`.
+    pub webhook: bool,
+    /// The bbox refinement sub-state, once the extraction succeeded.
+    pub bbox_status: Option<String>,
+    /// Bbox claims so far; the current bbox holder's fencing token.
+    pub bbox_attempts: i32,
+    /// When the bbox refinement was requested.
+    pub bbox_requested_at: Option<DateTime<Utc>>,
+    /// When the bbox request was acknowledged by the broker.
+    pub bbox_published_at: Option<DateTime<Utc>>,
+    /// When the latest bbox claim started.
+    pub bbox_started_at: Option<DateTime<Utc>>,
+    /// End of the current bbox claim's lease.
+    pub bbox_lease_expires_at: Option<DateTime<Utc>>,
+    /// When grounding finished.
+    pub bbox_finished_at: Option<DateTime<Utc>>,
+    /// Why grounding failed.
+    pub bbox_error: Option<String>,
+    /// Last time a reaper republished the bbox request.
+    pub bbox_republished_at: Option<DateTime<Utc>>,
+    /// Since when the bbox refinement has been an orphan, until a claim recovers it.
+    pub bbox_orphaned_at: Option<DateTime<Utc>>,
+    /// Seconds from orphaning (or lease expiry) to the bbox claim that recovered it.
+    pub bbox_last_recovery_s: Option<f64>,
     /// Not a column: the webhook delivery a terminal transition wrote along
     /// with it (see `store::webhooks`); `None` from every other statement.
     #[sqlx(default)]
     pub webhook_id: Option<String>,
 }
 
-/// The `bbox_refinement` sub-state inside `post_processing`.
+/// The bbox refinement sub-state, as the API shows it under
+/// `post_processing.bbox_refinement`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BboxRefinement {
     /// Sub-state.
     pub status: BboxStatus,
     /// Claims so far; the current holder's fencing token.
-    #[serde(default)]
     pub attempts: i32,
-    /// When the worker started publishing the post-processing request.
-    #[serde(default)]
+    /// When the bbox refinement was requested.
     pub requested_at: Option<DateTime<Utc>>,
     /// When the post-processing request was acknowledged by the broker.
-    #[serde(default)]
     pub published_at: Option<DateTime<Utc>>,
     /// When the latest claim started.
-    #[serde(default)]
     pub started_at: Option<DateTime<Utc>>,
     /// End of the current claim's lease.
-    #[serde(default)]
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// When grounding finished.
-    #[serde(default)]
     pub finished_at: Option<DateTime<Utc>>,
-    /// Grounded boxes per field.
-    #[serde(default)]
+    /// Grounded boxes per field, when the statement that read the row joined them.
     pub result: Option<serde_json::Value>,
     /// Why grounding failed.
-    #[serde(default)]
     pub error: Option<String>,
     /// Last time a reaper republished the bbox request.
-    #[serde(default)]
     pub republished_at: Option<DateTime<Utc>>,
     /// Seconds from orphaning (or lease expiry) to the claim that recovered it.
-    #[serde(default)]
     pub last_recovery_s: Option<f64>,
 }
 
@@ -107,10 +129,25 @@ impl Extraction {
             .expect("status is constrained by a CHECK in the schema")
     }
 
-    /// The bbox refinement sub-state, once the extraction succeeded.
+    /// The bbox refinement sub-state, once the extraction succeeded; a value
+    /// outside the CHECK constraint cannot be read back.
     pub fn bbox_refinement(&self) -> Option<BboxRefinement> {
-        let sub = self.post_processing.get("bbox_refinement")?;
-        serde_json::from_value(sub.clone()).ok()
+        let status = self.bbox_status.as_deref()?;
+        Some(BboxRefinement {
+            status: status
+                .parse()
+                .expect("bbox_status is constrained by a CHECK in the schema"),
+            attempts: self.bbox_attempts,
+            requested_at: self.bbox_requested_at,
+            published_at: self.bbox_published_at,
+            started_at: self.bbox_started_at,
+            lease_expires_at: self.bbox_lease_expires_at,
+            finished_at: self.bbox_finished_at,
+            result: self.bbox_result.clone(),
+            error: self.bbox_error.clone(),
+            republished_at: self.bbox_republished_at,
+            last_recovery_s: self.bbox_last_recovery_s,
+        })
     }
 }
 

@@ -19,23 +19,26 @@ use crate::domain::ExtractionRequest;
 
 // Written over arrays (one element from `submit`) so that the benchmark's
 // Postgres ceiling runs this very statement with one row and with a hundred.
-// The request is not returned: the caller has it.
-pub(crate) const INSERT: &str = concat!(
-    "WITH created AS (
-        INSERT INTO extractions (id, status, idempotency_key, request_hash, request)
-        SELECT new.id, 'queued', new.key, new.hash, new.request
+// The request row comes first: its unique key decides which jobs are created,
+// and only those get a job row and a log row. The request is not returned:
+// the caller has it.
+pub(crate) const INSERT: &str = "WITH requested AS (
+        INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
+        SELECT new.id, new.key, new.hash, new.request
           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS new(id, key, hash, request)
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING id, idempotency_key, request_hash, (request->>'webhook_url') IS NOT NULL AS webhook),
+    created AS (
+        INSERT INTO extractions (id, status, webhook)
+        SELECT id, 'queued', webhook FROM requested
         RETURNING *),
     logged AS (
         INSERT INTO extraction_transitions (extraction_id, transition, token)
         SELECT id, 'submit', NULL FROM created)
-    SELECT ",
-    lean_columns!(),
-    " FROM created"
-);
+    SELECT created.*, requested.idempotency_key, requested.request_hash
+      FROM created JOIN requested ON requested.id = created.id";
 
-const BY_KEY: &str = "SELECT * FROM extractions WHERE idempotency_key = $1";
+const BY_KEY: &str = "SELECT * FROM extraction_rows WHERE idempotency_key = $1";
 
 /// A job about to be inserted.
 #[derive(Debug, Clone)]
@@ -182,7 +185,7 @@ async fn by_key(pool: &PgPool, key: &str) -> Result<Option<Extraction>, sqlx::Er
 }
 
 fn replay(existing: Extraction, hash: &str) -> Result<Submitted, SubmitError> {
-    if existing.request_hash == hash {
+    if existing.request_hash.as_deref() == Some(hash) {
         Ok(Submitted::Replayed(existing))
     } else {
         Err(SubmitError::KeyReused)

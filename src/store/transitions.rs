@@ -22,52 +22,44 @@ use uuid::Uuid;
 
 use super::{Claim, Extraction, StoreError};
 
-/// Builds the statement: the update, then the log row for the transition it won.
+/// Builds the statement: the update (`moved`), the log row of the transition it
+/// won, and the final `SELECT` of the job row (its `extractions` columns only,
+/// unless a join is named).
 macro_rules! logged {
     ($transition:literal, token = $token:expr, $update:literal) => {
-        logged!($transition, token = $token, returning = "*", $update)
+        logged!($transition, token = $token, select = "SELECT moved.* FROM moved", $update)
     };
-    // The row without its request, for the transitions whose callers do not
-    // read it (see `Extraction::request`).
-    ($transition:literal, token = $token:expr, lean, $update:literal) => {
+    // The claims also return what the work needs: the request and, for the
+    // bbox refinement, the extraction's result.
+    ($transition:literal, token = $token:expr, with_request, $update:literal) => {
         logged!(
             $transition,
             token = $token,
-            returning = lean_columns!(),
+            select = "SELECT moved.*, q.request FROM moved JOIN extraction_requests q ON q.id = moved.id",
+            $update
+        )
+    };
+    ($transition:literal, token = $token:expr, with_request_and_result, $update:literal) => {
+        logged!(
+            $transition,
+            token = $token,
+            select = "SELECT moved.*, q.request, r.result FROM moved
+                        JOIN extraction_requests q ON q.id = moved.id
+                        LEFT JOIN extraction_results r ON r.id = moved.id AND r.stage = 'extraction'",
             $update
         )
     };
     // A terminal transition: the same statement also writes the webhook
-    // delivery that announces it, when the request named a `webhook_url` (the
-    // outbox: a crash after the state change cannot lose the webhook). The
-    // row comes back lean, with the delivery's id as `webhook_id`.
-    ($transition:literal, token = $token:expr, lean, webhook = $event:literal, $update:literal) => {
-        concat!(
-            "WITH moved AS (",
-            $update,
-            " RETURNING extractions.*), logged AS (INSERT INTO extraction_transitions ",
-            "(extraction_id, transition, token) SELECT id, '",
+    // delivery that announces it (see `webhook_tail!`).
+    ($transition:literal, token = $token:expr, webhook = $event:literal, bbox = $bbox:literal, $update:literal) => {
+        logged!(
             $transition,
-            "', ",
-            $token,
-            " FROM moved), hooked AS (INSERT INTO webhook_deliveries ",
-            "(id, extraction_id, event_type, url, payload) SELECT 'msg_' || replace(id::text, '-', '') || '_",
-            $event,
-            "', id, 'extraction.",
-            $event,
-            "', request->>'webhook_url', jsonb_build_object('type', 'extraction.",
-            $event,
-            "', 'timestamp', now(), 'data', jsonb_build_object('id', id, 'status', status, ",
-            "'bbox_status', post_processing->'bbox_refinement'->>'status', 'result', result, ",
-            "'bbox', post_processing->'bbox_refinement'->'result', ",
-            "'error', COALESCE(error, post_processing->'bbox_refinement'->>'error'), ",
-            "'metadata', request->'metadata')) FROM moved WHERE request->>'webhook_url' IS NOT NULL ",
-            "ON CONFLICT (id) DO NOTHING RETURNING id, extraction_id) SELECT ",
-            lean_columns!(),
-            ", (SELECT h.id FROM hooked h WHERE h.extraction_id = moved.id) AS webhook_id FROM moved"
+            token = $token,
+            select = webhook_tail!($event, $bbox),
+            $update
         )
     };
-    ($transition:literal, token = $token:expr, returning = $columns:expr, $update:literal) => {
+    ($transition:literal, token = $token:expr, select = $select:expr, $update:literal) => {
         concat!(
             "WITH moved AS (",
             $update,
@@ -76,17 +68,34 @@ macro_rules! logged {
             $transition,
             "', ",
             $token,
-            " FROM moved) SELECT ",
-            $columns,
-            " FROM moved"
+            " FROM moved) ",
+            $select
         )
     };
 }
 
-/// The bbox claim's token, read from the updated row.
-macro_rules! bbox_token {
-    () => {
-        "(post_processing->'bbox_refinement'->>'attempts')::int"
+/// The tail of a terminal transition's statement, after its `moved` and
+/// `logged` parts: it writes the webhook delivery that announces the change
+/// when the request named a `webhook_url` (the outbox: a crash after the state
+/// change cannot lose the webhook), and returns the job row with the
+/// delivery's id as `webhook_id`. `$bbox` is the grounded boxes the payload
+/// carries.
+macro_rules! webhook_tail {
+    ($event:literal, $bbox:literal) => {
+        concat!(
+            ", hooked AS (INSERT INTO webhook_deliveries (id, extraction_id, event_type, url, payload) ",
+            "SELECT 'msg_' || replace(m.id::text, '-', '') || '_", $event, "', m.id, ",
+            "'extraction.", $event, "', q.request->>'webhook_url', ",
+            "jsonb_build_object('type', 'extraction.", $event, "', 'timestamp', now(), ",
+            "'data', jsonb_build_object('id', m.id, 'status', m.status, 'bbox_status', m.bbox_status, ",
+            "'result', r.result, 'bbox', ", $bbox, ", 'error', COALESCE(m.error, m.bbox_error), ",
+            "'metadata', q.request->'metadata')) ",
+            "FROM moved m JOIN extraction_requests q ON q.id = m.id ",
+            "LEFT JOIN extraction_results r ON r.id = m.id AND r.stage = 'extraction' ",
+            "WHERE m.webhook AND q.request->>'webhook_url' IS NOT NULL ",
+            "ON CONFLICT (id) DO NOTHING RETURNING id, extraction_id) ",
+            "SELECT moved.*, (SELECT h.id FROM hooked h WHERE h.extraction_id = moved.id) AS webhook_id FROM moved"
+        )
     };
 }
 
@@ -95,6 +104,7 @@ macro_rules! bbox_token {
 pub(crate) const MARK_RUNNING: &str = logged!(
     "mark_running",
     token = "attempts",
+    with_request,
     "UPDATE extractions
         SET status = 'running', attempts = attempts + 1, started_at = now(),
             lease_expires_at = now() + make_interval(secs => $2),
@@ -109,24 +119,32 @@ pub(crate) const MARK_RUNNING: &str = logged!(
         AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))"
 );
 
-pub(crate) const MARK_SUCCEEDED: &str = logged!(
-    "mark_succeeded",
-    token = "attempts",
-    lean,
-    "UPDATE extractions
-        SET status = 'succeeded', result = done.result, error = NULL, finished_at = now(),
-            lease_expires_at = NULL,
-            post_processing = jsonb_set(post_processing, '{bbox_refinement}',
-                                        jsonb_build_object('status', 'pending', 'attempts', 0))
-       FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
-      WHERE extractions.id = done.id AND status = 'running' AND attempts = done.token"
-);
+// Two transitions in one statement: the success, and the bbox request it
+// leads to (pending, requested now). Both are logged, in that order, and the
+// result is written to its own row.
+pub(crate) const MARK_SUCCEEDED: &str = "WITH moved AS (
+    UPDATE extractions
+       SET status = 'succeeded', error = NULL, finished_at = now(), lease_expires_at = NULL,
+           bbox_status = 'pending', bbox_attempts = 0, bbox_requested_at = now()
+      FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
+     WHERE extractions.id = done.id AND status = 'running' AND attempts = done.token
+ RETURNING extractions.*, done.result AS new_result),
+stored AS (
+    INSERT INTO extraction_results (id, stage, result)
+    SELECT id, 'extraction', new_result FROM moved),
+logged AS (
+    INSERT INTO extraction_transitions (extraction_id, transition, token)
+    SELECT m.id, t.transition, CASE WHEN t.step = 1 THEN m.attempts END
+      FROM moved m
+     CROSS JOIN (VALUES (1, 'mark_succeeded'), (2, 'start_bbox_refinement')) AS t(step, transition)
+     ORDER BY m.id, t.step)
+SELECT moved.* FROM moved";
 
 const MARK_FAILED: &str = logged!(
     "mark_failed",
     token = "attempts",
-    lean,
     webhook = "failed",
+    bbox = "NULL::jsonb",
     "UPDATE extractions
         SET status = 'failed', error = $3, finished_at = now(), lease_expires_at = NULL
       WHERE id = $1 AND status = 'running' AND attempts = $2"
@@ -135,7 +153,6 @@ const MARK_FAILED: &str = logged!(
 const REQUEUE_FOR_RETRY: &str = logged!(
     "requeue_for_retry",
     token = "attempts",
-    lean,
     "UPDATE extractions
         SET status = 'queued', error = $3, lease_expires_at = NULL, published_at = NULL,
             next_attempt_at = now() + make_interval(secs => $4)
@@ -147,8 +164,8 @@ const REQUEUE_FOR_RETRY: &str = logged!(
 const MARK_CANCELLED: &str = logged!(
     "mark_cancelled",
     token = "NULL::int",
-    lean,
     webhook = "cancelled",
+    bbox = "NULL::jsonb",
     "UPDATE extractions
         SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
       WHERE id = $1
@@ -159,86 +176,77 @@ const MARK_CANCELLED: &str = logged!(
 const REQUEST_CANCEL: &str = logged!(
     "request_cancel",
     token = "attempts",
-    lean,
     "UPDATE extractions
         SET cancel_requested_at = now()
       WHERE id = $1 AND status = 'running' AND cancel_requested_at IS NULL"
 );
 
+// On its own only where a success's bbox request is made again (see
+// `pipeline::complete`); a success makes it in the same statement.
 const START_BBOX_REFINEMENT: &str = logged!(
     "start_bbox_refinement",
     token = "NULL::int",
-    lean,
     "UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement,requested_at}',
-                                        to_jsonb(now()))
+        SET bbox_requested_at = now()
        FROM unnest($1::uuid[]) AS batch(id)
-      WHERE extractions.id = batch.id AND status = 'succeeded'
-        AND post_processing->'bbox_refinement'->>'status' = 'pending'"
+      WHERE extractions.id = batch.id AND status = 'succeeded' AND bbox_status = 'pending'"
 );
 
 const MARK_BBOX_REFINEMENT_RUNNING: &str = logged!(
     "mark_bbox_refinement_running",
-    token = bbox_token!(),
+    token = "bbox_attempts",
+    with_request_and_result,
     "UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
-              ((post_processing->'bbox_refinement') - 'orphaned_at') || jsonb_build_object(
-                  'status', 'running',
-                  'started_at', now(),
-                  'attempts', COALESCE((post_processing->'bbox_refinement'->>'attempts')::int, 0) + 1,
-                  'lease_expires_at', now() + make_interval(secs => $2),
-                  'last_recovery_s', CASE
-                      WHEN post_processing->'bbox_refinement'->>'status' = 'running' THEN extract(epoch FROM
-                          now() - (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz)::float8
-                      WHEN post_processing->'bbox_refinement' ? 'orphaned_at' THEN extract(epoch FROM
-                          now() - (post_processing->'bbox_refinement'->>'orphaned_at')::timestamptz)::float8
-                  END))
+        SET bbox_status = 'running', bbox_started_at = now(), bbox_attempts = bbox_attempts + 1,
+            bbox_lease_expires_at = now() + make_interval(secs => $2),
+            bbox_last_recovery_s = CASE
+                WHEN bbox_status = 'running' THEN extract(epoch FROM now() - bbox_lease_expires_at)::float8
+                WHEN bbox_orphaned_at IS NOT NULL THEN extract(epoch FROM now() - bbox_orphaned_at)::float8
+            END,
+            bbox_orphaned_at = NULL
        FROM unnest($1::uuid[]) AS batch(id)
       WHERE extractions.id = batch.id AND status = 'succeeded'
-        AND (post_processing->'bbox_refinement'->>'status' = 'pending'
-             OR (post_processing->'bbox_refinement'->>'status' = 'running'
-                 AND (post_processing->'bbox_refinement'->>'lease_expires_at')::timestamptz < now()))"
+        AND (bbox_status = 'pending'
+             OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))"
 );
 
-const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = logged!(
-    "mark_bbox_refinement_succeeded",
-    token = bbox_token!(),
-    lean,
-    webhook = "succeeded",
-    "UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
-              ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(
-                  'status', 'succeeded', 'finished_at', now(), 'result', done.result, 'error', NULL))
-       FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
-      WHERE extractions.id = done.id AND status = 'succeeded'
-        AND post_processing->'bbox_refinement'->>'status' = 'running'
-        AND (post_processing->'bbox_refinement'->>'attempts')::int = done.token"
+// The grounded boxes are written to their own row by the same statement, and
+// the webhook's payload takes them from the statement's input.
+const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = concat!(
+    "WITH moved AS (
+    UPDATE extractions
+       SET bbox_status = 'succeeded', bbox_finished_at = now(), bbox_error = NULL,
+           bbox_lease_expires_at = NULL
+      FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
+     WHERE extractions.id = done.id AND status = 'succeeded'
+       AND bbox_status = 'running' AND bbox_attempts = done.token
+ RETURNING extractions.*, done.result AS new_result),
+stored AS (
+    INSERT INTO extraction_results (id, stage, result)
+    SELECT id, 'bbox_refinement', new_result FROM moved),
+logged AS (
+    INSERT INTO extraction_transitions (extraction_id, transition, token)
+    SELECT id, 'mark_bbox_refinement_succeeded', bbox_attempts FROM moved)",
+    webhook_tail!("succeeded", "m.new_result")
 );
 
 const MARK_BBOX_REFINEMENT_FAILED: &str = logged!(
     "mark_bbox_refinement_failed",
-    token = bbox_token!(),
-    lean,
+    token = "bbox_attempts",
     webhook = "succeeded",
+    bbox = "NULL::jsonb",
     "UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
-              ((post_processing->'bbox_refinement') - 'lease_expires_at') || jsonb_build_object(
-                  'status', 'failed', 'finished_at', now(), 'error', $3::text))
-      WHERE id = $1 AND status = 'succeeded'
-        AND post_processing->'bbox_refinement'->>'status' = 'running'
-        AND (post_processing->'bbox_refinement'->>'attempts')::int = $2"
+        SET bbox_status = 'failed', bbox_finished_at = now(), bbox_error = $3,
+            bbox_lease_expires_at = NULL
+      WHERE id = $1 AND status = 'succeeded' AND bbox_status = 'running' AND bbox_attempts = $2"
 );
 
 const REQUEUE_BBOX_REFINEMENT: &str = logged!(
     "requeue_bbox_refinement",
-    token = bbox_token!(),
-    lean,
+    token = "bbox_attempts",
     "UPDATE extractions
-        SET post_processing = jsonb_set(post_processing, '{bbox_refinement}',
-              ((post_processing->'bbox_refinement') - 'lease_expires_at')
-                || jsonb_build_object('status', 'pending'))
-      WHERE id = $1 AND status = 'succeeded'
-        AND post_processing->'bbox_refinement'->>'status' IN ('pending', 'running')"
+        SET bbox_status = 'pending', bbox_lease_expires_at = NULL
+      WHERE id = $1 AND status = 'succeeded' AND bbox_status IN ('pending', 'running')"
 );
 
 /// Claims a queued job, or one whose holder's lease ran out, for `lease_s` seconds.
@@ -271,7 +279,8 @@ pub async fn mark_running_many<'e>(
     Ok(align(ids.iter().copied(), claims, |c| c.extraction.id))
 }
 
-/// Completes the claim `token` with `result`; bbox refinement becomes pending.
+/// Completes the claim `token` with `result`, and requests the bbox
+/// refinement (pending): two logged transitions, one statement.
 pub async fn mark_succeeded<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
@@ -349,41 +358,8 @@ pub async fn request_cancel<'e>(
     by_id(executor, REQUEST_CANCEL, id).await
 }
 
-/// A success and the bbox request it leads to, as one transaction.
-#[derive(Debug, Clone)]
-pub struct Succeeded {
-    /// The row after `mark_succeeded`.
-    pub succeeded: Extraction,
-    /// The row after `start_bbox_refinement`, when that transition won too.
-    pub requested: Option<Extraction>,
-}
-
-/// `mark_succeeded` for many claims, then `start_bbox_refinement` for those that
-/// won: two statements (two transitions, each logged) and one commit. One
-/// answer per claim, in order.
-pub async fn succeed_and_request_bbox_many(
-    pool: &sqlx::PgPool,
-    done: &[Completion],
-) -> Result<Vec<Option<Succeeded>>, StoreError> {
-    let mut tx = pool.begin().await?;
-    let succeeded = mark_succeeded_many(&mut *tx, done).await?;
-    let won: Vec<Uuid> = succeeded.iter().flatten().map(|row| row.id).collect();
-    let requested = start_bbox_refinement_many(&mut *tx, &won).await?;
-    tx.commit().await?;
-    let mut requested: HashMap<Uuid, Option<Extraction>> = won.into_iter().zip(requested).collect();
-    Ok(succeeded
-        .into_iter()
-        .map(|row| {
-            row.map(|succeeded| Succeeded {
-                requested: requested.remove(&succeeded.id).flatten(),
-                succeeded,
-            })
-        })
-        .collect())
-}
-
-/// Stamps the pending bbox refinement as requested, just before its event is
-/// published.
+/// Stamps the pending bbox refinement as requested again, just before its
+/// event is published once more.
 pub async fn start_bbox_refinement<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
@@ -429,9 +405,9 @@ pub async fn mark_bbox_refinement_running_many<'e>(
         .bind(lease_s)
         .fetch_all(executor)
         .await?;
-    let claims = rows.into_iter().filter_map(|extraction| {
-        let token = extraction.bbox_refinement()?.attempts;
-        Some(Claim { extraction, token })
+    let claims = rows.into_iter().map(|extraction| Claim {
+        token: extraction.bbox_attempts,
+        extraction,
     });
     Ok(align(ids.iter().copied(), claims, |c| c.extraction.id))
 }
@@ -461,7 +437,7 @@ pub async fn mark_bbox_refinement_succeeded_many<'e>(
 ) -> Result<Vec<Option<Extraction>>, StoreError> {
     let rows = completing(executor, MARK_BBOX_REFINEMENT_SUCCEEDED, done).await?;
     Ok(align(done.iter().map(Completion::key), rows, |row| {
-        (row.id, row.bbox_refinement().map_or(0, |b| b.attempts))
+        (row.id, row.bbox_attempts)
     }))
 }
 

@@ -563,7 +563,7 @@ pub async fn wait_count(pool: &PgPool, what: &str, sql: &str, at_least: i64, tim
 
 /// Jobs finished with their bbox refinement.
 pub const ALL_BBOX_SUCCEEDED: &str = "SELECT count(*) FROM extractions
-    WHERE status = 'succeeded' AND post_processing->'bbox_refinement'->>'status' = 'succeeded'";
+    WHERE status = 'succeeded' AND bbox_status = 'succeeded'";
 
 /// How many times each id won `transition`.
 pub async fn wins(pool: &PgPool, transition: &str) -> HashMap<Uuid, i64> {
