@@ -71,6 +71,7 @@ pub async fn serve(
     gate.close();
     let requests_drained = gate.wait_idle(budget.max(streams)).await;
     let queue_drained = services.publisher.drain(budget).await;
+    services.stamps.flush().await;
     close_listener.cancel();
     server.await??;
     let drain_ms = started.elapsed().as_millis() as u64;
@@ -125,6 +126,7 @@ async fn consumer<H: RecordHandler>(
 ) -> RoleResult {
     services.consume(group, topic, handler, shutdown).await?;
     flush(&services);
+    services.stamps.flush().await;
     Ok(())
 }
 

@@ -434,12 +434,11 @@ async fn sigkill_of_the_bbox_worker_mid_grounding_is_healed() {
     let ids = submit_jobs(&services, 10).await;
     let grounding = "SELECT count(*) FROM extractions WHERE bbox_status = 'running'";
     wait_count(pool, "bbox claims", grounding, 1, Duration::from_secs(60)).await;
-    let held: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM extractions WHERE bbox_status = 'running'",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
+    let held: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM extractions WHERE bbox_status = 'running'")
+            .fetch_all(pool)
+            .await
+            .unwrap();
     signal(&doomed, "KILL").await;
     doomed.wait().await.unwrap();
 

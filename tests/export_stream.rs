@@ -508,14 +508,15 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         "{answered:?}"
     );
     assert!(accepted.len() < SUBMISSIONS, "the shutdown came mid-stream");
-    let rows: HashSet<Uuid> =
-        sqlx::query_scalar("SELECT id FROM extraction_requests WHERE idempotency_key LIKE $1 || '%'")
-            .bind(&prefix)
-            .fetch_all(&env.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let rows: HashSet<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM extraction_requests WHERE idempotency_key LIKE $1 || '%'",
+    )
+    .bind(&prefix)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
     assert_eq!(
         rows, accepted,
         "the rows are exactly the answered submissions"

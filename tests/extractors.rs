@@ -627,14 +627,13 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     // offset belongs to a job whose bbox request was acknowledged.
     let group = env.settings.group(&env.settings.worker_group);
     let committed = env.committed(&group, "extraction.submitted");
-    let delivered: HashSet<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL",
-    )
-    .fetch_all(&env.pool)
-    .await
-    .unwrap()
-    .into_iter()
-    .collect();
+    let delivered: HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
     let ahead = common::read_topic_positioned(
         &env.settings.kafka_brokers,
         &env.topic("extraction.submitted"),

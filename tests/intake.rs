@@ -157,10 +157,11 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
     .await;
     stop(children.iter_mut()).await;
 
-    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, idempotency_key FROM extraction_requests")
-        .fetch_all(pool)
-        .await
-        .unwrap();
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT id, idempotency_key FROM extraction_requests")
+            .fetch_all(pool)
+            .await
+            .unwrap();
     let mut per_key: HashMap<&str, usize> = HashMap::new();
     for (_, key) in &rows {
         *per_key.entry(key.as_str()).or_default() += 1;

@@ -53,19 +53,27 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
     assert_eq!(ids.len(), DOCUMENTS);
 
     let pool = env.pool.clone();
-    wait_for("every job to reach bbox succeeded", Duration::from_secs(300), || {
-        let pool = pool.clone();
-        async move {
-            let done: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM extractions
+    wait_for(
+        "every job to reach bbox succeeded",
+        Duration::from_secs(300),
+        || {
+            let pool = pool.clone();
+            async move {
+                let done: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM extractions
                   WHERE status = 'succeeded' AND bbox_status = 'succeeded'",
-            )
-            .fetch_one(&pool)
-            .await
-            .map_err(|e| e.to_string())?;
-            if done == DOCUMENTS as i64 { Ok(()) } else { Err(format!("{done}/{DOCUMENTS} done")) }
-        }
-    })
+                )
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                if done == DOCUMENTS as i64 {
+                    Ok(())
+                } else {
+                    Err(format!("{done}/{DOCUMENTS} done"))
+                }
+            }
+        },
+    )
     .await;
 
     // Graceful stop: every process exits 0 on SIGTERM.

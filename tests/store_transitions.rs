@@ -65,7 +65,12 @@ async fn snapshot(pool: &PgPool, id: Uuid) -> (String, i64) {
             .unwrap();
     let state = format!(
         "{} {} {:?} {:?} {:?} {:?}",
-        row.status, row.attempts, row.lease_expires_at, row.result, row.error, row.bbox_refinement()
+        row.status,
+        row.attempts,
+        row.lease_expires_at,
+        row.result,
+        row.error,
+        row.bbox_refinement()
     );
     (state, log)
 }

@@ -47,13 +47,14 @@ fn script(rows: usize) -> String {
             ids.clone(),
             fill("NULL::text"),
             fill("'pgbench'::text"),
-            fill(":request::jsonb"),
+            fill(":request::text"),
+            fill("false"),
         ],
     );
     let claim = bind(lifecycle::CLAIM, &[ids.clone(), "30".into()]);
     let complete = bind(
         lifecycle::COMPLETE,
-        &[ids, fill("1"), fill(":result::jsonb")],
+        &[ids, fill("1"), fill(":result::text")],
     );
     format!(
         "SELECT array_agg(gen_random_uuid()) AS ids FROM generate_series(1, {rows}) \\gset\n\

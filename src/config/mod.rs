@@ -565,6 +565,14 @@ impl Settings {
         let margin = (self.subscriber_drain_timeout_s / 10.0).min(1.0);
         Duration::from_secs_f64(self.subscriber_drain_timeout_s - margin)
     }
+
+    /// How long after its event was acknowledged a new job is stamped as
+    /// published (`pipeline::stamps`): half the queued orphan threshold, so
+    /// that jobs claimed within that time are never stamped, and the stamps of
+    /// those still waiting land half a threshold before the reaper would look.
+    pub fn published_stamp_delay(&self) -> Duration {
+        Duration::from_secs_f64(self.queued_orphan_threshold_s / 2.0)
+    }
 }
 
 #[cfg(test)]

@@ -152,12 +152,10 @@ impl Summary {
             .bind(ids)
             .fetch_one(pool)
             .await?;
-        let to_bbox: (f64, f64) = sqlx::query_as(&latency(
-            "bbox_finished_at",
-        ))
-        .bind(ids)
-        .fetch_one(pool)
-        .await?;
+        let to_bbox: (f64, f64) = sqlx::query_as(&latency("bbox_finished_at"))
+            .bind(ids)
+            .fetch_one(pool)
+            .await?;
         let sample: Option<(Uuid, serde_json::Value, serde_json::Value)> = sqlx::query_as(
             "SELECT id, result, bbox_result FROM extraction_rows
               WHERE id = ANY($1) AND bbox_status = 'succeeded'

@@ -619,6 +619,8 @@ fn client_config(spec: &ConsumerSpec) -> ClientConfig {
             "queued.max.messages.kbytes",
             spec.prefetch_kbytes.to_string(),
         )
+        // Fetch requests are small; Nagle would hold one back behind the last.
+        .set("socket.nagle.disable", "true")
         .set("group.protocol", &spec.group_protocol);
     if spec.group_protocol == "classic" {
         // Under KIP-848 the broker owns assignment and session timing.

@@ -80,6 +80,10 @@ impl Publisher {
             .set("acks", "all")
             .set("linger.ms", linger_ms.to_string())
             .set("message.timeout.ms", timeout.as_millis().to_string())
+            // A job's hops are small requests on a busy connection: without
+            // this, Nagle holds each one back until the previous is
+            // acknowledged at the TCP level.
+            .set("socket.nagle.disable", "true")
             .create()?;
         let (queue, outgoing) = mpsc::channel(queue_size);
         tokio::spawn(send_point(producer.clone(), outgoing, metrics.clone()));

@@ -23,8 +23,6 @@ pub struct Batched {
     pub bbox_claim: Coalescer<Uuid, Option<Claim>>,
     /// `mark_bbox_refinement_succeeded`.
     pub bbox_succeed: Coalescer<Completion, Option<Extraction>>,
-    /// The submitted event of a queued job was acknowledged.
-    pub published: Coalescer<Uuid, ()>,
     /// The bbox request of a job was acknowledged.
     pub bbox_requested: Coalescer<Uuid, ()>,
 }
@@ -57,10 +55,6 @@ impl Batched {
             }),
             bbox_succeed: batcher!(|pool, done| {
                 transitions::mark_bbox_refinement_succeeded_many(&pool, &done).await
-            }),
-            published: batcher!(|pool, ids| {
-                let stamped = orphans::record_published_many(&pool, &ids).await;
-                stamped.map(|()| vec![(); ids.len()])
             }),
             bbox_requested: batcher!(|pool, ids| {
                 let stamped = orphans::record_bbox_request_published_many(&pool, &ids).await;

@@ -12,6 +12,7 @@ mod complete;
 mod intake;
 pub mod lease;
 pub mod reaper;
+mod stamps;
 mod submit;
 mod worker;
 
@@ -19,6 +20,7 @@ pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
 pub use intake::Intake;
 pub use reaper::{Reaper, ReaperKind};
+pub use stamps::Stamps;
 pub use submit::{submit, submit_durably, DurableSubmitError};
 pub use worker::ExtractionWorker;
 
@@ -58,6 +60,8 @@ pub struct Services {
     pub webhooks: Webhooks,
     /// The extractors the worker can run, with their per-process limits.
     pub extractors: Extractors,
+    /// The "published" stamps of this process's new jobs.
+    pub stamps: Stamps,
 }
 
 impl Services {
@@ -69,6 +73,7 @@ impl Services {
         metrics: Metrics,
     ) -> Result<Self, reqwest::Error> {
         let batched = Batched::new(&settings, &pool);
+        let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         let extractors = Extractors::new(&settings, &metrics)?;
         Ok(Self {
@@ -79,6 +84,7 @@ impl Services {
             batched,
             webhooks,
             extractors,
+            stamps,
         })
     }
 

@@ -8,7 +8,8 @@
 //! intake ([`submit_durably`]) has a better option: it fails the record, which
 //! is delivered again, so its offset is committed only once the row and the
 //! job's event are both durable. Once the broker acknowledged the event, the
-//! row is stamped as published, which tells the reaper it is not lost.
+//! row is stamped as published (`stamps`: late, and only if still queued),
+//! which tells the reaper it is not lost.
 //!
 //! A request naming a `webhook_url` is refused before anything is written if
 //! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off, and
@@ -100,7 +101,7 @@ async fn publish_created(services: &Services, row: &Extraction) -> Result<(), Pu
 }
 
 /// Publishes the job's `extraction.submitted` event and, once acknowledged,
-/// stamps the row.
+/// has the row stamped (later, see `stamps`).
 async fn publish_job(services: &Services, row: &Extraction) -> Result<(), PublishError> {
     let topic = services.settings.topic(&services.settings.topic_submitted);
     let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
@@ -108,8 +109,6 @@ async fn publish_job(services: &Services, row: &Extraction) -> Result<(), Publis
         .publisher
         .publish(&topic, row.id.to_string().as_bytes(), &event)
         .await?;
-    if let Err(e) = services.batched.published.run(row.id).await {
-        tracing::warn!(id = %row.id, error = %e, "publish not recorded; the reaper may republish it");
-    }
+    services.stamps.published(row.id);
     Ok(())
 }

@@ -18,9 +18,10 @@ pub mod webhooks;
 pub use row::{BboxRefinement, Claim, Extraction};
 
 /// The statements of a job's life in the store, as the benchmark's Postgres
-/// ceiling runs them: insert (`$1` ids, `$2` keys, `$3` hashes, `$4` requests),
-/// claim (`$1` ids, `$2` lease seconds), complete (`$1` ids, `$2` tokens, `$3`
-/// results). Each takes arrays: one row per statement or many.
+/// ceiling runs them: insert (`$1` ids, `$2` keys, `$3` hashes, `$4` requests
+/// as JSON text, `$5` whether each names a webhook), claim (`$1` ids, `$2`
+/// lease seconds), complete (`$1` ids, `$2` tokens, `$3` results as JSON
+/// text). Each takes arrays: one row per statement or many.
 pub(crate) mod lifecycle {
     pub(crate) use super::submit::INSERT;
     pub(crate) use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::future::Future;
 
 use sha2::{Digest, Sha256};
-use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
@@ -24,13 +23,15 @@ use crate::domain::ExtractionRequest;
 // the caller has it.
 pub(crate) const INSERT: &str = "WITH requested AS (
         INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
-        SELECT new.id, new.key, new.hash, new.request
-          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS new(id, key, hash, request)
+        SELECT new.id, new.key, new.hash, new.request::json
+          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS new(id, key, hash, request)
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, idempotency_key, request_hash, (request->>'webhook_url') IS NOT NULL AS webhook),
+        RETURNING id, idempotency_key, request_hash),
     created AS (
         INSERT INTO extractions (id, status, webhook)
-        SELECT id, 'queued', webhook FROM requested
+        SELECT requested.id, 'queued', new.webhook
+          FROM requested
+          JOIN unnest($1::uuid[], $5::bool[]) AS new(id, webhook) ON new.id = requested.id
         RETURNING *),
     logged AS (
         INSERT INTO extraction_transitions (extraction_id, transition, token)
@@ -96,18 +97,37 @@ impl From<sqlx::Error> for SubmitError {
 
 /// Hash of the request's canonical JSON (struct field order, sorted maps).
 pub fn request_hash(request: &ExtractionRequest) -> String {
-    let canonical = serde_json::to_vec(request).expect("a request always serialises");
-    let digest = Sha256::digest(canonical);
+    hash_of(&canonical_json(request))
+}
+
+fn canonical_json(request: &ExtractionRequest) -> String {
+    serde_json::to_string(request).expect("a request always serialises")
+}
+
+fn hash_of(canonical: &str) -> String {
+    let digest = Sha256::digest(canonical.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A job ready to insert: the request and its hash.
+/// A job ready to insert: the request, its canonical JSON (what is stored)
+/// and the hash of that JSON.
 #[derive(Debug, Clone)]
 pub struct Insert {
     /// The job.
     pub new: NewExtraction,
+    /// The request's canonical JSON.
+    pub json: String,
     /// [`request_hash`] of its request.
     pub hash: String,
+}
+
+impl Insert {
+    /// Serialises and hashes `new`'s request.
+    pub fn new(new: NewExtraction) -> Self {
+        let json = canonical_json(&new.request);
+        let hash = hash_of(&json);
+        Self { new, json, hash }
+    }
 }
 
 /// Inserts `new`, or returns the row its idempotency key already names.
@@ -129,18 +149,15 @@ where
     F: FnOnce(Insert) -> Fut,
     Fut: Future<Output = Result<Option<Extraction>, StoreError>>,
 {
-    let hash = request_hash(&new.request);
-    if let Some(key) = &new.idempotency_key {
+    let insert_row = Insert::new(new);
+    let hash = insert_row.hash.clone();
+    if let Some(key) = &insert_row.new.idempotency_key {
         if let Some(existing) = by_key(pool, key).await? {
             return replay(existing, &hash);
         }
     }
-    let key = new.idempotency_key.clone().unwrap_or_default();
-    let inserted = insert(Insert {
-        new,
-        hash: hash.clone(),
-    })
-    .await?;
+    let key = insert_row.new.idempotency_key.clone().unwrap_or_default();
+    let inserted = insert(insert_row).await?;
     match inserted {
         Some(row) => Ok(Submitted::Created(row)),
         None => {
@@ -164,13 +181,17 @@ pub async fn insert_many<'e>(
         .map(|i| i.new.idempotency_key.as_deref())
         .collect();
     let hashes: Vec<&str> = inserts.iter().map(|i| i.hash.as_str()).collect();
-    let requests: Vec<Json<&ExtractionRequest>> =
-        inserts.iter().map(|i| Json(&i.new.request)).collect();
+    let requests: Vec<&str> = inserts.iter().map(|i| i.json.as_str()).collect();
+    let webhooks: Vec<bool> = inserts
+        .iter()
+        .map(|i| i.new.request.webhook_url.is_some())
+        .collect();
     let rows = sqlx::query_as::<_, Extraction>(INSERT)
         .bind(&ids)
         .bind(keys)
         .bind(hashes)
         .bind(requests)
+        .bind(webhooks)
         .fetch_all(executor)
         .await?;
     let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();

@@ -126,12 +126,15 @@ pub(crate) const MARK_SUCCEEDED: &str = "WITH moved AS (
     UPDATE extractions
        SET status = 'succeeded', error = NULL, finished_at = now(), lease_expires_at = NULL,
            bbox_status = 'pending', bbox_attempts = 0, bbox_requested_at = now()
-      FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
+      FROM unnest($1::uuid[], $2::int[]) AS done(id, token)
      WHERE extractions.id = done.id AND status = 'running' AND attempts = done.token
- RETURNING extractions.*, done.result AS new_result),
+ RETURNING extractions.*),
 stored AS (
     INSERT INTO extraction_results (id, stage, result)
-    SELECT id, 'extraction', new_result FROM moved),
+    SELECT DISTINCT ON (m.id) m.id, 'extraction', done.result::json
+      FROM moved m
+      JOIN unnest($1::uuid[], $2::int[], $3::text[]) AS done(id, token, result)
+        ON done.id = m.id AND done.token = m.attempts),
 logged AS (
     INSERT INTO extraction_transitions (extraction_id, transition, token)
     SELECT m.id, t.transition, CASE WHEN t.step = 1 THEN m.attempts END
@@ -211,23 +214,30 @@ const MARK_BBOX_REFINEMENT_RUNNING: &str = logged!(
 );
 
 // The grounded boxes are written to their own row by the same statement, and
-// the webhook's payload takes them from the statement's input.
+// the webhook's payload takes them from there (`stored`).
 const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = concat!(
     "WITH moved AS (
     UPDATE extractions
        SET bbox_status = 'succeeded', bbox_finished_at = now(), bbox_error = NULL,
            bbox_lease_expires_at = NULL
-      FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS done(id, token, result)
+      FROM unnest($1::uuid[], $2::int[]) AS done(id, token)
      WHERE extractions.id = done.id AND status = 'succeeded'
        AND bbox_status = 'running' AND bbox_attempts = done.token
- RETURNING extractions.*, done.result AS new_result),
+ RETURNING extractions.*),
 stored AS (
     INSERT INTO extraction_results (id, stage, result)
-    SELECT id, 'bbox_refinement', new_result FROM moved),
+    SELECT DISTINCT ON (m.id) m.id, 'bbox_refinement', done.result::json
+      FROM moved m
+      JOIN unnest($1::uuid[], $2::int[], $3::text[]) AS done(id, token, result)
+        ON done.id = m.id AND done.token = m.bbox_attempts
+    RETURNING id, result),
 logged AS (
     INSERT INTO extraction_transitions (extraction_id, transition, token)
     SELECT id, 'mark_bbox_refinement_succeeded', bbox_attempts FROM moved)",
-    webhook_tail!("succeeded", "m.new_result")
+    webhook_tail!(
+        "succeeded",
+        "(SELECT s.result FROM stored s WHERE s.id = m.id)"
+    )
 );
 
 const MARK_BBOX_REFINEMENT_FAILED: &str = logged!(
@@ -486,7 +496,7 @@ async fn completing<'e>(
     done.sort_by_key(|c| c.id);
     let ids: Vec<Uuid> = done.iter().map(|c| c.id).collect();
     let tokens: Vec<i32> = done.iter().map(|c| c.token).collect();
-    let results: Vec<&serde_json::Value> = done.iter().map(|c| &c.result).collect();
+    let results: Vec<String> = done.iter().map(|c| c.result.to_string()).collect();
     let rows = sqlx::query_as::<_, Extraction>(sql)
         .bind(ids)
         .bind(tokens)
