@@ -353,9 +353,14 @@ async fn a_backlog_of_fifty_thousand_events_keeps_memory_bounded() {
         "fields": [{"name": "total", "type": "money", "anchor": "Total"}]
     });
     let ids: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO extractions (id, status, request_hash, request, published_at)
-         SELECT gen_random_uuid(), 'queued', 'bulk', $1, now() FROM generate_series(1, $2)
-         RETURNING id",
+        "WITH created AS (
+             INSERT INTO extractions (id, status, published_at)
+             SELECT gen_random_uuid(), 'queued', now() FROM generate_series(1, $2)
+             RETURNING id),
+         requested AS (
+             INSERT INTO extraction_requests (id, request_hash, request)
+             SELECT id, 'bulk', $1::json FROM created)
+         SELECT id FROM created",
     )
     .bind(&request)
     .bind(BACKLOG)
