@@ -18,15 +18,25 @@ use crate::domain::ExtractionRequest;
 
 // Written over arrays (one element from `submit`) so that the benchmark's
 // Postgres ceiling runs this very statement with one row and with a hundred.
-// The request row comes first: its unique key decides which jobs are created,
-// and only those get a job row and a log row. The request is not returned:
-// the caller has it.
-pub(crate) const INSERT: &str = "WITH requested AS (
+// The request row comes first: a request with an idempotency key is inserted
+// only if no other request holds its key (a speculative insert, which costs
+// more, so requests without a key skip it), and only the requests inserted
+// get a job row and a log row. The request is not returned: the caller has it.
+pub(crate) const INSERT: &str = "WITH keyed AS (
         INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
         SELECT new.id, new.key, new.hash, new.request::json
           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS new(id, key, hash, request)
+         WHERE new.key IS NOT NULL
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, idempotency_key, request_hash),
+    unkeyed AS (
+        INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
+        SELECT new.id, NULL, new.hash, new.request::json
+          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS new(id, key, hash, request)
+         WHERE new.key IS NULL
+        RETURNING id, idempotency_key, request_hash),
+    requested AS (
+        SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed),
     created AS (
         INSERT INTO extractions (id, status, webhook)
         SELECT requested.id, 'queued', new.webhook
