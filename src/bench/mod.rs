@@ -6,8 +6,8 @@
 //! Phases, in order: the Postgres ceiling (pgbench on docstream's own
 //! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
 //! perf tools), the peers (graphile-worker and River burning down no-op jobs),
-//! docstream's
-//! burn-down, docstream's steady state, and the steady state through an
+//! docstream's burn-down, the same with two and three worker processes of each
+//! kind, docstream's steady state, and the steady state through an
 //! external extractor (`extractor-serve` with a fixed latency). Every phase runs on a scratch
 //! database and its own topics, dropped at the end. The report is printed as a
 //! table and written as JSON under `--out`.
@@ -91,7 +91,8 @@ pub struct BenchArgs {
     /// 0.92's, utilisation 0.94); at 0.92 none did (utilisation 0.91).
     #[arg(long, default_value_t = 0.92)]
     pub provider_load: f64,
-    /// Phases to leave out: postgres, kafka, peer, river, burndown, steady, provider.
+    /// Phases to leave out: postgres, kafka, peer, river, burndown, scaling,
+    /// steady, provider.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -124,8 +125,8 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 7] = [
-    "postgres", "kafka", "peer", "river", "burndown", "steady", "provider",
+const PHASES: [&str; 8] = [
+    "postgres", "kafka", "peer", "river", "burndown", "scaling", "steady", "provider",
 ];
 
 /// Runs the benchmark; see the module docs.
@@ -212,7 +213,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         report.river = Some(answer);
     }
 
-    if args.runs("burndown") || args.runs("steady") || args.runs("provider") {
+    if PHASES[4..].iter().any(|phase| args.runs(phase)) {
         let scratch = Scratch::create(&settings, &format!("docstream_bench_{stamp}")).await?;
         let rig = scratch
             .rig(&settings, &format!("bench{stamp}."), logs.clone())
@@ -223,6 +224,18 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
                 pipeline::burn_down(&rig, args.jobs, args.workers, args.bbox_workers, &bar).await;
             bar.finish();
             report.burn_down = Some(outcome?);
+        }
+        if args.runs("scaling") {
+            // More processes on the same cores: they cannot add throughput
+            // here, but they must not lose much of it either.
+            for processes in [2, 3] {
+                let name = format!("docstream burn-down, {processes} + {processes} workers");
+                let bar = phase_bar(&name, args.jobs as u64);
+                let outcome =
+                    pipeline::burn_down(&rig, args.jobs, processes, processes, &bar).await;
+                bar.finish();
+                report.scaling.push(outcome?);
+            }
         }
         if args.runs("steady") {
             let bar = phase_bar("docstream steady state", 0);

@@ -1,10 +1,13 @@
 //! docstream itself under load, as separate processes (`serve`, `worker`,
 //! `bbox-worker`) on the benchmark's scratch database and topics.
 //!
-//! - **Burn-down**: N jobs are submitted and queued (their events acknowledged)
-//!   before any worker runs; then the workers start and drain them. The rate is
-//!   N over the window from the first claim to the last bbox success, both read
-//!   from the transition log, so group-join time is not counted as work.
+//! - **Burn-down**: N jobs are inserted before any worker runs; then the
+//!   workers start, and once both consumer groups are stable with every
+//!   process assigned, the jobs' events are released at once. The rate is N
+//!   over the window from the first claim to the last bbox success, both read
+//!   from the transition log, so neither group joins nor the rebalances they
+//!   cause are counted as work (with several processes they would be most of
+//!   the run).
 //! - **Steady state**: an open-loop generator submits over HTTP at a fixed rate,
 //!   whatever the answers' timing; each job's latency runs from its *intended*
 //!   send time (no coordinated omission) to its transitions' log timestamps.
@@ -28,7 +31,7 @@ use crate::demo::sample_requests;
 use crate::domain::ExtractionRequest;
 use crate::pipeline;
 use crate::roles;
-use crate::store::NewExtraction;
+use crate::store::{Extraction, NewExtraction};
 
 /// The scratch database and topics, and the environment children run with.
 #[derive(Clone)]
@@ -203,11 +206,10 @@ pub async fn burn_down(
     progress.set_message("submitting (no worker running)");
     let services = roles::connect(rig.settings.clone()).await?;
     let samples = sample_requests();
-    let base = done_count(&rig.pool).await?;
     let keeps_statistics = reset_statements(&rig.pool).await;
     let before = Snapshot::take(&rig.pool).await?;
     let started = Instant::now();
-    let ids: Vec<Uuid> = stream::iter(0..jobs)
+    let rows: Vec<Extraction> = stream::iter(0..jobs)
         .map(|i| {
             let new = NewExtraction {
                 id: crate::domain::new_job_id(),
@@ -216,9 +218,9 @@ pub async fn burn_down(
             };
             let services = &services;
             async move {
-                let submitted = pipeline::submit(services, new).await?;
+                let submitted = pipeline::submit::insert(services, new).await?;
                 progress.inc(1);
-                anyhow::Ok(submitted.extraction().id)
+                anyhow::Ok(submitted.extraction().clone())
             }
         })
         .buffer_unordered(64)
@@ -226,16 +228,31 @@ pub async fn burn_down(
         .await
         .into_iter()
         .collect::<anyhow::Result<_>>()?;
+    let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
     let submit_s = started.elapsed().as_secs_f64();
-    services.publisher.flush(Duration::from_secs(30))?;
-    drop(services);
 
     progress.set_position(0);
-    progress.set_message("workers draining the backlog");
+    progress.set_message("workers joining their groups");
     let started = Instant::now();
     let mut procs = spawn_workers(rig, workers, bbox_workers)?;
+    let groups = [
+        (rig.settings.group(&rig.settings.worker_group), workers),
+        (rig.settings.group(&rig.settings.bbox_worker_group), bbox_workers),
+    ];
+    wait_groups_stable(&rig.settings.kafka_brokers, &groups, &mut procs).await?;
+
+    progress.set_message("workers draining the backlog");
+    stream::iter(&rows)
+        .map(|row| pipeline::submit::publish_created(&services, row))
+        .buffer_unordered(1024)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, _>>()?;
     let deadline = Duration::from_secs(120.max(jobs as u64 / 100));
-    wait_all_done(rig, (base, jobs), &mut procs, deadline, progress).await?;
+    wait_all_done(rig, jobs, &mut procs, deadline, progress).await?;
+    services.stamps.flush().await;
+    drop(services);
     let wall_s = started.elapsed().as_secs_f64();
     let processes = costs(&procs, &[])?;
     let statistics = (&rig.pool, keeps_statistics);
@@ -304,14 +321,12 @@ pub async fn steady(
             ..sample.request
         })
         .collect();
-    let before = done_count(&rig.pool).await?;
     for request in samples.iter().cycle().take(20) {
         post(&client, &base, request).await?;
     }
     let hidden = ProgressBar::hidden();
     let warm_up = Duration::from_secs(60);
-    wait_all_done(rig, (before, 20), &mut procs, warm_up, &hidden).await?;
-    let before = done_count(&rig.pool).await?;
+    wait_all_done(rig, 20, &mut procs, warm_up, &hidden).await?;
 
     let cpu_before: Vec<f64> = procs
         .iter()
@@ -362,7 +377,7 @@ pub async fn steady(
     progress.set_message("waiting for the last jobs");
     let ids: Vec<Uuid> = accepted.iter().map(|(id, _)| *id).collect();
     let last = Duration::from_secs(120);
-    wait_all_done(rig, (before, ids.len()), &mut procs, last, &hidden).await?;
+    wait_all_done(rig, ids.len(), &mut procs, last, &hidden).await?;
     let processes = costs(&procs, &cpu_before)?;
     for proc in procs {
         proc.stop().await?;
@@ -573,34 +588,33 @@ async fn wait_healthy(
     }
 }
 
-/// Bbox successes in the scratch database's transition log. The log is
-/// append-only, so this stays cheap enough to poll without loading the server
-/// being measured (counting over the rewritten job rows did not).
-async fn done_count(pool: &PgPool) -> anyhow::Result<i64> {
-    let done = sqlx::query_scalar(
-        "SELECT count(*) FROM extraction_transitions
-          WHERE transition = 'mark_bbox_refinement_succeeded'",
+/// Jobs in the scratch database with work left: queued or running, or with
+/// their bbox refinement pending or running. Counted on the reapers' partial
+/// indexes, so polling it costs little however many jobs are done.
+async fn open_count(pool: &PgPool) -> anyhow::Result<i64> {
+    let open = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM extractions WHERE status IN ('queued', 'running'))
+              + (SELECT count(*) FROM extractions WHERE bbox_status IN ('pending', 'running'))",
     )
     .fetch_one(pool)
     .await?;
-    Ok(done)
+    Ok(open)
 }
 
-/// Waits until `jobs` more jobs than `base` (a [`done_count`] taken before
-/// they were submitted) have their bbox refinement succeeded, showing
-/// progress; fails if a process dies or `timeout` passes.
+/// Waits until no job has work left (`jobs` of them were the last to come
+/// in), showing progress; fails if a process dies or `timeout` passes.
 async fn wait_all_done(
     rig: &Rig,
-    (base, jobs): (i64, usize),
+    jobs: usize,
     procs: &mut [Proc],
     timeout: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let done = done_count(&rig.pool).await? - base;
-        progress.set_position(done as u64);
-        if done as usize >= jobs {
+        let open = open_count(&rig.pool).await?;
+        progress.set_position((jobs as i64 - open).max(0) as u64);
+        if open == 0 {
             return Ok(());
         }
         for proc in procs.iter_mut() {
@@ -608,11 +622,66 @@ async fn wait_all_done(
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{} of {jobs} jobs not done after {timeout:?}",
-            jobs as i64 - done
+            "{open} of {jobs} jobs not done after {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Waits until each group `(name, members)` is stable with that many members,
+/// every one of them assigned something (classic protocol: the group's state
+/// and each member's assignment, as the coordinator reports them).
+async fn wait_groups_stable(
+    brokers: &str,
+    groups: &[(String, usize)],
+    procs: &mut [Proc],
+) -> anyhow::Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let client = std::sync::Arc::new(client);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut unstable = Vec::new();
+        for (group, members) in groups {
+            let (client, name, members) = (client.clone(), group.clone(), *members);
+            let stable = tokio::task::spawn_blocking(move || {
+                let list = client.fetch_group_list(Some(&name), Duration::from_secs(5))?;
+                let stable = list.groups().iter().any(|g| {
+                    g.state() == "Stable"
+                        && g.members().len() == members
+                        && g.members()
+                            .iter()
+                            .all(|m| m.assignment().is_some_and(assigns_something))
+                });
+                anyhow::Ok(stable)
+            })
+            .await??;
+            if !stable {
+                unstable.push(group.as_str());
+            }
+        }
+        if unstable.is_empty() {
+            return Ok(());
+        }
+        for proc in procs.iter_mut() {
+            proc.ensure_running()?;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "consumer groups not stable after 60 s: {unstable:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether a classic consumer-protocol assignment (a version, then the count
+/// of its topics, big-endian) names any topic.
+fn assigns_something(assignment: &[u8]) -> bool {
+    assignment
+        .get(2..6)
+        .is_some_and(|count| i32::from_be_bytes(count.try_into().expect("four bytes")) > 0)
 }
 
 /// The benchmark counts only runs that kept the contract: every job claimed,

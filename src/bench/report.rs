@@ -47,6 +47,8 @@ pub struct Report {
     pub river: Option<serde_json::Value>,
     /// docstream draining a queued backlog.
     pub burn_down: Option<BurnDown>,
+    /// The same with two and three processes of each worker kind.
+    pub scaling: Vec<BurnDown>,
     /// docstream under an open-loop HTTP load.
     pub steady: Option<Steady>,
     /// The same through an external extractor with a fixed latency.
@@ -67,6 +69,7 @@ impl Report {
             peer: None,
             river: None,
             burn_down: None,
+            scaling: Vec::new(),
             steady: None,
             provider: None,
             checks: Vec::new(),
@@ -117,6 +120,16 @@ impl Report {
                 // River's rate per stage (the stretch target).
                 checks.push(ratio("burn-down / River", rate / river, Some(0.5)));
             }
+            for more in &self.scaling {
+                checks.push(ratio(
+                    &format!(
+                        "burn-down with {} + {} workers / with {} + {}",
+                        more.workers, more.bbox_workers, burn.workers, burn.bbox_workers
+                    ),
+                    more.jobs_per_s / rate,
+                    Some(0.9),
+                ));
+            }
             let kafka = self.kafka.as_ref();
             if let Some(ceiling) = kafka.and_then(|k| number(k, "consumer_records_per_s").ok()) {
                 checks.push(ratio(
@@ -140,14 +153,18 @@ impl Report {
             });
         }
         if let Some(steady) = &self.steady {
-            let p99 = steady.submit_to_succeeded.p99_ms;
-            checks.push(Check {
-                name: format!("steady p99 submit->succeeded at {}/s", steady.rate),
-                value: p99,
-                unit: "ms",
-                target: Some("<= 50".into()),
-                met: Some(p99 <= 50.0),
-            });
+            let mut at_most = |what: &str, p99: f64, bound: f64| {
+                checks.push(Check {
+                    name: format!("steady p99 {what} at {}/s", steady.rate),
+                    value: p99,
+                    unit: "ms",
+                    target: Some(format!("<= {bound}")),
+                    met: Some(p99 <= bound),
+                });
+            };
+            at_most("submit answered", steady.submit_answer.p99_ms, 20.0);
+            let to_bbox = steady.submit_to_bbox_succeeded.p99_ms;
+            at_most("submit->bbox succeeded", to_bbox, 50.0);
         }
         if let Some(p) = &self.provider {
             checks.push(Check {
@@ -305,6 +322,22 @@ impl fmt::Display for Report {
                 "    Kafka records / bytes                  {:>8.2} / {:.0}",
                 c.kafka_records, c.kafka_bytes
             )?;
+        }
+        if let (Some(one), false) = (&self.burn_down, self.scaling.is_empty()) {
+            writeln!(f, "\ndocstream burn-down by worker processes ({} jobs each)", one.jobs)?;
+            for b in std::iter::once(one).chain(&self.scaling) {
+                writeln!(
+                    f,
+                    "  {} worker(s) + {} bbox worker(s)          {:>10.0} jobs/s  ({:.2}x of {} + {}; CPU {:.3} ms/job)",
+                    b.workers,
+                    b.bbox_workers,
+                    b.jobs_per_s,
+                    b.jobs_per_s / one.jobs_per_s,
+                    one.workers,
+                    one.bbox_workers,
+                    b.cost.total_cpu_ms
+                )?;
+            }
         }
         if let Some(s) = &self.steady {
             writeln!(

@@ -13,7 +13,7 @@ mod intake;
 pub mod lease;
 pub mod reaper;
 mod stamps;
-mod submit;
+pub(crate) mod submit;
 mod worker;
 
 pub use batched::Batched;
