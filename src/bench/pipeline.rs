@@ -237,7 +237,10 @@ pub async fn burn_down(
     let mut procs = spawn_workers(rig, workers, bbox_workers)?;
     let groups = [
         (rig.settings.group(&rig.settings.worker_group), workers),
-        (rig.settings.group(&rig.settings.bbox_worker_group), bbox_workers),
+        (
+            rig.settings.group(&rig.settings.bbox_worker_group),
+            bbox_workers,
+        ),
     ];
     wait_groups_stable(&rig.settings.kafka_brokers, &groups, &mut procs).await?;
 

@@ -324,7 +324,11 @@ impl fmt::Display for Report {
             )?;
         }
         if let (Some(one), false) = (&self.burn_down, self.scaling.is_empty()) {
-            writeln!(f, "\ndocstream burn-down by worker processes ({} jobs each)", one.jobs)?;
+            writeln!(
+                f,
+                "\ndocstream burn-down by worker processes ({} jobs each)",
+                one.jobs
+            )?;
             for b in std::iter::once(one).chain(&self.scaling) {
                 writeln!(
                     f,

@@ -95,7 +95,10 @@ fn known_extractor(services: &Services, name: &str) -> Result<(), SubmitError> {
 
 /// The second half of a submit: a new job's `extraction.submitted` event,
 /// and its `submit` lifecycle event.
-pub(crate) async fn publish_created(services: &Services, row: &Extraction) -> Result<(), PublishError> {
+pub(crate) async fn publish_created(
+    services: &Services,
+    row: &Extraction,
+) -> Result<(), PublishError> {
     let (published, emitted) = tokio::join!(
         publish_job(services, row),
         services.emit(Transition::Submit, row, None, PublishReason::Submit),

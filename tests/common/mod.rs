@@ -60,6 +60,20 @@ impl TestEnv {
         Self::build(name, |_| {}, false).await
     }
 
+    /// A fresh database with no migration applied, for tests of the
+    /// migrations themselves.
+    pub async fn unmigrated(name: &str) -> Self {
+        let mut settings = Settings::load_from(None, &|var| std::env::var(var).ok())
+            .expect("settings from the environment");
+        let id = unique(name);
+        settings.database_url = create_database(&settings.database_url, &id).await;
+        settings.topic_prefix = format!("{id}.");
+        let pool = PgPool::connect(&settings.database_url)
+            .await
+            .expect("connect");
+        Self { settings, pool }
+    }
+
     /// Like [`TestEnv::new`], with a chance to adjust settings first.
     pub async fn with_settings(name: &str, adjust: impl FnOnce(&mut Settings)) -> Self {
         Self::build(name, adjust, true).await
