@@ -99,14 +99,14 @@ fn known<E: Event>() -> &'static Known {
 /// Encodes `event` as an Avro single object.
 pub fn encode<E: Event>(event: &E) -> Result<Vec<u8>, CodecError> {
     let known = known::<E>();
-    let datum = apache_avro::to_value(event)
-        .and_then(|value| value.resolve(&known.schema))
-        .and_then(|value| apache_avro::to_avro_datum(&known.schema, value))
-        .map_err(|e| CodecError::Datum(e.to_string()))?;
-    let mut bytes = Vec::with_capacity(HEADER_LEN + datum.len());
+    let mut bytes = Vec::with_capacity(64);
     bytes.extend_from_slice(&SINGLE_OBJECT_MAGIC);
     bytes.extend_from_slice(&known.fingerprint);
-    bytes.extend_from_slice(&datum);
+    // Serialised straight against the schema: going through an
+    // `apache_avro::Value` and resolving it against the schema first was
+    // about a seventh of a worker's CPU.
+    apache_avro::write_avro_datum_ref(&known.schema, event, &mut bytes)
+        .map_err(|e| CodecError::Datum(e.to_string()))?;
     Ok(bytes)
 }
 
@@ -149,6 +149,14 @@ mod tests {
         let bytes = encode(&event).unwrap();
         assert_eq!(bytes[..2], SINGLE_OBJECT_MAGIC);
         assert_eq!(decode::<E>(&bytes).unwrap(), event);
+        // The same bytes as the generic path: a value resolved against the
+        // schema, then written.
+        let known = known::<E>();
+        let value = apache_avro::to_value(&event)
+            .and_then(|value| value.resolve(&known.schema))
+            .unwrap();
+        let datum = apache_avro::to_avro_datum(&known.schema, value).unwrap();
+        assert_eq!(bytes[HEADER_LEN..], datum[..]);
     }
 
     #[test]
