@@ -29,8 +29,9 @@ CREATE TABLE extraction_requests (
     id               uuid  PRIMARY KEY,
     -- Client-chosen key that makes a submit safe to retry; NULL when the client sent none.
     idempotency_key  text,
-    -- SHA-256 of the canonical request JSON: a replay with a different body is refused.
-    request_hash     text  NOT NULL,
+    -- SHA-256 of the canonical request JSON, for a request with a key: a
+    -- replay of the key with a different body is refused. NULL without a key.
+    request_hash     text,
     -- The whole request: document, field specs, optional webhook_url and metadata.
     request          json  COMPRESSION lz4 NOT NULL
 ) WITH (toast_tuple_target = 128);

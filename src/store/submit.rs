@@ -31,7 +31,7 @@ pub(crate) const INSERT: &str = "WITH keyed AS (
         RETURNING id, idempotency_key, request_hash),
     unkeyed AS (
         INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
-        SELECT new.id, NULL, new.hash, new.request::json
+        SELECT new.id, NULL, NULL, new.request::json
           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS new(id, key, hash, request)
          WHERE new.key IS NULL
         RETURNING id, idempotency_key, request_hash),
@@ -120,22 +120,23 @@ fn hash_of(canonical: &str) -> String {
 }
 
 /// A job ready to insert: the request, its canonical JSON (what is stored)
-/// and the hash of that JSON.
+/// and, when it has an idempotency key, the hash of that JSON (only a replay
+/// of the key compares it).
 #[derive(Debug, Clone)]
 pub struct Insert {
     /// The job.
     pub new: NewExtraction,
     /// The request's canonical JSON.
     pub json: String,
-    /// [`request_hash`] of its request.
-    pub hash: String,
+    /// [`request_hash`] of its request, when it has an idempotency key.
+    pub hash: Option<String>,
 }
 
 impl Insert {
-    /// Serialises and hashes `new`'s request.
+    /// Serialises `new`'s request, and hashes it if it has a key.
     pub fn new(new: NewExtraction) -> Self {
         let json = canonical_json(&new.request);
-        let hash = hash_of(&json);
+        let hash = new.idempotency_key.as_ref().map(|_| hash_of(&json));
         Self { new, json, hash }
     }
 }
@@ -160,7 +161,7 @@ where
     Fut: Future<Output = Result<Option<Extraction>, StoreError>>,
 {
     let insert_row = Insert::new(new);
-    let hash = insert_row.hash.clone();
+    let hash = insert_row.hash.clone().unwrap_or_default();
     if let Some(key) = &insert_row.new.idempotency_key {
         if let Some(existing) = by_key(pool, key).await? {
             return replay(existing, &hash);
@@ -190,7 +191,7 @@ pub async fn insert_many<'e>(
         .iter()
         .map(|i| i.new.idempotency_key.as_deref())
         .collect();
-    let hashes: Vec<&str> = inserts.iter().map(|i| i.hash.as_str()).collect();
+    let hashes: Vec<Option<&str>> = inserts.iter().map(|i| i.hash.as_deref()).collect();
     let requests: Vec<&str> = inserts.iter().map(|i| i.json.as_str()).collect();
     let webhooks: Vec<bool> = inserts
         .iter()
