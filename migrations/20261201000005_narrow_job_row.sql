@@ -17,7 +17,8 @@
 --   compressed with lz4 and kept in the row.
 -- * The transition log keeps one row per won transition, written by the same
 --   statement, but without a foreign key (whose check locked the job row once
---   per log row), without an index on its sequence number, and with a BRIN
+--   per log row), without an index on its sequence number, with the
+--   transition's name as an enum, and with a BRIN
 --   index on the job id: job ids are time-ordered (UUIDv7) and log rows are
 --   appended as jobs move, so a job's rows sit in a few block ranges, and
 --   keeping the index costs next to nothing per row.
@@ -119,9 +120,19 @@ CREATE INDEX ix_extractions_bbox_open
 -- no indexed column stay on the page (HOT) and write no index entries.
 ALTER TABLE extractions SET (fillfactor = 70);
 
+-- A transition's name as an enum: four bytes in each log row instead of up
+-- to thirty. Compared with a quoted name it reads like text; cast it
+-- (`transition::text`) to read it as text or compare it with a parameter.
+CREATE TYPE extraction_transition AS ENUM (
+    'submit', 'mark_running', 'mark_succeeded', 'mark_failed', 'requeue_for_retry',
+    'mark_cancelled', 'request_cancel', 'start_bbox_refinement',
+    'mark_bbox_refinement_running', 'mark_bbox_refinement_succeeded',
+    'mark_bbox_refinement_failed', 'requeue_bbox_refinement');
+
 ALTER TABLE extraction_transitions
     DROP CONSTRAINT extraction_transitions_extraction_id_fkey,
-    DROP CONSTRAINT extraction_transitions_pkey;
+    DROP CONSTRAINT extraction_transitions_pkey,
+    ALTER COLUMN transition TYPE extraction_transition USING transition::extraction_transition;
 DROP INDEX ix_extraction_transitions_extraction;
 CREATE INDEX ix_extraction_transitions_extraction
     ON extraction_transitions USING brin (extraction_id) WITH (pages_per_range = 8, autosummarize = on);

@@ -90,7 +90,7 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
 
     // The transition log: each transition won exactly once per id; one claim each.
     let wins: Vec<(Uuid, String, i64)> = sqlx::query_as(
-        "SELECT extraction_id, transition, count(*) FROM extraction_transitions GROUP BY 1, 2",
+        "SELECT extraction_id, transition::text, count(*) FROM extraction_transitions GROUP BY 1, 2",
     )
     .fetch_all(&env.pool)
     .await

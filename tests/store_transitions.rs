@@ -77,7 +77,7 @@ async fn snapshot(pool: &PgPool, id: Uuid) -> (String, i64) {
 
 async fn wins_of(pool: &PgPool, id: Uuid, transition: &str) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM extraction_transitions WHERE extraction_id = $1 AND transition = $2",
+        "SELECT count(*) FROM extraction_transitions WHERE extraction_id = $1 AND transition::text = $2",
     )
     .bind(id)
     .bind(transition)

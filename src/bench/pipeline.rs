@@ -691,7 +691,7 @@ fn assigns_something(assignment: &[u8]) -> bool {
 /// succeeded and bbox-refined exactly once (no duplicate work was done to win).
 async fn ensure_exactly_once(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<()> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT transition, count(*) FROM extraction_transitions
+        "SELECT transition::text, count(*) FROM extraction_transitions
           WHERE extraction_id = ANY($1) AND transition IN ('mark_succeeded', 'mark_bbox_refinement_succeeded')
           GROUP BY transition",
     )
@@ -718,7 +718,7 @@ async fn transition_times(
     ids: &[Uuid],
 ) -> anyhow::Result<HashMap<Uuid, HashMap<String, f64>>> {
     let rows: Vec<(Uuid, String, f64)> = sqlx::query_as(
-        "SELECT extraction_id, transition, extract(epoch FROM min(at))::float8
+        "SELECT extraction_id, transition::text, extract(epoch FROM min(at))::float8
            FROM extraction_transitions WHERE extraction_id = ANY($1)
           GROUP BY extraction_id, transition",
     )

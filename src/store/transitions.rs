@@ -139,7 +139,8 @@ logged AS (
     INSERT INTO extraction_transitions (extraction_id, transition, token)
     SELECT m.id, t.transition, CASE WHEN t.step = 1 THEN m.attempts END
       FROM moved m
-     CROSS JOIN (VALUES (1, 'mark_succeeded'), (2, 'start_bbox_refinement')) AS t(step, transition)
+     CROSS JOIN (VALUES (1, 'mark_succeeded'::extraction_transition),
+                        (2, 'start_bbox_refinement'::extraction_transition)) AS t(step, transition)
      ORDER BY m.id, t.step)
 SELECT moved.* FROM moved";
 

@@ -582,7 +582,7 @@ pub const ALL_BBOX_SUCCEEDED: &str = "SELECT count(*) FROM extractions
 /// How many times each id won `transition`.
 pub async fn wins(pool: &PgPool, transition: &str) -> HashMap<Uuid, i64> {
     let rows: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT extraction_id, count(*) FROM extraction_transitions WHERE transition = $1 GROUP BY 1",
+        "SELECT extraction_id, count(*) FROM extraction_transitions WHERE transition::text = $1 GROUP BY 1",
     )
     .bind(transition)
     .fetch_all(pool)
