@@ -17,8 +17,10 @@
 --   compressed with lz4 and kept in the row.
 -- * The transition log keeps one row per won transition, written by the same
 --   statement, but without a foreign key (whose check locked the job row once
---   per log row), without an index on its sequence number, with the
---   transition's name as an enum, and with a BRIN
+--   per log row), without a sequence number (a job's rows are ordered by
+--   `at`, then by the enum, whose order is the order of a job's life, for
+--   the two transitions one statement logs), with the transition's name as
+--   an enum, and with a BRIN
 --   index on the job id: job ids are time-ordered (UUIDv7) and log rows are
 --   appended as jobs move, so a job's rows sit in a few block ranges, and
 --   keeping the index costs next to nothing per row.
@@ -132,6 +134,7 @@ CREATE TYPE extraction_transition AS ENUM (
 ALTER TABLE extraction_transitions
     DROP CONSTRAINT extraction_transitions_extraction_id_fkey,
     DROP CONSTRAINT extraction_transitions_pkey,
+    DROP COLUMN seq,
     ALTER COLUMN transition TYPE extraction_transition USING transition::extraction_transition;
 DROP INDEX ix_extraction_transitions_extraction;
 CREATE INDEX ix_extraction_transitions_extraction
