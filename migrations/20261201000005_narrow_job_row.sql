@@ -50,10 +50,12 @@ CREATE UNIQUE INDEX uq_extraction_requests_idempotency_key
 
 -- One row per stage that produced a result: 'extraction' (the extracted values)
 -- and 'bbox_refinement' (the grounded boxes).
+CREATE TYPE extraction_stage AS ENUM ('extraction', 'bbox_refinement');
+
 CREATE TABLE extraction_results (
-    id      uuid  NOT NULL,
-    stage   text  NOT NULL CHECK (stage IN ('extraction', 'bbox_refinement')),
-    result  json  COMPRESSION lz4 NOT NULL,
+    id      uuid             NOT NULL,
+    stage   extraction_stage NOT NULL,
+    result  json             COMPRESSION lz4 NOT NULL,
     PRIMARY KEY (id, stage)
 ) WITH (toast_tuple_target = 128);
 ALTER TABLE extraction_results ALTER COLUMN result SET STORAGE MAIN;
