@@ -503,7 +503,7 @@ async fn a_job_that_keeps_failing_backs_off_then_fails() {
     for id in &ids {
         let log: Vec<(String, f64)> = sqlx::query_as(
             "SELECT transition::text, extract(epoch FROM at)::float8 FROM extraction_transitions
-              WHERE extraction_id = $1 ORDER BY seq",
+              WHERE extraction_id = $1 ORDER BY at, transition",
         )
         .bind(id)
         .fetch_all(&env.pool)
