@@ -49,7 +49,7 @@ pub enum BboxStatus {
 }
 
 impl BboxStatus {
-    /// The spelling stored in `post_processing.bbox_refinement.status`.
+    /// The spelling stored in `bbox_status` and shown by the API.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",

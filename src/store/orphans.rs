@@ -4,7 +4,8 @@
 //! An event that the broker acknowledged is not lost: the consumer groups commit
 //! offsets only after delivery, so it will be consumed. Each publisher therefore
 //! stamps the row once its event is acknowledged ([`record_published`],
-//! [`record_bbox_request_published`]), and a queued job or pending bbox
+//! [`record_bbox_request_published`]; a new job's stamp is written late and
+//! in bulk, see `pipeline::stamps`), and a queued job or pending bbox
 //! refinement without that stamp, past its threshold, is an orphan (classes 1,
 //! 3, 4). A job that waits in a legitimate backlog has its stamp and is left
 //! alone. A running claim is an orphan once its lease expired (classes 2, 5).

@@ -99,6 +99,28 @@ macro_rules! webhook_tail {
     };
 }
 
+/// The part of a completion's statement, after its `moved` part, that writes
+/// the result of each claim it won to the stage's result row: the results
+/// come as `$3` (JSON text), beside `$1` ids and `$2` tokens, and `$token`
+/// names the claim's token column.
+macro_rules! store_result {
+    ($stage:literal, $token:literal) => {
+        concat!(
+            "stored AS (
+    INSERT INTO extraction_results (id, stage, result)
+    SELECT DISTINCT ON (m.id) m.id, '",
+            $stage,
+            "', done.result::json
+      FROM moved m
+      JOIN unnest($1::uuid[], $2::int[], $3::text[]) AS done(id, token, result)
+        ON done.id = m.id AND done.token = m.",
+            $token,
+            "
+    RETURNING id, result),"
+        )
+    };
+}
+
 // SET expressions read the row as it was, so the recovery time is measured from
 // the expired lease (class 2) or from when a reaper judged the job orphaned.
 pub(crate) const MARK_RUNNING: &str = logged!(
@@ -122,19 +144,17 @@ pub(crate) const MARK_RUNNING: &str = logged!(
 // Two transitions in one statement: the success, and the bbox request it
 // leads to (pending, requested now). Both are logged, in that order, and the
 // result is written to its own row.
-pub(crate) const MARK_SUCCEEDED: &str = "WITH moved AS (
+pub(crate) const MARK_SUCCEEDED: &str = concat!(
+    "WITH moved AS (
     UPDATE extractions
        SET status = 'succeeded', error = NULL, finished_at = now(), lease_expires_at = NULL,
            bbox_status = 'pending', bbox_attempts = 0, bbox_requested_at = now()
       FROM unnest($1::uuid[], $2::int[]) AS done(id, token)
      WHERE extractions.id = done.id AND status = 'running' AND attempts = done.token
  RETURNING extractions.*),
-stored AS (
-    INSERT INTO extraction_results (id, stage, result)
-    SELECT DISTINCT ON (m.id) m.id, 'extraction', done.result::json
-      FROM moved m
-      JOIN unnest($1::uuid[], $2::int[], $3::text[]) AS done(id, token, result)
-        ON done.id = m.id AND done.token = m.attempts),
+",
+    store_result!("extraction", "attempts"),
+    "
 logged AS (
     INSERT INTO extraction_transitions (extraction_id, transition, token)
     SELECT m.id, t.transition, CASE WHEN t.step = 1 THEN m.attempts END
@@ -142,7 +162,8 @@ logged AS (
      CROSS JOIN (VALUES (1, 'mark_succeeded'::extraction_transition),
                         (2, 'start_bbox_refinement'::extraction_transition)) AS t(step, transition)
      ORDER BY m.id, t.step)
-SELECT moved.* FROM moved";
+SELECT moved.* FROM moved"
+);
 
 const MARK_FAILED: &str = logged!(
     "mark_failed",
@@ -225,13 +246,9 @@ const MARK_BBOX_REFINEMENT_SUCCEEDED: &str = concat!(
      WHERE extractions.id = done.id AND status = 'succeeded'
        AND bbox_status = 'running' AND bbox_attempts = done.token
  RETURNING extractions.*),
-stored AS (
-    INSERT INTO extraction_results (id, stage, result)
-    SELECT DISTINCT ON (m.id) m.id, 'bbox_refinement', done.result::json
-      FROM moved m
-      JOIN unnest($1::uuid[], $2::int[], $3::text[]) AS done(id, token, result)
-        ON done.id = m.id AND done.token = m.bbox_attempts
-    RETURNING id, result),
+",
+    store_result!("bbox_refinement", "bbox_attempts"),
+    "
 logged AS (
     INSERT INTO extraction_transitions (extraction_id, transition, token)
     SELECT id, 'mark_bbox_refinement_succeeded', bbox_attempts FROM moved)",
