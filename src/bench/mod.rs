@@ -138,6 +138,10 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             "--skip: unknown phase `{phase}`"
         );
     }
+    anyhow::ensure!(
+        args.runs("burndown") || !args.runs("scaling"),
+        "--skip: the scaling phase is measured against the burn-down; skip both or neither"
+    );
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -213,30 +217,29 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         report.river = Some(answer);
     }
 
-    if PHASES[4..].iter().any(|phase| args.runs(phase)) {
+    // Each burn-down starts from a fresh database and fresh topics, so that
+    // none inherits the dead rows, the vacuum debt and the bigger indexes of
+    // the one before it (the scaling runs compare with the first).
+    if args.runs("burndown") {
+        let mix = (args.workers, args.bbox_workers);
+        let outcome = fresh_burn_down(&settings, &args, stamp, mix, &logs).await;
+        report.burn_down = Some(outcome?);
+    }
+    if args.runs("scaling") {
+        // More processes on the same cores: they cannot add throughput
+        // here, but they must not lose much of it either.
+        for processes in [2, 3] {
+            let mix = (processes, processes);
+            let outcome = fresh_burn_down(&settings, &args, stamp, mix, &logs).await;
+            report.scaling.push(outcome?);
+        }
+    }
+
+    if ["steady", "provider"].iter().any(|phase| args.runs(phase)) {
         let scratch = Scratch::create(&settings, &format!("docstream_bench_{stamp}")).await?;
         let rig = scratch
             .rig(&settings, &format!("bench{stamp}."), logs.clone())
             .await?;
-        if args.runs("burndown") {
-            let bar = phase_bar("docstream burn-down", args.jobs as u64);
-            let outcome =
-                pipeline::burn_down(&rig, args.jobs, args.workers, args.bbox_workers, &bar).await;
-            bar.finish();
-            report.burn_down = Some(outcome?);
-        }
-        if args.runs("scaling") {
-            // More processes on the same cores: they cannot add throughput
-            // here, but they must not lose much of it either.
-            for processes in [2, 3] {
-                let name = format!("docstream burn-down, {processes} + {processes} workers");
-                let bar = phase_bar(&name, args.jobs as u64);
-                let outcome =
-                    pipeline::burn_down(&rig, args.jobs, processes, processes, &bar).await;
-                bar.finish();
-                report.scaling.push(outcome?);
-            }
-        }
         if args.runs("steady") {
             let bar = phase_bar("docstream steady state", 0);
             let mix = (args.workers, args.bbox_workers);
@@ -267,6 +270,32 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
     std::fs::write(logs.join("report.json"), &json)?;
     std::fs::write(args.out.join("latest.json"), &json)?;
     Ok(report)
+}
+
+/// One burn-down with `(workers, bbox_workers)` processes, on a scratch
+/// database and topics of its own, dropped afterwards.
+async fn fresh_burn_down(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    (workers, bbox_workers): (usize, usize),
+    logs: &std::path::Path,
+) -> anyhow::Result<pipeline::BurnDown> {
+    let name = format!("docstream_bench_{stamp}_{workers}_{bbox_workers}");
+    let scratch = Scratch::create(settings, &name).await?;
+    let prefix = format!("bench{stamp}w{workers}b{bbox_workers}.");
+    let rig = scratch.rig(settings, &prefix, logs.to_owned()).await?;
+    let title = match (workers, bbox_workers) {
+        (1, 1) => "docstream burn-down".to_owned(),
+        _ => format!("docstream burn-down, {workers} + {bbox_workers} workers"),
+    };
+    let bar = phase_bar(&title, args.jobs as u64);
+    let outcome = pipeline::burn_down(&rig, args.jobs, workers, bbox_workers, &bar).await;
+    bar.finish();
+    delete_topics(&rig.settings).await;
+    rig.pool.close().await;
+    scratch.drop_database().await?;
+    outcome
 }
 
 /// Runs `scripts/<script>` with `options` (flag, value) under a spinner.
