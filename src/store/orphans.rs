@@ -53,16 +53,56 @@ pub struct Orphan {
     pub age_s: f64,
 }
 
-const TAKE_EXTRACTION_ORPHANS: &str = "
-WITH found AS (
-    SELECT id,
+/// The extraction orphans (classes 1–3) with their class and since when they
+/// are orphans, `$threshold` being the queued threshold's parameter: the one
+/// definition that the reaper's take and the operator's list share.
+macro_rules! extraction_orphans {
+    ($threshold:literal) => {
+        concat!(
+            "SELECT id,
            CASE WHEN status = 'running' THEN 2 WHEN attempts = 0 THEN 1 ELSE 3 END AS class,
            CASE WHEN status = 'running' THEN lease_expires_at
-                ELSE COALESCE(next_attempt_at, submitted_at) + make_interval(secs => $1) END AS since
+                ELSE COALESCE(next_attempt_at, submitted_at) + make_interval(secs => ",
+            $threshold,
+            ") END AS since
       FROM extractions
      WHERE ((status = 'queued' AND published_at IS NULL
-             AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => $1))
-            OR (status = 'running' AND lease_expires_at < now()))
+             AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => ",
+            $threshold,
+            "))
+            OR (status = 'running' AND lease_expires_at < now()))"
+        )
+    };
+}
+
+/// The bbox orphans (classes 4–5), as `extraction_orphans!` gives those of
+/// the extraction; `$threshold` is the post-processing threshold's parameter.
+macro_rules! bbox_orphans {
+    ($threshold:literal) => {
+        concat!(
+            "SELECT id,
+           CASE WHEN bbox_status = 'running' THEN 5 ELSE 4 END AS class,
+           CASE WHEN bbox_status = 'running' THEN bbox_lease_expires_at
+                ELSE COALESCE(bbox_requested_at, finished_at) + make_interval(secs => ",
+            $threshold,
+            ") END AS since
+      FROM extractions
+     WHERE bbox_status IN ('pending', 'running')
+       AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
+             AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => ",
+            $threshold,
+            "))
+            OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))"
+        )
+    };
+}
+
+// A take skips the rows republished within their class's threshold, and
+// stamps those it takes.
+const TAKE_EXTRACTION_ORPHANS: &str = concat!(
+    "WITH found AS (",
+    extraction_orphans!("$1"),
+    "
        AND (republished_at IS NULL
             OR republished_at < now() - make_interval(secs =>
                    CASE WHEN status = 'running' THEN $2 ELSE $1 END))
@@ -73,19 +113,13 @@ UPDATE extractions e
    SET republished_at = now(), orphaned_at = COALESCE(e.orphaned_at, found.since)
   FROM found
  WHERE e.id = found.id
-RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s";
+RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
+);
 
-const TAKE_BBOX_ORPHANS: &str = "
-WITH found AS (
-    SELECT id,
-           CASE WHEN bbox_status = 'running' THEN 5 ELSE 4 END AS class,
-           CASE WHEN bbox_status = 'running' THEN bbox_lease_expires_at
-                ELSE COALESCE(bbox_requested_at, finished_at) + make_interval(secs => $1) END AS since
-      FROM extractions
-     WHERE bbox_status IN ('pending', 'running')
-       AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
-             AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => $1))
-            OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))
+const TAKE_BBOX_ORPHANS: &str = concat!(
+    "WITH found AS (",
+    bbox_orphans!("$1"),
+    "
        AND (bbox_republished_at IS NULL
             OR bbox_republished_at < now() - make_interval(secs =>
                    CASE WHEN bbox_status = 'running' THEN $2 ELSE $1 END))
@@ -96,35 +130,25 @@ UPDATE extractions e
    SET bbox_republished_at = now(), bbox_orphaned_at = COALESCE(e.bbox_orphaned_at, found.since)
   FROM found
  WHERE e.id = found.id
-RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s";
+RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
+);
 
-const LIST_ORPHANS: &str = "
-SELECT id, class::int2 AS class, extract(epoch FROM now() - since)::float8 AS age_s FROM (
-    SELECT id,
-           CASE WHEN status = 'running' THEN 2 WHEN attempts = 0 THEN 1 ELSE 3 END AS class,
-           CASE WHEN status = 'running' THEN lease_expires_at
-                ELSE COALESCE(next_attempt_at, submitted_at) + make_interval(secs => $1) END AS since
-      FROM extractions
-     WHERE (status = 'queued' AND published_at IS NULL
-            AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => $1))
-        OR (status = 'running' AND lease_expires_at < now())
+const LIST_ORPHANS: &str = concat!(
+    "SELECT id, class::int2 AS class, extract(epoch FROM now() - since)::float8 AS age_s FROM (",
+    extraction_orphans!("$1"),
+    "
     UNION ALL
-    SELECT id,
-           CASE WHEN bbox_status = 'running' THEN 5 ELSE 4 END,
-           CASE WHEN bbox_status = 'running' THEN bbox_lease_expires_at
-                ELSE COALESCE(bbox_requested_at, finished_at) + make_interval(secs => $2) END
-      FROM extractions
-     WHERE bbox_status IN ('pending', 'running')
-       AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
-             AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => $2))
-            OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))
+    ",
+    bbox_orphans!("$2"),
+    "
     UNION ALL
     SELECT extraction_id, 6, next_attempt_at + make_interval(secs => $3)
       FROM webhook_deliveries
      WHERE status = 'pending' AND next_attempt_at < now() - make_interval(secs => $3)
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
 ) orphans
-ORDER BY class, since";
+ORDER BY class, since"
+);
 
 /// Takes up to `limit` extraction orphans (classes 1–3) for republishing.
 pub async fn take_extraction_orphans<'e>(
