@@ -636,3 +636,38 @@ async fn cancel_and_reclaim_of_a_running_job() {
     stop([&mut worker, &mut serve]).await;
     env.cleanup().await;
 }
+
+/// A new job's "published" stamp is written late and in bulk: not at the
+/// acknowledgement, then, for every job still queued, by one statement; a job
+/// claimed in between is never stamped (its claim says more than the stamp).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_jobs_are_stamped_late_and_only_while_still_queued() {
+    // The default 10 s threshold puts the stamps 5 s after the ack; the flush
+    // below writes them at once, as a graceful shutdown does.
+    let env = TestEnv::new("late_stamps").await;
+    let services = env.services().await;
+    let ids = submit_jobs(&services, 6).await;
+    let stamped = "SELECT count(*) FROM extractions WHERE published_at IS NOT NULL";
+    assert_eq!(
+        count(&env.pool, stamped).await,
+        0,
+        "no stamp at the acknowledgement"
+    );
+
+    let claimed = store::transitions::mark_running(&env.pool, ids[0], 30.0)
+        .await
+        .unwrap()
+        .expect("a queued job is claimable");
+    services.stamps.flush().await;
+
+    let rows: Vec<(Uuid, bool)> =
+        sqlx::query_as("SELECT id, published_at IS NOT NULL FROM extractions")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
+    let stamped: HashSet<Uuid> = rows.iter().filter(|(_, s)| *s).map(|(id, _)| *id).collect();
+    let queued: HashSet<Uuid> = ids[1..].iter().copied().collect();
+    assert_eq!(stamped, queued, "every job still queued, and only those");
+    assert!(!stamped.contains(&claimed.extraction.id));
+    env.cleanup().await;
+}
