@@ -174,10 +174,11 @@ settings! {
     /// How often each reaper looks for orphans (one replica at a time sweeps).
     /// Recovery after a crash takes at most lease + this interval.
     reaper_sweep_interval_s: f64 = 2.0, env "DOCSTREAM_REAPER_SWEEP_INTERVAL_S";
-    /// A queued job this long past its submit (or its retry's due time) has lost
-    /// its event (orphan classes 1 and 3). Far above the publish-to-claim latency
-    /// of a healthy pipeline; a job legitimately waiting in a backlog is
-    /// republished at most once per threshold, which the atomic claim absorbs.
+    /// A queued job this long past its submit (or its retry's due time), with
+    /// no "published" stamp, has lost its event (orphan classes 1 and 3). Far
+    /// above the publish-to-claim latency of a healthy pipeline; a job waiting
+    /// in a backlog has its stamp (written half of this after the ack) and is
+    /// left alone.
     queued_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S";
     /// A pending bbox refinement this long past its request (or the extraction's
     /// end) has lost its event (orphan class 4). Same reasoning as above.
