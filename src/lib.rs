@@ -9,6 +9,7 @@
 //! - [`kafka`] is the producer, the consumer runtime (offsets stored only after
 //!   delivery) and topic admin; [`store`] is Postgres (one statement per
 //!   transition); [`events`] binds Avro schemas to types.
+//! - [`health`] tracks the dependencies' outages and the process's readiness.
 //! - [`domain`] is the job model; [`extract`] the extractors and bbox grounding.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@ pub mod domain;
 pub mod events;
 pub mod extract;
 pub mod failpoints;
+pub mod health;
 pub mod kafka;
 pub mod metrics;
 pub mod ops;

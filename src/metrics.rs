@@ -90,6 +90,17 @@ pub struct Metrics {
     pub webhook_ssrf_rejections: IntCounterVec,
     /// Calls to external extractors.
     pub extractors: ExtractorMetrics,
+    /// `docstream_dependency_up{dependency="kafka|postgres"}`: 1 while the last
+    /// call or probe to it succeeded.
+    pub dependency_up: IntGaugeVec,
+    /// `docstream_dependency_outages_total{dependency}`: outages seen (each
+    /// counted at its first failure, however many calls failed during it).
+    pub dependency_outages: IntCounterVec,
+    /// `docstream_store_retries_total{statement}`: statements run again because
+    /// the connection failed (the job's attempts are untouched).
+    pub store_retries: IntCounterVec,
+    /// `docstream_producer_restarts_total`: producers replaced after a fatal error.
+    pub producer_restarts: prometheus::IntCounter,
 }
 
 /// Calls to external extractors, each series labelled with the extractor's name.
@@ -371,6 +382,35 @@ impl Metrics {
         registry
             .register(Box::new(http_shutdown_rejections.clone()))
             .expect("unique metric");
+        let dependency_up = IntGaugeVec::new(
+            Opts::new(
+                "docstream_dependency_up",
+                "1 while the dependency answers this process's calls and probes, else 0.",
+            ),
+            &["dependency"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(dependency_up.clone()))
+            .expect("unique metric");
+        let dependency_outages = counter(
+            "docstream_dependency_outages_total",
+            "Outages of a dependency this process saw (one per outage).",
+            &["dependency"],
+        );
+        let store_retries = counter(
+            "docstream_store_retries_total",
+            "Statements run again after their connection failed.",
+            &["statement"],
+        );
+        let producer_restarts = prometheus::IntCounter::new(
+            "docstream_producer_restarts_total",
+            "Kafka producers replaced after a fatal producer error.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(producer_restarts.clone()))
+            .expect("unique metric");
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "docstream_in_flight_records",
@@ -425,6 +465,10 @@ impl Metrics {
         let extractors = ExtractorMetrics::register(&registry);
         Self {
             extractors,
+            dependency_up,
+            dependency_outages,
+            store_retries,
+            producer_restarts,
             paused_partitions,
             consumer_pauses,
             rebalance_drains,

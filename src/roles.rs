@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api;
 use crate::config::Settings;
+use crate::health::{Dependency, Health};
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{BboxWorker, ExtractionWorker, Intake, Reaper, ReaperKind, Services};
@@ -26,10 +27,17 @@ pub type RoleResult = anyhow::Result<()>;
 
 type Role = Pin<Box<dyn Future<Output = RoleResult> + Send>>;
 
-/// Connects Postgres and the producer for `settings`.
+/// The pool and the producer for `settings`. Neither needs its dependency up
+/// yet: a process started during an outage comes up not ready, and becomes
+/// ready when the probes reach both (see [`run`]).
 pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
     let metrics = Metrics::new();
-    let pool = store::connect(&settings.database_url, settings.db_max_connections).await?;
+    let health = Health::new(metrics.clone());
+    let pool = store::connect_lazy(
+        &settings.database_url,
+        settings.db_max_connections,
+        settings.db_acquire_timeout(),
+    )?;
     let publish_timeout = std::time::Duration::from_secs_f64(settings.publish_timeout_s);
     let publisher = Publisher::new(
         &settings.kafka_brokers,
@@ -37,8 +45,32 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
         settings.publisher_queue_size,
         settings.publisher_linger_ms,
         metrics.clone(),
+        health.clone(),
     )?;
-    Ok(Services::new(settings, pool, publisher, metrics)?)
+    Ok(Services::new(settings, pool, publisher, metrics, health)?)
+}
+
+/// Probes Postgres and the broker every `health_probe_interval_s` until
+/// `shutdown`, and marks the process draining once it fires.
+fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
+    let health = &services.health;
+    let interval = services.settings.health_probe_interval();
+    let pool = services.pool.clone();
+    health.spawn_probe(Dependency::Postgres, interval, shutdown.clone(), move || {
+        let pool = pool.clone();
+        async move { sqlx::query("SELECT 1").execute(&pool).await.map(drop) }
+    });
+    let publisher = services.publisher.clone();
+    let topic = services.settings.topic(&services.settings.topic_submitted);
+    health.spawn_probe(Dependency::Kafka, interval, shutdown.clone(), move || {
+        let (publisher, topic) = (publisher.clone(), topic.clone());
+        async move { publisher.probe(&topic, interval).await }
+    });
+    let health = health.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        health.set_draining();
+    });
 }
 
 /// The HTTP API on an already bound listener. On shutdown: new requests get
@@ -144,12 +176,7 @@ pub async fn reaper(
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
-    api::serve(
-        listener,
-        api::metrics_router(services.metrics.clone()),
-        shutdown,
-    )
-    .await?;
+    api::serve(listener, api::metrics_router(&services), shutdown).await?;
     Ok(())
 }
 
@@ -175,6 +202,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> RoleResult {
     let stop = shutdown.child_token();
+    watch_dependencies(&services, stop.clone());
     let mut roles: Vec<(&'static str, Role)> = Vec::new();
     match (mix.serve, http) {
         (true, Some(listener)) => roles.push((

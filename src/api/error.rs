@@ -3,7 +3,7 @@
 //! the log, never to the client.
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -33,7 +33,11 @@ pub enum ApiError {
     /// The request conflicts with the job's state.
     #[error("{0}")]
     Conflict(String),
-    /// The server is shutting down.
+    /// The server is shutting down: retry shortly (elsewhere).
+    #[error("{0}")]
+    ShuttingDown(String),
+    /// A dependency is away or did not answer in time: retry shortly; with the
+    /// same `Idempotency-Key`, a retried submit never makes a second job.
     #[error("{0}")]
     Unavailable(String),
     /// A dependency failed; details are logged.
@@ -53,7 +57,8 @@ impl ApiError {
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Self::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -77,7 +82,13 @@ impl From<PathRejection> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        Self::Internal(e.to_string())
+        match e.is_unavailable() {
+            true => {
+                tracing::warn!(error = %e, "request answered 503: the database is unavailable");
+                Self::Unavailable("the database is unavailable; retry shortly".into())
+            }
+            false => Self::Internal(e.to_string()),
+        }
     }
 }
 
@@ -88,6 +99,10 @@ impl From<SubmitError> for ApiError {
             | SubmitError::WebhookRefused(_)
             | SubmitError::UnknownExtractor(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Store(e) => e.into(),
+            SubmitError::TimedOut(_) => {
+                tracing::warn!(error = %e, "submit answered 503");
+                Self::Unavailable(format!("{e}; retry with the same Idempotency-Key"))
+            }
         }
     }
 }
@@ -103,9 +118,17 @@ impl ApiError {
     }
 }
 
+/// Seconds a 503 asks the client to wait before it retries.
+pub(super) const RETRY_AFTER_S: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
-        (status, Json(self.body())).into_response()
+        let mut response = (status, Json(self.body())).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            let retry_after = header::HeaderValue::from_static(RETRY_AFTER_S);
+            response.headers_mut().insert(header::RETRY_AFTER, retry_after);
+        }
+        response
     }
 }

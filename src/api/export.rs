@@ -162,7 +162,7 @@ async fn upgrade(
         Err(e) => return e.into_response(),
     };
     let Some(hold) = gate.hold() else {
-        return ApiError::Unavailable("server is shutting down; retry shortly".into())
+        return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
             .into_response();
     };
     let closing = gate.closing();

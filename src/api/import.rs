@@ -65,7 +65,7 @@ async fn upgrade(
     socket: WebSocketUpgrade,
 ) -> Response {
     let Some(hold) = gate.hold() else {
-        return ApiError::Unavailable("server is shutting down; retry shortly".into())
+        return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
             .into_response();
     };
     let closing = gate.closing();

@@ -19,6 +19,9 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use std::time::Duration;
+
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::pipeline::Services;
 
@@ -27,30 +30,34 @@ use crate::pipeline::Services;
 pub fn app(services: Services, gate: Gate) -> Router {
     let limit = services.settings.http_body_limit_bytes;
     let metrics = services.metrics.clone();
-    Router::new()
+    // REST requests are answered within the bound, whatever Postgres or the
+    // broker do; the submit keeps its own, tighter, bound inside it.
+    let bound = services.settings.http_answer_timeout() + REST_MARGIN;
+    let rest = Router::new()
         .merge(extractions::router())
         .merge(results::router())
+        .layer(middleware::from_fn_with_state(bound, answer_within));
+    Router::new()
+        .merge(rest)
         .merge(import::router())
         .merge(export::router())
-        .route("/healthz", get(healthz))
-        .with_state(services)
-        .merge(
-            Router::new()
-                .route("/metrics", get(render_metrics))
-                .with_state(metrics.clone()),
-        )
+        .with_state(services.clone())
+        .merge(metrics_router(&services))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(gate.clone()))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
 }
 
-/// Just `/metrics` and `/healthz`, for processes without the API.
-pub fn metrics_router(metrics: Metrics) -> Router {
+/// `/metrics`, `/healthz` and `/readyz`: all of the API in processes without
+/// it (workers), and part of it in `serve`.
+pub fn metrics_router(services: &Services) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
+        .with_state(services.metrics.clone())
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(metrics)
+        .route("/readyz", get(readyz))
+        .with_state(services.health.clone())
 }
 
 /// Serves `router` on `listener` until `shutdown`; in-flight requests finish first.
@@ -64,10 +71,28 @@ pub async fn serve(
         .await
 }
 
-async fn healthz(State(services): State<Services>) -> Response {
-    match sqlx::query("SELECT 1").execute(&services.pool).await {
-        Ok(_) => "ok".into_response(),
-        Err(e) => ApiError::Internal(format!("database unreachable: {e}")).into_response(),
+/// How much longer than the submit's own bound the REST backstop waits.
+const REST_MARGIN: Duration = Duration::from_millis(500);
+
+/// Ready: Postgres and the broker answered the last probes, and the process
+/// is not draining. An orchestrator sends traffic only to ready processes,
+/// and restarts only those whose `/healthz` stops answering.
+async fn readyz(State(health): State<Health>) -> Response {
+    match health.ready() {
+        Ok(()) => "ready".into_response(),
+        Err(reason) => ApiError::Unavailable(format!("not ready: {reason}")).into_response(),
+    }
+}
+
+/// Answers 503 with `Retry-After` to a request still waiting after `bound`.
+async fn answer_within(State(bound): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(bound, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(?bound, "request answered 503: no answer from a dependency in time");
+            ApiError::Unavailable("no answer from the database in time; retry shortly".into())
+                .into_response()
+        }
     }
 }
 

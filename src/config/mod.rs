@@ -227,6 +227,19 @@ settings! {
     subscriber_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S";
     /// Longest the producer keeps trying to deliver one record (message.timeout.ms).
     publish_timeout_s: f64 = 30.0, env "DOCSTREAM_PUBLISH_TIMEOUT_S";
+    /// The longest a REST request of the API waits on Postgres and Kafka
+    /// before it is answered: a submit whose row is durable gets 202 (its
+    /// event goes out when the broker is back), and anything still waiting on
+    /// the database gets 503 with `Retry-After`. Two seconds keeps clients'
+    /// own timeouts out of play during an outage.
+    http_answer_timeout_s: f64 = 2.0, env "DOCSTREAM_HTTP_ANSWER_TIMEOUT_S";
+    /// The longest a caller waits for a pooled Postgres connection before the
+    /// call fails as passing (the pool keeps trying to reconnect).
+    db_acquire_timeout_s: f64 = 5.0, env "DOCSTREAM_DB_ACQUIRE_TIMEOUT_S";
+    /// How often each process probes Postgres (`SELECT 1`) and the broker
+    /// (metadata) for `/readyz` and `docstream_dependency_up`; each probe may
+    /// take this long.
+    health_probe_interval_s: f64 = 1.0, env "DOCSTREAM_HEALTH_PROBE_INTERVAL_S";
     /// Postgres connections per process. 20 covers the in-flight records of one
     /// worker and the API's concurrency on the default 300-connection server.
     db_max_connections: u32 = 20_u32, env "DOCSTREAM_DB_MAX_CONNECTIONS";
@@ -351,6 +364,12 @@ impl Settings {
                 self.subscriber_drain_timeout_s,
             ),
             ("DOCSTREAM_PUBLISH_TIMEOUT_S", self.publish_timeout_s),
+            ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", self.http_answer_timeout_s),
+            ("DOCSTREAM_DB_ACQUIRE_TIMEOUT_S", self.db_acquire_timeout_s),
+            (
+                "DOCSTREAM_HEALTH_PROBE_INTERVAL_S",
+                self.health_probe_interval_s,
+            ),
             ("DOCSTREAM_HEARTBEAT_INTERVAL_S", self.heartbeat_interval_s),
             (
                 "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
@@ -552,6 +571,21 @@ impl Settings {
     pub fn deferred_results(&self) -> Option<(&str, &str)> {
         let on = !self.public_url.is_empty() && !self.callback_secret.is_empty();
         on.then_some((self.public_url.trim_end_matches('/'), &self.callback_secret))
+    }
+
+    /// `http_answer_timeout_s` as a duration.
+    pub fn http_answer_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.http_answer_timeout_s)
+    }
+
+    /// `db_acquire_timeout_s` as a duration.
+    pub fn db_acquire_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.db_acquire_timeout_s)
+    }
+
+    /// `health_probe_interval_s` as a duration.
+    pub fn health_probe_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.health_probe_interval_s)
     }
 
     /// `subscriber_drain_timeout_s` as a duration.

@@ -18,6 +18,11 @@
 //! - **Shutdown.** Pause everything, drain within the drain timeout, commit the
 //!   delivered prefix. A drain that times out commits nothing undelivered and
 //!   is reported as forced.
+//! - **Outages.** A broker that goes away is not an error to exit on:
+//!   librdkafka reconnects, the consumer keeps polling, and the outage is
+//!   reported to [`Health`] (logged once). Records in flight keep waiting or
+//!   retrying; none is committed before it was delivered. Only a fatal error
+//!   (authentication, authorisation) ends the loop.
 //! - **Poison.** A record that can never be processed is produced to the DLQ,
 //!   and only once the DLQ acknowledged it does it count as delivered, so one bad
 //!   record never stalls its partition. A record whose handling failed for a
@@ -39,9 +44,11 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::context::{is_fatal, report_error, report_log};
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
 use crate::events::{now_ms, DeadLetter};
+use crate::health::Health;
 use crate::metrics::Metrics;
 
 /// A received record, detached from the consumer.
@@ -365,12 +372,22 @@ fn commit<C: ConsumerContext>(consumer: &impl Consumer<C>, points: &[(TopicParti
     }
 }
 
-/// Keeps the shared bookkeeping in step with the group's assignment.
+/// Keeps the shared bookkeeping in step with the group's assignment, and
+/// reports the client's trouble to `health`.
 struct RuntimeContext {
     shared: Arc<Shared>,
+    health: Health,
 }
 
-impl ClientContext for RuntimeContext {}
+impl ClientContext for RuntimeContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        report_log(&self.health, level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        report_error(&self.health, error, reason);
+    }
+}
 
 impl ConsumerContext for RuntimeContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -400,6 +417,7 @@ pub struct ConsumerRuntime<H> {
     metrics: Metrics,
     shared: Arc<Shared>,
     consumer: Arc<Consumed>,
+    health: Health,
 }
 
 impl<H: RecordHandler> ConsumerRuntime<H> {
@@ -409,6 +427,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         handler: Arc<H>,
         publisher: Publisher,
         metrics: Metrics,
+        health: Health,
         shutdown: CancellationToken,
     ) -> Result<Self, ConsumerError> {
         let shared = Arc::new(Shared {
@@ -421,6 +440,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         });
         let context = RuntimeContext {
             shared: shared.clone(),
+            health: health.clone(),
         };
         let consumer: Consumed = client_config(&spec).create_with_context(context)?;
         consumer.subscribe(&[&spec.topic])?;
@@ -431,6 +451,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             metrics,
             shared,
             consumer: Arc::new(consumer),
+            health,
         })
     }
 
@@ -461,7 +482,16 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                     joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
                 }
                 received = self.consumer.recv() => {
-                    let record = received?;
+                    let record = match received {
+                        Ok(record) => record,
+                        Err(e) if is_fatal(&e) => return Err(e.into()),
+                        // The broker is away or slow: librdkafka reconnects
+                        // while this loop keeps polling.
+                        Err(e) => {
+                            self.health.failed(crate::health::Dependency::Kafka, &e);
+                            continue;
+                        }
+                    };
                     let record = Record {
                         topic: record.topic().to_owned(),
                         partition: record.partition(),

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod consumer;
+pub mod context;
 pub mod offsets;
 pub mod publisher;
 

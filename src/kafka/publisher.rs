@@ -6,10 +6,18 @@
 //!
 //! A full queue makes publishers wait (backpressure), never drops. On shutdown
 //! the owner calls [`Publisher::drain`]: new publishes are refused, and it waits
-//! until every accepted record was acknowledged (or the timeout passed).
+//! until every accepted record was acknowledged (or the timeout passed). A
+//! publish whose caller gave up waiting (an HTTP client that hung up during a
+//! broker outage) leaves the count of pending records all the same, so the
+//! drain never waits for a caller that is gone.
+//!
+//! While the broker is away records wait in librdkafka, which reconnects on
+//! its own, for up to the publish timeout. A producer that hit a fatal error
+//! (its idempotence can no longer be kept) is replaced by a new one before
+//! the next record; the records it held fail, and their callers retry.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -17,8 +25,12 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::context::Reporting;
 use crate::events::{encode, CodecError, Event};
+use crate::health::{Dependency, Health};
 use crate::metrics::Metrics;
+
+type KafkaProducer = FutureProducer<Reporting>;
 
 /// Why a record was not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +59,44 @@ struct Outgoing {
     ack: oneshot::Sender<Result<(), KafkaError>>,
 }
 
+/// The producer records are sent through; replaced after a fatal error.
+#[derive(Clone)]
+struct SendPoint {
+    config: ClientConfig,
+    context: Reporting,
+    producer: Arc<RwLock<KafkaProducer>>,
+    metrics: Metrics,
+}
+
+impl SendPoint {
+    fn current(&self) -> KafkaProducer {
+        self.producer.read().expect("producer lock").clone()
+    }
+
+    /// The producer to send with: a new one if the current one hit a fatal error.
+    fn usable(&self) -> KafkaProducer {
+        let producer = self.current();
+        let Some((code, reason)) = producer.client().fatal_error() else {
+            return producer;
+        };
+        match self.config.create_with_context::<_, KafkaProducer>(self.context.clone()) {
+            Ok(fresh) => {
+                tracing::error!(?code, %reason, "kafka producer hit a fatal error; replaced by a new one");
+                self.metrics.producer_restarts.inc();
+                *self.producer.write().expect("producer lock") = fresh.clone();
+                fresh
+            }
+            Err(e) => {
+                tracing::error!(?code, %reason, error = %e, "kafka producer hit a fatal error and could not be replaced");
+                producer
+            }
+        }
+    }
+}
+
 struct Inner {
     queue: mpsc::Sender<Outgoing>,
-    producer: FutureProducer,
+    send_point: SendPoint,
     metrics: Metrics,
     /// Accepted and not yet acknowledged (queued or at the broker).
     pending: AtomicUsize,
@@ -65,16 +112,18 @@ pub struct Publisher {
 
 impl Publisher {
     /// A producer on `brokers` with a queue of `queue_size` records, batching
-    /// for `linger_ms`, giving up on a record after `timeout`. Must be called
-    /// inside a Tokio runtime.
+    /// for `linger_ms`, giving up on a record after `timeout`; it reports the
+    /// broker's outages to `health`. Must be called inside a Tokio runtime.
     pub fn new(
         brokers: &str,
         timeout: Duration,
         queue_size: usize,
         linger_ms: f64,
         metrics: Metrics,
+        health: Health,
     ) -> Result<Self, KafkaError> {
-        let producer: FutureProducer = ClientConfig::new()
+        let mut config = ClientConfig::new();
+        config
             .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -83,13 +132,20 @@ impl Publisher {
             // A job's hops are small requests on a busy connection: without
             // this, Nagle holds each one back until the previous is
             // acknowledged at the TCP level.
-            .set("socket.nagle.disable", "true")
-            .create()?;
+            .set("socket.nagle.disable", "true");
+        let context = Reporting { health };
+        let producer: KafkaProducer = config.create_with_context(context.clone())?;
+        let send_point = SendPoint {
+            config,
+            context,
+            producer: Arc::new(RwLock::new(producer)),
+            metrics: metrics.clone(),
+        };
         let (queue, outgoing) = mpsc::channel(queue_size);
-        tokio::spawn(send_point(producer.clone(), outgoing, metrics.clone()));
+        tokio::spawn(send_records(send_point.clone(), outgoing));
         let inner = Inner {
             queue,
-            producer,
+            send_point,
             metrics,
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -123,11 +179,9 @@ impl Publisher {
         if inner.closed.load(Ordering::SeqCst) {
             return Err(PublishError::Closed);
         }
-        inner.pending.fetch_add(1, Ordering::SeqCst);
+        let pending = Pending::count(inner);
         let outcome = self.enqueue_and_wait(topic, key, payload).await;
-        if inner.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            inner.idle.notify_waiters();
-        }
+        drop(pending);
         let metrics = &inner.metrics;
         match outcome {
             Ok(()) => {
@@ -184,21 +238,54 @@ impl Publisher {
 
     /// Waits up to `timeout` for every record handed to librdkafka to be acknowledged.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.inner.producer.flush(timeout)
+        self.inner.send_point.current().flush(timeout)
+    }
+
+    /// Asks the broker for `topic`'s metadata, within `timeout`: the readiness
+    /// probe of the Kafka dependency.
+    pub async fn probe(&self, topic: &str, timeout: Duration) -> Result<(), KafkaError> {
+        let producer = self.inner.send_point.current();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&topic), timeout)
+                .map(drop)
+        })
+        .await
+        .map_err(|_| KafkaError::Canceled)?
+    }
+}
+
+/// One accepted record in [`Inner::pending`] until dropped, also when its
+/// publisher's future is dropped before the acknowledgement came.
+struct Pending<'a>(&'a Inner);
+
+impl<'a> Pending<'a> {
+    fn count(inner: &'a Inner) -> Self {
+        inner.pending.fetch_add(1, Ordering::SeqCst);
+        Self(inner)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
 /// The single send point: hands each queued record to librdkafka in order and
 /// routes the broker's acknowledgement back to its publisher.
-async fn send_point(
-    producer: FutureProducer,
-    mut outgoing: mpsc::Receiver<Outgoing>,
-    metrics: Metrics,
-) {
+async fn send_records(send_point: SendPoint, mut outgoing: mpsc::Receiver<Outgoing>) {
+    let metrics = send_point.metrics.clone();
+    let health = send_point.context.health.clone();
     while let Some(record) = outgoing.recv().await {
         metrics.publisher_queue_depth.dec();
         let mut retry = Duration::from_millis(1);
         loop {
+            let producer = send_point.usable();
             let mut future_record =
                 FutureRecord::<[u8], [u8]>::to(&record.topic).payload(&record.payload);
             if let Some(key) = &record.key {
@@ -207,12 +294,17 @@ async fn send_point(
             match producer.send_result(future_record) {
                 Ok(delivery) => {
                     let ack = record.ack;
+                    let health = health.clone();
                     tokio::spawn(async move {
                         let result = match delivery.await {
                             Ok(Ok(_)) => Ok(()),
                             Ok(Err((e, _))) => Err(e),
                             Err(_) => Err(KafkaError::Canceled),
                         };
+                        match &result {
+                            Ok(()) => health.succeeded(Dependency::Kafka),
+                            Err(e) => health.failed(Dependency::Kafka, e),
+                        }
                         let _ = ack.send(result);
                     });
                     break;

@@ -37,6 +37,7 @@ use crate::domain::Transition;
 use crate::events::{decode, Event, ExtractionEvent, PublishReason};
 use crate::extract::Extractors;
 use crate::failpoints;
+use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
@@ -62,6 +63,8 @@ pub struct Services {
     pub extractors: Extractors,
     /// The "published" stamps of this process's new jobs.
     pub stamps: Stamps,
+    /// What this process knows of Kafka's and Postgres's outages.
+    pub health: Health,
 }
 
 impl Services {
@@ -71,6 +74,7 @@ impl Services {
         pool: PgPool,
         publisher: Publisher,
         metrics: Metrics,
+        health: Health,
     ) -> Result<Self, reqwest::Error> {
         let batched = Batched::new(&settings, &pool);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
@@ -85,6 +89,7 @@ impl Services {
             webhooks,
             extractors,
             stamps,
+            health,
         })
     }
 
@@ -265,6 +270,7 @@ impl Services {
             Arc::new(handler),
             self.publisher.clone(),
             self.metrics.clone(),
+            self.health.clone(),
             shutdown,
         )
     }

@@ -2,9 +2,15 @@
 //! `extraction.requests`): insert the row idempotently, then hand it to the
 //! workers.
 //!
-//! The row is durable before anything is published. Over HTTP ([`submit`]) a
-//! failed publish does not fail the submit: the job is then a class-1 orphan
-//! (queued, never published), which the extraction reaper revives. The Kafka
+//! The row is durable before anything is published. Over HTTP and the import
+//! stream ([`submit`]) the answer comes within `http_answer_timeout_s`, whatever
+//! the dependencies do: a row not written by then is an error the client
+//! retries (503; with its `Idempotency-Key`, a retry never makes a second
+//! job), and a row written is accepted (202) even if the broker has not
+//! acknowledged its event yet. The event then goes on in the background (the
+//! producer retries for `publish_timeout_s`); a publish that fails leaves a
+//! class-1 orphan (queued, never published), which the extraction reaper
+//! revives. So a broker outage delays jobs and loses none. The Kafka
 //! intake ([`submit_durably`]) has a better option: it fails the record, which
 //! is delivered again, so its offset is committed only once the row and the
 //! job's event are both durable. Once the broker acknowledged the event, the
@@ -24,12 +30,27 @@ use crate::kafka::PublishError;
 use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
 
 /// Inserts `new` (or finds the row its idempotency key names) and, when a row
-/// was created, publishes it; a failed publish is left to the reaper.
+/// was created, publishes it; answers within `http_answer_timeout_s`. A row
+/// not written in time is [`SubmitError::TimedOut`]; a publish not
+/// acknowledged in time goes on after the answer, and if it fails the reaper
+/// revives the job.
 pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
-    let submitted = insert(services, new).await?;
+    let bound = services.settings.http_answer_timeout();
+    let deadline = tokio::time::Instant::now() + bound;
+    let submitted = tokio::time::timeout_at(deadline, insert(services, new))
+        .await
+        .map_err(|_| SubmitError::TimedOut(bound))??;
     if let Submitted::Created(row) = &submitted {
-        if let Err(e) = publish_created(services, row).await {
-            tracing::error!(id = %row.id, error = %e, "submitted event not published; the reaper will revive it");
+        let (services, row) = (services.clone(), row.clone());
+        // Spawned: neither the deadline nor a client that hangs up cuts the
+        // publish short.
+        let publishing = tokio::spawn(async move {
+            if let Err(e) = publish_created(&services, &row).await {
+                tracing::warn!(id = %row.id, error = %e, "submitted event not published; the reaper will revive the job");
+            }
+        });
+        if tokio::time::timeout_at(deadline, publishing).await.is_err() {
+            tracing::debug!("submit answered before its event was acknowledged");
         }
     }
     Ok(submitted)

@@ -44,6 +44,28 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[error("database error: {0}")]
 pub struct StoreError(pub Arc<sqlx::Error>);
 
+impl StoreError {
+    /// Whether the database could not be reached or stopped answering
+    /// (connection refused or lost, no free connection in time, the server
+    /// restarting or out of connections): a failure that passes, so the call
+    /// may be made again unchanged, and it says nothing about the job.
+    pub fn is_unavailable(&self) -> bool {
+        match self.0.as_ref() {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+                // 08: connection exception; 57P01-03: admin shutdown, crash
+                // shutdown, cannot connect now; 53300: too many connections.
+                code.starts_with("08") || ["57P01", "57P02", "57P03", "53300"].contains(&&*code)
+            }),
+            _ => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         Self(Arc::new(e))
@@ -57,6 +79,20 @@ pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool,
         .acquire_timeout(std::time::Duration::from_secs(10))
         .connect(database_url)
         .await?;
+    Ok(pool)
+}
+
+/// A pool that opens its connections when first used, so it can be made while
+/// Postgres is away. A caller waits at most `acquire_timeout` for a connection.
+pub fn connect_lazy(
+    database_url: &str,
+    max_connections: u32,
+    acquire_timeout: std::time::Duration,
+) -> Result<PgPool, StoreError> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy(database_url)?;
     Ok(pool)
 }
 

@@ -97,6 +97,10 @@ pub enum SubmitError {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The row was not written within the bound the caller answers in; it may
+    /// still be written (so retry with the same idempotency key).
+    #[error("the database did not answer within {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 impl From<sqlx::Error> for SubmitError {
