@@ -56,10 +56,15 @@ fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
     let health = &services.health;
     let interval = services.settings.health_probe_interval();
     let pool = services.pool.clone();
-    health.spawn_probe(Dependency::Postgres, interval, shutdown.clone(), move || {
-        let pool = pool.clone();
-        async move { sqlx::query("SELECT 1").execute(&pool).await.map(drop) }
-    });
+    health.spawn_probe(
+        Dependency::Postgres,
+        interval,
+        shutdown.clone(),
+        move || {
+            let pool = pool.clone();
+            async move { sqlx::query("SELECT 1").execute(&pool).await.map(drop) }
+        },
+    );
     let publisher = services.publisher.clone();
     let topic = services.settings.topic(&services.settings.topic_submitted);
     health.spawn_probe(Dependency::Kafka, interval, shutdown.clone(), move || {

@@ -127,7 +127,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, Json(self.body())).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             let retry_after = header::HeaderValue::from_static(RETRY_AFTER_S);
-            response.headers_mut().insert(header::RETRY_AFTER, retry_after);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, retry_after);
         }
         response
     }

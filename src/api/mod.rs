@@ -89,7 +89,10 @@ async fn answer_within(State(bound): State<Duration>, request: Request, next: Ne
     match tokio::time::timeout(bound, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
-            tracing::warn!(?bound, "request answered 503: no answer from a dependency in time");
+            tracing::warn!(
+                ?bound,
+                "request answered 503: no answer from a dependency in time"
+            );
             ApiError::Unavailable("no answer from the database in time; retry shortly".into())
                 .into_response()
         }

@@ -364,7 +364,10 @@ impl Settings {
                 self.subscriber_drain_timeout_s,
             ),
             ("DOCSTREAM_PUBLISH_TIMEOUT_S", self.publish_timeout_s),
-            ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", self.http_answer_timeout_s),
+            (
+                "DOCSTREAM_HTTP_ANSWER_TIMEOUT_S",
+                self.http_answer_timeout_s,
+            ),
             ("DOCSTREAM_DB_ACQUIRE_TIMEOUT_S", self.db_acquire_timeout_s),
             (
                 "DOCSTREAM_HEALTH_PROBE_INTERVAL_S",

@@ -519,6 +519,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             handler: self.handler.clone(),
             publisher: self.publisher.clone(),
             metrics: self.metrics.clone(),
+            health: self.health.clone(),
             dlq_topic: self.spec.dlq_topic.clone(),
         };
         let shared = self.shared.clone();
@@ -686,6 +687,7 @@ struct Delivery<H> {
     handler: Arc<H>,
     publisher: Publisher,
     metrics: Metrics,
+    health: Health,
     dlq_topic: String,
 }
 
@@ -715,8 +717,15 @@ impl<H: RecordHandler> Delivery<H> {
                 Ok(()) => return true,
                 Err(reason) => {
                     self.count_error(record, "transient");
-                    tracing::warn!(topic = %record.topic, partition = record.partition,
-                        offset = record.offset, %reason, ?backoff, "record failed; retrying");
+                    // During an outage every record in flight fails alike;
+                    // the outage itself was logged once.
+                    if self.health.ready().is_ok() {
+                        tracing::warn!(topic = %record.topic, partition = record.partition,
+                            offset = record.offset, %reason, ?backoff, "record failed; retrying");
+                    } else {
+                        tracing::debug!(topic = %record.topic, partition = record.partition,
+                            offset = record.offset, %reason, ?backoff, "record failed during an outage; retrying");
+                    }
                 }
             }
             tokio::select! {

@@ -79,7 +79,10 @@ impl SendPoint {
         let Some((code, reason)) = producer.client().fatal_error() else {
             return producer;
         };
-        match self.config.create_with_context::<_, KafkaProducer>(self.context.clone()) {
+        match self
+            .config
+            .create_with_context::<_, KafkaProducer>(self.context.clone())
+        {
             Ok(fresh) => {
                 tracing::error!(?code, %reason, "kafka producer hit a fatal error; replaced by a new one");
                 self.metrics.producer_restarts.inc();

@@ -1,11 +1,19 @@
 //! The hot-path transitions of one process, each behind a [`Coalescer`]: the
 //! records a consumer handles concurrently share their claims, completions and
 //! stamps, one statement (and one commit) per batch instead of per job.
+//!
+//! The completions and the bbox stamp are retried in place while the database
+//! is unavailable (`persist`); the insert and the claims are not: a submit
+//! answers its client within a bound, and a claim that failed is claimed again
+//! when its record is retried.
 
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::persist::persist;
 use crate::config::Settings;
+use crate::health::Health;
+use crate::metrics::Metrics;
 use crate::store::coalesce::Coalescer;
 use crate::store::transitions::{self, Completion};
 use crate::store::{self, orphans, Claim, Extraction, Insert};
@@ -29,7 +37,7 @@ pub struct Batched {
 
 impl Batched {
     /// Starts the batchers on `pool` (needs a Tokio runtime).
-    pub fn new(settings: &Settings, pool: &PgPool) -> Self {
+    pub fn new(settings: &Settings, pool: &PgPool, health: &Health, metrics: &Metrics) -> Self {
         let (max, concurrency) = (settings.db_batch_max, settings.db_batch_concurrency);
         let extraction_lease_s = settings.extraction_run_lease_s;
         let bbox_lease_s = settings.bbox_refinement_lease_s;
@@ -41,22 +49,29 @@ impl Batched {
                     async move { $statement }
                 })
             }};
+            (persist $name:literal |$pool:ident, $inputs:ident| $statement:expr) => {{
+                let ($pool, health, metrics) = (pool.clone(), health.clone(), metrics.clone());
+                Coalescer::spawn(max, concurrency, move |$inputs| {
+                    let ($pool, health, metrics) = ($pool.clone(), health.clone(), metrics.clone());
+                    async move { persist(&health, &metrics, $name, || async { $statement }).await }
+                })
+            }};
         }
         Self {
             insert: batcher!(|pool, inserts| store::insert_many(&pool, &inserts).await),
             claim: batcher!(|pool, ids| {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),
-            succeed: batcher!(|pool, done| {
+            succeed: batcher!(persist "mark_succeeded" |pool, done| {
                 transitions::mark_succeeded_many(&pool, &done).await
             }),
             bbox_claim: batcher!(|pool, ids| {
                 transitions::mark_bbox_refinement_running_many(&pool, &ids, bbox_lease_s).await
             }),
-            bbox_succeed: batcher!(|pool, done| {
+            bbox_succeed: batcher!(persist "mark_bbox_refinement_succeeded" |pool, done| {
                 transitions::mark_bbox_refinement_succeeded_many(&pool, &done).await
             }),
-            bbox_requested: batcher!(|pool, ids| {
+            bbox_requested: batcher!(persist "record_bbox_request_published" |pool, ids| {
                 let stamped = orphans::record_bbox_request_published_many(&pool, &ids).await;
                 stamped.map(|()| vec![(); ids.len()])
             }),

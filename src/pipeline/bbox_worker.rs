@@ -60,12 +60,11 @@ impl BboxWorker {
                     succeeded.map_err(transient)?,
                 )
             }
-            Err(error) => (
-                Transition::MarkBboxRefinementFailed,
-                transitions::mark_bbox_refinement_failed(pool, id, token, &error)
-                    .await
-                    .map_err(transient)?,
-            ),
+            Err(error) => {
+                let failed = || transitions::mark_bbox_refinement_failed(pool, id, token, &error);
+                let failed = services.persist("mark_bbox_refinement_failed", failed);
+                (Transition::MarkBboxRefinementFailed, failed.await?)
+            }
         };
         let claim = (id, token);
         services
@@ -87,18 +86,19 @@ impl BboxWorker {
         let timeout = std::time::Duration::from_secs_f64(settings.bbox_refine_timeout_s);
         let work = tokio::time::timeout(timeout, Self::grounding(&claim));
         let renew = || leases::renew_bbox_lease(&services.pool, id, token, lease_s);
-        let grounded = match hold(work, settings.heartbeat_interval(), renew).await {
-            Held::Done(Ok(grounded)) => grounded,
-            Held::Done(Err(_)) => Err(format!(
-                "grounding timed out after {} s",
-                settings.bbox_refine_timeout_s
-            )),
-            // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
-            Held::Lost | Held::CancelRequested => {
-                services.stale(Stage::BboxRefinement, id, token, "heartbeat");
-                return Ok(());
-            }
-        };
+        let grounded =
+            match hold(work, settings.heartbeat_interval(), &services.health, renew).await {
+                Held::Done(Ok(grounded)) => grounded,
+                Held::Done(Err(_)) => Err(format!(
+                    "grounding timed out after {} s",
+                    settings.bbox_refine_timeout_s
+                )),
+                // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
+                Held::Lost | Held::CancelRequested => {
+                    services.stale(Stage::BboxRefinement, id, token, "heartbeat");
+                    return Ok(());
+                }
+            };
         services
             .metrics
             .bbox_duration

@@ -94,9 +94,8 @@ impl Services {
         error: &str,
         reason: PublishReason,
     ) -> Result<bool, HandlerError> {
-        let row = transitions::mark_failed(&self.pool, id, token, error)
-            .await
-            .map_err(transient)?;
+        let failed = || transitions::mark_failed(&self.pool, id, token, error);
+        let row = self.persist("mark_failed", failed).await?;
         let transition = Transition::MarkFailed;
         let row = self
             .conclude(Stage::Extraction, transition, (id, token), row, reason)
@@ -124,9 +123,8 @@ impl Services {
             settings.retry_max_delay_s,
             jitter,
         );
-        let row = transitions::requeue_for_retry(&self.pool, id, token, error, delay_s)
-            .await
-            .map_err(transient)?;
+        let requeued = || transitions::requeue_for_retry(&self.pool, id, token, error, delay_s);
+        let row = self.persist("requeue_for_retry", requeued).await?;
         let transition = Transition::RequeueForRetry;
         let Some(row) = self
             .conclude(Stage::Extraction, transition, (id, token), row, reason)
@@ -149,9 +147,8 @@ impl Services {
         (id, token): (Uuid, i32),
         reason: PublishReason,
     ) -> Result<bool, HandlerError> {
-        let row = transitions::mark_cancelled(&self.pool, id, Some(token))
-            .await
-            .map_err(transient)?;
+        let cancelled = || transitions::mark_cancelled(&self.pool, id, Some(token));
+        let row = self.persist("mark_cancelled", cancelled).await?;
         let transition = Transition::MarkCancelled;
         let cancelled = self
             .conclude(Stage::Extraction, transition, (id, token), row, reason)

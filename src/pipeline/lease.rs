@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::health::{Dependency, Health};
 use crate::store::leases::Renewed;
 use crate::store::StoreError;
 
@@ -24,6 +25,7 @@ pub enum Held<T> {
 pub async fn hold<T, R, RF>(
     work: impl Future<Output = T>,
     interval: Duration,
+    health: &Health,
     mut renew: R,
 ) -> Held<T>
 where
@@ -43,6 +45,9 @@ where
                 Ok(Some(Renewed { cancel_requested: true })) => return Held::CancelRequested,
                 Ok(Some(_)) => {}
                 Ok(None) => return Held::Lost,
+                // The claim stays ours unless someone else takes the job, and
+                // the next renewal that reaches the database extends it again.
+                Err(e) if e.is_unavailable() => health.failed(Dependency::Postgres, &e),
                 Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying at the next heartbeat"),
             },
         }
@@ -57,17 +62,26 @@ mod tests {
 
     const BEAT: Duration = Duration::from_millis(10);
 
+    fn health() -> Health {
+        Health::new(crate::metrics::Metrics::new())
+    }
+
     #[tokio::test(start_paused = true)]
     async fn renews_until_the_work_is_done() {
         let renewals = AtomicUsize::new(0);
-        let held = hold(tokio::time::sleep(BEAT * 5 + BEAT / 2), BEAT, || {
-            renewals.fetch_add(1, Ordering::SeqCst);
-            async {
-                Ok(Some(Renewed {
-                    cancel_requested: false,
-                }))
-            }
-        })
+        let held = hold(
+            tokio::time::sleep(BEAT * 5 + BEAT / 2),
+            BEAT,
+            &health(),
+            || {
+                renewals.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok(Some(Renewed {
+                        cancel_requested: false,
+                    }))
+                }
+            },
+        )
         .await;
         assert!(matches!(held, Held::Done(())));
         assert_eq!(renewals.load(Ordering::SeqCst), 5);
@@ -75,9 +89,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lost_claim_or_a_cancel_stops_the_work() {
-        let held = hold(std::future::pending::<()>(), BEAT, || async { Ok(None) }).await;
+        let held = hold(std::future::pending::<()>(), BEAT, &health(), || async {
+            Ok(None)
+        })
+        .await;
         assert!(matches!(held, Held::Lost));
-        let held = hold(std::future::pending::<()>(), BEAT, || async {
+        let held = hold(std::future::pending::<()>(), BEAT, &health(), || async {
             Ok(Some(Renewed {
                 cancel_requested: true,
             }))

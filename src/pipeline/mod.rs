@@ -11,6 +11,7 @@ mod bbox_worker;
 mod complete;
 mod intake;
 pub mod lease;
+mod persist;
 pub mod reaper;
 mod stamps;
 pub(crate) mod submit;
@@ -41,7 +42,7 @@ use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
-use crate::store::{leases, Claim, Extraction};
+use crate::store::{leases, Claim, Extraction, StoreError};
 use crate::webhook::Webhooks;
 
 /// What every role shares: settings, the pool, the producer and the metrics.
@@ -76,7 +77,7 @@ impl Services {
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, reqwest::Error> {
-        let batched = Batched::new(&settings, &pool);
+        let batched = Batched::new(&settings, &pool, &health, &metrics);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         let extractors = Extractors::new(&settings, &metrics)?;
@@ -144,6 +145,16 @@ impl Services {
                 Ok(None)
             }
         }
+    }
+
+    /// Runs a completing `statement` until the database answers (see `persist`).
+    async fn persist<T, F, Fut>(&self, name: &'static str, statement: F) -> Result<T, HandlerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let persisted = persist::persist(&self.health, &self.metrics, name, statement);
+        persisted.await.map_err(transient)
     }
 
     /// Work under a claim that is no longer ours, found at a heartbeat or at

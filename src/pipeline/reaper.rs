@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Services;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
+use crate::health::Dependency;
 use crate::store::orphans::{self, Orphan};
 use crate::store::webhooks;
 use crate::store::StoreError;
@@ -90,9 +91,16 @@ impl Reaper {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            if let Err(e) = self.sweep().await {
-                self.count_sweep("failed");
-                tracing::warn!(reaper = self.kind.as_str(), error = %e, "sweep failed; retrying next interval");
+            match self.sweep().await {
+                Ok(_) => {}
+                Err(e) if e.is_unavailable() => {
+                    self.count_sweep("failed");
+                    self.services.health.failed(Dependency::Postgres, &e);
+                }
+                Err(e) => {
+                    self.count_sweep("failed");
+                    tracing::warn!(reaper = self.kind.as_str(), error = %e, "sweep failed; retrying next interval");
+                }
             }
         }
     }

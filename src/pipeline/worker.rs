@@ -101,7 +101,8 @@ impl ExtractionWorker {
         let pool = &self.services.pool;
         let lease_s = settings.extraction_run_lease_s;
         let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
-        let attempt = match hold(work, settings.heartbeat_interval(), renew).await {
+        let health = &self.services.health;
+        let attempt = match hold(work, settings.heartbeat_interval(), health, renew).await {
             Held::Lost => {
                 self.services
                     .stale(Stage::Extraction, id, token, "heartbeat");
