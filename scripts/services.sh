@@ -8,6 +8,11 @@
 #   scripts/services.sh status   exit 0 if both are up, 3 otherwise
 #   scripts/services.sh env      print the export lines for the test suite
 #   scripts/services.sh reset    down + delete all state (keeps the Kafka jar cache)
+#   scripts/services.sh kill kafka|postgres
+#                                SIGKILL the broker / the postmaster and wait until it
+#                                is gone (fault tests; `up` brings it back)
+#   scripts/services.sh restart-postgres
+#                                a fast restart (pg_ctl -m fast): sessions are cut
 #   scripts/services.sh kafka-tool CLASS [ARGS...]
 #                                run a Kafka CLI class with the broker's classpath, e.g.
 #                                kafka-tool org.apache.kafka.tools.TopicCommand --list
@@ -20,6 +25,10 @@
 #   DOCSTREAM_PG_PORT                  55432  Postgres, 127.0.0.1 only
 #   DOCSTREAM_KAFKA_PORT               59092  Kafka PLAINTEXT listener, 127.0.0.1 only
 #   DOCSTREAM_KAFKA_CONTROLLER_PORT    59093  KRaft controller listener
+#   DOCSTREAM_KAFKA_PROXIED_PORT       59094  a second PLAINTEXT listener, for clients
+#                                             behind a fault proxy: it advertises
+#   DOCSTREAM_KAFKA_PROXY_PORT         59095  the proxy's port, so every connection a
+#                                             client opens goes through the proxy
 #
 # State lives in $REPO/.services/ (git-ignored):
 #   .services/postgres/   data/ (PGDATA), run/ (unix socket), postgres.log
@@ -41,6 +50,8 @@ STATE="$REPO/.services"
 PG_PORT="${DOCSTREAM_PG_PORT:-55432}"
 KAFKA_PORT="${DOCSTREAM_KAFKA_PORT:-59092}"
 KAFKA_CTRL_PORT="${DOCSTREAM_KAFKA_CONTROLLER_PORT:-59093}"
+KAFKA_PROXIED_PORT="${DOCSTREAM_KAFKA_PROXIED_PORT:-59094}"
+KAFKA_PROXY_PORT="${DOCSTREAM_KAFKA_PROXY_PORT:-59095}"
 HOST=127.0.0.1
 
 PG_USER=docstream PG_PASSWORD=docstream PG_DB=docstream
@@ -314,11 +325,13 @@ node.id=1
 # Static single-voter quorum (kraft.version 0): survives port changes, no
 # --standalone bootstrap needed.
 controller.quorum.voters=1@$HOST:$KAFKA_CTRL_PORT
-listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CTRL_PORT
-advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
+# PROXIED is for clients behind a fault proxy (toxiproxy in tests/faults.rs):
+# it advertises the proxy's port, so the client's every connection crosses it.
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CTRL_PORT,PROXIED://$HOST:$KAFKA_PROXIED_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT,PROXIED://$HOST:$KAFKA_PROXY_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT
 log.dirs=$KAFKA_DATA
 
 num.partitions=6
@@ -456,7 +469,7 @@ kafka_up() {
     if ! kafka_pid >/dev/null; then
         rm -f "$KAFKA_PID"   # stale
         local p
-        for p in "$KAFKA_PORT" "$KAFKA_CTRL_PORT"; do
+        for p in "$KAFKA_PORT" "$KAFKA_CTRL_PORT" "$KAFKA_PROXIED_PORT"; do
             port_open "$p" && die "port $HOST:$p is taken by another process (another checkout's services? stop them, or set DOCSTREAM_KAFKA_PORT / DOCSTREAM_KAFKA_CONTROLLER_PORT)"
         done
         [ -f "$KAFKA_LOG" ] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"
@@ -545,6 +558,10 @@ take_lock() {
 print_env() {
     echo "export DATABASE_URL=postgres://$PG_USER:$PG_PASSWORD@$HOST:$PG_PORT/$PG_DB"
     echo "export DOCSTREAM_KAFKA_BROKERS=$HOST:$KAFKA_PORT"
+    # For the fault tests: where a proxy in front of the broker listens (the
+    # port the PROXIED listener advertises) and what it forwards to.
+    echo "export DOCSTREAM_TEST_KAFKA_PROXY=$HOST:$KAFKA_PROXY_PORT"
+    echo "export DOCSTREAM_TEST_KAFKA_PROXIED=$HOST:$KAFKA_PROXIED_PORT"
 }
 
 # --------------------------------------------------------------------------
@@ -590,6 +607,43 @@ cmd_reset() {
     log "state deleted (kept $KAFKA_LIBS)"
 }
 
+# SIGKILL, then wait until the process is gone (a zombie counts as gone).
+kill_hard() {
+    local pid="$1" name="$2"
+    log "SIGKILL $name (pid $pid)"
+    kill -KILL "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 100); do
+        proc_alive "$pid" || return 0
+        sleep 0.1
+    done
+    die "$name (pid $pid) still alive 10 s after SIGKILL"
+}
+
+cmd_kill() {
+    local pid
+    case "${1:-}" in
+        kafka)
+            pid="$(kafka_pid)" || die "kafka is not running"
+            kill_hard "$pid" kafka ;;
+        postgres)
+            pg_status || die "postgres is not running"
+            pid="$(head -n1 "$PG_DATA/postmaster.pid")"
+            # The backends notice their postmaster died and exit; the next
+            # start runs crash recovery.
+            kill_hard "$pid" "postgres postmaster" ;;
+        *) die "usage: $0 kill kafka|postgres" ;;
+    esac
+}
+
+cmd_restart_postgres() {
+    pg_status || die "postgres is not running"
+    PG_LOGFILE="$(cd "$PG_LINK" && pwd -P)/postgres.log"
+    log "restarting postgres (fast)"
+    as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null
+    pg_start_once || die "postgres did not start again (log: $PG_LOGFILE)"
+}
+
 cmd_kafka_tool() {
     [ $# -ge 1 ] || die "usage: $0 kafka-tool CLASS [ARGS...]"
     kafka_libs_ok || die "kafka jars missing; run '$0 up' first"
@@ -609,6 +663,8 @@ case "${1:-}" in
     env)        print_env ;;
     reset)      cmd_reset ;;
     kafka-tool) shift; cmd_kafka_tool "$@" ;;
+    kill)       shift; cmd_kill "$@" ;;
+    restart-postgres) cmd_restart_postgres ;;
     *)
         # Print the header comment as usage.
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2

@@ -2,11 +2,22 @@
 # The whole test suite, on a machine that may never have seen the project:
 # start the real services (installing them if needed), apply migrations to the
 # main database, then run every test. Exits with the suite's exit code.
+#
+#   scripts/test.sh           the suite (about 15 minutes here)
+#   scripts/test.sh --long    also the long variants: the 30 s broker outage
+# Other arguments go to `cargo test` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ "${1:-}" = "--long" ]; then
+    export DOCSTREAM_TEST_LONG=1
+    shift
+fi
+
 source scripts/lib/prepare.sh
+source scripts/lib/toxiproxy.sh
 prepare
+ensure_toxiproxy
 
 cargo build --locked --bins
 ./target/debug/docstream migrate

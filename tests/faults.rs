@@ -1,0 +1,1017 @@
+//! Faults of the real dependencies, under load, with real processes: the broker
+//! SIGKILLed and restarted, Postgres restarted fast and SIGKILLed (crash
+//! recovery), 500 ms of latency, a 20 s blackhole and connection resets through
+//! a real fault proxy (toxiproxy) in front of each dependency, and a rolling
+//! restart of every process.
+//!
+//! Each scenario runs `serve`, two `worker`s and a `bbox-worker` as OS
+//! processes, with no supervisor: a process that exits before the final
+//! SIGTERM fails the test. A client submits 100 jobs a second over HTTP, each
+//! with an `Idempotency-Key`, and retries with the same key until it gets a 202
+//! (after `Retry-After` on a 503). Each scenario prints and asserts:
+//! - lost 0: every accepted job reaches bbox `succeeded`, and every key names
+//!   exactly one job;
+//! - duplicate successes 0 (counted in the transition log);
+//! - unexpected exits 0, and every final SIGTERM ends in exit 0 (graceful);
+//! - submits without an answer within the bound 0, and 5xx other than 503 0;
+//! - the recovery time after the fault ended (p50, max), under a generous bound.
+//!
+//! The scenarios take the shared broker and database down, so they run one at
+//! a time (`SERIAL`); other test binaries do not run meanwhile. The 30 s
+//! broker outage runs only with `scripts/test.sh --long` (`DOCSTREAM_TEST_LONG=1`).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::{count, free_port, percentile, sample_body, wait_for, wins, TestEnv};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// One scenario at a time: they stop the services every test shares.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Submissions per second.
+const RATE: u64 = 100;
+/// The server's answer bound (`http_answer_timeout_s`, the default) plus the
+/// slack a client allows: a submit unanswered by then counts as unanswered.
+const ANSWER_BOUND: Duration = Duration::from_secs(3);
+/// The most a job may take to finish once its fault ended.
+const RECOVERY_BOUND_S: f64 = 60.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_sigkilled_under_load_back_after_5s() {
+    broker_outage("broker_kill_5s", Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_sigkilled_under_load_back_after_30s() {
+    if std::env::var("DOCSTREAM_TEST_LONG").as_deref() != Ok("1") {
+        eprintln!("faults: broker_kill_30s: skipped (long; run scripts/test.sh --long)");
+        return;
+    }
+    broker_outage("broker_kill_30s", Duration::from_secs(30)).await;
+}
+
+/// The broker SIGKILLed under load and started again after `down`: every
+/// process rides through, a worker is not ready meanwhile and ready after, and
+/// `serve` drains its publisher's queue at the final SIGTERM (exit 0).
+async fn broker_outage(name: &str, down: Duration) {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start(name, Via::Direct, 1).await;
+    let worker = rig.fleet.metrics_addr("worker-0");
+    let fault = rig.begin("broker down");
+    services(&["kill", "kafka"]).await;
+    wait_for("the worker to be unready", Duration::from_secs(15), || {
+        ready_status(&worker, 503)
+    })
+    .await;
+    tokio::time::sleep(down).await;
+    services(&["up"]).await;
+    rig.end(fault);
+    wait_for(
+        "the worker to be ready again",
+        Duration::from_secs(30),
+        || ready_status(&worker, 200),
+    )
+    .await;
+    let outages = common::scrape(
+        &worker,
+        "docstream_dependency_outages_total{dependency=\"kafka\"}",
+    )
+    .await;
+    assert!(outages >= 1.0, "the worker counted no Kafka outage");
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_fast_restart_under_load() {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start("postgres_restart", Via::Direct, 1).await;
+    let fault = rig.begin("postgres fast restart");
+    services(&["restart-postgres"]).await;
+    rig.end(fault);
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sigkilled_under_load_recovers_from_the_crash() {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start("postgres_kill", Via::Direct, 1).await;
+    let fault = rig.begin("postgres SIGKILL");
+    services(&["kill", "postgres"]).await;
+    services(&["up"]).await;
+    rig.end(fault);
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_faults_between_docstream_and_postgres() {
+    network_faults("toxic_postgres", Via::PostgresProxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_faults_between_docstream_and_kafka() {
+    network_faults("toxic_kafka", Via::KafkaProxy).await;
+}
+
+/// Through the proxy in front of one dependency: 10 s of 500 ms latency, a 20 s
+/// blackhole (data dropped, then the connections closed), and 3 s in which
+/// every connection is reset.
+async fn network_faults(name: &str, via: Via) {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start(name, via, 1).await;
+    let toxics: [(&str, &str, serde_json::Value, u64); 3] = [
+        (
+            "latency 500 ms",
+            "latency",
+            serde_json::json!({"latency": 500}),
+            10,
+        ),
+        (
+            "blackhole 20 s",
+            "timeout",
+            serde_json::json!({"timeout": 20_000}),
+            20,
+        ),
+        (
+            "connection resets",
+            "reset_peer",
+            serde_json::json!({"timeout": 0}),
+            3,
+        ),
+    ];
+    for (what, kind, attributes, seconds) in toxics {
+        let fault = rig.begin(what);
+        let proxy = rig.proxy.as_ref().expect("a proxy");
+        proxy.add(kind, attributes).await;
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        proxy.remove(kind).await;
+        rig.end(fault);
+        // Let the pipeline settle before the next fault, so each one's
+        // figures are its own.
+        rig.wait_all_done(Duration::from_secs(90)).await;
+    }
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_of_every_process_under_load() {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start("rolling_restart", Via::Direct, 2).await;
+    let fault = rig.begin("rolling restart");
+    let names: Vec<String> = rig.fleet.names();
+    for name in names {
+        rig.fleet.restart(&name).await;
+    }
+    rig.end(fault);
+    rig.finish().await;
+}
+
+// ---------------------------------------------------------------------------
+// The rig: a test's world, its processes, its load and its faults.
+// ---------------------------------------------------------------------------
+
+/// Which dependency, if any, the processes reach through the fault proxy.
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    Direct,
+    PostgresProxy,
+    KafkaProxy,
+}
+
+/// A fault's name and when it began and ended.
+struct Window {
+    what: String,
+    began: DateTime<Utc>,
+    ended: Option<DateTime<Utc>>,
+}
+
+struct Rig {
+    name: String,
+    env: TestEnv,
+    fleet: Fleet,
+    load: Load,
+    proxy: Option<Proxy>,
+    windows: Vec<Window>,
+    // Kept alive for the test: the proxy's server.
+    _toxiproxy: Option<Toxiproxy>,
+}
+
+impl Rig {
+    /// A fresh database and topics, the processes (`serves` of `serve`, two
+    /// workers, one bbox worker), and the load, once the pipeline finishes jobs.
+    async fn start(name: &str, via: Via, serves: usize) -> Self {
+        let env = TestEnv::with_settings(name, |s| {
+            s.extraction_run_lease_s = 5.0;
+            s.bbox_refinement_lease_s = 5.0;
+            s.heartbeat_interval_s = 1.0;
+            s.reaper_sweep_interval_s = 1.0;
+            s.queued_orphan_threshold_s = 5.0;
+            s.post_processing_pending_orphan_threshold_s = 5.0;
+            s.kafka_session_timeout_ms = 6_000;
+            s.rebalance_drain_timeout_s = 3.0;
+            s.consumer_max_in_flight = 64;
+        })
+        .await;
+        let (toxiproxy, proxy) = match via {
+            Via::Direct => (None, None),
+            Via::PostgresProxy => {
+                let server = Toxiproxy::start().await;
+                let url = reqwest::Url::parse(&env.settings.database_url).unwrap();
+                let upstream = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+                let listen = format!("127.0.0.1:{}", free_port());
+                let proxy = server.proxy("postgres", &listen, &upstream).await;
+                (Some(server), Some(proxy))
+            }
+            Via::KafkaProxy => {
+                let server = Toxiproxy::start().await;
+                let listen = env_var("DOCSTREAM_TEST_KAFKA_PROXY");
+                let upstream = env_var("DOCSTREAM_TEST_KAFKA_PROXIED");
+                let proxy = server.proxy("kafka", &listen, &upstream).await;
+                (Some(server), Some(proxy))
+            }
+        };
+        let mut overrides: Vec<(&str, String)> = Vec::new();
+        match (via, &proxy) {
+            (Via::PostgresProxy, Some(proxy)) => {
+                let mut url = reqwest::Url::parse(&env.settings.database_url).unwrap();
+                let port: u16 = proxy.listen.rsplit(':').next().unwrap().parse().unwrap();
+                url.set_port(Some(port)).unwrap();
+                overrides.push(("DATABASE_URL", url.to_string()));
+            }
+            (Via::KafkaProxy, Some(proxy)) => {
+                overrides.push(("DOCSTREAM_KAFKA_BROKERS", proxy.listen.clone()));
+            }
+            _ => {}
+        }
+        let mut fleet = Fleet::default();
+        for i in 0..serves {
+            fleet.spawn(&env, name, &format!("serve-{i}"), "serve", &overrides);
+        }
+        for i in 0..2 {
+            fleet.spawn(&env, name, &format!("worker-{i}"), "worker", &overrides);
+        }
+        fleet.spawn(&env, name, "bbox-worker-0", "bbox-worker", &overrides);
+        for process in &fleet.processes {
+            let addr = process.http.clone().unwrap_or(process.metrics.clone());
+            wait_for("every process to be ready", Duration::from_secs(60), || {
+                ready_status(&addr, 200)
+            })
+            .await;
+        }
+        let load = Load::start(fleet.api_bases());
+        let rig = Self {
+            name: name.to_owned(),
+            env,
+            fleet,
+            load,
+            proxy,
+            windows: Vec::new(),
+            _toxiproxy: toxiproxy,
+        };
+        // Warm: the consumer groups are assigned and jobs come through.
+        common::wait_count(
+            &rig.env.pool,
+            "the first jobs to finish",
+            common::ALL_BBOX_SUCCEEDED,
+            100,
+            Duration::from_secs(60),
+        )
+        .await;
+        rig
+    }
+
+    fn begin(&mut self, what: &str) -> usize {
+        eprintln!("faults: {}: {what} begins", self.name);
+        self.fleet.assert_running();
+        self.windows.push(Window {
+            what: what.to_owned(),
+            began: Utc::now(),
+            ended: None,
+        });
+        self.windows.len() - 1
+    }
+
+    fn end(&mut self, fault: usize) {
+        self.windows[fault].ended = Some(Utc::now());
+        eprintln!("faults: {}: {} ends", self.name, self.windows[fault].what);
+    }
+
+    /// Waits until every job accepted so far finished its bbox refinement.
+    async fn wait_all_done(&self, timeout: Duration) {
+        let accepted = self.load.accepted_ids();
+        common::wait_count(
+            &self.env.pool,
+            "every accepted job to finish",
+            common::ALL_BBOX_SUCCEEDED,
+            accepted.len() as i64,
+            timeout,
+        )
+        .await;
+    }
+
+    /// Keeps the load on for a few seconds after the last fault, stops it,
+    /// waits for every job, stops the processes, then prints and asserts the
+    /// scenario's figures.
+    async fn finish(mut self) {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        self.fleet.assert_running();
+        let submissions = self.load.stop().await;
+        self.wait_all_done(Duration::from_secs(120)).await;
+        let exits = self.fleet.stop_all().await;
+        let pool = &self.env.pool;
+
+        // Lost: every key resolved to one job, and every job finished.
+        let unresolved: Vec<&Submission> = submissions.iter().filter(|s| s.id.is_none()).collect();
+        let ids: Vec<Uuid> = submissions.iter().filter_map(|s| s.id).collect();
+        let distinct: HashSet<Uuid> = ids.iter().copied().collect();
+        let rows = count(pool, "SELECT count(*) FROM extractions").await;
+        let finished: HashSet<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM extractions WHERE status = 'succeeded' AND bbox_status = 'succeeded'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        let lost = distinct.difference(&finished).count() + unresolved.len();
+        // Duplicates: a key answered with two ids, or a job that succeeded twice.
+        let mut by_key: HashMap<&str, HashSet<Uuid>> = HashMap::new();
+        for s in &submissions {
+            by_key.entry(&s.key).or_default().extend(&s.answered_ids);
+        }
+        let keys_with_two_jobs = by_key.values().filter(|ids| ids.len() > 1).count();
+        let succeeded = wins(pool, "mark_succeeded").await;
+        let bbox_succeeded = wins(pool, "mark_bbox_refinement_succeeded").await;
+        let duplicate_successes = succeeded.values().filter(|n| **n > 1).count()
+            + bbox_succeeded.values().filter(|n| **n > 1).count();
+
+        let unanswered: u32 = submissions.iter().map(|s| s.unanswered).sum();
+        let other_5xx: u32 = submissions.iter().map(|s| s.other_5xx).sum();
+        let unavailable: u32 = submissions.iter().map(|s| s.unavailable).sum();
+        let refused: u32 = submissions.iter().map(|s| s.refused).sum();
+        let unexpected: Vec<String> = submissions
+            .iter()
+            .flat_map(|s| s.unexpected.iter().cloned())
+            .collect();
+
+        eprintln!(
+            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}",
+            self.name,
+            submissions.len(),
+            distinct.len(),
+            rows,
+            exits.unexpected.len(),
+            ANSWER_BOUND,
+        );
+        let finished_at = finish_times(pool).await;
+        let mut worst = 0.0_f64;
+        for window in &self.windows {
+            let recovery = recovery_after(window, &submissions, &finished_at);
+            let answers = answers_during(window, &submissions);
+            worst = worst.max(recovery.1);
+            eprintln!(
+                "faults: {}: {}: {:.1} s; submits sent during it {} (503 answers {}, unanswered {}); recovery after it ended p50 {:.2} s, max {:.2} s",
+                self.name,
+                window.what,
+                window.duration_s(),
+                answers.0,
+                answers.1,
+                answers.2,
+                recovery.0,
+                recovery.1,
+            );
+        }
+        eprintln!(
+            "faults: {}: dependency outages logged (warnings) per process: {:?}",
+            self.name,
+            self.fleet.outage_lines()
+        );
+
+        assert!(
+            unresolved.is_empty(),
+            "{} submissions never accepted",
+            unresolved.len()
+        );
+        assert_eq!(lost, 0, "accepted jobs that never finished");
+        assert_eq!(
+            rows as usize,
+            distinct.len(),
+            "rows that no client was given"
+        );
+        assert_eq!(keys_with_two_jobs, 0, "an Idempotency-Key made two jobs");
+        assert_eq!(duplicate_successes, 0, "jobs that succeeded twice");
+        assert!(
+            exits.unexpected.is_empty(),
+            "processes exited on their own: {:?}",
+            exits.unexpected
+        );
+        assert!(
+            exits.unclean.is_empty(),
+            "SIGTERM did not end in exit 0: {:?}",
+            exits.unclean
+        );
+        assert_eq!(
+            unanswered, 0,
+            "submits not answered within {ANSWER_BOUND:?}"
+        );
+        assert_eq!(other_5xx, 0, "5xx answers other than 503");
+        assert!(unexpected.is_empty(), "unexpected answers: {unexpected:?}");
+        assert!(worst <= RECOVERY_BOUND_S, "recovery took {worst:.1} s");
+        self.env.cleanup().await;
+    }
+}
+
+impl Window {
+    fn duration_s(&self) -> f64 {
+        let ended = self.ended.expect("every fault ended");
+        (ended - self.began).num_milliseconds() as f64 / 1000.0
+    }
+}
+
+/// When each job's bbox refinement finished.
+async fn finish_times(pool: &sqlx::PgPool) -> HashMap<Uuid, DateTime<Utc>> {
+    sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(
+        "SELECT id, bbox_finished_at FROM extractions WHERE bbox_finished_at IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// For the jobs first sent before `window` ended: how long after its end each
+/// finished (0 if before), as p50 and max.
+fn recovery_after(
+    window: &Window,
+    submissions: &[Submission],
+    finished_at: &HashMap<Uuid, DateTime<Utc>>,
+) -> (f64, f64) {
+    let ended = window.ended.expect("every fault ended");
+    let mut waits: Vec<f64> = submissions
+        .iter()
+        .filter(|s| s.first_sent >= window.began && s.first_sent <= ended)
+        .filter_map(|s| finished_at.get(&s.id?))
+        .map(|at| ((*at - ended).num_milliseconds() as f64 / 1000.0).max(0.0))
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    (
+        percentile(&waits, 0.5),
+        waits.last().copied().unwrap_or(0.0),
+    )
+}
+
+/// Submissions first sent during `window`: how many, their 503 answers and
+/// their attempts that got no answer within the bound.
+fn answers_during(window: &Window, submissions: &[Submission]) -> (usize, u32, u32) {
+    let ended = window.ended.expect("every fault ended");
+    let during: Vec<&Submission> = submissions
+        .iter()
+        .filter(|s| s.first_sent >= window.began && s.first_sent <= ended)
+        .collect();
+    let unavailable = during.iter().map(|s| s.unavailable).sum();
+    let unanswered = during.iter().map(|s| s.unanswered).sum();
+    (during.len(), unavailable, unanswered)
+}
+
+/// `scripts/services.sh ARGS`, which must succeed.
+async fn services(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
+    let status = tokio::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "scripts/services.sh {args:?} failed");
+}
+
+fn env_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the suite with scripts/test.sh (or eval \"$(scripts/services.sh env)\")")
+    })
+}
+
+/// `Ok` once `GET http://{addr}/readyz` answers `status`.
+async fn ready_status(addr: &str, status: u16) -> Result<(), String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    match client.get(format!("http://{addr}/readyz")).send().await {
+        Ok(r) if r.status().as_u16() == status => Ok(()),
+        Ok(r) => Err(format!("status {}", r.status())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The processes.
+// ---------------------------------------------------------------------------
+
+struct Process {
+    name: String,
+    role: String,
+    log: String,
+    env: Vec<(String, String)>,
+    /// The API's address (serve) or the metrics address (workers).
+    http: Option<String>,
+    metrics: String,
+    pid: u32,
+    exit: JoinHandle<ExitStatus>,
+    /// Set when the test sent SIGTERM: an exit after it is expected.
+    terminating: bool,
+}
+
+#[derive(Default)]
+struct Fleet {
+    processes: Vec<Process>,
+    /// Names of processes that exited on their own, with their status.
+    unexpected: Vec<String>,
+}
+
+#[derive(Default)]
+struct Exits {
+    unexpected: Vec<String>,
+    unclean: Vec<String>,
+}
+
+impl Fleet {
+    fn spawn(
+        &mut self,
+        env: &TestEnv,
+        test: &str,
+        name: &str,
+        role: &str,
+        overrides: &[(&str, String)],
+    ) {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let http = (role == "serve").then(|| format!("127.0.0.1:{}", free_port()));
+        let mut vars: Vec<(String, String)> = overrides
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        vars.push(("DOCSTREAM_METRICS_ADDR".into(), metrics.clone()));
+        if let Some(http) = &http {
+            vars.push(("DOCSTREAM_HTTP_ADDR".into(), http.clone()));
+        }
+        let log = format!("faults-{test}-{name}");
+        let process = start(env, role, &vars, &log, name, http, metrics);
+        self.processes.push(process);
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.processes.iter().map(|p| p.name.clone()).collect()
+    }
+
+    fn api_bases(&self) -> Vec<String> {
+        self.processes
+            .iter()
+            .filter_map(|p| p.http.as_ref().map(|a| format!("http://{a}")))
+            .collect()
+    }
+
+    fn metrics_addr(&self, name: &str) -> String {
+        let process = self.processes.iter().find(|p| p.name == name).unwrap();
+        process.metrics.clone()
+    }
+
+    /// Panics if a process exited without being told to.
+    fn assert_running(&mut self) {
+        for p in &self.processes {
+            if p.exit.is_finished() && !p.terminating {
+                self.unexpected.push(p.name.clone());
+            }
+        }
+        assert!(
+            self.unexpected.is_empty(),
+            "processes exited on their own: {:?}",
+            self.unexpected
+        );
+    }
+
+    /// SIGTERMs `name`, requires a graceful exit (0), starts it again with
+    /// the same settings and addresses, and waits until it is ready.
+    async fn restart(&mut self, name: &str) {
+        self.assert_running();
+        let index = self.processes.iter().position(|p| p.name == name).unwrap();
+        let old = &mut self.processes[index];
+        old.terminating = true;
+        signal(old.pid, "TERM").await;
+        let status = (&mut old.exit).await.unwrap();
+        assert!(
+            status.success(),
+            "{name}: SIGTERM ended in {status} (forced shutdown?)"
+        );
+        let (role, log, env) = (
+            old.role.clone(),
+            format!("{}-again", old.log),
+            old.env.clone(),
+        );
+        let (http, metrics) = (old.http.clone(), old.metrics.clone());
+        let test_env_vars = env;
+        let process = respawn(
+            &role,
+            &test_env_vars,
+            &log,
+            name,
+            http.clone(),
+            metrics.clone(),
+        );
+        self.processes[index] = process;
+        let addr = http.unwrap_or(metrics);
+        wait_for(
+            "the restarted process to be ready",
+            Duration::from_secs(60),
+            || ready_status(&addr, 200),
+        )
+        .await;
+        eprintln!("faults: {name} restarted gracefully");
+    }
+
+    /// SIGTERMs every process; each must exit 0.
+    async fn stop_all(&mut self) -> Exits {
+        self.assert_running();
+        let mut exits = Exits {
+            unexpected: self.unexpected.clone(),
+            ..Exits::default()
+        };
+        for p in &mut self.processes {
+            p.terminating = true;
+            signal(p.pid, "TERM").await;
+        }
+        for p in &mut self.processes {
+            let status = tokio::time::timeout(Duration::from_secs(30), &mut p.exit).await;
+            match status {
+                Ok(Ok(status)) if status.success() => {}
+                other => exits.unclean.push(format!("{}: {other:?}", p.name)),
+            }
+        }
+        exits
+    }
+
+    /// How many times each process logged the start of a dependency outage.
+    fn outage_lines(&self) -> Vec<(String, usize)> {
+        self.processes
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(log_path(&p.log)).unwrap_or_default();
+                let lines = text.matches("dependency unreachable").count();
+                (p.name.clone(), lines)
+            })
+            .collect()
+    }
+}
+
+fn log_path(log: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("test-logs")
+        .join(format!("{log}.log"))
+}
+
+fn start(
+    env: &TestEnv,
+    role: &str,
+    vars: &[(String, String)],
+    log: &str,
+    name: &str,
+    http: Option<String>,
+    metrics: String,
+) -> Process {
+    let mut all = env.child_env();
+    all.extend(vars.iter().cloned());
+    respawn(role, &all, log, name, http, metrics)
+}
+
+/// Starts `docstream ROLE` with exactly `env`, and watches for its exit.
+fn respawn(
+    role: &str,
+    env: &[(String, String)],
+    log: &str,
+    name: &str,
+    http: Option<String>,
+    metrics: String,
+) -> Process {
+    let path = log_path(log);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let file = std::fs::File::create(&path).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_docstream"))
+        .arg(role)
+        .envs(env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn docstream");
+    let pid = child.id().unwrap();
+    let exit = tokio::spawn(async move { child.wait().await.unwrap() });
+    Process {
+        name: name.to_owned(),
+        role: role.to_owned(),
+        log: log.to_owned(),
+        env: env.to_vec(),
+        http,
+        metrics,
+        pid,
+        exit,
+        terminating: false,
+    }
+}
+
+async fn signal(pid: u32, signal: &str) {
+    let status = tokio::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+// ---------------------------------------------------------------------------
+// The load: 100 submissions a second, each retried with its key until accepted.
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Submission {
+    key: String,
+    first_sent: DateTime<Utc>,
+    /// The job a 202 named.
+    id: Option<Uuid>,
+    /// Every id any answer named (more than one is a duplicate job).
+    answered_ids: HashSet<Uuid>,
+    /// Attempts with no answer within `ANSWER_BOUND`.
+    unanswered: u32,
+    /// 503 answers (with `Retry-After`).
+    unavailable: u32,
+    /// Other 5xx answers.
+    other_5xx: u32,
+    /// Attempts whose connection was refused (a `serve` restarting).
+    refused: u32,
+    /// Anything else: 4xx, a 503 without `Retry-After`, a 202 without an id.
+    unexpected: Vec<String>,
+}
+
+struct Load {
+    stop: CancellationToken,
+    driver: JoinHandle<Vec<Submission>>,
+    accepted: Arc<Mutex<Vec<Uuid>>>,
+}
+
+impl Load {
+    fn start(bases: Vec<String>) -> Self {
+        let stop = CancellationToken::new();
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let driver = tokio::spawn(drive(bases, stop.clone(), accepted.clone()));
+        Self {
+            stop,
+            driver,
+            accepted,
+        }
+    }
+
+    fn accepted_ids(&self) -> Vec<Uuid> {
+        self.accepted.lock().unwrap().clone()
+    }
+
+    /// Stops sending new submissions and waits for the ones under way.
+    async fn stop(&mut self) -> Vec<Submission> {
+        self.stop.cancel();
+        (&mut self.driver).await.unwrap()
+    }
+}
+
+async fn drive(
+    bases: Vec<String>,
+    stop: CancellationToken,
+    accepted: Arc<Mutex<Vec<Uuid>>>,
+) -> Vec<Submission> {
+    let client = reqwest::Client::builder()
+        .timeout(ANSWER_BOUND)
+        .build()
+        .unwrap();
+    let run = Uuid::new_v4().simple().to_string();
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
+    let mut tasks = Vec::new();
+    for i in 0.. {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let key = format!("{run}-{i}");
+        let (client, bases, accepted) = (client.clone(), bases.clone(), accepted.clone());
+        tasks.push(tokio::spawn(async move {
+            let submission = submit_until_accepted(&client, &bases, i, key).await;
+            if let Some(id) = submission.id {
+                accepted.lock().unwrap().push(id);
+            }
+            submission
+        }));
+    }
+    let mut done = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        done.push(task.await.unwrap());
+    }
+    done
+}
+
+/// One client's submission: retried with the same key until a 202, for up to
+/// three minutes; after a 503 it waits as `Retry-After` asks.
+async fn submit_until_accepted(
+    client: &reqwest::Client,
+    bases: &[String],
+    i: usize,
+    key: String,
+) -> Submission {
+    let mut s = Submission {
+        key,
+        first_sent: Utc::now(),
+        id: None,
+        answered_ids: HashSet::new(),
+        unanswered: 0,
+        unavailable: 0,
+        other_5xx: 0,
+        refused: 0,
+        unexpected: Vec::new(),
+    };
+    let body = sample_body(i);
+    let give_up = Instant::now() + Duration::from_secs(180);
+    let mut attempt = i;
+    while Instant::now() < give_up {
+        let base = &bases[attempt % bases.len()];
+        attempt += 1;
+        let sent = client
+            .post(format!("{base}/v1/extractions"))
+            .header("Idempotency-Key", &s.key)
+            .json(&body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) if e.is_timeout() => {
+                s.unanswered += 1;
+                continue;
+            }
+            Err(e) if e.is_connect() => {
+                s.refused += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => {
+                s.unexpected.push(format!("request failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let answer: serde_json::Value = match response.json().await {
+            Ok(answer) => answer,
+            Err(e) if e.is_timeout() => {
+                s.unanswered += 1;
+                continue;
+            }
+            Err(e) => {
+                s.unexpected.push(format!("{status}: unreadable body: {e}"));
+                continue;
+            }
+        };
+        match status {
+            202 => {
+                let id = answer["id"].as_str().and_then(|id| id.parse().ok());
+                match id {
+                    Some(id) => {
+                        s.answered_ids.insert(id);
+                        s.id = Some(id);
+                        return s;
+                    }
+                    None => s.unexpected.push(format!("202 without an id: {answer}")),
+                }
+            }
+            503 => {
+                s.unavailable += 1;
+                match retry_after {
+                    Some(seconds) => tokio::time::sleep(Duration::from_secs(seconds)).await,
+                    None => s
+                        .unexpected
+                        .push(format!("503 without Retry-After: {answer}")),
+                }
+            }
+            500..=599 => {
+                s.other_5xx += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            _ => {
+                s.unexpected.push(format!("{status}: {answer}"));
+                return s;
+            }
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// The fault proxy.
+// ---------------------------------------------------------------------------
+
+/// A toxiproxy server of this test (killed when dropped).
+struct Toxiproxy {
+    _child: tokio::process::Child,
+    api: String,
+    client: reqwest::Client,
+}
+
+/// One proxy on a toxiproxy server.
+struct Proxy {
+    api: String,
+    name: String,
+    listen: String,
+    client: reqwest::Client,
+}
+
+impl Toxiproxy {
+    async fn start() -> Self {
+        let server = env_var("DOCSTREAM_TEST_TOXIPROXY");
+        let port = free_port();
+        let child = tokio::process::Command::new(&server)
+            .args(["-host", "127.0.0.1", "-port", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {server}: {e}"));
+        let api = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        wait_for("toxiproxy to answer", Duration::from_secs(10), || {
+            let request = client.get(format!("{api}/version")).send();
+            async move { request.await.map(drop).map_err(|e| e.to_string()) }
+        })
+        .await;
+        Self {
+            _child: child,
+            api,
+            client,
+        }
+    }
+
+    /// A proxy from `listen` to `upstream`.
+    async fn proxy(&self, name: &str, listen: &str, upstream: &str) -> Proxy {
+        let created = self
+            .client
+            .post(format!("{}/proxies", self.api))
+            .json(&serde_json::json!({"name": name, "listen": listen, "upstream": upstream, "enabled": true}))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            created.status().is_success(),
+            "proxy {name}: {}",
+            created.text().await.unwrap()
+        );
+        Proxy {
+            api: self.api.clone(),
+            name: name.to_owned(),
+            listen: listen.to_owned(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl Proxy {
+    /// Adds toxic `kind` (named after it) on the server-to-client stream.
+    async fn add(&self, kind: &str, attributes: serde_json::Value) {
+        let toxic = serde_json::json!({"name": kind, "type": kind, "stream": "downstream", "toxicity": 1.0, "attributes": attributes});
+        let added = self
+            .client
+            .post(format!("{}/proxies/{}/toxics", self.api, self.name))
+            .json(&toxic)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            added.status().is_success(),
+            "toxic {kind}: {}",
+            added.text().await.unwrap()
+        );
+    }
+
+    async fn remove(&self, kind: &str) {
+        let removed = self
+            .client
+            .delete(format!("{}/proxies/{}/toxics/{kind}", self.api, self.name))
+            .send()
+            .await
+            .unwrap();
+        assert!(removed.status().is_success(), "remove toxic {kind}");
+    }
+}
