@@ -11,7 +11,9 @@
 //!
 //! A dependency is back only when a probe (or a successful call) says so: a
 //! probe task asks Postgres `SELECT 1` and the broker for metadata every
-//! `health_probe_interval_s`. `/readyz` is ready while both are up and the
+//! `health_probe_interval_s`, and a probe unanswered within
+//! `http_answer_timeout_s` is a failure (a slow network is not an outage;
+//! one too slow for the API to answer in time is). `/readyz` is ready while both are up and the
 //! process is not draining.
 
 use std::fmt::Display;
@@ -146,6 +148,11 @@ impl Health {
         *self.state(dependency) == State::Up
     }
 
+    /// Whether `dependency` is in an outage (failed since its last success).
+    pub fn is_down(&self, dependency: Dependency) -> bool {
+        matches!(*self.state(dependency), State::Down(_))
+    }
+
     /// The process began to drain: from now on it is not ready.
     pub fn set_draining(&self) {
         self.inner.draining.store(true, Ordering::SeqCst);
@@ -168,12 +175,12 @@ impl Health {
         }
     }
 
-    /// Probes `dependency` with `probe` every `interval` until `shutdown`,
-    /// each probe bounded by the interval.
+    /// Probes `dependency` with `probe` every `interval` until `shutdown`; a
+    /// probe without an answer within `timeout` is a failure.
     pub fn spawn_probe<F, Fut, E>(
         &self,
         dependency: Dependency,
-        interval: Duration,
+        (interval, timeout): (Duration, Duration),
         shutdown: CancellationToken,
         probe: F,
     ) where
@@ -190,12 +197,12 @@ impl Health {
                     _ = shutdown.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                match tokio::time::timeout(interval, probe()).await {
+                match tokio::time::timeout(timeout, probe()).await {
                     Ok(Ok(())) => health.succeeded(dependency),
                     Ok(Err(e)) => health.failed(dependency, &e),
                     Err(_) => health.failed(
                         dependency,
-                        &format!("no answer to the probe within {interval:?}"),
+                        &format!("no answer to the probe within {timeout:?}"),
                     ),
                 }
             }

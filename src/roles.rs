@@ -55,21 +55,17 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
 fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
     let health = &services.health;
     let interval = services.settings.health_probe_interval();
+    let timing = (interval, services.settings.http_answer_timeout());
     let pool = services.pool.clone();
-    health.spawn_probe(
-        Dependency::Postgres,
-        interval,
-        shutdown.clone(),
-        move || {
-            let pool = pool.clone();
-            async move { sqlx::query("SELECT 1").execute(&pool).await.map(drop) }
-        },
-    );
+    health.spawn_probe(Dependency::Postgres, timing, shutdown.clone(), move || {
+        let pool = pool.clone();
+        async move { sqlx::query("SELECT 1").execute(&pool).await.map(drop) }
+    });
     let publisher = services.publisher.clone();
     let topic = services.settings.topic(&services.settings.topic_submitted);
-    health.spawn_probe(Dependency::Kafka, interval, shutdown.clone(), move || {
+    health.spawn_probe(Dependency::Kafka, timing, shutdown.clone(), move || {
         let (publisher, topic) = (publisher.clone(), topic.clone());
-        async move { publisher.probe(&topic, interval).await }
+        async move { publisher.probe(&topic, timing.1).await }
     });
     let health = health.clone();
     tokio::spawn(async move {

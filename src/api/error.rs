@@ -84,7 +84,9 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e.is_unavailable() {
             true => {
-                tracing::warn!(error = %e, "request answered 503: the database is unavailable");
+                // The outage is logged once where it is seen (`health`);
+                // docstream_http_requests_total counts the 503s.
+                tracing::debug!(error = %e, "request answered 503: the database is unavailable");
                 Self::Unavailable("the database is unavailable; retry shortly".into())
             }
             false => Self::Internal(e.to_string()),
@@ -100,7 +102,7 @@ impl From<SubmitError> for ApiError {
             | SubmitError::UnknownExtractor(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Store(e) => e.into(),
             SubmitError::TimedOut(_) => {
-                tracing::warn!(error = %e, "submit answered 503");
+                tracing::debug!(error = %e, "submit answered 503");
                 Self::Unavailable(format!("{e}; retry with the same Idempotency-Key"))
             }
         }

@@ -237,8 +237,8 @@ settings! {
     /// call fails as passing (the pool keeps trying to reconnect).
     db_acquire_timeout_s: f64 = 5.0, env "DOCSTREAM_DB_ACQUIRE_TIMEOUT_S";
     /// How often each process probes Postgres (`SELECT 1`) and the broker
-    /// (metadata) for `/readyz` and `docstream_dependency_up`; each probe may
-    /// take this long.
+    /// (metadata) for `/readyz` and `docstream_dependency_up`; a probe may take
+    /// up to `http_answer_timeout_s`.
     health_probe_interval_s: f64 = 1.0, env "DOCSTREAM_HEALTH_PROBE_INTERVAL_S";
     /// Postgres connections per process. 20 covers the in-flight records of one
     /// worker and the API's concurrency on the default 300-connection server.

@@ -172,7 +172,7 @@ impl Reaper {
             webhooks::take_orphans(&mut **conn, threshold, settings.reaper_batch_size).await?;
         let metrics = &services.metrics;
         for (id, age_s) in &taken {
-            tracing::info!(id, class = 6, age_s, "orphan found");
+            tracing::debug!(id, class = 6, age_s, "orphan found");
             metrics.orphans_found.with_label_values(&["6"]).inc();
             services.webhooks.wake(Some(id));
             metrics.orphans_republished.with_label_values(&["6"]).inc();
@@ -201,7 +201,7 @@ impl Reaper {
             .orphans_found
             .with_label_values(&[&class])
             .inc();
-        tracing::info!(id = %orphan.id, class = orphan.class, age_s = orphan.age_s, "orphan found");
+        tracing::debug!(id = %orphan.id, class = orphan.class, age_s = orphan.age_s, "orphan found");
         let key = orphan.id.to_string();
         let published = match self.kind {
             ReaperKind::Extraction => {

@@ -26,6 +26,7 @@ use crate::config::RULES;
 use crate::domain::Transition;
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::failpoints;
+use crate::health::Dependency;
 use crate::kafka::PublishError;
 use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
 
@@ -36,6 +37,13 @@ use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Sub
 /// revives the job.
 pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
     let bound = services.settings.http_answer_timeout();
+    // In a known outage, say so at once: waiting out the bound would only
+    // hold the client (and its connection) for the same answer.
+    if services.health.is_down(Dependency::Postgres) {
+        return Err(SubmitError::Store(StoreError::from(
+            sqlx::Error::PoolTimedOut,
+        )));
+    }
     let deadline = tokio::time::Instant::now() + bound;
     let submitted = tokio::time::timeout_at(deadline, insert(services, new))
         .await

@@ -5,6 +5,11 @@
 //! Nothing waits to fill a batch: a lone request runs at once, alone. Under load
 //! the requests that queue up behind the running statements form the next batch,
 //! so one commit serves many jobs exactly when commits are the bottleneck.
+//!
+//! A request whose caller stopped waiting (a submit answered 503 at its
+//! deadline) is dropped before it joins a batch: during a slow spell of the
+//! database, the queue would otherwise fill with work nobody waits for, and
+//! every new request would queue behind it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -56,6 +61,10 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
                         Err(_) => break,
                     }
                 }
+                batch.retain(|(_, reply)| !reply.is_closed());
+                if batch.is_empty() {
+                    continue;
+                }
                 let (inputs, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
                 let statement = statement.clone();
                 tokio::spawn(async move {
@@ -92,6 +101,7 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+    use std::time::Duration;
 
     use super::*;
 
@@ -119,6 +129,39 @@ mod tests {
             sizes.len() < 200,
             "no request shared a statement: {sizes:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_request_nobody_waits_for_is_not_run() {
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let seen = ran.clone();
+        let (release, gate) = tokio::sync::watch::channel(false);
+        let slow = Coalescer::spawn(8, 1, move |inputs: Vec<u32>| {
+            seen.lock().unwrap().extend(inputs.iter().copied());
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                Ok(inputs)
+            }
+        });
+        // The first request holds the only slot; the second is abandoned
+        // while it waits, the third is not.
+        let first = tokio::spawn({
+            let slow = slow.clone();
+            async move { slow.run(1).await }
+        });
+        tokio::task::yield_now().await;
+        let abandoned = tokio::time::timeout(Duration::from_millis(10), slow.run(2)).await;
+        assert!(abandoned.is_err());
+        let third = tokio::spawn({
+            let slow = slow.clone();
+            async move { slow.run(3).await }
+        });
+        tokio::task::yield_now().await;
+        release.send(true).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 1);
+        assert_eq!(third.await.unwrap().unwrap(), 3);
+        assert_eq!(*ran.lock().unwrap(), vec![1, 3]);
     }
 
     #[tokio::test]
