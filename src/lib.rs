@@ -9,12 +9,14 @@
 //! - [`kafka`] is the producer, the consumer runtime (offsets stored only after
 //!   delivery) and topic admin; [`store`] is Postgres (one statement per
 //!   transition); [`events`] binds Avro schemas to types.
-//! - [`health`] tracks the dependencies' outages and the process's readiness.
+//! - [`health`] tracks the dependencies' outages and the process's readiness;
+//!   [`auth`] turns API keys into callers (a tenant and its scopes).
 //! - [`domain`] is the job model; [`extract`] the extractors and bbox grounding.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod demo;

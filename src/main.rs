@@ -42,12 +42,24 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Only this tenant's jobs.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Force a re-claim of one extraction now (expires its lease; fenced holders lose).
     Reclaim {
         /// The extraction id.
         id: uuid::Uuid,
+        /// Refuse unless the job is this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
     },
+    /// Manage tenants (JSON output).
+    #[command(subcommand)]
+    Tenants(ops::tenants::TenantsCommand),
+    /// Manage a tenant's API keys (JSON output).
+    #[command(subcommand)]
+    Keys(ops::tenants::KeysCommand),
     /// Run the pipeline on the shipped sample documents and print a summary.
     Demo(demo::DemoArgs),
     /// A reference extraction service (the extractor protocol, with the
@@ -101,14 +113,25 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        Command::Orphans { json } => {
+        Command::Orphans { json, tenant } => {
             let pool = store::connect(&settings.database_url, 2).await?;
-            print!("{}", ops::orphans_report(&pool, &settings, json).await?);
+            let report = ops::orphans_report(&pool, &settings, tenant.as_deref(), json).await?;
+            print!("{report}");
             return Ok(());
         }
-        Command::Reclaim { id } => {
+        Command::Tenants(command) => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::tenants::tenants(&pool, command).await?);
+            return Ok(());
+        }
+        Command::Keys(command) => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::tenants::keys(&pool, command).await?);
+            return Ok(());
+        }
+        Command::Reclaim { id, tenant } => {
             let services = roles::connect(settings).await?;
-            print!("{}", ops::reclaim(&services, id).await?);
+            print!("{}", ops::reclaim(&services, id, tenant.as_deref()).await?);
             services
                 .publisher
                 .flush(std::time::Duration::from_secs(10))?;

@@ -1,4 +1,7 @@
-//! Operator recipes: list the current orphans, and force a re-claim now.
+//! Operator recipes: list the current orphans, force a re-claim now, and
+//! manage tenants and their API keys (`tenants`).
+
+pub mod tenants;
 
 use std::fmt::Write as _;
 
@@ -7,6 +10,7 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
 use crate::pipeline::Services;
+use crate::store;
 use crate::store::orphans::{self, Orphan, Reclaimed};
 
 /// What each orphan class means, for people.
@@ -22,13 +26,19 @@ pub fn class_name(class: i16) -> &'static str {
     }
 }
 
-/// The current orphans, as a table or as JSON.
+/// The current orphans (of tenant `tenant`'s jobs only, when given), as a
+/// table or as JSON.
 pub async fn orphans_report(
     pool: &sqlx::PgPool,
     settings: &Settings,
+    tenant: Option<&str>,
     json: bool,
 ) -> anyhow::Result<String> {
-    let found = orphans::list_orphans(pool, settings.orphan_thresholds()).await?;
+    let tenant_id = match tenant {
+        Some(name) => Some(store::tenants::tenant_by_name(pool, name).await?.tenant_id),
+        None => None,
+    };
+    let found = orphans::list_orphans(pool, settings.orphan_thresholds(), tenant_id).await?;
     if json {
         return Ok(serde_json::to_string_pretty(&found)? + "\n");
     }
@@ -57,9 +67,23 @@ fn table(found: &[Orphan]) -> String {
 
 /// Expires whatever claim holds job `id` and republishes its event, so a worker
 /// claims it now. Safe against a live holder: its fencing token no longer
-/// matches, so its completion is refused.
-pub async fn reclaim(services: &Services, id: Uuid) -> anyhow::Result<String> {
+/// matches, so its completion is refused. With `tenant`, only that tenant's
+/// job is reclaimed.
+pub async fn reclaim(
+    services: &Services,
+    id: Uuid,
+    tenant: Option<&str>,
+) -> anyhow::Result<String> {
     let settings = &services.settings;
+    if let Some(name) = tenant {
+        let owner = store::tenants::tenant_by_name(&services.pool, name).await?;
+        if store::get_for_tenant(&services.pool, owner.tenant_id, id)
+            .await?
+            .is_none()
+        {
+            anyhow::bail!("tenant {name:?} has no extraction {id}");
+        }
+    }
     let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
         anyhow::bail!("extraction {id} is unknown or has nothing left to do");
     };

@@ -173,7 +173,7 @@ pub async fn reaper(
     Ok(())
 }
 
-/// `/metrics` on `metrics_addr`, for processes without the API.
+/// `/metrics`, `/healthz` and `/readyz` on `metrics_addr`, in every process.
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
@@ -184,7 +184,7 @@ pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -
 /// How many of each role a process runs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mix {
-    /// Whether to serve the HTTP API (which also serves `/metrics`).
+    /// Whether to serve the HTTP API.
     pub serve: bool,
     /// Extraction worker consumers.
     pub workers: usize,
@@ -211,11 +211,12 @@ pub async fn run(
             Box::pin(serve(services.clone(), listener, stop.clone())),
         )),
         (true, None) => anyhow::bail!("serve needs a listener"),
-        (false, _) => roles.push((
-            "metrics",
-            Box::pin(metrics_endpoint(services.clone(), stop.clone())),
-        )),
+        (false, _) => {}
     }
+    roles.push((
+        "metrics",
+        Box::pin(metrics_endpoint(services.clone(), stop.clone())),
+    ));
     for _ in 0..mix.intakes {
         roles.push(("intake", Box::pin(intake(services.clone(), stop.clone()))));
     }

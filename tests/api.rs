@@ -13,27 +13,38 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-/// The API of one test, served in-process.
+/// The API of one test, served in-process, with its internal listener.
 struct Api {
     env: TestEnv,
     base: String,
+    /// The internal listener (`/metrics`).
+    metrics: String,
     client: reqwest::Client,
     _stop: tokio_util::sync::DropGuard,
 }
 
 impl Api {
     async fn start(name: &str) -> Self {
-        let env = TestEnv::with_settings(name, |s| s.http_body_limit_bytes = 64 * 1024).await;
+        let metrics = format!("127.0.0.1:{}", common::free_port());
+        let env = TestEnv::with_settings(name, |s| {
+            s.http_body_limit_bytes = 64 * 1024;
+            s.metrics_addr = metrics.clone();
+        })
+        .await;
         let services = env.services().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let stop = CancellationToken::new();
+        let internal = docstream::roles::metrics_endpoint(services.clone(), stop.clone());
+        tokio::spawn(internal);
         tokio::spawn(docstream::roles::serve(services, listener, stop.clone()));
         common::wait_healthy(&base).await;
+        common::wait_healthy(&format!("http://{metrics}")).await;
         Self {
+            client: env.client(),
             env,
             base,
-            client: reqwest::Client::new(),
+            metrics,
             _stop: stop.drop_guard(),
         }
     }
@@ -241,13 +252,21 @@ async fn cancel_only_a_queued_extraction() {
 }
 
 #[tokio::test]
-async fn metrics_are_exposed() {
+async fn metrics_are_exposed_on_the_internal_listener_only() {
     let api = Api::start("api_metrics").await;
     api.post("/v1/extractions", &sample_body(0), None).await;
-    let text = api
+    let on_api = api
         .client
         .get(format!("{}/metrics", api.base))
         .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        on_api.status(),
+        StatusCode::NOT_FOUND,
+        "/metrics on the API port"
+    );
+    let text = reqwest::get(format!("http://{}/metrics", api.metrics))
         .await
         .unwrap()
         .text()

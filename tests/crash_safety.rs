@@ -584,7 +584,8 @@ async fn cancel_and_reclaim_of_a_running_job() {
         Duration::from_secs(60),
     )
     .await;
-    let answer = reqwest::Client::new()
+    let answer = env
+        .client()
         .post(format!("{base}/v1/extractions/{to_cancel}/cancel"))
         .send()
         .await

@@ -354,16 +354,17 @@ async fn a_backlog_of_fifty_thousand_events_keeps_memory_bounded() {
     });
     let ids: Vec<Uuid> = sqlx::query_scalar(
         "WITH created AS (
-             INSERT INTO extractions (id, status, published_at)
-             SELECT gen_random_uuid(), 'queued', now() FROM generate_series(1, $2)
+             INSERT INTO extractions (id, tenant_id, status, published_at)
+             SELECT gen_random_uuid(), $3, 'queued', now() FROM generate_series(1, $2)
              RETURNING id),
          requested AS (
-             INSERT INTO extraction_requests (id, request_hash, request)
-             SELECT id, 'bulk', $1::json FROM created)
+             INSERT INTO extraction_requests (id, tenant_id, request_hash, request)
+             SELECT id, $3, 'bulk', $1::json FROM created)
          SELECT id FROM created",
     )
     .bind(&request)
     .bind(BACKLOG)
+    .bind(docstream::store::tenants::DEFAULT_TENANT_ID)
     .fetch_all(pool)
     .await
     .unwrap();
@@ -430,7 +431,8 @@ async fn sigterm_of_serve_mid_burst_loses_no_accepted_request() {
     let mut worker = env.spawn("worker", &[], "sigterm-serve-worker");
     common::wait_healthy(&base).await;
 
-    let client = reqwest::Client::builder()
+    let client = env
+        .client_builder()
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();

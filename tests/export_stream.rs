@@ -75,9 +75,9 @@ async fn produce_events(env: &TestEnv, n: usize) {
         .await;
 }
 
-async fn connect(port: u16, query: &str) -> Socket {
+async fn connect(env: &TestEnv, port: u16, query: &str) -> Socket {
     let url = format!("ws://127.0.0.1:{port}/v1/export?{query}");
-    tokio_tungstenite::connect_async(url)
+    tokio_tungstenite::connect_async(env.ws_request(&url))
         .await
         .expect("connect")
         .0
@@ -163,7 +163,10 @@ fn event_positions(env: &TestEnv) -> HashSet<(i32, i64)> {
 
 /// The export group's committed offsets, summed: records it has delivered.
 fn committed_sum(env: &TestEnv, group: &str) -> i64 {
-    let group = env.settings.group(&format!("docstream-export-{group}"));
+    // The tenant `default`'s group (the test's key is that tenant's).
+    let group = env
+        .settings
+        .group(&format!("docstream-export-default-{group}"));
     env.committed(&group, "extraction.events").values().sum()
 }
 
@@ -176,15 +179,19 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     let all: HashSet<(i32, i64)> = event_positions(&env);
     assert_eq!(all.len(), EVENTS);
     let port = free_port();
+    let metrics = format!("127.0.0.1:{}", free_port());
     let mut serve = env.spawn(
         "serve",
-        &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+        &[
+            ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+            ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
+        ],
         "export-resume-serve",
     );
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
 
     // First connection: acknowledge the first 500 events received, then leave.
-    let mut socket = connect(port, "group=resume").await;
+    let mut socket = connect(&env, port, "group=resume").await;
     let mut first = Vec::new();
     while first.len() < ACKED {
         match socket.next().await {
@@ -208,7 +215,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     assert_in_partition_order(first.iter().chain(&unacknowledged));
     let committed_after_first = wait_committed(&env, "resume", ACKED).await;
     // Second connection, same group: everything else arrives.
-    let mut socket = connect(port, "group=resume").await;
+    let mut socket = connect(&env, port, "group=resume").await;
     let mut second = Vec::new();
     let mut seen: HashSet<(i32, i64)> = acked.clone();
     while seen.len() < EVENTS {
@@ -236,7 +243,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     assert_eq!(second.len(), EVENTS - ACKED, "each of the rest came once");
     let committed = wait_committed(&env, "resume", EVENTS).await;
     let redeliveries = scrape(
-        &format!("127.0.0.1:{port}"),
+        &metrics,
         "docstream_stream_redeliveries_total{stream=\"export\"}",
     )
     .await;
@@ -249,7 +256,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
 
     // ack=auto: a client that never acknowledges still moves its group on,
     // once the socket took each event.
-    let mut socket = connect(port, "group=auto&ack=auto").await;
+    let mut socket = connect(&env, port, "group=auto&ack=auto").await;
     let mut auto = HashSet::new();
     while auto.len() < EVENTS {
         let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
@@ -303,21 +310,24 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     let env = TestEnv::new("export_slow").await;
     produce_events(&env, EVENTS).await;
     let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
+    let http = format!("127.0.0.1:{port}");
+    // Its /metrics, on the internal listener.
+    let addr = format!("127.0.0.1:{}", free_port());
     let serve_env = [
-        ("DOCSTREAM_HTTP_ADDR", addr.clone()),
+        ("DOCSTREAM_HTTP_ADDR", http.clone()),
+        ("DOCSTREAM_METRICS_ADDR", addr.clone()),
         ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", QUEUE.to_string()),
         ("DOCSTREAM_EXPORT_MAX_UNACKED", QUEUE.to_string()),
     ];
     let mut serve = env.spawn("serve", &serve_env, "export-slow-serve");
-    wait_healthy(&format!("http://{addr}")).await;
+    wait_healthy(&format!("http://{http}")).await;
     let series = |name: &str, labels: &str| format!("docstream_{name}{{{labels}}}");
     let sent_series = series("stream_frames_total", "outcome=\"sent\",stream=\"export\"");
     let depth_series = series("stream_queue_depth", "stream=\"export\"");
 
     // drop_new: the consumer keeps reading; what finds the queue full is dropped and counted.
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(port, "group=slow-drop&strategy=drop_new").await;
+    let socket = connect(&env, port, "group=slow-drop&strategy=drop_new").await;
     let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
     let dropped_series = series(
         "stream_dropped_total",
@@ -373,7 +383,7 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     // block: nothing dropped, and the committed offset never passes what the
     // client acknowledged, sampled while it works through the backlog.
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(port, "group=slow-block&strategy=block").await;
+    let socket = connect(&env, port, "group=slow-block&strategy=block").await;
     let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
     let mut samples = 0;
     let mut highest = 0;
@@ -440,7 +450,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
 
     // The export client acknowledges every event 1 ms after it arrives, until
     // the server closes; it reports what it acknowledged and the close frame.
-    let export = connect(port, "group=dashboard").await;
+    let export = connect(&env, port, "group=dashboard").await;
     let exported = Arc::new(AtomicU64::new(0));
     let exporting = {
         let exported = exported.clone();
@@ -471,7 +481,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
     };
 
     let prefix = format!("both-{}", Uuid::new_v4().simple());
-    let (sending, mut answers) = busy_import(&addr, &prefix, SUBMISSIONS).await;
+    let (sending, mut answers) = busy_import(&addr, &env.api_key, &prefix, SUBMISSIONS).await;
     let mut answered = first_answers(&mut answers, 20).await;
     wait_for(
         "the export stream to be busy",
@@ -563,7 +573,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         "streams-shutdown-serve-again",
     );
     wait_healthy(&format!("http://{addr}")).await;
-    let mut socket = connect(port, "group=dashboard").await;
+    let mut socket = connect(&env, port, "group=dashboard").await;
     let mut seen = first.clone();
     let mut second: HashMap<(i32, i64), u64> = HashMap::new();
     while !all.is_subset(&seen) {
@@ -648,7 +658,7 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
 
     let first_seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
     let first_done = tokio_util::sync::CancellationToken::new();
-    let socket = connect(port, "group=shared").await;
+    let socket = connect(&env, port, "group=shared").await;
     // About 200 events/s: the first connection still has most of the backlog
     // ahead of it when the group rebalances (a join takes seconds).
     let delay = Duration::from_millis(5);
@@ -665,7 +675,7 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
     // A second connection of the group takes some partitions, acknowledges
     // 100 events, and leaves: its partitions go back to the first.
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(port, "group=shared").await;
+    let socket = connect(&env, port, "group=shared").await;
     let second = slow_client(socket, Duration::from_millis(1), 100, acked)
         .await
         .unwrap();

@@ -425,6 +425,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
     body["extractor"] = "nope".into();
     let new = NewExtraction {
         id: Uuid::new_v4(),
+        tenant_id: docstream::store::tenants::DEFAULT_TENANT_ID,
         idempotency_key: None,
         request: serde_json::from_value(body).unwrap(),
     };
@@ -512,7 +513,7 @@ async fn cancelling_a_job_closes_its_call() {
     let mut worker = env.spawn("worker", &[], "extractor-cancel-worker");
     let base = format!("http://127.0.0.1:{port}");
     common::wait_healthy(&base).await;
-    let client = reqwest::Client::new();
+    let client = env.client();
     let mut body = sample_body(0);
     body["extractor"] = "model".into();
     let submitted: serde_json::Value = client
@@ -1012,7 +1013,8 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
     // A cancel while the result is pending: the result that comes is refused
     // and the job ends cancelled.
     let (url_c, token_c, asked_c) = callback(cancelled);
-    let cancel = reqwest::Client::new()
+    let cancel = env
+        .client()
         .post(format!("{base}/v1/extractions/{cancelled}/cancel"))
         .send()
         .await

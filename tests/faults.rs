@@ -267,7 +267,8 @@ impl Rig {
             })
             .await;
         }
-        let load = Load::start(fleet.api_bases());
+        let client = env.client_builder().timeout(ANSWER_BOUND).build().unwrap();
+        let load = Load::start(fleet.api_bases(), client);
         let rig = Self {
             name: name.to_owned(),
             env,
@@ -358,13 +359,14 @@ impl Rig {
         let other_5xx: u32 = submissions.iter().map(|s| s.other_5xx).sum();
         let unavailable: u32 = submissions.iter().map(|s| s.unavailable).sum();
         let refused: u32 = submissions.iter().map(|s| s.refused).sum();
+        let closed: u32 = submissions.iter().map(|s| s.closed).sum();
         let unexpected: Vec<String> = submissions
             .iter()
             .flat_map(|s| s.unexpected.iter().cloned())
             .collect();
 
         eprintln!(
-            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}",
+            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}, connections closed before an answer {closed}",
             self.name,
             submissions.len(),
             distinct.len(),
@@ -765,6 +767,8 @@ struct Submission {
     other_5xx: u32,
     /// Attempts whose connection was refused (a `serve` restarting).
     refused: u32,
+    /// Attempts on a pooled connection that the server closed as it stopped.
+    closed: u32,
     /// Anything else: 4xx, a 503 without `Retry-After`, a 202 without an id.
     unexpected: Vec<String>,
 }
@@ -776,10 +780,10 @@ struct Load {
 }
 
 impl Load {
-    fn start(bases: Vec<String>) -> Self {
+    fn start(bases: Vec<String>, client: reqwest::Client) -> Self {
         let stop = CancellationToken::new();
         let accepted = Arc::new(Mutex::new(Vec::new()));
-        let driver = tokio::spawn(drive(bases, stop.clone(), accepted.clone()));
+        let driver = tokio::spawn(drive(client, bases, stop.clone(), accepted.clone()));
         Self {
             stop,
             driver,
@@ -799,14 +803,11 @@ impl Load {
 }
 
 async fn drive(
+    client: reqwest::Client,
     bases: Vec<String>,
     stop: CancellationToken,
     accepted: Arc<Mutex<Vec<Uuid>>>,
 ) -> Vec<Submission> {
-    let client = reqwest::Client::builder()
-        .timeout(ANSWER_BOUND)
-        .build()
-        .unwrap();
     let run = Uuid::new_v4().simple().to_string();
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
     let mut tasks = Vec::new();
@@ -851,6 +852,7 @@ async fn submit_until_accepted(
         unavailable: 0,
         other_5xx: 0,
         refused: 0,
+        closed: 0,
         unexpected: Vec::new(),
     };
     let body = small_body(i);
@@ -881,6 +883,13 @@ async fn submit_until_accepted(
             }
             Err(e) if e.is_connect() => {
                 s.refused += 1;
+                continue;
+            }
+            // A pooled connection the server closed (it stopped) just as the
+            // request went out: no answer, so the client repeats it with the
+            // same key, as the contract says.
+            Err(e) if closed_before_answer(&e) => {
+                s.closed += 1;
                 continue;
             }
             Err(e) => {
@@ -936,6 +945,22 @@ async fn submit_until_accepted(
         }
     }
     s
+}
+
+/// Whether a request failed because the server closed its connection before
+/// answering (hyper: "connection closed before message completed"; or reset).
+fn closed_before_answer(e: &reqwest::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if text.contains("connection closed before message completed")
+            || text.contains("Connection reset by peer")
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// A small valid request: the faults under test, not JSON parsing in a debug

@@ -30,7 +30,11 @@ async fn a_client_that_closes_at_once_loses_none_of_what_it_sent() {
     const SENT: usize = 100;
     let env = TestEnv::new("import_close").await;
     let port = free_port();
-    let serve_env = [("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))];
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let serve_env = [
+        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+        ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
+    ];
     let mut children = [
         env.spawn("serve", &serve_env, "import-serve"),
         env.spawn("worker", &[], "import-worker"),
@@ -38,10 +42,10 @@ async fn a_client_that_closes_at_once_loses_none_of_what_it_sent() {
     ];
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
 
-    let (mut socket, _) =
-        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/v1/import"))
-            .await
-            .expect("connect");
+    let url = format!("ws://127.0.0.1:{port}/v1/import");
+    let (mut socket, _) = tokio_tungstenite::connect_async(env.ws_request(&url))
+        .await
+        .expect("connect");
     let prefix = format!("close-{}", Uuid::new_v4().simple());
     for i in 0..SENT {
         socket
@@ -81,7 +85,6 @@ async fn a_client_that_closes_at_once_loses_none_of_what_it_sent() {
         ids.iter().all(|id| published.contains(&id.to_string())),
         "every job was published"
     );
-    let metrics = format!("127.0.0.1:{port}");
     let accepted = scrape(
         &metrics,
         "docstream_stream_frames_total{outcome=\"accepted\",stream=\"import\"}",
@@ -123,7 +126,8 @@ async fn a_server_shutdown_answers_what_it_read_then_closes_normally() {
     ];
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
     let prefix = format!("shutdown-{}", Uuid::new_v4().simple());
-    let (sending, mut receiver) = busy_import(&format!("127.0.0.1:{port}"), &prefix, SENT).await;
+    let (sending, mut receiver) =
+        busy_import(&format!("127.0.0.1:{port}"), &env.api_key, &prefix, SENT).await;
     // Once the first answers arrive, the stream is busy: stop the server.
     let mut answered = first_answers(&mut receiver, 10).await;
     signal(&serve, "TERM").await;

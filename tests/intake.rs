@@ -109,15 +109,18 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
         .create()
         .expect("producer");
     let topic = env.topic("extraction.requests");
+    let api_key = env.api_key.clone();
     stream::iter(&records)
         .map(|record| {
             let payload = encode(&record.requested).unwrap();
             let producer = producer.clone();
             let topic = topic.clone();
+            let headers = common::intake_headers("default", &api_key);
             async move {
                 let sent = FutureRecord::to(&topic)
                     .key(record.key.as_bytes())
-                    .payload(&payload);
+                    .payload(&payload)
+                    .headers(headers);
                 producer.send(sent, Duration::from_secs(30)).await.unwrap();
             }
         })

@@ -101,6 +101,11 @@ async fn jobs_written_under_the_wide_row_read_back_the_same_under_the_narrow_one
 
     let queued_row = store::get(&pool, queued).await.unwrap().unwrap();
     assert_eq!(queued_row.status, "queued");
+    assert_eq!(
+        queued_row.tenant_id,
+        store::tenants::DEFAULT_TENANT_ID,
+        "rows from before tenants belong to the tenant default"
+    );
     assert_eq!(queued_row.idempotency_key.as_deref(), Some("key-1"));
     assert_eq!(queued_row.request_hash.as_deref(), Some("hash"));
     assert!(queued_row.webhook, "the request names a webhook_url");

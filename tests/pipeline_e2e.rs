@@ -33,7 +33,7 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
     ];
     common::wait_healthy(&base).await;
 
-    let client = reqwest::Client::new();
+    let client = env.client();
     let ids: Vec<Uuid> = stream::iter(0..DOCUMENTS)
         .map(|i| {
             let request = client

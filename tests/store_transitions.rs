@@ -4,6 +4,7 @@
 
 mod common;
 
+use docstream::store::tenants::DEFAULT_TENANT_ID;
 use std::future::Future;
 
 use common::TestEnv;
@@ -24,6 +25,7 @@ fn request() -> ExtractionRequest {
 async fn queued(pool: &PgPool) -> Uuid {
     let new = NewExtraction {
         id: Uuid::new_v4(),
+        tenant_id: DEFAULT_TENANT_ID,
         idempotency_key: None,
         request: request(),
     };
@@ -450,6 +452,7 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
             pool,
             NewExtraction {
                 id: Uuid::new_v4(),
+                tenant_id: DEFAULT_TENANT_ID,
                 idempotency_key: Some("key-1".into()),
                 request: request(),
             },
@@ -479,6 +482,7 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
         pool,
         NewExtraction {
             id: Uuid::new_v4(),
+            tenant_id: DEFAULT_TENANT_ID,
             idempotency_key: Some("key-1".into()),
             request: other,
         },
@@ -507,25 +511,34 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
         .unwrap()
         .unwrap();
     exec(pool, "UPDATE extractions SET submitted_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id <> $1", fresh).await;
-    let found: Vec<(i16, Uuid)> = orphans::list_orphans(pool, thresholds)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| (o.class, o.id))
-        .collect();
+    let list = |tenant: Option<Uuid>| async move {
+        orphans::list_orphans(pool, thresholds, tenant)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| (o.class, o.id))
+            .collect::<Vec<(i16, Uuid)>>()
+    };
+    let found = list(None).await;
     assert_eq!(
         found,
         vec![(1, old), (3, retried)],
         "a fresh job is not an orphan yet"
     );
+    assert_eq!(
+        list(Some(DEFAULT_TENANT_ID)).await,
+        found,
+        "the jobs' tenant"
+    );
+    assert!(
+        list(Some(Uuid::now_v7())).await.is_empty(),
+        "another tenant"
+    );
 
     // An acknowledged event is waiting in a backlog, not lost.
     orphans::record_published(pool, old).await.unwrap();
     orphans::record_published(pool, retried).await.unwrap();
-    assert!(orphans::list_orphans(pool, thresholds)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(list(None).await.is_empty());
 
     // A reaper takes an orphan once per threshold.
     let stuck = queued(pool).await;
@@ -627,6 +640,7 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
     with_hook.webhook_url = Some("https://hooks.example.com/docstream".into());
     let new = NewExtraction {
         id: Uuid::new_v4(),
+        tenant_id: DEFAULT_TENANT_ID,
         idempotency_key: None,
         request: with_hook,
     };

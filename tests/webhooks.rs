@@ -144,10 +144,11 @@ fn with_metrics_on(base: &[(&'static str, String)], port: u16) -> Vec<(&'static 
 }
 
 /// Submits one job over HTTP; its id, or the refusal.
-async fn submit(api: &str, webhook_url: &str) -> Result<Uuid, (u16, Value)> {
+async fn submit(env: &TestEnv, api: &str, webhook_url: &str) -> Result<Uuid, (u16, Value)> {
     let mut body = sample_body(0);
     body["webhook_url"] = json!(webhook_url);
-    let response = reqwest::Client::new()
+    let response = env
+        .client()
         .post(format!("{api}/v1/extractions"))
         .json(&body)
         .send()
@@ -221,11 +222,11 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
     let outage_began = Instant::now();
     let mut outage_jobs = Vec::new();
     for _ in 0..JOBS {
-        outage_jobs.push(submit(&api, &down_url).await.unwrap());
+        outage_jobs.push(submit(&env, &api, &down_url).await.unwrap());
     }
     // Receiver 2 answers 500 three times per webhook-id, then 200.
     let flaky = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 3, 200);
-    let flaky_job = submit(&api, &flaky.url).await.unwrap();
+    let flaky_job = submit(&env, &api, &flaky.url).await.unwrap();
 
     // Every outage job reaches its terminal state and fails an attempt while
     // the receiver is down.
@@ -280,9 +281,9 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
 
     // 410 Gone: the endpoint is disabled, and the next job's webhook is not sent.
     let gone = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 410);
-    submit(&api, &gone.url).await.unwrap();
+    submit(&env, &api, &gone.url).await.unwrap();
     wait_delivered(pool, "disabled", 1, Duration::from_secs(60)).await;
-    submit(&api, &gone.url).await.unwrap();
+    submit(&env, &api, &gone.url).await.unwrap();
     wait_delivered(pool, "disabled", 2, Duration::from_secs(60)).await;
     assert_eq!(
         gone.receipts().len(),
@@ -352,7 +353,7 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
     wait_healthy(&api).await;
     let mut jobs = Vec::new();
     for _ in 0..JOBS {
-        jobs.push(submit(&api, &receiver.url).await.unwrap());
+        jobs.push(submit(&env, &api, &receiver.url).await.unwrap());
     }
     let pool = &env.pool;
     wait_delivered(pool, "pending", 1, Duration::from_secs(60)).await;
@@ -413,11 +414,15 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let base = webhook_env(false);
+    let serve_metrics = free_port();
     let mut serve = env.spawn(
         "serve",
-        &with(
-            &base,
-            &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+        &with_metrics_on(
+            &with(
+                &base,
+                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+            ),
+            serve_metrics,
         ),
         "webhooks-ssrf-serve",
     );
@@ -439,7 +444,7 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
     ];
     let mut refusals = Vec::new();
     for url in &refused_urls {
-        match submit(&api, url).await {
+        match submit(&env, &api, url).await {
             Ok(id) => panic!("{url} was accepted as job {id}"),
             Err((status, answer)) => {
                 assert_eq!(status, 422, "{url}: {answer}");
@@ -453,7 +458,7 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
         .unwrap();
     assert_eq!(rows, 0, "a refused submit writes nothing");
     let at_submit = scrape(
-        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{serve_metrics}"),
         "docstream_webhook_ssrf_rejections_total{stage=\"submit\"}",
     )
     .await;

@@ -7,6 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::auth::AuthError;
 use crate::store::{StoreError, SubmitError};
 
 /// Why a request was not served.
@@ -27,6 +28,9 @@ pub enum ApiError {
     /// The request's credentials are missing or wrong.
     #[error("{0}")]
     Unauthorized(String),
+    /// The credentials are good but do not allow this request.
+    #[error("{0}")]
+    Forbidden(String),
     /// No extraction has this id.
     #[error("no extraction with id {0}")]
     NotFound(String),
@@ -55,6 +59,7 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
@@ -94,6 +99,16 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Missing | AuthError::Invalid => Self::Unauthorized(e.to_string()),
+            AuthError::MissingScope(_) => Self::Forbidden(e.to_string()),
+            AuthError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
@@ -127,6 +142,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
         let mut response = (status, Json(self.body())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            let challenge = header::HeaderValue::from_static("Bearer");
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, challenge);
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             let retry_after = header::HeaderValue::from_static(RETRY_AFTER_S);
             response

@@ -2,7 +2,8 @@
 //!
 //! Query parameters:
 //! - `group` (required): the stream's name. Each name is a consumer group of
-//!   its own (`export_group_prefix` + name), so a client that reconnects with
+//!   its own (`export_group_prefix`, the caller's tenant, `-`, the name: two
+//!   tenants' equal names are two groups), so a client that reconnects with
 //!   the same name resumes after the last event it acknowledged.
 //! - `strategy`: `block` (the default, `export_backpressure_strategy`),
 //!   `drop_oldest` or `drop_new` — what happens to an event when the stream's
@@ -53,7 +54,9 @@ use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{ApiError, Gate};
+use crate::auth::Caller;
 use crate::config::Backpressure;
+use crate::domain::Scope;
 use crate::events::{decode, ExtractionEvent};
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::pipeline::Services;
@@ -148,17 +151,25 @@ fn options(params: Params, default_strategy: &str) -> Result<Options, ApiError> 
 }
 
 async fn upgrade(
+    caller: Caller,
     State(services): State<Services>,
     Extension(gate): Extension<Gate>,
     params: Result<Query<Params>, QueryRejection>,
     socket: WebSocketUpgrade,
 ) -> Response {
+    if let Err(e) = caller.require(Scope::Export) {
+        return ApiError::from(e).into_response();
+    }
     let params = match params {
         Ok(Query(params)) => params,
         Err(e) => return ApiError::BadRequest(e.body_text()).into_response(),
     };
     let options = match options(params, &services.settings.export_backpressure_strategy) {
-        Ok(options) => options,
+        Ok(options) => Options {
+            // A group belongs to its tenant: equal names of two tenants are two groups.
+            group: format!("{}-{}", caller.tenant, options.group),
+            ..options
+        },
         Err(e) => return e.into_response(),
     };
     let Some(hold) = gate.hold() else {

@@ -11,8 +11,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::ApiError;
+use crate::auth::Caller;
 use crate::domain::{
-    idempotency_key_is_valid, ExtractionRequest, Transition, MAX_IDEMPOTENCY_KEY_LEN,
+    idempotency_key_is_valid, ExtractionRequest, Scope, Transition, MAX_IDEMPOTENCY_KEY_LEN,
 };
 use crate::events::PublishReason;
 use crate::pipeline;
@@ -88,10 +89,12 @@ impl From<Extraction> for ExtractionView {
 }
 
 async fn submit(
+    caller: Caller,
     State(services): State<Services>,
     headers: HeaderMap,
     body: Result<Json<ExtractionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Submit)?;
     let limit = services.settings.http_body_limit_bytes;
     let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
     request
@@ -100,6 +103,7 @@ async fn submit(
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewExtraction {
         id: crate::domain::new_job_id(),
+        tenant_id: caller.tenant_id,
         idempotency_key,
         request,
     };
@@ -135,23 +139,35 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 async fn read(
+    caller: Caller,
     State(services): State<Services>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<ExtractionView>, ApiError> {
+    caller.require(Scope::Read)?;
     let Path(id) = id?;
-    let row = store::get(&services.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    let row = owned(&services, &caller, id).await?;
     Ok(Json(row.into()))
+}
+
+/// The caller's tenant's job `id`; another tenant's job is not found, so its
+/// existence is never revealed.
+async fn owned(services: &Services, caller: &Caller, id: Uuid) -> Result<Extraction, ApiError> {
+    store::get_for_tenant(&services.pool, caller.tenant_id, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(id.to_string()))
 }
 
 /// Cancels a queued job at once (200). A running job is asked to stop: its
 /// holder sees the request at its next heartbeat and cancels it (202).
 async fn cancel(
+    caller: Caller,
     State(services): State<Services>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Cancel)?;
     let Path(id) = id?;
+    // A job never changes tenant, so checking its owner first is race-free.
+    owned(&services, &caller, id).await?;
     let cancelled = transitions::mark_cancelled(&services.pool, id, None).await?;
     services
         .metrics

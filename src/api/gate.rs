@@ -1,6 +1,8 @@
 //! The shutdown gate in front of every route: counts requests in flight and,
 //! once shutdown began, answers new ones 503 with `Retry-After`, so a client
-//! retries elsewhere while the requests already accepted finish.
+//! retries elsewhere while the requests already accepted finish. Every answer
+//! given once shutdown began says `Connection: close`, so clients stop
+//! reusing their connections to this server before its listener closes them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -118,12 +120,16 @@ pub async fn admit(State(gate): State<Gate>, request: Request, next: Next) -> Re
         let body = serde_json::json!({"error": {"code": "shutting_down", "message": "server is shutting down; retry shortly"}});
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
+            [(header::RETRY_AFTER, "1"), (header::CONNECTION, "close")],
             Json(body),
         )
             .into_response();
     }
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
+    if inner.closed.load(Ordering::SeqCst) {
+        let close = header::HeaderValue::from_static("close");
+        response.headers_mut().insert(header::CONNECTION, close);
+    }
     drop(pass);
     response
 }

@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ApiError, Gate};
-use crate::domain::{idempotency_key_is_valid, ExtractionRequest, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::auth::Caller;
+use crate::domain::{idempotency_key_is_valid, ExtractionRequest, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::{self, Services};
 use crate::store::NewExtraction;
 
@@ -60,17 +61,21 @@ struct Frame {
 }
 
 async fn upgrade(
+    caller: Caller,
     State(services): State<Services>,
     Extension(gate): Extension<Gate>,
     socket: WebSocketUpgrade,
 ) -> Response {
+    if let Err(e) = caller.require(Scope::Submit) {
+        return ApiError::from(e).into_response();
+    }
     let Some(hold) = gate.hold() else {
         return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
             .into_response();
     };
     let closing = gate.closing();
     socket.on_upgrade(move |socket| async move {
-        import(socket, services, closing).await;
+        import(socket, services, caller.tenant_id, closing).await;
         drop(hold);
     })
 }
@@ -81,7 +86,12 @@ enum Ended {
     ServerClosing,
 }
 
-async fn import(socket: WebSocket, services: Services, closing: CancellationToken) {
+async fn import(
+    socket: WebSocket,
+    services: Services,
+    tenant_id: Uuid,
+    closing: CancellationToken,
+) {
     let (mut sink, mut frames) = socket.split();
     let (answers, mut to_send) = mpsc::channel::<Message>(IN_FLIGHT);
     // Answers go out as they come; once the client is gone they are dropped,
@@ -127,7 +137,7 @@ async fn import(socket: WebSocket, services: Services, closing: CancellationToke
             .with_label_values(&[STREAM]);
         depth.inc();
         submits.spawn(async move {
-            let (reference, outcome) = submit_frame(&services, &text).await;
+            let (reference, outcome) = submit_frame(&services, tenant_id, &text).await;
             let verdict = match outcome["error"].is_null() {
                 true => "accepted",
                 false => "refused",
@@ -177,7 +187,11 @@ fn answer(reference: serde_json::Value, mut outcome: serde_json::Value) -> Messa
 }
 
 /// Submits one frame; its reference and `{"id", "status"}` or `{"error"}`.
-async fn submit_frame(services: &Services, text: &str) -> (serde_json::Value, serde_json::Value) {
+async fn submit_frame(
+    services: &Services,
+    tenant_id: Uuid,
+    text: &str,
+) -> (serde_json::Value, serde_json::Value) {
     let frame: Frame = match serde_json::from_str(text) {
         Ok(frame) => frame,
         Err(e) => {
@@ -190,7 +204,7 @@ async fn submit_frame(services: &Services, text: &str) -> (serde_json::Value, se
             );
         }
     };
-    let outcome = submit(services, frame.idempotency_key, frame.request).await;
+    let outcome = submit(services, tenant_id, frame.idempotency_key, frame.request).await;
     let body = match outcome {
         Ok((id, status)) => serde_json::json!({"id": id, "status": status}),
         Err(e) => e.body(),
@@ -200,6 +214,7 @@ async fn submit_frame(services: &Services, text: &str) -> (serde_json::Value, se
 
 async fn submit(
     services: &Services,
+    tenant_id: Uuid,
     idempotency_key: Option<String>,
     request: ExtractionRequest,
 ) -> Result<(Uuid, String), ApiError> {
@@ -216,6 +231,7 @@ async fn submit(
     }
     let new = NewExtraction {
         id: crate::domain::new_job_id(),
+        tenant_id,
         idempotency_key,
         request,
     };

@@ -1,6 +1,9 @@
 //! The HTTP edge: `serve`'s routes (the REST API, the import and export streams),
-//! assembled by [`app`] and run by [`serve`].
+//! assembled by [`app`] and run by [`serve`]; and the internal listener every
+//! process has ([`metrics_router`]). Every API route but the probes needs an
+//! API key (`auth`).
 
+mod auth;
 mod error;
 mod export;
 mod extractions;
@@ -42,19 +45,27 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .merge(import::router())
         .merge(export::router())
         .with_state(services.clone())
-        .merge(metrics_router(&services))
+        .merge(probes_router(&services))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(gate.clone()))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
 }
 
-/// `/metrics`, `/healthz` and `/readyz`: all of the API in processes without
-/// it (workers), and part of it in `serve`.
+/// The internal listener of every process (`metrics_addr`): `/metrics`,
+/// `/healthz` and `/readyz`. `/metrics` is only here, never on the API's
+/// port: it belongs on an internal network.
 pub fn metrics_router(services: &Services) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .with_state(services.metrics.clone())
+        .merge(probes_router(services))
+}
+
+/// `/healthz` (alive) and `/readyz` (ready for traffic), which need no key:
+/// on the API's port for a load balancer, and on the internal listener.
+fn probes_router(services: &Services) -> Router {
+    Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(services.health.clone())

@@ -31,7 +31,7 @@ use crate::demo::sample_requests;
 use crate::domain::ExtractionRequest;
 use crate::pipeline;
 use crate::roles;
-use crate::store::{Extraction, NewExtraction};
+use crate::store::{tenants, Extraction, NewExtraction};
 
 /// The scratch database and topics, and the environment children run with.
 #[derive(Clone)]
@@ -213,6 +213,7 @@ pub async fn burn_down(
         .map(|i| {
             let new = NewExtraction {
                 id: crate::domain::new_job_id(),
+                tenant_id: tenants::DEFAULT_TENANT_ID,
                 idempotency_key: None,
                 request: samples[i % samples.len()].request.clone(),
             };
@@ -312,7 +313,8 @@ pub async fn steady(
     env.push(("DOCSTREAM_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
     let mut procs = vec![Proc::spawn("serve", "serve", &env, &rig.logs)?];
     procs.extend(spawn_workers(rig, workers, bbox_workers)?);
-    let client = reqwest::Client::new();
+    let key = tenants::create_tenant_or_key(&rig.pool, "bench").await?;
+    let client = crate::demo::api_client(&key.api_key)?;
     wait_healthy(&client, &base, &mut procs).await?;
 
     // Warm-up: the consumers have joined their groups once a few jobs made it through.

@@ -49,6 +49,7 @@ fn script(rows: usize) -> String {
             fill("'pgbench'::text"),
             fill(":request::text"),
             fill("false"),
+            fill("'00000000-0000-0000-0000-000000000000'::uuid"),
         ],
     );
     let claim = bind(lifecycle::CLAIM, &[ids.clone(), "30".into()]);

@@ -42,6 +42,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// The longest a process may trust a key lookup: revocations take effect
+/// within it.
+pub const MAX_API_KEY_CACHE_S: f64 = 5.0;
+
 /// What an export stream does with an event when its queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backpressure {
@@ -150,9 +154,15 @@ settings! {
     /// Listen address of `serve` (and of `all`). Loopback by default: exposing it is
     /// a decision, not an accident.
     http_addr: String = "127.0.0.1:8080", env "DOCSTREAM_HTTP_ADDR";
-    /// Listen address of `/metrics` for processes without the API (workers). Port 0
-    /// picks a free one, which is what tests running several workers want.
+    /// Listen address of `/metrics`, `/healthz` and `/readyz` in every process,
+    /// `serve` included: it belongs on an internal network, apart from the API.
+    /// Port 0 picks a free one, which is what tests running several processes want.
     metrics_addr: String = "127.0.0.1:9464", env "DOCSTREAM_METRICS_ADDR";
+    /// How long a process trusts what it looked up about an API key. A revoked
+    /// key, or one whose tenant was deleted, is refused by every process within
+    /// this time; 2 s keeps a busy client to one lookup per key every 2 s, and
+    /// stays well inside the 5 s a revocation may take. At most 5.
+    api_key_cache_s: f64 = 2.0, env "DOCSTREAM_API_KEY_CACHE_S";
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES";
@@ -418,6 +428,11 @@ impl Settings {
                 return invalid(format!("{name} must be a positive number of seconds"));
             }
         }
+        if !(0.0..=MAX_API_KEY_CACHE_S).contains(&self.api_key_cache_s) {
+            return invalid(format!(
+                "DOCSTREAM_API_KEY_CACHE_S must be 0 to {MAX_API_KEY_CACHE_S} seconds: a revoked key must stop working within 5 s"
+            ));
+        }
         let shorter_lease = self
             .extraction_run_lease_s
             .min(self.bbox_refinement_lease_s);
@@ -574,6 +589,11 @@ impl Settings {
     pub fn deferred_results(&self) -> Option<(&str, &str)> {
         let on = !self.public_url.is_empty() && !self.callback_secret.is_empty();
         on.then_some((self.public_url.trim_end_matches('/'), &self.callback_secret))
+    }
+
+    /// `api_key_cache_s` as a duration.
+    pub fn api_key_cache(&self) -> Duration {
+        Duration::from_secs_f64(self.api_key_cache_s)
     }
 
     /// `http_answer_timeout_s` as a duration.

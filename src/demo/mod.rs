@@ -24,6 +24,7 @@ use crate::config::Settings;
 use crate::domain::ExtractionRequest;
 use crate::extract::provider;
 use crate::roles::{self, Mix};
+use crate::store::tenants;
 
 /// Options of `docstream demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -52,6 +53,20 @@ pub struct DemoArgs {
     pub extractor_latency_ms: u64,
 }
 
+/// The tenant the demo submits as.
+const DEMO_TENANT: &str = "demo";
+
+/// An HTTP client that sends `api_key` with every request.
+pub fn api_client(api_key: &str) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {api_key}"))?;
+    value.set_sensitive(true);
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?)
+}
+
 /// The name the demo gives the reference extraction service.
 const REFERENCE: &str = "reference";
 
@@ -62,6 +77,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut settings = settings;
+    // The demo's own process serves /metrics on a free port: nobody scrapes it.
+    settings.metrics_addr = "127.0.0.1:0".into();
     let provider = match args.rules {
         true => None,
         false => Some(start_provider(&mut settings, &args, &shutdown).await?),
@@ -70,6 +87,10 @@ pub async fn run(
     let base = format!("http://{}", listener.local_addr()?);
     let services = roles::connect(settings).await?;
     let pool = services.pool.clone();
+    // A key of the tenant `demo` (made on the first run), revoked at the end.
+    let key = tenants::create_tenant_or_key(&pool, DEMO_TENANT)
+        .await
+        .context("making the demo's API key (did `docstream migrate` run?)")?;
     let mix = Mix {
         serve: true,
         workers: args.workers,
@@ -80,9 +101,11 @@ pub async fn run(
     let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));
 
     let extractor = provider.as_ref().map(|(url, _)| url.as_str());
-    let outcome = drive(&base, &pool, &args, extractor.is_some(), &shutdown).await;
+    let client = api_client(&key.api_key)?;
+    let outcome = drive(&client, &base, &pool, &args, extractor.is_some(), &shutdown).await;
     stop.cancel();
     pipeline.await??;
+    tenants::revoke_key(&pool, key.key_id).await?;
     let summary = outcome?;
     match extractor {
         Some(url) => println!("extractor: {REFERENCE:?}, docstream extractor-serve at {url}"),
@@ -123,6 +146,7 @@ async fn start_provider(
 }
 
 async fn drive(
+    client: &reqwest::Client,
     base: &str,
     pool: &sqlx::PgPool,
     args: &DemoArgs,
@@ -130,7 +154,6 @@ async fn drive(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<report::Summary> {
     let samples = sample_requests();
-    let client = reqwest::Client::new();
     let started = Instant::now();
     let progress = report::Progress::new(args.documents as u64);
     let ids: Vec<Uuid> = stream::iter(0..args.documents)
@@ -139,7 +162,7 @@ async fn drive(
             if reference {
                 request.extractor = Some(REFERENCE.to_owned());
             }
-            submit(&client, base, request)
+            submit(client, base, request)
         })
         .buffer_unordered(args.concurrency.max(1))
         .inspect(|_| progress.submitted())

@@ -7,6 +7,7 @@ pub mod pattern;
 mod request;
 mod retry;
 mod state;
+mod tenant;
 
 pub use request::{
     extractor_name_is_valid, idempotency_key_is_valid, Document, ExtractionRequest, FieldSpec,
@@ -15,6 +16,10 @@ pub use request::{
 };
 pub use retry::retry_delay_s;
 pub use state::{BboxStatus, ExtractionStatus, Transition};
+pub use tenant::{
+    key_hash, key_is_well_formed, tenant_name_is_valid, NewApiKey, Scope, TenantError, KEY_PREFIX,
+    MAX_TENANT_NAME_LEN,
+};
 
 /// A new job's id: a UUIDv7, ordered by creation time, so the index entries
 /// of the jobs in flight sit together at the end of each index instead of

@@ -39,7 +39,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +64,29 @@ pub struct Record {
     pub key: Option<Vec<u8>>,
     /// Record value.
     pub payload: Option<Vec<u8>>,
+    /// Record headers, in order (none on docstream's own records).
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Record {
+    /// The value of the first header named `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, value)| value.as_slice())
+    }
+}
+
+/// A received record's headers, copied.
+fn headers_of(record: &impl Message) -> Vec<(String, Vec<u8>)> {
+    let Some(headers) = record.headers() else {
+        return Vec::new();
+    };
+    headers
+        .iter()
+        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+        .collect()
 }
 
 /// How handling a record failed.
@@ -498,6 +521,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         offset: record.offset(),
                         key: record.key().map(<[u8]>::to_vec),
                         payload: record.payload().map(<[u8]>::to_vec),
+                        headers: headers_of(&record),
                     };
                     self.metrics.events_consumed.with_label_values(&[&record.topic]).inc();
                     let generation = self.shared.generation(&record);

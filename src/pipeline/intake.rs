@@ -8,15 +8,29 @@
 //! not decode, is invalid, or reuses a key with another request) is poison: it
 //! goes to the DLQ with its reason. A repeat of a key with the same request
 //! creates nothing new.
+//!
+//! Each record names its tenant in the header [`TENANT_HEADER`] and carries
+//! one of that tenant's API keys, with the `submit` scope, in
+//! [`API_KEY_HEADER`]. A record without a valid pair is dead-lettered as
+//! `unauthorized`; a key that cannot be looked up (the database is away) is
+//! a passing failure, retried like any other.
 
 use tokio_util::sync::CancellationToken;
 
+use uuid::Uuid;
+
 use super::submit::{submit_durably, DurableSubmitError};
 use super::Services;
-use crate::domain::{idempotency_key_is_valid, ExtractionRequest, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::auth::AuthError;
+use crate::domain::{idempotency_key_is_valid, ExtractionRequest, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::events::{decode, ExtractionRequested};
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::{NewExtraction, SubmitError};
+
+/// The header that names a record's tenant.
+pub const TENANT_HEADER: &str = "docstream-tenant";
+/// The header that carries an API key of that tenant, with the `submit` scope.
+pub const API_KEY_HEADER: &str = "docstream-api-key";
 
 /// The intake's record handler.
 pub struct Intake {
@@ -37,8 +51,45 @@ fn invalid(reason: String) -> HandlerError {
     }
 }
 
+fn unauthorized(reason: String) -> HandlerError {
+    HandlerError::Poison {
+        kind: "unauthorized",
+        reason,
+    }
+}
+
+/// The tenant a record is submitted for: its key is valid, has the `submit`
+/// scope, and belongs to the tenant its header names.
+async fn tenant_of(services: &Services, record: &Record) -> Result<Uuid, HandlerError> {
+    let text = |name: &str| {
+        record
+            .header(name)
+            .and_then(|v| std::str::from_utf8(v).ok())
+    };
+    let Some(tenant) = text(TENANT_HEADER) else {
+        return Err(unauthorized(format!("no {TENANT_HEADER} header")));
+    };
+    let caller = match services.auth.authenticate(text(API_KEY_HEADER)).await {
+        Ok(caller) => caller,
+        Err(AuthError::Store(e)) => return Err(HandlerError::Transient(e.to_string())),
+        Err(AuthError::Missing) => {
+            return Err(unauthorized(format!("no {API_KEY_HEADER} header")));
+        }
+        Err(e) => return Err(unauthorized(e.to_string())),
+    };
+    if caller.tenant != tenant {
+        return Err(unauthorized(format!(
+            "the API key does not belong to tenant {tenant:?}"
+        )));
+    }
+    caller
+        .require(Scope::Submit)
+        .map_err(|e| unauthorized(e.to_string()))?;
+    Ok(caller.tenant_id)
+}
+
 /// The job a record asks for, or why it can never be one.
-fn parse(record: &Record) -> Result<NewExtraction, HandlerError> {
+fn parse(record: &Record, tenant_id: Uuid) -> Result<NewExtraction, HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let requested: ExtractionRequested = decode(payload).map_err(|e| HandlerError::Poison {
         kind: e.kind(),
@@ -54,6 +105,7 @@ fn parse(record: &Record) -> Result<NewExtraction, HandlerError> {
     request.validate().map_err(|e| invalid(e.to_string()))?;
     Ok(NewExtraction {
         id: crate::domain::new_job_id(),
+        tenant_id,
         idempotency_key: Some(requested.idempotency_key),
         request,
     })
@@ -61,7 +113,8 @@ fn parse(record: &Record) -> Result<NewExtraction, HandlerError> {
 
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
-        let new = parse(record)?;
+        let tenant_id = tenant_of(&self.services, record).await?;
+        let new = parse(record, tenant_id)?;
         match submit_durably(&self.services, new).await {
             Ok(_) => Ok(()),
             Err(DurableSubmitError::Submit(e @ SubmitError::KeyReused)) => {

@@ -19,7 +19,7 @@ mod worker;
 
 pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
-pub use intake::Intake;
+pub use intake::{Intake, API_KEY_HEADER, TENANT_HEADER};
 pub use reaper::{Reaper, ReaperKind};
 pub use stamps::Stamps;
 pub use submit::{submit, submit_durably, DurableSubmitError};
@@ -33,6 +33,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::auth::Authenticator;
 use crate::config::Settings;
 use crate::domain::Transition;
 use crate::events::{decode, Event, ExtractionEvent, PublishReason};
@@ -66,6 +67,8 @@ pub struct Services {
     pub stamps: Stamps,
     /// What this process knows of Kafka's and Postgres's outages.
     pub health: Health,
+    /// API keys to callers (the API and the Kafka intake).
+    pub auth: Authenticator,
 }
 
 impl Services {
@@ -81,6 +84,7 @@ impl Services {
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         let extractors = Extractors::new(&settings, &metrics)?;
+        let auth = Authenticator::new(pool.clone(), settings.api_key_cache());
         Ok(Self {
             settings: Arc::new(settings),
             pool,
@@ -91,6 +95,7 @@ impl Services {
             extractors,
             stamps,
             health,
+            auth,
         })
     }
 

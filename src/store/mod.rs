@@ -12,6 +12,7 @@ pub mod leases;
 pub mod orphans;
 mod row;
 mod submit;
+pub mod tenants;
 pub mod transitions;
 pub mod webhooks;
 
@@ -19,7 +20,7 @@ pub use row::{BboxRefinement, Claim, Extraction};
 
 /// The statements of a job's life in the store, as the benchmark's Postgres
 /// ceiling runs them: insert (`$1` ids, `$2` keys, `$3` hashes, `$4` requests
-/// as JSON text, `$5` whether each names a webhook), claim (`$1` ids, `$2`
+/// as JSON text, `$5` whether each names a webhook, `$6` tenants), claim (`$1` ids, `$2`
 /// lease seconds), complete (`$1` ids, `$2` tokens, `$3` results as JSON
 /// text). Each takes arrays: one row per statement or many.
 pub(crate) mod lifecycle {
@@ -101,7 +102,25 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
 }
 
-/// Reads one extraction, with its request and results.
+/// Reads one of tenant `tenant_id`'s extractions, with its request and
+/// results: another tenant's job is `None`, as if it did not exist.
+pub async fn get_for_tenant<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    tenant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Extraction>, StoreError> {
+    let row = sqlx::query_as::<_, Extraction>(
+        "SELECT * FROM extraction_rows WHERE id = $1 AND tenant_id = $2",
+    )
+    .bind(id)
+    .bind(tenant_id)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row)
+}
+
+/// Reads one extraction, with its request and results, whoever owns it (for
+/// the pipeline and the operator).
 pub async fn get<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     id: Uuid,

@@ -147,6 +147,7 @@ const LIST_ORPHANS: &str = concat!(
      WHERE status = 'pending' AND next_attempt_at < now() - make_interval(secs => $3)
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
 ) orphans
+WHERE $4::uuid IS NULL OR id IN (SELECT id FROM extractions WHERE tenant_id = $4)
 ORDER BY class, since"
 );
 
@@ -180,15 +181,18 @@ pub async fn take_bbox_orphans<'e>(
     Ok(rows)
 }
 
-/// Every current orphan, oldest first within each class; changes nothing.
+/// Every current orphan (of `tenant`'s jobs only, when given), oldest first
+/// within each class; changes nothing.
 pub async fn list_orphans<'e>(
     executor: impl PgExecutor<'e>,
     thresholds: Thresholds,
+    tenant: Option<Uuid>,
 ) -> Result<Vec<Orphan>, StoreError> {
     let rows = sqlx::query_as::<_, Orphan>(LIST_ORPHANS)
         .bind(thresholds.queued_s)
         .bind(thresholds.post_processing_pending_s)
         .bind(thresholds.webhook_pending_s)
+        .bind(tenant)
         .fetch_all(executor)
         .await?;
     Ok(rows)

@@ -14,6 +14,8 @@ use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus};
 pub struct Extraction {
     /// Primary key, also the Kafka key of every event about this job.
     pub id: Uuid,
+    /// The tenant the job belongs to.
+    pub tenant_id: Uuid,
     /// See [`ExtractionStatus`]; stored as text.
     pub status: String,
     /// The client's idempotency key, if it sent one (from the request row).

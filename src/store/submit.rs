@@ -1,6 +1,7 @@
 //! Idempotent submit (invariant 3): SELECT by key, else INSERT; a concurrent twin
 //! that loses the INSERT on the partial unique index re-reads the winner, so every
 //! caller with one key sees one row. The same key with another body is refused.
+//! A key is unique within its tenant: two tenants' equal keys name two jobs.
 //!
 //! The INSERT takes arrays: concurrent submits can share one statement (and one
 //! commit) through [`submit_with`]; a row that lost on its key is skipped by the
@@ -23,23 +24,25 @@ use crate::domain::ExtractionRequest;
 // more, so requests without a key skip it), and only the requests inserted
 // get a job row and a log row. The request is not returned: the caller has it.
 pub(crate) const INSERT: &str = "WITH keyed AS (
-        INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
-        SELECT new.id, new.key, new.hash, new.request::json
-          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS new(id, key, hash, request)
+        INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
+        SELECT new.id, new.tenant_id, new.key, new.hash, new.request::json
+          FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[])
+               AS new(id, tenant_id, key, hash, request)
          WHERE new.key IS NOT NULL
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, idempotency_key, request_hash),
+        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING id, tenant_id, idempotency_key, request_hash),
     unkeyed AS (
-        INSERT INTO extraction_requests (id, idempotency_key, request_hash, request)
-        SELECT new.id, NULL, NULL, new.request::json
-          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS new(id, key, hash, request)
+        INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
+        SELECT new.id, new.tenant_id, NULL, NULL, new.request::json
+          FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[])
+               AS new(id, tenant_id, key, hash, request)
          WHERE new.key IS NULL
-        RETURNING id, idempotency_key, request_hash),
+        RETURNING id, tenant_id, idempotency_key, request_hash),
     requested AS (
         SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed),
     created AS (
-        INSERT INTO extractions (id, status, webhook)
-        SELECT requested.id, 'queued', new.webhook
+        INSERT INTO extractions (id, tenant_id, status, webhook)
+        SELECT requested.id, requested.tenant_id, 'queued', new.webhook
           FROM requested
           JOIN unnest($1::uuid[], $5::bool[]) AS new(id, webhook) ON new.id = requested.id
         RETURNING *),
@@ -49,13 +52,15 @@ pub(crate) const INSERT: &str = "WITH keyed AS (
     SELECT created.*, requested.idempotency_key, requested.request_hash
       FROM created JOIN requested ON requested.id = created.id";
 
-const BY_KEY: &str = "SELECT * FROM extraction_rows WHERE idempotency_key = $1";
+const BY_KEY: &str = "SELECT * FROM extraction_rows WHERE tenant_id = $1 AND idempotency_key = $2";
 
 /// A job about to be inserted.
 #[derive(Debug, Clone)]
 pub struct NewExtraction {
     /// Id the row will have if it is created.
     pub id: Uuid,
+    /// The tenant the job belongs to (the caller's key names it).
+    pub tenant_id: Uuid,
     /// The client's `Idempotency-Key`, if any.
     pub idempotency_key: Option<String>,
     /// The validated request.
@@ -167,17 +172,20 @@ where
     let insert_row = Insert::new(new);
     let hash = insert_row.hash.clone().unwrap_or_default();
     if let Some(key) = &insert_row.new.idempotency_key {
-        if let Some(existing) = by_key(pool, key).await? {
+        if let Some(existing) = by_key(pool, insert_row.new.tenant_id, key).await? {
             return replay(existing, &hash);
         }
     }
     let key = insert_row.new.idempotency_key.clone().unwrap_or_default();
+    let tenant_id = insert_row.new.tenant_id;
     let inserted = insert(insert_row).await?;
     match inserted {
         Some(row) => Ok(Submitted::Created(row)),
         None => {
             // A concurrent twin with the same key won the INSERT: answer with its row.
-            let winner = by_key(pool, &key).await?.ok_or(sqlx::Error::RowNotFound)?;
+            let winner = by_key(pool, tenant_id, &key)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
             replay(winner, &hash)
         }
     }
@@ -197,6 +205,7 @@ pub async fn insert_many<'e>(
         .collect();
     let hashes: Vec<Option<&str>> = inserts.iter().map(|i| i.hash.as_deref()).collect();
     let requests: Vec<&str> = inserts.iter().map(|i| i.json.as_str()).collect();
+    let tenants: Vec<Uuid> = inserts.iter().map(|i| i.new.tenant_id).collect();
     let webhooks: Vec<bool> = inserts
         .iter()
         .map(|i| i.new.request.webhook_url.is_some())
@@ -207,14 +216,20 @@ pub async fn insert_many<'e>(
         .bind(hashes)
         .bind(requests)
         .bind(webhooks)
+        .bind(tenants)
         .fetch_all(executor)
         .await?;
     let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
     Ok(ids.iter().map(|id| created.remove(id)).collect())
 }
 
-async fn by_key(pool: &PgPool, key: &str) -> Result<Option<Extraction>, sqlx::Error> {
+async fn by_key(
+    pool: &PgPool,
+    tenant_id: Uuid,
+    key: &str,
+) -> Result<Option<Extraction>, sqlx::Error> {
     sqlx::query_as::<_, Extraction>(BY_KEY)
+        .bind(tenant_id)
         .bind(key)
         .fetch_optional(pool)
         .await

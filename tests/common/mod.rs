@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use docstream::config::Settings;
+use docstream::domain::Scope;
 use docstream::pipeline::Services;
+use docstream::store::tenants::DEFAULT_TENANT_ID;
 use docstream::store::{self, NewExtraction};
 use futures::stream::{self, StreamExt};
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -32,6 +34,10 @@ pub struct TestEnv {
     pub settings: Settings,
     /// A pool on this test's database.
     pub pool: PgPool,
+    /// An API key of the tenant `default` (which jobs inserted straight into
+    /// the store belong to), with every scope but admin; empty for an
+    /// unmigrated database.
+    pub api_key: String,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -71,7 +77,12 @@ impl TestEnv {
         let pool = PgPool::connect(&settings.database_url)
             .await
             .expect("connect");
-        Self { settings, pool }
+        let api_key = String::new();
+        Self {
+            settings,
+            pool,
+            api_key,
+        }
     }
 
     /// Like [`TestEnv::new`], with a chance to adjust settings first.
@@ -97,6 +108,10 @@ impl TestEnv {
             .await
             .expect("connect");
         docstream::store::migrate(&pool).await.expect("migrate");
+        let api_key = store::tenants::create_key(&pool, "default", &Scope::DEFAULT)
+            .await
+            .expect("an API key")
+            .api_key;
         if kafka {
             docstream::kafka::admin::create_topics(&settings)
                 .await
@@ -105,7 +120,31 @@ impl TestEnv {
                 wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
             }
         }
-        Self { settings, pool }
+        Self {
+            settings,
+            pool,
+            api_key,
+        }
+    }
+
+    /// An HTTP client that sends this test's API key with every request.
+    pub fn client(&self) -> reqwest::Client {
+        self.client_builder().build().expect("a client")
+    }
+
+    /// A builder of such a client, for tests that tune it.
+    pub fn client_builder(&self) -> reqwest::ClientBuilder {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let value = format!("Bearer {}", self.api_key)
+            .parse()
+            .expect("a header");
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        reqwest::Client::builder().default_headers(headers)
+    }
+
+    /// A WebSocket request for `url` carrying this test's API key.
+    pub fn ws_request(&self, url: &str) -> tokio_tungstenite::tungstenite::http::Request<()> {
+        ws_request(url, &self.api_key)
     }
 
     /// Deletes this test's topics and database, so repeated runs do not pile up
@@ -381,6 +420,29 @@ pub async fn wait_healthy(base: &str) {
     .await
 }
 
+/// A WebSocket request for `url` carrying API key `key`.
+pub fn ws_request(url: &str, key: &str) -> tokio_tungstenite::tungstenite::http::Request<()> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().expect("a WebSocket URL");
+    let value = format!("Bearer {key}").parse().expect("a header value");
+    request.headers_mut().insert("authorization", value);
+    request
+}
+
+/// The headers that submit a Kafka intake record as `tenant` with `api_key`.
+pub fn intake_headers(tenant: &str, api_key: &str) -> rdkafka::message::OwnedHeaders {
+    use rdkafka::message::{Header, OwnedHeaders};
+    OwnedHeaders::new()
+        .insert(Header {
+            key: docstream::pipeline::TENANT_HEADER,
+            value: Some(tenant),
+        })
+        .insert(Header {
+            key: docstream::pipeline::API_KEY_HEADER,
+            value: Some(api_key),
+        })
+}
+
 /// A record read back: partition, offset, key, value.
 pub type Positioned = (i32, i64, Option<Vec<u8>>, Vec<u8>);
 
@@ -530,6 +592,7 @@ pub async fn submit_bodies(
         .map(|i| async move {
             let new = NewExtraction {
                 id: Uuid::new_v4(),
+                tenant_id: DEFAULT_TENANT_ID,
                 idempotency_key: None,
                 request: serde_json::from_value(body(i)).unwrap(),
             };
@@ -549,6 +612,7 @@ pub async fn insert_job(pool: &PgPool) -> Uuid {
     let request = serde_json::from_value(sample_body(0)).unwrap();
     let new = NewExtraction {
         id: Uuid::new_v4(),
+        tenant_id: DEFAULT_TENANT_ID,
         idempotency_key: None,
         request,
     };
@@ -662,6 +726,7 @@ where
 /// closes), and the stream of their answers.
 pub async fn busy_import(
     addr: &str,
+    api_key: &str,
     prefix: &str,
     n: usize,
 ) -> (
@@ -674,7 +739,8 @@ pub async fn busy_import(
         > + Unpin,
 ) {
     use futures::SinkExt;
-    let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/v1/import"))
+    let request = ws_request(&format!("ws://{addr}/v1/import"), api_key);
+    let (socket, _) = tokio_tungstenite::connect_async(request)
         .await
         .expect("connect to the import stream");
     let (mut sender, answers) = socket.split();

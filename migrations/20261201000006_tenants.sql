@@ -1,0 +1,63 @@
+-- Tenants and API keys (issue 14). Many teams share one deployment: every job
+-- belongs to one tenant, every request is made with one of that tenant's API
+-- keys, and an idempotency key is unique within its tenant only.
+--
+-- * A tenant is never removed, only marked deleted: its jobs keep their owner,
+--   its keys stop working, and its name (which names its export groups) is
+--   never given to another tenant.
+-- * A key is stored as the SHA-256 of its text. Keys are 256 random bits, so a
+--   slow password hash would buy nothing: nobody guesses one, and a stolen
+--   hash cannot be turned back into a key. The first characters of the key
+--   (`prefix`) are kept in the clear, so people can tell their keys apart.
+-- * Rows written before this migration belong to the tenant `default`: an
+--   operator gives it a key (`docstream keys create default`) to reach them.
+
+CREATE TABLE tenants (
+    id          uuid        PRIMARY KEY,
+    -- Lower-case letters, digits, '-' and '_': it appears in export group names.
+    name        text        NOT NULL UNIQUE CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    deleted_at  timestamptz
+);
+
+INSERT INTO tenants (id, name) VALUES ('00000000-0000-0000-0000-000000000000', 'default');
+
+CREATE TYPE api_scope AS ENUM ('submit', 'read', 'cancel', 'export', 'admin');
+
+CREATE TABLE api_keys (
+    id           uuid        PRIMARY KEY,
+    tenant_id    uuid        NOT NULL REFERENCES tenants (id),
+    -- SHA-256 of the whole key.
+    secret_hash  bytea       NOT NULL UNIQUE,
+    -- The key's first characters, shown by `keys list`.
+    prefix       text        NOT NULL,
+    scopes       api_scope[] NOT NULL CHECK (cardinality(scopes) > 0),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    revoked_at   timestamptz
+);
+CREATE INDEX ix_api_keys_tenant ON api_keys (tenant_id);
+
+-- Every job carries its tenant: the request row (where the idempotency key is
+-- unique per tenant) and the job row (which the scoped reads and the operator
+-- recipes filter). Written once, by the submit; no index on the job row yet.
+ALTER TABLE extraction_requests
+    ADD COLUMN tenant_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000';
+ALTER TABLE extraction_requests ALTER COLUMN tenant_id DROP DEFAULT;
+ALTER TABLE extractions
+    ADD COLUMN tenant_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000';
+ALTER TABLE extractions ALTER COLUMN tenant_id DROP DEFAULT;
+
+DROP INDEX uq_extraction_requests_idempotency_key;
+CREATE UNIQUE INDEX uq_extraction_requests_tenant_idempotency_key
+    ON extraction_requests (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+
+-- The whole job, now with its tenant (a view's `e.*` is expanded when it is
+-- made, so it is made again).
+DROP VIEW extraction_rows;
+CREATE VIEW extraction_rows AS
+SELECT e.*, q.idempotency_key, q.request_hash, q.request,
+       r.result, b.result AS bbox_result
+  FROM extractions e
+  JOIN extraction_requests q ON q.id = e.id
+  LEFT JOIN extraction_results r ON r.id = e.id AND r.stage = 'extraction'
+  LEFT JOIN extraction_results b ON b.id = e.id AND b.stage = 'bbox_refinement';

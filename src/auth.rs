@@ -1,0 +1,186 @@
+//! Who is calling: an API key, presented as `Authorization: Bearer <key>` (or
+//! in a Kafka record's headers), becomes a [`Caller`]: the tenant that owns
+//! the key and the scopes it has.
+//!
+//! What a process learns about a key it keeps for `api_key_cache_s` (at most
+//! 5 s), so a busy client costs one lookup per key per period, and a key that
+//! is revoked, or whose tenant is deleted, is refused by every process within
+//! that period. Unknown keys are remembered too, so one bad key repeated does
+//! not cost a lookup per request. The cache holds at most
+//! [`MAX_CACHED_KEYS`] keys.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::domain::{key_hash, key_is_well_formed, Scope};
+use crate::store::tenants::{self, KeyOwner};
+use crate::store::StoreError;
+
+/// The most keys a process remembers; past it, the expired ones are dropped,
+/// and if none had expired, all of them.
+pub const MAX_CACHED_KEYS: usize = 10_000;
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The tenant the key belongs to: every job the caller makes or sees is this tenant's.
+    pub tenant_id: Uuid,
+    /// The tenant's name.
+    pub tenant: String,
+    /// The key's id (for logs; never the key).
+    pub key_id: Uuid,
+    scopes: Vec<Scope>,
+}
+
+impl Caller {
+    /// `Ok` when the caller's key has `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), AuthError> {
+        match self.scopes.contains(&scope) {
+            true => Ok(()),
+            false => Err(AuthError::MissingScope(scope)),
+        }
+    }
+
+    /// The scopes of the caller's key.
+    pub fn scopes(&self) -> &[Scope] {
+        &self.scopes
+    }
+}
+
+impl From<KeyOwner> for Caller {
+    fn from(owner: KeyOwner) -> Self {
+        Self {
+            tenant_id: owner.tenant_id,
+            tenant: owner.tenant,
+            key_id: owner.key_id,
+            scopes: owner.scopes,
+        }
+    }
+}
+
+/// Why a caller was not let in.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AuthError {
+    /// No key was presented.
+    #[error("an API key is required: send Authorization: Bearer <key>")]
+    Missing,
+    /// The key is not one this deployment issued, or it was revoked, or its
+    /// tenant was deleted (the caller is not told which).
+    #[error("the API key is not valid")]
+    Invalid,
+    /// The key lacks the scope the request needs.
+    #[error("the API key lacks the {0} scope")]
+    MissingScope(Scope),
+    /// The key could not be looked up: the database is away.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A key's lookup, remembered.
+struct Remembered {
+    owner: Option<KeyOwner>,
+    at: Instant,
+}
+
+/// Turns presented keys into callers, through a short-lived cache.
+#[derive(Clone)]
+pub struct Authenticator {
+    pool: PgPool,
+    ttl: Duration,
+    cache: Arc<Mutex<HashMap<Vec<u8>, Remembered>>>,
+}
+
+impl Authenticator {
+    /// Looks keys up in `pool`, remembering each lookup for `ttl`.
+    pub fn new(pool: PgPool, ttl: Duration) -> Self {
+        Self {
+            pool,
+            ttl,
+            cache: Arc::default(),
+        }
+    }
+
+    /// The caller whose key is `secret` (`None`: no key was presented).
+    pub async fn authenticate(&self, secret: Option<&str>) -> Result<Caller, AuthError> {
+        let secret = secret.ok_or(AuthError::Missing)?;
+        if !key_is_well_formed(secret) {
+            return Err(AuthError::Invalid);
+        }
+        let hash = key_hash(secret);
+        let owner = match self.remembered(&hash) {
+            Some(owner) => owner,
+            None => {
+                let owner = tenants::key_owner(&self.pool, &hash).await?;
+                self.remember(hash, owner.clone());
+                owner
+            }
+        };
+        owner.map(Caller::from).ok_or(AuthError::Invalid)
+    }
+
+    fn remembered(&self, hash: &[u8]) -> Option<Option<KeyOwner>> {
+        let cache = self.cache.lock().expect("key cache lock");
+        cache
+            .get(hash)
+            .filter(|r| r.at.elapsed() < self.ttl)
+            .map(|r| r.owner.clone())
+    }
+
+    fn remember(&self, hash: Vec<u8>, owner: Option<KeyOwner>) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut cache = self.cache.lock().expect("key cache lock");
+        if cache.len() >= MAX_CACHED_KEYS {
+            cache.retain(|_, r| r.at.elapsed() < self.ttl);
+            if cache.len() >= MAX_CACHED_KEYS {
+                cache.clear();
+            }
+        }
+        let at = Instant::now();
+        cache.insert(hash, Remembered { owner, at });
+    }
+}
+
+/// The key in an `Authorization` header's value: `Bearer <key>`, the scheme's
+/// case ignored.
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, key) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| key.trim())
+        .filter(|k| !k.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens() {
+        assert_eq!(bearer("Bearer dsk_1"), Some("dsk_1"));
+        assert_eq!(bearer("bearer  dsk_1 "), Some("dsk_1"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("dsk_1"), None);
+    }
+
+    #[test]
+    fn a_caller_has_only_its_scopes() {
+        let caller = Caller {
+            tenant_id: Uuid::nil(),
+            tenant: "t".into(),
+            key_id: Uuid::nil(),
+            scopes: vec![Scope::Read],
+        };
+        assert!(caller.require(Scope::Read).is_ok());
+        assert!(matches!(
+            caller.require(Scope::Submit),
+            Err(AuthError::MissingScope(Scope::Submit))
+        ));
+    }
+}

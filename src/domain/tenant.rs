@@ -1,0 +1,194 @@
+//! Tenants and their API keys, as plain data: what a key may do (its
+//! [`Scope`]s), what a tenant may be called, and how a key is made and
+//! recognised. A key is 256 random bits; only its SHA-256 is ever stored.
+
+use std::fmt;
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+/// What an API key allows. A request needs exactly the scope of its route;
+/// no scope implies another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// `POST /v1/extractions`, the import stream, the Kafka intake.
+    Submit,
+    /// `GET /v1/extractions/{id}`.
+    Read,
+    /// `POST /v1/extractions/{id}/cancel`.
+    Cancel,
+    /// The export stream.
+    Export,
+    /// The tenant's own administration (webhook secrets).
+    Admin,
+}
+
+impl Scope {
+    /// Every scope, in the order they are listed.
+    pub const ALL: [Scope; 5] = [
+        Self::Submit,
+        Self::Read,
+        Self::Cancel,
+        Self::Export,
+        Self::Admin,
+    ];
+
+    /// What `tenants create` gives its first key: everything but `admin`.
+    pub const DEFAULT: [Scope; 4] = [Self::Submit, Self::Read, Self::Cancel, Self::Export];
+
+    /// The name, as stored (`api_scope`) and as the CLI takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Submit => "submit",
+            Self::Read => "read",
+            Self::Cancel => "cancel",
+            Self::Export => "export",
+            Self::Admin => "admin",
+        }
+    }
+
+    /// The scope named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// A comma-separated list (`submit,read`): sorted, without repeats, and
+    /// never empty.
+    pub fn parse_list(list: &str) -> Result<Vec<Scope>, TenantError> {
+        let mut scopes = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let scope = Self::parse(name).ok_or_else(|| TenantError::UnknownScope(name.into()))?;
+            scopes.push(scope);
+        }
+        scopes.sort();
+        scopes.dedup();
+        match scopes.is_empty() {
+            true => Err(TenantError::NoScopes),
+            false => Ok(scopes),
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a tenant's name or a key's scopes were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantError {
+    /// The name does not fit [`tenant_name_is_valid`].
+    #[error("a tenant name is 1 to {MAX_TENANT_NAME_LEN} lower-case letters, digits, '-' or '_', starting with a letter or digit")]
+    InvalidName,
+    /// A scope that does not exist.
+    #[error("unknown scope {0:?} (scopes: submit, read, cancel, export, admin)")]
+    UnknownScope(String),
+    /// A key must be allowed something.
+    #[error("a key needs at least one scope")]
+    NoScopes,
+}
+
+/// Longest tenant name: it is part of export group names.
+pub const MAX_TENANT_NAME_LEN: usize = 63;
+
+/// Whether `name` may name a tenant (the database checks the same).
+pub fn tenant_name_is_valid(name: &str) -> bool {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    first_ok
+        && name.len() <= MAX_TENANT_NAME_LEN
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+/// What every key starts with, so a leaked one is recognisable (secret
+/// scanners match on it).
+pub const KEY_PREFIX: &str = "dsk_";
+
+/// How many characters of a key are kept in the clear to tell keys apart.
+const SHOWN_LEN: usize = KEY_PREFIX.len() + 8;
+
+/// A key as its owner holds it: shown once, at creation.
+pub struct NewApiKey {
+    /// The whole key, `dsk_` and 64 hex digits.
+    pub secret: String,
+}
+
+impl NewApiKey {
+    /// A new key of 256 random bits.
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Self {
+            secret: format!("{KEY_PREFIX}{hex}"),
+        }
+    }
+
+    /// The key's first characters, stored in the clear.
+    pub fn shown_prefix(&self) -> String {
+        self.secret[..SHOWN_LEN].to_owned()
+    }
+}
+
+/// The SHA-256 of a key's text: what is stored, and what a presented key is
+/// looked up by.
+pub fn key_hash(secret: &str) -> Vec<u8> {
+    Sha256::digest(secret.as_bytes()).to_vec()
+}
+
+/// Whether `secret` has the shape of a key; anything else is refused without
+/// a lookup.
+pub fn key_is_well_formed(secret: &str) -> bool {
+    secret.len() == KEY_PREFIX.len() + 64
+        && secret.starts_with(KEY_PREFIX)
+        && secret[KEY_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_are_well_formed_and_distinct() {
+        let (a, b) = (NewApiKey::generate(), NewApiKey::generate());
+        assert!(key_is_well_formed(&a.secret));
+        assert_ne!(a.secret, b.secret);
+        assert_ne!(key_hash(&a.secret), key_hash(&b.secret));
+        assert!(a.secret.starts_with(&a.shown_prefix()));
+    }
+
+    #[test]
+    fn malformed_keys_are_recognised() {
+        for bad in ["", "dsk_", "dsk_xyz", "Bearer dsk_00", &"a".repeat(68)] {
+            assert!(!key_is_well_formed(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn scope_lists_parse_sorted_and_refuse_unknown_or_empty() {
+        assert_eq!(
+            Scope::parse_list("read, submit,read").unwrap(),
+            vec![Scope::Submit, Scope::Read]
+        );
+        assert_eq!(
+            Scope::parse_list("read,root"),
+            Err(TenantError::UnknownScope("root".into()))
+        );
+        assert_eq!(Scope::parse_list(" , "), Err(TenantError::NoScopes));
+    }
+
+    #[test]
+    fn tenant_names() {
+        for good in ["acme", "team-7", "a", "0_x"] {
+            assert!(tenant_name_is_valid(good), "{good}");
+        }
+        for bad in ["", "Acme", "-x", "a b", "é", &"a".repeat(64)] {
+            assert!(!tenant_name_is_valid(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Tenants and API keys: made, listed and retired by the operator's CLI, and
+//! looked up by a presented key's hash on every request (through the cache in
+//! `auth`). A tenant is never removed, only marked deleted; a key is never
+//! removed, only revoked. Either stops the key working.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::{key_hash, tenant_name_is_valid, NewApiKey, Scope, TenantError};
+
+/// The tenant every row written before tenants existed belongs to.
+pub const DEFAULT_TENANT_ID: Uuid = Uuid::nil();
+
+/// Why a tenant or key operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantStoreError {
+    /// A bad name or scope list.
+    #[error(transparent)]
+    Invalid(#[from] TenantError),
+    /// The name is taken (also by a deleted tenant: names are never reused).
+    #[error("a tenant named {0:?} exists already (names of deleted tenants are not reused)")]
+    Exists(String),
+    /// No live tenant has this name.
+    #[error("no tenant named {0:?}")]
+    NoSuchTenant(String),
+    /// No key has this id.
+    #[error("no API key with id {0}")]
+    NoSuchKey(Uuid),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for TenantStoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// A tenant, as `tenants list` shows it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Tenant {
+    /// The tenant's id, on each of its rows.
+    pub tenant_id: Uuid,
+    /// The tenant's name.
+    pub tenant: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was deleted; its keys stopped working then.
+    pub deleted_at: Option<DateTime<Utc>>,
+}
+
+/// A key, as `keys list` shows it: never the key itself.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ApiKey {
+    /// The key's id, which `keys revoke` takes.
+    pub key_id: Uuid,
+    /// The key's first characters.
+    pub prefix: String,
+    /// What it may do.
+    pub scopes: Vec<String>,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A key just made: the only time its secret is seen.
+#[derive(Debug, Clone, Serialize)]
+pub struct CreatedKey {
+    /// The tenant's name.
+    pub tenant: String,
+    /// The tenant's id.
+    pub tenant_id: Uuid,
+    /// The key's id.
+    pub key_id: Uuid,
+    /// The key, for `Authorization: Bearer <key>`.
+    pub api_key: String,
+    /// What it may do.
+    pub scopes: Vec<String>,
+}
+
+/// Who a live key belongs to and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyOwner {
+    /// The tenant's id.
+    pub tenant_id: Uuid,
+    /// The tenant's name.
+    pub tenant: String,
+    /// The key's id.
+    pub key_id: Uuid,
+    /// The key's scopes.
+    pub scopes: Vec<Scope>,
+}
+
+fn scope_names(scopes: &[Scope]) -> Vec<String> {
+    scopes.iter().map(|s| s.as_str().to_owned()).collect()
+}
+
+const INSERT_KEY: &str = "INSERT INTO api_keys (id, tenant_id, secret_hash, prefix, scopes)
+VALUES ($1, $2, $3, $4, $5::text[]::api_scope[])";
+
+/// Creates tenant `name` and its first key, with every scope but `admin`.
+pub async fn create_tenant(pool: &PgPool, name: &str) -> Result<CreatedKey, TenantStoreError> {
+    if !tenant_name_is_valid(name) {
+        return Err(TenantError::InvalidName.into());
+    }
+    let mut tx = pool.begin().await?;
+    let tenant_id = Uuid::now_v7();
+    let inserted =
+        sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+            .bind(tenant_id)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+    if inserted.rows_affected() == 0 {
+        return Err(TenantStoreError::Exists(name.to_owned()));
+    }
+    let created = insert_key(&mut tx, tenant_id, name, &Scope::DEFAULT).await?;
+    tx.commit().await?;
+    Ok(created)
+}
+
+async fn insert_key(
+    tx: &mut sqlx::PgConnection,
+    tenant_id: Uuid,
+    tenant: &str,
+    scopes: &[Scope],
+) -> Result<CreatedKey, TenantStoreError> {
+    let key = NewApiKey::generate();
+    let key_id = Uuid::now_v7();
+    sqlx::query(INSERT_KEY)
+        .bind(key_id)
+        .bind(tenant_id)
+        .bind(key_hash(&key.secret))
+        .bind(key.shown_prefix())
+        .bind(scope_names(scopes))
+        .execute(&mut *tx)
+        .await?;
+    Ok(CreatedKey {
+        tenant: tenant.to_owned(),
+        tenant_id,
+        key_id,
+        api_key: key.secret,
+        scopes: scope_names(scopes),
+    })
+}
+
+/// Every tenant, deleted ones too, by name.
+pub async fn list_tenants(pool: &PgPool) -> Result<Vec<Tenant>, TenantStoreError> {
+    let tenants = sqlx::query_as::<_, Tenant>(
+        "SELECT id AS tenant_id, name AS tenant, created_at, deleted_at FROM tenants ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(tenants)
+}
+
+/// The live tenant named `name`.
+pub async fn tenant_by_name(pool: &PgPool, name: &str) -> Result<Tenant, TenantStoreError> {
+    sqlx::query_as::<_, Tenant>(
+        "SELECT id AS tenant_id, name AS tenant, created_at, deleted_at
+           FROM tenants WHERE name = $1 AND deleted_at IS NULL",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
+}
+
+/// Marks tenant `name` deleted: its keys stop working, its jobs stay.
+pub async fn delete_tenant(pool: &PgPool, name: &str) -> Result<Tenant, TenantStoreError> {
+    sqlx::query_as::<_, Tenant>(
+        "UPDATE tenants SET deleted_at = now() WHERE name = $1 AND deleted_at IS NULL
+         RETURNING id AS tenant_id, name AS tenant, created_at, deleted_at",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
+}
+
+/// A new key for tenant `name` with `scopes`.
+pub async fn create_key(
+    pool: &PgPool,
+    name: &str,
+    scopes: &[Scope],
+) -> Result<CreatedKey, TenantStoreError> {
+    let tenant = tenant_by_name(pool, name).await?;
+    let mut conn = pool.acquire().await?;
+    insert_key(&mut conn, tenant.tenant_id, &tenant.tenant, scopes).await
+}
+
+/// Tenant `name`'s keys, revoked ones too, oldest first.
+pub async fn list_keys(pool: &PgPool, name: &str) -> Result<Vec<ApiKey>, TenantStoreError> {
+    let tenant = tenant_by_name(pool, name).await?;
+    let keys = sqlx::query_as::<_, ApiKey>(
+        "SELECT id AS key_id, prefix, scopes::text[] AS scopes, created_at, revoked_at
+           FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
+    )
+    .bind(tenant.tenant_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(keys)
+}
+
+/// Revokes key `key_id` (again, harmlessly, if it was revoked already).
+pub async fn revoke_key(pool: &PgPool, key_id: Uuid) -> Result<ApiKey, TenantStoreError> {
+    sqlx::query_as::<_, ApiKey>(
+        "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1
+         RETURNING id AS key_id, prefix, scopes::text[] AS scopes, created_at, revoked_at",
+    )
+    .bind(key_id)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(TenantStoreError::NoSuchKey(key_id))
+}
+
+/// Who owns the live key whose hash is `hash`: `None` when no key has it, or
+/// it is revoked, or its tenant is deleted.
+pub async fn key_owner(pool: &PgPool, hash: &[u8]) -> Result<Option<KeyOwner>, StoreError> {
+    let row: Option<(Uuid, String, Uuid, Vec<String>)> = sqlx::query_as(
+        "SELECT t.id, t.name, k.id, k.scopes::text[]
+           FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+          WHERE k.secret_hash = $1 AND k.revoked_at IS NULL AND t.deleted_at IS NULL",
+    )
+    .bind(hash)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(tenant_id, tenant, key_id, scopes)| KeyOwner {
+        tenant_id,
+        tenant,
+        key_id,
+        scopes: scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
+    }))
+}
+
+/// A new key with the default scopes for tenant `name`, made first if it does
+/// not exist: how the demo and the benchmark get a key with nothing from the
+/// user.
+pub async fn create_tenant_or_key(
+    pool: &PgPool,
+    name: &str,
+) -> Result<CreatedKey, TenantStoreError> {
+    match create_tenant(pool, name).await {
+        Err(TenantStoreError::Exists(_)) => create_key(pool, name, &Scope::DEFAULT).await,
+        created => created,
+    }
+}
