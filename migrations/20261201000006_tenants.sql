@@ -11,16 +11,27 @@
 --   (`prefix`) are kept in the clear, so people can tell their keys apart.
 -- * Rows written before this migration belong to the tenant `default`: an
 --   operator gives it a key (`docstream keys create default`) to reach them.
+-- * Each tenant signs its webhooks with a secret of its own (the Standard
+--   Webhooks `whsec_…` form). A rotation keeps the previous secret valid for
+--   an overlap, during which every delivery carries both signatures.
 
 CREATE TABLE tenants (
     id          uuid        PRIMARY KEY,
     -- Lower-case letters, digits, '-' and '_': it appears in export group names.
     name        text        NOT NULL UNIQUE CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
     created_at  timestamptz NOT NULL DEFAULT now(),
-    deleted_at  timestamptz
+    deleted_at  timestamptz,
+    -- The webhook signing secret, and during a rotation the one before it,
+    -- which signs too until webhook_previous_until.
+    webhook_secret          text NOT NULL CHECK (starts_with(webhook_secret, 'whsec_')),
+    webhook_secret_previous text CHECK (starts_with(webhook_secret_previous, 'whsec_')),
+    webhook_previous_until  timestamptz
 );
 
-INSERT INTO tenants (id, name) VALUES ('00000000-0000-0000-0000-000000000000', 'default');
+-- The tenant default's secret: 32 random bytes (two version-4 UUIDs' worth).
+INSERT INTO tenants (id, name, webhook_secret)
+VALUES ('00000000-0000-0000-0000-000000000000', 'default',
+        'whsec_' || encode(decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'), 'base64'));
 
 CREATE TYPE api_scope AS ENUM ('submit', 'read', 'cancel', 'export', 'admin');
 

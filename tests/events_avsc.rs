@@ -62,6 +62,7 @@ fn every_event_decodes_from_its_avsc_alone() {
         error: None,
         reason: PublishReason::Submit,
         published_at_ms: 1,
+        tenant_id: Some(id.to_string()),
     };
     let bytes = encode(&event).unwrap();
     let value = reader("ExtractionEvent.avsc")
@@ -74,6 +75,10 @@ fn every_event_decodes_from_its_avsc_alone() {
     assert_eq!(
         field(&value, "error"),
         &Value::Union(0, Box::new(Value::Null))
+    );
+    assert_eq!(
+        field(&value, "tenant_id"),
+        &Value::Union(1, Box::new(Value::String(id.to_string())))
     );
 
     let letter = DeadLetter {

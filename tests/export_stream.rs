@@ -17,6 +17,7 @@ use common::{
     ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{encode, now_ms, ExtractionEvent, PublishReason};
+use docstream::store::tenants::{self, DEFAULT_TENANT_ID};
 use futures::{stream, SinkExt, StreamExt};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
@@ -37,8 +38,13 @@ struct Received {
 }
 
 /// Produces `n` events straight onto the test's `extraction.events`, each about
-/// a job of its own.
+/// a job of its own, of the tenant `default` (the test key's).
 async fn produce_events(env: &TestEnv, n: usize) {
+    produce_events_of(env, n, DEFAULT_TENANT_ID).await
+}
+
+/// [`produce_events`] for jobs of tenant `tenant_id`.
+async fn produce_events_of(env: &TestEnv, n: usize, tenant_id: Uuid) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &env.settings.kafka_brokers)
         .set("linger.ms", "5")
@@ -57,6 +63,7 @@ async fn produce_events(env: &TestEnv, n: usize) {
                 error: None,
                 reason: PublishReason::Submit,
                 published_at_ms: now_ms(),
+                tenant_id: Some(tenant_id.to_string()),
             };
             let payload = encode(&event).unwrap();
             let (producer, topic) = (producer.clone(), topic.clone());
@@ -76,8 +83,13 @@ async fn produce_events(env: &TestEnv, n: usize) {
 }
 
 async fn connect(env: &TestEnv, port: u16, query: &str) -> Socket {
+    connect_with(&env.api_key, port, query).await
+}
+
+/// An export stream opened with API key `key`.
+async fn connect_with(key: &str, port: u16, query: &str) -> Socket {
     let url = format!("ws://127.0.0.1:{port}/v1/export?{query}");
-    tokio_tungstenite::connect_async(env.ws_request(&url))
+    tokio_tungstenite::connect_async(common::ws_request(&url, key))
         .await
         .expect("connect")
         .0
@@ -161,6 +173,39 @@ fn event_positions(env: &TestEnv) -> HashSet<(i32, i64)> {
         .collect()
 }
 
+/// The tenant of each event on the test's `extraction.events`, by position.
+fn event_tenants(env: &TestEnv) -> HashMap<(i32, i64), Uuid> {
+    read_topic_positioned(&env.settings.kafka_brokers, &env.topic("extraction.events"))
+        .into_iter()
+        .map(|(partition, offset, _, value)| {
+            let event: ExtractionEvent = docstream::events::decode(&value).unwrap();
+            let tenant = event.tenant_id.unwrap().parse().unwrap();
+            ((partition, offset), tenant)
+        })
+        .collect()
+}
+
+/// Positions received on `socket` (which must not need acknowledgements)
+/// until `done` says the set is complete, or `quiet` passes without a frame.
+async fn receive_until(
+    socket: &mut Socket,
+    quiet: Duration,
+    done: impl Fn(&HashSet<(i32, i64)>) -> bool,
+) -> HashSet<(i32, i64)> {
+    let mut seen = HashSet::new();
+    while !done(&seen) {
+        match tokio::time::timeout(quiet, socket.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) => {
+                seen.insert(parse(&text).position);
+            }
+            Ok(Some(Ok(_))) => {}
+            Ok(other) => panic!("the stream broke: {other:?}"),
+            Err(_) => break,
+        }
+    }
+    seen
+}
+
 /// The export group's committed offsets, summed: records it has delivered.
 fn committed_sum(env: &TestEnv, group: &str) -> i64 {
     // The tenant `default`'s group (the test's key is that tenant's).
@@ -168,6 +213,178 @@ fn committed_sum(env: &TestEnv, group: &str) -> i64 {
         .settings
         .group(&format!("docstream-export-default-{group}"));
     env.committed(&group, "extraction.events").values().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_for_the_earliest() {
+    const BEFORE: usize = 300;
+    const AFTER: usize = 100;
+    let env = TestEnv::new("export_tenants").await;
+    let a = tenants::create_tenant(&env.pool, "a").await.unwrap().key;
+    let b = tenants::create_tenant(&env.pool, "b").await.unwrap().key;
+    produce_events_of(&env, BEFORE, a.tenant_id).await;
+    produce_events_of(&env, BEFORE, b.tenant_id).await;
+    let old: HashSet<(i32, i64)> = event_positions(&env);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut serve = env.spawn(
+        "serve",
+        &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
+        "export-tenants-serve",
+    );
+    wait_healthy(&format!("http://{addr}")).await;
+
+    // A's new group starts at the latest: once a marker event of A's comes
+    // through (the group is assigned), every event of A's produced after it
+    // arrives, and none produced before, and none of B's.
+    let mut latest = connect_with(&a.api_key, port, "group=g&ack=auto").await;
+    let quiet = Duration::from_millis(1500);
+    let mut markers = 0;
+    while receive_until(&mut latest, quiet, |seen| !seen.is_empty())
+        .await
+        .is_empty()
+    {
+        assert!(markers < 60, "A's stream never started");
+        produce_events_of(&env, 1, a.tenant_id).await;
+        markers += 1;
+    }
+    let before_after = event_positions(&env);
+    produce_events_of(&env, AFTER, a.tenant_id).await;
+    produce_events_of(&env, AFTER, b.tenant_id).await;
+    let owners = event_tenants(&env);
+    let new_of = |tenant: Uuid| -> HashSet<(i32, i64)> {
+        owners
+            .iter()
+            .filter(|(p, t)| **t == tenant && !before_after.contains(p))
+            .map(|(p, _)| *p)
+            .collect()
+    };
+    let (a_new, all_of_a): (HashSet<_>, HashSet<_>) = (
+        new_of(a.tenant_id),
+        owners
+            .iter()
+            .filter(|(_, t)| **t == a.tenant_id)
+            .map(|(p, _)| *p)
+            .collect(),
+    );
+    let all_of_b: HashSet<(i32, i64)> = owners
+        .iter()
+        .filter(|(_, t)| **t == b.tenant_id)
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!((a_new.len(), all_of_b.len()), (AFTER, BEFORE + AFTER));
+    let got = receive_until(&mut latest, Duration::from_secs(10), |seen| {
+        a_new.is_subset(seen)
+    })
+    .await;
+    assert!(
+        a_new.is_subset(&got),
+        "{} of A's new events missing",
+        a_new.difference(&got).count()
+    );
+    assert!(got.is_disjoint(&old), "a latest stream replayed old events");
+    assert!(
+        got.is_subset(&all_of_a),
+        "A's stream carried another tenant's event"
+    );
+
+    // From the earliest: every event of A's, none of B's.
+    let mut earliest = connect_with(&a.api_key, port, "group=g2&ack=auto&from=earliest").await;
+    let got = receive_until(&mut earliest, Duration::from_secs(10), |seen| {
+        all_of_a.is_subset(seen)
+    })
+    .await;
+    assert_eq!(got, all_of_a, "A from the earliest");
+
+    // B's group named like A's is B's own: from the earliest, all of B's.
+    let mut b_stream = connect_with(&b.api_key, port, "group=g&ack=auto&from=earliest").await;
+    let got_b = receive_until(&mut b_stream, Duration::from_secs(10), |seen| {
+        all_of_b.is_subset(seen)
+    })
+    .await;
+    assert_eq!(got_b, all_of_b, "B from the earliest");
+    for socket in [&mut latest, &mut earliest, &mut b_stream] {
+        let _ = socket.close(None).await;
+    }
+    let group_of = |tenant: &str| env.settings.group(&format!("docstream-export-{tenant}-g"));
+    let a_committed: i64 = env
+        .committed(&group_of("a"), "extraction.events")
+        .values()
+        .sum();
+    let b_committed: i64 = env
+        .committed(&group_of("b"), "extraction.events")
+        .values()
+        .sum();
+    eprintln!(
+        "export tenants test: A latest got {} new (0 old, 0 of B; {markers} markers), A earliest {}, B earliest {}; committed A {a_committed}, B {b_committed}",
+        a_new.len(),
+        all_of_a.len(),
+        all_of_b.len()
+    );
+    assert!(
+        a_committed > 0 && b_committed > 0,
+        "each tenant's group commits on its own"
+    );
+    stop([&mut serve]).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_never_acknowledges_is_closed_and_its_partitions_move_on() {
+    const EVENTS: usize = 600;
+    const ACK_TIMEOUT_S: u64 = 3;
+    let env = TestEnv::new("export_ack_timeout").await;
+    produce_events(&env, EVENTS).await;
+    let all = event_positions(&env);
+    let port = free_port();
+    let serve_env = [
+        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+        ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", ACK_TIMEOUT_S.to_string()),
+    ];
+    let mut serve = env.spawn("serve", &serve_env, "export-ack-timeout-serve");
+    wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+
+    // The silent member reads and never acknowledges.
+    let mut silent = connect(&env, port, "group=shared&from=earliest").await;
+    let first = tokio::time::timeout(Duration::from_secs(30), silent.next()).await;
+    assert!(matches!(first, Ok(Some(Ok(Message::Text(_))))), "{first:?}");
+    let since = std::time::Instant::now();
+    // A second member joins and acknowledges everything it gets.
+    let seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
+    let done = tokio_util::sync::CancellationToken::new();
+    let socket = connect(&env, port, "group=shared&from=earliest").await;
+    let acking = acking_client(socket, Duration::ZERO, seen.clone(), done.clone());
+
+    let (_, close) = read_to_close(&mut silent).await;
+    let closed_after = since.elapsed();
+    let close = close.expect("a close frame");
+    assert_eq!(close.code, CloseCode::Error, "{close:?}");
+    assert!(close.reason.contains("no acknowledgement"), "{close:?}");
+    wait_for(
+        "the other member to get every event",
+        Duration::from_secs(120),
+        || {
+            let missing = all.difference(&seen.lock().unwrap()).count();
+            async move {
+                (missing == 0)
+                    .then_some(())
+                    .ok_or(format!("{missing} missing"))
+            }
+        },
+    )
+    .await;
+    done.cancel();
+    acking.await.unwrap();
+    let committed = wait_committed(&env, "shared", EVENTS).await;
+    eprintln!(
+        "export ack-timeout test: silent member closed {closed_after:?} after its first event (timeout {ACK_TIMEOUT_S} s); the other got all {EVENTS}; committed {committed}"
+    );
+    assert!(
+        closed_after < Duration::from_secs(ACK_TIMEOUT_S + 5),
+        "closed after {closed_after:?}"
+    );
+    stop([&mut serve]).await;
+    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +408,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
 
     // First connection: acknowledge the first 500 events received, then leave.
-    let mut socket = connect(&env, port, "group=resume").await;
+    let mut socket = connect(&env, port, "group=resume&from=earliest").await;
     let mut first = Vec::new();
     while first.len() < ACKED {
         match socket.next().await {
@@ -215,7 +432,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     assert_in_partition_order(first.iter().chain(&unacknowledged));
     let committed_after_first = wait_committed(&env, "resume", ACKED).await;
     // Second connection, same group: everything else arrives.
-    let mut socket = connect(&env, port, "group=resume").await;
+    let mut socket = connect(&env, port, "group=resume&from=earliest").await;
     let mut second = Vec::new();
     let mut seen: HashSet<(i32, i64)> = acked.clone();
     while seen.len() < EVENTS {
@@ -256,7 +473,7 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
 
     // ack=auto: a client that never acknowledges still moves its group on,
     // once the socket took each event.
-    let mut socket = connect(&env, port, "group=auto&ack=auto").await;
+    let mut socket = connect(&env, port, "group=auto&ack=auto&from=earliest").await;
     let mut auto = HashSet::new();
     while auto.len() < EVENTS {
         let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
@@ -327,7 +544,12 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
 
     // drop_new: the consumer keeps reading; what finds the queue full is dropped and counted.
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(&env, port, "group=slow-drop&strategy=drop_new").await;
+    let socket = connect(
+        &env,
+        port,
+        "group=slow-drop&strategy=drop_new&from=earliest",
+    )
+    .await;
     let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
     let dropped_series = series(
         "stream_dropped_total",
@@ -383,7 +605,7 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     // block: nothing dropped, and the committed offset never passes what the
     // client acknowledged, sampled while it works through the backlog.
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(&env, port, "group=slow-block&strategy=block").await;
+    let socket = connect(&env, port, "group=slow-block&strategy=block&from=earliest").await;
     let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
     let mut samples = 0;
     let mut highest = 0;
@@ -450,7 +672,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
 
     // The export client acknowledges every event 1 ms after it arrives, until
     // the server closes; it reports what it acknowledged and the close frame.
-    let export = connect(&env, port, "group=dashboard").await;
+    let export = connect(&env, port, "group=dashboard&from=earliest").await;
     let exported = Arc::new(AtomicU64::new(0));
     let exporting = {
         let exported = exported.clone();
@@ -573,7 +795,7 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         "streams-shutdown-serve-again",
     );
     wait_healthy(&format!("http://{addr}")).await;
-    let mut socket = connect(&env, port, "group=dashboard").await;
+    let mut socket = connect(&env, port, "group=dashboard&from=earliest").await;
     let mut seen = first.clone();
     let mut second: HashMap<(i32, i64), u64> = HashMap::new();
     while !all.is_subset(&seen) {
@@ -658,7 +880,7 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
 
     let first_seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
     let first_done = tokio_util::sync::CancellationToken::new();
-    let socket = connect(&env, port, "group=shared").await;
+    let socket = connect(&env, port, "group=shared&from=earliest").await;
     // About 200 events/s: the first connection still has most of the backlog
     // ahead of it when the group rebalances (a join takes seconds).
     let delay = Duration::from_millis(5);
@@ -675,7 +897,7 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
     // A second connection of the group takes some partitions, acknowledges
     // 100 events, and leaves: its partitions go back to the first.
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(&env, port, "group=shared").await;
+    let socket = connect(&env, port, "group=shared&from=earliest").await;
     let second = slow_client(socket, Duration::from_millis(1), 100, acked)
         .await
         .unwrap();

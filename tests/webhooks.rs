@@ -2,7 +2,9 @@
 //! job's terminal event is delivered under one `webhook-id`, signed, retried
 //! through a receiver outage and 500s, never twice once answered 2xx, still
 //! delivered when the delivering process is SIGKILLed right after the state
-//! change, and never sent where the SSRF guard forbids.
+//! change, and never sent where the SSRF guard forbids. Each tenant signs
+//! with its own secret, and a rotation signs with both secrets until its
+//! overlap ends.
 
 mod common;
 
@@ -17,6 +19,7 @@ use common::{
     fast_recovery, free_port, insert_job, sample_body, scrape, signal, stop, wait_for,
     wait_healthy, TestEnv,
 };
+use docstream::store::tenants;
 use docstream::webhook::Signer;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -29,8 +32,24 @@ const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 struct Receipt {
     id: String,
     body: Value,
+    /// The signature verifies with [`SECRET`].
     signed: bool,
+    /// What verifying needs: the timestamp, the raw body and the header.
+    timestamp: i64,
+    raw: Bytes,
+    signatures: String,
     answered: u16,
+}
+
+impl Receipt {
+    /// Whether a receiver that knows only `secret` accepts this delivery
+    /// (Standard Webhooks: any of the header's signatures may match).
+    fn verifies_with(&self, secret: &str) -> bool {
+        let expected = Signer::new(secret)
+            .unwrap()
+            .sign(&self.id, self.timestamp, &self.raw);
+        self.signatures.split(' ').any(|s| s == expected)
+    }
 }
 
 /// What a receiver got, and how it answers: `fail_first` 500s per webhook-id,
@@ -81,20 +100,25 @@ async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Byt
     };
     let id = header("webhook-id");
     let timestamp: i64 = header("webhook-timestamp").parse().unwrap_or_default();
-    let expected = Signer::new(SECRET).unwrap().sign(&id, timestamp, &body);
-    let signed = expected.as_deref() == Some(header("webhook-signature").as_str());
+    let mut receipt = Receipt {
+        id,
+        body: serde_json::from_slice(&body).unwrap_or_default(),
+        signed: false,
+        timestamp,
+        raw: body,
+        signatures: header("webhook-signature"),
+        answered: 0,
+    };
+    receipt.signed = receipt.verifies_with(SECRET);
+    let id = receipt.id.clone();
     let mut receipts = receiver.receipts.lock().unwrap();
     let before = receipts.iter().filter(|r| r.id == id).count();
     let answered = match before < receiver.fail_first {
         true => 500,
         false => receiver.then,
     };
-    receipts.push(Receipt {
-        id,
-        body: serde_json::from_slice(&body).unwrap_or_default(),
-        signed,
-        answered,
-    });
+    receipt.answered = answered;
+    receipts.push(receipt);
     StatusCode::from_u16(answered).unwrap()
 }
 
@@ -114,11 +138,17 @@ fn start_receiver(listener: TcpListener, fail_first: usize, then: u16) -> Receiv
     receiver
 }
 
-/// Webhook settings for child processes: signed, loopback allowed, fast retries.
+/// Gives the tenant `default` (the test's jobs' tenant) the secret [`SECRET`].
+async fn sign_with_secret(env: &TestEnv) {
+    tenants::rotate_webhook_secret(&env.pool, "default", Some(SECRET), 0.0)
+        .await
+        .unwrap();
+}
+
+/// Webhook settings for child processes: loopback allowed, fast retries.
 fn webhook_env(allow_loopback: bool) -> Vec<(&'static str, String)> {
     let allow = if allow_loopback { "127.0.0.1/32" } else { "" };
     vec![
-        ("DOCSTREAM_WEBHOOK_SECRET", SECRET.into()),
         ("DOCSTREAM_WEBHOOK_ALLOW", allow.into()),
         ("DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S", "0.2".into()),
         ("DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S", "1".into()),
@@ -194,6 +224,7 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
     const JOBS: usize = 20;
     const OUTAGE: Duration = Duration::from_secs(10);
     let env = TestEnv::new("webhooks_retry").await;
+    sign_with_secret(&env).await;
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let base = webhook_env(true);
@@ -321,6 +352,7 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
 async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
     const JOBS: usize = 5;
     let env = TestEnv::with_settings("webhooks_kill", fast_recovery).await;
+    sign_with_secret(&env).await;
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let base = webhook_env(true);
@@ -394,6 +426,7 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothing() {
     let env = TestEnv::new("webhooks_ssrf").await;
+    sign_with_secret(&env).await;
     // The canary: loopback listeners (IPv4 and, where there is one, IPv6)
     // that count every connection.
     let canary = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -504,5 +537,76 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
         refusals.join("\n  ")
     );
     stop([&mut serve, &mut worker]).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
+    const OVERLAP_S: f64 = 4.0;
+    let env = TestEnv::new("webhooks_rotation").await;
+    sign_with_secret(&env).await;
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let base = webhook_env(true);
+    let receiver = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 200);
+    let http = with(
+        &base,
+        &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+    );
+    let mut children = [
+        env.spawn("serve", &http, "webhooks-rotation-serve"),
+        env.spawn("worker", &base, "webhooks-rotation-worker"),
+        env.spawn("bbox-worker", &base, "webhooks-rotation-bbox-worker"),
+    ];
+    wait_healthy(&api).await;
+    let delivered = |job: Uuid| {
+        let receiver = receiver.clone();
+        move || {
+            let got = receiver.by_id().remove(&expected_id(job));
+            async move {
+                got.and_then(|r| r.into_iter().next())
+                    .ok_or("not yet".to_owned())
+            }
+        }
+    };
+    let within = Duration::from_secs(60);
+
+    let before = submit(&env, &api, &receiver.url).await.unwrap();
+    let before = wait_for("the first delivery", within, delivered(before)).await;
+    let rotated = tenants::rotate_webhook_secret(&env.pool, "default", None, OVERLAP_S)
+        .await
+        .unwrap();
+    let new = rotated.webhook_secret.clone();
+    let during = submit(&env, &api, &receiver.url).await.unwrap();
+    let during = wait_for("the delivery during the overlap", within, delivered(during)).await;
+    wait_for("the overlap to end", within, || {
+        let pool = env.pool.clone();
+        async move {
+            let open: bool = sqlx::query_scalar(
+                "SELECT webhook_previous_until > now() FROM tenants WHERE name = 'default'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (!open).then_some(()).ok_or("open".to_owned())
+        }
+    })
+    .await;
+    let after = submit(&env, &api, &receiver.url).await.unwrap();
+    let after = wait_for("the delivery after the overlap", within, delivered(after)).await;
+    stop(children.iter_mut()).await;
+
+    let count = |r: &Receipt| r.signatures.split(' ').count();
+    eprintln!(
+        "webhooks rotation test: before: {} signature(s), old {}, new {}; during: {}, old {}, new {}; after: {}, old {}, new {}",
+        count(&before), before.verifies_with(SECRET), before.verifies_with(&new),
+        count(&during), during.verifies_with(SECRET), during.verifies_with(&new),
+        count(&after), after.verifies_with(SECRET), after.verifies_with(&new),
+    );
+    assert!(before.verifies_with(SECRET) && !before.verifies_with(&new));
+    assert_eq!(count(&during), 2, "both secrets sign during the overlap");
+    assert!(during.verifies_with(SECRET) && during.verifies_with(&new));
+    assert_eq!(count(&after), 1);
+    assert!(after.verifies_with(&new) && !after.verifies_with(SECRET));
     env.cleanup().await;
 }

@@ -11,6 +11,13 @@
 //! - `ack`: `client` (the default: the client acknowledges) or `auto` (an
 //!   event counts as received once the socket took it).
 //! - `status`, `transition`: comma-separated filters on the event's fields.
+//! - `from`: where a group with nothing committed yet starts: `latest` (the
+//!   default: only events from now on) or `earliest` (every event the topic
+//!   still holds). A group that committed before resumes where it was.
+//!
+//! A stream carries only the events of the caller's tenant: the others are
+//! passed over (and committed) without being sent. The key needs the
+//! `export` scope.
 //!
 //! Each event goes out as `{"seq", "partition", "offset", "event": {…}}`; the
 //! client answers `{"ack": N}`, which acknowledges every event up to `seq` N.
@@ -31,7 +38,10 @@
 //! what was queued and reading acknowledgements until every event in flight is
 //! acknowledged (`export_drain_timeout_s`), commits, and only then closes the
 //! socket with 1000. A drain that times out, a client that keeps sending
-//! malformed frames (`export_max_consecutive_errors` in a row), a send that
+//! malformed frames (`export_max_consecutive_errors` in a row), a client that
+//! holds an event unacknowledged for longer than `export_ack_timeout_s` (it
+//! holds its partitions' commits, and the group's other members cannot take
+//! them over while it lives), a send that
 //! fails or takes longer than the drain timeout (the client stopped reading),
 //! or a Kafka failure closes the stream by force (1011), committing only what
 //! was acknowledged.
@@ -39,7 +49,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -52,6 +62,7 @@ use prometheus::{IntCounter, IntGauge};
 use serde::Deserialize;
 use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::{ApiError, Gate};
 use crate::auth::Caller;
@@ -82,6 +93,7 @@ struct Params {
     ack: Option<String>,
     status: Option<String>,
     transition: Option<String>,
+    from: Option<String>,
 }
 
 /// A stream's options, checked before the upgrade.
@@ -89,12 +101,14 @@ struct Options {
     group: String,
     strategy: Backpressure,
     auto_ack: bool,
+    from_earliest: bool,
     filter: Filter,
 }
 
-/// Which events a stream sends; `None` admits all.
-#[derive(Default)]
+/// Which events a stream sends: its tenant's, and of those the ones the
+/// client's filters admit (`None` admits all).
 struct Filter {
+    tenant_id: Uuid,
     statuses: Option<HashSet<String>>,
     transitions: Option<HashSet<String>>,
 }
@@ -104,11 +118,13 @@ impl Filter {
         let admits = |set: &Option<HashSet<String>>, value: &str| {
             set.as_ref().is_none_or(|set| set.contains(value))
         };
-        admits(&self.statuses, &event.status) && admits(&self.transitions, &event.transition)
+        event.belongs_to(self.tenant_id)
+            && admits(&self.statuses, &event.status)
+            && admits(&self.transitions, &event.transition)
     }
 }
 
-fn options(params: Params, default_strategy: &str) -> Result<Options, ApiError> {
+fn options(params: Params, caller: &Caller, default_strategy: &str) -> Result<Options, ApiError> {
     let bad = |msg: String| Err(ApiError::BadRequest(msg));
     let Some(group) = params.group else {
         return bad("the group parameter is required: it names the stream's consumer group".into());
@@ -130,6 +146,11 @@ fn options(params: Params, default_strategy: &str) -> Result<Options, ApiError> 
         Some("auto") => true,
         Some(other) => return bad(format!("ack {other:?}: expected client or auto")),
     };
+    let from_earliest = match params.from.as_deref() {
+        None | Some("latest") => false,
+        Some("earliest") => true,
+        Some(other) => return bad(format!("from {other:?}: expected latest or earliest")),
+    };
     let set = |list: Option<String>| {
         list.map(|l| {
             l.split(',')
@@ -140,10 +161,13 @@ fn options(params: Params, default_strategy: &str) -> Result<Options, ApiError> 
         })
     };
     Ok(Options {
-        group,
+        // A group belongs to its tenant: equal names of two tenants are two groups.
+        group: format!("{}-{group}", caller.tenant),
         strategy,
         auto_ack,
+        from_earliest,
         filter: Filter {
+            tenant_id: caller.tenant_id,
             statuses: set(params.status),
             transitions: set(params.transition),
         },
@@ -164,12 +188,12 @@ async fn upgrade(
         Ok(Query(params)) => params,
         Err(e) => return ApiError::BadRequest(e.body_text()).into_response(),
     };
-    let options = match options(params, &services.settings.export_backpressure_strategy) {
-        Ok(options) => Options {
-            // A group belongs to its tenant: equal names of two tenants are two groups.
-            group: format!("{}-{}", caller.tenant, options.group),
-            ..options
-        },
+    let options = match options(
+        params,
+        &caller,
+        &services.settings.export_backpressure_strategy,
+    ) {
+        Ok(options) => options,
         Err(e) => return e.into_response(),
     };
     let Some(hold) = gate.hold() else {
@@ -469,6 +493,7 @@ async fn export(
         spec.max_in_flight += settings.consumer_max_in_flight;
     }
     spec.drain_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
+    spec.from_earliest = options.from_earliest;
     let draining = Arc::new(AtomicBool::new(false));
     let exporter = Exporter {
         outbound: outbound.clone(),
@@ -497,7 +522,9 @@ async fn export(
 
     // A send that takes longer than the drain timeout ends the stream.
     let send_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
-    let mut unacked: BTreeMap<u64, oneshot::Sender<()>> = BTreeMap::new();
+    // What was sent and not acknowledged yet, by seq, with when it was sent.
+    let mut unacked: BTreeMap<u64, (oneshot::Sender<()>, Instant)> = BTreeMap::new();
+    let ack_timeout = Duration::from_secs_f64(settings.export_ack_timeout_s);
     let mut seq: u64 = 0;
     let mut errors: u32 = 0;
     let mut consumer_done = false;
@@ -507,8 +534,14 @@ async fn export(
             break Ended::Forced(format!("{errors} consecutive errors"));
         }
         let window_open = options.auto_ack || unacked.len() < settings.export_max_unacked;
+        // The oldest unacknowledged event's deadline; far away when there is none.
+        let oldest = unacked.first_key_value().map(|(_, (_, at))| *at);
+        let ack_deadline = oldest.map_or_else(far_future, |at| at + ack_timeout);
         tokio::select! {
             biased;
+            _ = tokio::time::sleep_until(ack_deadline.into()), if oldest.is_some() => {
+                break Ended::Forced(format!("no acknowledgement within {ack_timeout:?}"));
+            }
             _ = closing.cancelled(), if !draining.load(Ordering::SeqCst) => {
                 // Stop consuming; what is in flight drains through this loop.
                 draining.store(true, Ordering::SeqCst);
@@ -528,7 +561,7 @@ async fn export(
                 Some(Ok(Message::Text(text))) => match acknowledged(&text, seq) {
                     Ok(upto) => {
                         let rest = unacked.split_off(&(upto + 1));
-                        for (_, done) in std::mem::replace(&mut unacked, rest) {
+                        for (_, (done, _)) in std::mem::replace(&mut unacked, rest) {
                             let _ = done.send(());
                         }
                         errors = 0;
@@ -569,7 +602,7 @@ async fn export(
                 if options.auto_ack {
                     let _ = item.done.send(());
                 } else {
-                    unacked.insert(seq, item.done);
+                    unacked.insert(seq, (item.done, Instant::now()));
                 }
             }
         }
@@ -615,6 +648,11 @@ async fn export(
         .with_label_values(&[STREAM, kind])
         .inc();
     tracing::info!(%group, ?ended, last_seq = seq, "export stream closed");
+}
+
+/// A deadline no stream lives to see.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
 /// Sends `message` within `timeout`: a client that stops reading cannot hold
@@ -687,31 +725,64 @@ mod tests {
         Query::<Params>::try_from_uri(&uri).unwrap().0
     }
 
+    fn caller(tenant: &str) -> Caller {
+        crate::store::tenants::KeyOwner {
+            tenant_id: Uuid::now_v7(),
+            tenant: tenant.into(),
+            key_id: Uuid::now_v7(),
+            scopes: vec![Scope::Export],
+        }
+        .into()
+    }
+
     #[test]
     fn options_are_checked_before_the_upgrade() {
+        let acme = caller("acme");
         let ok = options(
-            params("group=audit&strategy=drop_new&ack=auto&status=succeeded,failed"),
+            params("group=audit&strategy=drop_new&ack=auto&status=succeeded,failed&from=earliest"),
+            &acme,
             "block",
         )
         .unwrap();
         assert_eq!(ok.strategy, Backpressure::DropNew);
-        assert!(ok.auto_ack);
+        assert!(ok.auto_ack && ok.from_earliest);
+        assert_eq!(ok.group, "acme-audit", "the tenant's group");
+        assert_eq!(ok.filter.tenant_id, acme.tenant_id);
         assert_eq!(ok.filter.statuses.unwrap().len(), 2);
-        let default = options(params("group=a"), "block").unwrap();
+        let default = options(params("group=a"), &acme, "block").unwrap();
         assert_eq!(default.strategy, Backpressure::Block);
-        assert!(!default.auto_ack);
+        assert!(!default.auto_ack && !default.from_earliest);
         for bad in [
             "",
             "group=",
             "group=a%20b",
             "group=a&strategy=fifo",
             "group=a&ack=never",
+            "group=a&from=yesterday",
         ] {
             assert!(
-                options(params(bad), "block").is_err(),
+                options(params(bad), &acme, "block").is_err(),
                 "{bad:?} was accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_stream_admits_only_its_tenants_events() {
+        let mut event = item(0).0.event;
+        let (acme, other) = (Uuid::now_v7(), Uuid::now_v7());
+        let filter = |tenant_id| Filter {
+            tenant_id,
+            statuses: None,
+            transitions: None,
+        };
+        event.tenant_id = Some(acme.to_string());
+        assert!(filter(acme).admits(&event));
+        assert!(!filter(other).admits(&event));
+        // Written before tenants: the tenant default's.
+        event.tenant_id = None;
+        assert!(!filter(acme).admits(&event));
+        assert!(filter(crate::store::tenants::DEFAULT_TENANT_ID).admits(&event));
     }
 
     fn outbound(strategy: Backpressure, capacity: usize) -> Outbound {
@@ -737,6 +808,7 @@ mod tests {
             error: None,
             reason: crate::events::PublishReason::Submit,
             published_at_ms: 0,
+            tenant_id: None,
         };
         let outgoing = Outgoing {
             partition: 0,

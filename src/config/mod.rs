@@ -42,6 +42,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// The deployment-wide webhook secret of the releases before tenants: refused
+/// when set, so an upgrade never signs with a secret nobody expects.
+const RETIRED_WEBHOOK_SECRET: &str = "DOCSTREAM_WEBHOOK_SECRET";
+
 /// The longest a process may trust a key lookup: revocations take effect
 /// within it.
 pub const MAX_API_KEY_CACHE_S: f64 = 5.0;
@@ -260,8 +264,9 @@ settings! {
     /// form the next batch. One gives the largest batches, hence the fewest
     /// commits (burn-down, 20,000 jobs: 1,893 jobs/s with 1, 1,428 with 2).
     db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY";
-    /// Consumer groups of export streams are this prefix and the client's
-    /// `group` name, so an export never joins a pipeline role's group.
+    /// Consumer groups of export streams are this prefix, the tenant, `-` and
+    /// the client's `group` name, so an export never joins a pipeline role's
+    /// group, nor another tenant's.
     export_group_prefix: String = "docstream-export-", env "DOCSTREAM_EXPORT_GROUP_PREFIX";
     /// The backpressure strategy of an export stream whose client names none:
     /// `block` (never lose an event; a slow client slows its stream), `drop_oldest`
@@ -279,16 +284,23 @@ settings! {
     /// acknowledge what was sent before it commits what was and closes anyway
     /// (a forced close).
     export_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S";
+    /// The longest an export stream's client may hold an event without
+    /// acknowledging it before the stream is closed by force: while it holds
+    /// one, its partitions' commits wait, and no other member of the group can
+    /// take them over. 30 s leaves room for a client that acknowledges in
+    /// batches or pauses for a moment.
+    export_ack_timeout_s: f64 = 30.0, env "DOCSTREAM_EXPORT_ACK_TIMEOUT_S";
     /// Malformed client frames in a row after which an export stream is
     /// closed by force: such a client is broken, and holds a consumer-group
     /// member. (A send that fails or outlasts the drain timeout closes the
     /// stream at once.)
     export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS";
-    /// The key webhooks are signed with (Standard Webhooks: `whsec_` and the
-    /// base64 of 24 to 64 random bytes). Empty disables webhooks: a request
-    /// naming a `webhook_url` is then refused, rather than accepted and never
-    /// announced.
-    webhook_secret: String = "", env "DOCSTREAM_WEBHOOK_SECRET";
+    /// Whether jobs may name a `webhook_url`. Each tenant signs its webhooks
+    /// with a secret of its own (`docstream tenants rotate-webhook-secret`).
+    /// On by default: the SSRF guard keeps them to public addresses. Off, a
+    /// request naming a `webhook_url` is refused, rather than accepted and
+    /// never announced.
+    webhooks_enabled: bool = true, env "DOCSTREAM_WEBHOOKS_ENABLED";
     /// Addresses webhooks may reach although the SSRF guard refuses them
     /// (loopback, private, link-local…): comma-separated IPs or CIDR blocks,
     /// e.g. `127.0.0.1/32,::1`. Empty, the default: only public addresses,
@@ -338,6 +350,13 @@ impl Settings {
             Some(path) => Self::from_file(path)?,
             None => Self::default(),
         };
+        if lookup(RETIRED_WEBHOOK_SECRET).is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "{RETIRED_WEBHOOK_SECRET} is no longer read: each tenant signs its webhooks with a \
+                 secret of its own; keep yours with `docstream tenants rotate-webhook-secret NAME \
+                 --secret <it> --overlap-s 0`, then unset the variable"
+            )));
+        }
         settings.apply_env(lookup)?;
         settings.validate()?;
         Ok(settings)
@@ -410,6 +429,7 @@ impl Settings {
                 "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S",
                 self.export_drain_timeout_s,
             ),
+            ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", self.export_ack_timeout_s),
             ("DOCSTREAM_WEBHOOK_TIMEOUT_S", self.webhook_timeout_s),
             (
                 "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S",
@@ -517,9 +537,6 @@ impl Settings {
         }
         if self.webhook_retry_max_delay_s < self.webhook_retry_base_delay_s {
             return invalid("DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S must be at least DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S".into());
-        }
-        if let Err(e) = crate::webhook::Signer::new(&self.webhook_secret) {
-            return invalid(format!("DOCSTREAM_WEBHOOK_SECRET: {e}"));
         }
         if let Err(e) = crate::webhook::AllowList::parse(&self.webhook_allow) {
             return invalid(format!("DOCSTREAM_WEBHOOK_ALLOW: {e}"));

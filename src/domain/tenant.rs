@@ -87,6 +87,12 @@ pub enum TenantError {
     /// A key must be allowed something.
     #[error("a key needs at least one scope")]
     NoScopes,
+    /// A webhook secret not in the Standard Webhooks form.
+    #[error("a webhook secret is whsec_ followed by base64")]
+    InvalidWebhookSecret,
+    /// A rotation's overlap must be a number of seconds, 0 or more.
+    #[error("the overlap is a number of seconds, 0 or more")]
+    InvalidOverlap,
 }
 
 /// Longest tenant name: it is part of export group names.
@@ -131,6 +137,29 @@ impl NewApiKey {
     pub fn shown_prefix(&self) -> String {
         self.secret[..SHOWN_LEN].to_owned()
     }
+}
+
+/// A new webhook signing secret: `whsec_` and 32 random bytes in base64, the
+/// Standard Webhooks form that receivers' libraries take as it is.
+pub fn new_webhook_secret() -> String {
+    use base64::Engine;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// Whether `secret` is a webhook secret in the Standard Webhooks form:
+/// `whsec_` and a non-empty base64 key.
+pub fn webhook_secret_is_valid(secret: &str) -> bool {
+    use base64::Engine;
+    secret.strip_prefix("whsec_").is_some_and(|encoded| {
+        base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .is_ok_and(|key| !key.is_empty())
+    })
 }
 
 /// The SHA-256 of a key's text: what is stored, and what a presented key is
@@ -180,6 +209,17 @@ mod tests {
             Err(TenantError::UnknownScope("root".into()))
         );
         assert_eq!(Scope::parse_list(" , "), Err(TenantError::NoScopes));
+    }
+
+    #[test]
+    fn webhook_secrets_are_in_the_standard_form() {
+        assert!(webhook_secret_is_valid(&new_webhook_secret()));
+        assert!(webhook_secret_is_valid(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        ));
+        for bad in ["", "whsec_", "whsec_!!", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"] {
+            assert!(!webhook_secret_is_valid(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Avro single-object encoding: `C3 01`, the schema's 8-byte CRC-64-AVRO (Rabin)
 //! fingerprint in little-endian order, then the Avro binary datum.
 //!
+//! Schemas evolve compatibly (a new field has a default). The schema a
+//! record was written with is told by its fingerprint: a record written under
+//! an earlier version (`schemas/history/`) is read with that version and
+//! resolved to the current one, so what was produced before an upgrade still
+//! decodes after it.
+//!
 //! Decoding never panics: a short buffer, a wrong marker, a fingerprint we do not
 //! know, a fingerprint of another event type, and a corrupt datum are each a
 //! [`CodecError`] variant, so a consumer can route the record to the DLQ by kind.
@@ -27,35 +33,43 @@ const SCHEMA_SOURCES: [&str; 5] = [
     include_str!("../../schemas/DeadLetter.avsc"),
 ];
 
+/// Earlier versions of the schemas, which records written before an upgrade
+/// carry: read only, never written.
+const HISTORY_SOURCES: [&str; 1] = [include_str!(
+    "../../schemas/history/ExtractionEvent.v1.avsc"
+)];
+
 /// A parsed schema and its fingerprint.
 struct Known {
     schema: Schema,
     fingerprint: [u8; 8],
 }
 
+impl Known {
+    fn parse(source: &str) -> (String, Self) {
+        let schema = Schema::parse_str(source).expect("shipped schemas are valid Avro");
+        let name = match &schema {
+            Schema::Record(record) => record.name.fullname(None),
+            _ => unreachable!("every shipped schema is a record"),
+        };
+        let fingerprint: [u8; 8] = schema.fingerprint::<Rabin>().bytes[..]
+            .try_into()
+            .expect("a Rabin fingerprint has 8 bytes");
+        let known = Known {
+            schema,
+            fingerprint,
+        };
+        (name, known)
+    }
+}
+
 /// Every schema we speak, by full name.
-static SCHEMAS: LazyLock<HashMap<String, Known>> = LazyLock::new(|| {
-    SCHEMA_SOURCES
-        .iter()
-        .map(|source| {
-            let schema = Schema::parse_str(source).expect("shipped schemas are valid Avro");
-            let name = match &schema {
-                Schema::Record(record) => record.name.fullname(None),
-                _ => unreachable!("every shipped schema is a record"),
-            };
-            let fingerprint: [u8; 8] = schema.fingerprint::<Rabin>().bytes[..]
-                .try_into()
-                .expect("a Rabin fingerprint has 8 bytes");
-            (
-                name,
-                Known {
-                    schema,
-                    fingerprint,
-                },
-            )
-        })
-        .collect()
-});
+static SCHEMAS: LazyLock<HashMap<String, Known>> =
+    LazyLock::new(|| SCHEMA_SOURCES.iter().map(|s| Known::parse(s)).collect());
+
+/// The earlier versions, with the full name of the schema each preceded.
+static HISTORY: LazyLock<Vec<(String, Known)>> =
+    LazyLock::new(|| HISTORY_SOURCES.iter().map(|s| Known::parse(s)).collect());
 
 /// Why bytes could not become an event, or an event bytes.
 #[derive(Debug, thiserror::Error)]
@@ -117,24 +131,38 @@ pub fn decode<E: Event>(bytes: &[u8]) -> Result<E, CodecError> {
     }
     let fingerprint: [u8; 8] = bytes[2..HEADER_LEN].try_into().expect("slice of 8");
     let known = known::<E>();
-    if fingerprint != known.fingerprint {
-        return Err(
-            match SCHEMAS.iter().find(|(_, k)| k.fingerprint == fingerprint) {
-                Some((name, _)) => CodecError::WrongSchema {
-                    expected: E::NAME,
-                    found: name.clone(),
-                },
-                None => CodecError::UnknownFingerprint(fingerprint),
-            },
-        );
-    }
+    let writer = writer_schema::<E>(fingerprint)?;
+    let reader = (!std::ptr::eq(writer, &known.schema)).then_some(&known.schema);
     let mut datum = &bytes[HEADER_LEN..];
-    let value = apache_avro::from_avro_datum(&known.schema, &mut datum, None)
+    let value = apache_avro::from_avro_datum(writer, &mut datum, reader)
         .map_err(|e| CodecError::Datum(e.to_string()))?;
     if !datum.is_empty() {
         return Err(CodecError::Datum(format!("{} trailing bytes", datum.len())));
     }
     apache_avro::from_value(&value).map_err(|e| CodecError::Datum(e.to_string()))
+}
+
+/// The schema an `E` with `fingerprint` was written with: the current one,
+/// or an earlier version of it.
+fn writer_schema<E: Event>(fingerprint: [u8; 8]) -> Result<&'static Schema, CodecError> {
+    let known = known::<E>();
+    if fingerprint == known.fingerprint {
+        return Ok(&known.schema);
+    }
+    let earlier = HISTORY
+        .iter()
+        .find(|(name, k)| name == E::NAME && k.fingerprint == fingerprint);
+    if let Some((_, earlier)) = earlier {
+        return Ok(&earlier.schema);
+    }
+    let other = SCHEMAS.iter().find(|(_, k)| k.fingerprint == fingerprint);
+    Err(match other {
+        Some((name, _)) => CodecError::WrongSchema {
+            expected: E::NAME,
+            found: name.clone(),
+        },
+        None => CodecError::UnknownFingerprint(fingerprint),
+    })
 }
 
 #[cfg(test)]
@@ -186,6 +214,7 @@ mod tests {
             error: Some("required field total not found".into()),
             reason: PublishReason::Retry,
             published_at_ms: 7,
+            tenant_id: Some(uuid::Uuid::now_v7().to_string()),
         });
         round_trip(DeadLetter {
             topic: "extraction.submitted".into(),
@@ -197,6 +226,61 @@ mod tests {
             error: "garbage".into(),
             published_at_ms: 7,
         });
+    }
+
+    /// An `ExtractionEvent` as version 1 of its schema had it.
+    #[derive(serde::Serialize)]
+    struct EventV1 {
+        extraction_id: String,
+        transition: String,
+        status: String,
+        bbox_status: Option<String>,
+        token: Option<i32>,
+        error: Option<String>,
+        reason: PublishReason,
+        published_at_ms: i64,
+    }
+
+    #[test]
+    fn an_event_written_under_version_1_decodes_without_a_tenant() {
+        let (name, v1) = &HISTORY[0];
+        assert_eq!(name, ExtractionEvent::NAME);
+        assert_ne!(v1.fingerprint, known::<ExtractionEvent>().fingerprint);
+        let old = EventV1 {
+            extraction_id: "5b0c".into(),
+            transition: "mark_succeeded".into(),
+            status: "succeeded".into(),
+            bbox_status: Some("pending".into()),
+            token: Some(1),
+            error: None,
+            reason: PublishReason::Submit,
+            published_at_ms: 9,
+        };
+        let value = apache_avro::to_value(&old)
+            .and_then(|value| value.resolve(&v1.schema))
+            .unwrap();
+        let mut bytes = SINGLE_OBJECT_MAGIC.to_vec();
+        bytes.extend_from_slice(&v1.fingerprint);
+        bytes.extend(apache_avro::to_avro_datum(&v1.schema, value).unwrap());
+
+        let decoded = decode::<ExtractionEvent>(&bytes).unwrap();
+        assert_eq!(decoded.tenant_id, None);
+        assert_eq!(
+            (
+                decoded.extraction_id.as_str(),
+                decoded.token,
+                decoded.published_at_ms
+            ),
+            ("5b0c", Some(1), 9)
+        );
+        assert!(decoded.belongs_to(crate::store::tenants::DEFAULT_TENANT_ID));
+        assert!(!decoded.belongs_to(uuid::Uuid::now_v7()));
+        // Version 1 is only read: what is written is the current version.
+        let written = encode(&decoded).unwrap();
+        assert_eq!(
+            written[2..HEADER_LEN],
+            known::<ExtractionEvent>().fingerprint
+        );
     }
 
     #[test]

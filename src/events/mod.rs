@@ -101,6 +101,19 @@ pub struct ExtractionEvent {
     pub reason: PublishReason,
     /// Publish time, ms since the epoch.
     pub published_at_ms: i64,
+    /// The job's tenant; `None` in events written before tenants existed
+    /// (schema version 1), whose jobs belong to the tenant `default`.
+    pub tenant_id: Option<String>,
+}
+
+impl ExtractionEvent {
+    /// Whether the event is about a job of tenant `tenant_id`.
+    pub fn belongs_to(&self, tenant_id: Uuid) -> bool {
+        match &self.tenant_id {
+            Some(owner) => owner.parse::<Uuid>().is_ok_and(|owner| owner == tenant_id),
+            None => tenant_id == crate::store::tenants::DEFAULT_TENANT_ID,
+        }
+    }
 }
 
 /// `extraction.dlq`: a record parked because it could not be processed.
@@ -187,6 +200,7 @@ impl ExtractionEvent {
             error: row.error.clone(),
             reason,
             published_at_ms: now_ms(),
+            tenant_id: Some(row.tenant_id.to_string()),
         }
     }
 }

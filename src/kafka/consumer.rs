@@ -155,6 +155,9 @@ pub struct ConsumerSpec {
     pub group_protocol: String,
     /// librdkafka prefetch cap, KiB.
     pub prefetch_kbytes: u32,
+    /// Where a group with no committed offset starts: the earliest record
+    /// (every pipeline role: a new group must see every job) or the latest.
+    pub from_earliest: bool,
 }
 
 /// Why a consumer stopped abnormally.
@@ -669,7 +672,14 @@ fn client_config(spec: &ConsumerSpec) -> ClientConfig {
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")
-        .set("auto.offset.reset", "earliest")
+        .set(
+            "auto.offset.reset",
+            if spec.from_earliest {
+                "earliest"
+            } else {
+                "latest"
+            },
+        )
         .set(
             "queued.max.messages.kbytes",
             spec.prefetch_kbytes.to_string(),

@@ -13,11 +13,25 @@ use crate::store::tenants;
 /// `docstream tenants …`
 #[derive(Debug, Subcommand)]
 pub enum TenantsCommand {
-    /// Create a tenant and its first API key (every scope but admin); prints
-    /// {"tenant", "tenant_id", "key_id", "api_key", "scopes"}.
+    /// Create a tenant, its webhook secret and its first API key (every scope
+    /// but admin); prints {"tenant", "tenant_id", "key_id", "api_key",
+    /// "scopes", "webhook_secret"}.
     Create {
         /// 1 to 63 lower-case letters, digits, '-' or '_'.
         name: String,
+    },
+    /// Rotate a tenant's webhook signing secret; prints the new one. The
+    /// previous one keeps signing too (a second signature) for the overlap.
+    RotateWebhookSecret {
+        /// The tenant's name.
+        name: String,
+        /// The new secret (`whsec_…`); a random one by default.
+        #[arg(long)]
+        secret: Option<String>,
+        /// How long the previous secret keeps signing: receivers switch over
+        /// meanwhile. 0 ends it at once.
+        #[arg(long, default_value_t = 86_400.0)]
+        overlap_s: f64,
     },
     /// List every tenant, deleted ones too.
     List,
@@ -62,6 +76,15 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<S
         TenantsCommand::Create { name } => json(&tenants::create_tenant(pool, &name).await?),
         TenantsCommand::List => json(&tenants::list_tenants(pool).await?),
         TenantsCommand::Delete { name } => json(&tenants::delete_tenant(pool, &name).await?),
+        TenantsCommand::RotateWebhookSecret {
+            name,
+            secret,
+            overlap_s,
+        } => {
+            let rotated =
+                tenants::rotate_webhook_secret(pool, &name, secret.as_deref(), overlap_s).await?;
+            json(&rotated)
+        }
     }
 }
 

@@ -270,6 +270,7 @@ impl Services {
             session_timeout_ms: settings.kafka_session_timeout_ms,
             group_protocol: settings.kafka_group_protocol.clone(),
             prefetch_kbytes: settings.consumer_prefetch_kbytes,
+            from_earliest: true,
         }
     }
 

@@ -9,7 +9,10 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
-use crate::domain::{key_hash, tenant_name_is_valid, NewApiKey, Scope, TenantError};
+use crate::domain::{
+    key_hash, new_webhook_secret, tenant_name_is_valid, webhook_secret_is_valid, NewApiKey, Scope,
+    TenantError,
+};
 
 /// The tenant every row written before tenants existed belongs to.
 pub const DEFAULT_TENANT_ID: Uuid = Uuid::nil();
@@ -68,6 +71,27 @@ pub struct ApiKey {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
+/// A tenant just made: its first key (shown only now) and its webhook secret.
+#[derive(Debug, Clone, Serialize)]
+pub struct CreatedTenant {
+    /// The first key.
+    #[serde(flatten)]
+    pub key: CreatedKey,
+    /// The secret that signs the tenant's webhooks (`whsec_…`).
+    pub webhook_secret: String,
+}
+
+/// A webhook secret just rotated in.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct RotatedSecret {
+    /// The tenant's name.
+    pub tenant: String,
+    /// The new secret, which signs every delivery from now on.
+    pub webhook_secret: String,
+    /// Until when the previous secret signs too (`None`: it stopped at once).
+    pub previous_valid_until: Option<DateTime<Utc>>,
+}
+
 /// A key just made: the only time its secret is seen.
 #[derive(Debug, Clone, Serialize)]
 pub struct CreatedKey {
@@ -103,25 +127,69 @@ fn scope_names(scopes: &[Scope]) -> Vec<String> {
 const INSERT_KEY: &str = "INSERT INTO api_keys (id, tenant_id, secret_hash, prefix, scopes)
 VALUES ($1, $2, $3, $4, $5::text[]::api_scope[])";
 
-/// Creates tenant `name` and its first key, with every scope but `admin`.
-pub async fn create_tenant(pool: &PgPool, name: &str) -> Result<CreatedKey, TenantStoreError> {
+/// Creates tenant `name`, its webhook secret, and its first key, with every
+/// scope but `admin`.
+pub async fn create_tenant(pool: &PgPool, name: &str) -> Result<CreatedTenant, TenantStoreError> {
     if !tenant_name_is_valid(name) {
         return Err(TenantError::InvalidName.into());
     }
     let mut tx = pool.begin().await?;
     let tenant_id = Uuid::now_v7();
-    let inserted =
-        sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
-            .bind(tenant_id)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
+    let webhook_secret = new_webhook_secret();
+    let inserted = sqlx::query(
+        "INSERT INTO tenants (id, name, webhook_secret) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(tenant_id)
+    .bind(name)
+    .bind(&webhook_secret)
+    .execute(&mut *tx)
+    .await?;
     if inserted.rows_affected() == 0 {
         return Err(TenantStoreError::Exists(name.to_owned()));
     }
-    let created = insert_key(&mut tx, tenant_id, name, &Scope::DEFAULT).await?;
+    let key = insert_key(&mut tx, tenant_id, name, &Scope::DEFAULT).await?;
     tx.commit().await?;
-    Ok(created)
+    Ok(CreatedTenant {
+        key,
+        webhook_secret,
+    })
+}
+
+/// Rotates tenant `name`'s webhook secret to `secret` (a new one when
+/// `None`): from now on every delivery is signed with it, and, for
+/// `overlap_s` seconds, with the previous one too, so receivers can switch
+/// over while both verify. An overlap of 0 ends the previous secret at once
+/// (also one still overlapping from an earlier rotation).
+pub async fn rotate_webhook_secret(
+    pool: &PgPool,
+    name: &str,
+    secret: Option<&str>,
+    overlap_s: f64,
+) -> Result<RotatedSecret, TenantStoreError> {
+    let secret = match secret {
+        Some(secret) if webhook_secret_is_valid(secret) => secret.to_owned(),
+        Some(_) => return Err(TenantError::InvalidWebhookSecret.into()),
+        None => new_webhook_secret(),
+    };
+    if !(overlap_s.is_finite() && overlap_s >= 0.0) {
+        return Err(TenantError::InvalidOverlap.into());
+    }
+    sqlx::query_as::<_, RotatedSecret>(
+        "UPDATE tenants
+            SET webhook_secret_previous = CASE WHEN $3 > 0 THEN webhook_secret END,
+                webhook_previous_until =
+                    CASE WHEN $3 > 0 THEN now() + make_interval(secs => $3) END,
+                webhook_secret = $2
+          WHERE name = $1 AND deleted_at IS NULL
+      RETURNING name AS tenant, webhook_secret, webhook_previous_until AS previous_valid_until",
+    )
+    .bind(name)
+    .bind(&secret)
+    .bind(overlap_s)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
 }
 
 async fn insert_key(
@@ -247,6 +315,6 @@ pub async fn create_tenant_or_key(
 ) -> Result<CreatedKey, TenantStoreError> {
     match create_tenant(pool, name).await {
         Err(TenantStoreError::Exists(_)) => create_key(pool, name, &Scope::DEFAULT).await,
-        created => created,
+        created => Ok(created?.key),
     }
 }

@@ -41,6 +41,10 @@ pub struct Delivery {
     /// The endpoint answered 410 Gone to an earlier delivery (claims only).
     #[sqlx(default)]
     pub endpoint_disabled: bool,
+    /// The secrets this attempt is signed with: the job's tenant's current
+    /// one, then, during a rotation, the previous one (claims only).
+    #[sqlx(default)]
+    pub secrets: Option<Vec<String>>,
 }
 
 /// How an attempt ended, as recorded.
@@ -79,7 +83,12 @@ pub async fn claim<'e>(
             AND (lease_expires_at IS NULL OR lease_expires_at < now())
       RETURNING webhook_deliveries.*,
                 EXISTS (SELECT 1 FROM webhook_endpoints e
-                         WHERE e.url = webhook_deliveries.url) AS endpoint_disabled",
+                         WHERE e.url = webhook_deliveries.url) AS endpoint_disabled,
+                (SELECT array_remove(ARRAY[t.webhook_secret,
+                                           CASE WHEN t.webhook_previous_until > now()
+                                                THEN t.webhook_secret_previous END], NULL)
+                   FROM extractions j JOIN tenants t ON t.id = j.tenant_id
+                  WHERE j.id = webhook_deliveries.extraction_id) AS secrets",
     )
     .bind(id)
     .bind(lease_s)

@@ -7,8 +7,8 @@
 //!   dispatcher with the delivery's id; a delivery nobody works on is orphan
 //!   class 6, which the webhook reaper hands to its own dispatcher.
 //! - **Attempts.** Each attempt is claimed in the store (a lease and a fencing
-//!   token), signed afresh ([`Signer`]: `webhook-id`, `webhook-timestamp`,
-//!   `webhook-signature`) and sent with a bounded timeout, without following
+//!   token), signed afresh with the job's tenant's secrets ([`Signer`]:
+//!   `webhook-id`, `webhook-timestamp`, `webhook-signature`) and sent with a bounded timeout, without following
 //!   redirects or proxies. 2xx delivers; 410 Gone disables the endpoint (no
 //!   further deliveries to it); anything else is retried with capped
 //!   exponential backoff and jitter, always with the same `webhook-id`, until
@@ -21,7 +21,7 @@ mod guard;
 mod sign;
 
 pub use guard::{is_public, AllowList, Forbidden, Guard};
-pub use sign::Signer;
+pub use sign::{signature_header, Signer};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,17 +52,15 @@ impl Webhooks {
     pub fn start(settings: &Settings, pool: PgPool, metrics: Metrics) -> Self {
         let allow = AllowList::parse(&settings.webhook_allow).expect("validated setting");
         let guard = Guard::new(allow);
-        let signer = Signer::new(&settings.webhook_secret).expect("validated setting");
         let timeout = Duration::from_secs_f64(settings.webhook_timeout_s);
         let client = http_client(&guard, timeout);
         let (wake, woken) = mpsc::channel(WAKE_QUEUE);
-        let enabled = signer.enabled();
+        let enabled = settings.webhooks_enabled;
         let dispatcher = Dispatcher {
             pool,
             metrics: metrics.clone(),
             client,
             guard: guard.clone(),
-            signer,
             wake: wake.clone(),
             // The lease outlives an attempt (its lookup, then its request),
             // so only a dead dispatcher's attempt is ever taken over.
@@ -95,7 +93,7 @@ impl Webhooks {
     pub async fn check_submitted(&self, url: &str) -> Result<(), String> {
         if !self.enabled {
             return Err(
-                "webhooks are disabled on this deployment (no DOCSTREAM_WEBHOOK_SECRET): \
+                "webhooks are disabled on this deployment (DOCSTREAM_WEBHOOKS_ENABLED=false): \
                  submit without webhook_url"
                     .into(),
             );
@@ -163,7 +161,6 @@ struct Dispatcher {
     metrics: Metrics,
     client: reqwest::Client,
     guard: Guard,
-    signer: Signer,
     wake: mpsc::Sender<String>,
     lease_s: f64,
     max_attempts: i32,
@@ -211,11 +208,15 @@ impl Dispatcher {
     async fn send(&self, delivery: &Delivery) -> Outcome {
         let timestamp = chrono::Utc::now().timestamp();
         let body = delivery.payload.to_string().into_bytes();
-        let Some(signature) = self.signer.sign(&delivery.id, timestamp, &body) else {
-            return Outcome::Failed {
-                status: None,
-                error: "no DOCSTREAM_WEBHOOK_SECRET on this process".into(),
-            };
+        let secrets = delivery.secrets.as_deref().unwrap_or_default();
+        let signature = match signature_header(secrets, &delivery.id, timestamp, &body) {
+            Ok(signature) => signature,
+            Err(error) => {
+                return Outcome::Failed {
+                    status: None,
+                    error,
+                }
+            }
         };
         match self.guard.check(&delivery.url).await {
             Ok(_) => {}
