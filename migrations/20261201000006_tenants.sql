@@ -11,6 +11,8 @@
 --   (`prefix`) are kept in the clear, so people can tell their keys apart.
 -- * Rows written before this migration belong to the tenant `default`: an
 --   operator gives it a key (`docstream keys create default`) to reach them.
+-- * Each tenant has quotas (a submit rate and a cap on open jobs), which fall
+--   back to the deployment's settings.
 -- * Each tenant signs its webhooks with a secret of its own (the Standard
 --   Webhooks `whsec_…` form). A rotation keeps the previous secret valid for
 --   an overlap, during which every delivery carries both signatures.
@@ -25,7 +27,13 @@ CREATE TABLE tenants (
     -- which signs too until webhook_previous_until.
     webhook_secret          text NOT NULL CHECK (starts_with(webhook_secret, 'whsec_')),
     webhook_secret_previous text CHECK (starts_with(webhook_secret_previous, 'whsec_')),
-    webhook_previous_until  timestamptz
+    webhook_previous_until  timestamptz,
+    -- Quotas of this tenant; NULL takes the deployment's setting, 0 means no
+    -- limit. Submits per second per serve process (a token bucket holding
+    -- submit_burst), and jobs queued or running at once.
+    submit_rate_per_s       double precision CHECK (submit_rate_per_s >= 0),
+    submit_burst            integer CHECK (submit_burst >= 1),
+    max_open_jobs           integer CHECK (max_open_jobs >= 0)
 );
 
 -- The tenant default's secret: 32 random bytes (two version-4 UUIDs' worth).
@@ -57,6 +65,11 @@ ALTER TABLE extraction_requests ALTER COLUMN tenant_id DROP DEFAULT;
 ALTER TABLE extractions
     ADD COLUMN tenant_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000';
 ALTER TABLE extractions ALTER COLUMN tenant_id DROP DEFAULT;
+
+-- A tenant's open jobs, which its cap counts (at most the cap's worth per
+-- submit statement).
+CREATE INDEX ix_extractions_tenant_open
+    ON extractions (tenant_id) WHERE status IN ('queued', 'running');
 
 DROP INDEX uq_extraction_requests_idempotency_key;
 CREATE UNIQUE INDEX uq_extraction_requests_tenant_idempotency_key

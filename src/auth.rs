@@ -5,18 +5,21 @@
 //! What a process learns about a key it keeps for `api_key_cache_s` (at most
 //! 5 s), so a busy client costs one lookup per key per period, and a key that
 //! is revoked, or whose tenant is deleted, is refused by every process within
-//! that period. Unknown keys are remembered too, so one bad key repeated does
-//! not cost a lookup per request. The cache holds at most
+//! that period. Only one lookup of a key runs at a time; the requests that
+//! present the key meanwhile wait for it. Unknown keys are remembered too, so
+//! one bad key repeated does not cost a lookup per request; failed lookups
+//! (the database is away) are not. The cache holds at most
 //! [`MAX_CACHED_KEYS`] keys.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::future::{BoxFuture, FutureExt, Shared};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::domain::{key_hash, key_is_well_formed, Scope};
+use crate::domain::{key_hash, key_is_well_formed, QuotaOverrides, Scope};
 use crate::store::tenants::{self, KeyOwner};
 use crate::store::StoreError;
 
@@ -25,7 +28,7 @@ use crate::store::StoreError;
 pub const MAX_CACHED_KEYS: usize = 10_000;
 
 /// An authenticated caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Caller {
     /// The tenant the key belongs to: every job the caller makes or sees is this tenant's.
     pub tenant_id: Uuid,
@@ -33,6 +36,8 @@ pub struct Caller {
     pub tenant: String,
     /// The key's id (for logs; never the key).
     pub key_id: Uuid,
+    /// The tenant's own quotas (the deployment's settings fill the rest).
+    pub quota: QuotaOverrides,
     scopes: Vec<Scope>,
 }
 
@@ -57,6 +62,7 @@ impl From<KeyOwner> for Caller {
             tenant_id: owner.tenant_id,
             tenant: owner.tenant,
             key_id: owner.key_id,
+            quota: owner.quota,
             scopes: owner.scopes,
         }
     }
@@ -80,9 +86,13 @@ pub enum AuthError {
     Store(#[from] StoreError),
 }
 
-/// A key's lookup, remembered.
+/// A key's lookup: shared by every request that presents the key while it
+/// runs, and remembered for the cache period once it is done.
+type Lookup = Shared<BoxFuture<'static, Result<Option<KeyOwner>, StoreError>>>;
+
+/// A lookup, and when it started.
 struct Remembered {
-    owner: Option<KeyOwner>,
+    lookup: Lookup,
     at: Instant,
 }
 
@@ -111,38 +121,58 @@ impl Authenticator {
             return Err(AuthError::Invalid);
         }
         let hash = key_hash(secret);
-        let owner = match self.remembered(&hash) {
-            Some(owner) => owner,
-            None => {
-                let owner = tenants::key_owner(&self.pool, &hash).await?;
-                self.remember(hash, owner.clone());
-                owner
+        let lookup = self.lookup(&hash);
+        match lookup.await {
+            Ok(owner) => owner.map(Caller::from).ok_or(AuthError::Invalid),
+            Err(e) => {
+                // A failed lookup is not remembered: the next request asks again.
+                self.forget_failed(&hash);
+                Err(AuthError::Store(e))
             }
-        };
-        owner.map(Caller::from).ok_or(AuthError::Invalid)
-    }
-
-    fn remembered(&self, hash: &[u8]) -> Option<Option<KeyOwner>> {
-        let cache = self.cache.lock().expect("key cache lock");
-        cache
-            .get(hash)
-            .filter(|r| r.at.elapsed() < self.ttl)
-            .map(|r| r.owner.clone())
-    }
-
-    fn remember(&self, hash: Vec<u8>, owner: Option<KeyOwner>) {
-        if self.ttl.is_zero() {
-            return;
         }
+    }
+
+    /// The lookup of `hash`: the one under way or remembered, else a new one.
+    /// Only one runs per key at a time, so when a busy key's entry expires,
+    /// its concurrent requests wait for one statement instead of each
+    /// sending their own (which, on a slow database, would take the pool).
+    fn lookup(&self, hash: &[u8]) -> Lookup {
         let mut cache = self.cache.lock().expect("key cache lock");
+        if let Some(remembered) = cache.get(hash) {
+            let running = remembered.lookup.peek().is_none();
+            if running || remembered.at.elapsed() < self.ttl {
+                return remembered.lookup.clone();
+            }
+        }
         if cache.len() >= MAX_CACHED_KEYS {
             cache.retain(|_, r| r.at.elapsed() < self.ttl);
             if cache.len() >= MAX_CACHED_KEYS {
                 cache.clear();
             }
         }
+        let (pool, owned) = (self.pool.clone(), hash.to_vec());
+        let lookup = async move { tenants::key_owner(&pool, &owned).await }
+            .boxed()
+            .shared();
         let at = Instant::now();
-        cache.insert(hash, Remembered { owner, at });
+        let remembered = Remembered {
+            lookup: lookup.clone(),
+            at,
+        };
+        if !self.ttl.is_zero() {
+            cache.insert(hash.to_vec(), remembered);
+        }
+        lookup
+    }
+
+    fn forget_failed(&self, hash: &[u8]) {
+        let mut cache = self.cache.lock().expect("key cache lock");
+        let failed = cache
+            .get(hash)
+            .is_some_and(|r| matches!(r.lookup.peek(), Some(Err(_))));
+        if failed {
+            cache.remove(hash);
+        }
     }
 }
 
@@ -175,6 +205,7 @@ mod tests {
             tenant_id: Uuid::nil(),
             tenant: "t".into(),
             key_id: Uuid::nil(),
+            quota: QuotaOverrides::default(),
             scopes: vec![Scope::Read],
         };
         assert!(caller.require(Scope::Read).is_ok());

@@ -10,7 +10,8 @@
 //!   delivery) and topic admin; [`store`] is Postgres (one statement per
 //!   transition); [`events`] binds Avro schemas to types.
 //! - [`health`] tracks the dependencies' outages and the process's readiness;
-//!   [`auth`] turns API keys into callers (a tenant and its scopes).
+//!   [`auth`] turns API keys into callers (a tenant and its scopes);
+//!   [`quota`] holds the per-tenant submit rates.
 //! - [`domain`] is the job model; [`extract`] the extractors and bbox grounding.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -29,6 +30,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;
+pub mod quota;
 pub mod roles;
 pub mod store;
 pub mod webhook;

@@ -426,6 +426,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
     let new = NewExtraction {
         id: Uuid::new_v4(),
         tenant_id: docstream::store::tenants::DEFAULT_TENANT_ID,
+        max_open_jobs: None,
         idempotency_key: None,
         request: serde_json::from_value(body).unwrap(),
     };

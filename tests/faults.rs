@@ -360,13 +360,14 @@ impl Rig {
         let unavailable: u32 = submissions.iter().map(|s| s.unavailable).sum();
         let refused: u32 = submissions.iter().map(|s| s.refused).sum();
         let closed: u32 = submissions.iter().map(|s| s.closed).sum();
+        let rate_limited: u32 = submissions.iter().map(|s| s.rate_limited).sum();
         let unexpected: Vec<String> = submissions
             .iter()
             .flat_map(|s| s.unexpected.iter().cloned())
             .collect();
 
         eprintln!(
-            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}, connections closed before an answer {closed}",
+            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}",
             self.name,
             submissions.len(),
             distinct.len(),
@@ -769,6 +770,8 @@ struct Submission {
     refused: u32,
     /// Attempts on a pooled connection that the server closed as it stopped.
     closed: u32,
+    /// Attempts answered 429 (past the tenant's quota), retried after Retry-After.
+    rate_limited: u32,
     /// Anything else: 4xx, a 503 without `Retry-After`, a 202 without an id.
     unexpected: Vec<String>,
 }
@@ -853,6 +856,7 @@ async fn submit_until_accepted(
         other_5xx: 0,
         refused: 0,
         closed: 0,
+        rate_limited: 0,
         unexpected: Vec::new(),
     };
     let body = small_body(i);
@@ -933,6 +937,12 @@ async fn submit_until_accepted(
                         .unexpected
                         .push(format!("503 without Retry-After: {answer}")),
                 }
+            }
+            // Past the tenant's quota: wait as asked, like a 503.
+            429 => {
+                s.rate_limited += 1;
+                let seconds = retry_after.unwrap_or(1);
+                tokio::time::sleep(Duration::from_secs(seconds)).await;
             }
             500..=599 => {
                 s.other_5xx += 1;

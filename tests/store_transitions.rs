@@ -26,6 +26,7 @@ async fn queued(pool: &PgPool) -> Uuid {
     let new = NewExtraction {
         id: Uuid::new_v4(),
         tenant_id: DEFAULT_TENANT_ID,
+        max_open_jobs: None,
         idempotency_key: None,
         request: request(),
     };
@@ -453,6 +454,7 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
             NewExtraction {
                 id: Uuid::new_v4(),
                 tenant_id: DEFAULT_TENANT_ID,
+                max_open_jobs: None,
                 idempotency_key: Some("key-1".into()),
                 request: request(),
             },
@@ -483,6 +485,7 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
         NewExtraction {
             id: Uuid::new_v4(),
             tenant_id: DEFAULT_TENANT_ID,
+            max_open_jobs: None,
             idempotency_key: Some("key-1".into()),
             request: other,
         },
@@ -641,6 +644,7 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
     let new = NewExtraction {
         id: Uuid::new_v4(),
         tenant_id: DEFAULT_TENANT_ID,
+        max_open_jobs: None,
         idempotency_key: None,
         request: with_hook,
     };

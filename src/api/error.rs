@@ -37,6 +37,14 @@ pub enum ApiError {
     /// The request conflicts with the job's state.
     #[error("{0}")]
     Conflict(String),
+    /// The tenant is past a quota: retry after `retry_after_s`.
+    #[error("{message}")]
+    TooManyRequests {
+        /// Which quota, and what to do.
+        message: String,
+        /// Seconds until a retry may succeed.
+        retry_after_s: u64,
+    },
     /// The server is shutting down: retry shortly (elsewhere).
     #[error("{0}")]
     ShuttingDown(String),
@@ -62,6 +70,7 @@ impl ApiError {
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Self::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             Self::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -116,6 +125,10 @@ impl From<SubmitError> for ApiError {
             | SubmitError::WebhookRefused(_)
             | SubmitError::UnknownExtractor(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Store(e) => e.into(),
+            SubmitError::TooManyOpenJobs(_) => Self::TooManyRequests {
+                message: e.to_string(),
+                retry_after_s: 1,
+            },
             SubmitError::TimedOut(_) => {
                 tracing::debug!(error = %e, "submit answered 503");
                 Self::Unavailable(format!("{e}; retry with the same Idempotency-Key"))
@@ -131,7 +144,11 @@ impl ApiError {
         if let Self::Internal(detail) = self {
             tracing::error!(%detail, "request failed");
         }
-        serde_json::json!({"error": {"code": code, "message": self.to_string()}})
+        let mut body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
+        if let Self::TooManyRequests { retry_after_s, .. } = self {
+            body["error"]["retry_after_s"] = (*retry_after_s).into();
+        }
+        body
     }
 }
 
@@ -142,6 +159,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
         let mut response = (status, Json(self.body())).into_response();
+        if let Self::TooManyRequests { retry_after_s, .. } = &self {
+            let value = header::HeaderValue::from(*retry_after_s);
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
         if status == StatusCode::UNAUTHORIZED {
             let challenge = header::HeaderValue::from_static("Bearer");
             response

@@ -731,6 +731,7 @@ mod tests {
             tenant: tenant.into(),
             key_id: Uuid::now_v7(),
             scopes: vec![Scope::Export],
+            quota: Default::default(),
         }
         .into()
     }

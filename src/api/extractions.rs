@@ -94,7 +94,7 @@ async fn submit(
     headers: HeaderMap,
     body: Result<Json<ExtractionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Submit)?;
+    let max_open_jobs = super::auth::admit_submit(&services, &caller)?;
     let limit = services.settings.http_body_limit_bytes;
     let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
     request
@@ -104,6 +104,7 @@ async fn submit(
     let new = NewExtraction {
         id: crate::domain::new_job_id(),
         tenant_id: caller.tenant_id,
+        max_open_jobs,
         idempotency_key,
         request,
     };

@@ -75,7 +75,7 @@ async fn upgrade(
     };
     let closing = gate.closing();
     socket.on_upgrade(move |socket| async move {
-        import(socket, services, caller.tenant_id, closing).await;
+        import(socket, services, caller, closing).await;
         drop(hold);
     })
 }
@@ -86,12 +86,8 @@ enum Ended {
     ServerClosing,
 }
 
-async fn import(
-    socket: WebSocket,
-    services: Services,
-    tenant_id: Uuid,
-    closing: CancellationToken,
-) {
+async fn import(socket: WebSocket, services: Services, caller: Caller, closing: CancellationToken) {
+    let caller = Arc::new(caller);
     let (mut sink, mut frames) = socket.split();
     let (answers, mut to_send) = mpsc::channel::<Message>(IN_FLIGHT);
     // Answers go out as they come; once the client is gone they are dropped,
@@ -130,14 +126,14 @@ async fn import(
             }
             Some(Ok(_)) => continue,
         };
-        let (services, answers) = (services.clone(), answers.clone());
+        let (services, answers, caller) = (services.clone(), answers.clone(), caller.clone());
         let depth = services
             .metrics
             .stream_queue_depth
             .with_label_values(&[STREAM]);
         depth.inc();
         submits.spawn(async move {
-            let (reference, outcome) = submit_frame(&services, tenant_id, &text).await;
+            let (reference, outcome) = submit_frame(&services, &caller, &text).await;
             let verdict = match outcome["error"].is_null() {
                 true => "accepted",
                 false => "refused",
@@ -189,7 +185,7 @@ fn answer(reference: serde_json::Value, mut outcome: serde_json::Value) -> Messa
 /// Submits one frame; its reference and `{"id", "status"}` or `{"error"}`.
 async fn submit_frame(
     services: &Services,
-    tenant_id: Uuid,
+    caller: &Caller,
     text: &str,
 ) -> (serde_json::Value, serde_json::Value) {
     let frame: Frame = match serde_json::from_str(text) {
@@ -204,7 +200,7 @@ async fn submit_frame(
             );
         }
     };
-    let outcome = submit(services, tenant_id, frame.idempotency_key, frame.request).await;
+    let outcome = submit(services, caller, frame.idempotency_key, frame.request).await;
     let body = match outcome {
         Ok((id, status)) => serde_json::json!({"id": id, "status": status}),
         Err(e) => e.body(),
@@ -214,10 +210,11 @@ async fn submit_frame(
 
 async fn submit(
     services: &Services,
-    tenant_id: Uuid,
+    caller: &Caller,
     idempotency_key: Option<String>,
     request: ExtractionRequest,
 ) -> Result<(Uuid, String), ApiError> {
+    let max_open_jobs = super::auth::admit_submit(services, caller)?;
     request
         .validate()
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
@@ -231,7 +228,8 @@ async fn submit(
     }
     let new = NewExtraction {
         id: crate::domain::new_job_id(),
-        tenant_id,
+        tenant_id: caller.tenant_id,
+        max_open_jobs,
         idempotency_key,
         request,
     };

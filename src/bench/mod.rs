@@ -7,13 +7,15 @@
 //! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
 //! perf tools), the peers (graphile-worker and River burning down no-op jobs),
 //! docstream's burn-down, the same with two and three worker processes of each
-//! kind, docstream's steady state, and the steady state through an
-//! external extractor (`extractor-serve` with a fixed latency). Every phase runs on a scratch
+//! kind, docstream's steady state, the steady state through an
+//! external extractor (`extractor-serve` with a fixed latency), and fairness
+//! between two tenants (one floods, one does not; with and without a cap). Every phase runs on a scratch
 //! database and its own topics, dropped at the end. The report is printed as a
 //! table and written as JSON under `--out`.
 
 mod cost;
 mod external;
+mod fairness;
 mod pipeline;
 mod postgres;
 mod procs;
@@ -91,8 +93,14 @@ pub struct BenchArgs {
     /// 0.92's, utilisation 0.94); at 0.92 none did (utilisation 0.91).
     #[arg(long, default_value_t = 0.92)]
     pub provider_load: f64,
+    /// Fairness phase: the jobs tenant A floods.
+    #[arg(long, default_value_t = 20_000)]
+    pub flood: usize,
+    /// Fairness phase: A's cap on open jobs in the capped run.
+    #[arg(long, default_value_t = 500)]
+    pub flood_cap: i64,
     /// Phases to leave out: postgres, kafka, peer, river, burndown, scaling,
-    /// steady, provider.
+    /// steady, provider, fairness.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -115,6 +123,8 @@ impl BenchArgs {
             self.duration_s = 2.0;
             self.pg_seconds = 1;
             self.kafka_records = 5_000;
+            self.flood = 300;
+            self.flood_cap = 50;
         }
         self
     }
@@ -125,8 +135,8 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 8] = [
-    "postgres", "kafka", "peer", "river", "burndown", "scaling", "steady", "provider",
+const PHASES: [&str; 9] = [
+    "postgres", "kafka", "peer", "river", "burndown", "scaling", "steady", "provider", "fairness",
 ];
 
 /// Runs the benchmark; see the module docs.
@@ -263,6 +273,28 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         delete_topics(&rig.settings).await;
         rig.pool.close().await;
         scratch.drop_database().await?;
+    }
+
+    if args.runs("fairness") {
+        for cap in [None, Some(args.flood_cap)] {
+            let run = cap.map_or("uncapped".to_owned(), |c| format!("cap{c}"));
+            let name = format!("docstream_bench_{stamp}_fair_{run}");
+            let scratch = Scratch::create(&settings, &name).await?;
+            let rig = scratch
+                .rig(&settings, &format!("bench{stamp}f{run}."), logs.clone())
+                .await?;
+            let title = format!(
+                "fairness, {}",
+                cap.map_or("no cap".into(), |c| format!("A capped at {c}"))
+            );
+            let bar = phase_bar(&title, 0);
+            let outcome = fairness::fairness(&rig, args.flood, cap, &bar).await;
+            bar.finish();
+            delete_topics(&rig.settings).await;
+            rig.pool.close().await;
+            scratch.drop_database().await?;
+            report.fairness.push(outcome?);
+        }
     }
 
     report.finish();

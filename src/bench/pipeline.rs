@@ -62,7 +62,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn of(histogram: &Histogram<u64>) -> Self {
+    pub(super) fn of(histogram: &Histogram<u64>) -> Self {
         let ms = |us: u64| us as f64 / 1000.0;
         Self {
             count: histogram.len(),
@@ -214,6 +214,7 @@ pub async fn burn_down(
             let new = NewExtraction {
                 id: crate::domain::new_job_id(),
                 tenant_id: tenants::DEFAULT_TENANT_ID,
+                max_open_jobs: None,
                 idempotency_key: None,
                 request: samples[i % samples.len()].request.clone(),
             };
@@ -314,6 +315,8 @@ pub async fn steady(
     let mut procs = vec![Proc::spawn("serve", "serve", &env, &rig.logs)?];
     procs.extend(spawn_workers(rig, workers, bbox_workers)?);
     let key = tenants::create_tenant_or_key(&rig.pool, "bench").await?;
+    // The load is the point: no quota of the tenant's holds it back.
+    tenants::set_quota(&rig.pool, "bench", Some(Some(0.0)), None, Some(Some(0))).await?;
     let client = crate::demo::api_client(&key.api_key)?;
     wait_healthy(&client, &base, &mut procs).await?;
 
@@ -525,11 +528,15 @@ pub async fn provider_steady(
     })
 }
 
-fn histogram() -> Histogram<u64> {
+pub(super) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
 }
 
-fn spawn_workers(rig: &Rig, workers: usize, bbox_workers: usize) -> anyhow::Result<Vec<Proc>> {
+pub(super) fn spawn_workers(
+    rig: &Rig,
+    workers: usize,
+    bbox_workers: usize,
+) -> anyhow::Result<Vec<Proc>> {
     let mut procs = Vec::new();
     for n in 1..=workers {
         procs.push(Proc::spawn(
@@ -555,7 +562,7 @@ fn costs(procs: &[Proc], cpu_before: &[f64]) -> anyhow::Result<Vec<ProcCost>> {
         .collect()
 }
 
-async fn post(
+pub(super) async fn post(
     client: &reqwest::Client,
     base: &str,
     request: &crate::domain::ExtractionRequest,
@@ -574,7 +581,7 @@ async fn post(
     Ok(body["id"].as_str().context("answer without id")?.parse()?)
 }
 
-async fn wait_healthy(
+pub(super) async fn wait_healthy(
     client: &reqwest::Client,
     base: &str,
     procs: &mut [Proc],
@@ -608,7 +615,7 @@ async fn open_count(pool: &PgPool) -> anyhow::Result<i64> {
 
 /// Waits until no job has work left (`jobs` of them were the last to come
 /// in), showing progress; fails if a process dies or `timeout` passes.
-async fn wait_all_done(
+pub(super) async fn wait_all_done(
     rig: &Rig,
     jobs: usize,
     procs: &mut [Proc],
@@ -715,7 +722,7 @@ async fn ensure_exactly_once(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<()> 
 }
 
 /// Each job's transition timestamps (epoch seconds), first win of each kind.
-async fn transition_times(
+pub(super) async fn transition_times(
     pool: &PgPool,
     ids: &[Uuid],
 ) -> anyhow::Result<HashMap<Uuid, HashMap<String, f64>>> {

@@ -50,6 +50,7 @@ fn script(rows: usize) -> String {
             fill(":request::text"),
             fill("false"),
             fill("'00000000-0000-0000-0000-000000000000'::uuid"),
+            fill("NULL::int8"),
         ],
     );
     let claim = bind(lifecycle::CLAIM, &[ids.clone(), "30".into()]);

@@ -7,6 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::external::number;
+use super::fairness::Fairness;
 use super::pipeline::{BurnDown, Latency, ProviderSteady, Steady};
 use super::postgres::PgCeiling;
 use super::BenchArgs;
@@ -53,6 +54,8 @@ pub struct Report {
     pub steady: Option<Steady>,
     /// The same through an external extractor with a fixed latency.
     pub provider: Option<ProviderSteady>,
+    /// One tenant's flood and another's steady jobs: without A's cap, then with it.
+    pub fairness: Vec<Fairness>,
     /// Ratios and targets.
     pub checks: Vec<Check>,
 }
@@ -72,6 +75,7 @@ impl Report {
             scaling: Vec::new(),
             steady: None,
             provider: None,
+            fairness: Vec::new(),
             checks: Vec::new(),
         }
     }
@@ -183,6 +187,15 @@ impl Report {
                 target: Some(format!("<= {bound}")),
                 met: Some(p99 <= bound),
             });
+        }
+        if let [free, capped] = &self.fairness[..] {
+            let (free_p99, capped_p99) =
+                (free.b_submit_to_bbox.p99_ms, capped.b_submit_to_bbox.p99_ms);
+            checks.push(ratio(
+                "fairness: B's p99 without A's cap / with it",
+                free_p99 / capped_p99.max(f64::EPSILON),
+                None,
+            ));
         }
         self.checks = checks;
     }
@@ -390,6 +403,22 @@ impl fmt::Display for Report {
                 let name = format!("  {} -> {}", short(&hop.from), short(&hop.to));
                 latency(f, &name, &hop.latency)?;
             }
+        }
+        for run in &self.fairness {
+            let cap = run.a_cap.map_or("no cap on A".to_owned(), |c| {
+                format!("A capped at {c} open jobs")
+            });
+            writeln!(
+                f,
+                "\nfairness: A floods {} jobs, B sends {} at 10/s ({cap})",
+                run.a_jobs, run.b_jobs
+            )?;
+            writeln!(
+                f,
+                "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
+                run.a_done_s, run.a_refusals
+            )?;
+            latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)?;
         }
         writeln!(f, "\nratios and targets")?;
         for c in &self.checks {

@@ -167,6 +167,21 @@ settings! {
     /// this time; 2 s keeps a busy client to one lookup per key every 2 s, and
     /// stays well inside the 5 s a revocation may take. At most 5.
     api_key_cache_s: f64 = 2.0, env "DOCSTREAM_API_KEY_CACHE_S";
+    /// Submits one tenant may make per second through one `serve` process
+    /// (HTTP and the import stream), unless the tenant has its own
+    /// (`tenants set-quota`); beyond it, 429 with `Retry-After`. 100/s per
+    /// process lets one tenant use a good share of a process (about 1,000
+    /// submits/s) but not all of it. 0: no limit.
+    tenant_submit_rate_per_s: f64 = 100.0, env "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S";
+    /// Submits a tenant may make at once before its rate applies: the token
+    /// bucket's size. 200 absorbs a client's start-up burst.
+    tenant_submit_burst: u32 = 200_u32, env "DOCSTREAM_TENANT_SUBMIT_BURST";
+    /// Jobs one tenant may have queued or running at once, unless it has its
+    /// own cap; a submit past it gets 429 (the Kafka intake waits instead).
+    /// 10,000 is minutes of work for one deployment: enough for any burst,
+    /// small enough that a flood cannot bury everyone else's jobs behind it.
+    /// 0: no cap.
+    tenant_max_open_jobs: u32 = 10_000_u32, env "DOCSTREAM_TENANT_MAX_OPEN_JOBS";
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES";
@@ -448,6 +463,14 @@ impl Settings {
                 return invalid(format!("{name} must be a positive number of seconds"));
             }
         }
+        if !(self.tenant_submit_rate_per_s.is_finite() && self.tenant_submit_rate_per_s >= 0.0) {
+            return invalid(
+                "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S must be 0 (no limit) or more".into(),
+            );
+        }
+        if self.tenant_submit_burst == 0 {
+            return invalid("DOCSTREAM_TENANT_SUBMIT_BURST must be at least 1".into());
+        }
         if !(0.0..=MAX_API_KEY_CACHE_S).contains(&self.api_key_cache_s) {
             return invalid(format!(
                 "DOCSTREAM_API_KEY_CACHE_S must be 0 to {MAX_API_KEY_CACHE_S} seconds: a revoked key must stop working within 5 s"
@@ -606,6 +629,17 @@ impl Settings {
     pub fn deferred_results(&self) -> Option<(&str, &str)> {
         let on = !self.public_url.is_empty() && !self.callback_secret.is_empty();
         on.then_some((self.public_url.trim_end_matches('/'), &self.callback_secret))
+    }
+
+    /// The quotas of a tenant without its own.
+    pub fn tenant_quota(&self) -> crate::domain::Quota {
+        crate::domain::Quota {
+            submit_rate_per_s: (self.tenant_submit_rate_per_s > 0.0)
+                .then_some(self.tenant_submit_rate_per_s),
+            submit_burst: self.tenant_submit_burst.max(1),
+            max_open_jobs: (self.tenant_max_open_jobs > 0)
+                .then_some(i64::from(self.tenant_max_open_jobs)),
+        }
     }
 
     /// `api_key_cache_s` as a duration.

@@ -91,6 +91,8 @@ pub async fn run(
     let key = tenants::create_tenant_or_key(&pool, DEMO_TENANT)
         .await
         .context("making the demo's API key (did `docstream migrate` run?)")?;
+    // However many documents it is asked for, the demo submits them at once.
+    tenants::set_quota(&pool, DEMO_TENANT, Some(Some(0.0)), None, Some(Some(0))).await?;
     let mix = Mix {
         serve: true,
         workers: args.workers,

@@ -18,7 +18,8 @@ pub use retry::retry_delay_s;
 pub use state::{BboxStatus, ExtractionStatus, Transition};
 pub use tenant::{
     key_hash, key_is_well_formed, new_webhook_secret, tenant_name_is_valid,
-    webhook_secret_is_valid, NewApiKey, Scope, TenantError, KEY_PREFIX, MAX_TENANT_NAME_LEN,
+    webhook_secret_is_valid, NewApiKey, Quota, QuotaOverrides, Scope, TenantError, KEY_PREFIX,
+    MAX_TENANT_NAME_LEN,
 };
 
 /// A new job's id: a UUIDv7, ordered by creation time, so the index entries

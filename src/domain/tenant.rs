@@ -75,6 +75,48 @@ impl fmt::Display for Scope {
     }
 }
 
+/// A tenant's own quotas, where it has them: `None` takes the deployment's
+/// setting; 0 means no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct QuotaOverrides {
+    /// Submits per second, per `serve` process.
+    pub submit_rate_per_s: Option<f64>,
+    /// Submits a tenant may make at once before the rate applies.
+    pub submit_burst: Option<i32>,
+    /// Jobs queued or running at once.
+    pub max_open_jobs: Option<i32>,
+}
+
+/// The quotas in force for one tenant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quota {
+    /// Submits per second per `serve` process; `None`: no limit.
+    pub submit_rate_per_s: Option<f64>,
+    /// The token bucket's size: submits at once before the rate applies.
+    pub submit_burst: u32,
+    /// Jobs queued or running at once; `None`: no cap.
+    pub max_open_jobs: Option<i64>,
+}
+
+impl QuotaOverrides {
+    /// These overrides on top of the deployment's `defaults`.
+    pub fn over(self, defaults: Quota) -> Quota {
+        let positive_f = |v: f64| (v > 0.0).then_some(v);
+        let positive_i = |v: i32| (v > 0).then_some(i64::from(v));
+        Quota {
+            submit_rate_per_s: self
+                .submit_rate_per_s
+                .map_or(defaults.submit_rate_per_s, positive_f),
+            submit_burst: self
+                .submit_burst
+                .map_or(defaults.submit_burst, |b| b.max(1) as u32),
+            max_open_jobs: self
+                .max_open_jobs
+                .map_or(defaults.max_open_jobs, positive_i),
+        }
+    }
+}
+
 /// Why a tenant's name or a key's scopes were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TenantError {
@@ -90,6 +132,9 @@ pub enum TenantError {
     /// A webhook secret not in the Standard Webhooks form.
     #[error("a webhook secret is whsec_ followed by base64")]
     InvalidWebhookSecret,
+    /// A quota out of its range.
+    #[error("a rate is 0 (no limit) or more, a burst 1 or more, a cap 0 (no cap) or more")]
+    InvalidQuota,
     /// A rotation's overlap must be a number of seconds, 0 or more.
     #[error("the overlap is a number of seconds, 0 or more")]
     InvalidOverlap,
@@ -220,6 +265,29 @@ mod tests {
         for bad in ["", "whsec_", "whsec_!!", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"] {
             assert!(!webhook_secret_is_valid(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_tenants_quota_overrides_the_default_and_zero_lifts_it() {
+        let defaults = Quota {
+            submit_rate_per_s: Some(100.0),
+            submit_burst: 200,
+            max_open_jobs: Some(10_000),
+        };
+        assert_eq!(QuotaOverrides::default().over(defaults), defaults);
+        let own = QuotaOverrides {
+            submit_rate_per_s: Some(0.0),
+            submit_burst: Some(5),
+            max_open_jobs: Some(50),
+        };
+        let quota = own.over(defaults);
+        assert_eq!(quota.submit_rate_per_s, None, "0: no limit");
+        assert_eq!((quota.submit_burst, quota.max_open_jobs), (5, Some(50)));
+        let lifted = QuotaOverrides {
+            max_open_jobs: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(lifted.over(defaults).max_open_jobs, None);
     }
 
     #[test]

@@ -35,6 +35,22 @@ pub enum TenantsCommand {
     },
     /// List every tenant, deleted ones too.
     List,
+    /// Set a tenant's own quotas; prints them. Each takes a number (0: no
+    /// limit; a burst is at least 1) or `default` (the deployment's setting);
+    /// a quota not named stays as it is.
+    SetQuota {
+        /// The tenant's name.
+        name: String,
+        /// Submits per second per serve process.
+        #[arg(long, value_parser = quota_value::<f64>)]
+        submit_rate_per_s: Option<Setting<f64>>,
+        /// Submits at once before the rate applies.
+        #[arg(long, value_parser = quota_value::<i32>)]
+        submit_burst: Option<Setting<i32>>,
+        /// Jobs queued or running at once.
+        #[arg(long, value_parser = quota_value::<i32>)]
+        max_open_jobs: Option<Setting<i32>>,
+    },
     /// Delete a tenant: its keys stop working within DOCSTREAM_API_KEY_CACHE_S
     /// on every process; its jobs stay, and its name is never reused.
     Delete {
@@ -66,6 +82,20 @@ pub enum KeysCommand {
     },
 }
 
+/// A quota's new value: a number, or the deployment's setting (`None`).
+#[derive(Debug, Clone, Copy)]
+pub struct Setting<T>(Option<T>);
+
+fn quota_value<T: std::str::FromStr>(text: &str) -> Result<Setting<T>, String> {
+    match text {
+        "default" => Ok(Setting(None)),
+        number => number
+            .parse()
+            .map(|n| Setting(Some(n)))
+            .map_err(|_| format!("{number:?}: expected a number or default")),
+    }
+}
+
 fn json(value: &impl Serialize) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(value)? + "\n")
 }
@@ -75,6 +105,20 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<S
     match command {
         TenantsCommand::Create { name } => json(&tenants::create_tenant(pool, &name).await?),
         TenantsCommand::List => json(&tenants::list_tenants(pool).await?),
+        TenantsCommand::SetQuota {
+            name,
+            submit_rate_per_s,
+            submit_burst,
+            max_open_jobs,
+        } => {
+            let value = |s: Option<Setting<_>>| s.map(|Setting(v)| v);
+            let (rate, burst, max_open) = (
+                value(submit_rate_per_s),
+                submit_burst.map(|Setting(v)| v),
+                max_open_jobs.map(|Setting(v)| v),
+            );
+            json(&tenants::set_quota(pool, &name, rate, burst, max_open).await?)
+        }
         TenantsCommand::Delete { name } => json(&tenants::delete_tenant(pool, &name).await?),
         TenantsCommand::RotateWebhookSecret {
             name,

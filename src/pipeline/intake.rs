@@ -13,7 +13,9 @@
 //! one of that tenant's API keys, with the `submit` scope, in
 //! [`API_KEY_HEADER`]. A record without a valid pair is dead-lettered as
 //! `unauthorized`; a key that cannot be looked up (the database is away) is
-//! a passing failure, retried like any other.
+//! a passing failure, retried like any other. So is a record of a tenant at
+//! its cap on open jobs: it waits (and holds its partition) until there is
+//! room. The submit rate is the API's; the intake's pace is the consumer's.
 
 use tokio_util::sync::CancellationToken;
 
@@ -59,8 +61,12 @@ fn unauthorized(reason: String) -> HandlerError {
 }
 
 /// The tenant a record is submitted for: its key is valid, has the `submit`
-/// scope, and belongs to the tenant its header names.
-async fn tenant_of(services: &Services, record: &Record) -> Result<Uuid, HandlerError> {
+/// scope, and belongs to the tenant its header names. Also the tenant's cap
+/// on open jobs.
+async fn tenant_of(
+    services: &Services,
+    record: &Record,
+) -> Result<(Uuid, Option<i64>), HandlerError> {
     let text = |name: &str| {
         record
             .header(name)
@@ -85,11 +91,15 @@ async fn tenant_of(services: &Services, record: &Record) -> Result<Uuid, Handler
     caller
         .require(Scope::Submit)
         .map_err(|e| unauthorized(e.to_string()))?;
-    Ok(caller.tenant_id)
+    let quota = caller.quota.over(services.settings.tenant_quota());
+    Ok((caller.tenant_id, quota.max_open_jobs))
 }
 
 /// The job a record asks for, or why it can never be one.
-fn parse(record: &Record, tenant_id: Uuid) -> Result<NewExtraction, HandlerError> {
+fn parse(
+    record: &Record,
+    (tenant_id, max_open_jobs): (Uuid, Option<i64>),
+) -> Result<NewExtraction, HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let requested: ExtractionRequested = decode(payload).map_err(|e| HandlerError::Poison {
         kind: e.kind(),
@@ -106,6 +116,7 @@ fn parse(record: &Record, tenant_id: Uuid) -> Result<NewExtraction, HandlerError
     Ok(NewExtraction {
         id: crate::domain::new_job_id(),
         tenant_id,
+        max_open_jobs,
         idempotency_key: Some(requested.idempotency_key),
         request,
     })
@@ -113,8 +124,8 @@ fn parse(record: &Record, tenant_id: Uuid) -> Result<NewExtraction, HandlerError
 
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
-        let tenant_id = tenant_of(&self.services, record).await?;
-        let new = parse(record, tenant_id)?;
+        let tenant = tenant_of(&self.services, record).await?;
+        let new = parse(record, tenant)?;
         match submit_durably(&self.services, new).await {
             Ok(_) => Ok(()),
             Err(DurableSubmitError::Submit(e @ SubmitError::KeyReused)) => {

@@ -43,6 +43,7 @@ use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
+use crate::quota::SubmitRates;
 use crate::store::{leases, Claim, Extraction, StoreError};
 use crate::webhook::Webhooks;
 
@@ -69,6 +70,8 @@ pub struct Services {
     pub health: Health,
     /// API keys to callers (the API and the Kafka intake).
     pub auth: Authenticator,
+    /// This process's per-tenant submit rates.
+    pub submit_rates: SubmitRates,
 }
 
 impl Services {
@@ -96,6 +99,7 @@ impl Services {
             stamps,
             health,
             auth,
+            submit_rates: SubmitRates::default(),
         })
     }
 

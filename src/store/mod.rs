@@ -20,7 +20,8 @@ pub use row::{BboxRefinement, Claim, Extraction};
 
 /// The statements of a job's life in the store, as the benchmark's Postgres
 /// ceiling runs them: insert (`$1` ids, `$2` keys, `$3` hashes, `$4` requests
-/// as JSON text, `$5` whether each names a webhook, `$6` tenants), claim (`$1` ids, `$2`
+/// as JSON text, `$5` whether each names a webhook, `$6` tenants, `$7` their
+/// caps on open jobs or NULL), claim (`$1` ids, `$2`
 /// lease seconds), complete (`$1` ids, `$2` tokens, `$3` results as JSON
 /// text). Each takes arrays: one row per statement or many.
 pub(crate) mod lifecycle {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::future::Future;
 
 use sha2::{Digest, Sha256};
-use sqlx::{PgExecutor, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{Extraction, StoreError};
@@ -19,38 +19,61 @@ use crate::domain::ExtractionRequest;
 
 // Written over arrays (one element from `submit`) so that the benchmark's
 // Postgres ceiling runs this very statement with one row and with a hundred.
-// The request row comes first: a request with an idempotency key is inserted
-// only if no other request holds its key (a speculative insert, which costs
-// more, so requests without a key skip it), and only the requests inserted
-// get a job row and a log row. The request is not returned: the caller has it.
-pub(crate) const INSERT: &str = "WITH keyed AS (
+// First the caps: a tenant with a cap on its open jobs (`$7`, NULL for none)
+// gets only as many new jobs as it has room for, in the order given; its open
+// jobs are counted up to the cap, never further. The caller holds the
+// tenant's quota lock (`LOCK_TENANTS`, an earlier statement of the same
+// transaction, so this statement's snapshot sees every job committed before
+// it), which makes the cap exact across processes.
+// Then the request row: a request with an idempotency key is inserted only if
+// no other request holds its key (a speculative insert, which costs more, so
+// requests without a key skip it), and only the requests inserted get a job
+// row and a log row. The request is not returned: the caller has it.
+pub(crate) const INSERT: &str = "WITH new AS (
+        SELECT * FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[],
+                             $5::bool[], $7::int8[])
+               WITH ORDINALITY AS new(id, tenant_id, key, hash, request, webhook, cap, ord)),
+    capped AS (
+        SELECT c.tenant_id, c.cap,
+               (SELECT count(*) FROM (SELECT 1 FROM extractions e
+                                       WHERE e.tenant_id = c.tenant_id
+                                         AND e.status IN ('queued', 'running')
+                                       LIMIT c.cap) o) AS open
+          FROM (SELECT tenant_id, min(cap) AS cap FROM new WHERE cap IS NOT NULL
+                 GROUP BY tenant_id) c),
+    admitted AS (
+        SELECT * FROM (
+            SELECT new.*, capped.cap AS room_of, capped.open,
+                   row_number() OVER (PARTITION BY new.tenant_id ORDER BY new.ord) AS place
+              FROM new LEFT JOIN capped ON capped.tenant_id = new.tenant_id) ranked
+         WHERE room_of IS NULL OR open + place <= room_of),
+    keyed AS (
         INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
-        SELECT new.id, new.tenant_id, new.key, new.hash, new.request::json
-          FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[])
-               AS new(id, tenant_id, key, hash, request)
-         WHERE new.key IS NOT NULL
+        SELECT id, tenant_id, key, hash, request::json FROM admitted WHERE key IS NOT NULL
         ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, tenant_id, idempotency_key, request_hash),
     unkeyed AS (
         INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
-        SELECT new.id, new.tenant_id, NULL, NULL, new.request::json
-          FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[])
-               AS new(id, tenant_id, key, hash, request)
-         WHERE new.key IS NULL
+        SELECT id, tenant_id, NULL, NULL, request::json FROM admitted WHERE key IS NULL
         RETURNING id, tenant_id, idempotency_key, request_hash),
     requested AS (
         SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed),
     created AS (
         INSERT INTO extractions (id, tenant_id, status, webhook)
-        SELECT requested.id, requested.tenant_id, 'queued', new.webhook
-          FROM requested
-          JOIN unnest($1::uuid[], $5::bool[]) AS new(id, webhook) ON new.id = requested.id
+        SELECT requested.id, requested.tenant_id, 'queued', admitted.webhook
+          FROM requested JOIN admitted ON admitted.id = requested.id
         RETURNING *),
     logged AS (
         INSERT INTO extraction_transitions (extraction_id, transition, token)
         SELECT id, 'submit', NULL FROM created)
     SELECT created.*, requested.idempotency_key, requested.request_hash
       FROM created JOIN requested ON requested.id = created.id";
+
+/// Takes the quota lock of each tenant in `$1` until the transaction ends, in
+/// one order (so two batches never deadlock): submits of one capped tenant
+/// run one statement at a time, those of different tenants side by side.
+const LOCK_TENANTS: &str = "SELECT pg_advisory_xact_lock(1146, hashtext(t::text))
+      FROM (SELECT DISTINCT t FROM unnest($1::uuid[]) t ORDER BY t) tenants";
 
 const BY_KEY: &str = "SELECT * FROM extraction_rows WHERE tenant_id = $1 AND idempotency_key = $2";
 
@@ -61,6 +84,9 @@ pub struct NewExtraction {
     pub id: Uuid,
     /// The tenant the job belongs to (the caller's key names it).
     pub tenant_id: Uuid,
+    /// The most jobs the tenant may have queued or running, this one
+    /// included; `None`: no cap.
+    pub max_open_jobs: Option<i64>,
     /// The client's `Idempotency-Key`, if any.
     pub idempotency_key: Option<String>,
     /// The validated request.
@@ -106,6 +132,10 @@ pub enum SubmitError {
     /// still be written (so retry with the same idempotency key).
     #[error("the database did not answer within {0:?}")]
     TimedOut(std::time::Duration),
+    /// The tenant has as many jobs queued or running as its cap allows;
+    /// nothing was written.
+    #[error("the tenant has {0} jobs queued or running, its cap: retry once some have finished")]
+    TooManyOpenJobs(i64),
 }
 
 impl From<sqlx::Error> for SubmitError {
@@ -178,26 +208,54 @@ where
     }
     let key = insert_row.new.idempotency_key.clone().unwrap_or_default();
     let tenant_id = insert_row.new.tenant_id;
+    let cap = insert_row.new.max_open_jobs;
     let inserted = insert(insert_row).await?;
     match inserted {
         Some(row) => Ok(Submitted::Created(row)),
-        None => {
-            // A concurrent twin with the same key won the INSERT: answer with its row.
-            let winner = by_key(pool, tenant_id, &key)
-                .await?
-                .ok_or(sqlx::Error::RowNotFound)?;
-            replay(winner, &hash)
-        }
+        // Not inserted: a concurrent twin with the same key won the INSERT
+        // (answer with its row), or the tenant's cap left no room.
+        None => match by_key_if_keyed(pool, tenant_id, &key).await? {
+            Some(winner) => replay(winner, &hash),
+            None => Err(SubmitError::TooManyOpenJobs(cap.unwrap_or_default())),
+        },
     }
 }
 
-/// Inserts many jobs in one statement; a job whose key another row holds gets
-/// `None`. One answer per job, in order. The rows come back without their
-/// request (`Extraction::request` is `None`): the caller has it already.
-pub async fn insert_many<'e>(
-    executor: impl PgExecutor<'e>,
+/// Inserts many jobs in one statement; a job whose key another row holds, or
+/// whose tenant's cap leaves no room, gets `None`. One answer per job, in
+/// order. The rows come back without their request (`Extraction::request` is
+/// `None`): the caller has it already. With a cap among them, the statement
+/// runs in a transaction that holds the capped tenants' quota locks.
+pub async fn insert_many(
+    pool: &PgPool,
     inserts: &[Insert],
 ) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let capped: Vec<Uuid> = inserts
+        .iter()
+        .filter(|i| i.new.max_open_jobs.is_some())
+        .map(|i| i.new.tenant_id)
+        .collect();
+    let rows = match capped.is_empty() {
+        true => insert_statement(inserts).fetch_all(pool).await?,
+        false => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(LOCK_TENANTS)
+                .bind(&capped)
+                .execute(&mut *tx)
+                .await?;
+            let rows = insert_statement(inserts).fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            rows
+        }
+    };
+    let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
+    Ok(inserts.iter().map(|i| created.remove(&i.new.id)).collect())
+}
+
+type InsertQuery<'q> =
+    sqlx::query::QueryAs<'q, sqlx::Postgres, Extraction, sqlx::postgres::PgArguments>;
+
+fn insert_statement(inserts: &[Insert]) -> InsertQuery<'_> {
     let ids: Vec<Uuid> = inserts.iter().map(|i| i.new.id).collect();
     let keys: Vec<Option<&str>> = inserts
         .iter()
@@ -210,17 +268,26 @@ pub async fn insert_many<'e>(
         .iter()
         .map(|i| i.new.request.webhook_url.is_some())
         .collect();
-    let rows = sqlx::query_as::<_, Extraction>(INSERT)
-        .bind(&ids)
+    let caps: Vec<Option<i64>> = inserts.iter().map(|i| i.new.max_open_jobs).collect();
+    sqlx::query_as::<_, Extraction>(INSERT)
+        .bind(ids)
         .bind(keys)
         .bind(hashes)
         .bind(requests)
         .bind(webhooks)
         .bind(tenants)
-        .fetch_all(executor)
-        .await?;
-    let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
-    Ok(ids.iter().map(|id| created.remove(id)).collect())
+        .bind(caps)
+}
+
+async fn by_key_if_keyed(
+    pool: &PgPool,
+    tenant_id: Uuid,
+    key: &str,
+) -> Result<Option<Extraction>, sqlx::Error> {
+    match key.is_empty() {
+        true => Ok(None),
+        false => by_key(pool, tenant_id, key).await,
+    }
 }
 
 async fn by_key(

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::StoreError;
 use crate::domain::{
-    key_hash, new_webhook_secret, tenant_name_is_valid, webhook_secret_is_valid, NewApiKey, Scope,
-    TenantError,
+    key_hash, new_webhook_secret, tenant_name_is_valid, webhook_secret_is_valid, NewApiKey,
+    QuotaOverrides, Scope, TenantError,
 };
 
 /// The tenant every row written before tenants existed belongs to.
@@ -92,6 +92,19 @@ pub struct RotatedSecret {
     pub previous_valid_until: Option<DateTime<Utc>>,
 }
 
+/// A tenant's own quotas (`None`: the deployment's setting; 0: no limit).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TenantQuota {
+    /// The tenant's name.
+    pub tenant: String,
+    /// Submits per second per `serve` process.
+    pub submit_rate_per_s: Option<f64>,
+    /// The token bucket's size.
+    pub submit_burst: Option<i32>,
+    /// Jobs queued or running at once.
+    pub max_open_jobs: Option<i32>,
+}
+
 /// A key just made: the only time its secret is seen.
 #[derive(Debug, Clone, Serialize)]
 pub struct CreatedKey {
@@ -108,7 +121,7 @@ pub struct CreatedKey {
 }
 
 /// Who a live key belongs to and what it may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct KeyOwner {
     /// The tenant's id.
     pub tenant_id: Uuid,
@@ -118,6 +131,8 @@ pub struct KeyOwner {
     pub key_id: Uuid,
     /// The key's scopes.
     pub scopes: Vec<Scope>,
+    /// The tenant's own quotas.
+    pub quota: QuotaOverrides,
 }
 
 fn scope_names(scopes: &[Scope]) -> Vec<String> {
@@ -290,20 +305,72 @@ pub async fn revoke_key(pool: &PgPool, key_id: Uuid) -> Result<ApiKey, TenantSto
 /// Who owns the live key whose hash is `hash`: `None` when no key has it, or
 /// it is revoked, or its tenant is deleted.
 pub async fn key_owner(pool: &PgPool, hash: &[u8]) -> Result<Option<KeyOwner>, StoreError> {
-    let row: Option<(Uuid, String, Uuid, Vec<String>)> = sqlx::query_as(
-        "SELECT t.id, t.name, k.id, k.scopes::text[]
+    type Row = (
+        Uuid,
+        String,
+        Uuid,
+        Vec<String>,
+        Option<f64>,
+        Option<i32>,
+        Option<i32>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT t.id, t.name, k.id, k.scopes::text[],
+                t.submit_rate_per_s, t.submit_burst, t.max_open_jobs
            FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
           WHERE k.secret_hash = $1 AND k.revoked_at IS NULL AND t.deleted_at IS NULL",
     )
     .bind(hash)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(tenant_id, tenant, key_id, scopes)| KeyOwner {
-        tenant_id,
-        tenant,
-        key_id,
-        scopes: scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
-    }))
+    Ok(row.map(
+        |(tenant_id, tenant, key_id, scopes, rate, burst, max_open)| KeyOwner {
+            tenant_id,
+            tenant,
+            key_id,
+            scopes: scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
+            quota: QuotaOverrides {
+                submit_rate_per_s: rate,
+                submit_burst: burst,
+                max_open_jobs: max_open,
+            },
+        },
+    ))
+}
+
+/// Sets tenant `name`'s own quotas: each `Some` replaces that quota (`None`
+/// inside it returns to the deployment's setting), each `None` leaves it.
+pub async fn set_quota(
+    pool: &PgPool,
+    name: &str,
+    rate: Option<Option<f64>>,
+    burst: Option<Option<i32>>,
+    max_open: Option<Option<i32>>,
+) -> Result<TenantQuota, TenantStoreError> {
+    let bad = rate.flatten().is_some_and(|r| !(r.is_finite() && r >= 0.0))
+        || burst.flatten().is_some_and(|b| b < 1)
+        || max_open.flatten().is_some_and(|m| m < 0);
+    if bad {
+        return Err(TenantError::InvalidQuota.into());
+    }
+    sqlx::query_as::<_, TenantQuota>(
+        "UPDATE tenants
+            SET submit_rate_per_s = CASE WHEN $2 THEN $3 ELSE submit_rate_per_s END,
+                submit_burst = CASE WHEN $4 THEN $5 ELSE submit_burst END,
+                max_open_jobs = CASE WHEN $6 THEN $7 ELSE max_open_jobs END
+          WHERE name = $1 AND deleted_at IS NULL
+      RETURNING name AS tenant, submit_rate_per_s, submit_burst, max_open_jobs",
+    )
+    .bind(name)
+    .bind(rate.is_some())
+    .bind(rate.flatten())
+    .bind(burst.is_some())
+    .bind(burst.flatten())
+    .bind(max_open.is_some())
+    .bind(max_open.flatten())
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
 }
 
 /// A new key with the default scopes for tenant `name`, made first if it does

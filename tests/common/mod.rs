@@ -103,6 +103,9 @@ impl TestEnv {
         let id = unique(name);
         settings.database_url = create_database(&settings.database_url, &id).await;
         settings.topic_prefix = format!("{id}.");
+        // Tests submit in bursts far past the default rate; the tests of the
+        // rate give their tenant one of its own.
+        settings.tenant_submit_rate_per_s = 0.0;
         adjust(&mut settings);
         let pool = docstream::store::connect(&settings.database_url, 60)
             .await
@@ -226,6 +229,10 @@ impl TestEnv {
             ("DOCSTREAM_RETRY_BASE_DELAY_S", secs(s.retry_base_delay_s)),
             ("DOCSTREAM_RETRY_MAX_DELAY_S", secs(s.retry_max_delay_s)),
             ("DOCSTREAM_MAX_ATTEMPTS", s.max_attempts.to_string()),
+            (
+                "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S",
+                s.tenant_submit_rate_per_s.to_string(),
+            ),
             (
                 "DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS",
                 s.kafka_session_timeout_ms.to_string(),
@@ -593,6 +600,7 @@ pub async fn submit_bodies(
             let new = NewExtraction {
                 id: Uuid::new_v4(),
                 tenant_id: DEFAULT_TENANT_ID,
+                max_open_jobs: None,
                 idempotency_key: None,
                 request: serde_json::from_value(body(i)).unwrap(),
             };
@@ -613,6 +621,7 @@ pub async fn insert_job(pool: &PgPool) -> Uuid {
     let new = NewExtraction {
         id: Uuid::new_v4(),
         tenant_id: DEFAULT_TENANT_ID,
+        max_open_jobs: None,
         idempotency_key: None,
         request,
     };

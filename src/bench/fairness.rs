@@ -1,0 +1,202 @@
+//! The fairness phase: tenant A floods `flood` jobs as fast as it can (64
+//! submits in flight, each retried after `Retry-After` until accepted, as a
+//! well-behaved client does), while tenant B submits 100 jobs at 10/s. What
+//! B waits for its jobs (submit to bbox succeeded) is measured twice: with no
+//! cap on A's open jobs, and with A capped. Neither tenant has a submit rate,
+//! so the cap alone is what is compared.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use futures::stream::{self, StreamExt};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::pipeline::{
+    histogram, post, spawn_workers, transition_times, wait_all_done, wait_healthy, Latency, Rig,
+};
+use super::procs::Proc;
+use crate::demo::{api_client, sample_requests};
+use crate::store::tenants;
+
+/// B's jobs: how many, and at what rate.
+const B_JOBS: usize = 100;
+const B_RATE: f64 = 10.0;
+/// A's submits in flight at once.
+const A_CONCURRENCY: usize = 64;
+
+/// One run of the phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fairness {
+    /// A's cap on open jobs; `None`: none.
+    pub a_cap: Option<i64>,
+    /// Jobs A submitted (all were accepted in the end).
+    pub a_jobs: usize,
+    /// Submits of A's answered 429 (each retried).
+    pub a_refusals: u64,
+    /// From A's first submit until its last job was done, s.
+    pub a_done_s: f64,
+    /// B's jobs.
+    pub b_jobs: usize,
+    /// B's submit (the moment it was due) to bbox succeeded.
+    pub b_submit_to_bbox: Latency,
+}
+
+/// Runs serve and a worker of each kind, the flood and B's jobs; waits until
+/// every job is done.
+pub async fn fairness(
+    rig: &Rig,
+    flood: usize,
+    a_cap: Option<i64>,
+    progress: &ProgressBar,
+) -> anyhow::Result<Fairness> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut env = rig.env.clone();
+    env.push(("DOCSTREAM_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
+    let mut procs = vec![Proc::spawn("serve", "serve", &env, &rig.logs)?];
+    procs.extend(spawn_workers(rig, 1, 1)?);
+    let run = if a_cap.is_some() {
+        "capped"
+    } else {
+        "uncapped"
+    };
+    let (a_name, b_name) = (format!("flood-{run}"), format!("steady-{run}"));
+    let a = tenants::create_tenant(&rig.pool, &a_name).await?.key;
+    let b = tenants::create_tenant(&rig.pool, &b_name).await?.key;
+    let cap = a_cap.map_or(0, |c| c as i32);
+    tenants::set_quota(&rig.pool, &a_name, Some(Some(0.0)), None, Some(Some(cap))).await?;
+    tenants::set_quota(&rig.pool, &b_name, Some(Some(0.0)), None, Some(Some(0))).await?;
+    let (a_client, b_client) = (api_client(&a.api_key)?, api_client(&b.api_key)?);
+    wait_healthy(&b_client, &base, &mut procs).await?;
+
+    let samples: Vec<_> = sample_requests().into_iter().map(|s| s.request).collect();
+    progress.set_message("warming up");
+    for request in samples.iter().cycle().take(20) {
+        post(&b_client, &base, request).await?;
+    }
+    let hidden = ProgressBar::hidden();
+    wait_all_done(rig, 20, &mut procs, Duration::from_secs(60), &hidden).await?;
+
+    progress.set_message(format!(
+        "A floods {flood} jobs, B sends {B_JOBS} at {B_RATE}/s"
+    ));
+    progress.set_length((flood + B_JOBS) as u64);
+    progress.set_position(0);
+    let started = SystemTime::now();
+    let flooding = {
+        let (client, base, samples) = (a_client.clone(), base.clone(), samples.clone());
+        tokio::spawn(async move { flood_jobs(&client, &base, &samples, flood).await })
+    };
+    // B starts once A's flood is under way.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let interval = Duration::from_secs_f64(1.0 / B_RATE);
+    let start = tokio::time::Instant::now();
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..B_JOBS {
+        let due = start + interval * i as u32;
+        tokio::time::sleep_until(due).await;
+        let due_wall = SystemTime::now();
+        let (client, base, request) = (
+            b_client.clone(),
+            base.clone(),
+            samples[i % samples.len()].clone(),
+        );
+        sends.spawn(async move { (post(&client, &base, &request).await, due_wall) });
+        progress.inc(1);
+    }
+    let mut b_sent = Vec::with_capacity(B_JOBS);
+    while let Some(joined) = sends.join_next().await {
+        let (id, due) = joined?;
+        b_sent.push((id.context("B's submit")?, due));
+    }
+    let (a_ids, a_refusals) = flooding.await??;
+    progress.set_message("waiting for the last jobs");
+    let total = 20 + flood + B_JOBS;
+    wait_all_done(rig, total, &mut procs, Duration::from_secs(600), &hidden).await?;
+    for proc in procs {
+        proc.stop().await?;
+    }
+
+    let b_ids: Vec<Uuid> = b_sent.iter().map(|(id, _)| *id).collect();
+    let log = transition_times(&rig.pool, &b_ids).await?;
+    let mut b_latency = histogram();
+    for (id, due) in &b_sent {
+        let due = due.duration_since(UNIX_EPOCH)?.as_secs_f64();
+        let times = log
+            .get(id)
+            .context("a job of B's without its transitions")?;
+        let done = times
+            .get("mark_bbox_refinement_succeeded")
+            .copied()
+            .context("a job of B's not bbox succeeded")?;
+        b_latency.saturating_record(((done - due).max(0.0) * 1e6) as u64);
+    }
+    let a_log = transition_times(&rig.pool, &a_ids).await?;
+    let a_last = a_log
+        .values()
+        .filter_map(|t| t.get("mark_bbox_refinement_succeeded").copied())
+        .fold(0.0_f64, f64::max);
+    let a_first = started.duration_since(UNIX_EPOCH)?.as_secs_f64();
+    Ok(Fairness {
+        a_cap,
+        a_jobs: a_ids.len(),
+        a_refusals,
+        a_done_s: a_last - a_first,
+        b_jobs: b_ids.len(),
+        b_submit_to_bbox: Latency::of(&b_latency),
+    })
+}
+
+/// Submits `n` jobs with `A_CONCURRENCY` in flight, each retried after its
+/// `Retry-After` until accepted: their ids, and how many 429s it took.
+async fn flood_jobs(
+    client: &reqwest::Client,
+    base: &str,
+    samples: &[crate::domain::ExtractionRequest],
+    n: usize,
+) -> anyhow::Result<(Vec<Uuid>, u64)> {
+    let answers: Vec<anyhow::Result<(Uuid, u64)>> = stream::iter(0..n)
+        .map(|i| async move {
+            let mut refusals = 0;
+            loop {
+                let response = client
+                    .post(format!("{base}/v1/extractions"))
+                    .json(&samples[i % samples.len()])
+                    .send()
+                    .await?;
+                if response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                    refusals += 1;
+                    let wait = response
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                        .unwrap_or(1);
+                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                    continue;
+                }
+                let status = response.status();
+                let body: serde_json::Value = response.json().await?;
+                anyhow::ensure!(
+                    status == reqwest::StatusCode::ACCEPTED,
+                    "A's submit answered {status}: {body}"
+                );
+                let id = body["id"].as_str().context("answer without id")?.parse()?;
+                return Ok((id, refusals));
+            }
+        })
+        .buffer_unordered(A_CONCURRENCY)
+        .collect()
+        .await;
+    let mut ids = Vec::with_capacity(n);
+    let mut refusals = 0;
+    for answer in answers {
+        let (id, refused) = answer?;
+        ids.push(id);
+        refusals += refused;
+    }
+    Ok((ids, refusals))
+}
