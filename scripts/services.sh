@@ -567,11 +567,25 @@ print_env() {
 # --------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------
+# The services' ports lie inside Linux's ephemeral range (32768-60999): any
+# outgoing connection, or a test's listener on port 0, may be given one of
+# them, and a broker restarted while it is taken fails to bind ("Address
+# already in use"). Reserve them, so the kernel never hands them out.
+reserve_ports() {
+    local file=/proc/sys/net/ipv4/ip_local_reserved_ports
+    [ -w "$file" ] || return 0
+    local ours="$PG_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT"
+    local current; current="$(cat "$file")"
+    echo "${current:+$current,}$ours" > "$file" 2>/dev/null \
+        || log "could not reserve ports $ours (ip_local_reserved_ports)"
+}
+
 cmd_up() {
     [ "$(id -u)" = 0 ] || die "run as root"
     local t0=$SECONDS
     ensure_state_dir
     take_lock
+    reserve_ports
     ensure_packages
     pg_up
     kafka_up
