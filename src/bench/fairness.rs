@@ -14,9 +14,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::pipeline::{
-    histogram, post, spawn_workers, transition_times, wait_all_done, wait_healthy, Latency, Rig,
+    histogram, post, spawn_serve, spawn_workers, transition_times, wait_all_done, wait_healthy,
+    Latency, Rig,
 };
-use super::procs::Proc;
 use crate::demo::{api_client, sample_requests};
 use crate::store::tenants;
 
@@ -51,13 +51,8 @@ pub async fn fairness(
     a_cap: Option<i64>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Fairness> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut env = rig.env.clone();
-    env.push(("DOCSTREAM_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
-    let mut procs = vec![Proc::spawn("serve", "serve", &env, &rig.logs)?];
+    let (base, serve) = spawn_serve(rig)?;
+    let mut procs = vec![serve];
     procs.extend(spawn_workers(rig, 1, 1)?);
     let run = if a_cap.is_some() {
         "capped"

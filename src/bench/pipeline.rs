@@ -306,13 +306,8 @@ pub async fn steady(
     extractor: Option<&str>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Steady> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut env = rig.env.clone();
-    env.push(("DOCSTREAM_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
-    let mut procs = vec![Proc::spawn("serve", "serve", &env, &rig.logs)?];
+    let (base, serve) = spawn_serve(rig)?;
+    let mut procs = vec![serve];
     procs.extend(spawn_workers(rig, workers, bbox_workers)?);
     let key = tenants::create_tenant_or_key(&rig.pool, "bench").await?;
     // The load is the point: no quota of the tenant's holds it back.
@@ -530,6 +525,17 @@ pub async fn provider_steady(
 
 pub(super) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+/// A `serve` process on a free loopback port, and its base URL.
+pub(super) fn spawn_serve(rig: &Rig) -> anyhow::Result<(String, Proc)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut env = rig.env.clone();
+    env.push(("DOCSTREAM_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
+    let serve = Proc::spawn("serve", "serve", &env, &rig.logs)?;
+    Ok((format!("http://127.0.0.1:{port}"), serve))
 }
 
 pub(super) fn spawn_workers(
