@@ -4,6 +4,11 @@
 //! B waits for its jobs (submit to bbox succeeded) is measured twice: with no
 //! cap on A's open jobs, and with A capped. Neither tenant has a submit rate,
 //! so the cap alone is what is compared.
+//!
+//! Every job is extracted by `extractor-serve` with a model's latency (200 ms,
+//! 32 calls at a time: 160 jobs/s), so that, as with a real model, the
+//! extraction and not the HTTP edge sets the pace, and a flood builds a
+//! backlog in the job topics.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,10 +19,11 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::pipeline::{
-    histogram, post, spawn_serve, spawn_workers, transition_times, wait_all_done, wait_healthy,
-    Latency, Rig,
+    histogram, post, spawn_serve, spawn_workers, start_provider, transition_times, wait_all_done,
+    wait_healthy, Latency, Rig, REFERENCE,
 };
 use crate::demo::{api_client, sample_requests};
+use crate::domain::ExtractionRequest;
 use crate::store::tenants;
 
 /// B's jobs: how many, and at what rate.
@@ -25,6 +31,10 @@ const B_JOBS: usize = 100;
 const B_RATE: f64 = 10.0;
 /// A's submits in flight at once.
 const A_CONCURRENCY: usize = 64;
+/// The extraction service's latency per call, ms, and the calls a worker
+/// makes at once.
+const PROVIDER_LATENCY_MS: u64 = 200;
+const PROVIDER_CAP: usize = 32;
 
 /// One run of the phase.
 #[derive(Debug, Clone, Serialize)]
@@ -51,6 +61,18 @@ pub async fn fairness(
     a_cap: Option<i64>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Fairness> {
+    let (rig, provider) = start_provider(rig, PROVIDER_LATENCY_MS, PROVIDER_CAP).await?;
+    let outcome = run(&rig, flood, a_cap, progress).await;
+    provider.stop().await?;
+    outcome
+}
+
+async fn run(
+    rig: &Rig,
+    flood: usize,
+    a_cap: Option<i64>,
+    progress: &ProgressBar,
+) -> anyhow::Result<Fairness> {
     let (base, serve) = spawn_serve(rig)?;
     let mut procs = vec![serve];
     procs.extend(spawn_workers(rig, 1, 1)?);
@@ -68,7 +90,13 @@ pub async fn fairness(
     let (a_client, b_client) = (api_client(&a.api_key)?, api_client(&b.api_key)?);
     wait_healthy(&b_client, &base, &mut procs).await?;
 
-    let samples: Vec<_> = sample_requests().into_iter().map(|s| s.request).collect();
+    let samples: Vec<_> = sample_requests()
+        .into_iter()
+        .map(|s| ExtractionRequest {
+            extractor: Some(REFERENCE.to_owned()),
+            ..s.request
+        })
+        .collect();
     progress.set_message("warming up");
     for request in samples.iter().cycle().take(20) {
         post(&b_client, &base, request).await?;
@@ -151,7 +179,7 @@ pub async fn fairness(
 async fn flood_jobs(
     client: &reqwest::Client,
     base: &str,
-    samples: &[crate::domain::ExtractionRequest],
+    samples: &[ExtractionRequest],
     n: usize,
 ) -> anyhow::Result<(Vec<Uuid>, u64)> {
     let answers: Vec<anyhow::Result<(Uuid, u64)>> = stream::iter(0..n)

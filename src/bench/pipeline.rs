@@ -465,23 +465,24 @@ pub struct ProviderLoad {
 }
 
 /// The name the provider phase gives the reference extraction service.
-const REFERENCE: &str = "reference";
+pub(super) const REFERENCE: &str = "reference";
 
 /// Runs `extractor-serve` with `load.latency_ms`, then the steady state through
 /// it at `load.load` of the capacity its cap allows.
-pub async fn provider_steady(
+/// Starts `extractor-serve` with `latency_ms` per call, and a rig whose
+/// workers call it as the extractor `reference`, `cap` calls at a time.
+pub(super) async fn start_provider(
     rig: &Rig,
-    load: ProviderLoad,
-    (workers, bbox_workers): (usize, usize),
-    progress: &ProgressBar,
-) -> anyhow::Result<ProviderSteady> {
+    latency_ms: u64,
+    cap: usize,
+) -> anyhow::Result<(Rig, Proc)> {
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let args = [
         "extractor-serve".to_owned(),
         "--addr".to_owned(),
         addr.to_string(),
         "--latency-ms".to_owned(),
-        load.latency_ms.to_string(),
+        latency_ms.to_string(),
     ];
     let provider = Proc::spawn_args("extractor-serve", &args, &rig.env, &rig.logs)?;
     let url = format!("http://{addr}{}", crate::extract::provider::PATH);
@@ -496,7 +497,7 @@ pub async fn provider_steady(
     let mut rig = rig.clone();
     let extractor = ExtractorSettings {
         url,
-        max_concurrency: load.cap,
+        max_concurrency: cap,
         ..ExtractorSettings::default()
     };
     rig.settings
@@ -504,6 +505,16 @@ pub async fn provider_steady(
         .insert(REFERENCE.to_owned(), extractor);
     rig.env
         .extend(crate::config::extractors_env(&rig.settings.extractors));
+    Ok((rig, provider))
+}
+
+pub async fn provider_steady(
+    rig: &Rig,
+    load: ProviderLoad,
+    (workers, bbox_workers): (usize, usize),
+    progress: &ProgressBar,
+) -> anyhow::Result<ProviderSteady> {
+    let (rig, provider) = start_provider(rig, load.latency_ms, load.cap).await?;
     let capacity = (load.cap * workers) as f64 / (load.latency_ms as f64 / 1000.0);
     let rate = (capacity * load.load).round();
     let mix = (workers, bbox_workers);
