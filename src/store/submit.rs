@@ -214,9 +214,11 @@ where
         Some(row) => Ok(Submitted::Created(row)),
         // Not inserted: a concurrent twin with the same key won the INSERT
         // (answer with its row), or the tenant's cap left no room.
-        None => match by_key_if_keyed(pool, tenant_id, &key).await? {
-            Some(winner) => replay(winner, &hash),
-            None => Err(SubmitError::TooManyOpenJobs(cap.unwrap_or_default())),
+        None => match (by_key_if_keyed(pool, tenant_id, &key).await?, cap) {
+            (Some(winner), _) => replay(winner, &hash),
+            (None, Some(cap)) => Err(SubmitError::TooManyOpenJobs(cap)),
+            // Neither a twin nor a cap: the statement lost the row.
+            (None, None) => Err(sqlx::Error::RowNotFound.into()),
         },
     }
 }
