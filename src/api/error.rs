@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::auth::AuthError;
+use crate::domain::RequestError;
 use crate::store::{StoreError, SubmitError};
 
 /// Why a request was not served.
@@ -19,6 +20,10 @@ pub enum ApiError {
     /// The JSON does not describe a valid request.
     #[error("{0}")]
     Unprocessable(String),
+    /// A submitted request was refused: 422 with the refusal's own code, or
+    /// 400 when the body is not JSON at all.
+    #[error("{0}")]
+    Invalid(#[from] RequestError),
     /// The body is larger than the configured limit.
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -62,6 +67,8 @@ impl ApiError {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+            Self::Invalid(e) if e.is_syntax() => (StatusCode::BAD_REQUEST, e.code()),
+            Self::Invalid(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.code()),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Self::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
@@ -77,13 +84,22 @@ impl ApiError {
         }
     }
 
-    /// Maps a JSON body rejection, given the configured body limit.
+    /// Maps a JSON body rejection, given the configured body limit. What
+    /// serde_json said is classified like any intake's parse error, so a
+    /// lone surrogate or over-deep JSON is a 422 here as on the streams.
     pub fn from_json_rejection(rejection: JsonRejection, limit: usize) -> Self {
-        match rejection.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge(limit),
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::UnsupportedMediaType,
-            StatusCode::UNPROCESSABLE_ENTITY => Self::Unprocessable(rejection.body_text()),
-            _ => Self::BadRequest(rejection.body_text()),
+        match rejection {
+            JsonRejection::JsonDataError(e) => {
+                RequestError::from_json_message(e.body_text(), true).into()
+            }
+            JsonRejection::JsonSyntaxError(e) => {
+                RequestError::from_json_message(e.body_text(), false).into()
+            }
+            rejection => match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge(limit),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::UnsupportedMediaType,
+                _ => Self::BadRequest(rejection.body_text()),
+            },
         }
     }
 }

@@ -97,9 +97,7 @@ async fn submit(
     let max_open_jobs = super::auth::admit_submit(&services, &caller)?;
     let limit = services.settings.http_body_limit_bytes;
     let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
-    request
-        .validate()
-        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    request.validate(&services.settings.request_limits())?;
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewExtraction {
         id: crate::domain::new_job_id(),

@@ -215,9 +215,7 @@ async fn submit(
     request: ExtractionRequest,
 ) -> Result<(Uuid, String), ApiError> {
     let max_open_jobs = super::auth::admit_submit(services, caller)?;
-    request
-        .validate()
-        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    request.validate(&services.settings.request_limits())?;
     if idempotency_key
         .as_deref()
         .is_some_and(|k| !idempotency_key_is_valid(k))

@@ -17,9 +17,11 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::ApiError;
-use crate::domain::ExtractionRequest;
+use crate::domain::{ExtractionRequest, ResultLimits};
 use crate::events::PublishReason;
-use crate::extract::{check_required, deferred, protocol, ExtractError, ExtractionOutput};
+use crate::extract::{
+    check_required, deferred, protocol, ExtractError, ExtractionOutput, ResultSize,
+};
 use crate::kafka::HandlerError;
 use crate::pipeline::Services;
 use crate::store;
@@ -108,8 +110,13 @@ enum Ending {
     Fail(String),
 }
 
-/// What `body` says of the attempt: a 422 when it is neither a result nor a failure.
-fn read_ending(request: &ExtractionRequest, body: &[u8]) -> Result<Ending, ApiError> {
+/// What `body` says of the attempt: a 422 when it is neither a result nor a
+/// failure. A result past `limits` fails the job, as from any extractor.
+fn read_ending(
+    request: &ExtractionRequest,
+    body: &[u8],
+    limits: ResultLimits,
+) -> Result<Ending, ApiError> {
     let name = request.extractor_name();
     if let Ok(Failure { error, retryable }) = serde_json::from_slice::<Failure>(body) {
         let error = protocol::shortened(error);
@@ -132,9 +139,10 @@ fn read_ending(request: &ExtractionRequest, body: &[u8]) -> Result<Ending, ApiEr
             "expected {{\"fields\": …}} or {{\"error\": …}}: {reason}"
         ))
     })?;
-    Ok(match check_required(request, &output) {
+    let checked = ResultSize::check(&output, limits).and(check_required(request, &output));
+    Ok(match checked {
         Ok(()) => Ending::Succeed(output),
-        Err(missing) => Ending::Fail(missing.to_string()),
+        Err(refused) => Ending::Fail(refused.to_string()),
     })
 }
 
@@ -145,7 +153,8 @@ async fn end(
     request: &ExtractionRequest,
     body: &[u8],
 ) -> Result<Json<Ended>, ApiError> {
-    let (won, status) = match read_ending(request, body)? {
+    let limits = services.extractors.result_limits();
+    let (won, status) = match read_ending(request, body, limits)? {
         Ending::Succeed(output) => (
             services.succeed_extraction(claim, &output, REASON).await,
             "succeeded",

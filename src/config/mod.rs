@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::{RequestLimits, ResultLimits};
+
 mod extractors;
 
 pub use extractors::{
@@ -45,6 +47,10 @@ pub enum ConfigError {
 /// The deployment-wide webhook secret of the releases before tenants: refused
 /// when set, so an upgrade never signs with a secret nobody expects.
 const RETIRED_WEBHOOK_SECRET: &str = "DOCSTREAM_WEBHOOK_SECRET";
+
+/// The rule extractor's timeout of the releases before the CPU pool, whose
+/// jobs were retried past it: refused when set, since its meaning changed.
+const RETIRED_ASYNC_TIMEOUT: &str = "DOCSTREAM_ASYNC_TIMEOUT_S";
 
 /// The longest a process may trust a key lookup: revocations take effect
 /// within it.
@@ -185,6 +191,71 @@ settings! {
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES";
+    /// Most field specs one request may carry. 100 covers the widest form
+    /// we have seen (invoices list a few dozen) and bounds the work of a job.
+    max_fields: usize = RequestLimits::DEFAULT.fields, env "DOCSTREAM_MAX_FIELDS";
+    /// Longest field name, in bytes: it is a key of the result.
+    max_field_name_bytes: usize = RequestLimits::DEFAULT.field_name_bytes, env "DOCSTREAM_MAX_FIELD_NAME_BYTES";
+    /// Longest pattern, in bytes. 512 fits any pattern a person writes; the
+    /// compiled program is size-limited too (`max_pattern_program_bytes`).
+    max_pattern_bytes: usize = RequestLimits::DEFAULT.pattern_bytes, env "DOCSTREAM_MAX_PATTERN_BYTES";
+    /// Largest compiled pattern, in bytes (the regex size limit; the lazy DFA
+    /// gets the same cache). 1 MiB compiles `\d{1,100}` on Unicode text
+    /// and refuses `\w{1000}` blown up to tens of MiB.
+    max_pattern_program_bytes: usize = RequestLimits::DEFAULT.pattern_program_bytes, env "DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES";
+    /// Longest anchor, in bytes: a label such as "Invoice number".
+    max_anchor_bytes: usize = RequestLimits::DEFAULT.anchor_bytes, env "DOCSTREAM_MAX_ANCHOR_BYTES";
+    /// Most pages of one document. 1,000 pages of OCR words do not fit the
+    /// body limit anyway; the cap keeps an empty-page flood out.
+    max_pages: usize = RequestLimits::DEFAULT.pages, env "DOCSTREAM_MAX_PAGES";
+    /// Most words on one page. A dense A4 page has about 1,000; 10,000 is ten
+    /// times that.
+    max_words_per_page: usize = RequestLimits::DEFAULT.words_per_page, env "DOCSTREAM_MAX_WORDS_PER_PAGE";
+    /// Largest `metadata`, as compact JSON. It is echoed in every answer and
+    /// event, so 16 KiB: enough for client ids and tags, not for a document.
+    max_metadata_bytes: usize = RequestLimits::DEFAULT.metadata_bytes, env "DOCSTREAM_MAX_METADATA_BYTES";
+    /// Deepest nesting of `metadata` (arrays and objects). 32 holds any
+    /// record a client keeps; deeper JSON only serves to hurt parsers.
+    max_json_depth: usize = RequestLimits::DEFAULT.json_depth, env "DOCSTREAM_MAX_JSON_DEPTH";
+    /// Longest `webhook_url`, in bytes. 8 KiB is what common HTTP servers
+    /// accept in a request line.
+    max_url_bytes: usize = RequestLimits::DEFAULT.url_bytes, env "DOCSTREAM_MAX_URL_BYTES";
+    /// Largest extracted value of one field, as JSON. 64 KiB holds any value
+    /// a form has; a pattern like `(.+)` over a whole document does not fit.
+    max_result_field_bytes: usize = ResultLimits::DEFAULT.field_bytes, env "DOCSTREAM_MAX_RESULT_FIELD_BYTES";
+    /// Largest result of one job, as JSON. A job whose result is larger fails
+    /// at once (`result_too_large`) and is not retried. 1 MiB is 100 fields
+    /// of 10 KiB, and keeps every row and event small.
+    max_result_bytes: usize = ResultLimits::DEFAULT.total_bytes, env "DOCSTREAM_MAX_RESULT_BYTES";
+    /// Threads that run the rules extractor and bbox grounding, off the async
+    /// runtime, so heartbeats and the API never wait behind a slow pattern.
+    /// Jobs beyond it wait for a thread. 0: one per CPU.
+    extraction_threads: usize = 0_usize, env "DOCSTREAM_EXTRACTION_THREADS";
+    /// Longest the rules extractor or bbox grounding may run on one job; past
+    /// it the job fails (`deadline_exceeded`) and is not retried, since the
+    /// same input would take as long again. 10 s is a hundred times what a
+    /// dense document takes.
+    extraction_deadline_s: f64 = 10.0, env "DOCSTREAM_EXTRACTION_DEADLINE_S";
+    /// WebSocket connections (import and export streams) one `serve` process
+    /// holds at once; one more is refused with 503. Each stream costs a task
+    /// and buffers; an export stream also a Kafka consumer.
+    max_sockets: usize = 1_024_usize, env "DOCSTREAM_MAX_SOCKETS";
+    /// WebSocket connections one tenant may hold on one `serve` process; one
+    /// more gets 429. 64 leaves room for many clients, not for all sockets.
+    max_sockets_per_tenant: usize = 64_usize, env "DOCSTREAM_MAX_SOCKETS_PER_TENANT";
+    /// Export streams one `serve` process runs at once; one more gets 503.
+    /// Each is a librdkafka consumer with its own threads and prefetch, so
+    /// 64, far fewer than sockets.
+    max_export_streams: usize = 64_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS";
+    /// TCP connections the API listener holds at once; past it new
+    /// connections are answered 503 and closed. 4,096 is far above what one
+    /// process serves well, below its file descriptor limit.
+    http_max_connections: usize = 4_096_usize, env "DOCSTREAM_HTTP_MAX_CONNECTIONS";
+    /// Longest a client may take to send a request's headers; then the
+    /// connection is closed (a slowloris client holds nothing for long).
+    http_header_read_timeout_s: f64 = 10.0, env "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S";
+    /// Longest a kept-alive connection may sit idle between requests.
+    http_idle_timeout_s: f64 = 60.0, env "DOCSTREAM_HTTP_IDLE_TIMEOUT_S";
     /// How long a claim on an extraction lasts without a heartbeat. The holder
     /// renews it while it works, so a job may run far longer; only a dead or
     /// frozen holder loses it. 10 s bounds recovery after a crash to seconds
@@ -195,10 +266,8 @@ settings! {
     /// How often a holder renews its lease: at most half the shorter lease, so a
     /// single slow renewal never loses a live claim. 2 s is a fifth of 10 s.
     heartbeat_interval_s: f64 = 2.0, env "DOCSTREAM_HEARTBEAT_INTERVAL_S";
-    /// Longest an extractor may run before the attempt fails (and is retried).
-    /// Independent of the lease, thanks to heartbeats.
-    async_timeout_s: f64 = 60.0, env "DOCSTREAM_ASYNC_TIMEOUT_S";
-    /// Longest bbox grounding may run.
+    /// Longest bbox grounding may run on one job, on the same pool as the
+    /// rule extractor; past it the refinement fails.
     bbox_refine_timeout_s: f64 = 60.0, env "DOCSTREAM_BBOX_REFINE_TIMEOUT_S";
     /// How often each reaper looks for orphans (one replica at a time sweeps).
     /// Recovery after a crash takes at most lease + this interval.
@@ -351,6 +420,30 @@ settings! {
 }
 
 impl Settings {
+    /// The bounds every intake checks a request against.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            fields: self.max_fields,
+            field_name_bytes: self.max_field_name_bytes,
+            pattern_bytes: self.max_pattern_bytes,
+            pattern_program_bytes: self.max_pattern_program_bytes,
+            anchor_bytes: self.max_anchor_bytes,
+            pages: self.max_pages,
+            words_per_page: self.max_words_per_page,
+            metadata_bytes: self.max_metadata_bytes,
+            json_depth: self.max_json_depth,
+            url_bytes: self.max_url_bytes,
+        }
+    }
+
+    /// The bounds of an extraction's result.
+    pub fn result_limits(&self) -> ResultLimits {
+        ResultLimits {
+            field_bytes: self.max_result_field_bytes,
+            total_bytes: self.max_result_bytes,
+        }
+    }
+
     /// Defaults, then `file` if given, then the process environment; validated.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         Self::load_from(file, &|var| std::env::var(var).ok())
@@ -365,6 +458,13 @@ impl Settings {
             Some(path) => Self::from_file(path)?,
             None => Self::default(),
         };
+        if lookup(RETIRED_ASYNC_TIMEOUT).is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "{RETIRED_ASYNC_TIMEOUT} is no longer read: the rule extractor's budget is \
+                 DOCSTREAM_EXTRACTION_DEADLINE_S, and a job past it now fails instead of being \
+                 retried; set that instead, then unset the variable"
+            )));
+        }
         if lookup(RETIRED_WEBHOOK_SECRET).is_some() {
             return Err(ConfigError::Invalid(format!(
                 "{RETIRED_WEBHOOK_SECRET} is no longer read: each tenant signs its webhooks with a \
@@ -398,7 +498,6 @@ impl Settings {
                 "DOCSTREAM_BBOX_REFINEMENT_LEASE_S",
                 self.bbox_refinement_lease_s,
             ),
-            ("DOCSTREAM_ASYNC_TIMEOUT_S", self.async_timeout_s),
             (
                 "DOCSTREAM_BBOX_REFINE_TIMEOUT_S",
                 self.bbox_refine_timeout_s,
@@ -445,6 +544,12 @@ impl Settings {
                 self.export_drain_timeout_s,
             ),
             ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", self.export_ack_timeout_s),
+            ("DOCSTREAM_EXTRACTION_DEADLINE_S", self.extraction_deadline_s),
+            (
+                "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S",
+                self.http_header_read_timeout_s,
+            ),
+            ("DOCSTREAM_HTTP_IDLE_TIMEOUT_S", self.http_idle_timeout_s),
             ("DOCSTREAM_WEBHOOK_TIMEOUT_S", self.webhook_timeout_s),
             (
                 "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S",
@@ -552,6 +657,37 @@ impl Settings {
         {
             return invalid("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE, DOCSTREAM_EXPORT_MAX_UNACKED and DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS must be at least 1".into());
         }
+        for (name, n) in [
+            ("DOCSTREAM_HTTP_BODY_LIMIT_BYTES", self.http_body_limit_bytes),
+            ("DOCSTREAM_MAX_FIELDS", self.max_fields),
+            ("DOCSTREAM_MAX_FIELD_NAME_BYTES", self.max_field_name_bytes),
+            ("DOCSTREAM_MAX_PATTERN_BYTES", self.max_pattern_bytes),
+            (
+                "DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES",
+                self.max_pattern_program_bytes,
+            ),
+            ("DOCSTREAM_MAX_ANCHOR_BYTES", self.max_anchor_bytes),
+            ("DOCSTREAM_MAX_PAGES", self.max_pages),
+            ("DOCSTREAM_MAX_WORDS_PER_PAGE", self.max_words_per_page),
+            ("DOCSTREAM_MAX_METADATA_BYTES", self.max_metadata_bytes),
+            ("DOCSTREAM_MAX_JSON_DEPTH", self.max_json_depth),
+            ("DOCSTREAM_MAX_URL_BYTES", self.max_url_bytes),
+            ("DOCSTREAM_MAX_RESULT_FIELD_BYTES", self.max_result_field_bytes),
+            ("DOCSTREAM_MAX_RESULT_BYTES", self.max_result_bytes),
+            ("DOCSTREAM_MAX_SOCKETS", self.max_sockets),
+            ("DOCSTREAM_MAX_SOCKETS_PER_TENANT", self.max_sockets_per_tenant),
+            ("DOCSTREAM_MAX_EXPORT_STREAMS", self.max_export_streams),
+            ("DOCSTREAM_HTTP_MAX_CONNECTIONS", self.http_max_connections),
+        ] {
+            if n == 0 {
+                return invalid(format!("{name} must be at least 1"));
+            }
+        }
+        if self.max_result_field_bytes > self.max_result_bytes {
+            return invalid(
+                "DOCSTREAM_MAX_RESULT_FIELD_BYTES must be at most DOCSTREAM_MAX_RESULT_BYTES".into(),
+            );
+        }
         if self.webhook_max_attempts < 1 || self.webhook_concurrency == 0 {
             return invalid(
                 "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS and DOCSTREAM_WEBHOOK_CONCURRENCY must be at least 1"
@@ -598,9 +734,14 @@ impl Settings {
         format!("{}{}", self.topic_prefix, name)
     }
 
-    /// `async_timeout_s` as a duration.
-    pub fn async_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.async_timeout_s)
+    /// `extraction_deadline_s` as a duration.
+    pub fn extraction_deadline(&self) -> Duration {
+        Duration::from_secs_f64(self.extraction_deadline_s)
+    }
+
+    /// `bbox_refine_timeout_s` as a duration.
+    pub fn bbox_refine_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.bbox_refine_timeout_s)
     }
 
     /// `heartbeat_interval_s` as a duration.
@@ -725,9 +866,11 @@ mod tests {
         // A job may run longer than its lease: that is what heartbeats are for.
         let long_job = [
             ("DOCSTREAM_EXTRACTION_RUN_LEASE_S", "5"),
-            ("DOCSTREAM_ASYNC_TIMEOUT_S", "600"),
+            ("DOCSTREAM_EXTRACTION_DEADLINE_S", "600"),
         ];
         assert!(load(&long_job).is_ok());
+        let err = load(&[("DOCSTREAM_ASYNC_TIMEOUT_S", "60")]).unwrap_err();
+        assert!(err.to_string().contains("EXTRACTION_DEADLINE"), "{err}");
         let err = load(&[("DOCSTREAM_RETRY_MAX_DELAY_S", "0.5")]).unwrap_err();
         assert!(err.to_string().contains("RETRY_MAX_DELAY"), "{err}");
         let err = load(&[("DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S", "12")]).unwrap_err();

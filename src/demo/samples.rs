@@ -37,7 +37,8 @@ mod tests {
     #[test]
     fn every_sample_is_valid_and_yields_every_field_with_a_box() {
         for sample in sample_requests() {
-            sample.request.validate().unwrap();
+            let limits = crate::domain::RequestLimits::DEFAULT;
+            sample.request.validate(&limits).unwrap();
             let output =
                 rule_extract(&sample.request).unwrap_or_else(|e| panic!("{}: {e}", sample.name));
             let grounding = ground(&sample.request.document, &output);

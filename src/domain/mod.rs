@@ -3,12 +3,14 @@
 //! request a client submits. Everything here is plain data and pure functions;
 //! `store` makes it durable and `pipeline` drives it.
 
+mod limits;
 pub mod pattern;
 mod request;
 mod retry;
 mod state;
 mod tenant;
 
+pub use limits::{RequestLimits, ResultLimits};
 pub use request::{
     extractor_name_is_valid, idempotency_key_is_valid, Document, ExtractionRequest, FieldSpec,
     FieldType, Page, RequestError, Word, WordRef, MAX_EXTRACTOR_NAME_LEN, MAX_IDEMPOTENCY_KEY_LEN,

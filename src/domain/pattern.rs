@@ -12,28 +12,36 @@ use regex::{Regex, RegexBuilder};
 /// Most compiled patterns kept; the cache starts over when it is full.
 const CACHED: usize = 256;
 
-/// Most memory one compiled pattern may take.
-const SIZE_LIMIT: usize = 1 << 20;
+/// Compiled patterns by their program limit and text.
+type Cache = HashMap<(usize, String), Arc<Regex>>;
 
-static COMPILED: LazyLock<Mutex<HashMap<String, Arc<Regex>>>> = LazyLock::new(Mutex::default);
+static COMPILED: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 
-/// `pattern` compiled, from the cache when it was seen before. Shared, not
-/// cloned: a cloned `Regex` starts with empty search caches, which would throw
-/// away the lazy DFA states the previous searches built.
-pub fn compile(pattern: &str) -> Result<Arc<Regex>, regex::Error> {
-    if let Some(regex) = lock().get(pattern) {
+/// `pattern` compiled with at most `program_bytes` of program and as much
+/// lazy-DFA cache (`DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES`), from the cache when
+/// it was seen before. Shared, not cloned: a cloned `Regex` starts with empty
+/// search caches, which would throw away the lazy DFA states the previous
+/// searches built. The regex crate's matching time is linear in the text, so
+/// with its program bounded no pattern can take exponential time.
+pub fn compile(pattern: &str, program_bytes: usize) -> Result<Arc<Regex>, regex::Error> {
+    let key = (program_bytes, pattern.to_owned());
+    if let Some(regex) = lock().get(&key) {
         return Ok(regex.clone());
     }
-    let regex = Arc::new(RegexBuilder::new(pattern).size_limit(SIZE_LIMIT).build()?);
+    let regex = RegexBuilder::new(pattern)
+        .size_limit(program_bytes)
+        .dfa_size_limit(program_bytes)
+        .build()?;
+    let regex = Arc::new(regex);
     let mut cache = lock();
     if cache.len() >= CACHED {
         cache.clear();
     }
-    cache.insert(pattern.to_owned(), regex.clone());
+    cache.insert(key, regex.clone());
     Ok(regex)
 }
 
-fn lock() -> std::sync::MutexGuard<'static, HashMap<String, Arc<Regex>>> {
+fn lock() -> std::sync::MutexGuard<'static, Cache> {
     COMPILED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -45,11 +53,12 @@ mod tests {
 
     #[test]
     fn compiles_once_and_refuses_what_does_not_compile() {
-        let first = compile(r"\d{4}-\d{2}").unwrap();
-        let again = compile(r"\d{4}-\d{2}").unwrap();
+        let first = compile(r"\d{4}-\d{2}", 1 << 20).unwrap();
+        let again = compile(r"\d{4}-\d{2}", 1 << 20).unwrap();
         assert!(again.is_match("2026-11"));
         assert!(Arc::ptr_eq(&first, &again));
-        assert!(compile("(unclosed").is_err());
-        assert!(compile(r"\w{1000}{1000}").is_err(), "over the size limit");
+        assert!(compile("(unclosed", 1 << 20).is_err());
+        assert!(compile(r"\w{1000}", 1 << 20).is_err(), "over the size limit");
+        assert!(compile(r"\w{10}", 1 << 20).is_ok());
     }
 }

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-/// Most field specs one request may carry.
-pub const MAX_FIELDS: usize = 100;
+use super::RequestLimits;
+
 /// Longest idempotency key accepted, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
@@ -19,8 +19,8 @@ pub fn idempotency_key_is_valid(key: &str) -> bool {
         && key.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
-/// Longest pattern accepted, in bytes; the compiled regex is size-limited too.
-pub const MAX_PATTERN_LEN: usize = 512;
+/// serde_json's own nesting limit: JSON deeper than this does not parse.
+const PARSER_DEPTH: usize = 128;
 
 /// One extraction job as submitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,9 +140,38 @@ pub struct WordRef<'a> {
     pub bbox: Option<[f64; 4]>,
 }
 
-/// Why a request was refused. Messages are shown to clients as they are.
+/// Why a request was refused. Messages are shown to clients as they are;
+/// [`RequestError::code`] names the kind of refusal for programs.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RequestError {
+    /// The body is not JSON at all.
+    #[error("not valid JSON: {0}")]
+    MalformedJson(String),
+    /// JSON that does not describe a request (a wrong type, an unknown field).
+    #[error("{0}")]
+    Shape(String),
+    /// Text that Postgres cannot store and JSON should not carry: a NUL
+    /// character, a lone surrogate, bytes that are not UTF-8.
+    #[error("{0}: text must not contain NUL characters, lone surrogates or invalid UTF-8")]
+    Unrepresentable(String),
+    /// JSON nested deeper than its limit.
+    #[error("{what} is nested deeper than {limit} levels")]
+    TooDeep {
+        /// What is too deep.
+        what: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// A part of the request is past its limit.
+    #[error("{what} is larger than the limit of {limit} {unit}")]
+    TooLarge {
+        /// What is too large.
+        what: String,
+        /// The limit.
+        limit: usize,
+        /// What the limit counts: bytes, fields, pages, words.
+        unit: &'static str,
+    },
     /// Neither or both of `document.text` and `document.pages` were given.
     #[error("document must have exactly one of `text` or `pages`")]
     DocumentShape,
@@ -157,9 +186,9 @@ pub enum RequestError {
         /// Word index within the page.
         word: usize,
     },
-    /// `fields` is empty or too long.
-    #[error("fields must list between 1 and {MAX_FIELDS} field specs")]
-    FieldCount,
+    /// `fields` is empty.
+    #[error("fields must list at least one field spec")]
+    NoFields,
     /// A field name is empty or repeated.
     #[error("field name {0:?} is empty or repeated")]
     FieldName(String),
@@ -171,7 +200,7 @@ pub enum RequestError {
     /// The extractor's name cannot name one.
     #[error("extractor must be 1 to 64 of a-z, 0-9, - and _")]
     ExtractorName,
-    /// A pattern does not compile or is too long.
+    /// A pattern does not compile (or compiles past its size limit).
     #[error("field {name:?}: invalid pattern: {reason}")]
     Pattern {
         /// Field name.
@@ -184,33 +213,153 @@ pub enum RequestError {
     WebhookUrl,
 }
 
-impl ExtractionRequest {
-    /// Checks everything the pipeline will rely on, so a job that was accepted can
-    /// only fail for reasons of its content, never of its shape.
-    pub fn validate(&self) -> Result<(), RequestError> {
-        self.document.validate()?;
-        if self.fields.is_empty() || self.fields.len() > MAX_FIELDS {
-            return Err(RequestError::FieldCount);
+impl RequestError {
+    /// The refusal's kind, stable for programs: `malformed_json` (the body
+    /// is not JSON), `unrepresentable_text`, `too_deep`, `limit_exceeded`,
+    /// or `invalid_request` for everything else.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::MalformedJson(_) => "malformed_json",
+            Self::Unrepresentable(_) => "unrepresentable_text",
+            Self::TooDeep { .. } => "too_deep",
+            Self::TooLarge { .. } => "limit_exceeded",
+            _ => "invalid_request",
         }
+    }
+
+    /// Whether the refusal is of the body's syntax (HTTP 400) rather than of
+    /// what it says (422).
+    pub fn is_syntax(&self) -> bool {
+        matches!(self, Self::MalformedJson(_))
+    }
+
+    /// Why `text` did not parse as what it should be, from serde_json's error.
+    pub fn from_json(error: &serde_json::Error) -> Self {
+        let data = matches!(error.classify(), serde_json::error::Category::Data);
+        Self::from_json_message(error.to_string(), data)
+    }
+
+    /// The same from serde_json's message alone (what a framework's rejection
+    /// keeps of it); `data`: the JSON parsed, but does not fit the type.
+    /// serde_json reports lone surrogates, invalid UTF-8 and its own depth
+    /// limit as syntax errors; they are refusals of content, so 422.
+    pub fn from_json_message(message: String, data: bool) -> Self {
+        let unrepresentable = ["surrogate", "unicode code point", "hex escape"];
+        if unrepresentable.iter().any(|m| message.contains(m)) {
+            return Self::Unrepresentable(format!("the JSON ({message})"));
+        }
+        if message.contains("recursion limit exceeded") {
+            return Self::TooDeep {
+                what: "the JSON".into(),
+                limit: PARSER_DEPTH,
+            };
+        }
+        match data {
+            true => Self::Shape(message),
+            false => Self::MalformedJson(message),
+        }
+    }
+}
+
+impl ExtractionRequest {
+    /// `json` as a request, checked against `limits`: what every intake
+    /// accepts.
+    pub fn from_json(json: &str, limits: &RequestLimits) -> Result<Self, RequestError> {
+        let request: Self = serde_json::from_str(json).map_err(|e| RequestError::from_json(&e))?;
+        request.validate(limits)?;
+        Ok(request)
+    }
+
+    /// Checks everything the pipeline will rely on, so a job that was accepted can
+    /// only fail for reasons of its content, never of its shape: every part
+    /// within `limits`, and no text Postgres cannot store.
+    pub fn validate(&self, limits: &RequestLimits) -> Result<(), RequestError> {
+        self.document.validate(limits)?;
+        if self.fields.is_empty() {
+            return Err(RequestError::NoFields);
+        }
+        within("fields", self.fields.len(), limits.fields, "field specs")?;
         if !extractor_name_is_valid(self.extractor_name()) {
             return Err(RequestError::ExtractorName);
         }
         let rules = self.extractor_name() == RULES_EXTRACTOR;
         let mut names = HashSet::new();
-        for field in &self.fields {
-            field.validate(rules)?;
+        for (i, field) in self.fields.iter().enumerate() {
+            field.validate(i, rules, limits)?;
             if !names.insert(field.name.as_str()) {
                 return Err(RequestError::FieldName(field.name.clone()));
             }
         }
         if let Some(url) = &self.webhook_url {
+            storable("webhook_url", url)?;
+            within("webhook_url", url.len(), limits.url_bytes, "bytes")?;
             let parsed = reqwest::Url::parse(url).map_err(|_| RequestError::WebhookUrl)?;
             if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
                 return Err(RequestError::WebhookUrl);
             }
         }
+        if let Some(metadata) = &self.metadata {
+            check_json(metadata, "metadata", limits.json_depth)?;
+            let size = serde_json::to_vec(metadata).map_or(usize::MAX, |v| v.len());
+            within("metadata", size, limits.metadata_bytes, "bytes")?;
+        }
         Ok(())
     }
+}
+
+/// Refuses `n` past `limit`.
+fn within(what: &str, n: usize, limit: usize, unit: &'static str) -> Result<(), RequestError> {
+    match n <= limit {
+        true => Ok(()),
+        false => Err(RequestError::TooLarge {
+            what: what.to_owned(),
+            limit,
+            unit,
+        }),
+    }
+}
+
+/// Refuses text Postgres cannot store. A Rust string is valid UTF-8 without
+/// surrogates by construction, so NUL is the one character left to refuse.
+fn storable(what: &str, text: &str) -> Result<(), RequestError> {
+    match text.contains('\0') {
+        true => Err(RequestError::Unrepresentable(what.to_owned())),
+        false => Ok(()),
+    }
+}
+
+/// Refuses `value` nested deeper than `limit` containers, or holding text
+/// Postgres cannot store.
+fn check_json(value: &serde_json::Value, what: &str, limit: usize) -> Result<(), RequestError> {
+    fn walk(
+        value: &serde_json::Value,
+        what: &str,
+        depth: usize,
+        limit: usize,
+    ) -> Result<(), RequestError> {
+        use serde_json::Value;
+        let children: Vec<&Value> = match value {
+            Value::String(text) => return storable(what, text),
+            Value::Array(items) => items.iter().collect(),
+            Value::Object(map) => {
+                for key in map.keys() {
+                    storable(what, key)?;
+                }
+                map.values().collect()
+            }
+            _ => return Ok(()),
+        };
+        if depth >= limit {
+            return Err(RequestError::TooDeep {
+                what: what.to_owned(),
+                limit,
+            });
+        }
+        children
+            .into_iter()
+            .try_for_each(|child| walk(child, what, depth + 1, limit))
+    }
+    walk(value, what, 0, limit)
 }
 
 impl ExtractionRequest {
@@ -221,13 +370,22 @@ impl ExtractionRequest {
 }
 
 impl Document {
-    fn validate(&self) -> Result<(), RequestError> {
+    fn validate(&self, limits: &RequestLimits) -> Result<(), RequestError> {
         match (&self.text, &self.pages) {
-            (Some(text), None) if text.trim().is_empty() => Err(RequestError::EmptyDocument),
-            (Some(_), None) => Ok(()),
+            (Some(text), None) => {
+                storable("document.text", text)?;
+                match text.trim().is_empty() {
+                    true => Err(RequestError::EmptyDocument),
+                    false => Ok(()),
+                }
+            }
             (None, Some(pages)) => {
+                within("document.pages", pages.len(), limits.pages, "pages")?;
                 for (p, page) in pages.iter().enumerate() {
+                    let what = || format!("document.pages[{p}].words");
+                    within(&what(), page.words.len(), limits.words_per_page, "words")?;
                     for (w, word) in page.words.iter().enumerate() {
+                        storable(&format!("document.pages[{p}].words[{w}].text"), &word.text)?;
                         let [x0, y0, x1, y1] = word.bbox;
                         let finite = word.bbox.iter().all(|v| v.is_finite());
                         if !finite || x0 > x1 || y0 > y1 {
@@ -267,25 +425,38 @@ impl Document {
 }
 
 impl FieldSpec {
-    /// `rules`: the rule extractor will run it, so it needs a way to find the
-    /// value; other extractors may take the name (and type) alone.
-    fn validate(&self, rules: bool) -> Result<(), RequestError> {
-        if self.name.trim().is_empty() || self.name.len() > 128 {
+    /// Field `index` of its request. `rules`: the rule extractor will run it,
+    /// so it needs a way to find the value; other extractors may take the
+    /// name (and type) alone.
+    fn validate(
+        &self,
+        index: usize,
+        rules: bool,
+        limits: &RequestLimits,
+    ) -> Result<(), RequestError> {
+        let what = |part: &str| format!("fields[{index}].{part}");
+        storable(&what("name"), &self.name)?;
+        within(&what("name"), self.name.len(), limits.field_name_bytes, "bytes")?;
+        if self.name.trim().is_empty() {
             return Err(RequestError::FieldName(self.name.clone()));
+        }
+        if let Some(anchor) = &self.anchor {
+            storable(&what("anchor"), anchor)?;
+            within(&what("anchor"), anchor.len(), limits.anchor_bytes, "bytes")?;
         }
         let no_anchor = self.anchor.as_deref().is_none_or(|a| a.trim().is_empty());
         if rules && self.pattern.is_none() && no_anchor {
             return Err(RequestError::FieldRule(self.name.clone()));
         }
         if let Some(pattern) = &self.pattern {
-            let invalid = |reason: String| RequestError::Pattern {
-                name: self.name.clone(),
-                reason,
-            };
-            if pattern.len() > MAX_PATTERN_LEN {
-                return Err(invalid(format!("longer than {MAX_PATTERN_LEN} bytes")));
-            }
-            super::pattern::compile(pattern).map_err(|e| invalid(e.to_string()))?;
+            storable(&what("pattern"), pattern)?;
+            within(&what("pattern"), pattern.len(), limits.pattern_bytes, "bytes")?;
+            super::pattern::compile(pattern, limits.pattern_program_bytes).map_err(|e| {
+                RequestError::Pattern {
+                    name: self.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
         }
         Ok(())
     }
@@ -294,6 +465,8 @@ impl FieldSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LIMITS: RequestLimits = RequestLimits::DEFAULT;
 
     fn text_request(fields: serde_json::Value) -> ExtractionRequest {
         serde_json::from_value(serde_json::json!({
@@ -308,29 +481,89 @@ mod tests {
         let req = text_request(
             serde_json::json!([{"name": "total", "type": "money", "anchor": "Total"}]),
         );
-        assert_eq!(req.validate(), Ok(()));
+        assert_eq!(req.validate(&LIMITS), Ok(()));
     }
 
     #[test]
     fn refuses_bad_shapes_with_their_reason() {
         let mut req = text_request(serde_json::json!([{"name": "x"}]));
-        assert_eq!(req.validate(), Err(RequestError::FieldRule("x".into())));
+        assert_eq!(req.validate(&LIMITS), Err(RequestError::FieldRule("x".into())));
         req.extractor = Some("ocr".into());
-        assert_eq!(req.validate(), Ok(()), "a model service needs no pattern");
+        assert_eq!(req.validate(&LIMITS), Ok(()), "a model service needs no pattern");
         req.extractor = Some("OCR!".into());
-        assert_eq!(req.validate(), Err(RequestError::ExtractorName));
+        assert_eq!(req.validate(&LIMITS), Err(RequestError::ExtractorName));
         let req = text_request(serde_json::json!([{"name": "x", "pattern": "("}]));
-        assert!(matches!(req.validate(), Err(RequestError::Pattern { .. })));
+        assert!(matches!(req.validate(&LIMITS), Err(RequestError::Pattern { .. })));
         let req = text_request(serde_json::json!([
             {"name": "x", "anchor": "a"}, {"name": "x", "anchor": "b"}
         ]));
-        assert_eq!(req.validate(), Err(RequestError::FieldName("x".into())));
+        assert_eq!(req.validate(&LIMITS), Err(RequestError::FieldName("x".into())));
         let mut req = text_request(serde_json::json!([{"name": "x", "anchor": "a"}]));
         req.webhook_url = Some("ftp://example.com/hook".into());
-        assert_eq!(req.validate(), Err(RequestError::WebhookUrl));
+        assert_eq!(req.validate(&LIMITS), Err(RequestError::WebhookUrl));
         req.webhook_url = None;
         req.document.pages = Some(vec![]);
-        assert_eq!(req.validate(), Err(RequestError::DocumentShape));
+        assert_eq!(req.validate(&LIMITS), Err(RequestError::DocumentShape));
+    }
+
+    #[test]
+    fn text_postgres_cannot_store_is_refused_wherever_it_is() {
+        let nul_text = r#"{"document":{"text":"Total a\u0000b 12"},"fields":[{"name":"x","anchor":"Total"}]}"#;
+        let refused = ExtractionRequest::from_json(nul_text, &LIMITS).unwrap_err();
+        assert_eq!(refused.code(), "unrepresentable_text", "{refused}");
+        assert!(refused.to_string().starts_with("document.text"), "{refused}");
+        let nul_key = r#"{"document":{"text":"a"},"fields":[{"name":"x","anchor":"a"}],"metadata":{"k\u0000":1}}"#;
+        let refused = ExtractionRequest::from_json(nul_key, &LIMITS).unwrap_err();
+        assert_eq!(refused.code(), "unrepresentable_text");
+        for lone in [r#"\ud800"#, r#"\udc00"#, r#"\ud800\u0041"#] {
+            let json = format!(r#"{{"document":{{"text":"a{lone}"}},"fields":[{{"name":"x","anchor":"a"}}]}}"#);
+            let refused = ExtractionRequest::from_json(&json, &LIMITS).unwrap_err();
+            assert_eq!(refused.code(), "unrepresentable_text", "{lone}: {refused}");
+        }
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let json = format!(r#"{{"document":{{"text":"a"}},"fields":[{{"name":"x","anchor":"a"}}],"metadata":{deep}}}"#);
+        let refused = ExtractionRequest::from_json(&json, &LIMITS).unwrap_err();
+        assert_eq!(refused.code(), "too_deep", "{refused}");
+        let refused = ExtractionRequest::from_json("{\"document\": ", &LIMITS).unwrap_err();
+        assert!(refused.is_syntax(), "{refused}");
+    }
+
+    #[test]
+    fn every_part_is_held_to_its_limit() {
+        let limits = RequestLimits {
+            fields: 2,
+            anchor_bytes: 4,
+            json_depth: 2,
+            metadata_bytes: 20,
+            url_bytes: 30,
+            ..LIMITS
+        };
+        let three = text_request(serde_json::json!([
+            {"name": "a", "anchor": "a"}, {"name": "b", "anchor": "b"}, {"name": "c", "anchor": "c"}
+        ]));
+        assert_eq!(three.validate(&limits).unwrap_err().code(), "limit_exceeded");
+        let long_anchor = text_request(serde_json::json!([{"name": "a", "anchor": "Total due"}]));
+        let refused = long_anchor.validate(&limits).unwrap_err();
+        assert_eq!(refused.to_string(), "fields[0].anchor is larger than the limit of 4 bytes");
+        let mut req = text_request(serde_json::json!([{"name": "a", "anchor": "a"}]));
+        req.metadata = Some(serde_json::json!({"a": {"b": 1}}));
+        assert_eq!(req.validate(&limits), Ok(()));
+        req.metadata = Some(serde_json::json!({"a": {"b": [1]}}));
+        assert_eq!(req.validate(&limits).unwrap_err().code(), "too_deep");
+        req.metadata = Some(serde_json::json!({"a": "x".repeat(20)}));
+        assert_eq!(req.validate(&limits).unwrap_err().code(), "limit_exceeded");
+        req.metadata = None;
+        req.webhook_url = Some(format!("https://example.com/{}", "p".repeat(20)));
+        assert_eq!(req.validate(&limits).unwrap_err().code(), "limit_exceeded");
+        let mut many_words = text_request(serde_json::json!([{"name": "a", "anchor": "a"}]));
+        many_words.document = serde_json::from_value(serde_json::json!({"pages": [
+            {"width": 1.0, "height": 1.0, "words": [
+                {"text": "a", "bbox": [0.0, 0.0, 1.0, 1.0]}, {"text": "b", "bbox": [0.0, 0.0, 1.0, 1.0]}
+            ]}
+        ]}))
+        .unwrap();
+        let two_words = RequestLimits { words_per_page: 1, ..LIMITS };
+        assert_eq!(many_words.validate(&two_words).unwrap_err().code(), "limit_exceeded");
     }
 
     #[test]

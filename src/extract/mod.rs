@@ -1,13 +1,16 @@
-//! Extraction itself: the [`Extractor`] trait, the built-in rule extractor, the
-//! HTTP extractor that calls a team's own service over the extractor protocol
-//! (and a reference server of that protocol), and bbox grounding (mapping each
-//! extracted value back to the words it came from).
+//! Extraction itself: the built-in rule extractor, the HTTP extractor that
+//! calls a team's own service over the extractor protocol (and a reference
+//! server of that protocol), bbox grounding (mapping each extracted value back
+//! to the words it came from), and the bounded pool where the CPU-bound ones
+//! run ([`CpuPool`]). Every result is held to the result limits
+//! ([`ResultSize`]), whichever extractor made it.
 //!
 //! A job names its extractor (`"extractor": "ocr"`, default `rules`); the
 //! worker process holds one [`Extractors`] with every configured extractor and
 //! its limits, shared by all of the process's records.
 
 mod bbox;
+mod cpu;
 pub mod deferred;
 mod http;
 mod limits;
@@ -17,18 +20,18 @@ mod registry;
 mod rule;
 
 pub use bbox::{ground, GroundedField, Grounding};
+pub use cpu::{CpuPool, Deadline};
 pub use http::HttpExtractor;
 pub use limits::Limits;
 pub use registry::Extractors;
-pub use rule::{extract_sync as rule_extract, find_fields, RuleExtractor};
+pub use rule::{extract as extract_rules, find_fields, rule_extract, RuleBudget};
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::domain::ExtractionRequest;
+use crate::domain::{ExtractionRequest, ResultLimits};
 
 /// One extracted value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,8 +61,8 @@ pub struct Job<'a> {
     pub id: Uuid,
     /// The claim's attempt number (its fencing token), from 1.
     pub attempt: i32,
-    /// What was submitted.
-    pub request: &'a ExtractionRequest,
+    /// What was submitted (shared, so CPU-bound work can take it to its thread).
+    pub request: &'a std::sync::Arc<ExtractionRequest>,
     /// Where an HTTP extractor may post the result later instead of answering
     /// with it; `None` when deferred results are off.
     pub callback: Option<&'a deferred::Callback>,
@@ -105,6 +108,14 @@ pub enum ExtractError {
     /// yet (it was waiting for a slot, a token or a `Retry-After`).
     #[error("the worker stopped before the extractor was called")]
     Interrupted,
+    /// The result is past the result limits. The same input would give the
+    /// same result, so it is not retried.
+    #[error("result_too_large: {0}")]
+    ResultTooLarge(String),
+    /// CPU-bound extraction ran past its deadline (seconds). The same input
+    /// would take as long again, so it is not retried.
+    #[error("deadline_exceeded: the extraction ran past its deadline of {0} s")]
+    DeadlineExceeded(f64),
     /// The extractor answered success with something that is not a result.
     #[error("extractor {extractor:?} answered with an invalid result: {reason}")]
     InvalidAnswer {
@@ -137,11 +148,53 @@ pub fn check_required(
     }
 }
 
-/// Turns a job into values.
-pub trait Extractor: Send + Sync + 'static {
-    /// Extracts every field of `job`'s request.
-    fn extract(
-        &self,
-        job: &Job<'_>,
-    ) -> impl Future<Output = Result<ExtractionOutput, ExtractError>> + Send;
+/// The size of a result as it is built, held to the result limits: each
+/// field's value as JSON, and their sum.
+#[derive(Debug)]
+pub struct ResultSize {
+    limits: ResultLimits,
+    total: usize,
+}
+
+impl ResultSize {
+    /// An empty result under `limits`.
+    pub fn new(limits: ResultLimits) -> Self {
+        Self { limits, total: 0 }
+    }
+
+    /// Adds field `name`'s `value`, or fails once a limit is past.
+    pub fn add(&mut self, name: &str, value: &Option<ExtractedValue>) -> Result<(), ExtractError> {
+        // A cheap bound first: a value's JSON is at least its text, so a
+        // huge match is refused without being serialised.
+        let texts = value
+            .as_ref()
+            .map_or(0, |v| v.value.len() + v.raw.as_ref().map_or(0, String::len));
+        let size = match texts > self.limits.field_bytes {
+            true => texts,
+            false => serde_json::to_vec(value).map_or(usize::MAX, |json| json.len()),
+        };
+        if size > self.limits.field_bytes {
+            return Err(ExtractError::ResultTooLarge(format!(
+                "field {name:?} is {size} bytes, over the limit of {} bytes per field",
+                self.limits.field_bytes
+            )));
+        }
+        self.total = self.total.saturating_add(size + name.len());
+        if self.total > self.limits.total_bytes {
+            return Err(ExtractError::ResultTooLarge(format!(
+                "the result is over the limit of {} bytes (at field {name:?})",
+                self.limits.total_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a whole result, as an HTTP extractor returns it.
+    pub fn check(output: &ExtractionOutput, limits: ResultLimits) -> Result<(), ExtractError> {
+        let mut size = Self::new(limits);
+        output
+            .fields
+            .iter()
+            .try_for_each(|(name, value)| size.add(name, value))
+    }
 }

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{CallBody, ErrorBody, ResultBody};
-use super::{find_fields, ExtractError};
+use super::{find_fields, Deadline, ExtractError, RuleBudget};
 use crate::domain::ExtractionRequest;
 
 /// How the reference provider behaves.
@@ -105,7 +105,14 @@ async fn extract(
         );
         return error(StatusCode::UNPROCESSABLE_ENTITY, message);
     }
-    match find_fields(&request) {
+    // Off the runtime, like the worker's rule extractor.
+    let found = tokio::task::spawn_blocking(move || {
+        find_fields(&request, &RuleBudget::default(), &Deadline::none())
+    });
+    let found = found.await.unwrap_or_else(|e| {
+        Err(ExtractError::Unavailable(format!("extraction failed unexpectedly: {e}")))
+    });
+    match found {
         Ok(output) => Json(ResultBody {
             fields: output.fields,
         })

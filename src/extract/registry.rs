@@ -4,40 +4,58 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{ExtractError, Extracted, Extractor, HttpExtractor, Job, RuleExtractor};
+use super::{
+    CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget,
+};
 use crate::config::{Settings, RULES};
+use crate::domain::ResultLimits;
 use crate::metrics::Metrics;
 
 /// The extractors of one process.
 #[derive(Clone)]
 pub struct Extractors {
-    /// How long the rule extractor may run (`DOCSTREAM_ASYNC_TIMEOUT_S`).
-    rules_timeout: Duration,
+    /// Where the rule extractor runs, off the async runtime.
+    cpu: CpuPool,
+    /// The rule extractor's limits.
+    rules: RuleBudget,
+    /// The rule extractor's deadline.
+    rules_deadline: std::time::Duration,
+    /// The result limits every extractor's results are held to.
+    result: ResultLimits,
     http: Arc<HashMap<String, HttpExtractor>>,
 }
 
 impl Extractors {
-    /// The rule extractor and every extractor in `settings`.
-    pub fn new(settings: &Settings, metrics: &Metrics) -> reqwest::Result<Self> {
+    /// The rule extractor, on `cpu`, and every extractor in `settings`.
+    pub fn new(settings: &Settings, metrics: &Metrics, cpu: CpuPool) -> reqwest::Result<Self> {
         let mut http = HashMap::new();
         for (name, extractor) in &settings.extractors {
             let client = HttpExtractor::new(name, extractor, metrics.extractors.clone())?;
             http.insert(name.clone(), client);
         }
+        let result = settings.result_limits();
+        let rules = RuleBudget {
+            program_bytes: settings.max_pattern_program_bytes,
+            result,
+        };
         Ok(Self {
-            rules_timeout: settings.async_timeout(),
+            cpu,
+            rules,
+            rules_deadline: settings.extraction_deadline(),
+            result,
             http: Arc::new(http),
         })
     }
 
-    /// Runs the extractor `name` on `job`. The rule extractor is bounded by the
-    /// async timeout; an HTTP extractor bounds each call by its own timeout, and
-    /// may wait for a slot, a token or a `Retry-After` besides; once `stop`
-    /// fires it starts no new call ([`ExtractError::Interrupted`]).
+    /// Runs the extractor `name` on `job`. The rule extractor runs on the
+    /// CPU pool within its deadline; an HTTP extractor bounds each call by
+    /// its own timeout, and may wait for a slot, a token or a `Retry-After`
+    /// besides; once `stop` fires it starts no new call
+    /// ([`ExtractError::Interrupted`]). Every result is held to the result
+    /// limits.
     pub async fn extract(
         &self,
         name: &str,
@@ -45,24 +63,29 @@ impl Extractors {
         stop: &CancellationToken,
     ) -> Result<Extracted, ExtractError> {
         if name == RULES {
-            let rules = RuleExtractor.extract(job);
-            return tokio::time::timeout(self.rules_timeout, rules)
-                .await
-                .map(|done| done.map(Extracted::Output))
-                .unwrap_or_else(|_| {
-                    Err(ExtractError::Unavailable(format!(
-                        "extraction timed out after {} s",
-                        self.rules_timeout.as_secs_f64()
-                    )))
-                });
+            let (request, budget) = (job.request.clone(), self.rules);
+            let output = self
+                .cpu
+                .run(self.rules_deadline, move |deadline| super::extract_rules(&request, &budget, deadline))
+                .await?;
+            return Ok(Extracted::Output(output));
         }
-        match self.http.get(name) {
-            Some(extractor) => extractor.run(job, stop).await,
+        let Some(extractor) = self.http.get(name) else {
             // Accepted by an API that knows it, so this worker's settings lag
             // behind: retrying gives the deployment time to catch up.
-            None => Err(ExtractError::Unavailable(format!(
+            return Err(ExtractError::Unavailable(format!(
                 "no extractor named {name:?} is configured in this worker"
-            ))),
+            )));
+        };
+        let extracted = extractor.run(job, stop).await?;
+        if let Extracted::Output(output) = &extracted {
+            ResultSize::check(output, self.result)?;
         }
+        Ok(extracted)
+    }
+
+    /// The result limits, for results that arrive later (deferred ones).
+    pub fn result_limits(&self) -> ResultLimits {
+        self.result
     }
 }

@@ -6,16 +6,27 @@
 
 use regex::Regex;
 
-use super::{ExtractError, ExtractedValue, ExtractionOutput, Extractor, Job};
-use crate::domain::{pattern, ExtractionRequest, FieldSpec, FieldType, WordRef};
+use super::{Deadline, ExtractError, ExtractedValue, ExtractionOutput, ResultSize};
+use crate::domain::{
+    pattern, ExtractionRequest, FieldSpec, FieldType, RequestLimits, ResultLimits, WordRef,
+};
 
-/// The built-in extractor. Stateless.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RuleExtractor;
+/// What one run of the rule extractor may use: the compiled-pattern limit it
+/// was validated with, and the result limits.
+#[derive(Debug, Clone, Copy)]
+pub struct RuleBudget {
+    /// Largest compiled pattern, in bytes.
+    pub program_bytes: usize,
+    /// How large the result may be.
+    pub result: ResultLimits,
+}
 
-impl Extractor for RuleExtractor {
-    async fn extract(&self, job: &Job<'_>) -> Result<ExtractionOutput, ExtractError> {
-        extract_sync(job.request)
+impl Default for RuleBudget {
+    fn default() -> Self {
+        Self {
+            program_bytes: RequestLimits::DEFAULT.pattern_program_bytes,
+            result: ResultLimits::DEFAULT,
+        }
     }
 }
 
@@ -50,35 +61,57 @@ impl JoinedText {
     }
 }
 
-/// Runs every field spec over the document; a `required` field that is not
-/// found fails the extraction.
-pub fn extract_sync(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
-    let output = find_fields(request)?;
+/// Runs every field spec over the document within `budget` and `deadline`;
+/// a `required` field that is not found fails the extraction.
+pub fn extract(
+    request: &ExtractionRequest,
+    budget: &RuleBudget,
+    deadline: &Deadline,
+) -> Result<ExtractionOutput, ExtractError> {
+    let output = find_fields(request, budget, deadline)?;
     super::check_required(request, &output)?;
     Ok(output)
 }
 
+/// [`extract`] with the default limits and no deadline: for tools and tests.
+pub fn rule_extract(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+    extract(request, &RuleBudget::default(), &Deadline::none())
+}
+
 /// Runs every field spec over the document, reporting what was not found as
-/// `null` whether it is required or not.
-pub fn find_fields(request: &ExtractionRequest) -> Result<ExtractionOutput, ExtractError> {
+/// `null` whether it is required or not. The deadline is checked before
+/// each search, and the result's size after each field, so neither a slow
+/// document nor a pattern that matches everything runs on unchecked.
+pub fn find_fields(
+    request: &ExtractionRequest,
+    budget: &RuleBudget,
+    deadline: &Deadline,
+) -> Result<ExtractionOutput, ExtractError> {
     let words = request.document.words();
     let joined = JoinedText::new(&words);
     let mut output = ExtractionOutput::default();
+    let mut size = ResultSize::new(budget.result);
     for field in &request.fields {
-        output
-            .fields
-            .insert(field.name.clone(), find(field, &joined)?);
+        let value = find(field, &joined, budget.program_bytes, deadline)?;
+        size.add(&field.name, &value)?;
+        output.fields.insert(field.name.clone(), value);
     }
     Ok(output)
 }
 
-fn find(field: &FieldSpec, doc: &JoinedText) -> Result<Option<ExtractedValue>, ExtractError> {
+fn find(
+    field: &FieldSpec,
+    doc: &JoinedText,
+    program_bytes: usize,
+    deadline: &Deadline,
+) -> Result<Option<ExtractedValue>, ExtractError> {
     let compile = |pattern: &str| {
-        pattern::compile(pattern).map_err(|e| ExtractError::Pattern {
+        pattern::compile(pattern, program_bytes).map_err(|e| ExtractError::Pattern {
             name: field.name.clone(),
             reason: e.to_string(),
         })
     };
+    deadline.check()?;
     let start = match &field.anchor {
         Some(anchor) => match compile(&anchor_pattern(anchor))?.find(&doc.text) {
             Some(m) => m.end(),
@@ -90,6 +123,7 @@ fn find(field: &FieldSpec, doc: &JoinedText) -> Result<Option<ExtractedValue>, E
         Some(p) => compile(p)?,
         None => compile(default_pattern(field.field_type))?,
     };
+    deadline.check()?;
     Ok(first_value(&pattern, field.field_type, doc, start))
 }
 
@@ -170,7 +204,7 @@ mod tests {
                 {"name": "po", "anchor": "PO"}
             ]),
         );
-        let out = extract_sync(&req).unwrap();
+        let out = rule_extract(&req).unwrap();
         let get = |k: &str| out.fields[k].clone();
         assert_eq!(get("number").unwrap().value, "INV-0042");
         assert_eq!(get("number").unwrap().words, Some([3, 3]));
@@ -191,7 +225,7 @@ mod tests {
             serde_json::json!([{"name": "total", "type": "money", "anchor": "Total", "required": true}]),
         );
         assert_eq!(
-            extract_sync(&req),
+            rule_extract(&req),
             Err(ExtractError::RequiredFieldMissing("total".into()))
         );
     }

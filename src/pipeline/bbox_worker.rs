@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::lease::{hold, Held};
 use super::{decode_record, transient, Services, Stage};
-use crate::domain::Transition;
+use crate::domain::{ExtractionRequest, Transition};
 use crate::events::{PostProcessingRequested, PublishReason};
 use crate::extract::{ground, ExtractionOutput};
 use crate::failpoints;
@@ -28,8 +28,13 @@ impl BboxWorker {
         Self { services }
     }
 
-    /// Grounds the claimed job: the values' boxes, or why there are none.
-    async fn grounding(claim: &Claim) -> Result<serde_json::Value, String> {
+    /// Grounds the claimed job on the CPU pool, within its deadline: the
+    /// values' boxes, or why there are none.
+    async fn grounding(
+        services: &Services,
+        claim: &Claim,
+        request: Option<ExtractionRequest>,
+    ) -> Result<serde_json::Value, String> {
         failpoints::hit("bbox.after_claim")
             .await
             .map_err(|e| e.to_string())?;
@@ -37,9 +42,13 @@ impl BboxWorker {
         let output: ExtractionOutput =
             serde_json::from_value(row.result.clone().unwrap_or_default())
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
-        let request = row.request().ok_or("the claim returned no request")?;
-        let grounding = ground(&request.document, &output);
-        Ok(serde_json::to_value(grounding).expect("grounding serialises"))
+        let request = request.ok_or("the claim returned no request")?;
+        let budget = services.settings.bbox_refine_timeout();
+        let grounded = services.cpu.run(budget, move |_| {
+            let grounding = ground(&request.document, &output);
+            Ok(serde_json::to_value(grounding).expect("grounding serialises"))
+        });
+        grounded.await.map_err(|e| e.to_string())
     }
 
     async fn complete(
@@ -75,7 +84,7 @@ impl BboxWorker {
 
     async fn ground_and_complete(
         &self,
-        claim: Claim,
+        mut claim: Claim,
         reason: PublishReason,
     ) -> Result<(), HandlerError> {
         let services = &self.services;
@@ -83,16 +92,12 @@ impl BboxWorker {
         let (id, token) = (claim.extraction.id, claim.token);
         let lease_s = settings.bbox_refinement_lease_s;
         let started = Instant::now();
-        let timeout = std::time::Duration::from_secs_f64(settings.bbox_refine_timeout_s);
-        let work = tokio::time::timeout(timeout, Self::grounding(&claim));
+        let request = claim.extraction.request.take().map(|json| json.0);
+        let work = Self::grounding(services, &claim, request);
         let renew = || leases::renew_bbox_lease(&services.pool, id, token, lease_s);
         let grounded =
             match hold(work, settings.heartbeat_interval(), &services.health, renew).await {
-                Held::Done(Ok(grounded)) => grounded,
-                Held::Done(Err(_)) => Err(format!(
-                    "grounding timed out after {} s",
-                    settings.bbox_refine_timeout_s
-                )),
+                Held::Done(grounded) => grounded,
                 // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
                 Held::Lost | Held::CancelRequested => {
                     services.stale(Stage::BboxRefinement, id, token, "heartbeat");

@@ -24,7 +24,9 @@ use uuid::Uuid;
 use super::submit::{submit_durably, DurableSubmitError};
 use super::Services;
 use crate::auth::AuthError;
-use crate::domain::{idempotency_key_is_valid, ExtractionRequest, Scope, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::domain::{
+    idempotency_key_is_valid, ExtractionRequest, RequestLimits, Scope, MAX_IDEMPOTENCY_KEY_LEN,
+};
 use crate::events::{decode, ExtractionRequested};
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::{NewExtraction, SubmitError};
@@ -99,6 +101,7 @@ async fn tenant_of(
 fn parse(
     record: &Record,
     (tenant_id, max_open_jobs): (Uuid, Option<i64>),
+    limits: &RequestLimits,
 ) -> Result<NewExtraction, HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let requested: ExtractionRequested = decode(payload).map_err(|e| HandlerError::Poison {
@@ -110,9 +113,11 @@ fn parse(
             "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
         )));
     }
-    let request: ExtractionRequest = serde_json::from_str(&requested.request_json)
-        .map_err(|e| invalid(format!("request_json: {e}")))?;
-    request.validate().map_err(|e| invalid(e.to_string()))?;
+    let request = ExtractionRequest::from_json(&requested.request_json, limits)
+        .map_err(|e| HandlerError::Poison {
+            kind: e.code(),
+            reason: format!("request_json: {e}"),
+        })?;
     Ok(NewExtraction {
         id: crate::domain::new_job_id(),
         tenant_id,
@@ -125,7 +130,7 @@ fn parse(
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
         let tenant = tenant_of(&self.services, record).await?;
-        let new = parse(record, tenant)?;
+        let new = parse(record, tenant, &self.services.settings.request_limits())?;
         match submit_durably(&self.services, new).await {
             Ok(_) => Ok(()),
             Err(DurableSubmitError::Submit(e @ SubmitError::KeyReused)) => {

@@ -37,7 +37,7 @@ use crate::auth::Authenticator;
 use crate::config::Settings;
 use crate::domain::Transition;
 use crate::events::{decode, Event, ExtractionEvent, PublishReason};
-use crate::extract::Extractors;
+use crate::extract::{CpuPool, Extractors};
 use crate::failpoints;
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
@@ -64,6 +64,8 @@ pub struct Services {
     pub webhooks: Webhooks,
     /// The extractors the worker can run, with their per-process limits.
     pub extractors: Extractors,
+    /// Where CPU-bound work runs (the rule extractor, bbox grounding).
+    pub cpu: CpuPool,
     /// The "published" stamps of this process's new jobs.
     pub stamps: Stamps,
     /// What this process knows of Kafka's and Postgres's outages.
@@ -86,7 +88,8 @@ impl Services {
         let batched = Batched::new(&settings, &pool, &health, &metrics);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
-        let extractors = Extractors::new(&settings, &metrics)?;
+        let cpu = CpuPool::new(settings.extraction_threads);
+        let extractors = Extractors::new(&settings, &metrics, cpu.clone())?;
         let auth = Authenticator::new(pool.clone(), settings.api_key_cache());
         Ok(Self {
             settings: Arc::new(settings),
@@ -96,6 +99,7 @@ impl Services {
             batched,
             webhooks,
             extractors,
+            cpu,
             stamps,
             health,
             auth,

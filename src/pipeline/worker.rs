@@ -51,7 +51,7 @@ impl ExtractionWorker {
 
     async fn run_claim(
         &self,
-        claim: Claim,
+        mut claim: Claim,
         reason: PublishReason,
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
@@ -80,7 +80,9 @@ impl ExtractionWorker {
         }
         let request = claim
             .extraction
-            .request()
+            .request
+            .take()
+            .map(|json| std::sync::Arc::new(json.0))
             .ok_or_else(|| transient("the claim returned no request (a bug in its statement)"))?;
         let settings = &self.services.settings;
         let callback = settings
@@ -89,7 +91,7 @@ impl ExtractionWorker {
         let job = Job {
             id,
             attempt: token,
-            request,
+            request: &request,
             callback: callback.as_ref(),
         };
         let started = Instant::now();

@@ -213,7 +213,6 @@ impl TestEnv {
                 "DOCSTREAM_HEARTBEAT_INTERVAL_S",
                 secs(s.heartbeat_interval_s),
             ),
-            ("DOCSTREAM_ASYNC_TIMEOUT_S", secs(s.async_timeout_s)),
             (
                 "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
                 secs(s.reaper_sweep_interval_s),

@@ -1,0 +1,141 @@
+//! The bounded pool where CPU-bound work runs: the rule extractor and bbox
+//! grounding. They run on blocking threads, never on the async runtime, so a
+//! slow pattern on a large document cannot hold up heartbeats (which keep
+//! the process's other claims) or the API (which shares the runtime under
+//! `all`). At most `threads` jobs run at once; the others wait for a slot.
+//!
+//! Each job has a deadline. The work checks it between steps (fields,
+//! matches) and fails with [`ExtractError::DeadlineExceeded`] once it is
+//! past; the caller also stops waiting at the deadline, so the job fails on
+//! time even while one long regex search runs on. Such a search keeps its
+//! thread and its slot until it ends (the regex engine's time is linear in
+//! the text, so it does end), which is what keeps the pool bounded.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use super::ExtractError;
+
+/// The pool of one process.
+#[derive(Debug, Clone)]
+pub struct CpuPool {
+    slots: Arc<Semaphore>,
+}
+
+/// When a job's time is up.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    at: Option<Instant>,
+    budget: Duration,
+}
+
+impl Deadline {
+    /// A deadline that never comes, for callers with no budget (tools, tests).
+    pub fn none() -> Self {
+        Self {
+            at: None,
+            budget: Duration::MAX,
+        }
+    }
+
+    /// `budget` from now.
+    pub fn after(budget: Duration) -> Self {
+        Self {
+            at: Some(Instant::now() + budget),
+            budget,
+        }
+    }
+
+    /// Fails once the deadline has passed.
+    pub fn check(&self) -> Result<(), ExtractError> {
+        match self.at {
+            Some(at) if Instant::now() >= at => Err(self.exceeded()),
+            _ => Ok(()),
+        }
+    }
+
+    fn exceeded(&self) -> ExtractError {
+        ExtractError::DeadlineExceeded(self.budget.as_secs_f64())
+    }
+}
+
+impl CpuPool {
+    /// `threads` jobs at once (0: one per CPU).
+    pub fn new(threads: usize) -> Self {
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        Self {
+            slots: Arc::new(Semaphore::new(threads)),
+        }
+    }
+
+    /// Runs `work` on a blocking thread once a slot is free, with a
+    /// deadline `budget` away that it must check. The budget starts when the
+    /// work does, not while it waits for a slot.
+    pub async fn run<T, F>(&self, budget: Duration, work: F) -> Result<T, ExtractError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Deadline) -> Result<T, ExtractError> + Send + 'static,
+    {
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the pool's semaphore is never closed");
+        let deadline = Deadline::after(budget);
+        let task = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            work(&deadline)
+        });
+        // A little past the deadline, so work that checks it reports it
+        // itself; past that, the job has failed whatever the thread does.
+        let grace = Duration::from_millis(50);
+        match tokio::time::timeout(budget + grace, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panicked)) => Err(ExtractError::Unavailable(format!(
+                "extraction failed unexpectedly: {panicked}"
+            ))),
+            Err(_) => Err(deadline.exceeded()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn work_past_its_deadline_fails_on_time_and_others_wait_for_a_slot() {
+        let pool = CpuPool::new(1);
+        let budget = Duration::from_millis(100);
+        let started = Instant::now();
+        // Ignores its deadline: the caller stops waiting all the same.
+        let stuck = pool.run(budget, |_| {
+            std::thread::sleep(Duration::from_millis(400));
+            Ok(())
+        });
+        assert_eq!(stuck.await, Err(ExtractError::DeadlineExceeded(0.1)));
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_millis(300), "{waited:?}");
+        // The one slot is still held by the stuck thread.
+        let next = pool.run(budget, |deadline| deadline.check().map(|()| Instant::now()));
+        let ran_at = next.await.unwrap();
+        assert!(ran_at - started >= Duration::from_millis(400));
+    }
+
+    #[tokio::test]
+    async fn work_that_checks_its_deadline_reports_it() {
+        let pool = CpuPool::new(2);
+        let checking = pool.run(Duration::from_millis(50), |deadline| loop {
+            deadline.check()?;
+            std::thread::sleep(Duration::from_millis(5));
+        });
+        let outcome: Result<(), _> = checking.await;
+        assert_eq!(outcome, Err(ExtractError::DeadlineExceeded(0.05)));
+    }
+}
