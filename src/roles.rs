@@ -88,7 +88,8 @@ pub async fn serve(
     let gate = api::Gate::new(services.metrics.clone());
     let close_listener = CancellationToken::new();
     let router = api::app(services.clone(), gate.clone());
-    let mut server = tokio::spawn(api::serve(listener, router, close_listener.clone()));
+    let limits = services.settings.connection_limits();
+    let mut server = tokio::spawn(api::serve(listener, router, limits, close_listener.clone()));
     tokio::select! {
         _ = shutdown.cancelled() => {}
         ended = &mut server => {
@@ -177,7 +178,8 @@ pub async fn reaper(
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
-    api::serve(listener, api::metrics_router(&services), shutdown).await?;
+    let (router, limits) = (api::metrics_router(&services), services.settings.connection_limits());
+    api::serve(listener, router, limits, shutdown).await?;
     Ok(())
 }
 

@@ -64,6 +64,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::sockets::{Sockets, Stream};
 use super::{ApiError, Gate};
 use crate::auth::Caller;
 use crate::config::Backpressure;
@@ -77,6 +78,9 @@ const STREAM: &str = "export";
 
 /// How long a server-side close waits for the client's close frame.
 const CLOSE_HANDSHAKE: Duration = Duration::from_secs(5);
+
+/// Largest frame a client may send: acknowledgements are tens of bytes.
+const MAX_CLIENT_FRAME: usize = 64 * 1024;
 
 /// Longest group name a client may choose.
 const MAX_GROUP_LEN: usize = 100;
@@ -178,6 +182,7 @@ async fn upgrade(
     caller: Caller,
     State(services): State<Services>,
     Extension(gate): Extension<Gate>,
+    Extension(sockets): Extension<Sockets>,
     params: Result<Query<Params>, QueryRejection>,
     socket: WebSocketUpgrade,
 ) -> Response {
@@ -196,14 +201,22 @@ async fn upgrade(
         Ok(options) => options,
         Err(e) => return e.into_response(),
     };
+    let slot = match sockets.take(caller.tenant_id, Stream::Export) {
+        Ok(slot) => slot,
+        Err(e) => return e.into_response(),
+    };
     let Some(hold) = gate.hold() else {
         return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
             .into_response();
     };
     let closing = gate.closing();
+    // A client sends acknowledgements only: small frames.
+    let socket = socket
+        .max_message_size(MAX_CLIENT_FRAME)
+        .max_frame_size(MAX_CLIENT_FRAME);
     socket.on_upgrade(move |socket| async move {
         export(socket, services, options, closing).await;
-        drop(hold);
+        drop((hold, slot));
     })
 }
 

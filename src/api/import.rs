@@ -6,9 +6,14 @@
 //! `{"ref", "error": {"code", "message"}}`. Every frame takes the submit path
 //! of the API, so it is validated, inserted idempotently and published alike.
 //!
-//! - **Backpressure.** At most [`IN_FLIGHT`] frames of a socket are being
-//!   submitted; the next frame is read only when one finishes, so a fast client
-//!   is slowed by TCP, never dropped.
+//! - **Backpressure.** At most [`IN_FLIGHT`] frames of a socket, and at most
+//!   `import_max_in_flight_bytes` of their text, are being submitted; the next
+//!   frame is read only when there is room, so a fast client is slowed by TCP,
+//!   never dropped, and a socket's memory stays bounded whatever its frames
+//!   weigh.
+//! - **Frame size.** A message (or frame) is at most the body limit; a larger
+//!   one closes the socket with 1009 (message too big), after the frames
+//!   before it are answered.
 //! - **Close.** When the client closes, or when the server shuts down, reading
 //!   stops; every frame already read is drained (row written, event
 //!   published) and answered while the socket still takes answers; on
@@ -30,6 +35,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::sockets::{Sockets, Stream};
 use super::{ApiError, Gate};
 use crate::auth::Caller;
 use crate::domain::{idempotency_key_is_valid, ExtractionRequest, Scope, MAX_IDEMPOTENCY_KEY_LEN};
@@ -64,19 +70,27 @@ async fn upgrade(
     caller: Caller,
     State(services): State<Services>,
     Extension(gate): Extension<Gate>,
+    Extension(sockets): Extension<Sockets>,
     socket: WebSocketUpgrade,
 ) -> Response {
     if let Err(e) = caller.require(Scope::Submit) {
         return ApiError::from(e).into_response();
     }
+    let slot = match sockets.take(caller.tenant_id, Stream::Import) {
+        Ok(slot) => slot,
+        Err(e) => return e.into_response(),
+    };
     let Some(hold) = gate.hold() else {
         return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
             .into_response();
     };
     let closing = gate.closing();
+    // A frame is one request: it gets the body limit, as a POST does.
+    let limit = services.settings.http_body_limit_bytes;
+    let socket = socket.max_message_size(limit).max_frame_size(limit);
     socket.on_upgrade(move |socket| async move {
         import(socket, services, caller, closing).await;
-        drop(hold);
+        drop((hold, slot));
     })
 }
 
@@ -84,6 +98,14 @@ async fn upgrade(
 enum Ended {
     ClientClosed,
     ServerClosing,
+    /// The client sent a message past the size limit.
+    TooLarge,
+}
+
+/// Whether a read failed because the message was past the size limit.
+fn too_large(error: &axum::Error) -> bool {
+    // tungstenite's capacity error, which axum passes on as its own.
+    error.to_string().contains("Space limit exceeded")
 }
 
 async fn import(socket: WebSocket, services: Services, caller: Caller, closing: CancellationToken) {
@@ -102,6 +124,9 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
         sink
     });
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let limit = services.settings.http_body_limit_bytes;
+    let budget = services.settings.import_max_in_flight_bytes;
+    let bytes = Arc::new(Semaphore::new(budget));
     let mut submits = JoinSet::new();
     let ended = loop {
         let slot = tokio::select! {
@@ -113,8 +138,9 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
             frame = frames.next() => frame,
         };
         let text = match frame {
+            Some(Err(e)) if too_large(&e) => break Ended::TooLarge,
             None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::ClientClosed,
-            Some(Ok(Message::Text(text))) => text.to_string(),
+            Some(Ok(Message::Text(text))) => text,
             Some(Ok(Message::Binary(_))) => {
                 let frames = &services.metrics.stream_frames;
                 frames.with_label_values(&[STREAM, "refused"]).inc();
@@ -125,6 +151,12 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
                 continue;
             }
             Some(Ok(_)) => continue,
+        };
+        // A frame larger than the whole budget takes all of it, alone.
+        let weight = u32::try_from(text.len().clamp(1, budget)).unwrap_or(u32::MAX);
+        let held = tokio::select! {
+            _ = closing.cancelled() => break Ended::ServerClosing,
+            held = bytes.clone().acquire_many_owned(weight) => held.expect("never closed"),
         };
         let (services, answers, caller) = (services.clone(), answers.clone(), caller.clone());
         let depth = services
@@ -142,17 +174,24 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
             frames.with_label_values(&[STREAM, verdict]).inc();
             let _ = answers.send(answer(reference, outcome)).await;
             depth.dec();
-            drop(slot);
+            drop((slot, held));
         });
     };
     while submits.join_next().await.is_some() {}
     drop(answers);
     if let Ok(mut sink) = writer.await {
-        if ended == Ended::ServerClosing {
-            let close = CloseFrame {
+        let close = match ended {
+            Ended::ServerClosing => Some(CloseFrame {
                 code: axum::extract::ws::close_code::NORMAL,
                 reason: "server shutting down".into(),
-            };
+            }),
+            Ended::TooLarge => Some(CloseFrame {
+                code: axum::extract::ws::close_code::SIZE,
+                reason: format!("message larger than {limit} bytes").into(),
+            }),
+            Ended::ClientClosed => None,
+        };
+        if let Some(close) = close {
             let _ = sink.send(Message::Close(Some(close))).await;
             // The closing handshake: read (and drop, unanswered) what the
             // client sent meanwhile until its close arrives, so the connection
@@ -171,6 +210,7 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
     let kind = match ended {
         Ended::ClientClosed => "client",
         Ended::ServerClosing => "graceful",
+        Ended::TooLarge => "too_large",
     };
     let closes = &services.metrics.stream_closes;
     closes.with_label_values(&[STREAM, kind]).inc();

@@ -9,18 +9,20 @@ mod export;
 mod extractions;
 mod gate;
 mod import;
+mod listener;
+mod openapi;
 mod results;
+mod sockets;
 
 pub use error::ApiError;
 pub use gate::Gate;
+pub use listener::{serve, ConnectionLimits};
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use std::time::Duration;
 
@@ -46,8 +48,10 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .merge(export::router())
         .with_state(services.clone())
         .merge(probes_router(&services))
+        .merge(openapi::router(&services.settings))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(gate.clone()))
+        .layer(axum::Extension(sockets::Sockets::new(&services.settings)))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
 }
@@ -71,16 +75,6 @@ fn probes_router(services: &Services) -> Router {
         .with_state(services.health.clone())
 }
 
-/// Serves `router` on `listener` until `shutdown`; in-flight requests finish first.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
 
 /// How much longer than the submit's own bound the REST backstop waits: just
 /// enough that a submit's own bound (202 once the row is durable) normally

@@ -243,19 +243,26 @@ settings! {
     /// WebSocket connections one tenant may hold on one `serve` process; one
     /// more gets 429. 64 leaves room for many clients, not for all sockets.
     max_sockets_per_tenant: usize = 64_usize, env "DOCSTREAM_MAX_SOCKETS_PER_TENANT";
+    /// Text of the import frames one socket has in flight, in bytes; the
+    /// next frame is read when there is room. 16 MiB is four frames of the
+    /// body limit, so a socket streaming the largest documents still
+    /// overlaps their submits, and its memory stays a small multiple of it.
+    import_max_in_flight_bytes: usize = 16_usize << 20, env "DOCSTREAM_IMPORT_MAX_IN_FLIGHT_BYTES";
     /// Export streams one `serve` process runs at once; one more gets 503.
     /// Each is a librdkafka consumer with its own threads and prefetch, so
     /// 64, far fewer than sockets.
     max_export_streams: usize = 64_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS";
-    /// TCP connections the API listener holds at once; past it new
-    /// connections are answered 503 and closed. 4,096 is far above what one
-    /// process serves well, below its file descriptor limit.
+    /// TCP connections each HTTP listener (the API's, the internal one)
+    /// holds at once; past it a new connection is answered 503 and closed.
+    /// 4,096 is far above what one process serves well, and below its file
+    /// descriptor limit.
     http_max_connections: usize = 4_096_usize, env "DOCSTREAM_HTTP_MAX_CONNECTIONS";
     /// Longest a client may take to send a request's headers; then the
-    /// connection is closed (a slowloris client holds nothing for long).
+    /// connection is closed. The timer runs whenever a connection waits for
+    /// a request, so this is also the idle timeout of a kept-alive
+    /// connection. 10 s: a slowloris client holds a connection that long at
+    /// most, and a client pausing between requests keeps its connection.
     http_header_read_timeout_s: f64 = 10.0, env "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S";
-    /// Longest a kept-alive connection may sit idle between requests.
-    http_idle_timeout_s: f64 = 60.0, env "DOCSTREAM_HTTP_IDLE_TIMEOUT_S";
     /// How long a claim on an extraction lasts without a heartbeat. The holder
     /// renews it while it works, so a job may run far longer; only a dead or
     /// frozen holder loses it. 10 s bounds recovery after a crash to seconds
@@ -549,7 +556,6 @@ impl Settings {
                 "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S",
                 self.http_header_read_timeout_s,
             ),
-            ("DOCSTREAM_HTTP_IDLE_TIMEOUT_S", self.http_idle_timeout_s),
             ("DOCSTREAM_WEBHOOK_TIMEOUT_S", self.webhook_timeout_s),
             (
                 "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S",
@@ -677,6 +683,10 @@ impl Settings {
             ("DOCSTREAM_MAX_SOCKETS", self.max_sockets),
             ("DOCSTREAM_MAX_SOCKETS_PER_TENANT", self.max_sockets_per_tenant),
             ("DOCSTREAM_MAX_EXPORT_STREAMS", self.max_export_streams),
+            (
+                "DOCSTREAM_IMPORT_MAX_IN_FLIGHT_BYTES",
+                self.import_max_in_flight_bytes,
+            ),
             ("DOCSTREAM_HTTP_MAX_CONNECTIONS", self.http_max_connections),
         ] {
             if n == 0 {
@@ -737,6 +747,14 @@ impl Settings {
     /// `extraction_deadline_s` as a duration.
     pub fn extraction_deadline(&self) -> Duration {
         Duration::from_secs_f64(self.extraction_deadline_s)
+    }
+
+    /// The bounds of each HTTP listener's connections.
+    pub fn connection_limits(&self) -> crate::api::ConnectionLimits {
+        crate::api::ConnectionLimits {
+            max_connections: self.http_max_connections,
+            header_read_timeout: Duration::from_secs_f64(self.http_header_read_timeout_s),
+        }
     }
 
     /// `bbox_refine_timeout_s` as a duration.
