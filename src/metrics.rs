@@ -59,6 +59,9 @@ pub struct Metrics {
     pub consumer_shutdowns: IntCounterVec,
     /// `docstream_dead_letters_total{reason}`: poison records acknowledged by the DLQ.
     pub dead_letters: IntCounterVec,
+    /// `docstream_dead_letter_failures_total`: dead letters the broker did
+    /// not take (each is retried with its record).
+    pub dead_letter_failures: prometheus::IntCounter,
     /// `docstream_publisher_queue_depth`: records waiting for the send point.
     pub publisher_queue_depth: prometheus::IntGauge,
     /// `docstream_http_shutdown_rejections_total`: requests answered 503 while draining.
@@ -355,6 +358,14 @@ impl Metrics {
             "Poison records acknowledged by the DLQ, by reason.",
             &["reason"],
         );
+        let dead_letter_failures = prometheus::IntCounter::new(
+            "docstream_dead_letter_failures_total",
+            "Dead letters the broker did not take; each is retried with its record.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(dead_letter_failures.clone()))
+            .expect("unique metric");
         let paused_partitions = IntGaugeVec::new(
             Opts::new(
                 "docstream_consumer_paused_partitions",
@@ -475,6 +486,7 @@ impl Metrics {
             records_abandoned,
             consumer_shutdowns,
             dead_letters,
+            dead_letter_failures,
             publisher_queue_depth,
             http_shutdown_rejections,
             stream_queue_depth,

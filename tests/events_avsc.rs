@@ -4,7 +4,7 @@
 use apache_avro::types::Value;
 use apache_avro::{GenericSingleObjectReader, Schema};
 use docstream::events::{
-    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested,
+    encode, DeadLetter, ExtractionEvent, Source, ExtractionSubmitted, PostProcessingRequested,
     PublishReason,
 };
 
@@ -81,24 +81,46 @@ fn every_event_decodes_from_its_avsc_alone() {
         &Value::Union(1, Box::new(Value::String(id.to_string())))
     );
 
-    let letter = DeadLetter {
-        topic: "t".into(),
+    let source = Source {
+        topic: "t",
         partition: 1,
         offset: 2,
-        key: Some(b"k".to_vec()),
-        payload: Some(vec![0xff, 0x00]),
-        error_kind: "undecodable".into(),
-        error: "bad".into(),
-        published_at_ms: 3,
+        key: Some(b"k"),
+        payload: Some(&[0xff, 0x00]),
     };
+    let letter = DeadLetter::new(source, "undecodable", "bad", 16);
     let bytes = encode(&letter).unwrap();
     let value = reader("DeadLetter.avsc")
         .read_value(&mut &bytes[..])
         .unwrap();
     assert_eq!(
-        field(&value, "payload"),
+        field(&value, "payload_excerpt"),
         &Value::Union(1, Box::new(Value::Bytes(vec![0xff, 0x00])))
     );
+    assert_eq!(field(&value, "payload_size"), &Value::Long(2));
+}
+
+#[test]
+fn a_dead_letter_is_bounded_whatever_the_record_weighs() {
+    let payload = vec![b'x'; 10 << 20];
+    let key = vec![b'k'; 2 << 20];
+    let reason = "é".repeat(10_000);
+    let source = Source {
+        topic: "extraction.requests",
+        partition: 0,
+        offset: 7,
+        key: Some(&key),
+        payload: Some(&payload),
+    };
+    let letter = DeadLetter::new(source, "invalid_request", &reason, 16 * 1024);
+    let bytes = encode(&letter).unwrap();
+    assert!(bytes.len() < 24 * 1024, "a letter of {} bytes", bytes.len());
+    assert_eq!(letter.payload_size, 10 << 20);
+    assert_eq!(letter.payload_excerpt.as_ref().map(Vec::len), Some(16 * 1024));
+    assert_eq!(letter.payload_sha256.len(), 64);
+    assert!(letter.error.len() <= DeadLetter::MAX_ERROR);
+    let decoded: DeadLetter = docstream::events::decode(&bytes).unwrap();
+    assert_eq!(decoded, letter);
 }
 
 #[test]

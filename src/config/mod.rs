@@ -150,6 +150,11 @@ settings! {
     job_topic_partitions: i32 = 6, env "DOCSTREAM_JOB_TOPIC_PARTITIONS";
     /// Partitions of extraction.events and extraction.requests; 6 for the same reason.
     stream_topic_partitions: i32 = 6, env "DOCSTREAM_STREAM_TOPIC_PARTITIONS";
+    /// Most bytes of a poison record's value its dead letter keeps (with
+    /// the value's size and SHA-256). 16 KiB shows what a record was; with
+    /// the letter's other parts bounded too, a letter stays far below the
+    /// producer's 1 MB maximum, so it can always be produced. At most 256 KiB.
+    dlq_excerpt_bytes: usize = 16_usize * 1024, env "DOCSTREAM_DLQ_EXCERPT_BYTES";
     /// Partitions of the DLQ: 1, since it is rare and read by humans in order.
     dlq_topic_partitions: i32 = 1, env "DOCSTREAM_DLQ_TOPIC_PARTITIONS";
     /// Replication factor of created topics: 1 suits the single local broker;
@@ -692,6 +697,11 @@ impl Settings {
             if n == 0 {
                 return invalid(format!("{name} must be at least 1"));
             }
+        }
+        if self.dlq_excerpt_bytes > 256 * 1024 {
+            return invalid(
+                "DOCSTREAM_DLQ_EXCERPT_BYTES must be at most 262144: a dead letter must stay far below the producer's maximum".into(),
+            );
         }
         if self.max_result_field_bytes > self.max_result_bytes {
             return invalid(

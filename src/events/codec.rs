@@ -35,9 +35,10 @@ const SCHEMA_SOURCES: [&str; 5] = [
 
 /// Earlier versions of the schemas, which records written before an upgrade
 /// carry: read only, never written.
-const HISTORY_SOURCES: [&str; 1] = [include_str!(
-    "../../schemas/history/ExtractionEvent.v1.avsc"
-)];
+const HISTORY_SOURCES: [&str; 2] = [
+    include_str!("../../schemas/history/ExtractionEvent.v1.avsc"),
+    include_str!("../../schemas/history/DeadLetter.v1.avsc"),
+];
 
 /// A parsed schema and its fingerprint.
 struct Known {
@@ -221,7 +222,9 @@ mod tests {
             partition: 3,
             offset: 42,
             key: Some(vec![0, 1, 2]),
-            payload: None,
+            payload_size: -1,
+            payload_sha256: String::new(),
+            payload_excerpt: None,
             error_kind: "undecodable".into(),
             error: "garbage".into(),
             published_at_ms: 7,

@@ -116,7 +116,9 @@ impl ExtractionEvent {
     }
 }
 
-/// `extraction.dlq`: a record parked because it could not be processed.
+/// `extraction.dlq`: a record parked because it could not be processed. It
+/// tells the original value by size, hash and excerpt, never whole, so a
+/// letter is always small enough to produce (see [`DeadLetter::new`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter {
     /// Original topic.
@@ -125,18 +127,81 @@ pub struct DeadLetter {
     pub partition: i32,
     /// Original offset.
     pub offset: i64,
-    /// Original key.
+    /// Original key: its first [`DeadLetter::MAX_KEY`] bytes.
     #[serde(with = "apache_avro::serde_avro_bytes_opt")]
     pub key: Option<Vec<u8>>,
-    /// Original value.
+    /// Size of the original value in bytes; -1 when it had none.
+    pub payload_size: i64,
+    /// SHA-256 of the original value, lowercase hex; empty when it had none.
+    pub payload_sha256: String,
+    /// The original value's first bytes; all of it when it is small.
     #[serde(with = "apache_avro::serde_avro_bytes_opt")]
-    pub payload: Option<Vec<u8>>,
+    pub payload_excerpt: Option<Vec<u8>>,
     /// Machine-readable class of the failure.
     pub error_kind: String,
-    /// Human-readable reason.
+    /// Human-readable reason: its first [`DeadLetter::MAX_ERROR`] bytes.
     pub error: String,
     /// Publish time, ms since the epoch.
     pub published_at_ms: i64,
+}
+
+/// Where a record came from, and what it carried.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// Its topic.
+    pub topic: &'a str,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its key.
+    pub key: Option<&'a [u8]>,
+    /// Its value.
+    pub payload: Option<&'a [u8]>,
+}
+
+impl DeadLetter {
+    /// Most bytes of the original key a letter keeps.
+    pub const MAX_KEY: usize = 1024;
+    /// Most bytes of the reason a letter keeps.
+    pub const MAX_ERROR: usize = 4096;
+
+    /// The letter for `source`, failed as `kind` for `reason`, with at most
+    /// `excerpt_bytes` of its value. Every part is bounded, so a letter
+    /// weighs at most about `excerpt_bytes` + 6 KiB whatever the record did:
+    /// with the excerpt limit far below the producer's maximum, a letter is
+    /// never refused for its size.
+    pub fn new(source: Source<'_>, kind: &str, reason: &str, excerpt_bytes: usize) -> Self {
+        let payload = source.payload;
+        let size = payload.map_or(-1, |p| i64::try_from(p.len()).unwrap_or(i64::MAX));
+        let sha256 = payload.map_or_else(String::new, |p| {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(p);
+            digest.iter().map(|b| format!("{b:02x}")).collect()
+        });
+        let excerpt = |bytes: &[u8], most: usize| bytes[..bytes.len().min(most)].to_vec();
+        Self {
+            topic: source.topic.to_owned(),
+            partition: source.partition,
+            offset: source.offset,
+            key: source.key.map(|k| excerpt(k, Self::MAX_KEY)),
+            payload_size: size,
+            payload_sha256: sha256,
+            payload_excerpt: payload.map(|p| excerpt(p, excerpt_bytes)),
+            error_kind: kind.to_owned(),
+            error: truncated(reason, Self::MAX_ERROR),
+            published_at_ms: now_ms(),
+        }
+    }
+}
+
+/// `text`'s first `most` bytes, cut at a character boundary.
+fn truncated(text: &str, most: usize) -> String {
+    let mut end = text.len().min(most);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 impl Event for ExtractionRequested {

@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::{is_fatal, report_error, report_log};
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
-use crate::events::{now_ms, DeadLetter};
+use crate::events::{DeadLetter, Source};
 use crate::health::Health;
 use crate::metrics::Metrics;
 
@@ -143,6 +143,8 @@ pub struct ConsumerSpec {
     pub topic: String,
     /// Topic poison records go to.
     pub dlq_topic: String,
+    /// Most bytes of a poison record's value its dead letter keeps.
+    pub dlq_excerpt_bytes: usize,
     /// Most records in flight at once.
     pub max_in_flight: usize,
     /// How long a stop waits for in-flight records.
@@ -548,6 +550,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             metrics: self.metrics.clone(),
             health: self.health.clone(),
             dlq_topic: self.spec.dlq_topic.clone(),
+            dlq_excerpt_bytes: self.spec.dlq_excerpt_bytes,
         };
         let shared = self.shared.clone();
         let consumer = self.consumer.clone();
@@ -723,6 +726,7 @@ struct Delivery<H> {
     metrics: Metrics,
     health: Health,
     dlq_topic: String,
+    dlq_excerpt_bytes: usize,
 }
 
 /// First and largest pause between two attempts at a failing record.
@@ -778,21 +782,21 @@ impl<H: RecordHandler> Delivery<H> {
     ) -> Result<(), String> {
         tracing::warn!(topic = %record.topic, partition = record.partition,
             offset = record.offset, kind, reason, "poison record sent to the DLQ");
-        let letter = DeadLetter {
-            topic: record.topic.clone(),
+        let source = Source {
+            topic: &record.topic,
             partition: record.partition,
             offset: record.offset,
-            key: record.key.clone(),
-            payload: record.payload.clone(),
-            error_kind: kind.to_owned(),
-            error: reason.to_owned(),
-            published_at_ms: now_ms(),
+            key: record.key.as_deref(),
+            payload: record.payload.as_deref(),
         };
-        let key = record.key.clone().unwrap_or_default();
-        self.publisher
-            .publish(&self.dlq_topic, &key, &letter)
-            .await
-            .map_err(|e| e.to_string())?;
+        let letter = DeadLetter::new(source, kind, reason, self.dlq_excerpt_bytes);
+        let key = letter.key.clone().unwrap_or_default();
+        // A letter is bounded, so a failure here is the broker's (an outage):
+        // counted, and retried with the record like any passing failure.
+        if let Err(e) = self.publisher.publish(&self.dlq_topic, &key, &letter).await {
+            self.metrics.dead_letter_failures.inc();
+            return Err(format!("dead letter not produced: {e}"));
+        }
         self.metrics.dead_letters.with_label_values(&[kind]).inc();
         Ok(())
     }

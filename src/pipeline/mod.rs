@@ -272,6 +272,7 @@ impl Services {
             group: settings.group(group),
             topic: settings.topic(topic),
             dlq_topic: settings.topic(&settings.topic_dlq),
+            dlq_excerpt_bytes: settings.dlq_excerpt_bytes,
             max_in_flight: settings.consumer_max_in_flight,
             drain_timeout: settings.subscriber_drain_timeout(),
             rebalance_drain_timeout: Duration::from_secs_f64(settings.rebalance_drain_timeout_s),
