@@ -5,7 +5,8 @@
 //!
 //! URLs are parsed as browsers do (the `url` crate, WHATWG), so `0x7f000001`,
 //! `2130706433` and `127.1` are all 127.0.0.1, and an IPv4-mapped IPv6 address
-//! is judged as the IPv4 address it maps. A host name is resolved and every
+//! (`::ffff:a.b.c.d`) is judged as the IPv4 address it maps; the IPv4-translated
+//! form (`::ffff:0:a.b.c.d`) is refused outright. A host name is resolved and every
 //! address it resolves to must pass. When sending, the same guard is the HTTP
 //! client's resolver: the connection goes only to addresses it checked, so a
 //! name that resolves elsewhere the second time (DNS rebinding) gains nothing.
@@ -111,8 +112,9 @@ fn canonical(ip: IpAddr) -> IpAddr {
 
 /// Whether `ip` is a public unicast address: not loopback, private, shared
 /// (CGNAT), link-local (cloud metadata lives there), multicast, documentation,
-/// benchmarking or reserved; for IPv6 also not unique-local, site-local, or a
-/// form that embeds an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible).
+/// benchmarking or reserved; for IPv6 also not unique-local, site-local,
+/// discard-only (`100::/64`), or a form that embeds an IPv4 address (NAT64,
+/// 6to4, Teredo, IPv4-compatible, IPv4-translated `::ffff:0:0/96`).
 pub fn is_public(ip: IpAddr) -> bool {
     special_use(ip).is_none()
 }
@@ -148,6 +150,11 @@ fn special_use(ip: IpAddr) -> Option<&'static str> {
                 _ if (s[0] & 0xffc0) == 0xfe80 => "link-local",
                 _ if (s[0] & 0xffc0) == 0xfec0 => "site-local",
                 _ if s[0] == 0x2001 && s[1] == 0x0db8 => "documentation",
+                // RFC 6666: a blackhole prefix; nothing legitimate listens there.
+                _ if s[..4] == [0x0100, 0, 0, 0] => "discard-only",
+                // `::ffff:0:a.b.c.d` (RFC 2765 SIIT): a translator turns it into
+                // a.b.c.d, so the whole /96 is refused, whatever it embeds.
+                _ if s[..6] == [0, 0, 0, 0, 0xffff, 0] => "IPv4-translated (SIIT)",
                 _ if (s[0] == 0x2001 && s[1] == 0)
                     || (s[0] == 0x0064 && s[1] == 0xff9b)
                     || s[0] == 0x2002
@@ -265,6 +272,9 @@ mod tests {
             "http://100.100.100.200/",
             "http://[fd00:ec2::254]/",
             "http://[64:ff9b::7f00:1]/",
+            "http://[::ffff:0:7f00:1]/",
+            "http://[::ffff:0:a9fe:a9fe]/",
+            "http://[100::1]/",
             "http://0.0.0.0/",
             "http://localhost/",
             "http://localhost./",
@@ -274,6 +284,63 @@ mod tests {
         ] {
             assert!(guard.check(url).await.is_err(), "{url} was admitted");
         }
+    }
+
+    #[tokio::test]
+    async fn ipv4_translated_and_discard_only_addresses_are_refused_however_spelled() {
+        let guard = Guard::default();
+        let translated = [
+            "http://[::ffff:0:7f00:1]/",
+            "http://[::ffff:0:a9fe:a9fe]/",
+            "http://[::FFFF:0:A9FE:A9FE]:8080/hook",
+            "http://[::ffff:0:127.0.0.1]/",
+            "http://[::ffff:0:169.254.169.254]/latest/meta-data/",
+            "http://[0:0:0:0:ffff:0:7f00:1]/",
+            "http://[0000:0000:0000:0000:ffff:0000:0a00:0001]/",
+            "http://[::ffff:0:0:0]/",
+            // A public IPv4 address in translated form is refused all the same:
+            // the whole /96 is special-use, not just the bad addresses in it.
+            "http://[::ffff:0:5db8:d70e]/",
+            "http://[::ffff:0:93.184.215.14]/",
+        ];
+        let discard = [
+            "http://[100::1]/",
+            "http://[100::]/",
+            "http://[0100::1]:443/",
+            "https://[100:0:0:0:ffff:ffff:ffff:ffff]/",
+            "http://[100::ffff:127.0.0.1]/",
+            "http://[100::7f00:1]/",
+        ];
+        for (urls, kind) in [
+            (&translated[..], "IPv4-translated (SIIT)"),
+            (&discard[..], "discard-only"),
+        ] {
+            for url in urls {
+                match guard.check(url).await {
+                    Err(Forbidden::Address { kind: got, .. }) => assert_eq!(got, kind, "{url}"),
+                    other => panic!("{url} was not refused as {kind}: {other:?}"),
+                }
+            }
+        }
+        for ip in [
+            "::ffff:0:7f00:1",
+            "::ffff:0:a9fe:a9fe",
+            "100::1",
+            "100::abcd:1",
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip}");
+        }
+        // An allow list admits the translated form only when it names it:
+        // allowing 127.0.0.1 does not allow ::ffff:0:127.0.0.1.
+        let v4_only = Guard::new(AllowList::parse("127.0.0.1/32").unwrap());
+        assert!(v4_only.check("http://127.0.0.1:9/").await.is_ok());
+        assert!(v4_only.check("http://[::ffff:0:7f00:1]:9/").await.is_err());
+        let translated_ok = Guard::new(AllowList::parse("::ffff:0:0:0/96, 100::/64").unwrap());
+        assert!(translated_ok
+            .check("http://[::ffff:0:7f00:1]:9/")
+            .await
+            .is_ok());
+        assert!(translated_ok.check("http://[100::1]:9/").await.is_ok());
     }
 
     #[tokio::test]
