@@ -38,7 +38,9 @@ use uuid::Uuid;
 use super::sockets::{Sockets, Stream};
 use super::{ApiError, Gate};
 use crate::auth::Caller;
-use crate::domain::{idempotency_key_is_valid, ExtractionRequest, Scope, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::domain::{
+    idempotency_key_is_valid, ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN,
+};
 use crate::pipeline::{self, Services};
 use crate::store::NewExtraction;
 
@@ -222,6 +224,20 @@ fn answer(reference: serde_json::Value, mut outcome: serde_json::Value) -> Messa
     Message::Text(outcome.to_string().into())
 }
 
+/// The `ref` of a frame that does not parse as one, if it can be read: the
+/// rest of the frame is skipped unread, so a bad string elsewhere in it (a
+/// lone surrogate, say) does not hide the reference.
+fn reference_of(text: &str) -> serde_json::Value {
+    #[derive(Deserialize)]
+    struct Reference {
+        #[serde(rename = "ref", default)]
+        reference: serde_json::Value,
+    }
+    serde_json::from_str::<Reference>(text)
+        .map(|r| r.reference)
+        .unwrap_or_default()
+}
+
 /// Submits one frame; its reference and `{"id", "status"}` or `{"error"}`.
 async fn submit_frame(
     services: &Services,
@@ -231,13 +247,8 @@ async fn submit_frame(
     let frame: Frame = match serde_json::from_str(text) {
         Ok(frame) => frame,
         Err(e) => {
-            let reference = serde_json::from_str::<serde_json::Value>(text)
-                .map(|v| v["ref"].clone())
-                .unwrap_or_default();
-            return (
-                reference,
-                ApiError::Unprocessable(format!("frame: {e}")).body(),
-            );
+            let refused = ApiError::from(RequestError::from_json(&e));
+            return (reference_of(text), refused.body());
         }
     };
     let outcome = submit(services, caller, frame.idempotency_key, frame.request).await;
@@ -274,4 +285,20 @@ async fn submit(
     let submitted = pipeline::submit(services, new).await?;
     let row = submitted.extraction();
     Ok((row.id, row.status.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_that_does_not_parse_keeps_its_reference_and_code() {
+        let surrogate = r#"{"ref": "r1", "request": {"document": {"text": "a\ud800"}, "fields": []}}"#;
+        assert_eq!(reference_of(surrogate), serde_json::json!("r1"));
+        let late = r#"{"request": {"document": {"text": "a\ud800"}}, "ref": 7}"#;
+        assert_eq!(reference_of(late), serde_json::json!(7));
+        let e = serde_json::from_str::<Frame>(surrogate).err().unwrap();
+        let body = ApiError::from(RequestError::from_json(&e)).body();
+        assert_eq!(body["error"]["code"], "unrepresentable_text", "{body}");
+    }
 }

@@ -3,6 +3,9 @@
 //! `POST /v1/extractions`: validated the same way, inserted idempotently by its
 //! key, its job published.
 //!
+//! A record is held to the limits of `POST /v1/extractions`: its
+//! `request_json` to the body limit, and the request to every request limit.
+//!
 //! A record is delivered (its offset may be committed) only once the row and
 //! the job's event are durable. A request that can never become a job (it does
 //! not decode, is invalid, or reuses a key with another request) is poison: it
@@ -101,7 +104,7 @@ async fn tenant_of(
 fn parse(
     record: &Record,
     (tenant_id, max_open_jobs): (Uuid, Option<i64>),
-    limits: &RequestLimits,
+    (limits, body_limit): (&RequestLimits, usize),
 ) -> Result<NewExtraction, HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let requested: ExtractionRequested = decode(payload).map_err(|e| HandlerError::Poison {
@@ -112,6 +115,15 @@ fn parse(
         return Err(invalid(format!(
             "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
         )));
+    }
+    if requested.request_json.len() > body_limit {
+        return Err(HandlerError::Poison {
+            kind: "limit_exceeded",
+            reason: format!(
+                "request_json is {} bytes, larger than the body limit of {body_limit} bytes",
+                requested.request_json.len()
+            ),
+        });
     }
     let request = ExtractionRequest::from_json(&requested.request_json, limits)
         .map_err(|e| HandlerError::Poison {
@@ -130,7 +142,9 @@ fn parse(
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
         let tenant = tenant_of(&self.services, record).await?;
-        let new = parse(record, tenant, &self.services.settings.request_limits())?;
+        let settings = &self.services.settings;
+        let limits = (&settings.request_limits(), settings.http_body_limit_bytes);
+        let new = parse(record, tenant, limits)?;
         match submit_durably(&self.services, new).await {
             Ok(_) => Ok(()),
             Err(DurableSubmitError::Submit(e @ SubmitError::KeyReused)) => {

@@ -1,0 +1,687 @@
+//! Hostile input against real processes, Postgres and Kafka: every bound is
+//! held, every refusal is a clear 4xx (or a dead letter), and nothing a
+//! request or record does can stall a partition, buy unbounded memory, or
+//! hold up the runtime.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{free_port, peak_rss_kib, scrape, stop, wait_count, wait_for, wait_healthy, TestEnv};
+use docstream::events::{decode, encode, DeadLetter, ExtractionRequested};
+use futures::{SinkExt, StreamExt};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use uuid::Uuid;
+
+/// A `serve` process on free ports: (child, API base URL, metrics address).
+fn spawn_serve(
+    env: &TestEnv,
+    extra: &[(&str, String)],
+    log: &str,
+) -> (tokio::process::Child, String, String) {
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut vars = vec![
+        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+        ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
+    ];
+    vars.extend(extra.iter().cloned());
+    let child = env.spawn("serve", &vars, log);
+    (child, format!("127.0.0.1:{port}"), metrics)
+}
+
+fn good_body(i: usize) -> serde_json::Value {
+    common::sample_body(i)
+}
+
+/// `{"document": {"text": TEXT}, …}` with `text` spliced in as raw JSON, so
+/// escapes a JSON library would never write (a lone surrogate) reach the server.
+fn raw_text_body(text_json: &str) -> String {
+    format!(
+        r#"{{"document":{{"text":"Total {text_json} 12"}},"fields":[{{"name":"x","anchor":"Total"}}]}}"#
+    )
+}
+
+const NUL: &str = r"a\u0000b";
+const LONE_SURROGATE: &str = r"a\ud800b";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_fails() {
+    let env = TestEnv::new("limits_text").await;
+    let (serve, addr, _) = spawn_serve(&env, &[], "limits-text-serve");
+    let mut children = [
+        serve,
+        env.spawn("intake", &[], "limits-text-intake"),
+        env.spawn("worker", &[], "limits-text-worker"),
+    ];
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+    let client = env.client();
+
+    // HTTP: 10 NUL, 10 lone surrogates and 50 good submissions at once.
+    let run = Uuid::new_v4().simple().to_string();
+    let mut submits = Vec::new();
+    for i in 0..70 {
+        let body = match i % 7 {
+            0 => raw_text_body(NUL),
+            1 => raw_text_body(LONE_SURROGATE),
+            _ => good_body(i).to_string(),
+        };
+        let request = client
+            .post(format!("{base}/v1/extractions"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("{run}-{i}"))
+            .body(body);
+        submits.push(async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let body: serde_json::Value = response.json().await.unwrap();
+            (i, status, body)
+        });
+    }
+    let answers = futures::future::join_all(submits).await;
+    let mut accepted = 0;
+    for (i, status, body) in &answers {
+        match i % 7 {
+            0 | 1 => {
+                assert_eq!(*status, 422, "submit {i}: {body}");
+                assert_eq!(body["error"]["code"], "unrepresentable_text", "{body}");
+            }
+            _ => {
+                assert_eq!(*status, 202, "good submit {i} failed beside a bad one: {body}");
+                accepted += 1;
+            }
+        }
+    }
+    assert_eq!(accepted, 50);
+
+    // The import stream: the same refusals, and the good frame beside them.
+    let url = format!("ws://{addr}/v1/import");
+    let (mut socket, _) = tokio_tungstenite::connect_async(env.ws_request(&url))
+        .await
+        .unwrap();
+    let frames = [
+        format!(r#"{{"ref":"nul","request":{}}}"#, raw_text_body(NUL)),
+        format!(
+            r#"{{"ref":"surrogate","request":{}}}"#,
+            raw_text_body(LONE_SURROGATE)
+        ),
+        serde_json::json!({"ref": "good", "idempotency_key": format!("{run}-ws"), "request": good_body(1)})
+            .to_string(),
+    ];
+    for frame in frames {
+        socket.send(Message::Text(frame.into())).await.unwrap();
+    }
+    let mut by_ref = std::collections::HashMap::new();
+    while by_ref.len() < 3 {
+        let Some(Ok(Message::Text(text))) = socket.next().await else {
+            panic!("the import stream closed before answering");
+        };
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+        by_ref.insert(answer["ref"].as_str().unwrap().to_owned(), answer);
+    }
+    for bad in ["nul", "surrogate"] {
+        assert_eq!(
+            by_ref[bad]["error"]["code"], "unrepresentable_text",
+            "{bad}: {}",
+            by_ref[bad]
+        );
+    }
+    assert_eq!(by_ref["good"]["status"], "queued", "{}", by_ref["good"]);
+    socket.close(None).await.unwrap();
+
+    // The intake: the bad records become dead letters, and the good record
+    // behind them on the same partition becomes a job.
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .create()
+        .unwrap();
+    let topic = env.topic("extraction.requests");
+    let records = [
+        (format!("{run}-k-nul"), raw_text_body(NUL)),
+        (format!("{run}-k-surrogate"), raw_text_body(LONE_SURROGATE)),
+        (format!("{run}-k-good"), good_body(2).to_string()),
+    ];
+    let mut last_offset = 0;
+    for (key, json) in &records {
+        let requested = ExtractionRequested {
+            idempotency_key: key.clone(),
+            request_json: json.clone(),
+            requested_at_ms: 0,
+        };
+        let payload = encode(&requested).unwrap();
+        let record = FutureRecord::to(&topic)
+            .partition(0)
+            .key(key.as_bytes())
+            .payload(&payload)
+            .headers(common::intake_headers("default", &env.api_key));
+        let delivered = producer.send(record, Duration::from_secs(30)).await;
+        last_offset = delivered.unwrap().offset;
+    }
+    let good_key = format!("{run}-k-good");
+    wait_count(
+        &env.pool,
+        "the good intake record to become a job",
+        &format!("SELECT count(*) FROM extraction_requests WHERE idempotency_key = '{good_key}'"),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let group = env.settings.group(&env.settings.intake_group);
+    let committed = wait_for(
+        "the intake to commit past the bad records",
+        Duration::from_secs(30),
+        || {
+            let committed = env.committed(&group, "extraction.requests");
+            async move {
+                match committed.get(&0) {
+                    Some(&at) if at > last_offset => Ok(at),
+                    other => Err(format!("committed {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let letters: Vec<DeadLetter> = env
+        .read_topic("extraction.dlq")
+        .into_iter()
+        .map(|(_, value)| decode(&value).unwrap())
+        .collect();
+    let kinds: Vec<&str> = letters.iter().map(|l| l.error_kind.as_str()).collect();
+    assert_eq!(kinds, ["unrepresentable_text", "unrepresentable_text"]);
+
+    // Every good submission, whichever intake, finishes.
+    let finished = wait_count(
+        &env.pool,
+        "every accepted job to succeed",
+        "SELECT count(*) FROM extractions WHERE status = 'succeeded'",
+        52,
+        Duration::from_secs(90),
+    );
+    finished.await;
+    let failed = common::count(
+        &env.pool,
+        "SELECT count(*) FROM extractions WHERE status <> 'succeeded'",
+    )
+    .await;
+    assert_eq!(failed, 0);
+    eprintln!(
+        "limits text: http 20 refused (422 unrepresentable_text) and 50 accepted; import 2 refused, \
+         1 accepted; intake 2 dead letters, committed offset {committed} past {last_offset}; \
+         52 jobs succeeded"
+    );
+    stop(&mut children).await;
+    env.cleanup().await;
+}
+
+/// RSS bound the amplification test states for each process.
+const AMPLIFICATION_RSS_KIB: u64 = 160 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_past_its_limit_fails_after_one_attempt_and_memory_stays_bounded() {
+    let env = TestEnv::new("limits_result").await;
+    let (serve, addr, _) = spawn_serve(&env, &[], "limits-result-serve");
+    let mut children = [serve, env.spawn("worker", &[], "limits-result-worker")];
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+    // 1 MB of text and 30 fields that each match all of it: 60 MB of
+    // result before the limits.
+    let text: String = (0..100_000).map(|i| format!("w{:07} ", i)).collect();
+    let fields: Vec<serde_json::Value> = (0..30)
+        .map(|i| serde_json::json!({"name": format!("f{i}"), "pattern": "(.+)"}))
+        .collect();
+    let body = serde_json::json!({"document": {"text": text}, "fields": fields});
+    let response = env
+        .client()
+        .post(format!("{base}/v1/extractions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let id: Uuid = response.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (attempts, error): (i32, String) = wait_for(
+        "the job to fail",
+        Duration::from_secs(60),
+        || async {
+            let row: Option<(String, i32, Option<String>)> =
+                sqlx::query_as("SELECT status, attempts, error FROM extractions WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&env.pool)
+                    .await
+                    .unwrap();
+            match row {
+                Some((status, attempts, error)) if status == "failed" => {
+                    Ok((attempts, error.unwrap_or_default()))
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(attempts, 1, "a result past its limit is not retried");
+    assert!(error.starts_with("result_too_large:"), "{error}");
+    let peaks: Vec<u64> = children
+        .iter()
+        .map(|c| peak_rss_kib(c.id().unwrap()).unwrap())
+        .collect();
+    for peak in &peaks {
+        assert!(*peak < AMPLIFICATION_RSS_KIB, "peak RSS {peak} KiB");
+    }
+    eprintln!("limits result: failed after {attempts} attempt: {error}; peak RSS serve/worker {peaks:?} KiB (bound {AMPLIFICATION_RSS_KIB})");
+    stop(&mut children).await;
+    env.cleanup().await;
+}
+
+/// The body limit the import test runs with, and its RSS bound for `serve`.
+const IMPORT_LIMIT: usize = 1 << 20;
+const IMPORT_RSS_KIB: u64 = 200 * 1024;
+
+/// An import frame of exactly `size` bytes.
+fn frame_of_size(i: usize, run: &str, size: usize) -> String {
+    let frame = |pad: usize| {
+        serde_json::json!({
+            "ref": i,
+            "idempotency_key": format!("{run}-{i}"),
+            "request": {
+                "document": {"text": format!("Total 12.50 {}", "x".repeat(pad))},
+                "fields": [{"name": "total", "type": "money", "anchor": "Total"}],
+            },
+        })
+        .to_string()
+    };
+    let bare = frame(0).len();
+    let text = frame(size - bare);
+    assert_eq!(text.len(), size);
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_frames_are_held_to_the_body_limit_and_a_larger_one_closes_with_1009() {
+    let env = TestEnv::new("limits_import").await;
+    let limit = ("DOCSTREAM_HTTP_BODY_LIMIT_BYTES", IMPORT_LIMIT.to_string());
+    let (serve, addr, _) = spawn_serve(&env, &[limit], "limits-import-serve");
+    let mut children = [serve];
+    wait_healthy(&format!("http://{addr}")).await;
+    let url = format!("ws://{addr}/v1/import");
+    let (socket, _) = tokio_tungstenite::connect_async(env.ws_request(&url))
+        .await
+        .unwrap();
+    let (mut sink, mut answers) = socket.split();
+    let run = Uuid::new_v4().simple().to_string();
+    let started = Instant::now();
+    let sender = tokio::spawn(async move {
+        for i in 0..64 {
+            let frame = frame_of_size(i, &run, IMPORT_LIMIT);
+            sink.send(Message::Text(frame.into())).await.unwrap();
+        }
+        sink
+    });
+    let mut accepted = 0;
+    while accepted < 64 {
+        match answers.next().await {
+            Some(Ok(Message::Text(text))) => {
+                let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(answer["status"], "queued", "{answer}");
+                accepted += 1;
+            }
+            other => panic!("the stream ended after {accepted} answers: {other:?}"),
+        }
+    }
+    let took = started.elapsed();
+    let mut sink = sender.await.unwrap();
+    let over = frame_of_size(64, "over", IMPORT_LIMIT + 1);
+    let _ = sink.send(Message::Text(over.into())).await;
+    let close = loop {
+        match answers.next().await {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(other)) => panic!("expected the close, got {other:?}"),
+            other => panic!("the stream ended without a close frame: {other:?}"),
+        }
+    };
+    let close = close.expect("a close frame with a code");
+    assert_eq!(u16::from(close.code), 1009, "{close:?}");
+    let peak = peak_rss_kib(children[0].id().unwrap()).unwrap();
+    assert!(peak < IMPORT_RSS_KIB, "serve's peak RSS {peak} KiB");
+    let rows = common::count(&env.pool, "SELECT count(*) FROM extraction_requests").await;
+    assert_eq!(rows, 64);
+    eprintln!(
+        "limits import: 64 frames of {IMPORT_LIMIT} bytes accepted in {took:?}; one byte over closed \
+         with {} ({}); serve peak RSS {peak} KiB (bound {IMPORT_RSS_KIB})",
+        u16::from(close.code),
+        close.reason
+    );
+    stop(&mut children).await;
+    env.cleanup().await;
+}
+
+/// A pattern the lazy DFA cannot run (Unicode word boundaries), so each
+/// search of a few MB of Cyrillic text takes about a second.
+const SLOW_PATTERN: &str = r"\b\w{1,8}\b\s\b\w{1,8}\b\d{3}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims_and_answers() {
+    let env = TestEnv::with_settings("limits_slow", |s| {
+        s.extraction_run_lease_s = 3.0;
+        s.heartbeat_interval_s = 0.5;
+    })
+    .await;
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let vars = [
+        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+        ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
+        ("DOCSTREAM_EXTRACTION_DEADLINE_S", "2".to_owned()),
+        ("DOCSTREAM_EXTRACTION_THREADS", "1".to_owned()),
+    ];
+    let mut children = [env.spawn("all", &vars, "limits-slow-all")];
+    let base = format!("http://127.0.0.1:{port}");
+    wait_healthy(&base).await;
+    let client = env.client();
+    let text: String = (0..200_000).map(|i| format!("слово{}é ", i % 97)).collect();
+    let fields: Vec<serde_json::Value> = (0..10)
+        .map(|i| serde_json::json!({"name": format!("f{i}"), "pattern": SLOW_PATTERN}))
+        .collect();
+    let slow = serde_json::json!({"document": {"text": text}, "fields": fields});
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .json(&slow)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let slow_id: Uuid = response.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut others = Vec::new();
+    for i in 0..20 {
+        let response = client
+            .post(format!("{base}/v1/extractions"))
+            .json(&good_body(i))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        let id: Uuid = response.json::<serde_json::Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        others.push(id);
+    }
+    // /healthz, every 50 ms, until the slow job has failed.
+    let probe = reqwest::Client::new();
+    let mut slowest = Duration::ZERO;
+    let mut probes = 0;
+    let started = Instant::now();
+    let error = loop {
+        let asked = Instant::now();
+        let answered = probe
+            .get(format!("{base}/healthz"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap();
+        assert!(answered.status().is_success());
+        slowest = slowest.max(asked.elapsed());
+        probes += 1;
+        let row: (String, i32, Option<String>) =
+            sqlx::query_as("SELECT status, attempts, error FROM extractions WHERE id = $1")
+                .bind(slow_id)
+                .fetch_one(&env.pool)
+                .await
+                .unwrap();
+        if row.0 == "failed" {
+            assert_eq!(row.1, 1, "a job past its deadline is not retried");
+            break row.2.unwrap_or_default();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the slow job is still {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let failed_after = started.elapsed();
+    assert!(error.starts_with("deadline_exceeded:"), "{error}");
+    assert!(slowest < Duration::from_millis(100), "/healthz took {slowest:?}");
+    wait_count(
+        &env.pool,
+        "the other jobs to succeed",
+        "SELECT count(*) FROM extractions WHERE status = 'succeeded'",
+        20,
+        Duration::from_secs(60),
+    )
+    .await;
+    let wins = common::wins(&env.pool, "mark_succeeded").await;
+    common::assert_exactly_once(&wins, &others, "mark_succeeded");
+    let stale = scrape(&metrics, "docstream_stale_completions_total").await;
+    assert_eq!(stale, 0.0, "a claim was lost while the slow job ran");
+    eprintln!(
+        "limits slow pattern: failed after {failed_after:?} ({error}); {probes} /healthz probes, \
+         slowest {slowest:?}; 20 other jobs succeeded once each, 0 stale completions"
+    );
+    stop(&mut children).await;
+    env.cleanup().await;
+}
+
+/// Raises `topic`'s record size limit so records past the broker's 1 MB
+/// default can be produced to it.
+async fn allow_large_records(brokers: &str, topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic))
+        .set("max.message.bytes", "16777216");
+    let altered = admin
+        .alter_configs(&[config], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(altered.iter().all(Result::is_ok), "{altered:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_flows_on() {
+    let env = TestEnv::new("limits_poison").await;
+    let topic = env.topic("extraction.requests");
+    allow_large_records(&env.settings.kafka_brokers, &topic).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .set("message.max.bytes", "16777216")
+        .create()
+        .unwrap();
+    let run = Uuid::new_v4().simple().to_string();
+    // 1.1 MB: a request without fields; 10 MB: not Avro at all.
+    let big_request = ExtractionRequested {
+        idempotency_key: format!("{run}-big"),
+        request_json: format!(r#"{{"document":{{"text":"{}"}}}}"#, "x".repeat(1_100_000)),
+        requested_at_ms: 0,
+    };
+    let good = ExtractionRequested {
+        idempotency_key: format!("{run}-good"),
+        request_json: good_body(3).to_string(),
+        requested_at_ms: 0,
+    };
+    let payloads = [
+        encode(&big_request).unwrap(),
+        vec![0x5a; 10 << 20],
+        encode(&good).unwrap(),
+    ];
+    let mut offsets = Vec::new();
+    for (i, payload) in payloads.iter().enumerate() {
+        let key = format!("{run}-{i}");
+        let record = FutureRecord::to(&topic)
+            .partition(0)
+            .key(key.as_bytes())
+            .payload(payload)
+            .headers(common::intake_headers("default", &env.api_key));
+        let delivered = producer.send(record, Duration::from_secs(60)).await;
+        offsets.push(delivered.unwrap().offset);
+    }
+    let mut children = [env.spawn("intake", &[], "limits-poison-intake")];
+    wait_count(
+        &env.pool,
+        "the good record behind the poison ones to become a job",
+        &format!(
+            "SELECT count(*) FROM extraction_requests WHERE idempotency_key = '{run}-good'"
+        ),
+        1,
+        Duration::from_secs(90),
+    )
+    .await;
+    let group = env.settings.group(&env.settings.intake_group);
+    let last = offsets[2];
+    wait_for("the commit past the good record", Duration::from_secs(30), || {
+        let committed = env.committed(&group, "extraction.requests");
+        async move {
+            match committed.get(&0) {
+                Some(&at) if at > last => Ok(()),
+                other => Err(format!("committed {other:?}")),
+            }
+        }
+    })
+    .await;
+    let letters: Vec<(usize, DeadLetter)> = env
+        .read_topic("extraction.dlq")
+        .into_iter()
+        .map(|(_, value)| (value.len(), decode(&value).unwrap()))
+        .collect();
+    assert_eq!(letters.len(), 2, "one letter for each poison record");
+    let sizes: Vec<i64> = letters.iter().map(|(_, l)| l.payload_size).collect();
+    assert_eq!(
+        sizes,
+        [payloads[0].len() as i64, payloads[1].len() as i64],
+        "the letters tell the records' sizes"
+    );
+    let kinds: Vec<&str> = letters.iter().map(|(_, l)| l.error_kind.as_str()).collect();
+    assert_eq!(kinds, ["invalid_request", "undecodable"]);
+    for ((bytes, letter), payload) in letters.iter().zip(&payloads) {
+        use sha2::Digest;
+        let digest: String = sha2::Sha256::digest(payload)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(letter.payload_sha256, digest);
+        assert!(*bytes < 32 * 1024, "a letter of {bytes} bytes");
+    }
+    eprintln!(
+        "limits poison: records of {} and {} bytes gave letters of {} and {} bytes; the good \
+         record behind them became a job and the commit passed offset {last}",
+        payloads[0].len(),
+        payloads[1].len(),
+        letters[0].0,
+        letters[1].0
+    );
+    stop(&mut children).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_cut_off() {
+    let env = TestEnv::new("limits_caps").await;
+    let caps = [
+        ("DOCSTREAM_MAX_EXPORT_STREAMS", "2".to_owned()),
+        ("DOCSTREAM_MAX_SOCKETS_PER_TENANT", "3".to_owned()),
+        ("DOCSTREAM_HTTP_MAX_CONNECTIONS", "8".to_owned()),
+        ("DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S", "1".to_owned()),
+    ];
+    let (serve, addr, _) = spawn_serve(&env, &caps, "limits-caps-serve");
+    let mut children = [serve];
+    wait_healthy(&format!("http://{addr}")).await;
+
+    // Export streams: two open, the third refused with 503.
+    let export = |n: usize| format!("ws://{addr}/v1/export?group=caps-{n}");
+    let mut open = Vec::new();
+    for n in 0..2 {
+        let (socket, _) = tokio_tungstenite::connect_async(env.ws_request(&export(n)))
+            .await
+            .unwrap();
+        open.push(socket);
+    }
+    let refused = tokio_tungstenite::connect_async(env.ws_request(&export(2))).await;
+    let status = match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        other => panic!("the third export stream was not refused: {:?}", other.map(|_| ())),
+    };
+    assert_eq!(status, 503);
+    // Sockets per tenant: with two exports open, one import fits, the next gets 429.
+    let import = format!("ws://{addr}/v1/import");
+    let (third, _) = tokio_tungstenite::connect_async(env.ws_request(&import))
+        .await
+        .unwrap();
+    open.push(third);
+    let refused = tokio_tungstenite::connect_async(env.ws_request(&import)).await;
+    let tenant_status = match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        other => panic!("the fourth socket was not refused: {:?}", other.map(|_| ())),
+    };
+    assert_eq!(tenant_status, 429);
+    drop(open);
+
+    // Connections: the sockets above are closed; fill the cap with idle
+    // connections, and the next one is answered 503 and closed.
+    let connections = wait_for("the closed sockets' connections to end", Duration::from_secs(10), || {
+        let addr = addr.clone();
+        async move {
+            let mut held = Vec::new();
+            for _ in 0..8 {
+                held.push(TcpStream::connect(&addr).await.map_err(|e| e.to_string())?);
+            }
+            let mut extra = TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
+            let mut answer = String::new();
+            let read = tokio::time::timeout(Duration::from_secs(2), extra.read_to_string(&mut answer));
+            match read.await {
+                Ok(Ok(_)) if answer.starts_with("HTTP/1.1 503") => Ok((held, answer)),
+                other => Err(format!("the ninth connection got {other:?}: {answer:?}")),
+            }
+        }
+    })
+    .await;
+    let (held, answer) = connections;
+    assert!(answer.contains("too_many_connections"), "{answer}");
+    drop(held);
+
+    // A slowloris client: headers trickled a line every 200 ms are cut off
+    // after the 1 s header-read timeout.
+    let mut slow = wait_for("a connection slot", Duration::from_secs(10), || {
+        let addr = addr.clone();
+        async move { TcpStream::connect(&addr).await.map_err(|e| e.to_string()) }
+    })
+    .await;
+    let started = Instant::now();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let mut lines = 0;
+    let cut_after = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let written = slow.write_all(format!("x-slow-{lines}: 1\r\n").as_bytes()).await;
+        lines += 1;
+        let mut probe = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_millis(1), slow.read(&mut probe)).await;
+        let closed = matches!(closed, Ok(Ok(0)) | Ok(Err(_)));
+        if written.is_err() || closed {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the slowloris was never cut off");
+    };
+    assert!(cut_after >= Duration::from_millis(900), "cut after {cut_after:?}");
+    assert!(cut_after < Duration::from_secs(3), "cut after {cut_after:?}");
+    eprintln!(
+        "limits caps: third export stream 503, fourth socket of the tenant 429, ninth connection \
+         503 ({}), slowloris cut off after {cut_after:?} and {lines} header lines",
+        answer.lines().next().unwrap_or_default()
+    );
+    stop(&mut children).await;
+    env.cleanup().await;
+}
