@@ -178,7 +178,10 @@ pub async fn reaper(
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
-    let (router, limits) = (api::metrics_router(&services), services.settings.connection_limits());
+    let (router, limits) = (
+        api::metrics_router(&services),
+        services.settings.connection_limits(),
+    );
     api::serve(listener, router, limits, shutdown).await?;
     Ok(())
 }

@@ -4,8 +4,8 @@
 use apache_avro::types::Value;
 use apache_avro::{GenericSingleObjectReader, Schema};
 use docstream::events::{
-    encode, DeadLetter, ExtractionEvent, Source, ExtractionSubmitted, PostProcessingRequested,
-    PublishReason,
+    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested,
+    PublishReason, Source,
 };
 
 fn reader(file: &str) -> GenericSingleObjectReader {
@@ -116,7 +116,10 @@ fn a_dead_letter_is_bounded_whatever_the_record_weighs() {
     let bytes = encode(&letter).unwrap();
     assert!(bytes.len() < 24 * 1024, "a letter of {} bytes", bytes.len());
     assert_eq!(letter.payload_size, 10 << 20);
-    assert_eq!(letter.payload_excerpt.as_ref().map(Vec::len), Some(16 * 1024));
+    assert_eq!(
+        letter.payload_excerpt.as_ref().map(Vec::len),
+        Some(16 * 1024)
+    );
     assert_eq!(letter.payload_sha256.len(), 64);
     assert!(letter.error.len() <= DeadLetter::MAX_ERROR);
     let decoded: DeadLetter = docstream::events::decode(&bytes).unwrap();

@@ -94,7 +94,10 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
                 assert_eq!(body["error"]["code"], "unrepresentable_text", "{body}");
             }
             _ => {
-                assert_eq!(*status, 202, "good submit {i} failed beside a bad one: {body}");
+                assert_eq!(
+                    *status, 202,
+                    "good submit {i} failed beside a bad one: {body}"
+                );
                 accepted += 1;
             }
         }
@@ -250,10 +253,8 @@ async fn a_result_past_its_limit_fails_after_one_attempt_and_memory_stays_bounde
         .unwrap()
         .parse()
         .unwrap();
-    let (attempts, error): (i32, String) = wait_for(
-        "the job to fail",
-        Duration::from_secs(60),
-        || async {
+    let (attempts, error): (i32, String) =
+        wait_for("the job to fail", Duration::from_secs(60), || async {
             let row: Option<(String, i32, Option<String>)> =
                 sqlx::query_as("SELECT status, attempts, error FROM extractions WHERE id = $1")
                     .bind(id)
@@ -266,9 +267,8 @@ async fn a_result_past_its_limit_fails_after_one_attempt_and_memory_stays_bounde
                 }
                 other => Err(format!("{other:?}")),
             }
-        },
-    )
-    .await;
+        })
+        .await;
     assert_eq!(attempts, 1, "a result past its limit is not retried");
     assert!(error.starts_with("result_too_large:"), "{error}");
     let peaks: Vec<u64> = children
@@ -342,12 +342,9 @@ async fn import_frames_are_held_to_the_body_limit_and_a_larger_one_closes_with_1
     let mut sink = sender.await.unwrap();
     let over = frame_of_size(64, "over", IMPORT_LIMIT + 1);
     let _ = sink.send(Message::Text(over.into())).await;
-    let close = loop {
-        match answers.next().await {
-            Some(Ok(Message::Close(frame))) => break frame,
-            Some(Ok(other)) => panic!("expected the close, got {other:?}"),
-            other => panic!("the stream ended without a close frame: {other:?}"),
-        }
+    let close = match answers.next().await {
+        Some(Ok(Message::Close(frame))) => frame,
+        other => panic!("expected the close frame, got {other:?}"),
     };
     let close = close.expect("a close frame with a code");
     assert_eq!(u16::from(close.code), 1009, "{close:?}");
@@ -455,7 +452,10 @@ async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims
     };
     let failed_after = started.elapsed();
     assert!(error.starts_with("deadline_exceeded:"), "{error}");
-    assert!(slowest < Duration::from_millis(100), "/healthz took {slowest:?}");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "/healthz took {slowest:?}"
+    );
     wait_count(
         &env.pool,
         "the other jobs to succeed",
@@ -483,8 +483,8 @@ async fn allow_large_records(brokers: &str, topic: &str) {
         .set("bootstrap.servers", brokers)
         .create()
         .unwrap();
-    let config = AlterConfig::new(ResourceSpecifier::Topic(topic))
-        .set("max.message.bytes", "16777216");
+    let config =
+        AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", "16777216");
     let altered = admin
         .alter_configs(&[config], &AdminOptions::new())
         .await
@@ -534,24 +534,26 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
     wait_count(
         &env.pool,
         "the good record behind the poison ones to become a job",
-        &format!(
-            "SELECT count(*) FROM extraction_requests WHERE idempotency_key = '{run}-good'"
-        ),
+        &format!("SELECT count(*) FROM extraction_requests WHERE idempotency_key = '{run}-good'"),
         1,
         Duration::from_secs(90),
     )
     .await;
     let group = env.settings.group(&env.settings.intake_group);
     let last = offsets[2];
-    wait_for("the commit past the good record", Duration::from_secs(30), || {
-        let committed = env.committed(&group, "extraction.requests");
-        async move {
-            match committed.get(&0) {
-                Some(&at) if at > last => Ok(()),
-                other => Err(format!("committed {other:?}")),
+    wait_for(
+        "the commit past the good record",
+        Duration::from_secs(30),
+        || {
+            let committed = env.committed(&group, "extraction.requests");
+            async move {
+                match committed.get(&0) {
+                    Some(&at) if at > last => Ok(()),
+                    other => Err(format!("committed {other:?}")),
+                }
             }
-        }
-    })
+        },
+    )
     .await;
     let letters: Vec<(usize, DeadLetter)> = env
         .read_topic("extraction.dlq")
@@ -613,7 +615,10 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
     let refused = tokio_tungstenite::connect_async(env.ws_request(&export(2))).await;
     let status = match refused {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
-        other => panic!("the third export stream was not refused: {:?}", other.map(|_| ())),
+        other => panic!(
+            "the third export stream was not refused: {:?}",
+            other.map(|_| ())
+        ),
     };
     assert_eq!(status, 503);
     // Sockets per tenant: with two exports open, one import fits, the next gets 429.
@@ -632,22 +637,27 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
 
     // Connections: the sockets above are closed; fill the cap with idle
     // connections, and the next one is answered 503 and closed.
-    let connections = wait_for("the closed sockets' connections to end", Duration::from_secs(10), || {
-        let addr = addr.clone();
-        async move {
-            let mut held = Vec::new();
-            for _ in 0..8 {
-                held.push(TcpStream::connect(&addr).await.map_err(|e| e.to_string())?);
+    let connections = wait_for(
+        "the closed sockets' connections to end",
+        Duration::from_secs(10),
+        || {
+            let addr = addr.clone();
+            async move {
+                let mut held = Vec::new();
+                for _ in 0..8 {
+                    held.push(TcpStream::connect(&addr).await.map_err(|e| e.to_string())?);
+                }
+                let mut extra = TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
+                let mut answer = String::new();
+                let read =
+                    tokio::time::timeout(Duration::from_secs(2), extra.read_to_string(&mut answer));
+                match read.await {
+                    Ok(Ok(_)) if answer.starts_with("HTTP/1.1 503") => Ok((held, answer)),
+                    other => Err(format!("the ninth connection got {other:?}: {answer:?}")),
+                }
             }
-            let mut extra = TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
-            let mut answer = String::new();
-            let read = tokio::time::timeout(Duration::from_secs(2), extra.read_to_string(&mut answer));
-            match read.await {
-                Ok(Ok(_)) if answer.starts_with("HTTP/1.1 503") => Ok((held, answer)),
-                other => Err(format!("the ninth connection got {other:?}: {answer:?}")),
-            }
-        }
-    })
+        },
+    )
     .await;
     let (held, answer) = connections;
     assert!(answer.contains("too_many_connections"), "{answer}");
@@ -661,11 +671,15 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
     })
     .await;
     let started = Instant::now();
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
     let mut lines = 0;
     let cut_after = loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let written = slow.write_all(format!("x-slow-{lines}: 1\r\n").as_bytes()).await;
+        let written = slow
+            .write_all(format!("x-slow-{lines}: 1\r\n").as_bytes())
+            .await;
         lines += 1;
         let mut probe = [0u8; 1];
         let closed = tokio::time::timeout(Duration::from_millis(1), slow.read(&mut probe)).await;
@@ -673,10 +687,19 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
         if written.is_err() || closed {
             break started.elapsed();
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "the slowloris was never cut off");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the slowloris was never cut off"
+        );
     };
-    assert!(cut_after >= Duration::from_millis(900), "cut after {cut_after:?}");
-    assert!(cut_after < Duration::from_secs(3), "cut after {cut_after:?}");
+    assert!(
+        cut_after >= Duration::from_millis(900),
+        "cut after {cut_after:?}"
+    );
+    assert!(
+        cut_after < Duration::from_secs(3),
+        "cut after {cut_after:?}"
+    );
     eprintln!(
         "limits caps: third export stream 503, fourth socket of the tenant 429, ninth connection \
          503 ({}), slowloris cut off after {cut_after:?} and {lines} header lines",

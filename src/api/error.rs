@@ -63,7 +63,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn status_and_code(&self) -> (StatusCode, &'static str) {
+    pub(super) fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),

@@ -293,12 +293,62 @@ mod tests {
 
     #[test]
     fn a_frame_that_does_not_parse_keeps_its_reference_and_code() {
-        let surrogate = r#"{"ref": "r1", "request": {"document": {"text": "a\ud800"}, "fields": []}}"#;
+        let surrogate =
+            r#"{"ref": "r1", "request": {"document": {"text": "a\ud800"}, "fields": []}}"#;
         assert_eq!(reference_of(surrogate), serde_json::json!("r1"));
         let late = r#"{"request": {"document": {"text": "a\ud800"}}, "ref": 7}"#;
         assert_eq!(reference_of(late), serde_json::json!(7));
         let e = serde_json::from_str::<Frame>(surrogate).err().unwrap();
         let body = ApiError::from(RequestError::from_json(&e)).body();
         assert_eq!(body["error"]["code"], "unrepresentable_text", "{body}");
+    }
+
+    /// Pieces hostile frames are made of: escapes JSON allows but Postgres
+    /// cannot store, structure that breaks off, and ordinary text.
+    fn piece() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(r"\u0000".to_owned()),
+            Just(r"\ud800".to_owned()),
+            Just(r"\udfff\ud800".to_owned()),
+            Just("\"".to_owned()),
+            Just("[".repeat(300)),
+            Just("{".to_owned()),
+            Just("}".to_owned()),
+            "[a-zA-Z0-9 ,:]{0,12}",
+            any::<String>(),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Whatever a frame holds, parsing it never panics, and a refusal
+        /// is a 4xx with a code.
+        #[test]
+        fn any_frame_is_parsed_or_refused_with_a_4xx_and_a_code(
+            pieces in proptest::collection::vec(piece(), 0..6),
+            at in 0usize..4,
+        ) {
+            let hostile = pieces.concat();
+            let frames = [
+                hostile.clone(),
+                format!(r#"{{"ref": 1, "request": {{"document": {{"text": "{hostile}"}}, "fields": [{{"name": "x", "anchor": "a"}}]}}}}"#),
+                format!(r#"{{"ref": 2, "request": {{"document": {{"text": "a"}}, "fields": [{{"name": "{hostile}", "anchor": "a"}}], "metadata": {hostile}}}}}"#),
+                format!(r#"{{"ref": 3, "idempotency_key": "{hostile}", "request": {hostile}}}"#),
+            ];
+            let text = &frames[at];
+            let limits = crate::domain::RequestLimits::DEFAULT;
+            let refused = match serde_json::from_str::<Frame>(text) {
+                Ok(frame) => frame.request.validate(&limits).err().map(ApiError::from),
+                Err(e) => Some(ApiError::from(RequestError::from_json(&e))),
+            };
+            let _ = reference_of(text);
+            if let Some(refused) = refused {
+                let (status, code) = refused.status_and_code();
+                proptest::prop_assert!(status.is_client_error(), "{status} for {text:?}");
+                proptest::prop_assert!(!code.is_empty());
+            }
+        }
     }
 }

@@ -556,7 +556,10 @@ impl Settings {
                 self.export_drain_timeout_s,
             ),
             ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", self.export_ack_timeout_s),
-            ("DOCSTREAM_EXTRACTION_DEADLINE_S", self.extraction_deadline_s),
+            (
+                "DOCSTREAM_EXTRACTION_DEADLINE_S",
+                self.extraction_deadline_s,
+            ),
             (
                 "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S",
                 self.http_header_read_timeout_s,
@@ -669,7 +672,10 @@ impl Settings {
             return invalid("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE, DOCSTREAM_EXPORT_MAX_UNACKED and DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS must be at least 1".into());
         }
         for (name, n) in [
-            ("DOCSTREAM_HTTP_BODY_LIMIT_BYTES", self.http_body_limit_bytes),
+            (
+                "DOCSTREAM_HTTP_BODY_LIMIT_BYTES",
+                self.http_body_limit_bytes,
+            ),
             ("DOCSTREAM_MAX_FIELDS", self.max_fields),
             ("DOCSTREAM_MAX_FIELD_NAME_BYTES", self.max_field_name_bytes),
             ("DOCSTREAM_MAX_PATTERN_BYTES", self.max_pattern_bytes),
@@ -683,10 +689,16 @@ impl Settings {
             ("DOCSTREAM_MAX_METADATA_BYTES", self.max_metadata_bytes),
             ("DOCSTREAM_MAX_JSON_DEPTH", self.max_json_depth),
             ("DOCSTREAM_MAX_URL_BYTES", self.max_url_bytes),
-            ("DOCSTREAM_MAX_RESULT_FIELD_BYTES", self.max_result_field_bytes),
+            (
+                "DOCSTREAM_MAX_RESULT_FIELD_BYTES",
+                self.max_result_field_bytes,
+            ),
             ("DOCSTREAM_MAX_RESULT_BYTES", self.max_result_bytes),
             ("DOCSTREAM_MAX_SOCKETS", self.max_sockets),
-            ("DOCSTREAM_MAX_SOCKETS_PER_TENANT", self.max_sockets_per_tenant),
+            (
+                "DOCSTREAM_MAX_SOCKETS_PER_TENANT",
+                self.max_sockets_per_tenant,
+            ),
             ("DOCSTREAM_MAX_EXPORT_STREAMS", self.max_export_streams),
             (
                 "DOCSTREAM_IMPORT_MAX_IN_FLIGHT_BYTES",
@@ -705,7 +717,8 @@ impl Settings {
         }
         if self.max_result_field_bytes > self.max_result_bytes {
             return invalid(
-                "DOCSTREAM_MAX_RESULT_FIELD_BYTES must be at most DOCSTREAM_MAX_RESULT_BYTES".into(),
+                "DOCSTREAM_MAX_RESULT_FIELD_BYTES must be at most DOCSTREAM_MAX_RESULT_BYTES"
+                    .into(),
             );
         }
         if self.webhook_max_attempts < 1 || self.webhook_concurrency == 0 {

@@ -58,7 +58,10 @@ mod tests {
         assert!(again.is_match("2026-11"));
         assert!(Arc::ptr_eq(&first, &again));
         assert!(compile("(unclosed", 1 << 20).is_err());
-        assert!(compile(r"\w{1000}", 1 << 20).is_err(), "over the size limit");
+        assert!(
+            compile(r"\w{1000}", 1 << 20).is_err(),
+            "over the size limit"
+        );
         assert!(compile(r"\w{10}", 1 << 20).is_ok());
     }
 }

@@ -436,7 +436,12 @@ impl FieldSpec {
     ) -> Result<(), RequestError> {
         let what = |part: &str| format!("fields[{index}].{part}");
         storable(&what("name"), &self.name)?;
-        within(&what("name"), self.name.len(), limits.field_name_bytes, "bytes")?;
+        within(
+            &what("name"),
+            self.name.len(),
+            limits.field_name_bytes,
+            "bytes",
+        )?;
         if self.name.trim().is_empty() {
             return Err(RequestError::FieldName(self.name.clone()));
         }
@@ -450,7 +455,12 @@ impl FieldSpec {
         }
         if let Some(pattern) = &self.pattern {
             storable(&what("pattern"), pattern)?;
-            within(&what("pattern"), pattern.len(), limits.pattern_bytes, "bytes")?;
+            within(
+                &what("pattern"),
+                pattern.len(),
+                limits.pattern_bytes,
+                "bytes",
+            )?;
             super::pattern::compile(pattern, limits.pattern_program_bytes).map_err(|e| {
                 RequestError::Pattern {
                     name: self.name.clone(),
@@ -487,17 +497,30 @@ mod tests {
     #[test]
     fn refuses_bad_shapes_with_their_reason() {
         let mut req = text_request(serde_json::json!([{"name": "x"}]));
-        assert_eq!(req.validate(&LIMITS), Err(RequestError::FieldRule("x".into())));
+        assert_eq!(
+            req.validate(&LIMITS),
+            Err(RequestError::FieldRule("x".into()))
+        );
         req.extractor = Some("ocr".into());
-        assert_eq!(req.validate(&LIMITS), Ok(()), "a model service needs no pattern");
+        assert_eq!(
+            req.validate(&LIMITS),
+            Ok(()),
+            "a model service needs no pattern"
+        );
         req.extractor = Some("OCR!".into());
         assert_eq!(req.validate(&LIMITS), Err(RequestError::ExtractorName));
         let req = text_request(serde_json::json!([{"name": "x", "pattern": "("}]));
-        assert!(matches!(req.validate(&LIMITS), Err(RequestError::Pattern { .. })));
+        assert!(matches!(
+            req.validate(&LIMITS),
+            Err(RequestError::Pattern { .. })
+        ));
         let req = text_request(serde_json::json!([
             {"name": "x", "anchor": "a"}, {"name": "x", "anchor": "b"}
         ]));
-        assert_eq!(req.validate(&LIMITS), Err(RequestError::FieldName("x".into())));
+        assert_eq!(
+            req.validate(&LIMITS),
+            Err(RequestError::FieldName("x".into()))
+        );
         let mut req = text_request(serde_json::json!([{"name": "x", "anchor": "a"}]));
         req.webhook_url = Some("ftp://example.com/hook".into());
         assert_eq!(req.validate(&LIMITS), Err(RequestError::WebhookUrl));
@@ -508,20 +531,28 @@ mod tests {
 
     #[test]
     fn text_postgres_cannot_store_is_refused_wherever_it_is() {
-        let nul_text = r#"{"document":{"text":"Total a\u0000b 12"},"fields":[{"name":"x","anchor":"Total"}]}"#;
+        let nul_text =
+            r#"{"document":{"text":"Total a\u0000b 12"},"fields":[{"name":"x","anchor":"Total"}]}"#;
         let refused = ExtractionRequest::from_json(nul_text, &LIMITS).unwrap_err();
         assert_eq!(refused.code(), "unrepresentable_text", "{refused}");
-        assert!(refused.to_string().starts_with("document.text"), "{refused}");
+        assert!(
+            refused.to_string().starts_with("document.text"),
+            "{refused}"
+        );
         let nul_key = r#"{"document":{"text":"a"},"fields":[{"name":"x","anchor":"a"}],"metadata":{"k\u0000":1}}"#;
         let refused = ExtractionRequest::from_json(nul_key, &LIMITS).unwrap_err();
         assert_eq!(refused.code(), "unrepresentable_text");
         for lone in [r#"\ud800"#, r#"\udc00"#, r#"\ud800\u0041"#] {
-            let json = format!(r#"{{"document":{{"text":"a{lone}"}},"fields":[{{"name":"x","anchor":"a"}}]}}"#);
+            let json = format!(
+                r#"{{"document":{{"text":"a{lone}"}},"fields":[{{"name":"x","anchor":"a"}}]}}"#
+            );
             let refused = ExtractionRequest::from_json(&json, &LIMITS).unwrap_err();
             assert_eq!(refused.code(), "unrepresentable_text", "{lone}: {refused}");
         }
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        let json = format!(r#"{{"document":{{"text":"a"}},"fields":[{{"name":"x","anchor":"a"}}],"metadata":{deep}}}"#);
+        let json = format!(
+            r#"{{"document":{{"text":"a"}},"fields":[{{"name":"x","anchor":"a"}}],"metadata":{deep}}}"#
+        );
         let refused = ExtractionRequest::from_json(&json, &LIMITS).unwrap_err();
         assert_eq!(refused.code(), "too_deep", "{refused}");
         let refused = ExtractionRequest::from_json("{\"document\": ", &LIMITS).unwrap_err();
@@ -541,10 +572,16 @@ mod tests {
         let three = text_request(serde_json::json!([
             {"name": "a", "anchor": "a"}, {"name": "b", "anchor": "b"}, {"name": "c", "anchor": "c"}
         ]));
-        assert_eq!(three.validate(&limits).unwrap_err().code(), "limit_exceeded");
+        assert_eq!(
+            three.validate(&limits).unwrap_err().code(),
+            "limit_exceeded"
+        );
         let long_anchor = text_request(serde_json::json!([{"name": "a", "anchor": "Total due"}]));
         let refused = long_anchor.validate(&limits).unwrap_err();
-        assert_eq!(refused.to_string(), "fields[0].anchor is larger than the limit of 4 bytes");
+        assert_eq!(
+            refused.to_string(),
+            "fields[0].anchor is larger than the limit of 4 bytes"
+        );
         let mut req = text_request(serde_json::json!([{"name": "a", "anchor": "a"}]));
         req.metadata = Some(serde_json::json!({"a": {"b": 1}}));
         assert_eq!(req.validate(&limits), Ok(()));
@@ -562,8 +599,14 @@ mod tests {
             ]}
         ]}))
         .unwrap();
-        let two_words = RequestLimits { words_per_page: 1, ..LIMITS };
-        assert_eq!(many_words.validate(&two_words).unwrap_err().code(), "limit_exceeded");
+        let two_words = RequestLimits {
+            words_per_page: 1,
+            ..LIMITS
+        };
+        assert_eq!(
+            many_words.validate(&two_words).unwrap_err().code(),
+            "limit_exceeded"
+        );
     }
 
     #[test]
@@ -576,5 +619,49 @@ mod tests {
         let words = doc.words();
         assert_eq!(words.len(), 2);
         assert_eq!((words[1].text, words[1].page), ("b", 1));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Any text as a request: parsed and validated, or refused with one
+        /// of the codes; never a panic.
+        #[test]
+        fn any_text_is_a_request_or_a_refusal_with_a_code(text in "\\PC{0,64}|[\\[\\]{}\":,0-9a-z\\\\u]{0,64}") {
+            if let Err(refused) = ExtractionRequest::from_json(&text, &LIMITS) {
+                let codes = ["malformed_json", "unrepresentable_text", "too_deep", "limit_exceeded", "invalid_request"];
+                proptest::prop_assert!(codes.contains(&refused.code()));
+            }
+        }
+
+        /// A valid request with hostile values in its strings: accepted
+        /// only if every string is storable and within its limit.
+        #[test]
+        fn hostile_strings_are_refused_by_their_code(
+            text in proptest::option::of("(\\PC|\\u{0}){0,40}"),
+            name in "(\\PC|\\u{0}){0,200}",
+            anchor in "(\\PC|\\u{0}){0,300}",
+            depth in 0usize..40,
+        ) {
+            let metadata = (0..depth).fold(serde_json::json!(1), |inner, _| serde_json::json!([inner]));
+            let request = serde_json::json!({
+                "document": {"text": text.clone().unwrap_or_else(|| "a".into())},
+                "fields": [{"name": name.clone(), "anchor": anchor.clone()}],
+                "metadata": metadata,
+            });
+            let outcome = ExtractionRequest::from_json(&request.to_string(), &LIMITS);
+            let storable = |s: &str| !s.contains('\0');
+            let fits = name.len() <= LIMITS.field_name_bytes && anchor.len() <= LIMITS.anchor_bytes
+                && depth <= LIMITS.json_depth;
+            let all_storable = text.as_deref().is_none_or(storable) && storable(&name) && storable(&anchor);
+            match outcome {
+                Ok(_) => proptest::prop_assert!(fits && all_storable),
+                Err(e) if !all_storable => {
+                    // The first bad part found decides the code.
+                    proptest::prop_assert!(["unrepresentable_text", "limit_exceeded", "invalid_request", "too_deep"].contains(&e.code()), "{e}");
+                }
+                Err(e) => proptest::prop_assert!(!fits || e.code() == "invalid_request", "{e}"),
+            }
+        }
     }
 }

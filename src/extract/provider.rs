@@ -110,7 +110,9 @@ async fn extract(
         find_fields(&request, &RuleBudget::default(), &Deadline::none())
     });
     let found = found.await.unwrap_or_else(|e| {
-        Err(ExtractError::Unavailable(format!("extraction failed unexpectedly: {e}")))
+        Err(ExtractError::Unavailable(format!(
+            "extraction failed unexpectedly: {e}"
+        )))
     });
     match found {
         Ok(output) => Json(ResultBody {

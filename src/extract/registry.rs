@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget,
-};
+use super::{CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget};
 use crate::config::{Settings, RULES};
 use crate::domain::ResultLimits;
 use crate::metrics::Metrics;
@@ -66,7 +64,9 @@ impl Extractors {
             let (request, budget) = (job.request.clone(), self.rules);
             let output = self
                 .cpu
-                .run(self.rules_deadline, move |deadline| super::extract_rules(&request, &budget, deadline))
+                .run(self.rules_deadline, move |deadline| {
+                    super::extract_rules(&request, &budget, deadline)
+                })
                 .await?;
             return Ok(Extracted::Output(output));
         }

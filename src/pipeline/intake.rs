@@ -125,11 +125,12 @@ fn parse(
             ),
         });
     }
-    let request = ExtractionRequest::from_json(&requested.request_json, limits)
-        .map_err(|e| HandlerError::Poison {
+    let request = ExtractionRequest::from_json(&requested.request_json, limits).map_err(|e| {
+        HandlerError::Poison {
             kind: e.code(),
             reason: format!("request_json: {e}"),
-        })?;
+        }
+    })?;
     Ok(NewExtraction {
         id: crate::domain::new_job_id(),
         tenant_id,
