@@ -6,6 +6,9 @@
 #   scripts/test.sh           the suite (10 minutes warm here; 22 from a fresh clone, builds included)
 #   scripts/test.sh --long    also the long variants: the 30 s broker outage
 # Other arguments go to `cargo test` (e.g. a test name filter).
+# After the cargo tests, a separate step fuzzes the HTTP API against its OpenAPI
+# document with schemathesis (scripts/fuzz-api.sh; under a minute); the suite
+# fails if either step does. With a test filter, only the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,8 +19,10 @@ fi
 
 source scripts/lib/prepare.sh
 source scripts/lib/toxiproxy.sh
+source scripts/lib/fuzz-api.sh
 prepare
 ensure_toxiproxy
+ensure_schemathesis
 
 cargo build --locked --bins
 ./target/debug/docstream migrate
@@ -31,7 +36,26 @@ cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
+# ---------------------------------------------------------------------------
+# The API fuzz: schemathesis against a live `serve`, with every check, on the
+# document it serves (scripts/lib/fuzz-api.sh). Its own step, after the tests,
+# run whatever they did: 0 server errors and 0 answers outside the document.
+fuzz=skipped
+if [ $# -eq 0 ]; then
+    echo "== fuzz: the HTTP API against its OpenAPI document (schemathesis) ==" >&2
+    set +e
+    fuzz_api
+    fuzz=$?
+    set -e
+fi
+
 # One closing line for the whole suite, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
-exit "$status"
+case "$fuzz" in
+    0) echo "fuzz: passed" ;;
+    skipped) echo "fuzz: skipped (a test filter was given; scripts/fuzz-api.sh runs it alone)"; fuzz=0 ;;
+    *) echo "fuzz: FAILED (scripts/fuzz-api.sh; logs in target/tmp/fuzz-api/)" ;;
+esac
+if [ "$status" != 0 ]; then exit "$status"; fi
+exit "$fuzz"

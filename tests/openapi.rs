@@ -1,0 +1,97 @@
+//! The checked-in contract: `docs/openapi.json` is what a `serve` with the
+//! default limits answers at `GET /openapi.json`, byte for byte (pretty
+//! JSON and a newline). When they differ, the test says how to regenerate
+//! the file: `DOCSTREAM_UPDATE_OPENAPI=1 cargo test --test openapi`.
+
+mod common;
+
+use std::path::Path;
+
+use common::{free_port, wait_healthy, TestEnv};
+
+const CHECKED_IN: &str = "docs/openapi.json";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_document_is_the_checked_in_one() {
+    let env = TestEnv::new("openapi").await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = env.spawn(
+        "serve",
+        &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
+        "openapi-serve",
+    );
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+
+    // No key: the document is public, like the probes.
+    let response = reqwest::get(format!("{base}/openapi.json"))
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    let served: serde_json::Value = response.json().await.expect("JSON");
+    assert_eq!(served["openapi"], "3.1.0");
+    let rendered = serde_json::to_string_pretty(&served).unwrap() + "\n";
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHECKED_IN);
+    if std::env::var("DOCSTREAM_UPDATE_OPENAPI").as_deref() == Ok("1") {
+        std::fs::write(&path, &rendered).expect("write docs/openapi.json");
+        eprintln!("openapi: wrote {CHECKED_IN}");
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    if checked_in != rendered {
+        let line = checked_in
+            .lines()
+            .zip(rendered.lines())
+            .position(|(a, b)| a != b)
+            .map_or(
+                checked_in.lines().count().min(rendered.lines().count()),
+                |i| i,
+            )
+            + 1;
+        panic!(
+            "{CHECKED_IN} is not the document `serve` answers with the default settings \
+             (first difference at line {line}: {:?} served, {:?} checked in). If the API \
+             changed on purpose, regenerate it with\n\n    \
+             DOCSTREAM_UPDATE_OPENAPI=1 cargo test --test openapi\n\nand commit the file.",
+            rendered.lines().nth(line - 1).unwrap_or("<end>"),
+            checked_in.lines().nth(line - 1).unwrap_or("<end>"),
+        );
+    }
+
+    // Every documented path answers on the real router (none is a 404 of an
+    // unknown route), and the routes that need a key refuse a request
+    // without one as the document says: 401 with `WWW-Authenticate`.
+    let client = reqwest::Client::new();
+    for (path, item) in served["paths"].as_object().unwrap() {
+        let concrete = path.replace("{id}", &uuid::Uuid::now_v7().to_string());
+        for (method, operation) in item.as_object().unwrap() {
+            let method: reqwest::Method = method.to_uppercase().parse().unwrap();
+            let answer = client
+                .request(method.clone(), format!("{base}{concrete}"))
+                .send()
+                .await
+                .expect("an answer");
+            let status = answer.status().as_u16().to_string();
+            assert!(
+                operation["responses"].get(&status).is_some(),
+                "{method} {path} without a key answered {status}, which the document does not list"
+            );
+            let public = operation["security"].as_array().is_some_and(Vec::is_empty);
+            if !public {
+                assert_eq!(status, "401", "{method} {path} without a key");
+                assert_eq!(answer.headers()["www-authenticate"], "Bearer");
+            }
+        }
+    }
+
+    common::stop([&mut serve]).await;
+    env.cleanup().await;
+}
