@@ -724,3 +724,34 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
         .is_empty());
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch() {
+    let env = TestEnv::postgres_only("insert_each").await;
+    let pool = &env.pool;
+    let new = |key: &str| {
+        store::Insert::new(NewExtraction {
+            id: Uuid::new_v4(),
+            tenant_id: DEFAULT_TENANT_ID,
+            max_open_jobs: None,
+            idempotency_key: Some(key.to_owned()),
+            request: request(),
+        })
+    };
+    // Validation refuses a NUL in a key (or anywhere) before a submit gets
+    // here; this batch skips it, as a value validation missed would.
+    let batch = vec![new("key-1"), new("key-\0"), new("key-3")];
+    let together = store::insert_many(pool, &batch).await;
+    let together = together.map(|rows| rows.len());
+    assert!(
+        matches!(&together, Err(e) if e.is_data_error()),
+        "{together:?}"
+    );
+    let each = store::insert_each(pool, &batch).await.unwrap();
+    assert!(each[0].as_ref().is_ok_and(Option::is_some));
+    assert!(each[1].as_ref().is_err_and(|e| e.is_data_error()));
+    assert!(each[2].as_ref().is_ok_and(Option::is_some));
+    let rows = common::count(pool, "SELECT count(*) FROM extraction_requests").await;
+    assert_eq!(rows, 2);
+    env.cleanup().await;
+}

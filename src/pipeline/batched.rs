@@ -16,13 +16,14 @@ use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::coalesce::Coalescer;
 use crate::store::transitions::{self, Completion};
-use crate::store::{self, orphans, Claim, Extraction, Insert};
+use crate::store::{self, orphans, Claim, Extraction, Insert, StoreError};
 
 /// The grouped statements; clones share the batchers.
 #[derive(Clone)]
 pub struct Batched {
-    /// The submit INSERT.
-    pub insert: Coalescer<Insert, Option<Extraction>>,
+    /// The submit INSERT; each job gets its own answer, so a value one job
+    /// carries cannot fail the others of its batch.
+    pub insert: Coalescer<Insert, Result<Option<Extraction>, StoreError>>,
     /// `mark_running` for the extraction lease.
     pub claim: Coalescer<Uuid, Option<Claim>>,
     /// `mark_succeeded` with `start_bbox_refinement` (one statement).
@@ -58,7 +59,7 @@ impl Batched {
             }};
         }
         Self {
-            insert: batcher!(|pool, inserts| store::insert_many(&pool, &inserts).await),
+            insert: batcher!(|pool, inserts| store::insert_each(&pool, &inserts).await),
             claim: batcher!(|pool, ids| {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),

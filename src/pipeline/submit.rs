@@ -103,7 +103,7 @@ pub(crate) async fn insert(
         let checked = services.webhooks.check_submitted(url).await;
         checked.map_err(SubmitError::WebhookRefused)?;
     }
-    let insert = |insert| services.batched.insert.run(insert);
+    let insert = |insert| async { services.batched.insert.run(insert).await? };
     let submitted = store::submit_with(&services.pool, new, insert).await?;
     if let Submitted::Created(_) = &submitted {
         if let Err(e) = failpoints::hit("submit.after_insert").await {

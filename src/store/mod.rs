@@ -29,7 +29,8 @@ pub(crate) mod lifecycle {
     pub(crate) use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
 }
 pub use submit::{
-    insert_many, request_hash, submit, submit_with, Insert, NewExtraction, SubmitError, Submitted,
+    insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction,
+    SubmitError, Submitted,
 };
 
 use std::sync::Arc;
@@ -63,6 +64,18 @@ impl StoreError {
                 // shutdown, cannot connect now; 53300: too many connections.
                 code.starts_with("08") || ["57P01", "57P02", "57P03", "53300"].contains(&&*code)
             }),
+            _ => false,
+        }
+    }
+
+    /// Whether the statement failed for a value it was given (SQLSTATE
+    /// class 22, data exception, such as text Postgres cannot store; class
+    /// 54, a value past a program limit): the same values fail again.
+    pub fn is_data_error(&self) -> bool {
+        match self.0.as_ref() {
+            sqlx::Error::Database(e) => e
+                .code()
+                .is_some_and(|code| code.starts_with("22") || code.starts_with("54")),
             _ => false,
         }
     }

@@ -254,6 +254,31 @@ pub async fn insert_many(
     Ok(inserts.iter().map(|i| created.remove(&i.new.id)).collect())
 }
 
+/// [`insert_many`], with each job's own answer: when the statement fails for
+/// a value of one of its jobs ([`StoreError::is_data_error`]), each job is
+/// inserted alone, so only the submits whose values fail get the error.
+/// Validation refuses such values first; this keeps a value it missed from
+/// failing every submit that shared its statement.
+pub async fn insert_each(
+    pool: &PgPool,
+    inserts: &[Insert],
+) -> Result<Vec<Result<Option<Extraction>, StoreError>>, StoreError> {
+    match insert_many(pool, inserts).await {
+        Ok(rows) => Ok(rows.into_iter().map(Ok).collect()),
+        Err(e) if inserts.len() > 1 && e.is_data_error() => {
+            tracing::warn!(error = %e, jobs = inserts.len(),
+                "a batched insert failed for a value; inserting its jobs one by one");
+            let mut each = Vec::with_capacity(inserts.len());
+            for insert in inserts {
+                let alone = insert_many(pool, std::slice::from_ref(insert)).await;
+                each.push(alone.map(|mut rows| rows.pop().flatten()));
+            }
+            Ok(each)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 type InsertQuery<'q> =
     sqlx::query::QueryAs<'q, sqlx::Postgres, Extraction, sqlx::postgres::PgArguments>;
 
