@@ -824,3 +824,64 @@ async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
     eprintln!("webhook url hash migration test: endpoint kept, digest matches, claim sees it disabled; indexes: {indexed:?}");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_that_never_record_an_outcome_still_count_and_the_delivery_is_given_up() {
+    const MAX_ATTEMPTS: i32 = 3;
+    let env = TestEnv::new("webhooks_unrecorded").await;
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let receiver = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 200);
+    // Every attempt is claimed and then abandoned before its request, as a
+    // dispatcher that fails to record its outcome leaves it: only the reaper
+    // brings the delivery back.
+    let base = with(
+        &webhook_env(true),
+        &[
+            ("DOCSTREAM_WEBHOOK_TIMEOUT_S", "0.5".to_owned()),
+            ("DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S", "0.5".to_owned()),
+            ("DOCSTREAM_WEBHOOK_MAX_ATTEMPTS", MAX_ATTEMPTS.to_string()),
+            (
+                "DOCSTREAM_FAILPOINTS",
+                "webhook.before_send=error".to_owned(),
+            ),
+        ],
+    );
+    let mut children = [
+        env.spawn(
+            "serve",
+            &with(
+                &base,
+                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+            ),
+            "webhooks-unrecorded-serve",
+        ),
+        env.spawn("worker", &base, "webhooks-unrecorded-worker"),
+        env.spawn("bbox-worker", &base, "webhooks-unrecorded-bbox"),
+    ];
+    wait_healthy(&api).await;
+    submit(&env, &api, &receiver.url).await.unwrap();
+    let pool = &env.pool;
+    wait_delivered(pool, "failed", 1, Duration::from_secs(90)).await;
+    let (attempts, error): (i32, Option<String>) =
+        sqlx::query_as("SELECT attempts, last_error FROM webhook_deliveries")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        attempts,
+        MAX_ATTEMPTS + 1,
+        "the claim past the maximum gives up"
+    );
+    assert!(
+        error
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("gave up after 3 attempts"),
+        "{error:?}"
+    );
+    assert_eq!(receiver.receipts().len(), 0);
+    eprintln!("webhook unrecorded attempts: given up at attempt {attempts}: {error:?}");
+    stop(&mut children).await;
+    env.cleanup().await;
+}

@@ -192,6 +192,23 @@ impl Dispatcher {
                 return;
             }
         };
+        // Attempts whose outcome was never recorded (a crash, a database
+        // error) still count: past the maximum the delivery is given up
+        // without another request, so no failure can retry it for ever.
+        if delivery.attempts > self.max_attempts {
+            let error = format!(
+                "gave up after {} attempts (the last ended without a recorded outcome)",
+                self.max_attempts
+            );
+            let failed = Outcome::Failed {
+                status: None,
+                error,
+            };
+            if let Err(e) = self.record(&delivery, failed).await {
+                tracing::warn!(id, error = %e, "webhook outcome not recorded; the reaper will revive it");
+            }
+            return;
+        }
         if let Err(e) = failpoints::hit("webhook.before_send").await {
             tracing::warn!(id, error = %e, "attempt abandoned; the reaper will revive it");
             return;
