@@ -104,6 +104,15 @@ impl ApiError {
     }
 }
 
+impl From<axum::extract::ws::rejection::WebSocketUpgradeRejection> for ApiError {
+    fn from(rejection: axum::extract::ws::rejection::WebSocketUpgradeRejection) -> Self {
+        Self::BadRequest(format!(
+            "not a WebSocket upgrade: {}",
+            rejection.body_text()
+        ))
+    }
+}
+
 impl From<PathRejection> for ApiError {
     fn from(rejection: PathRejection) -> Self {
         Self::BadRequest(format!("invalid path: {}", rejection.body_text()))

@@ -52,6 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -83,7 +84,7 @@ const CLOSE_HANDSHAKE: Duration = Duration::from_secs(5);
 const MAX_CLIENT_FRAME: usize = 64 * 1024;
 
 /// Longest group name a client may choose.
-const MAX_GROUP_LEN: usize = 100;
+pub(super) const MAX_GROUP_LEN: usize = 100;
 
 pub(super) fn router() -> Router<Services> {
     Router::new().route("/v1/export", get(upgrade))
@@ -184,11 +185,15 @@ async fn upgrade(
     Extension(gate): Extension<Gate>,
     Extension(sockets): Extension<Sockets>,
     params: Result<Query<Params>, QueryRejection>,
-    socket: WebSocketUpgrade,
+    socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     if let Err(e) = caller.require(Scope::Export) {
         return ApiError::from(e).into_response();
     }
+    let socket = match socket {
+        Ok(socket) => socket,
+        Err(refused) => return ApiError::from(refused).into_response(),
+    };
     let params = match params {
         Ok(Query(params)) => params,
         Err(e) => return ApiError::BadRequest(e.body_text()).into_response(),

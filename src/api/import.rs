@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
@@ -73,11 +74,15 @@ async fn upgrade(
     State(services): State<Services>,
     Extension(gate): Extension<Gate>,
     Extension(sockets): Extension<Sockets>,
-    socket: WebSocketUpgrade,
+    socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     if let Err(e) = caller.require(Scope::Submit) {
         return ApiError::from(e).into_response();
     }
+    let socket = match socket {
+        Ok(socket) => socket,
+        Err(refused) => return ApiError::from(refused).into_response(),
+    };
     let slot = match sockets.take(caller.tenant_id, Stream::Import) {
         Ok(slot) => slot,
         Err(e) => return e.into_response(),

@@ -75,7 +75,6 @@ fn probes_router(services: &Services) -> Router {
         .with_state(services.health.clone())
 }
 
-
 /// How much longer than the submit's own bound the REST backstop waits: just
 /// enough that a submit's own bound (202 once the row is durable) normally
 /// answers first. It is small because the key lookup runs before the

@@ -16,6 +16,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use super::export::MAX_GROUP_LEN;
 use crate::config::Settings;
 use crate::domain::{
     BboxStatus, ExtractionStatus, FieldType, Scope, MAX_EXTRACTOR_NAME_LEN,
@@ -36,9 +37,6 @@ pub(super) fn router(settings: &Settings) -> Router {
         }),
     )
 }
-
-/// Longest export group name (`export.rs`'s `MAX_GROUP_LEN`).
-const MAX_GROUP_LEN: usize = 100;
 
 /// Text Postgres can store: no NUL character.
 const NO_NUL: &str = "^[^\\u0000]*$";
