@@ -1013,7 +1013,12 @@ impl Toxiproxy {
             .spawn()
             .unwrap_or_else(|e| panic!("start {server}: {e}"));
         let api = format!("http://127.0.0.1:{port}");
-        let client = reqwest::Client::new();
+        // A new connection per call: toxiproxy closes idle connections, and
+        // a pooled one it closed meanwhile would be reset mid-request.
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
         wait_for("toxiproxy to answer", Duration::from_secs(10), || {
             let request = client.get(format!("{api}/version")).send();
             async move { request.await.map(drop).map_err(|e| e.to_string()) }

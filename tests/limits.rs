@@ -36,6 +36,19 @@ fn spawn_serve(
     (child, format!("127.0.0.1:{port}"), metrics)
 }
 
+/// Submits `body` and returns the new job's id; it must be accepted.
+async fn accepted(client: &reqwest::Client, base: &str, body: &serde_json::Value) -> Uuid {
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let answer: serde_json::Value = response.json().await.unwrap();
+    answer["id"].as_str().unwrap().parse().unwrap()
+}
+
 fn good_body(i: usize) -> serde_json::Value {
     common::sample_body(i)
 }
@@ -240,19 +253,7 @@ async fn a_result_past_its_limit_fails_after_one_attempt_and_memory_stays_bounde
         .map(|i| serde_json::json!({"name": format!("f{i}"), "pattern": "(.+)"}))
         .collect();
     let body = serde_json::json!({"document": {"text": text}, "fields": fields});
-    let response = env
-        .client()
-        .post(format!("{base}/v1/extractions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    let id: Uuid = response.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = accepted(&env.client(), &base, &body).await;
     let (attempts, error): (i32, String) =
         wait_for("the job to fail", Duration::from_secs(60), || async {
             let row: Option<(String, i32, Option<String>)> =
@@ -390,33 +391,10 @@ async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims
         .map(|i| serde_json::json!({"name": format!("f{i}"), "pattern": SLOW_PATTERN}))
         .collect();
     let slow = serde_json::json!({"document": {"text": text}, "fields": fields});
-    let response = client
-        .post(format!("{base}/v1/extractions"))
-        .json(&slow)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    let slow_id: Uuid = response.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let slow_id = accepted(&client, &base, &slow).await;
     let mut others = Vec::new();
     for i in 0..20 {
-        let response = client
-            .post(format!("{base}/v1/extractions"))
-            .json(&good_body(i))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 202);
-        let id: Uuid = response.json::<serde_json::Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        others.push(id);
+        others.push(accepted(&client, &base, &good_body(i)).await);
     }
     // /healthz, every 50 ms, until the slow job has failed.
     let probe = reqwest::Client::new();
