@@ -36,6 +36,26 @@ fn spawn_serve(
     (child, format!("127.0.0.1:{port}"), metrics)
 }
 
+/// Waits until the intake's committed offset on partition 0 of its topic is
+/// past `offset`, and returns it.
+async fn intake_commits_past(env: &TestEnv, offset: i64) -> i64 {
+    let group = env.settings.group(&env.settings.intake_group);
+    wait_for(
+        "the intake to commit past the record",
+        Duration::from_secs(30),
+        || {
+            let committed = env.committed(&group, "extraction.requests");
+            async move {
+                match committed.get(&0) {
+                    Some(&at) if at > offset => Ok(at),
+                    other => Err(format!("committed {other:?}")),
+                }
+            }
+        },
+    )
+    .await
+}
+
 /// Submits `body` and returns the new job's id; it must be accepted.
 async fn accepted(client: &reqwest::Client, base: &str, body: &serde_json::Value) -> Uuid {
     let response = client
@@ -189,21 +209,7 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         Duration::from_secs(60),
     )
     .await;
-    let group = env.settings.group(&env.settings.intake_group);
-    let committed = wait_for(
-        "the intake to commit past the bad records",
-        Duration::from_secs(30),
-        || {
-            let committed = env.committed(&group, "extraction.requests");
-            async move {
-                match committed.get(&0) {
-                    Some(&at) if at > last_offset => Ok(at),
-                    other => Err(format!("committed {other:?}")),
-                }
-            }
-        },
-    )
-    .await;
+    let committed = intake_commits_past(&env, last_offset).await;
     let letters: Vec<DeadLetter> = env
         .read_topic("extraction.dlq")
         .into_iter()
@@ -517,22 +523,8 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
         Duration::from_secs(90),
     )
     .await;
-    let group = env.settings.group(&env.settings.intake_group);
     let last = offsets[2];
-    wait_for(
-        "the commit past the good record",
-        Duration::from_secs(30),
-        || {
-            let committed = env.committed(&group, "extraction.requests");
-            async move {
-                match committed.get(&0) {
-                    Some(&at) if at > last => Ok(()),
-                    other => Err(format!("committed {other:?}")),
-                }
-            }
-        },
-    )
-    .await;
+    intake_commits_past(&env, last).await;
     let letters: Vec<(usize, DeadLetter)> = env
         .read_topic("extraction.dlq")
         .into_iter()

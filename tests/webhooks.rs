@@ -185,6 +185,22 @@ fn with_metrics_on(base: &[(&'static str, String)], port: u16) -> Vec<(&'static 
     )
 }
 
+/// `serve` on `port`, a worker and a bbox worker, all with `base`; logs
+/// named after `name`.
+fn spawn_pipeline(
+    env: &TestEnv,
+    base: &[(&'static str, String)],
+    port: u16,
+    name: &str,
+) -> [tokio::process::Child; 3] {
+    let http = [("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))];
+    [
+        env.spawn("serve", &with(base, &http), &format!("{name}-serve")),
+        env.spawn("worker", base, &format!("{name}-worker")),
+        env.spawn("bbox-worker", base, &format!("{name}-bbox-worker")),
+    ]
+}
+
 /// Submits one job over HTTP; its id, or the refusal.
 async fn submit(env: &TestEnv, api: &str, webhook_url: &str) -> Result<Uuid, (u16, Value)> {
     let mut body = sample_body(0);
@@ -644,18 +660,7 @@ async fn a_410_from_a_6000_character_url_is_recorded_once_and_never_retried() {
         &webhook_env(true),
         &[("DOCSTREAM_WEBHOOK_MAX_ATTEMPTS", MAX_ATTEMPTS.to_string())],
     );
-    let mut children = [
-        env.spawn(
-            "serve",
-            &with(
-                &base,
-                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
-            ),
-            "webhooks-long-url-serve",
-        ),
-        env.spawn("worker", &base, "webhooks-long-url-worker"),
-        env.spawn("bbox-worker", &base, "webhooks-long-url-bbox-worker"),
-    ];
+    let mut children = spawn_pipeline(&env, &base, port, "webhooks-long-url");
     wait_healthy(&api).await;
 
     let gone = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 410);
@@ -847,18 +852,7 @@ async fn attempts_that_never_record_an_outcome_still_count_and_the_delivery_is_g
             ),
         ],
     );
-    let mut children = [
-        env.spawn(
-            "serve",
-            &with(
-                &base,
-                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
-            ),
-            "webhooks-unrecorded-serve",
-        ),
-        env.spawn("worker", &base, "webhooks-unrecorded-worker"),
-        env.spawn("bbox-worker", &base, "webhooks-unrecorded-bbox"),
-    ];
+    let mut children = spawn_pipeline(&env, &base, port, "webhooks-unrecorded");
     wait_healthy(&api).await;
     submit(&env, &api, &receiver.url).await.unwrap();
     let pool = &env.pool;

@@ -171,7 +171,7 @@ impl ResultSize {
             .map_or(0, |v| v.value.len() + v.raw.as_ref().map_or(0, String::len));
         let size = match texts > self.limits.field_bytes {
             true => texts,
-            false => serde_json::to_vec(value).map_or(usize::MAX, |json| json.len()),
+            false => json_len(value),
         };
         if size > self.limits.field_bytes {
             return Err(ExtractError::ResultTooLarge(format!(
@@ -196,5 +196,57 @@ impl ResultSize {
             .fields
             .iter()
             .try_for_each(|(name, value)| size.add(name, value))
+    }
+}
+
+/// The length of `value` as compact JSON, counted without building it: this
+/// runs for every field of every job.
+fn json_len(value: &impl Serialize) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_is_measured_as_its_json_and_held_to_both_limits() {
+        let value = Some(ExtractedValue {
+            value: "1234.50".into(),
+            raw: Some("$1,234.50 \"é\"".into()),
+            words: Some([3, 4]),
+        });
+        assert_eq!(json_len(&value), serde_json::to_vec(&value).unwrap().len());
+        let limits = ResultLimits {
+            field_bytes: 64,
+            total_bytes: 100,
+        };
+        let mut size = ResultSize::new(limits);
+        assert!(size.add("a", &value).is_ok());
+        assert!(matches!(
+            size.add("b", &value),
+            Err(ExtractError::ResultTooLarge(_))
+        ));
+        let big = Some(ExtractedValue {
+            value: "x".repeat(65),
+            raw: None,
+            words: None,
+        });
+        let refused = ResultSize::new(limits).add("c", &big);
+        assert!(matches!(refused, Err(ExtractError::ResultTooLarge(_))));
     }
 }
