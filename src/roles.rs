@@ -38,12 +38,13 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
         settings.db_max_connections,
         settings.db_acquire_timeout(),
     )?;
+    metrics.register(Box::new(crate::metrics::PoolCollector::new(pool.clone())));
     let publish_timeout = std::time::Duration::from_secs_f64(settings.publish_timeout_s);
     let publisher = Publisher::new(
         &settings.kafka_brokers,
         publish_timeout,
-        settings.publisher_queue_size,
-        settings.publisher_linger_ms,
+        (settings.publisher_queue_size, settings.publisher_linger_ms),
+        settings.kafka_statistics_interval_ms(),
         metrics.clone(),
         health.clone(),
     )?;
@@ -56,10 +57,19 @@ fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
     let health = &services.health;
     let interval = services.settings.health_probe_interval();
     let timing = (interval, services.settings.http_answer_timeout());
-    let pool = services.pool.clone();
+    let (pool, acquire) = (
+        services.pool.clone(),
+        services.metrics.db_pool_acquire.clone(),
+    );
     health.spawn_probe(Dependency::Postgres, timing, shutdown.clone(), move || {
-        let pool = pool.clone();
-        async move { sqlx::query("SELECT 1").execute(&pool).await.map(drop) }
+        let (pool, acquire) = (pool.clone(), acquire.clone());
+        async move {
+            // The probe's wait for a connection is the pool's wait, sampled.
+            let started = std::time::Instant::now();
+            let mut conn = pool.acquire().await?;
+            acquire.observe(started.elapsed().as_secs_f64());
+            sqlx::query("SELECT 1").execute(&mut *conn).await.map(drop)
+        }
     });
     let publisher = services.publisher.clone();
     let topic = services.settings.topic(&services.settings.topic_submitted);
@@ -174,6 +184,12 @@ pub async fn reaper(
     Ok(())
 }
 
+/// The queue census (`pipeline::census`) until `shutdown`, in every process.
+pub async fn census(services: Services, shutdown: CancellationToken) -> RoleResult {
+    crate::pipeline::census::run(services, shutdown).await;
+    Ok(())
+}
+
 /// `/metrics`, `/healthz` and `/readyz` on `metrics_addr`, in every process.
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
@@ -222,6 +238,7 @@ pub async fn run(
         "metrics",
         Box::pin(metrics_endpoint(services.clone(), stop.clone())),
     ));
+    roles.push(("census", Box::pin(census(services.clone(), stop.clone()))));
     for _ in 0..mix.intakes {
         roles.push(("intake", Box::pin(intake(services.clone(), stop.clone()))));
     }

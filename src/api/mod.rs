@@ -117,10 +117,14 @@ async fn count_requests(State(metrics): State<Metrics>, request: Request, next: 
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched".to_owned(), |p| p.as_str().to_owned());
+    let started = std::time::Instant::now();
     let response = next.run(request).await;
+    let status = response.status();
+    let labels = [route.as_str(), status.as_str()];
     metrics
-        .http_requests
-        .with_label_values(&[route.as_str(), response.status().as_str()])
-        .inc();
+        .http_duration
+        .with_label_values(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    metrics.http_requests.with_label_values(&labels).inc();
     response
 }

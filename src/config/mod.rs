@@ -350,6 +350,16 @@ settings! {
     /// (metadata) for `/readyz` and `docstream_dependency_up`; a probe may take
     /// up to `http_answer_timeout_s`.
     health_probe_interval_s: f64 = 1.0, env "DOCSTREAM_HEALTH_PROBE_INTERVAL_S";
+    /// How often the queue census runs (jobs by status, the oldest open
+    /// job's age, open orphans by class). One process per interval takes it,
+    /// whichever comes first; the others skip. 15 s is a dashboard's scrape
+    /// resolution, and the census is a handful of indexed counts.
+    census_interval_s: f64 = 15.0, env "DOCSTREAM_CENSUS_INTERVAL_S";
+    /// How often librdkafka reports its statistics (consumer lag, committed
+    /// offsets, the producer's queue); 0 turns them off. 5 s is under a
+    /// typical scrape interval; each report is a JSON document parsed off
+    /// the async runtime, on librdkafka's thread.
+    kafka_statistics_interval_s: f64 = 5.0, env "DOCSTREAM_KAFKA_STATISTICS_INTERVAL_S";
     /// Postgres connections per process. 20 covers the in-flight records of one
     /// worker and the API's concurrency on the default 300-connection server.
     db_max_connections: u32 = 20_u32, env "DOCSTREAM_DB_MAX_CONNECTIONS";
@@ -528,6 +538,7 @@ impl Settings {
                 "DOCSTREAM_HEALTH_PROBE_INTERVAL_S",
                 self.health_probe_interval_s,
             ),
+            ("DOCSTREAM_CENSUS_INTERVAL_S", self.census_interval_s),
             ("DOCSTREAM_HEARTBEAT_INTERVAL_S", self.heartbeat_interval_s),
             (
                 "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
@@ -581,6 +592,12 @@ impl Settings {
             if !(secs.is_finite() && secs > 0.0) {
                 return invalid(format!("{name} must be a positive number of seconds"));
             }
+        }
+        let stats_s = self.kafka_statistics_interval_s;
+        if !(0.0..=86_400.0).contains(&stats_s) {
+            return invalid(
+                "DOCSTREAM_KAFKA_STATISTICS_INTERVAL_S must be 0 (off) to 86400 seconds".into(),
+            );
         }
         if !(self.tenant_submit_rate_per_s.is_finite() && self.tenant_submit_rate_per_s >= 0.0) {
             return invalid(
@@ -837,6 +854,17 @@ impl Settings {
     /// `db_acquire_timeout_s` as a duration.
     pub fn db_acquire_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.db_acquire_timeout_s)
+    }
+
+    /// `census_interval_s` as a duration.
+    pub fn census_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.census_interval_s)
+    }
+
+    /// `kafka_statistics_interval_s` in milliseconds, as librdkafka's
+    /// `statistics.interval.ms` takes it (0: off).
+    pub fn kafka_statistics_interval_ms(&self) -> u64 {
+        (self.kafka_statistics_interval_s * 1000.0).round() as u64
     }
 
     /// `health_probe_interval_s` as a duration.

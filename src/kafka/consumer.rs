@@ -49,7 +49,7 @@ use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
 use crate::events::{DeadLetter, Source};
 use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::metrics::{KafkaStats, Metrics};
 
 /// A received record, detached from the consumer.
 #[derive(Debug, Clone)]
@@ -160,6 +160,9 @@ pub struct ConsumerSpec {
     /// Where a group with no committed offset starts: the earliest record
     /// (every pipeline role: a new group must see every job) or the latest.
     pub from_earliest: bool,
+    /// How often librdkafka reports its statistics (lag, committed offsets),
+    /// in ms; 0: never.
+    pub statistics_interval_ms: u64,
 }
 
 /// Why a consumer stopped abnormally.
@@ -405,6 +408,7 @@ fn commit<C: ConsumerContext>(consumer: &impl Consumer<C>, points: &[(TopicParti
 struct RuntimeContext {
     shared: Arc<Shared>,
     health: Health,
+    stats: KafkaStats,
 }
 
 impl ClientContext for RuntimeContext {
@@ -414,6 +418,10 @@ impl ClientContext for RuntimeContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         report_error(&self.health, error, reason);
+    }
+
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.stats.report(&statistics);
     }
 }
 
@@ -469,6 +477,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let context = RuntimeContext {
             shared: shared.clone(),
             health: health.clone(),
+            stats: KafkaStats::consumer(metrics.clone(), &spec.group, spec.from_earliest),
         };
         let consumer: Consumed = client_config(&spec).create_with_context(context)?;
         consumer.subscribe(&[&spec.topic])?;
@@ -689,7 +698,11 @@ fn client_config(spec: &ConsumerSpec) -> ClientConfig {
         )
         // Fetch requests are small; Nagle would hold one back behind the last.
         .set("socket.nagle.disable", "true")
-        .set("group.protocol", &spec.group_protocol);
+        .set("group.protocol", &spec.group_protocol)
+        .set(
+            "statistics.interval.ms",
+            spec.statistics_interval_ms.to_string(),
+        );
     if spec.group_protocol == "classic" {
         // Under KIP-848 the broker owns assignment and session timing.
         config

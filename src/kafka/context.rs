@@ -10,6 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientContext;
 
 use crate::health::{Dependency, Health};
+use crate::metrics::KafkaStats;
 
 /// Whether `error` ends the client for good: retrying cannot make it pass.
 pub fn is_fatal(error: &KafkaError) -> bool {
@@ -63,6 +64,8 @@ pub(crate) fn report_log(health: &Health, level: RDKafkaLogLevel, fac: &str, mes
 pub struct Reporting {
     /// Where outages are reported.
     pub health: Health,
+    /// Where librdkafka's statistics go.
+    pub stats: KafkaStats,
 }
 
 impl ClientContext for Reporting {
@@ -72,6 +75,10 @@ impl ClientContext for Reporting {
 
     fn error(&self, error: KafkaError, reason: &str) {
         report_error(&self.health, error, reason);
+    }
+
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.stats.report(&statistics);
     }
 }
 

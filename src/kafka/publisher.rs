@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use super::context::Reporting;
 use crate::events::{encode, CodecError, Event};
 use crate::health::{Dependency, Health};
-use crate::metrics::Metrics;
+use crate::metrics::{KafkaStats, Metrics};
 
 type KafkaProducer = FutureProducer<Reporting>;
 
@@ -116,12 +116,14 @@ pub struct Publisher {
 impl Publisher {
     /// A producer on `brokers` with a queue of `queue_size` records, batching
     /// for `linger_ms`, giving up on a record after `timeout`; it reports the
-    /// broker's outages to `health`. Must be called inside a Tokio runtime.
+    /// broker's outages to `health`, and librdkafka's statistics every
+    /// `statistics_interval_ms` (0: never). Must be called inside a Tokio
+    /// runtime.
     pub fn new(
         brokers: &str,
         timeout: Duration,
-        queue_size: usize,
-        linger_ms: f64,
+        (queue_size, linger_ms): (usize, f64),
+        statistics_interval_ms: u64,
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, KafkaError> {
@@ -135,8 +137,10 @@ impl Publisher {
             // A job's hops are small requests on a busy connection: without
             // this, Nagle holds each one back until the previous is
             // acknowledged at the TCP level.
-            .set("socket.nagle.disable", "true");
-        let context = Reporting { health };
+            .set("socket.nagle.disable", "true")
+            .set("statistics.interval.ms", statistics_interval_ms.to_string());
+        let stats = KafkaStats::producer(metrics.clone());
+        let context = Reporting { health, stats };
         let producer: KafkaProducer = config.create_with_context(context.clone())?;
         let send_point = SendPoint {
             config,
@@ -183,12 +187,17 @@ impl Publisher {
             return Err(PublishError::Closed);
         }
         let pending = Pending::count(inner);
+        let started = std::time::Instant::now();
         let outcome = self.enqueue_and_wait(topic, key, payload).await;
         drop(pending);
         let metrics = &inner.metrics;
         match outcome {
             Ok(()) => {
                 metrics.events_produced.with_label_values(&[topic]).inc();
+                metrics
+                    .producer_delivery
+                    .with_label_values(&[topic])
+                    .observe(started.elapsed().as_secs_f64());
                 Ok(())
             }
             Err(source) => {

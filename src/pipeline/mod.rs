@@ -8,6 +8,7 @@
 
 mod batched;
 mod bbox_worker;
+pub mod census;
 mod complete;
 mod intake;
 pub mod lease;
@@ -280,6 +281,7 @@ impl Services {
             group_protocol: settings.kafka_group_protocol.clone(),
             prefetch_kbytes: settings.consumer_prefetch_kbytes,
             from_earliest: true,
+            statistics_interval_ms: settings.kafka_statistics_interval_ms(),
         }
     }
 

@@ -133,22 +133,43 @@ UPDATE extractions e
 RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
 );
 
-const LIST_ORPHANS: &str = concat!(
-    "SELECT id, class::int2 AS class, extract(epoch FROM now() - since)::float8 AS age_s FROM (",
-    extraction_orphans!("$1"),
-    "
+/// Every orphan of the six classes with since when it is one: `$1`, `$2` and
+/// `$3` are the queued, post-processing and webhook thresholds.
+macro_rules! every_orphan {
+    () => {
+        concat!(
+            "SELECT id, class::int2 AS class, since FROM (",
+            extraction_orphans!("$1"),
+            "
     UNION ALL
     ",
-    bbox_orphans!("$2"),
-    "
+            bbox_orphans!("$2"),
+            "
     UNION ALL
     SELECT extraction_id, 6, next_attempt_at + make_interval(secs => $3)
       FROM webhook_deliveries
      WHERE status = 'pending' AND next_attempt_at < now() - make_interval(secs => $3)
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
-) orphans
+) orphans"
+        )
+    };
+}
+
+const LIST_ORPHANS: &str = concat!(
+    "SELECT id, class, extract(epoch FROM now() - since)::float8 AS age_s FROM (",
+    every_orphan!(),
+    ") o
 WHERE $4::uuid IS NULL OR id IN (SELECT id FROM extractions WHERE tenant_id = $4)
 ORDER BY class, since"
+);
+
+const COUNT_ORPHANS: &str = concat!(
+    "SELECT class, count(*) AS open, extract(epoch FROM now() - min(since))::float8 AS oldest_s
+  FROM (",
+    every_orphan!(),
+    ") o
+ GROUP BY class
+ ORDER BY class"
 );
 
 /// Takes up to `limit` extraction orphans (classes 1–3) for republishing.
@@ -193,6 +214,33 @@ pub async fn list_orphans<'e>(
         .bind(thresholds.post_processing_pending_s)
         .bind(thresholds.webhook_pending_s)
         .bind(tenant)
+        .fetch_all(executor)
+        .await?;
+    Ok(rows)
+}
+
+/// The orphans open now, of one class.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct OpenOrphans {
+    /// Orphan class, 1 to 6.
+    pub class: i16,
+    /// How many are open.
+    pub open: i64,
+    /// Seconds since the oldest of them became an orphan.
+    pub oldest_s: f64,
+}
+
+/// How many orphans of each class are open now (classes with none are left
+/// out); changes nothing. The census runs it, so it is what the reapers will
+/// take next, counted.
+pub async fn count_open<'e>(
+    executor: impl PgExecutor<'e>,
+    thresholds: Thresholds,
+) -> Result<Vec<OpenOrphans>, StoreError> {
+    let rows = sqlx::query_as::<_, OpenOrphans>(COUNT_ORPHANS)
+        .bind(thresholds.queued_s)
+        .bind(thresholds.post_processing_pending_s)
+        .bind(thresholds.webhook_pending_s)
         .fetch_all(executor)
         .await?;
     Ok(rows)

@@ -246,6 +246,7 @@ impl Dispatcher {
             Err(forbidden) => return Outcome::Forbidden(forbidden.to_string()),
         }
         self.metrics.webhook_attempts.inc();
+        let started = std::time::Instant::now();
         let sent = self
             .client
             .post(&delivery.url)
@@ -256,20 +257,32 @@ impl Dispatcher {
             .body(body)
             .send()
             .await;
-        match sent {
+        let (outcome, answered) = match sent {
             Ok(response) => match response.status().as_u16() {
-                code @ 200..=299 => Outcome::Delivered(code),
-                410 => Outcome::Gone,
-                code => Outcome::Failed {
-                    status: Some(code),
-                    error: format!("the endpoint answered {code}"),
-                },
+                code @ 200..=299 => (Outcome::Delivered(code), "delivered"),
+                410 => (Outcome::Gone, "gone"),
+                code => {
+                    let error = format!("the endpoint answered {code}");
+                    let status = Some(code);
+                    (Outcome::Failed { status, error }, "failed")
+                }
             },
-            Err(e) => Outcome::Failed {
-                status: None,
-                error: error_chain(&e),
-            },
-        }
+            Err(e) => {
+                let error = error_chain(&e);
+                (
+                    Outcome::Failed {
+                        status: None,
+                        error,
+                    },
+                    "unanswered",
+                )
+            }
+        };
+        self.metrics
+            .webhook_delivery
+            .with_label_values(&[answered])
+            .observe(started.elapsed().as_secs_f64());
+        outcome
     }
 
     async fn record(

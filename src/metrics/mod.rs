@@ -1,5 +1,16 @@
 //! Prometheus metrics. One [`Metrics`] per process, created at start-up and passed
 //! to every component that counts something; rendered at `/metrics`.
+//!
+//! Most series are counted where the thing happens. Three families are read
+//! from elsewhere: the queue census (`census`, one process per interval asks
+//! Postgres), librdkafka's statistics (`kafka`: consumer lag, the producer's
+//! queue), and the process and pool collectors, read at each scrape.
+
+mod kafka;
+mod pool;
+
+pub use kafka::KafkaStats;
+pub use pool::PoolCollector;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -104,6 +115,122 @@ pub struct Metrics {
     pub store_retries: IntCounterVec,
     /// `docstream_producer_restarts_total`: producers replaced after a fatal error.
     pub producer_restarts: prometheus::IntCounter,
+    /// `docstream_http_request_duration_seconds{route, status}`: arrival to
+    /// answer (for a WebSocket route, to the upgrade).
+    pub http_duration: HistogramVec,
+    /// The queue census (`pipeline::census`).
+    pub census: CensusMetrics,
+    /// `docstream_consumer_lag{group, topic, partition}` and
+    /// `docstream_consumer_committed_offset{…}`, from librdkafka's statistics.
+    pub consumer_lag: IntGaugeVec,
+    /// See [`Metrics::consumer_lag`].
+    pub consumer_committed_offset: IntGaugeVec,
+    /// `docstream_producer_queue_records`: records in librdkafka's producer
+    /// queue, not yet acknowledged (from its statistics).
+    pub producer_queue_records: prometheus::IntGauge,
+    /// `docstream_producer_in_flight_requests`: produce requests sent to a
+    /// broker and waiting for its answer (from its statistics).
+    pub producer_in_flight_requests: prometheus::IntGauge,
+    /// `docstream_producer_delivery_seconds{topic}`: publish to the broker's
+    /// acknowledgement, for acknowledged records.
+    pub producer_delivery: HistogramVec,
+    /// `docstream_webhook_delivery_seconds{outcome="delivered|gone|failed|unanswered"}`:
+    /// one webhook request, sent to answered (or to its failure).
+    pub webhook_delivery: HistogramVec,
+    /// `docstream_db_pool_acquire_seconds`: the wait for a pooled connection,
+    /// sampled by every Postgres probe.
+    pub db_pool_acquire: Histogram,
+}
+
+/// The queue census: one process per interval sets these, every other one
+/// clears its own, so each series has one source at a time.
+#[derive(Clone)]
+pub struct CensusMetrics {
+    /// `docstream_jobs{stage="extraction|bbox", status}`: open jobs
+    /// (extraction: queued, running; bbox: pending, running).
+    pub jobs: IntGaugeVec,
+    /// `docstream_oldest_job_age_seconds{stage, status}`: the oldest open
+    /// job's wait (queued, pending: since due) or run (running); 0 when none.
+    pub oldest_age: prometheus::GaugeVec,
+    /// `docstream_orphans_open{class}`: orphans open now, by class (1–6).
+    pub orphans_open: IntGaugeVec,
+    /// `docstream_oldest_orphan_age_seconds{class}`: since when the oldest
+    /// open orphan of the class is one.
+    pub oldest_orphan_age: prometheus::GaugeVec,
+    /// `docstream_census_runs_total{outcome="taken|skipped|failed"}`: census
+    /// ticks of this process: taken (its turn), skipped (another's), failed.
+    pub runs: IntCounterVec,
+}
+
+impl CensusMetrics {
+    fn register(registry: &Registry) -> Self {
+        Self {
+            jobs: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new("docstream_jobs", "Open jobs, by stage and status (queue census)."),
+                    &["stage", "status"],
+                ),
+            ),
+            oldest_age: register(
+                registry,
+                prometheus::GaugeVec::new(
+                    Opts::new(
+                        "docstream_oldest_job_age_seconds",
+                        "Age of the oldest open job, by stage and status: waiting since due, or running since claimed (queue census).",
+                    ),
+                    &["stage", "status"],
+                ),
+            ),
+            orphans_open: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new("docstream_orphans_open", "Orphans open now, by class (queue census)."),
+                    &["class"],
+                ),
+            ),
+            oldest_orphan_age: register(
+                registry,
+                prometheus::GaugeVec::new(
+                    Opts::new(
+                        "docstream_oldest_orphan_age_seconds",
+                        "Since when the oldest open orphan of each class is one (queue census).",
+                    ),
+                    &["class"],
+                ),
+            ),
+            runs: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "docstream_census_runs_total",
+                        "Queue census ticks of this process: taken (its turn), skipped (another process's), failed.",
+                    ),
+                    &["outcome"],
+                ),
+            ),
+        }
+    }
+
+    /// Drops every census series: another process reports them now.
+    pub fn clear(&self) {
+        self.jobs.reset();
+        self.oldest_age.reset();
+        self.orphans_open.reset();
+        self.oldest_orphan_age.reset();
+    }
+}
+
+/// Registers `metric` (created by `new`) on `registry` and returns it.
+fn register<M>(registry: &Registry, metric: prometheus::Result<M>) -> M
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
 }
 
 /// Calls to external extractors, each series labelled with the extractor's name.
@@ -473,8 +600,110 @@ impl Metrics {
         registry
             .register(Box::new(recovery.clone()))
             .expect("unique metric");
+        let http_duration = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "docstream_http_request_duration_seconds",
+                    "HTTP requests, arrival to answer, by route and status code.",
+                )
+                .buckets(vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 3.0,
+                    5.0, 10.0,
+                ]),
+                &["route", "status"],
+            ),
+        );
+        let census = CensusMetrics::register(&registry);
+        let partition = &["group", "topic", "partition"];
+        let consumer_lag = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_consumer_lag",
+                    "Records on an assigned partition past the group's committed offset (librdkafka statistics).",
+                ),
+                partition,
+            ),
+        );
+        let consumer_committed_offset = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_consumer_committed_offset",
+                    "The group's committed offset on an assigned partition (librdkafka statistics).",
+                ),
+                partition,
+            ),
+        );
+        let producer_queue_records = register(
+            &registry,
+            prometheus::IntGauge::new(
+                "docstream_producer_queue_records",
+                "Records in the Kafka producer's queue, not yet acknowledged (librdkafka statistics).",
+            ),
+        );
+        let producer_in_flight_requests = register(
+            &registry,
+            prometheus::IntGauge::new(
+                "docstream_producer_in_flight_requests",
+                "Produce requests sent to a broker and waiting for its answer (librdkafka statistics).",
+            ),
+        );
+        let latency_buckets = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ];
+        let producer_delivery = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "docstream_producer_delivery_seconds",
+                    "Publish to the broker's acknowledgement, for acknowledged records, by topic.",
+                )
+                .buckets(latency_buckets.clone()),
+                &["topic"],
+            ),
+        );
+        let webhook_delivery = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "docstream_webhook_delivery_seconds",
+                    "One webhook request, sent to answered or failed: delivered (2xx), gone (410), failed (another status), unanswered.",
+                )
+                .buckets(latency_buckets.clone()),
+                &["outcome"],
+            ),
+        );
+        let db_pool_acquire = register(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "docstream_db_pool_acquire_seconds",
+                    "Wait for a pooled Postgres connection, sampled by each health probe.",
+                )
+                .buckets(latency_buckets),
+            ),
+        );
+        // RSS, CPU seconds, open and maximum file descriptors, threads:
+        // process_resident_memory_bytes, process_cpu_seconds_total, ….
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("unique metric");
         let extractors = ExtractorMetrics::register(&registry);
         Self {
+            http_duration,
+            census,
+            consumer_lag,
+            consumer_committed_offset,
+            producer_queue_records,
+            producer_in_flight_requests,
+            producer_delivery,
+            webhook_delivery,
+            db_pool_acquire,
             extractors,
             dependency_up,
             dependency_outages,
@@ -524,6 +753,11 @@ impl Metrics {
         self.transitions
             .with_label_values(&[transition.as_str(), label])
             .inc();
+    }
+
+    /// Adds a collector read at each scrape (the pool's).
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(collector).expect("unique metric");
     }
 
     /// The Prometheus text exposition of every metric.

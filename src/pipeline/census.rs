@@ -1,0 +1,108 @@
+//! The queue census: every `census_interval_s`, one process of the deployment
+//! counts the open jobs, the oldest one's age and the open orphans by class
+//! (`store::census`), and exports them. Every process runs this loop, so the
+//! census goes on while any process lives; each tick, the first to take the
+//! turn reports, and a process whose turn it was not clears its own series, so
+//! each series has a single source (dashboards take `max` over processes).
+
+use tokio_util::sync::CancellationToken;
+
+use super::Services;
+use crate::health::Dependency;
+use crate::metrics::CensusMetrics;
+use crate::store::{census, orphans, StoreError};
+
+/// Runs the census until `shutdown`; a failed tick is counted and logged, and
+/// the next one tries again.
+pub async fn run(services: Services, shutdown: CancellationToken) {
+    let interval = services.settings.census_interval();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let metrics = &services.metrics.census;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        // Bounded, so a census stuck on an unanswering database does not
+        // keep the turn's series frozen: they are cleared instead.
+        let tick = tokio::time::timeout(interval, take(&services, metrics)).await;
+        let outcome = match tick {
+            Ok(Ok(true)) => "taken",
+            Ok(Ok(false)) => "skipped",
+            Ok(Err(e)) => {
+                if e.is_unavailable() {
+                    services.health.failed(Dependency::Postgres, &e);
+                } else {
+                    tracing::warn!(error = %e, "queue census failed; retrying next interval");
+                }
+                metrics.clear();
+                "failed"
+            }
+            Err(_) => {
+                metrics.clear();
+                "failed"
+            }
+        };
+        metrics.runs.with_label_values(&[outcome]).inc();
+    }
+}
+
+/// One tick: takes the census if it is this process's turn (true), else
+/// clears this process's census series (false).
+async fn take(services: &Services, metrics: &CensusMetrics) -> Result<bool, StoreError> {
+    let settings = &services.settings;
+    let pool = &services.pool;
+    if !census::take_turn(pool, settings.census_interval_s).await? {
+        metrics.clear();
+        return Ok(false);
+    }
+    let counts = census::count(pool).await?;
+    let open = orphans::count_open(pool, settings.orphan_thresholds()).await?;
+    let jobs = [
+        (
+            "extraction",
+            "queued",
+            counts.queued,
+            counts.oldest_queued_s,
+        ),
+        (
+            "extraction",
+            "running",
+            counts.running,
+            counts.oldest_running_s,
+        ),
+        (
+            "bbox",
+            "pending",
+            counts.bbox_pending,
+            counts.oldest_bbox_pending_s,
+        ),
+        (
+            "bbox",
+            "running",
+            counts.bbox_running,
+            counts.oldest_bbox_running_s,
+        ),
+    ];
+    for (stage, status, count, oldest_s) in jobs {
+        metrics.jobs.with_label_values(&[stage, status]).set(count);
+        metrics
+            .oldest_age
+            .with_label_values(&[stage, status])
+            .set(oldest_s);
+    }
+    // Every class has a series, 0 when none is open, so an alert on it
+    // ends when the reaper catches up instead of going stale.
+    for class in 1..=6_i16 {
+        let found = open.iter().find(|o| o.class == class);
+        let label = class.to_string();
+        let (count, oldest_s) = found.map_or((0, 0.0), |o| (o.open, o.oldest_s));
+        metrics.orphans_open.with_label_values(&[&label]).set(count);
+        metrics
+            .oldest_orphan_age
+            .with_label_values(&[&label])
+            .set(oldest_s);
+    }
+    Ok(true)
+}
