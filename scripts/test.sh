@@ -6,9 +6,11 @@
 #   scripts/test.sh           the suite (10 minutes warm here; 22 from a fresh clone, builds included)
 #   scripts/test.sh --long    also the long variants: the 30 s broker outage
 # Other arguments go to `cargo test` (e.g. a test name filter).
-# After the cargo tests, a separate step fuzzes the HTTP API against its OpenAPI
-# document with schemathesis (scripts/fuzz-api.sh; under a minute); the suite
-# fails if either step does. With a test filter, only the tests run.
+# Before the cargo tests, promtool checks the compose stack's Prometheus config
+# and alert rules and runs the rules' unit tests (seconds). After them, a
+# separate step fuzzes the HTTP API against its OpenAPI document with
+# schemathesis (scripts/fuzz-api.sh; under a minute). The suite fails if any
+# step does. With a test filter, only the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +22,20 @@ fi
 source scripts/lib/prepare.sh
 source scripts/lib/toxiproxy.sh
 source scripts/lib/fuzz-api.sh
+source scripts/lib/promtool.sh
 prepare
 ensure_toxiproxy
 ensure_schemathesis
+ensure_promtool
+
+alerts=skipped
+if [ $# -eq 0 ]; then
+    echo "== alerts: promtool check config, check rules, test rules ==" >&2
+    set +e
+    check_alerts
+    alerts=$?
+    set -e
+fi
 
 cargo build --locked --bins
 ./target/debug/docstream migrate
@@ -52,10 +65,16 @@ fi
 # One closing line for the whole suite, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+case "$alerts" in
+    0) echo "alerts: passed" ;;
+    skipped) echo "alerts: skipped (a test filter was given)"; alerts=0 ;;
+    *) echo "alerts: FAILED (promtool, scripts/compose/prometheus/)" ;;
+esac
 case "$fuzz" in
     0) echo "fuzz: passed" ;;
     skipped) echo "fuzz: skipped (a test filter was given; scripts/fuzz-api.sh runs it alone)"; fuzz=0 ;;
     *) echo "fuzz: FAILED (scripts/fuzz-api.sh; logs in target/tmp/fuzz-api/)" ;;
 esac
 if [ "$status" != 0 ]; then exit "$status"; fi
+if [ "$alerts" != 0 ]; then exit "$alerts"; fi
 exit "$fuzz"
