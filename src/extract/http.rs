@@ -135,6 +135,10 @@ impl HttpExtractor {
             .max_concurrency
             .with_label_values(&[&self.name]);
         cap_gauge.set(cap);
+        // From the first call on, so a first Retry-After is an increase.
+        self.metrics
+            .retry_after_seconds
+            .with_label_values(&[&self.name]);
         let in_flight = self.metrics.in_flight.with_label_values(&[&self.name]);
         in_flight.inc();
         // Decremented however the call ends, including by being dropped.

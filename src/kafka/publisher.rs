@@ -187,10 +187,13 @@ impl Publisher {
             return Err(PublishError::Closed);
         }
         let pending = Pending::count(inner);
+        let metrics = &inner.metrics;
+        // Created with the topic's first record, so a topic's first failure
+        // is an increase from 0 that `rate()` sees.
+        let failures = metrics.publish_failures.with_label_values(&[topic]);
         let started = std::time::Instant::now();
         let outcome = self.enqueue_and_wait(topic, key, payload).await;
         drop(pending);
-        let metrics = &inner.metrics;
         match outcome {
             Ok(()) => {
                 metrics.events_produced.with_label_values(&[topic]).inc();
@@ -201,7 +204,7 @@ impl Publisher {
                 Ok(())
             }
             Err(source) => {
-                metrics.publish_failures.with_label_values(&[topic]).inc();
+                failures.inc();
                 Err(PublishError::Kafka {
                     topic: topic.to_owned(),
                     source,

@@ -81,9 +81,10 @@ pub struct Metrics {
     pub stream_queue_depth: IntGaugeVec,
     /// `docstream_stream_frames_total{stream, outcome="accepted|refused"}`.
     pub stream_frames: IntCounterVec,
-    /// `docstream_stream_closes_total{stream, kind="client|graceful|forced"}`:
-    /// closed by the client, by the server after a drain on shutdown, or by the
-    /// server without one (drain timed out, client kept failing, Kafka failed).
+    /// `docstream_stream_closes_total{stream, kind="client|graceful|forced|too_large"}`:
+    /// closed by the client, by the server after a drain on shutdown, by the
+    /// server without one (drain timed out, client kept failing, Kafka
+    /// failed), or (import) for a frame past the size limit.
     pub stream_closes: IntCounterVec,
     /// `docstream_stream_dropped_total{stream, strategy}`: events an export
     /// stream dropped for a slow client, by backpressure strategy.
@@ -694,7 +695,7 @@ impl Metrics {
             ))
             .expect("unique metric");
         let extractors = ExtractorMetrics::register(&registry);
-        Self {
+        let metrics = Self {
             http_duration,
             census,
             consumer_lag,
@@ -744,6 +745,56 @@ impl Metrics {
             extraction_duration,
             bbox_duration,
             http_requests,
+        };
+        metrics.create_fixed_series();
+        metrics
+    }
+
+    /// Creates, at 0, every series whose labels are a fixed set. A series
+    /// that first appears at 1 has no earlier sample, so `increase()` and
+    /// `rate()` miss its first event (an alert on the first forced shutdown
+    /// would never fire); created at start-up, each event is an increase.
+    /// Series labelled by a topic, route or extractor start with their first
+    /// use instead.
+    fn create_fixed_series(&self) {
+        let each = |vec: &IntCounterVec, values: &[&[&str]]| {
+            for labels in values {
+                vec.with_label_values(labels);
+            }
+        };
+        let classes: Vec<String> = (1..=6).map(|c| c.to_string()).collect();
+        for class in &classes {
+            self.orphans_found.with_label_values(&[class]);
+            self.orphans_republished.with_label_values(&[class]);
+        }
+        for reaper in ["extraction", "bbox", "webhook"] {
+            for outcome in ["swept", "locked_elsewhere", "failed"] {
+                self.reaper_sweeps.with_label_values(&[reaper, outcome]);
+            }
+        }
+        each(&self.claim_losers, &[&["extraction"], &["bbox_refinement"]]);
+        each(&self.consumer_shutdowns, &[&["graceful"], &["forced"]]);
+        each(&self.rebalance_drains, &[&["drained"], &["timed_out"]]);
+        each(&self.records_abandoned, &[&["revoke"], &["shutdown"]]);
+        for outcome in ["delivered", "retried", "failed", "disabled", "forbidden"] {
+            self.webhook_deliveries.with_label_values(&[outcome]);
+        }
+        each(&self.webhook_ssrf_rejections, &[&["submit"], &["send"]]);
+        for kind in ["client", "graceful", "too_large"] {
+            self.stream_closes.with_label_values(&["import", kind]);
+        }
+        for kind in ["client", "graceful", "forced"] {
+            self.stream_closes.with_label_values(&["export", kind]);
+        }
+        for strategy in ["drop_oldest", "drop_new"] {
+            self.stream_dropped.with_label_values(&["export", strategy]);
+        }
+        self.stream_redeliveries.with_label_values(&["export"]);
+        for dependency in ["kafka", "postgres"] {
+            self.dependency_outages.with_label_values(&[dependency]);
+        }
+        for outcome in ["taken", "skipped", "failed"] {
+            self.census.runs.with_label_values(&[outcome]);
         }
     }
 
