@@ -10,6 +10,8 @@
 //!   delivery) and topic admin; [`store`] is Postgres (one statement per
 //!   transition); [`events`] binds Avro schemas to types.
 //! - [`health`] tracks the dependencies' outages and the process's readiness;
+//!   [`metrics`] is every series `/metrics` shows; [`trace`] the W3C trace
+//!   context of a job (its records' `traceparent`, its log lines' ids);
 //!   [`auth`] turns API keys into callers (a tenant and its scopes);
 //!   [`quota`] holds the per-tenant submit rates.
 //! - [`domain`] is the job model; [`extract`] the extractors and bbox grounding.
@@ -33,6 +35,7 @@ pub mod pipeline;
 pub mod quota;
 pub mod roles;
 pub mod store;
+pub mod trace;
 pub mod webhook;
 
 /// An error and its causes on one line: where HTTP clients keep the useful

@@ -7,8 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
-use docstream::{bench, demo, failpoints, kafka, ops, store};
+use docstream::{bench, demo, failpoints, kafka, ops, store, trace};
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Kafka-native document-extraction pipeline.
 #[derive(Parser)]
@@ -79,7 +81,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_tracing(settings.log_json);
+    // Before the runtime: the span exporter's HTTP client blocks, on its own
+    // thread, and is dropped (flushing) after the runtime is.
+    let _exporter = match init_tracing(settings.log_json, cli.command.service_name()) {
+        Ok(exporter) => exporter,
+        Err(e) => {
+            eprintln!("docstream: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = failpoints::init_from_env() {
         eprintln!("docstream: DOCSTREAM_FAILPOINTS: {e}");
         return ExitCode::from(2);
@@ -193,16 +203,35 @@ fn shutdown_on_signal() -> CancellationToken {
     token
 }
 
-fn init_tracing(json: bool) {
+/// Logs to stderr (JSON on request) filtered by `DOCSTREAM_LOG`, and spans
+/// over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (`trace::init`). A
+/// job's log lines carry its span's `job_id` and `trace_id` either way.
+fn init_tracing(json: bool, service: &str) -> Result<trace::Exporter, String> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DOCSTREAM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn,sqlx=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let (spans, exporter) = trace::init(service)?;
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter).with(spans);
     if json {
-        builder.json().init();
+        registry.with(logs.json()).init();
     } else {
-        builder.init();
+        registry.with(logs).init();
+    }
+    Ok(exporter)
+}
+
+impl Command {
+    /// The service name of this process's spans.
+    fn service_name(&self) -> &'static str {
+        match self {
+            Self::Serve => "docstream-serve",
+            Self::Worker => "docstream-worker",
+            Self::BboxWorker => "docstream-bbox-worker",
+            Self::Intake => "docstream-intake",
+            Self::All | Self::Demo(_) => "docstream",
+            _ => "docstream-cli",
+        }
     }
 }

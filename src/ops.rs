@@ -87,15 +87,11 @@ pub async fn reclaim(
     let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
         anyhow::bail!("extraction {id} is unknown or has nothing left to do");
     };
-    let key = id.to_string();
     match stage {
         Reclaimed::Extraction => {
             let topic = settings.topic(&settings.topic_submitted);
             let event = ExtractionSubmitted::new(id, PublishReason::Operator);
-            services
-                .publisher
-                .publish(&topic, key.as_bytes(), &event)
-                .await?;
+            services.publisher.publish_job(&topic, id, &event).await?;
             orphans::record_published(&services.pool, id).await?;
             Ok(format!(
                 "extraction {id}: lease expired, republished to {topic}\n"
@@ -104,10 +100,7 @@ pub async fn reclaim(
         Reclaimed::BboxRefinement => {
             let topic = settings.topic(&settings.topic_post_processing);
             let event = PostProcessingRequested::bbox_refinement(id, PublishReason::Operator);
-            services
-                .publisher
-                .publish(&topic, key.as_bytes(), &event)
-                .await?;
+            services.publisher.publish_job(&topic, id, &event).await?;
             orphans::record_bbox_request_published(&services.pool, id).await?;
             Ok(format!(
                 "extraction {id}: bbox refinement lease expired, republished to {topic}\n"

@@ -64,7 +64,7 @@ pub struct Record {
     pub key: Option<Vec<u8>>,
     /// Record value.
     pub payload: Option<Vec<u8>>,
-    /// Record headers, in order (none on docstream's own records).
+    /// Record headers, in order (a job's records carry `traceparent`).
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
@@ -75,6 +75,12 @@ impl Record {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, value)| value.as_slice())
+    }
+
+    /// The record's W3C trace context, if it has a valid one.
+    pub fn traceparent(&self) -> Option<crate::trace::TraceParent> {
+        let value = std::str::from_utf8(self.header(crate::trace::TRACEPARENT)?).ok()?;
+        crate::trace::TraceParent::parse(value)
     }
 }
 

@@ -22,13 +22,16 @@ use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::{mpsc, oneshot, Notify};
+use uuid::Uuid;
 
 use super::context::Reporting;
 use crate::events::{encode, CodecError, Event};
 use crate::health::{Dependency, Health};
 use crate::metrics::{KafkaStats, Metrics};
+use crate::trace;
 
 type KafkaProducer = FutureProducer<Reporting>;
 
@@ -56,6 +59,8 @@ struct Outgoing {
     topic: String,
     key: Option<Vec<u8>>,
     payload: Vec<u8>,
+    /// `traceparent`, for a record about a job.
+    traceparent: Option<String>,
     ack: oneshot::Sender<Result<(), KafkaError>>,
 }
 
@@ -175,12 +180,38 @@ impl Publisher {
         self.publish_bytes(topic, Some(key), payload).await
     }
 
+    /// Encodes `event`, a record about job `id`, and produces it to `topic`
+    /// keyed by the id, with the job's `traceparent` (`trace`); returns once
+    /// the broker acknowledged it. Every record of a job's life goes out here.
+    pub async fn publish_job<E: Event>(
+        &self,
+        topic: &str,
+        id: Uuid,
+        event: &E,
+    ) -> Result<(), PublishError> {
+        let payload = encode(event)?;
+        let traceparent = trace::traceparent_for(id).header();
+        let key = id.to_string();
+        self.send(topic, Some(key.as_bytes()), payload, Some(traceparent))
+            .await
+    }
+
     /// Produces raw bytes; for callers that already hold an encoded record.
     pub async fn publish_bytes(
         &self,
         topic: &str,
         key: Option<&[u8]>,
         payload: Vec<u8>,
+    ) -> Result<(), PublishError> {
+        self.send(topic, key, payload, None).await
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: Vec<u8>,
+        traceparent: Option<String>,
     ) -> Result<(), PublishError> {
         let inner = &self.inner;
         if inner.closed.load(Ordering::SeqCst) {
@@ -192,7 +223,9 @@ impl Publisher {
         // is an increase from 0 that `rate()` sees.
         let failures = metrics.publish_failures.with_label_values(&[topic]);
         let started = std::time::Instant::now();
-        let outcome = self.enqueue_and_wait(topic, key, payload).await;
+        let outcome = self
+            .enqueue_and_wait(topic, key, payload, traceparent)
+            .await;
         drop(pending);
         match outcome {
             Ok(()) => {
@@ -218,12 +251,14 @@ impl Publisher {
         topic: &str,
         key: Option<&[u8]>,
         payload: Vec<u8>,
+        traceparent: Option<String>,
     ) -> Result<(), KafkaError> {
         let (ack, acked) = oneshot::channel();
         let outgoing = Outgoing {
             topic: topic.to_owned(),
             key: key.map(<[u8]>::to_vec),
             payload,
+            traceparent,
             ack,
         };
         let shut = || KafkaError::Canceled;
@@ -305,6 +340,12 @@ async fn send_records(send_point: SendPoint, mut outgoing: mpsc::Receiver<Outgoi
                 FutureRecord::<[u8], [u8]>::to(&record.topic).payload(&record.payload);
             if let Some(key) = &record.key {
                 future_record = future_record.key(key);
+            }
+            if let Some(traceparent) = &record.traceparent {
+                future_record = future_record.headers(OwnedHeaders::new().insert(Header {
+                    key: trace::TRACEPARENT,
+                    value: Some(traceparent.as_str()),
+                }));
             }
             match producer.send_result(future_record) {
                 Ok(delivery) => {

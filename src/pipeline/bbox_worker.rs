@@ -3,6 +3,7 @@
 //! while heartbeats keep the claim, and completes the claim with its token.
 
 use std::time::Instant;
+use tracing::Instrument;
 
 use uuid::Uuid;
 
@@ -15,6 +16,7 @@ use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::transitions::{self, Completion};
 use crate::store::{leases, Claim};
+use crate::trace;
 use tokio_util::sync::CancellationToken;
 
 /// The bbox worker's record handler.
@@ -115,15 +117,30 @@ impl BboxWorker {
 impl RecordHandler for BboxWorker {
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
+        let span = trace::job_span(id, record.traceparent().as_ref());
+        self.work(event, id, stop).instrument(span).await
+    }
+}
+
+impl BboxWorker {
+    /// Claims job `id`'s bbox refinement and runs it, inside the job's span.
+    async fn work(
+        &self,
+        event: PostProcessingRequested,
+        id: Uuid,
+        stop: &CancellationToken,
+    ) -> Result<(), HandlerError> {
         let services = &self.services;
         let try_claim = || services.batched.bbox_claim.run(id);
         let Some(claim) = services
             .claim_or_wait(Stage::BboxRefinement, id, stop, try_claim)
             .await?
         else {
+            tracing::debug!(reason = ?event.reason, "bbox refinement not claimed (finished, or another holder's)");
             return Ok(());
         };
         let token = claim.token;
+        tracing::debug!(token, reason = ?event.reason, "bbox refinement claimed");
         if let Some(recovery) = claim
             .extraction
             .bbox_refinement()
@@ -147,6 +164,10 @@ impl RecordHandler for BboxWorker {
             self.ground_and_complete(claim, event.reason),
         );
         emitted?;
+        tracing::debug!(
+            outcome = if grounded.is_ok() { "done" } else { "failed" },
+            "bbox refinement ended"
+        );
         grounded
     }
 }

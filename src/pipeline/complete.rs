@@ -6,6 +6,7 @@
 //! is a stale holder, whose work is dropped and counted.
 
 use rand::Rng;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{transient, Services, Stage};
@@ -81,7 +82,7 @@ impl Services {
         let topic = self.settings.topic(&self.settings.topic_post_processing);
         let follow_up = PostProcessingRequested::bbox_refinement(id, reason);
         self.publisher
-            .publish(&topic, id.to_string().as_bytes(), &follow_up)
+            .publish_job(&topic, id, &follow_up)
             .await
             .map_err(transient)?;
         self.batched.bbox_requested.run(id).await.map_err(transient)
@@ -137,7 +138,7 @@ impl Services {
             .with_label_values(&["extraction"])
             .inc();
         tracing::info!(%id, attempt = token, delay_s, %error, next_attempt_at = ?row.next_attempt_at, "attempt failed; retry scheduled");
-        tokio::spawn(publish_when_due(self.clone(), id, delay_s));
+        tokio::spawn(publish_when_due(self.clone(), id, delay_s).in_current_span());
         Ok(true)
     }
 
@@ -172,11 +173,7 @@ async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
     }
     let topic = services.settings.topic(&services.settings.topic_submitted);
     let event = ExtractionSubmitted::new(id, PublishReason::Retry);
-    if let Err(e) = services
-        .publisher
-        .publish(&topic, id.to_string().as_bytes(), &event)
-        .await
-    {
+    if let Err(e) = services.publisher.publish_job(&topic, id, &event).await {
         tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
         return;
     }

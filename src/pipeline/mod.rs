@@ -119,11 +119,11 @@ impl Services {
         reason: PublishReason,
     ) -> impl Future<Output = Result<(), HandlerError>> + use<'s> {
         let event = ExtractionEvent::of(transition, row, token, reason);
-        let key = row.id.to_string();
+        let id = row.id;
         let topic = self.settings.topic(&self.settings.topic_events);
         async move {
             self.publisher
-                .publish(&topic, key.as_bytes(), &event)
+                .publish_job(&topic, id, &event)
                 .await
                 .map_err(|e| HandlerError::Transient(e.to_string()))
         }

@@ -16,6 +16,7 @@ use futures::future::join_all;
 use sqlx::pool::PoolConnection;
 use sqlx::Postgres;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::Services;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
@@ -23,6 +24,7 @@ use crate::health::Dependency;
 use crate::store::orphans::{self, Orphan};
 use crate::store::webhooks;
 use crate::store::StoreError;
+use crate::trace;
 
 /// Which reaper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +146,11 @@ impl Reaper {
             ReaperKind::Bbox => orphans::take_bbox_orphans(&mut **conn, thresholds, limit).await?,
             ReaperKind::Webhook => return self.revive_webhooks(conn).await,
         };
-        let outcomes = join_all(taken.iter().map(|orphan| self.republish(orphan))).await;
+        let outcomes = join_all(taken.iter().map(|orphan| {
+            let span = trace::job_span(orphan.id, None);
+            self.republish(orphan).instrument(span)
+        }))
+        .await;
         let republished = outcomes.iter().filter(|ok| **ok).count();
         if !taken.is_empty() {
             tracing::info!(
@@ -202,14 +208,13 @@ impl Reaper {
             .with_label_values(&[&class])
             .inc();
         tracing::debug!(id = %orphan.id, class = orphan.class, age_s = orphan.age_s, "orphan found");
-        let key = orphan.id.to_string();
         let published = match self.kind {
             ReaperKind::Extraction => {
                 let topic = settings.topic(&settings.topic_submitted);
                 let event = ExtractionSubmitted::new(orphan.id, PublishReason::Reaper);
                 services
                     .publisher
-                    .publish(&topic, key.as_bytes(), &event)
+                    .publish_job(&topic, orphan.id, &event)
                     .await
             }
             ReaperKind::Webhook => unreachable!("class 6 is revived by revive_webhooks"),
@@ -219,7 +224,7 @@ impl Reaper {
                     PostProcessingRequested::bbox_refinement(orphan.id, PublishReason::Reaper);
                 services
                     .publisher
-                    .publish(&topic, key.as_bytes(), &event)
+                    .publish_job(&topic, orphan.id, &event)
                     .await
             }
         };

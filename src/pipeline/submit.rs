@@ -29,6 +29,8 @@ use crate::failpoints;
 use crate::health::Dependency;
 use crate::kafka::PublishError;
 use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
+use crate::trace;
+use tracing::Instrument;
 
 /// Inserts `new` (or finds the row its idempotency key names) and, when a row
 /// was created, publishes it; answers within `http_answer_timeout_s`. A row
@@ -52,11 +54,16 @@ pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted
         let (services, row) = (services.clone(), row.clone());
         // Spawned: neither the deadline nor a client that hangs up cuts the
         // publish short.
-        let publishing = tokio::spawn(async move {
-            if let Err(e) = publish_created(&services, &row).await {
-                tracing::warn!(id = %row.id, error = %e, "submitted event not published; the reaper will revive the job");
+        let span = trace::job_span(row.id, None);
+        let publishing = tokio::spawn(
+            async move {
+                match publish_created(&services, &row).await {
+                    Ok(()) => tracing::debug!("submitted; its event was acknowledged"),
+                    Err(e) => tracing::warn!(error = %e, "submitted event not published; the reaper will revive the job"),
+                }
             }
-        });
+            .instrument(span),
+        );
         if tokio::time::timeout_at(deadline, publishing).await.is_err() {
             tracing::debug!("submit answered before its event was acknowledged");
         }
@@ -145,7 +152,7 @@ async fn publish_job(services: &Services, row: &Extraction) -> Result<(), Publis
     let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
     services
         .publisher
-        .publish(&topic, row.id.to_string().as_bytes(), &event)
+        .publish_job(&topic, row.id, &event)
         .await?;
     services.stamps.published(row.id);
     Ok(())

@@ -15,6 +15,7 @@
 //! row is an orphan of class 3 and the extraction reaper revives it.
 
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use uuid::Uuid;
 
@@ -28,6 +29,7 @@ use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::leases::Renewed;
 use crate::store::{self, leases, Claim};
+use crate::trace;
 use tokio_util::sync::CancellationToken;
 
 /// The extraction worker's record handler.
@@ -296,14 +298,29 @@ async fn within_drain<T>(
 impl RecordHandler for ExtractionWorker {
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
         let (event, id) = decode_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
+        let span = trace::job_span(id, record.traceparent().as_ref());
+        self.work(event, id, stop).instrument(span).await
+    }
+}
+
+impl ExtractionWorker {
+    /// Claims job `id` and runs its attempt, inside the job's span.
+    async fn work(
+        &self,
+        event: ExtractionSubmitted,
+        id: Uuid,
+        stop: &CancellationToken,
+    ) -> Result<(), HandlerError> {
         let services = &self.services;
         let try_claim = || services.batched.claim.run(id);
         let Some(claim) = services
             .claim_or_wait(Stage::Extraction, id, stop, try_claim)
             .await?
         else {
+            tracing::debug!(reason = ?event.reason, "not claimed (finished, or another holder's)");
             return self.finish_follow_up(id, event.reason, stop).await;
         };
+        tracing::debug!(token = claim.token, reason = ?event.reason, "claimed");
         // The claim's event is acknowledged while the work runs: joined, so it
         // is queued (in order) before anything the work publishes, and the
         // record is delivered only once both are done.
@@ -318,6 +335,10 @@ impl RecordHandler for ExtractionWorker {
             self.run_claim(claim, event.reason, stop),
         );
         emitted?;
+        tracing::debug!(
+            outcome = if ran.is_ok() { "done" } else { "failed" },
+            "attempt ended"
+        );
         ran
     }
 }

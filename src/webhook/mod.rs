@@ -25,6 +25,7 @@ pub use sign::{signature_header, Signer};
 
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use rand::Rng;
 use sqlx::PgPool;
@@ -35,6 +36,7 @@ use crate::error_chain;
 use crate::failpoints;
 use crate::metrics::Metrics;
 use crate::store::webhooks::{self as outbox, Delivery, Final};
+use crate::trace;
 
 /// A process's webhook dispatcher: wake it with a delivery's id and it makes
 /// the attempts that are due.
@@ -209,6 +211,13 @@ impl Dispatcher {
             }
             return;
         }
+        let span = trace::job_span(delivery.extraction_id, None);
+        self.deliver(delivery).instrument(span).await;
+    }
+
+    /// Sends claimed `delivery` and records how it went.
+    async fn deliver(&self, delivery: Delivery) {
+        let id = delivery.id.as_str();
         if let Err(e) = failpoints::hit("webhook.before_send").await {
             tracing::warn!(id, error = %e, "attempt abandoned; the reaper will revive it");
             return;

@@ -462,6 +462,38 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
 
 /// Reads a topic from the beginning to its current end, with positions.
 pub fn read_topic_positioned(brokers: &str, topic: &str) -> Vec<Positioned> {
+    read_topic_as(brokers, topic, |message| {
+        (
+            message.partition(),
+            message.offset(),
+            message.key().map(<[u8]>::to_vec),
+            message.payload().unwrap_or_default().to_vec(),
+        )
+    })
+}
+
+/// Each record's key and `traceparent` header, from the beginning of `topic`
+/// to its current end.
+pub fn read_traceparents(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Option<String>)> {
+    use rdkafka::message::Headers;
+    read_topic_as(brokers, topic, |message| {
+        let traceparent = message.headers().and_then(|headers| {
+            headers
+                .iter()
+                .find(|h| h.key == docstream::trace::TRACEPARENT)
+                .and_then(|h| String::from_utf8(h.value?.to_vec()).ok())
+        });
+        (message.key().map(<[u8]>::to_vec), traceparent)
+    })
+}
+
+/// Reads a topic from the beginning to its current end, each record as `map`
+/// makes it.
+fn read_topic_as<T>(
+    brokers: &str,
+    topic: &str,
+    map: impl Fn(&rdkafka::message::BorrowedMessage<'_>) -> T,
+) -> Vec<T> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
@@ -506,12 +538,7 @@ pub fn read_topic_positioned(brokers: &str, topic: &str) -> Vec<Positioned> {
         let message = message.expect("consume");
         let end = ends.get(&message.partition()).copied();
         if let Some(end) = end {
-            records.push((
-                message.partition(),
-                message.offset(),
-                message.key().map(<[u8]>::to_vec),
-                message.payload().unwrap_or_default().to_vec(),
-            ));
+            records.push(map(&message));
             if message.offset() + 1 >= end {
                 ends.remove(&message.partition());
             }
