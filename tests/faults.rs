@@ -327,6 +327,13 @@ impl Rig {
         self.fleet.assert_running();
         let submissions = self.load.stop().await;
         self.wait_all_done(Duration::from_secs(120)).await;
+        // The servers' own clock: submits they answered later than the
+        // client's bound. Beside the client's count, it tells a late server
+        // from a late client (a starved test process).
+        let mut server_late = 0.0;
+        for process in self.fleet.processes.iter().filter(|p| p.role == "serve") {
+            server_late += submits_answered_later_than(&process.metrics, ANSWER_BOUND).await;
+        }
         let exits = self.fleet.stop_all().await;
         let pool = &self.env.pool;
 
@@ -367,12 +374,13 @@ impl Rig {
             .collect();
 
         eprintln!(
-            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}",
+            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered}, 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}; answered later than {:?} by the servers' clock {server_late}",
             self.name,
             submissions.len(),
             distinct.len(),
             rows,
             exits.unexpected.len(),
+            ANSWER_BOUND,
             ANSWER_BOUND,
         );
         let finished_at = finish_times(pool).await;
@@ -449,6 +457,34 @@ impl Window {
 }
 
 /// When each job's bbox refinement finished.
+/// Submits a serve answered later than `bound` after they arrived, from its
+/// `docstream_http_request_duration_seconds` (since it last started; `bound`
+/// is one of the histogram's bucket bounds).
+async fn submits_answered_later_than(metrics: &str, bound: Duration) -> f64 {
+    let Ok(response) = reqwest::get(format!("http://{metrics}/metrics")).await else {
+        return 0.0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    let series = "docstream_http_request_duration_seconds";
+    let route = "route=\"/v1/extractions\"";
+    let le = format!("le=\"{}\"", bound.as_secs_f64());
+    let value = |line: &str| line.rsplit(' ').next()?.parse::<f64>().ok();
+    let submits = |line: &&str| line.contains(route);
+    let count: f64 = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{series}_count")))
+        .filter(submits)
+        .filter_map(value)
+        .sum();
+    let within: f64 = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{series}_bucket")) && l.contains(&le))
+        .filter(submits)
+        .filter_map(value)
+        .sum();
+    count - within
+}
+
 async fn finish_times(pool: &sqlx::PgPool) -> HashMap<Uuid, DateTime<Utc>> {
     sqlx::query_as::<_, (Uuid, DateTime<Utc>)>(
         "SELECT id, bbox_finished_at FROM extractions WHERE bbox_finished_at IS NOT NULL",
