@@ -258,70 +258,70 @@ pub struct ExtractorMetrics {
 
 impl ExtractorMetrics {
     fn register(registry: &Registry) -> Self {
-        let register = |metric: Box<dyn prometheus::core::Collector>| {
-            registry.register(metric).expect("unique metric");
-        };
-        let calls = IntCounterVec::new(
-            Opts::new(
-                "docstream_extractor_calls_total",
-                "Calls to external extractors, by extractor and outcome.",
+        let calls = register(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "docstream_extractor_calls_total",
+                    "Calls to external extractors, by extractor and outcome.",
+                ),
+                &["extractor", "outcome"],
             ),
-            &["extractor", "outcome"],
-        )
-        .expect("valid metric");
-        register(Box::new(calls.clone()));
+        );
         // Model services take from tens of milliseconds to many minutes.
         let call_buckets = vec![
             0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
             600.0, 1200.0,
         ];
-        let call_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "docstream_extractor_call_seconds",
-                "Duration of one call to an external extractor.",
-            )
-            .buckets(call_buckets.clone()),
-            &["extractor"],
-        )
-        .expect("valid metric");
-        register(Box::new(call_seconds.clone()));
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "docstream_extractor_in_flight_calls",
-                "Calls to an external extractor in progress in this process.",
+        let call_seconds = register(
+            registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "docstream_extractor_call_seconds",
+                    "Duration of one call to an external extractor.",
+                )
+                .buckets(call_buckets.clone()),
+                &["extractor"],
             ),
-            &["extractor"],
-        )
-        .expect("valid metric");
-        register(Box::new(in_flight.clone()));
-        let max_concurrency = IntGaugeVec::new(
-            Opts::new(
-                "docstream_extractor_max_concurrency",
-                "The most calls this process makes to an external extractor at once.",
+        );
+        let in_flight = register(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_extractor_in_flight_calls",
+                    "Calls to an external extractor in progress in this process.",
+                ),
+                &["extractor"],
             ),
-            &["extractor"],
-        )
-        .expect("valid metric");
-        register(Box::new(max_concurrency.clone()));
-        let wait_seconds = HistogramVec::new(
+        );
+        let max_concurrency = register(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_extractor_max_concurrency",
+                    "The most calls this process makes to an external extractor at once.",
+                ),
+                &["extractor"],
+            ),
+        );
+        let wait_seconds = register(registry, HistogramVec::new(
             HistogramOpts::new(
                 "docstream_extractor_wait_seconds",
                 "Time a call waited for a concurrency slot (wait=slot), then for the rate limit (wait=token).",
             )
             .buckets(vec![0.001, 0.005].into_iter().chain(call_buckets).collect()),
             &["extractor", "wait"],
-        )
-        .expect("valid metric");
-        register(Box::new(wait_seconds.clone()));
-        let retry_after_seconds = prometheus::CounterVec::new(
-            Opts::new(
-                "docstream_extractor_retry_after_seconds_total",
-                "Seconds waited on Retry-After answers of an external extractor.",
+        ));
+        let retry_after_seconds = register(
+            registry,
+            prometheus::CounterVec::new(
+                Opts::new(
+                    "docstream_extractor_retry_after_seconds_total",
+                    "Seconds waited on Retry-After answers of an external extractor.",
+                ),
+                &["extractor"],
             ),
-            &["extractor"],
-        )
-        .expect("valid metric");
-        register(Box::new(retry_after_seconds.clone()));
+        );
         Self {
             calls,
             call_seconds,
@@ -338,11 +338,7 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(vec.clone()))
-                .expect("unique metric");
-            vec
+            register(&registry, IntCounterVec::new(Opts::new(name, help), labels))
         };
         let transitions = counter(
             "docstream_transitions_total",
@@ -454,84 +450,73 @@ impl Metrics {
             "Webhook URLs refused by the SSRF guard, at submit or at send.",
             &["stage"],
         );
-        let webhook_attempts = prometheus::IntCounter::new(
-            "docstream_webhook_attempts_total",
-            "HTTP requests made to webhook endpoints.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(webhook_attempts.clone()))
-            .expect("unique metric");
-        let webhook_disabled_endpoints = prometheus::IntCounter::new(
-            "docstream_webhook_disabled_endpoints_total",
-            "Webhook endpoints disabled after answering 410 Gone.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(webhook_disabled_endpoints.clone()))
-            .expect("unique metric");
-        let stream_queue_depth = IntGaugeVec::new(
+        let webhook_attempts = register(
+            &registry,
+            prometheus::IntCounter::new(
+                "docstream_webhook_attempts_total",
+                "HTTP requests made to webhook endpoints.",
+            ),
+        );
+        let webhook_disabled_endpoints = register(
+            &registry,
+            prometheus::IntCounter::new(
+                "docstream_webhook_disabled_endpoints_total",
+                "Webhook endpoints disabled after answering 410 Gone.",
+            ),
+        );
+        let stream_queue_depth = register(&registry, IntGaugeVec::new(
             Opts::new(
                 "docstream_stream_queue_depth",
                 "Import: frames read and not yet answered. Export: events waiting for the socket.",
             ),
             &["stream"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(stream_queue_depth.clone()))
-            .expect("unique metric");
+        ));
         let dead_letters = counter(
             "docstream_dead_letters_total",
             "Poison records acknowledged by the DLQ, by reason.",
             &["reason"],
         );
-        let dead_letter_failures = prometheus::IntCounter::new(
-            "docstream_dead_letter_failures_total",
-            "Dead letters the broker did not take; each is retried with its record.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(dead_letter_failures.clone()))
-            .expect("unique metric");
-        let paused_partitions = IntGaugeVec::new(
-            Opts::new(
-                "docstream_consumer_paused_partitions",
-                "Partitions paused for backpressure.",
+        let dead_letter_failures = register(
+            &registry,
+            prometheus::IntCounter::new(
+                "docstream_dead_letter_failures_total",
+                "Dead letters the broker did not take; each is retried with its record.",
             ),
-            &["topic"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(paused_partitions.clone()))
-            .expect("unique metric");
-        let publisher_queue_depth = prometheus::IntGauge::new(
-            "docstream_publisher_queue_depth",
-            "Records waiting in the publisher's queue for the send point.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(publisher_queue_depth.clone()))
-            .expect("unique metric");
-        let http_shutdown_rejections = prometheus::IntCounter::new(
-            "docstream_http_shutdown_rejections_total",
-            "Requests answered 503 because the server was shutting down.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(http_shutdown_rejections.clone()))
-            .expect("unique metric");
-        let dependency_up = IntGaugeVec::new(
-            Opts::new(
-                "docstream_dependency_up",
-                "1 while the dependency answers this process's calls and probes, else 0.",
+        );
+        let paused_partitions = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_consumer_paused_partitions",
+                    "Partitions paused for backpressure.",
+                ),
+                &["topic"],
             ),
-            &["dependency"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(dependency_up.clone()))
-            .expect("unique metric");
+        );
+        let publisher_queue_depth = register(
+            &registry,
+            prometheus::IntGauge::new(
+                "docstream_publisher_queue_depth",
+                "Records waiting in the publisher's queue for the send point.",
+            ),
+        );
+        let http_shutdown_rejections = register(
+            &registry,
+            prometheus::IntCounter::new(
+                "docstream_http_shutdown_rejections_total",
+                "Requests answered 503 because the server was shutting down.",
+            ),
+        );
+        let dependency_up = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_dependency_up",
+                    "1 while the dependency answers this process's calls and probes, else 0.",
+                ),
+                &["dependency"],
+            ),
+        );
         let dependency_outages = counter(
             "docstream_dependency_outages_total",
             "Outages of a dependency this process saw (one per outage).",
@@ -542,65 +527,60 @@ impl Metrics {
             "Statements run again after their connection failed.",
             &["statement"],
         );
-        let producer_restarts = prometheus::IntCounter::new(
-            "docstream_producer_restarts_total",
-            "Kafka producers replaced after a fatal producer error.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(producer_restarts.clone()))
-            .expect("unique metric");
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "docstream_in_flight_records",
-                "Records received and not yet delivered.",
+        let producer_restarts = register(
+            &registry,
+            prometheus::IntCounter::new(
+                "docstream_producer_restarts_total",
+                "Kafka producers replaced after a fatal producer error.",
             ),
-            &["topic", "partition"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(in_flight.clone()))
-            .expect("unique metric");
+        );
+        let in_flight = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_in_flight_records",
+                    "Records received and not yet delivered.",
+                ),
+                &["topic", "partition"],
+            ),
+        );
         let buckets = vec![
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
         ];
-        let extraction_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "docstream_extraction_duration_seconds",
-                "Time the extractor took, by outcome.",
-            )
-            .buckets(buckets.clone()),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(extraction_duration.clone()))
-            .expect("unique metric");
-        let bbox_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "docstream_bbox_refinement_duration_seconds",
-                "Time bbox grounding took.",
-            )
-            .buckets(buckets),
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(bbox_duration.clone()))
-            .expect("unique metric");
-        let recovery = HistogramVec::new(
-            HistogramOpts::new(
-                "docstream_recovery_seconds",
-                "From lease expiry or orphaning to the claim that recovered the job.",
-            )
-            .buckets(vec![
-                0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
-            ]),
-            &["claim"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(recovery.clone()))
-            .expect("unique metric");
+        let extraction_duration = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "docstream_extraction_duration_seconds",
+                    "Time the extractor took, by outcome.",
+                )
+                .buckets(buckets.clone()),
+                &["outcome"],
+            ),
+        );
+        let bbox_duration = register(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "docstream_bbox_refinement_duration_seconds",
+                    "Time bbox grounding took.",
+                )
+                .buckets(buckets),
+            ),
+        );
+        let recovery = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "docstream_recovery_seconds",
+                    "From lease expiry or orphaning to the claim that recovered the job.",
+                )
+                .buckets(vec![
+                    0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+                ]),
+                &["claim"],
+            ),
+        );
         let http_duration = register(
             &registry,
             HistogramVec::new(
