@@ -922,8 +922,35 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
     first_done.cancel();
     first.await.unwrap();
     let committed = wait_committed(&env, "shared", EVENTS).await;
+    // The partitions moved: the second connection was given some, and
+    // received events on them (100, unless the backlog ran out first).
+    assert!(
+        !second.is_empty(),
+        "the second connection was given no partitions"
+    );
+    // And back: on every partition the second held, the first connection
+    // received events past the last one the second saw.
+    let first_seen = first_seen.lock().unwrap().clone();
+    let mut moved_back = Vec::new();
+    for partition in second.iter().map(|(p, _)| *p).collect::<HashSet<i32>>() {
+        let last_of_second = second
+            .iter()
+            .filter(|(p, _)| *p == partition)
+            .map(|(_, o)| *o)
+            .max();
+        let first_after = first_seen
+            .iter()
+            .filter(|(p, o)| *p == partition && Some(*o) > last_of_second)
+            .count();
+        assert!(
+            first_after > 0,
+            "partition {partition} never came back to the first connection"
+        );
+        moved_back.push((partition, first_after));
+    }
+    assert_eq!(committed, EVENTS as i64, "every event committed once");
     eprintln!(
-        "export shared-group test: events={EVENTS} first_connection={seen} second_connection={} missing=0 committed={committed}",
+        "export shared-group test: events={EVENTS} first_connection={seen} second_connection={} missing=0 committed={committed}; events the first received on the second's partitions after it left: {moved_back:?}",
         second.len()
     );
     stop([&mut serve]).await;
