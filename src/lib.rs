@@ -1,6 +1,10 @@
 //! docstream: a Kafka-native stream processor that runs an asynchronous
 //! document-extraction pipeline safely across any number of worker replicas.
 //!
+//! `docs/architecture.md` states what the code promises (the four invariants,
+//! the state machine's legal predecessors, the delivery contract, the orphan
+//! classes) and where each promise is kept.
+//!
 //! Map of the crate, edge first (arrows point one way: edge → kafka/store → domain):
 //! - [`roles`] assembles processes (`serve`, `worker`, `bbox-worker`, `all`);
 //!   [`api`] is the HTTP edge; [`pipeline`] holds the consumer roles;
