@@ -93,7 +93,10 @@ pub fn job_trace_id(id: Uuid) -> [u8; 16] {
 /// `job_id` and `trace_id` are on every log line inside it.
 pub fn job_span(id: Uuid, parent: Option<&TraceParent>) -> tracing::Span {
     let trace_id = job_trace_id(id);
-    let span = tracing::info_span!("job", job_id = %id, trace_id = %hex(&trace_id));
+    // At ERROR, so that whatever `DOCSTREAM_LOG` lets through (even `warn`
+    // or `error` alone), the lines about a job still carry its ids: a span
+    // below the filter's level is disabled, and its fields with it.
+    let span = tracing::error_span!("job", job_id = %id, trace_id = %hex(&trace_id));
     if exporting() {
         // The job's trace, whatever the record said (a record's header names
         // its job's trace; one that does not is from an older producer).
