@@ -343,9 +343,12 @@ impl Rig {
         // The servers' own clock: submits they answered later than the
         // client's bound. Beside the client's count, it tells a late server
         // from a late client (a starved test process).
-        let mut server_late = 0.0;
+        let (mut server_answered, mut server_late) = (0.0, 0.0);
         for process in self.fleet.processes.iter().filter(|p| p.role == "serve") {
-            server_late += submits_answered_later_than(&process.metrics, ANSWER_BOUND).await;
+            let (answered, late) =
+                submits_answered_later_than(&process.metrics, ANSWER_BOUND).await;
+            server_answered += answered;
+            server_late += late;
         }
         let exits = self.fleet.stop_all().await;
         let pool = &self.env.pool;
@@ -453,6 +456,11 @@ impl Rig {
             unanswered, 0,
             "submits not answered within {CLIENT_BOUND:?}"
         );
+        // A histogram that was renamed or never filled would read as 0 late.
+        assert!(
+            server_answered > 0.0,
+            "the servers' histogram holds no submits"
+        );
         assert_eq!(
             server_late, 0.0,
             "submits the servers answered later than {ANSWER_BOUND:?} after they arrived"
@@ -476,12 +484,12 @@ impl Window {
 }
 
 /// When each job's bbox refinement finished.
-/// Submits a serve answered later than `bound` after they arrived, from its
-/// `docstream_http_request_duration_seconds` (since it last started; `bound`
-/// is one of the histogram's bucket bounds).
-async fn submits_answered_later_than(metrics: &str, bound: Duration) -> f64 {
+/// Submits a serve answered, and of those how many later than `bound` after
+/// they arrived, from its `docstream_http_request_duration_seconds` (since it
+/// last started; `bound` is one of the histogram's bucket bounds).
+async fn submits_answered_later_than(metrics: &str, bound: Duration) -> (f64, f64) {
     let Ok(response) = reqwest::get(format!("http://{metrics}/metrics")).await else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     let text = response.text().await.unwrap_or_default();
     let series = "docstream_http_request_duration_seconds";
@@ -501,7 +509,7 @@ async fn submits_answered_later_than(metrics: &str, bound: Duration) -> f64 {
         .filter(submits)
         .filter_map(value)
         .sum();
-    count - within
+    (count, count - within)
 }
 
 async fn finish_times(pool: &sqlx::PgPool) -> HashMap<Uuid, DateTime<Utc>> {
