@@ -10,7 +10,6 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,6 @@ use docstream::config::{ExtractorSettings, Settings};
 use docstream::events::{decode, ExtractionSubmitted};
 use docstream::pipeline::Services;
 use docstream::store::{self, NewExtraction, SubmitError};
-use tokio::io::AsyncBufReadExt;
 use uuid::Uuid;
 
 const SUCCEEDED: &str = "SELECT count(*) FROM extractions WHERE status = 'succeeded'";
@@ -732,25 +730,6 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     env.cleanup().await;
 }
 
-/// Starts a provider process and returns it with the URL it printed.
-async fn start_provider(mut command: tokio::process::Command) -> (tokio::process::Child, String) {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the provider");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the provider prints its URL")
-        .unwrap()
-        .expect("a line");
-    let url = line.rsplit(' ').next().unwrap().to_owned();
-    (child, url)
-}
-
 /// Runs `n` sample jobs through extractor `name` at `url` to bbox succeeded,
 /// and returns each job's result beside what the rule extractor finds in it.
 async fn through_the_pipeline(
@@ -793,7 +772,7 @@ async fn through_the_pipeline(
 async fn the_reference_provider_extracts_what_the_rules_do() {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_docstream"));
     command.args(["extractor-serve", "--addr", "127.0.0.1:0"]);
-    let (mut provider, url) = start_provider(command).await;
+    let (mut provider, url) = common::start_provider(command).await;
     let results = through_the_pipeline("extractor_reference", "reference", &url, 40).await;
     let same = results.iter().filter(|(got, rules)| got == rules).count();
     eprintln!(
@@ -812,7 +791,7 @@ async fn the_python_example_provider_serves_a_hundred_jobs() {
     );
     let mut command = tokio::process::Command::new("python3");
     command.args([script, "--port", "0"]);
-    let (mut provider, url) = start_provider(command).await;
+    let (mut provider, url) = common::start_provider(command).await;
     let results = through_the_pipeline("extractor_python", "python", &url, 100).await;
     let found = results
         .iter()

@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,6 @@ use docstream::events::{encode, ExtractionRequested};
 use docstream::store::tenants;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use tokio::io::AsyncBufReadExt;
 
 const DASHBOARD: &str = "scripts/compose/grafana/dashboards/docstream.json";
 const ALERTS: &str = "scripts/compose/prometheus/alerts.yml";
@@ -306,25 +304,6 @@ async fn start_receiver() -> (String, Arc<AtomicUsize>) {
     (url, received)
 }
 
-/// `docstream extractor-serve` on a free port, and its URL.
-async fn start_extractor() -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_docstream"))
-        .args(["extractor-serve", "--addr", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the extractor prints its URL")
-        .unwrap()
-        .unwrap();
-    (child, line.rsplit(' ').next().unwrap().to_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_real_run() {
     let mut wanted = Requirements::new();
@@ -345,7 +324,9 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
         wanted.len()
     );
 
-    let (mut extractor, extractor_url) = start_extractor().await;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_docstream"));
+    command.args(["extractor-serve", "--addr", "127.0.0.1:0"]);
+    let (mut extractor, extractor_url) = common::start_provider(command).await;
     let env = TestEnv::with_settings("observability", |s| {
         let reference = ExtractorSettings {
             url: extractor_url.clone(),

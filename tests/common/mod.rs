@@ -813,3 +813,24 @@ where
     }
     answered
 }
+
+/// Starts a provider process and returns it with the URL it printed.
+pub async fn start_provider(
+    mut command: tokio::process::Command,
+) -> (tokio::process::Child, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the provider");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the provider prints its URL")
+        .unwrap()
+        .expect("a line");
+    let url = line.rsplit(' ').next().unwrap().to_owned();
+    (child, url)
+}
