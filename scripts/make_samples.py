@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates src/demo/samples/*.json: invoices and receipts laid out as OCR
+"""Regenerates samples/*.json: invoices and receipts laid out as OCR
 would return them (pages of words with boxes in points, top-left origin), each
 with the field specs the demo submits with it. Deterministic; run from the repo root."""
 import json
@@ -114,7 +114,7 @@ SAMPLES = {
     ], width=226.0, height=480.0, left=12.0, top=20.0)], RECEIPT_FIELDS),
 }
 
-out = pathlib.Path("src/demo/samples")
+out = pathlib.Path("samples")
 out.mkdir(parents=True, exist_ok=True)
 for name, (pages, fields) in SAMPLES.items():
     doc = {"name": name, "request": {"document": {"pages": pages}, "fields": fields,

@@ -5,10 +5,12 @@
 //! the state machine's legal predecessors, the delivery contract, the orphan
 //! classes) and where each promise is kept.
 //!
+//! The binary (`src/main.rs`, with its `demo` and `bench` commands) drives
+//! this library; nothing here knows of them.
+//!
 //! Map of the crate, edge first (arrows point one way: edge → kafka/store → domain):
 //! - [`roles`] assembles processes (`serve`, `worker`, `bbox-worker`, `all`);
 //!   [`api`] is the HTTP edge; [`pipeline`] holds the consumer roles;
-//!   [`demo`] drives the pipeline on the shipped sample documents;
 //!   [`webhook`] delivers the outbox of terminal-state webhooks.
 //! - [`kafka`] is the producer, the consumer runtime (offsets stored only after
 //!   delivery) and topic admin; [`store`] is Postgres (one statement per
@@ -24,9 +26,7 @@
 
 pub mod api;
 pub mod auth;
-pub mod bench;
 pub mod config;
-pub mod demo;
 pub mod domain;
 pub mod events;
 pub mod extract;

@@ -1,13 +1,17 @@
 //! The `docstream` command line: parse, set up tracing, wire signals to a
 //! cancellation token, and hand over to the library.
 
+// The binary's own commands: they drive the library, and it does not know them.
+mod bench;
+mod demo;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
-use docstream::{bench, demo, failpoints, kafka, ops, store, trace};
+use docstream::{failpoints, kafka, ops, store, trace};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;

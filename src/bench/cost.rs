@@ -14,8 +14,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::procs::{cpu_of, pids_matching, server_cpu_s, ProcCost};
-use crate::config::Settings;
-use crate::kafka::admin::topic_specs;
+use docstream::config::Settings;
+use docstream::kafka::admin::topic_specs;
 
 /// One job's cost, averaged over a burn-down.
 #[derive(Debug, Clone, Serialize)]

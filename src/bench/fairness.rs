@@ -23,8 +23,8 @@ use super::pipeline::{
     wait_healthy, Latency, Rig, REFERENCE,
 };
 use crate::demo::{api_client, sample_requests};
-use crate::domain::ExtractionRequest;
-use crate::store::tenants;
+use docstream::domain::ExtractionRequest;
+use docstream::store::tenants;
 
 /// B's jobs: how many, and at what rate.
 const B_JOBS: usize = 100;

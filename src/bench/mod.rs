@@ -31,11 +31,11 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use sqlx::PgPool;
 
-use crate::config::Settings;
 use crate::demo::sample_requests;
-use crate::extract::rule_extract;
-use crate::kafka::admin::{create_topics, topic_specs};
-use crate::store;
+use docstream::config::Settings;
+use docstream::extract::rule_extract;
+use docstream::kafka::admin::{create_topics, topic_specs};
+use docstream::store;
 use pipeline::Rig;
 pub use report::Report;
 

@@ -26,12 +26,12 @@ use uuid::Uuid;
 
 use super::cost::{JobCost, Snapshot};
 use super::procs::{Proc, ProcCost};
-use crate::config::{ExtractorSettings, Settings};
 use crate::demo::sample_requests;
-use crate::domain::ExtractionRequest;
-use crate::pipeline;
-use crate::roles;
-use crate::store::{tenants, Extraction, NewExtraction};
+use docstream::config::{ExtractorSettings, Settings};
+use docstream::domain::ExtractionRequest;
+use docstream::pipeline;
+use docstream::roles;
+use docstream::store::{tenants, Extraction, NewExtraction};
 
 /// The scratch database and topics, and the environment children run with.
 #[derive(Clone)]
@@ -212,7 +212,7 @@ pub async fn burn_down(
     let rows: Vec<Extraction> = stream::iter(0..jobs)
         .map(|i| {
             let new = NewExtraction {
-                id: crate::domain::new_job_id(),
+                id: docstream::domain::new_job_id(),
                 tenant_id: tenants::DEFAULT_TENANT_ID,
                 max_open_jobs: None,
                 idempotency_key: None,
@@ -485,7 +485,7 @@ pub(super) async fn start_provider(
         latency_ms.to_string(),
     ];
     let provider = Proc::spawn_args("extractor-serve", &args, &rig.env, &rig.logs)?;
-    let url = format!("http://{addr}{}", crate::extract::provider::PATH);
+    let url = format!("http://{addr}{}", docstream::extract::provider::PATH);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         anyhow::ensure!(
@@ -504,7 +504,7 @@ pub(super) async fn start_provider(
         .extractors
         .insert(REFERENCE.to_owned(), extractor);
     rig.env
-        .extend(crate::config::extractors_env(&rig.settings.extractors));
+        .extend(docstream::config::extractors_env(&rig.settings.extractors));
     Ok((rig, provider))
 }
 
@@ -582,7 +582,7 @@ fn costs(procs: &[Proc], cpu_before: &[f64]) -> anyhow::Result<Vec<ProcCost>> {
 pub(super) async fn post(
     client: &reqwest::Client,
     base: &str,
-    request: &crate::domain::ExtractionRequest,
+    request: &docstream::domain::ExtractionRequest,
 ) -> anyhow::Result<Uuid> {
     let response = client
         .post(format!("{base}/v1/extractions"))

@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 use tokio::process::Command;
 
-use crate::store::lifecycle;
+use docstream::store::lifecycle;
 
 /// One pgbench run.
 #[derive(Debug, Clone, Serialize)]

@@ -10,7 +10,7 @@
 mod report;
 mod samples;
 
-pub use samples::{sample_requests, Sample};
+pub use samples::sample_requests;
 
 use std::time::{Duration, Instant};
 
@@ -20,11 +20,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::Settings;
-use crate::domain::ExtractionRequest;
-use crate::extract::provider;
-use crate::roles::{self, Mix};
-use crate::store::tenants;
+use docstream::config::Settings;
+use docstream::domain::ExtractionRequest;
+use docstream::extract::provider;
+use docstream::roles::{self, Mix};
+use docstream::store::tenants;
 
 /// Options of `docstream demo`.
 #[derive(Debug, Clone, clap::Args)]

@@ -3,22 +3,23 @@
 
 use serde::Deserialize;
 
-use crate::domain::ExtractionRequest;
+use docstream::domain::ExtractionRequest;
 
 /// One shipped sample.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Sample {
-    /// File stem, e.g. `invoice-northwind`.
+    /// File stem, e.g. `invoice-northwind` (the tests' messages name it).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub name: String,
     /// The request the demo submits.
     pub request: ExtractionRequest,
 }
 
 const SOURCES: [&str; 4] = [
-    include_str!("samples/invoice-northwind.json"),
-    include_str!("samples/invoice-contoso.json"),
-    include_str!("samples/receipt-bakery.json"),
-    include_str!("samples/receipt-hardware.json"),
+    include_str!("../../samples/invoice-northwind.json"),
+    include_str!("../../samples/invoice-contoso.json"),
+    include_str!("../../samples/receipt-bakery.json"),
+    include_str!("../../samples/receipt-hardware.json"),
 ];
 
 /// Every sample, parsed.
@@ -32,12 +33,12 @@ pub fn sample_requests() -> Vec<Sample> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::extract::{ground, rule_extract};
+    use docstream::extract::{ground, rule_extract};
 
     #[test]
     fn every_sample_is_valid_and_yields_every_field_with_a_box() {
         for sample in sample_requests() {
-            let limits = crate::domain::RequestLimits::DEFAULT;
+            let limits = docstream::domain::RequestLimits::DEFAULT;
             sample.request.validate(&limits).unwrap();
             let output =
                 rule_extract(&sample.request).unwrap_or_else(|e| panic!("{}: {e}", sample.name));

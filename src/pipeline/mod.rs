@@ -15,7 +15,7 @@ pub mod lease;
 mod persist;
 pub mod reaper;
 mod stamps;
-pub(crate) mod submit;
+pub mod submit;
 mod worker;
 
 pub use batched::Batched;

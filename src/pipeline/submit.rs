@@ -101,10 +101,7 @@ pub async fn submit_durably(
 
 /// The first half of a submit: the checks and the insert, nothing published.
 /// (The benchmark queues a backlog this way before it releases the events.)
-pub(crate) async fn insert(
-    services: &Services,
-    new: NewExtraction,
-) -> Result<Submitted, SubmitError> {
+pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
     known_extractor(services, new.request.extractor_name())?;
     if let Some(url) = &new.request.webhook_url {
         let checked = services.webhooks.check_submitted(url).await;
@@ -131,10 +128,7 @@ fn known_extractor(services: &Services, name: &str) -> Result<(), SubmitError> {
 
 /// The second half of a submit: a new job's `extraction.submitted` event,
 /// and its `submit` lifecycle event.
-pub(crate) async fn publish_created(
-    services: &Services,
-    row: &Extraction,
-) -> Result<(), PublishError> {
+pub async fn publish_created(services: &Services, row: &Extraction) -> Result<(), PublishError> {
     let (published, emitted) = tokio::join!(
         publish_job(services, row),
         services.emit(Transition::Submit, row, None, PublishReason::Submit),

@@ -24,10 +24,11 @@ pub use row::{BboxRefinement, Claim, Extraction};
 /// as JSON text, `$5` whether each names a webhook, `$6` tenants, `$7` their
 /// caps on open jobs or NULL), claim (`$1` ids, `$2`
 /// lease seconds), complete (`$1` ids, `$2` tokens, `$3` results as JSON
-/// text). Each takes arrays: one row per statement or many.
-pub(crate) mod lifecycle {
-    pub(crate) use super::submit::INSERT;
-    pub(crate) use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
+/// text). Each takes arrays: one row per statement or many. Public so the
+/// benchmark measures the statements the pipeline runs, not a copy of them.
+pub mod lifecycle {
+    pub use super::submit::INSERT;
+    pub use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
 }
 pub use submit::{
     insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction,

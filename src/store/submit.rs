@@ -17,19 +17,19 @@ use uuid::Uuid;
 use super::{Extraction, StoreError};
 use crate::domain::ExtractionRequest;
 
-// Written over arrays (one element from `submit`) so that the benchmark's
-// Postgres ceiling runs this very statement with one row and with a hundred.
-// First the caps: a tenant with a cap on its open jobs (`$7`, NULL for none)
-// gets only as many new jobs as it has room for, in the order given; its open
-// jobs are counted up to the cap, never further. The caller holds the
-// tenant's quota lock (`LOCK_TENANTS`, an earlier statement of the same
-// transaction, so this statement's snapshot sees every job committed before
-// it), which makes the cap exact across processes.
-// Then the request row: a request with an idempotency key is inserted only if
-// no other request holds its key (a speculative insert, which costs more, so
-// requests without a key skip it), and only the requests inserted get a job
-// row and a log row. The request is not returned: the caller has it.
-pub(crate) const INSERT: &str = "WITH new AS (
+/// Written over arrays (one element from `submit`) so that the benchmark's
+/// Postgres ceiling runs this very statement with one row and with a hundred.
+/// First the caps: a tenant with a cap on its open jobs (`$7`, NULL for none)
+/// gets only as many new jobs as it has room for, in the order given; its open
+/// jobs are counted up to the cap, never further. The caller holds the
+/// tenant's quota lock (`LOCK_TENANTS`, an earlier statement of the same
+/// transaction, so this statement's snapshot sees every job committed before
+/// it), which makes the cap exact across processes.
+/// Then the request row: a request with an idempotency key is inserted only if
+/// no other request holds its key (a speculative insert, which costs more, so
+/// requests without a key skip it), and only the requests inserted get a job
+/// row and a log row. The request is not returned: the caller has it.
+pub const INSERT: &str = "WITH new AS (
         SELECT * FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[],
                              $5::bool[], $7::int8[])
                WITH ORDINALITY AS new(id, tenant_id, key, hash, request, webhook, cap, ord)),

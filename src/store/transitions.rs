@@ -121,9 +121,9 @@ macro_rules! store_result {
     };
 }
 
-// SET expressions read the row as it was, so the recovery time is measured from
-// the expired lease (class 2) or from when a reaper judged the job orphaned.
-pub(crate) const MARK_RUNNING: &str = logged!(
+/// SET expressions read the row as it was, so the recovery time is measured from
+/// the expired lease (class 2) or from when a reaper judged the job orphaned.
+pub const MARK_RUNNING: &str = logged!(
     "mark_running",
     token = "attempts",
     with_request,
@@ -141,10 +141,10 @@ pub(crate) const MARK_RUNNING: &str = logged!(
         AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))"
 );
 
-// Two transitions in one statement: the success, and the bbox request it
-// leads to (pending, requested now). Both are logged, in that order, and the
-// result is written to its own row.
-pub(crate) const MARK_SUCCEEDED: &str = concat!(
+/// Two transitions in one statement: the success, and the bbox request it
+/// leads to (pending, requested now). Both are logged, in that order, and the
+/// result is written to its own row.
+pub const MARK_SUCCEEDED: &str = concat!(
     "WITH moved AS (
     UPDATE extractions
        SET status = 'succeeded', error = NULL, finished_at = now(), lease_expires_at = NULL,

@@ -603,10 +603,26 @@ pub fn topic_size(brokers: &str, topic: &str) -> i64 {
         .sum()
 }
 
-/// A valid request body with word geometry: one of the shipped samples.
+/// A valid request body with word geometry: one of the shipped samples in
+/// `samples/`, in the demo's order.
 pub fn sample_body(i: usize) -> serde_json::Value {
-    let samples = docstream::demo::sample_requests();
-    serde_json::to_value(&samples[i % samples.len()].request).unwrap()
+    static SAMPLES: std::sync::OnceLock<Vec<serde_json::Value>> = std::sync::OnceLock::new();
+    let samples = SAMPLES.get_or_init(|| {
+        [
+            "invoice-northwind",
+            "invoice-contoso",
+            "receipt-bakery",
+            "receipt-hardware",
+        ]
+        .map(|name| {
+            let path = format!("{}/samples/{name}.json", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let mut sample: serde_json::Value = serde_json::from_str(&text).unwrap();
+            sample["request"].take()
+        })
+        .to_vec()
+    });
+    samples[i % samples.len()].clone()
 }
 
 /// Submits `n` jobs through the same path as `POST /v1/extractions`.
