@@ -38,7 +38,7 @@ pub async fn orphans_report(
         Some(name) => Some(store::tenants::tenant_by_name(pool, name).await?.tenant_id),
         None => None,
     };
-    let found = orphans::list_orphans(pool, settings.orphan_thresholds(), tenant_id).await?;
+    let found = orphans::list_orphans(pool, orphans::Thresholds::of(settings), tenant_id).await?;
     if json {
         return Ok(serde_json::to_string_pretty(&found)? + "\n");
     }

@@ -7,7 +7,6 @@
 //! process exits non-zero and the orchestrator restarts it whole.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 
 use tokio::net::TcpListener;
@@ -36,10 +35,10 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
     let pool = store::connect_lazy(
         &settings.database_url,
         settings.db_max_connections,
-        settings.db_acquire_timeout(),
+        settings.db_acquire_timeout_s.get(),
     )?;
     metrics.register(Box::new(crate::metrics::PoolCollector::new(pool.clone())));
-    let publish_timeout = std::time::Duration::from_secs_f64(settings.publish_timeout_s);
+    let publish_timeout = settings.publish_timeout_s.get();
     let publisher = Publisher::new(
         &settings.kafka_brokers,
         publish_timeout,
@@ -55,8 +54,8 @@ pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
 /// `shutdown`, and marks the process draining once it fires.
 fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
     let health = &services.health;
-    let interval = services.settings.health_probe_interval();
-    let timing = (interval, services.settings.http_answer_timeout());
+    let interval = services.settings.health_probe_interval_s.get();
+    let timing = (interval, services.settings.http_answer_timeout_s.get());
     let (pool, acquire) = (
         services.pool.clone(),
         services.metrics.db_pool_acquire.clone(),
@@ -98,7 +97,7 @@ pub async fn serve(
     let gate = api::Gate::new(services.metrics.clone());
     let close_listener = CancellationToken::new();
     let router = api::app(services.clone(), gate.clone());
-    let limits = services.settings.connection_limits();
+    let limits = api::ConnectionLimits::of(&services.settings);
     let mut server = tokio::spawn(api::serve(listener, router, limits, close_listener.clone()));
     tokio::select! {
         _ = shutdown.cancelled() => {}
@@ -109,9 +108,9 @@ pub async fn serve(
     }
     let started = std::time::Instant::now();
     let settings = &services.settings;
-    let budget = std::time::Duration::from_secs_f64(settings.publisher_drain_timeout_s);
+    let budget = settings.publisher_drain_timeout_s.get();
     // An export stream may take its whole drain, then its closing handshake.
-    let streams = std::time::Duration::from_secs_f64(settings.export_drain_timeout_s + 5.0);
+    let streams = settings.export_drain_timeout_s.get() + std::time::Duration::from_secs(5);
     gate.close();
     let requests_drained = gate.wait_idle(budget.max(streams)).await;
     let queue_drained = services.publisher.drain(budget).await;
@@ -196,7 +195,7 @@ pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
     let (router, limits) = (
         api::metrics_router(&services),
-        services.settings.connection_limits(),
+        api::ConnectionLimits::of(&services.settings),
     );
     api::serve(listener, router, limits, shutdown).await?;
     Ok(())
@@ -290,8 +289,7 @@ async fn supervise(roles: Vec<(&'static str, Role)>, stop: CancellationToken) ->
 
 /// Binds the API's listener on `http_addr`.
 pub async fn bind_http(settings: &Settings) -> anyhow::Result<TcpListener> {
-    let addr: SocketAddr = settings.http_addr.parse()?;
-    Ok(TcpListener::bind(addr).await?)
+    Ok(TcpListener::bind(settings.http_addr).await?)
 }
 
 fn flush(services: &Services) {

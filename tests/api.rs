@@ -28,7 +28,7 @@ impl Api {
         let metrics = format!("127.0.0.1:{}", common::free_port());
         let env = TestEnv::with_settings(name, |s| {
             s.http_body_limit_bytes = 64 * 1024;
-            s.metrics_addr = metrics.clone();
+            s.metrics_addr = metrics.parse().unwrap();
         })
         .await;
         let services = env.services().await;

@@ -100,15 +100,16 @@ async fn sigkill_two_of_three_workers_under_load_loses_nothing() {
     .unwrap();
     recoveries.sort_by(f64::total_cmp);
     let s = &env.settings;
-    let bound = s.extraction_run_lease_s + s.reaper_sweep_interval_s + 3.0;
+    let bound =
+        s.extraction_run_lease_s.as_secs_f64() + s.reaper_sweep_interval_s.as_secs_f64() + 3.0;
     let max = recoveries.last().copied().unwrap_or(0.0);
     eprintln!(
         "kill test: jobs={JOBS} in_flight_at_kill={in_flight} killed=2 lost=0 duplicate_succeeded=0 \
          recovered={} recovery_p50={:.2}s recovery_max={max:.2}s (lease {}s, sweep {}s) all_done_after_kill={:.1}s",
         recoveries.len(),
         percentile(&recoveries, 0.5),
-        s.extraction_run_lease_s,
-        s.reaper_sweep_interval_s,
+        s.extraction_run_lease_s.as_secs_f64(),
+        s.reaper_sweep_interval_s.as_secs_f64(),
         healed_in.as_secs_f64()
     );
     assert!(
@@ -220,11 +221,11 @@ async fn craft_orphans(env: &TestEnv) -> Vec<(i16, Uuid)> {
     let s = &env.settings;
     let queued_old = format!(
         "now() - make_interval(secs => {})",
-        s.queued_orphan_threshold_s + 1.0
+        s.queued_orphan_threshold_s.as_secs_f64() + 1.0
     );
     let pp_old = format!(
         "now() - make_interval(secs => {})",
-        s.post_processing_pending_orphan_threshold_s + 1.0
+        s.post_processing_pending_orphan_threshold_s.as_secs_f64() + 1.0
     );
     let request: docstream::domain::ExtractionRequest =
         serde_json::from_value(sample_body(0)).unwrap();
@@ -482,8 +483,8 @@ async fn a_job_that_keeps_failing_backs_off_then_fails() {
     let env = TestEnv::with_settings("retries", |s| {
         fast_recovery(s);
         s.max_attempts = 4;
-        s.retry_base_delay_s = 0.4;
-        s.retry_max_delay_s = 5.0;
+        s.retry_base_delay_s = common::secs(0.4);
+        s.retry_max_delay_s = common::secs(5.0);
     })
     .await;
     let services = env.services().await;

@@ -156,7 +156,7 @@ async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice
         samples.len()
     );
     assert!(status.success(), "graceful shutdown exits 0");
-    assert!(drain < env.settings.subscriber_drain_timeout() + Duration::from_secs(2));
+    assert!(drain < env.settings.subscriber_drain_timeout_s.get() + Duration::from_secs(2));
     assert_eq!((lost, twice, violations), (0, 0, 0));
     assert!(samples.len() >= 5, "the sampler ran throughout");
     stop([&mut replacement]).await;
@@ -167,7 +167,7 @@ async fn rebalance_under_load(protocol: &str) {
     const JOBS: usize = 2_000;
     let env = TestEnv::with_settings(&format!("rebalance_{protocol}"), |s| {
         fast_recovery(s);
-        s.kafka_group_protocol = protocol.to_owned();
+        s.kafka_group_protocol = protocol.parse().unwrap();
     })
     .await;
     let services = env.services().await;

@@ -96,8 +96,8 @@ async fn calls_three_times_longer_than_the_lease_keep_their_claims() {
     const JOBS: usize = 12;
     let provider = FakeProvider::start(|_, _| Plan::ok(Duration::from_secs(3))).await;
     let env = TestEnv::with_settings("extractor_slow", |s| {
-        s.extraction_run_lease_s = 1.0;
-        s.heartbeat_interval_s = 0.3;
+        s.extraction_run_lease_s = common::secs(1.0);
+        s.heartbeat_interval_s = common::secs(0.3);
         add_extractor(s, "slow", &provider.url(), |e| {
             e.max_concurrency = JOBS;
             e.token = "sesame".into();
@@ -286,8 +286,8 @@ async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
     .await;
     let env = TestEnv::with_settings("extractor_flaky", |s| {
         s.max_attempts = 12;
-        s.retry_base_delay_s = 0.1;
-        s.retry_max_delay_s = 0.5;
+        s.retry_base_delay_s = common::secs(0.1);
+        s.retry_max_delay_s = common::secs(0.5);
         add_extractor(s, "flaky", &provider.url(), |e| e.max_concurrency = 16);
     })
     .await;
@@ -357,8 +357,8 @@ async fn a_call_that_hangs_past_its_timeout_is_retried_then_given_up() {
     let provider = FakeProvider::start(|_, _| Plan::Hang).await;
     let env = TestEnv::with_settings("extractor_hang", |s| {
         s.max_attempts = 3;
-        s.retry_base_delay_s = 0.1;
-        s.retry_max_delay_s = 0.2;
+        s.retry_base_delay_s = common::secs(0.1);
+        s.retry_max_delay_s = common::secs(0.2);
         add_extractor(s, "hangs", &provider.url(), |e| e.timeout_s = 1.0);
     })
     .await;
@@ -501,8 +501,8 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
 async fn cancelling_a_job_closes_its_call() {
     let provider = FakeProvider::start(|_, _| Plan::Hang).await;
     let env = TestEnv::with_settings("extractor_cancel", |s| {
-        s.extraction_run_lease_s = 2.0;
-        s.heartbeat_interval_s = 0.3;
+        s.extraction_run_lease_s = common::secs(2.0);
+        s.heartbeat_interval_s = common::secs(0.3);
         add_extractor(s, "model", &provider.url(), |_| {});
     })
     .await;
@@ -591,7 +591,7 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     const CAP: usize = 4;
     let provider = FakeProvider::start(|_, _| Plan::ok(Duration::from_secs(2))).await;
     let env = TestEnv::with_settings("extractor_sigterm", |s| {
-        s.subscriber_drain_timeout_s = 10.0;
+        s.subscriber_drain_timeout_s = common::secs(10.0);
         common::fast_recovery(s);
         add_extractor(s, "model", &provider.url(), |e| e.max_concurrency = CAP);
     })

@@ -223,14 +223,14 @@ impl Rig {
     /// workers, one bbox worker), and the load, once the pipeline finishes jobs.
     async fn start(name: &str, via: Via, serves: usize) -> Self {
         let env = TestEnv::with_settings(name, |s| {
-            s.extraction_run_lease_s = 5.0;
-            s.bbox_refinement_lease_s = 5.0;
-            s.heartbeat_interval_s = 1.0;
-            s.reaper_sweep_interval_s = 1.0;
-            s.queued_orphan_threshold_s = 5.0;
-            s.post_processing_pending_orphan_threshold_s = 5.0;
+            s.extraction_run_lease_s = common::secs(5.0);
+            s.bbox_refinement_lease_s = common::secs(5.0);
+            s.heartbeat_interval_s = common::secs(1.0);
+            s.reaper_sweep_interval_s = common::secs(1.0);
+            s.queued_orphan_threshold_s = common::secs(5.0);
+            s.post_processing_pending_orphan_threshold_s = common::secs(5.0);
             s.kafka_session_timeout_ms = 6_000;
-            s.rebalance_drain_timeout_s = 3.0;
+            s.rebalance_drain_timeout_s = common::secs(3.0);
             s.consumer_max_in_flight = 64;
         })
         .await;

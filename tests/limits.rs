@@ -376,8 +376,8 @@ const SLOW_PATTERN: &str = r"\b\w{1,8}\b\s\b\w{1,8}\b\d{3}";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims_and_answers() {
     let env = TestEnv::with_settings("limits_slow", |s| {
-        s.extraction_run_lease_s = 3.0;
-        s.heartbeat_interval_s = 0.5;
+        s.extraction_run_lease_s = common::secs(3.0);
+        s.heartbeat_interval_s = common::secs(0.5);
     })
     .await;
     let port = free_port();

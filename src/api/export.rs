@@ -129,7 +129,11 @@ impl Filter {
     }
 }
 
-fn options(params: Params, caller: &Caller, default_strategy: &str) -> Result<Options, ApiError> {
+fn options(
+    params: Params,
+    caller: &Caller,
+    default_strategy: Backpressure,
+) -> Result<Options, ApiError> {
     let bad = |msg: String| Err(ApiError::BadRequest(msg));
     let Some(group) = params.group else {
         return bad("the group parameter is required: it names the stream's consumer group".into());
@@ -140,11 +144,12 @@ fn options(params: Params, caller: &Caller, default_strategy: &str) -> Result<Op
             "group must be 1 to {MAX_GROUP_LEN} characters of A-Z, a-z, 0-9, '.', '_' and '-'"
         ));
     }
-    let strategy = params.strategy.as_deref().unwrap_or(default_strategy);
-    let Some(strategy) = Backpressure::parse(strategy) else {
-        return bad(format!(
-            "strategy {strategy:?}: expected block, drop_oldest or drop_new"
-        ));
+    let strategy = match params.strategy.as_deref() {
+        None => default_strategy,
+        Some(name) => match name.parse() {
+            Ok(strategy) => strategy,
+            Err(why) => return bad(format!("strategy {why}")),
+        },
     };
     let auto_ack = match params.ack.as_deref() {
         None | Some("client") => false,
@@ -201,7 +206,7 @@ async fn upgrade(
     let options = match options(
         params,
         &caller,
-        &services.settings.export_backpressure_strategy,
+        services.settings.export_backpressure_strategy,
     ) {
         Ok(options) => options,
         Err(e) => return e.into_response(),
@@ -510,7 +515,7 @@ async fn export(
     if options.strategy != Backpressure::Block {
         spec.max_in_flight += settings.consumer_max_in_flight;
     }
-    spec.drain_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
+    spec.drain_timeout = settings.export_drain_timeout_s.get();
     spec.from_earliest = options.from_earliest;
     let draining = Arc::new(AtomicBool::new(false));
     let exporter = Exporter {
@@ -539,10 +544,10 @@ async fn export(
     tracing::info!(%group, strategy = options.strategy.as_str(), "export stream opened");
 
     // A send that takes longer than the drain timeout ends the stream.
-    let send_timeout = Duration::from_secs_f64(settings.export_drain_timeout_s);
+    let send_timeout = settings.export_drain_timeout_s.get();
     // What was sent and not acknowledged yet, by seq, with when it was sent.
     let mut unacked: BTreeMap<u64, (oneshot::Sender<()>, Instant)> = BTreeMap::new();
-    let ack_timeout = Duration::from_secs_f64(settings.export_ack_timeout_s);
+    let ack_timeout = settings.export_ack_timeout_s.get();
     let mut seq: u64 = 0;
     let mut errors: u32 = 0;
     let mut consumer_done = false;
@@ -760,7 +765,7 @@ mod tests {
         let ok = options(
             params("group=audit&strategy=drop_new&ack=auto&status=succeeded,failed&from=earliest"),
             &acme,
-            "block",
+            Backpressure::Block,
         )
         .unwrap();
         assert_eq!(ok.strategy, Backpressure::DropNew);
@@ -768,7 +773,7 @@ mod tests {
         assert_eq!(ok.group, "acme-audit", "the tenant's group");
         assert_eq!(ok.filter.tenant_id, acme.tenant_id);
         assert_eq!(ok.filter.statuses.unwrap().len(), 2);
-        let default = options(params("group=a"), &acme, "block").unwrap();
+        let default = options(params("group=a"), &acme, Backpressure::Block).unwrap();
         assert_eq!(default.strategy, Backpressure::Block);
         assert!(!default.auto_ack && !default.from_earliest);
         for bad in [
@@ -780,7 +785,7 @@ mod tests {
             "group=a&from=yesterday",
         ] {
             assert!(
-                options(params(bad), &acme, "block").is_err(),
+                options(params(bad), &acme, Backpressure::Block).is_err(),
                 "{bad:?} was accepted"
             );
         }

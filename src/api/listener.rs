@@ -37,6 +37,16 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
 }
 
+impl ConnectionLimits {
+    /// The limits `settings` give each HTTP listener.
+    pub fn of(settings: &crate::config::Settings) -> Self {
+        Self {
+            max_connections: settings.http_max_connections,
+            header_read_timeout: settings.http_header_read_timeout_s.get(),
+        }
+    }
+}
+
 /// Serves `router` on `listener` within `limits` until `shutdown`; in-flight
 /// requests finish first.
 pub async fn serve(

@@ -37,7 +37,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     let metrics = services.metrics.clone();
     // REST requests are answered within the bound, whatever Postgres or the
     // broker do; the submit keeps its own, tighter, bound inside it.
-    let bound = services.settings.http_answer_timeout() + REST_MARGIN;
+    let bound = services.settings.http_answer_timeout_s.get() + REST_MARGIN;
     let rest = Router::new()
         .merge(extractions::router())
         .merge(results::router())

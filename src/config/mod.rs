@@ -4,7 +4,7 @@
 //! every default carries the reason it was chosen. [`Settings::validate`] refuses
 //! combinations that cannot work before anything starts.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,6 +13,14 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{RequestLimits, ResultLimits};
 
 mod extractors;
+mod rules;
+mod types;
+
+use rules::{
+    at_least, at_most, empty_or_at_least_16_bytes, http_url_or_empty, positive,
+    revocations_in_time, within, zero_or_more,
+};
+pub use types::{canonical, AllowList, Backpressure, GroupProtocol, Seconds};
 
 pub use extractors::{
     env_of as extractors_env, env_var as extractor_env_var, ExtractorSettings, RULES,
@@ -56,41 +64,12 @@ const RETIRED_ASYNC_TIMEOUT: &str = "DOCSTREAM_ASYNC_TIMEOUT_S";
 /// within it.
 pub const MAX_API_KEY_CACHE_S: f64 = 5.0;
 
-/// What an export stream does with an event when its queue is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backpressure {
-    /// Wait for room: nothing is lost, and a slow client slows its stream.
-    Block,
-    /// Drop the oldest queued event to make room (counted).
-    DropOldest,
-    /// Drop the new event (counted).
-    DropNew,
-}
-
-impl Backpressure {
-    /// `block`, `drop_oldest` or `drop_new`.
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "block" => Some(Self::Block),
-            "drop_oldest" => Some(Self::DropOldest),
-            "drop_new" => Some(Self::DropNew),
-            _ => None,
-        }
-    }
-
-    /// The name, also the `strategy` label of the drop metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Block => "block",
-            Self::DropOldest => "drop_oldest",
-            Self::DropNew => "drop_new",
-        }
-    }
-}
-
-/// Declares the settings once: field, type, default, variable, and the reason.
+/// Declares the settings once: field, type, default, variable, and the
+/// rules of the one setting (see [`rules`]). It generates the struct, its
+/// defaults, reading the environment, writing it back ([`Settings::to_env`])
+/// and checking each setting's rules.
 macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, env $var:literal; )*) => {
+    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, env $var:literal $(, $rule:expr)* ; )*) => {
         /// Every setting of a docstream process.
         #[derive(Debug, Clone, Serialize, Deserialize)]
         #[serde(default, deny_unknown_fields)]
@@ -123,8 +102,30 @@ macro_rules! settings {
                 extractors::apply_env(&mut self.extractors, lookup)
             }
 
+            /// Every setting as the environment variables that set it, the
+            /// external extractors' included: a child process started with
+            /// them runs with exactly these settings.
+            pub fn to_env(&self) -> Vec<(String, String)> {
+                let mut env = vec![$( ($var.to_owned(), self.$field.to_string()), )*];
+                env.extend(extractors::env_of(&self.extractors));
+                env
+            }
+
+            /// Checks each setting against its own rules.
+            fn check_each(&self) -> Result<(), ConfigError> {
+                $( $(
+                    ($rule)(&self.$field)
+                        .map_err(|why| ConfigError::Invalid(format!("{} {why}", $var)))?;
+                )* )*
+                Ok(())
+            }
         }
     };
+}
+
+/// A loopback listen address: exposing a port is a decision, not a default.
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 settings! {
@@ -147,19 +148,19 @@ settings! {
     topic_dlq: String = "extraction.dlq", env "DOCSTREAM_TOPIC_DLQ";
     /// Partitions of the two job topics: the most worker replicas that can share
     /// the work. 6 lets 1, 2, 3 or 6 replicas split it evenly.
-    job_topic_partitions: i32 = 6, env "DOCSTREAM_JOB_TOPIC_PARTITIONS";
+    job_topic_partitions: i32 = 6, env "DOCSTREAM_JOB_TOPIC_PARTITIONS", at_least(1);
     /// Partitions of extraction.events and extraction.requests; 6 for the same reason.
-    stream_topic_partitions: i32 = 6, env "DOCSTREAM_STREAM_TOPIC_PARTITIONS";
+    stream_topic_partitions: i32 = 6, env "DOCSTREAM_STREAM_TOPIC_PARTITIONS", at_least(1);
     /// Most bytes of a poison record's value its dead letter keeps (with
     /// the value's size and SHA-256). 16 KiB shows what a record was; with
     /// the letter's other parts bounded too, a letter stays far below the
     /// producer's 1 MB maximum, so it can always be produced. At most 256 KiB.
-    dlq_excerpt_bytes: usize = 16_usize * 1024, env "DOCSTREAM_DLQ_EXCERPT_BYTES";
+    dlq_excerpt_bytes: usize = 16_usize * 1024, env "DOCSTREAM_DLQ_EXCERPT_BYTES", at_most(256 * 1024);
     /// Partitions of the DLQ: 1, since it is rare and read by humans in order.
-    dlq_topic_partitions: i32 = 1, env "DOCSTREAM_DLQ_TOPIC_PARTITIONS";
+    dlq_topic_partitions: i32 = 1, env "DOCSTREAM_DLQ_TOPIC_PARTITIONS", at_least(1);
     /// Replication factor of created topics: 1 suits the single local broker;
     /// production clusters want 3.
-    topic_replication_factor: i32 = 1, env "DOCSTREAM_TOPIC_REPLICATION_FACTOR";
+    topic_replication_factor: i32 = 1, env "DOCSTREAM_TOPIC_REPLICATION_FACTOR", at_least(1);
     /// Consumer group of `worker`.
     worker_group: String = "docstream-worker", env "DOCSTREAM_WORKER_GROUP";
     /// Consumer group of `bbox-worker`.
@@ -168,25 +169,25 @@ settings! {
     intake_group: String = "docstream-intake", env "DOCSTREAM_INTAKE_GROUP";
     /// Listen address of `serve` (and of `all`). Loopback by default: exposing it is
     /// a decision, not an accident.
-    http_addr: String = "127.0.0.1:8080", env "DOCSTREAM_HTTP_ADDR";
+    http_addr: SocketAddr = loopback(8080), env "DOCSTREAM_HTTP_ADDR";
     /// Listen address of `/metrics`, `/healthz` and `/readyz` in every process,
     /// `serve` included: it belongs on an internal network, apart from the API.
     /// Port 0 picks a free one, which is what tests running several processes want.
-    metrics_addr: String = "127.0.0.1:9464", env "DOCSTREAM_METRICS_ADDR";
+    metrics_addr: SocketAddr = loopback(9464), env "DOCSTREAM_METRICS_ADDR";
     /// How long a process trusts what it looked up about an API key. A revoked
     /// key, or one whose tenant was deleted, is refused by every process within
     /// this time; 2 s keeps a busy client to one lookup per key every 2 s, and
     /// stays well inside the 5 s a revocation may take. At most 5.
-    api_key_cache_s: f64 = 2.0, env "DOCSTREAM_API_KEY_CACHE_S";
+    api_key_cache_s: Seconds = Seconds::new(2), env "DOCSTREAM_API_KEY_CACHE_S", revocations_in_time;
     /// Submits one tenant may make per second through one `serve` process
     /// (HTTP and the import stream), unless the tenant has its own
     /// (`tenants set-quota`); beyond it, 429 with `Retry-After`. 100/s per
     /// process lets one tenant use a good share of a process (about 1,000
     /// submits/s) but not all of it. 0: no limit.
-    tenant_submit_rate_per_s: f64 = 100.0, env "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S";
+    tenant_submit_rate_per_s: f64 = 100.0, env "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S", zero_or_more;
     /// Submits a tenant may make at once before its rate applies: the token
     /// bucket's size. 200 absorbs a client's start-up burst.
-    tenant_submit_burst: u32 = 200_u32, env "DOCSTREAM_TENANT_SUBMIT_BURST";
+    tenant_submit_burst: u32 = 200_u32, env "DOCSTREAM_TENANT_SUBMIT_BURST", at_least(1);
     /// Jobs one tenant may have queued or running at once, unless it has its
     /// own cap; a submit past it gets 429 (the Kafka intake waits instead).
     /// 10,000 is minutes of work for one deployment: enough for any burst,
@@ -195,43 +196,43 @@ settings! {
     tenant_max_open_jobs: u32 = 10_000_u32, env "DOCSTREAM_TENANT_MAX_OPEN_JOBS";
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
-    http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES";
+    http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES", at_least(1);
     /// Most field specs one request may carry. 100 covers the widest form
     /// we have seen (invoices list a few dozen) and bounds the work of a job.
-    max_fields: usize = RequestLimits::DEFAULT.fields, env "DOCSTREAM_MAX_FIELDS";
+    max_fields: usize = RequestLimits::DEFAULT.fields, env "DOCSTREAM_MAX_FIELDS", at_least(1);
     /// Longest field name, in bytes: it is a key of the result.
-    max_field_name_bytes: usize = RequestLimits::DEFAULT.field_name_bytes, env "DOCSTREAM_MAX_FIELD_NAME_BYTES";
+    max_field_name_bytes: usize = RequestLimits::DEFAULT.field_name_bytes, env "DOCSTREAM_MAX_FIELD_NAME_BYTES", at_least(1);
     /// Longest pattern, in bytes. 512 fits any pattern a person writes; the
     /// compiled program is size-limited too (`max_pattern_program_bytes`).
-    max_pattern_bytes: usize = RequestLimits::DEFAULT.pattern_bytes, env "DOCSTREAM_MAX_PATTERN_BYTES";
+    max_pattern_bytes: usize = RequestLimits::DEFAULT.pattern_bytes, env "DOCSTREAM_MAX_PATTERN_BYTES", at_least(1);
     /// Largest compiled pattern, in bytes (the regex size limit; the lazy DFA
     /// gets the same cache). 1 MiB compiles `\d{1,100}` on Unicode text
     /// and refuses `\w{1000}` blown up to tens of MiB.
-    max_pattern_program_bytes: usize = RequestLimits::DEFAULT.pattern_program_bytes, env "DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES";
+    max_pattern_program_bytes: usize = RequestLimits::DEFAULT.pattern_program_bytes, env "DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES", at_least(1);
     /// Longest anchor, in bytes: a label such as "Invoice number".
-    max_anchor_bytes: usize = RequestLimits::DEFAULT.anchor_bytes, env "DOCSTREAM_MAX_ANCHOR_BYTES";
+    max_anchor_bytes: usize = RequestLimits::DEFAULT.anchor_bytes, env "DOCSTREAM_MAX_ANCHOR_BYTES", at_least(1);
     /// Most pages of one document. 1,000 pages of OCR words do not fit the
     /// body limit anyway; the cap keeps an empty-page flood out.
-    max_pages: usize = RequestLimits::DEFAULT.pages, env "DOCSTREAM_MAX_PAGES";
+    max_pages: usize = RequestLimits::DEFAULT.pages, env "DOCSTREAM_MAX_PAGES", at_least(1);
     /// Most words on one page. A dense A4 page has about 1,000; 10,000 is ten
     /// times that.
-    max_words_per_page: usize = RequestLimits::DEFAULT.words_per_page, env "DOCSTREAM_MAX_WORDS_PER_PAGE";
+    max_words_per_page: usize = RequestLimits::DEFAULT.words_per_page, env "DOCSTREAM_MAX_WORDS_PER_PAGE", at_least(1);
     /// Largest `metadata`, as compact JSON. It is echoed in every answer and
     /// event, so 16 KiB: enough for client ids and tags, not for a document.
-    max_metadata_bytes: usize = RequestLimits::DEFAULT.metadata_bytes, env "DOCSTREAM_MAX_METADATA_BYTES";
+    max_metadata_bytes: usize = RequestLimits::DEFAULT.metadata_bytes, env "DOCSTREAM_MAX_METADATA_BYTES", at_least(1);
     /// Deepest nesting of `metadata` (arrays and objects). 32 holds any
     /// record a client keeps; deeper JSON only serves to hurt parsers.
-    max_json_depth: usize = RequestLimits::DEFAULT.json_depth, env "DOCSTREAM_MAX_JSON_DEPTH";
+    max_json_depth: usize = RequestLimits::DEFAULT.json_depth, env "DOCSTREAM_MAX_JSON_DEPTH", at_least(1);
     /// Longest `webhook_url`, in bytes. 8 KiB is what common HTTP servers
     /// accept in a request line.
-    max_url_bytes: usize = RequestLimits::DEFAULT.url_bytes, env "DOCSTREAM_MAX_URL_BYTES";
+    max_url_bytes: usize = RequestLimits::DEFAULT.url_bytes, env "DOCSTREAM_MAX_URL_BYTES", at_least(1);
     /// Largest extracted value of one field, as JSON. 64 KiB holds any value
     /// a form has; a pattern like `(.+)` over a whole document does not fit.
-    max_result_field_bytes: usize = ResultLimits::DEFAULT.field_bytes, env "DOCSTREAM_MAX_RESULT_FIELD_BYTES";
+    max_result_field_bytes: usize = ResultLimits::DEFAULT.field_bytes, env "DOCSTREAM_MAX_RESULT_FIELD_BYTES", at_least(1);
     /// Largest result of one job, as JSON. A job whose result is larger fails
     /// at once (`result_too_large`) and is not retried. 1 MiB is 100 fields
     /// of 10 KiB, and keeps every row and event small.
-    max_result_bytes: usize = ResultLimits::DEFAULT.total_bytes, env "DOCSTREAM_MAX_RESULT_BYTES";
+    max_result_bytes: usize = ResultLimits::DEFAULT.total_bytes, env "DOCSTREAM_MAX_RESULT_BYTES", at_least(1);
     /// Threads that run the rules extractor and bbox grounding, off the async
     /// runtime, so heartbeats and the API never wait behind a slow pattern.
     /// Jobs beyond it wait for a thread. 0: one per CPU.
@@ -240,67 +241,67 @@ settings! {
     /// it the job fails (`deadline_exceeded`) and is not retried, since the
     /// same input would take as long again. 10 s is a hundred times what a
     /// dense document takes.
-    extraction_deadline_s: f64 = 10.0, env "DOCSTREAM_EXTRACTION_DEADLINE_S";
+    extraction_deadline_s: Seconds = Seconds::new(10), env "DOCSTREAM_EXTRACTION_DEADLINE_S", positive;
     /// WebSocket connections (import and export streams) one `serve` process
     /// holds at once; one more is refused with 503. Each stream costs a task
     /// and buffers; an export stream also a Kafka consumer.
-    max_sockets: usize = 1_024_usize, env "DOCSTREAM_MAX_SOCKETS";
+    max_sockets: usize = 1_024_usize, env "DOCSTREAM_MAX_SOCKETS", at_least(1);
     /// WebSocket connections one tenant may hold on one `serve` process; one
     /// more gets 429. 64 leaves room for many clients, not for all sockets.
-    max_sockets_per_tenant: usize = 64_usize, env "DOCSTREAM_MAX_SOCKETS_PER_TENANT";
+    max_sockets_per_tenant: usize = 64_usize, env "DOCSTREAM_MAX_SOCKETS_PER_TENANT", at_least(1);
     /// Text of the import frames one socket has in flight, in bytes; the
     /// next frame is read when there is room. 16 MiB is four frames of the
     /// body limit, so a socket streaming the largest documents still
     /// overlaps their submits, and its memory stays a small multiple of it.
-    import_max_in_flight_bytes: usize = 16_usize << 20, env "DOCSTREAM_IMPORT_MAX_IN_FLIGHT_BYTES";
+    import_max_in_flight_bytes: usize = 16_usize << 20, env "DOCSTREAM_IMPORT_MAX_IN_FLIGHT_BYTES", at_least(1);
     /// Export streams one `serve` process runs at once; one more gets 503.
     /// Each is a librdkafka consumer with its own threads and prefetch, so
     /// 64, far fewer than sockets.
-    max_export_streams: usize = 64_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS";
+    max_export_streams: usize = 64_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS", at_least(1);
     /// TCP connections each HTTP listener (the API's, the internal one)
     /// holds at once; past it a new connection is answered 503 and closed.
     /// 4,096 is far above what one process serves well, and below its file
     /// descriptor limit.
-    http_max_connections: usize = 4_096_usize, env "DOCSTREAM_HTTP_MAX_CONNECTIONS";
+    http_max_connections: usize = 4_096_usize, env "DOCSTREAM_HTTP_MAX_CONNECTIONS", at_least(1);
     /// Longest a client may take to send a request's headers; then the
     /// connection is closed. The timer runs whenever a connection waits for
     /// a request, so this is also the idle timeout of a kept-alive
     /// connection. 10 s: a slowloris client holds a connection that long at
     /// most, and a client pausing between requests keeps its connection.
-    http_header_read_timeout_s: f64 = 10.0, env "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S";
+    http_header_read_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S", positive;
     /// How long a claim on an extraction lasts without a heartbeat. The holder
     /// renews it while it works, so a job may run far longer; only a dead or
     /// frozen holder loses it. 10 s bounds recovery after a crash to seconds
     /// while leaving room for five missed heartbeats.
-    extraction_run_lease_s: f64 = 10.0, env "DOCSTREAM_EXTRACTION_RUN_LEASE_S";
+    extraction_run_lease_s: Seconds = Seconds::new(10), env "DOCSTREAM_EXTRACTION_RUN_LEASE_S", positive;
     /// The same for a claim on a bbox refinement.
-    bbox_refinement_lease_s: f64 = 10.0, env "DOCSTREAM_BBOX_REFINEMENT_LEASE_S";
+    bbox_refinement_lease_s: Seconds = Seconds::new(10), env "DOCSTREAM_BBOX_REFINEMENT_LEASE_S", positive;
     /// How often a holder renews its lease: at most half the shorter lease, so a
     /// single slow renewal never loses a live claim. 2 s is a fifth of 10 s.
-    heartbeat_interval_s: f64 = 2.0, env "DOCSTREAM_HEARTBEAT_INTERVAL_S";
+    heartbeat_interval_s: Seconds = Seconds::new(2), env "DOCSTREAM_HEARTBEAT_INTERVAL_S", positive;
     /// Longest bbox grounding may run on one job, on the same pool as the
     /// rule extractor; past it the refinement fails.
-    bbox_refine_timeout_s: f64 = 60.0, env "DOCSTREAM_BBOX_REFINE_TIMEOUT_S";
+    bbox_refine_timeout_s: Seconds = Seconds::new(60), env "DOCSTREAM_BBOX_REFINE_TIMEOUT_S", positive;
     /// How often each reaper looks for orphans (one replica at a time sweeps).
     /// Recovery after a crash takes at most lease + this interval.
-    reaper_sweep_interval_s: f64 = 2.0, env "DOCSTREAM_REAPER_SWEEP_INTERVAL_S";
+    reaper_sweep_interval_s: Seconds = Seconds::new(2), env "DOCSTREAM_REAPER_SWEEP_INTERVAL_S", positive;
     /// A queued job this long past its submit (or its retry's due time), with
     /// no "published" stamp, has lost its event (orphan classes 1 and 3). Far
     /// above the publish-to-claim latency of a healthy pipeline; a job waiting
     /// in a backlog has its stamp (written half of this after the ack) and is
     /// left alone.
-    queued_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S";
+    queued_orphan_threshold_s: Seconds = Seconds::new(10), env "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S", positive;
     /// A pending bbox refinement this long past its request (or the extraction's
     /// end) has lost its event (orphan class 4). Same reasoning as above.
-    post_processing_pending_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S";
+    post_processing_pending_orphan_threshold_s: Seconds = Seconds::new(10), env "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S", positive;
     /// Most orphans one sweep republishes; the rest wait for the next sweep.
-    reaper_batch_size: i64 = 500_i64, env "DOCSTREAM_REAPER_BATCH_SIZE";
+    reaper_batch_size: i64 = 500_i64, env "DOCSTREAM_REAPER_BATCH_SIZE", at_least(1);
     /// First retry delay; each further attempt doubles it, with jitter.
-    retry_base_delay_s: f64 = 1.0, env "DOCSTREAM_RETRY_BASE_DELAY_S";
+    retry_base_delay_s: Seconds = Seconds::new(1), env "DOCSTREAM_RETRY_BASE_DELAY_S", positive;
     /// Cap on the retry delay: a flaky dependency is retried at least this often.
-    retry_max_delay_s: f64 = 30.0, env "DOCSTREAM_RETRY_MAX_DELAY_S";
+    retry_max_delay_s: Seconds = Seconds::new(30), env "DOCSTREAM_RETRY_MAX_DELAY_S", positive;
     /// Attempts (claims) before a failing job is marked failed with its last error.
-    max_attempts: i32 = 5, env "DOCSTREAM_MAX_ATTEMPTS";
+    max_attempts: i32 = 5, env "DOCSTREAM_MAX_ATTEMPTS", at_least(1);
     /// Kafka consumer session timeout: how soon the group notices a dead member
     /// and hands its partitions on. 10 s is librdkafka's order of magnitude and
     /// matches the lease, so a dead worker's partitions and claims free up together.
@@ -309,67 +310,67 @@ settings! {
     /// `consumer` (KIP-848, assignment by the broker). Classic works with every
     /// Kafka 2.4+ broker; `consumer` needs Kafka 4.0+ and sets the session
     /// timeout on the broker (`group.consumer.session.timeout.ms`).
-    kafka_group_protocol: String = "classic", env "DOCSTREAM_KAFKA_GROUP_PROTOCOL";
+    kafka_group_protocol: GroupProtocol = GroupProtocol::Classic, env "DOCSTREAM_KAFKA_GROUP_PROTOCOL";
     /// On a partition revoke, how long the consumer waits for that partition's
     /// in-flight records before it commits what was delivered and lets the
     /// rebalance go on. Must stay below the session timeout; 5 s is half of it.
-    rebalance_drain_timeout_s: f64 = 5.0, env "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S";
+    rebalance_drain_timeout_s: Seconds = Seconds::new(5), env "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S", positive;
     /// librdkafka's prefetch buffer per consumer (`queued.max.messages.kbytes`).
     /// With pause at the in-flight bound, this is what bounds memory under any
     /// backlog; 8 MiB holds tens of thousands of our small events.
-    consumer_prefetch_kbytes: u32 = 8_192_u32, env "DOCSTREAM_CONSUMER_PREFETCH_KBYTES";
+    consumer_prefetch_kbytes: u32 = 8_192_u32, env "DOCSTREAM_CONSUMER_PREFETCH_KBYTES", at_least(1);
     /// Records waiting in the publisher's queue before publishers wait (backpressure).
-    publisher_queue_size: usize = 10_000_usize, env "DOCSTREAM_PUBLISHER_QUEUE_SIZE";
+    publisher_queue_size: usize = 10_000_usize, env "DOCSTREAM_PUBLISHER_QUEUE_SIZE", at_least(1);
     /// How long the producer lets records gather into one request
     /// (`linger.ms`). Every hop of a job waits for one acknowledgement, so this
     /// is paid once per hop; under load, records gather anyway while earlier
     /// requests are in flight.
-    publisher_linger_ms: f64 = 5.0, env "DOCSTREAM_PUBLISHER_LINGER_MS";
+    publisher_linger_ms: f64 = 5.0, env "DOCSTREAM_PUBLISHER_LINGER_MS", within(0.0, 900_000.0);
     /// On shutdown, how long `serve` waits for accepted requests and the
     /// publisher's queue to drain before it flushes and closes the listener.
-    publisher_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S";
+    publisher_drain_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S", positive;
     /// Records a consumer works on at once. Their statements are grouped
     /// (`db_batch_max`), so a few hundred in flight cost a few commits, not a
     /// few hundred.
-    consumer_max_in_flight: usize = 384_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT";
+    consumer_max_in_flight: usize = 384_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT", at_least(1);
     /// How long a stopping consumer waits for in-flight records before it gives up
     /// on them (they are not committed and will be redelivered).
-    subscriber_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S";
+    subscriber_drain_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S", positive;
     /// Longest the producer keeps trying to deliver one record (message.timeout.ms).
-    publish_timeout_s: f64 = 30.0, env "DOCSTREAM_PUBLISH_TIMEOUT_S";
+    publish_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_PUBLISH_TIMEOUT_S", positive;
     /// The longest a REST request of the API waits on Postgres and Kafka
     /// before it is answered: a submit whose row is durable gets 202 (its
     /// event goes out when the broker is back), and anything still waiting on
     /// the database gets 503 with `Retry-After`. Two seconds keeps clients'
     /// own timeouts out of play during an outage.
-    http_answer_timeout_s: f64 = 2.0, env "DOCSTREAM_HTTP_ANSWER_TIMEOUT_S";
+    http_answer_timeout_s: Seconds = Seconds::new(2), env "DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", positive;
     /// The longest a caller waits for a pooled Postgres connection before the
     /// call fails as passing (the pool keeps trying to reconnect).
-    db_acquire_timeout_s: f64 = 5.0, env "DOCSTREAM_DB_ACQUIRE_TIMEOUT_S";
+    db_acquire_timeout_s: Seconds = Seconds::new(5), env "DOCSTREAM_DB_ACQUIRE_TIMEOUT_S", positive;
     /// How often each process probes Postgres (`SELECT 1`) and the broker
     /// (metadata) for `/readyz` and `docstream_dependency_up`; a probe may take
     /// up to `http_answer_timeout_s`.
-    health_probe_interval_s: f64 = 1.0, env "DOCSTREAM_HEALTH_PROBE_INTERVAL_S";
+    health_probe_interval_s: Seconds = Seconds::new(1), env "DOCSTREAM_HEALTH_PROBE_INTERVAL_S", positive;
     /// How often the queue census runs (jobs by status, the oldest open
     /// job's age, open orphans by class). One process per interval takes it,
     /// whichever comes first; the others skip. 15 s is a dashboard's scrape
     /// resolution, and the census is a handful of indexed counts.
-    census_interval_s: f64 = 15.0, env "DOCSTREAM_CENSUS_INTERVAL_S";
+    census_interval_s: Seconds = Seconds::new(15), env "DOCSTREAM_CENSUS_INTERVAL_S", positive;
     /// How often librdkafka reports its statistics (consumer lag, committed
     /// offsets, the producer's queue); 0 turns them off. 5 s is under a
     /// typical scrape interval; each report is a JSON document parsed off
     /// the async runtime, on librdkafka's thread.
-    kafka_statistics_interval_s: f64 = 5.0, env "DOCSTREAM_KAFKA_STATISTICS_INTERVAL_S";
+    kafka_statistics_interval_s: Seconds = Seconds::new(5), env "DOCSTREAM_KAFKA_STATISTICS_INTERVAL_S", at_most(Seconds::new(86_400));
     /// Postgres connections per process. 20 covers the in-flight records of one
     /// worker and the API's concurrency on the default 300-connection server.
-    db_max_connections: u32 = 20_u32, env "DOCSTREAM_DB_MAX_CONNECTIONS";
+    db_max_connections: u32 = 20_u32, env "DOCSTREAM_DB_MAX_CONNECTIONS", at_least(1);
     /// Most requests of one kind (claims, completions, stamps) that one statement
     /// serves: concurrent callers share a statement and its commit.
-    db_batch_max: usize = 256_usize, env "DOCSTREAM_DB_BATCH_MAX";
+    db_batch_max: usize = 256_usize, env "DOCSTREAM_DB_BATCH_MAX", at_least(1);
     /// Statements of one kind in flight at once; the requests arriving meanwhile
     /// form the next batch. One gives the largest batches, hence the fewest
     /// commits (burn-down, 20,000 jobs: 1,893 jobs/s with 1, 1,428 with 2).
-    db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY";
+    db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY", at_least(1);
     /// Consumer groups of export streams are this prefix, the tenant, `-` and
     /// the client's `group` name, so an export never joins a pipeline role's
     /// group, nor another tenant's.
@@ -378,29 +379,29 @@ settings! {
     /// `block` (never lose an event; a slow client slows its stream), `drop_oldest`
     /// or `drop_new` (keep up; count what was dropped). Block, because losing
     /// nothing is the promise a client gets unless it asks otherwise.
-    export_backpressure_strategy: String = "block", env "DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY";
+    export_backpressure_strategy: Backpressure = Backpressure::Block, env "DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY";
     /// Events of one export stream waiting for the socket. Beyond it `block`
     /// waits and the drop strategies drop; 256 events are about 64 KiB.
-    export_max_queue_size: usize = 256_usize, env "DOCSTREAM_EXPORT_MAX_QUEUE_SIZE";
+    export_max_queue_size: usize = 256_usize, env "DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", at_least(1);
     /// Events of one export stream sent and not yet acknowledged by the client:
     /// the window a client may lag behind before sending stops. 1,024 keeps a
     /// client that acknowledges in batches busy.
-    export_max_unacked: usize = 1024_usize, env "DOCSTREAM_EXPORT_MAX_UNACKED";
+    export_max_unacked: usize = 1024_usize, env "DOCSTREAM_EXPORT_MAX_UNACKED", at_least(1);
     /// On shutdown, how long an export stream waits for its client to
     /// acknowledge what was sent before it commits what was and closes anyway
     /// (a forced close).
-    export_drain_timeout_s: f64 = 10.0, env "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S";
+    export_drain_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S", positive;
     /// The longest an export stream's client may hold an event without
     /// acknowledging it before the stream is closed by force: while it holds
     /// one, its partitions' commits wait, and no other member of the group can
     /// take them over. 30 s leaves room for a client that acknowledges in
     /// batches or pauses for a moment.
-    export_ack_timeout_s: f64 = 30.0, env "DOCSTREAM_EXPORT_ACK_TIMEOUT_S";
+    export_ack_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_EXPORT_ACK_TIMEOUT_S", positive;
     /// Malformed client frames in a row after which an export stream is
     /// closed by force: such a client is broken, and holds a consumer-group
     /// member. (A send that fails or outlasts the drain timeout closes the
     /// stream at once.)
-    export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS";
+    export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS", at_least(1);
     /// Whether jobs may name a `webhook_url`. Each tenant signs its webhooks
     /// with a secret of its own (`docstream tenants rotate-webhook-secret`).
     /// On by default: the SSRF guard keeps them to public addresses. Off, a
@@ -411,32 +412,32 @@ settings! {
     /// (loopback, private, link-local…): comma-separated IPs or CIDR blocks,
     /// e.g. `127.0.0.1/32,::1`. Empty, the default: only public addresses,
     /// since a job's submitter chooses the URL and the server makes the request.
-    webhook_allow: String = "", env "DOCSTREAM_WEBHOOK_ALLOW";
+    webhook_allow: AllowList = AllowList::default(), env "DOCSTREAM_WEBHOOK_ALLOW";
     /// Longest one webhook attempt may take, connect to last byte. Bounded, so
     /// a slow receiver costs an attempt, not a stuck dispatcher.
-    webhook_timeout_s: f64 = 10.0, env "DOCSTREAM_WEBHOOK_TIMEOUT_S";
+    webhook_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_WEBHOOK_TIMEOUT_S", positive;
     /// Attempts before a delivery is given up as failed. With the delays
     /// below, 12 attempts span about 8 minutes.
-    webhook_max_attempts: i32 = 12_i32, env "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS";
+    webhook_max_attempts: i32 = 12_i32, env "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS", at_least(1);
     /// First delay between attempts; each further one doubles it, with jitter.
-    webhook_retry_base_delay_s: f64 = 1.0, env "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S";
+    webhook_retry_base_delay_s: Seconds = Seconds::new(1), env "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S", positive;
     /// Cap on the delay between attempts: a receiver that is back is found
     /// within this long.
-    webhook_retry_max_delay_s: f64 = 60.0, env "DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S";
+    webhook_retry_max_delay_s: Seconds = Seconds::new(60), env "DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S", positive;
     /// A pending delivery due this long ago that nobody holds is an orphan
     /// (class 6): its dispatcher died. Well above a wake-up's latency; an
     /// attempt in progress holds a lease (timeout + this) and is left alone.
-    webhook_orphan_threshold_s: f64 = 10.0, env "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S";
+    webhook_orphan_threshold_s: Seconds = Seconds::new(10), env "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S", positive;
     /// Webhook attempts one process makes at once.
-    webhook_concurrency: usize = 32_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY";
+    webhook_concurrency: usize = 32_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY", at_least(1);
     /// The API's base URL as extraction services reach it, e.g.
     /// `https://docstream.internal`. With `callback_secret`, it turns deferred
     /// results on: each call names where to post its result later. Empty, the
     /// default: every call must answer with its result.
-    public_url: String = "", env "DOCSTREAM_PUBLIC_URL";
+    public_url: String = "", env "DOCSTREAM_PUBLIC_URL", http_url_or_empty;
     /// The key that signs the token of each deferred result; `serve` and the
     /// workers must share it. At least 16 bytes; empty turns deferred results off.
-    callback_secret: String = "", env "DOCSTREAM_CALLBACK_SECRET";
+    callback_secret: String = "", env "DOCSTREAM_CALLBACK_SECRET", empty_or_at_least_16_bytes;
     /// Logs as JSON lines instead of text.
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
@@ -508,270 +509,14 @@ impl Settings {
         toml::from_str(&text).map_err(|e| error(e.to_string()))
     }
 
-    /// Refuses settings that cannot work together.
+    /// Refuses settings that break a rule: one of a setting's own, one
+    /// between settings, or one of an external extractor's.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-        for (name, secs) in [
-            (
-                "DOCSTREAM_EXTRACTION_RUN_LEASE_S",
-                self.extraction_run_lease_s,
-            ),
-            (
-                "DOCSTREAM_BBOX_REFINEMENT_LEASE_S",
-                self.bbox_refinement_lease_s,
-            ),
-            (
-                "DOCSTREAM_BBOX_REFINE_TIMEOUT_S",
-                self.bbox_refine_timeout_s,
-            ),
-            (
-                "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S",
-                self.subscriber_drain_timeout_s,
-            ),
-            ("DOCSTREAM_PUBLISH_TIMEOUT_S", self.publish_timeout_s),
-            (
-                "DOCSTREAM_HTTP_ANSWER_TIMEOUT_S",
-                self.http_answer_timeout_s,
-            ),
-            ("DOCSTREAM_DB_ACQUIRE_TIMEOUT_S", self.db_acquire_timeout_s),
-            (
-                "DOCSTREAM_HEALTH_PROBE_INTERVAL_S",
-                self.health_probe_interval_s,
-            ),
-            ("DOCSTREAM_CENSUS_INTERVAL_S", self.census_interval_s),
-            ("DOCSTREAM_HEARTBEAT_INTERVAL_S", self.heartbeat_interval_s),
-            (
-                "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
-                self.reaper_sweep_interval_s,
-            ),
-            (
-                "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S",
-                self.queued_orphan_threshold_s,
-            ),
-            (
-                "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S",
-                self.post_processing_pending_orphan_threshold_s,
-            ),
-            ("DOCSTREAM_RETRY_BASE_DELAY_S", self.retry_base_delay_s),
-            ("DOCSTREAM_RETRY_MAX_DELAY_S", self.retry_max_delay_s),
-            (
-                "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S",
-                self.rebalance_drain_timeout_s,
-            ),
-            (
-                "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S",
-                self.publisher_drain_timeout_s,
-            ),
-            (
-                "DOCSTREAM_EXPORT_DRAIN_TIMEOUT_S",
-                self.export_drain_timeout_s,
-            ),
-            ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", self.export_ack_timeout_s),
-            (
-                "DOCSTREAM_EXTRACTION_DEADLINE_S",
-                self.extraction_deadline_s,
-            ),
-            (
-                "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S",
-                self.http_header_read_timeout_s,
-            ),
-            ("DOCSTREAM_WEBHOOK_TIMEOUT_S", self.webhook_timeout_s),
-            (
-                "DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S",
-                self.webhook_retry_base_delay_s,
-            ),
-            (
-                "DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S",
-                self.webhook_retry_max_delay_s,
-            ),
-            (
-                "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S",
-                self.webhook_orphan_threshold_s,
-            ),
-        ] {
-            if !(secs.is_finite() && secs > 0.0) {
-                return invalid(format!("{name} must be a positive number of seconds"));
-            }
+        self.check_each()?;
+        for rule in rules::ACROSS {
+            rule(self).map_err(ConfigError::Invalid)?;
         }
-        let stats_s = self.kafka_statistics_interval_s;
-        if !(0.0..=86_400.0).contains(&stats_s) {
-            return invalid(
-                "DOCSTREAM_KAFKA_STATISTICS_INTERVAL_S must be 0 (off) to 86400 seconds".into(),
-            );
-        }
-        if !(self.tenant_submit_rate_per_s.is_finite() && self.tenant_submit_rate_per_s >= 0.0) {
-            return invalid(
-                "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S must be 0 (no limit) or more".into(),
-            );
-        }
-        if self.tenant_submit_burst == 0 {
-            return invalid("DOCSTREAM_TENANT_SUBMIT_BURST must be at least 1".into());
-        }
-        if !(0.0..=MAX_API_KEY_CACHE_S).contains(&self.api_key_cache_s) {
-            return invalid(format!(
-                "DOCSTREAM_API_KEY_CACHE_S must be 0 to {MAX_API_KEY_CACHE_S} seconds: a revoked key must stop working within 5 s"
-            ));
-        }
-        let shorter_lease = self
-            .extraction_run_lease_s
-            .min(self.bbox_refinement_lease_s);
-        if self.heartbeat_interval_s * 2.0 > shorter_lease {
-            return invalid(format!(
-                "DOCSTREAM_HEARTBEAT_INTERVAL_S ({}) must be at most half of the shorter lease ({} s): \
-                 a holder must renew at least twice per lease, or one slow renewal loses a live claim",
-                self.heartbeat_interval_s, shorter_lease
-            ));
-        }
-        if !matches!(self.kafka_group_protocol.as_str(), "classic" | "consumer") {
-            return invalid(format!(
-                "DOCSTREAM_KAFKA_GROUP_PROTOCOL={:?}: expected classic or consumer",
-                self.kafka_group_protocol
-            ));
-        }
-        if self.rebalance_drain_timeout_s * 1000.0 >= f64::from(self.kafka_session_timeout_ms) {
-            return invalid(format!(
-                "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S ({} s) must be below DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS ({} ms): \
-                 a member that drains longer than its session is expelled mid-rebalance",
-                self.rebalance_drain_timeout_s, self.kafka_session_timeout_ms
-            ));
-        }
-        if self.publisher_queue_size == 0 || self.consumer_prefetch_kbytes == 0 {
-            return invalid("DOCSTREAM_PUBLISHER_QUEUE_SIZE and DOCSTREAM_CONSUMER_PREFETCH_KBYTES must be at least 1".into());
-        }
-        if self.retry_max_delay_s < self.retry_base_delay_s {
-            return invalid(
-                "DOCSTREAM_RETRY_MAX_DELAY_S must be at least DOCSTREAM_RETRY_BASE_DELAY_S".into(),
-            );
-        }
-        if self.max_attempts < 1 || self.reaper_batch_size < 1 {
-            return invalid(
-                "DOCSTREAM_MAX_ATTEMPTS and DOCSTREAM_REAPER_BATCH_SIZE must be at least 1".into(),
-            );
-        }
-        for (name, n) in [
-            ("DOCSTREAM_JOB_TOPIC_PARTITIONS", self.job_topic_partitions),
-            (
-                "DOCSTREAM_STREAM_TOPIC_PARTITIONS",
-                self.stream_topic_partitions,
-            ),
-            ("DOCSTREAM_DLQ_TOPIC_PARTITIONS", self.dlq_topic_partitions),
-            (
-                "DOCSTREAM_TOPIC_REPLICATION_FACTOR",
-                self.topic_replication_factor,
-            ),
-        ] {
-            if n < 1 {
-                return invalid(format!("{name} must be at least 1"));
-            }
-        }
-        if !(0.0..=900_000.0).contains(&self.publisher_linger_ms) {
-            return invalid("DOCSTREAM_PUBLISHER_LINGER_MS must be between 0 and 900000".into());
-        }
-        if self.consumer_max_in_flight == 0
-            || self.db_max_connections == 0
-            || self.db_batch_max == 0
-            || self.db_batch_concurrency == 0
-        {
-            return invalid(
-                "consumer_max_in_flight, db_max_connections, db_batch_max and db_batch_concurrency must be at least 1".into(),
-            );
-        }
-        if Backpressure::parse(&self.export_backpressure_strategy).is_none() {
-            return invalid(format!(
-                "DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY={:?}: expected block, drop_oldest or drop_new",
-                self.export_backpressure_strategy
-            ));
-        }
-        if self.export_max_queue_size == 0
-            || self.export_max_unacked == 0
-            || self.export_max_consecutive_errors == 0
-        {
-            return invalid("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE, DOCSTREAM_EXPORT_MAX_UNACKED and DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS must be at least 1".into());
-        }
-        for (name, n) in [
-            (
-                "DOCSTREAM_HTTP_BODY_LIMIT_BYTES",
-                self.http_body_limit_bytes,
-            ),
-            ("DOCSTREAM_MAX_FIELDS", self.max_fields),
-            ("DOCSTREAM_MAX_FIELD_NAME_BYTES", self.max_field_name_bytes),
-            ("DOCSTREAM_MAX_PATTERN_BYTES", self.max_pattern_bytes),
-            (
-                "DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES",
-                self.max_pattern_program_bytes,
-            ),
-            ("DOCSTREAM_MAX_ANCHOR_BYTES", self.max_anchor_bytes),
-            ("DOCSTREAM_MAX_PAGES", self.max_pages),
-            ("DOCSTREAM_MAX_WORDS_PER_PAGE", self.max_words_per_page),
-            ("DOCSTREAM_MAX_METADATA_BYTES", self.max_metadata_bytes),
-            ("DOCSTREAM_MAX_JSON_DEPTH", self.max_json_depth),
-            ("DOCSTREAM_MAX_URL_BYTES", self.max_url_bytes),
-            (
-                "DOCSTREAM_MAX_RESULT_FIELD_BYTES",
-                self.max_result_field_bytes,
-            ),
-            ("DOCSTREAM_MAX_RESULT_BYTES", self.max_result_bytes),
-            ("DOCSTREAM_MAX_SOCKETS", self.max_sockets),
-            (
-                "DOCSTREAM_MAX_SOCKETS_PER_TENANT",
-                self.max_sockets_per_tenant,
-            ),
-            ("DOCSTREAM_MAX_EXPORT_STREAMS", self.max_export_streams),
-            (
-                "DOCSTREAM_IMPORT_MAX_IN_FLIGHT_BYTES",
-                self.import_max_in_flight_bytes,
-            ),
-            ("DOCSTREAM_HTTP_MAX_CONNECTIONS", self.http_max_connections),
-        ] {
-            if n == 0 {
-                return invalid(format!("{name} must be at least 1"));
-            }
-        }
-        if self.dlq_excerpt_bytes > 256 * 1024 {
-            return invalid(
-                "DOCSTREAM_DLQ_EXCERPT_BYTES must be at most 262144: a dead letter must stay far below the producer's maximum".into(),
-            );
-        }
-        if self.max_result_field_bytes > self.max_result_bytes {
-            return invalid(
-                "DOCSTREAM_MAX_RESULT_FIELD_BYTES must be at most DOCSTREAM_MAX_RESULT_BYTES"
-                    .into(),
-            );
-        }
-        if self.webhook_max_attempts < 1 || self.webhook_concurrency == 0 {
-            return invalid(
-                "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS and DOCSTREAM_WEBHOOK_CONCURRENCY must be at least 1"
-                    .into(),
-            );
-        }
-        if self.webhook_retry_max_delay_s < self.webhook_retry_base_delay_s {
-            return invalid("DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S must be at least DOCSTREAM_WEBHOOK_RETRY_BASE_DELAY_S".into());
-        }
-        if let Err(e) = crate::webhook::AllowList::parse(&self.webhook_allow) {
-            return invalid(format!("DOCSTREAM_WEBHOOK_ALLOW: {e}"));
-        }
-        extractors::validate(&self.extractors)?;
-        if !self.public_url.is_empty() {
-            let url = reqwest::Url::parse(&self.public_url);
-            if !url.is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()) {
-                return invalid(format!(
-                    "DOCSTREAM_PUBLIC_URL={:?} is not an absolute http or https URL",
-                    self.public_url
-                ));
-            }
-        }
-        if !self.callback_secret.is_empty() && self.callback_secret.len() < 16 {
-            return invalid("DOCSTREAM_CALLBACK_SECRET must be at least 16 bytes".into());
-        }
-        for (name, addr) in [
-            ("DOCSTREAM_HTTP_ADDR", &self.http_addr),
-            ("DOCSTREAM_METRICS_ADDR", &self.metrics_addr),
-        ] {
-            if addr.parse::<SocketAddr>().is_err() {
-                return invalid(format!("{name}={addr:?} is not a socket address (ip:port)"));
-            }
-        }
-        Ok(())
+        extractors::validate(&self.extractors)
     }
 
     /// The full name of a topic, with the prefix.
@@ -782,45 +527,6 @@ impl Settings {
     /// The full name of a consumer group, with the prefix.
     pub fn group(&self, name: &str) -> String {
         format!("{}{}", self.topic_prefix, name)
-    }
-
-    /// `extraction_deadline_s` as a duration.
-    pub fn extraction_deadline(&self) -> Duration {
-        Duration::from_secs_f64(self.extraction_deadline_s)
-    }
-
-    /// The bounds of each HTTP listener's connections.
-    pub fn connection_limits(&self) -> crate::api::ConnectionLimits {
-        crate::api::ConnectionLimits {
-            max_connections: self.http_max_connections,
-            header_read_timeout: Duration::from_secs_f64(self.http_header_read_timeout_s),
-        }
-    }
-
-    /// `bbox_refine_timeout_s` as a duration.
-    pub fn bbox_refine_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.bbox_refine_timeout_s)
-    }
-
-    /// `heartbeat_interval_s` as a duration.
-    pub fn heartbeat_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.heartbeat_interval_s)
-    }
-
-    /// `reaper_sweep_interval_s` as a duration.
-    pub fn reaper_sweep_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.reaper_sweep_interval_s)
-    }
-
-    /// The orphan thresholds the reapers and `docstream orphans` use.
-    pub fn orphan_thresholds(&self) -> crate::store::orphans::Thresholds {
-        crate::store::orphans::Thresholds {
-            queued_s: self.queued_orphan_threshold_s,
-            run_lease_s: self.extraction_run_lease_s,
-            post_processing_pending_s: self.post_processing_pending_orphan_threshold_s,
-            bbox_lease_s: self.bbox_refinement_lease_s,
-            webhook_pending_s: self.webhook_orphan_threshold_s,
-        }
     }
 
     /// Where deferred results are posted and the key of their tokens, when
@@ -841,48 +547,18 @@ impl Settings {
         }
     }
 
-    /// `api_key_cache_s` as a duration.
-    pub fn api_key_cache(&self) -> Duration {
-        Duration::from_secs_f64(self.api_key_cache_s)
-    }
-
-    /// `http_answer_timeout_s` as a duration.
-    pub fn http_answer_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.http_answer_timeout_s)
-    }
-
-    /// `db_acquire_timeout_s` as a duration.
-    pub fn db_acquire_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.db_acquire_timeout_s)
-    }
-
-    /// `census_interval_s` as a duration.
-    pub fn census_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.census_interval_s)
-    }
-
     /// `kafka_statistics_interval_s` in milliseconds, as librdkafka's
     /// `statistics.interval.ms` takes it (0: off).
     pub fn kafka_statistics_interval_ms(&self) -> u64 {
-        (self.kafka_statistics_interval_s * 1000.0).round() as u64
-    }
-
-    /// `health_probe_interval_s` as a duration.
-    pub fn health_probe_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.health_probe_interval_s)
-    }
-
-    /// `subscriber_drain_timeout_s` as a duration.
-    pub fn subscriber_drain_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.subscriber_drain_timeout_s)
+        self.kafka_statistics_interval_s.get().as_millis() as u64
     }
 
     /// How long a running extraction may go on once its consumer stopped: the
     /// drain timeout less a margin (a tenth, at most 1 s) to release the claim
     /// and report before the drain gives up on the record.
     pub fn extraction_drain_budget(&self) -> Duration {
-        let margin = (self.subscriber_drain_timeout_s / 10.0).min(1.0);
-        Duration::from_secs_f64(self.subscriber_drain_timeout_s - margin)
+        let drain = self.subscriber_drain_timeout_s.get();
+        drain - (drain / 10).min(Duration::from_secs(1))
     }
 
     /// How long after its event was acknowledged a new job is stamped as
@@ -890,7 +566,7 @@ impl Settings {
     /// that jobs claimed within that time are never stamped, and the stamps of
     /// those still waiting land half a threshold before the reaper would look.
     pub fn published_stamp_delay(&self) -> Duration {
-        Duration::from_secs_f64(self.queued_orphan_threshold_s / 2.0)
+        self.queued_orphan_threshold_s.get() / 2
     }
 }
 
@@ -950,6 +626,54 @@ mod tests {
         );
         let err = load(&[("DOCSTREAM_KAFKA_GROUP_PROTOCOL", "eager")]).unwrap_err();
         assert!(err.to_string().contains("classic or consumer"), "{err}");
+    }
+
+    #[test]
+    fn to_env_gives_a_child_exactly_these_settings() {
+        let mut s = Settings::default();
+        s.topic_prefix = "t.".into();
+        s.heartbeat_interval_s = Seconds::from_millis(250);
+        s.metrics_addr = "127.0.0.1:0".parse().unwrap();
+        s.kafka_group_protocol = GroupProtocol::Consumer;
+        s.webhook_allow = "10.0.0.0/8,::1".parse().unwrap();
+        s.tenant_submit_rate_per_s = 12.5;
+        let env = s.to_env();
+        let child = Settings::load_from(None, &|var| {
+            env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
+        })
+        .unwrap();
+        let json = |s: &Settings| serde_json::to_value(s).unwrap();
+        assert_eq!(json(&child), json(&s));
+    }
+
+    #[test]
+    fn a_broken_rule_names_its_variable() {
+        for (var, value, says) in [
+            (
+                "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
+                "0",
+                "positive number of seconds",
+            ),
+            ("DOCSTREAM_MAX_FIELDS", "0", "at least 1"),
+            ("DOCSTREAM_API_KEY_CACHE_S", "6", "within 5 s"),
+            (
+                "DOCSTREAM_PUBLIC_URL",
+                "ftp://x",
+                "not an absolute http or https URL",
+            ),
+            (
+                "DOCSTREAM_WEBHOOK_ALLOW",
+                "10.0.0.0/33",
+                "not an IP address or CIDR block",
+            ),
+            ("DOCSTREAM_HTTP_ADDR", "localhost", "invalid socket address"),
+        ] {
+            let err = load(&[(var, value)]).unwrap_err().to_string();
+            assert!(
+                err.contains(var) && err.contains(says),
+                "{var}={value}: {err}"
+            );
+        }
     }
 
     #[test]

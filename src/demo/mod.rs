@@ -78,7 +78,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut settings = settings;
     // The demo's own process serves /metrics on a free port: nobody scrapes it.
-    settings.metrics_addr = "127.0.0.1:0".into();
+    settings.metrics_addr = ([127, 0, 0, 1], 0).into();
     let provider = match args.rules {
         true => None,
         false => Some(start_provider(&mut settings, &args, &shutdown).await?),

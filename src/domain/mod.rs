@@ -16,7 +16,7 @@ pub use request::{
     FieldType, Page, RequestError, Word, WordRef, MAX_EXTRACTOR_NAME_LEN, MAX_IDEMPOTENCY_KEY_LEN,
     RULES_EXTRACTOR,
 };
-pub use retry::retry_delay_s;
+pub use retry::Backoff;
 pub use state::{BboxStatus, ExtractionStatus, Transition};
 pub use tenant::{
     key_hash, key_is_well_formed, new_webhook_secret, tenant_name_is_valid,

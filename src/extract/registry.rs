@@ -42,7 +42,7 @@ impl Extractors {
         Ok(Self {
             cpu,
             rules,
-            rules_deadline: settings.extraction_deadline(),
+            rules_deadline: settings.extraction_deadline_s.get(),
             result,
             http: Arc::new(http),
         })

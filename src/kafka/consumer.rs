@@ -47,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::{is_fatal, report_error, report_log};
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
+use crate::config::GroupProtocol;
 use crate::events::{DeadLetter, Source};
 use crate::health::Health;
 use crate::metrics::{KafkaStats, Metrics};
@@ -159,8 +160,8 @@ pub struct ConsumerSpec {
     pub rebalance_drain_timeout: Duration,
     /// Consumer session timeout, ms (classic protocol only).
     pub session_timeout_ms: u32,
-    /// `classic` or `consumer` (KIP-848).
-    pub group_protocol: String,
+    /// Classic or consumer (KIP-848).
+    pub group_protocol: GroupProtocol,
     /// librdkafka prefetch cap, KiB.
     pub prefetch_kbytes: u32,
     /// Where a group with no committed offset starts: the earliest record
@@ -704,12 +705,12 @@ fn client_config(spec: &ConsumerSpec) -> ClientConfig {
         )
         // Fetch requests are small; Nagle would hold one back behind the last.
         .set("socket.nagle.disable", "true")
-        .set("group.protocol", &spec.group_protocol)
+        .set("group.protocol", spec.group_protocol.as_str())
         .set(
             "statistics.interval.ms",
             spec.statistics_interval_ms.to_string(),
         );
-    if spec.group_protocol == "classic" {
+    if spec.group_protocol == GroupProtocol::Classic {
         // Under KIP-848 the broker owns assignment and session timing.
         config
             .set("partition.assignment.strategy", "cooperative-sticky")

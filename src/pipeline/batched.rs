@@ -40,8 +40,8 @@ impl Batched {
     /// Starts the batchers on `pool` (needs a Tokio runtime).
     pub fn new(settings: &Settings, pool: &PgPool, health: &Health, metrics: &Metrics) -> Self {
         let (max, concurrency) = (settings.db_batch_max, settings.db_batch_concurrency);
-        let extraction_lease_s = settings.extraction_run_lease_s;
-        let bbox_lease_s = settings.bbox_refinement_lease_s;
+        let extraction_lease_s = settings.extraction_run_lease_s.as_secs_f64();
+        let bbox_lease_s = settings.bbox_refinement_lease_s.as_secs_f64();
         macro_rules! batcher {
             (|$pool:ident, $inputs:ident| $statement:expr) => {{
                 let $pool = pool.clone();

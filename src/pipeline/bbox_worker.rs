@@ -45,7 +45,7 @@ impl BboxWorker {
             serde_json::from_value(row.result.clone().unwrap_or_default())
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
         let request = request.ok_or("the claim returned no request")?;
-        let budget = services.settings.bbox_refine_timeout();
+        let budget = services.settings.bbox_refine_timeout_s.get();
         let grounded = services.cpu.run(budget, move |_| {
             let grounding = ground(&request.document, &output);
             Ok(serde_json::to_value(grounding).expect("grounding serialises"))
@@ -92,20 +92,26 @@ impl BboxWorker {
         let services = &self.services;
         let settings = &services.settings;
         let (id, token) = (claim.extraction.id, claim.token);
-        let lease_s = settings.bbox_refinement_lease_s;
+        let lease_s = settings.bbox_refinement_lease_s.as_secs_f64();
         let started = Instant::now();
         let request = claim.extraction.request.take().map(|json| json.0);
         let work = Self::grounding(services, &claim, request);
         let renew = || leases::renew_bbox_lease(&services.pool, id, token, lease_s);
-        let grounded =
-            match hold(work, settings.heartbeat_interval(), &services.health, renew).await {
-                Held::Done(grounded) => grounded,
-                // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
-                Held::Lost | Held::CancelRequested => {
-                    services.stale(Stage::BboxRefinement, id, token, "heartbeat");
-                    return Ok(());
-                }
-            };
+        let grounded = match hold(
+            work,
+            settings.heartbeat_interval_s.get(),
+            &services.health,
+            renew,
+        )
+        .await
+        {
+            Held::Done(grounded) => grounded,
+            // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
+            Held::Lost | Held::CancelRequested => {
+                services.stale(Stage::BboxRefinement, id, token, "heartbeat");
+                return Ok(());
+            }
+        };
         services
             .metrics
             .bbox_duration

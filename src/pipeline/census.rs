@@ -15,7 +15,7 @@ use crate::store::{census, orphans, StoreError};
 /// Runs the census until `shutdown`; a failed tick is counted and logged, and
 /// the next one tries again.
 pub async fn run(services: Services, shutdown: CancellationToken) {
-    let interval = services.settings.census_interval();
+    let interval = services.settings.census_interval_s.get();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let metrics = &services.metrics.census;
@@ -53,12 +53,12 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
 async fn take(services: &Services, metrics: &CensusMetrics) -> Result<bool, StoreError> {
     let settings = &services.settings;
     let pool = &services.pool;
-    if !census::take_turn(pool, settings.census_interval_s).await? {
+    if !census::take_turn(pool, settings.census_interval_s.as_secs_f64()).await? {
         metrics.clear();
         return Ok(false);
     }
     let counts = census::count(pool).await?;
-    let open = orphans::count_open(pool, settings.orphan_thresholds()).await?;
+    let open = orphans::count_open(pool, orphans::Thresholds::of(settings)).await?;
     let jobs = [
         (
             "extraction",

@@ -5,12 +5,11 @@
 //! posts the result. Each returns whether the claim was still held: a `false`
 //! is a stale holder, whose work is dropped and counted.
 
-use rand::Rng;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{transient, Services, Stage};
-use crate::domain::{retry_delay_s, Transition};
+use crate::domain::{Backoff, Transition};
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
 use crate::extract::ExtractionOutput;
 use crate::failpoints;
@@ -117,13 +116,11 @@ impl Services {
             let error = format!("{error} (gave up after {token} attempts)");
             return self.fail_extraction((id, token), &error, reason).await;
         }
-        let jitter = rand::thread_rng().gen::<f64>();
-        let delay_s = retry_delay_s(
-            token,
-            settings.retry_base_delay_s,
-            settings.retry_max_delay_s,
-            jitter,
-        );
+        let backoff = Backoff {
+            base: settings.retry_base_delay_s.get(),
+            max: settings.retry_max_delay_s.get(),
+        };
+        let delay_s = backoff.after(token).as_secs_f64();
         let requeued = || transitions::requeue_for_retry(&self.pool, id, token, error, delay_s);
         let row = self.persist("requeue_for_retry", requeued).await?;
         let transition = Transition::RequeueForRetry;

@@ -28,7 +28,6 @@ pub use worker::ExtractionWorker;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -91,7 +90,7 @@ impl Services {
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         let cpu = CpuPool::new(settings.extraction_threads);
         let extractors = Extractors::new(&settings, &metrics, cpu.clone())?;
-        let auth = Authenticator::new(pool.clone(), settings.api_key_cache());
+        let auth = Authenticator::new(pool.clone(), settings.api_key_cache_s.get());
         Ok(Self {
             settings: Arc::new(settings),
             pool,
@@ -206,7 +205,7 @@ impl Services {
             Stage::Extraction => settings.extraction_run_lease_s,
             Stage::BboxRefinement => settings.bbox_refinement_lease_s,
         };
-        let give_up = tokio::time::Instant::now() + Duration::from_secs_f64(2.0 * lease_s);
+        let give_up = tokio::time::Instant::now() + lease_s.get() * 2;
         loop {
             let claim = try_claim().await.map_err(transient)?;
             if claim.is_some() {
@@ -235,7 +234,7 @@ impl Services {
                 Some(true) if tokio::time::Instant::now() < give_up => {
                     tokio::select! {
                         _ = stop.cancelled() => {}
-                        _ = tokio::time::sleep(settings.heartbeat_interval()) => {}
+                        _ = tokio::time::sleep(settings.heartbeat_interval_s.get()) => {}
                     }
                 }
                 // The holder has kept its lease for two leases: it is alive and
@@ -275,10 +274,10 @@ impl Services {
             dlq_topic: settings.topic(&settings.topic_dlq),
             dlq_excerpt_bytes: settings.dlq_excerpt_bytes,
             max_in_flight: settings.consumer_max_in_flight,
-            drain_timeout: settings.subscriber_drain_timeout(),
-            rebalance_drain_timeout: Duration::from_secs_f64(settings.rebalance_drain_timeout_s),
+            drain_timeout: settings.subscriber_drain_timeout_s.get(),
+            rebalance_drain_timeout: settings.rebalance_drain_timeout_s.get(),
             session_timeout_ms: settings.kafka_session_timeout_ms,
-            group_protocol: settings.kafka_group_protocol.clone(),
+            group_protocol: settings.kafka_group_protocol,
             prefetch_kbytes: settings.consumer_prefetch_kbytes,
             from_earliest: true,
             statistics_interval_ms: settings.kafka_statistics_interval_ms(),

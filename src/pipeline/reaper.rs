@@ -86,7 +86,8 @@ impl Reaper {
     /// Sweeps every sweep interval until `shutdown`. A failed sweep is logged and
     /// counted and the next one tries again; the reaper itself never gives up.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(self.services.settings.reaper_sweep_interval());
+        let mut ticker =
+            tokio::time::interval(self.services.settings.reaper_sweep_interval_s.get());
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -137,7 +138,7 @@ impl Reaper {
         conn: &mut PoolConnection<Postgres>,
     ) -> Result<Sweep, StoreError> {
         let settings = &self.services.settings;
-        let thresholds = settings.orphan_thresholds();
+        let thresholds = orphans::Thresholds::of(settings);
         let limit = settings.reaper_batch_size;
         let taken = match self.kind {
             ReaperKind::Extraction => {
@@ -173,7 +174,7 @@ impl Reaper {
     ) -> Result<Sweep, StoreError> {
         let services = &self.services;
         let settings = &services.settings;
-        let threshold = settings.webhook_orphan_threshold_s;
+        let threshold = settings.webhook_orphan_threshold_s.as_secs_f64();
         let taken =
             webhooks::take_orphans(&mut **conn, threshold, settings.reaper_batch_size).await?;
         let metrics = &services.metrics;

@@ -38,7 +38,7 @@ use tracing::Instrument;
 /// acknowledged in time goes on after the answer, and if it fails the reaper
 /// revives the job.
 pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
-    let bound = services.settings.http_answer_timeout();
+    let bound = services.settings.http_answer_timeout_s.get();
     // In a known outage, say so at once: waiting out the bound would only
     // hold the client (and its connection) for the same answer.
     if services.health.is_down(Dependency::Postgres) {

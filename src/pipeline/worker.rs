@@ -103,10 +103,10 @@ impl ExtractionWorker {
             settings.extraction_drain_budget(),
         );
         let pool = &self.services.pool;
-        let lease_s = settings.extraction_run_lease_s;
+        let lease_s = settings.extraction_run_lease_s.as_secs_f64();
         let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
         let health = &self.services.health;
-        let attempt = match hold(work, settings.heartbeat_interval(), health, renew).await {
+        let attempt = match hold(work, settings.heartbeat_interval_s.get(), health, renew).await {
             Held::Lost => {
                 self.services
                     .stale(Stage::Extraction, id, token, "heartbeat");
@@ -173,7 +173,7 @@ impl ExtractionWorker {
         // revive the job before its result had a chance to arrive.
         let deadline_s = deadline
             .as_secs_f64()
-            .max(services.settings.extraction_run_lease_s);
+            .max(services.settings.extraction_run_lease_s.as_secs_f64());
         let held = leases::renew_extraction_lease(&services.pool, id, token, deadline_s)
             .await
             .map_err(transient)?;
@@ -245,10 +245,8 @@ impl ExtractionWorker {
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
         let settings = &self.services.settings;
-        let give_up = tokio::time::Instant::now()
-            + std::time::Duration::from_secs_f64(
-                settings.post_processing_pending_orphan_threshold_s,
-            );
+        let give_up =
+            tokio::time::Instant::now() + settings.post_processing_pending_orphan_threshold_s.get();
         loop {
             let row = store::get(&self.services.pool, id)
                 .await
@@ -273,7 +271,7 @@ impl ExtractionWorker {
             }
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(settings.heartbeat_interval()) => {}
+                _ = tokio::time::sleep(settings.heartbeat_interval_s.get()) => {}
             }
         }
     }

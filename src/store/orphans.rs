@@ -17,6 +17,7 @@
 //! since when the row was an orphan; the claim that recovers it turns that into
 //! the recovery time.
 
+use crate::config::Settings;
 use serde::Serialize;
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -40,6 +41,21 @@ pub struct Thresholds {
     /// A pending webhook delivery due longer ago than this, held by nobody,
     /// lost its dispatcher: class 6 (`store::webhooks`).
     pub webhook_pending_s: f64,
+}
+
+impl Thresholds {
+    /// The thresholds `settings` give, as the reapers and `docstream orphans` use them.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            queued_s: settings.queued_orphan_threshold_s.as_secs_f64(),
+            run_lease_s: settings.extraction_run_lease_s.as_secs_f64(),
+            post_processing_pending_s: settings
+                .post_processing_pending_orphan_threshold_s
+                .as_secs_f64(),
+            bbox_lease_s: settings.bbox_refinement_lease_s.as_secs_f64(),
+            webhook_pending_s: settings.webhook_orphan_threshold_s.as_secs_f64(),
+        }
+    }
 }
 
 /// One orphan.

@@ -14,6 +14,8 @@
 //! An allow-list ([`AllowList`], `DOCSTREAM_WEBHOOK_ALLOW`) admits chosen
 //! addresses anyway, for development and tests.
 
+use crate::config::canonical;
+pub use crate::config::AllowList;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,60 +56,6 @@ pub enum Forbidden {
         /// What the resolver said.
         reason: String,
     },
-}
-
-/// Addresses admitted despite the guard: IPs and CIDR blocks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllowList(Vec<(IpAddr, u8)>);
-
-impl AllowList {
-    /// Parses `127.0.0.1/32,::1,10.0.0.0/8`; empty admits nothing extra.
-    pub fn parse(list: &str) -> Result<Self, String> {
-        let mut blocks = Vec::new();
-        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (addr, len) = match item.split_once('/') {
-                Some((addr, len)) => (addr, Some(len)),
-                None => (item, None),
-            };
-            let bad = || format!("{item:?} is not an IP address or CIDR block");
-            let ip = canonical(addr.parse::<IpAddr>().map_err(|_| bad())?);
-            let bits = if ip.is_ipv4() { 32 } else { 128 };
-            let len = match len {
-                Some(len) => len
-                    .parse::<u8>()
-                    .ok()
-                    .filter(|l| *l <= bits)
-                    .ok_or_else(bad)?,
-                None => bits,
-            };
-            blocks.push((ip, len));
-        }
-        Ok(Self(blocks))
-    }
-
-    /// Whether `ip` is in one of the blocks.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
-        self.0.iter().any(|&(block, len)| match (block, ip) {
-            (IpAddr::V4(b), IpAddr::V4(a)) => {
-                same_prefix(u32::from(b).into(), u32::from(a).into(), len, 32)
-            }
-            (IpAddr::V6(b), IpAddr::V6(a)) => same_prefix(u128::from(b), u128::from(a), len, 128),
-            _ => false,
-        })
-    }
-}
-
-fn same_prefix(a: u128, b: u128, len: u8, bits: u8) -> bool {
-    len == 0 || (a >> (bits - len)) == (b >> (bits - len))
-}
-
-/// An IPv4-mapped IPv6 address as the IPv4 address it is.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
 }
 
 /// Whether `ip` is a public unicast address: not loopback, private, shared
@@ -332,10 +280,11 @@ mod tests {
         }
         // An allow list admits the translated form only when it names it:
         // allowing 127.0.0.1 does not allow ::ffff:0:127.0.0.1.
-        let v4_only = Guard::new(AllowList::parse("127.0.0.1/32").unwrap());
+        let v4_only = Guard::new(str::parse::<AllowList>("127.0.0.1/32").unwrap());
         assert!(v4_only.check("http://127.0.0.1:9/").await.is_ok());
         assert!(v4_only.check("http://[::ffff:0:7f00:1]:9/").await.is_err());
-        let translated_ok = Guard::new(AllowList::parse("::ffff:0:0:0/96, 100::/64").unwrap());
+        let translated_ok =
+            Guard::new(str::parse::<AllowList>("::ffff:0:0:0/96, 100::/64").unwrap());
         assert!(translated_ok
             .check("http://[::ffff:0:7f00:1]:9/")
             .await
@@ -351,7 +300,7 @@ mod tests {
             vec!["93.184.215.14:443".parse().unwrap()]
         );
         assert!(guard.check("http://[2606:4700::1111]:8080/").await.is_ok());
-        let allow = AllowList::parse("127.0.0.1/32, ::1, 10.1.0.0/16").unwrap();
+        let allow = str::parse::<AllowList>("127.0.0.1/32, ::1, 10.1.0.0/16").unwrap();
         let guard = Guard::new(allow.clone());
         assert!(guard.check("http://127.0.0.1:9/").await.is_ok());
         assert!(guard.check("http://[::ffff:127.0.0.1]:9/").await.is_ok());
@@ -361,7 +310,7 @@ mod tests {
         assert!(guard.check("http://127.0.0.2/").await.is_err());
         assert!(allow.contains("10.1.0.0".parse().unwrap()));
         for bad in ["10.0.0.0/33", "example.com", "1.2.3.4/x"] {
-            assert!(AllowList::parse(bad).is_err(), "{bad}");
+            assert!(str::parse::<AllowList>(bad).is_err(), "{bad}");
         }
     }
 }

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
-use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::config::Settings;
+use crate::domain::Backoff;
 use crate::error_chain;
 use crate::failpoints;
 use crate::metrics::Metrics;
@@ -52,9 +52,8 @@ impl Webhooks {
     /// Starts this process's dispatcher (a task that lives as long as the
     /// process; deliveries it leaves unfinished are orphans the reaper revives).
     pub fn start(settings: &Settings, pool: PgPool, metrics: Metrics) -> Self {
-        let allow = AllowList::parse(&settings.webhook_allow).expect("validated setting");
-        let guard = Guard::new(allow);
-        let timeout = Duration::from_secs_f64(settings.webhook_timeout_s);
+        let guard = Guard::new(settings.webhook_allow.clone());
+        let timeout = settings.webhook_timeout_s.get();
         let client = http_client(&guard, timeout);
         let (wake, woken) = mpsc::channel(WAKE_QUEUE);
         let enabled = settings.webhooks_enabled;
@@ -66,12 +65,15 @@ impl Webhooks {
             wake: wake.clone(),
             // The lease outlives an attempt (its lookup, then its request),
             // so only a dead dispatcher's attempt is ever taken over.
-            lease_s: settings.webhook_timeout_s
-                + guard::LOOKUP_TIMEOUT.as_secs_f64()
-                + settings.webhook_orphan_threshold_s,
+            lease_s: (settings.webhook_timeout_s.get()
+                + guard::LOOKUP_TIMEOUT
+                + settings.webhook_orphan_threshold_s.get())
+            .as_secs_f64(),
             max_attempts: settings.webhook_max_attempts,
-            base_delay_s: settings.webhook_retry_base_delay_s,
-            max_delay_s: settings.webhook_retry_max_delay_s,
+            backoff: Backoff {
+                base: settings.webhook_retry_base_delay_s.get(),
+                max: settings.webhook_retry_max_delay_s.get(),
+            },
         };
         tokio::spawn(Arc::new(dispatcher).run(woken, settings.webhook_concurrency));
         Self {
@@ -166,8 +168,10 @@ struct Dispatcher {
     wake: mpsc::Sender<String>,
     lease_s: f64,
     max_attempts: i32,
-    base_delay_s: f64,
-    max_delay_s: f64,
+    /// Between attempts: the delay grows from the base to the cap, with
+    /// jitter, so the deliveries of a receiver that was down do not return
+    /// in lockstep.
+    backoff: Backoff,
 }
 
 impl Dispatcher {
@@ -334,7 +338,7 @@ impl Dispatcher {
                 "failed"
             }
             Outcome::Failed { status, error } => {
-                let delay = self.backoff(attempt);
+                let delay = self.backoff.after(attempt);
                 tracing::info!(id, attempt, %error, delay_s = delay.as_secs_f64(), "webhook attempt failed; retrying");
                 outbox::retry_later(pool, id, attempt, delay.as_secs_f64(), status, &error).await?;
                 let (wake, id) = (self.wake.clone(), id.clone());
@@ -350,15 +354,6 @@ impl Dispatcher {
             .with_label_values(&[counted])
             .inc();
         Ok(())
-    }
-
-    /// Exponential from the base, capped, with jitter (half to all of it), so
-    /// the deliveries of a receiver that was down do not return in lockstep.
-    fn backoff(&self, attempt: i32) -> Duration {
-        let exponent = attempt.saturating_sub(1).clamp(0, 30);
-        let full = (self.base_delay_s * 2f64.powi(exponent)).min(self.max_delay_s);
-        let jittered = full * rand::thread_rng().gen_range(0.5..=1.0);
-        Duration::from_secs_f64(jittered)
     }
 }
 

@@ -191,87 +191,18 @@ impl TestEnv {
         self.settings.topic(name)
     }
 
-    /// Environment for a `docstream` child process of this test: every setting
-    /// a test may tune, so children run exactly what the test configured.
+    /// Environment for a `docstream` child process of this test: every
+    /// setting, so children run exactly what the test configured, except that
+    /// each child's internal listener takes a free port.
     pub fn child_env(&self) -> Vec<(String, String)> {
-        let s = &self.settings;
-        let secs = |v: f64| v.to_string();
-        let pairs: Vec<(&str, String)> = vec![
-            ("DATABASE_URL", s.database_url.clone()),
-            ("DOCSTREAM_KAFKA_BROKERS", s.kafka_brokers.clone()),
-            ("DOCSTREAM_TOPIC_PREFIX", s.topic_prefix.clone()),
-            ("DOCSTREAM_METRICS_ADDR", "127.0.0.1:0".into()),
-            (
-                "DOCSTREAM_EXTRACTION_RUN_LEASE_S",
-                secs(s.extraction_run_lease_s),
-            ),
-            (
-                "DOCSTREAM_BBOX_REFINEMENT_LEASE_S",
-                secs(s.bbox_refinement_lease_s),
-            ),
-            (
-                "DOCSTREAM_HEARTBEAT_INTERVAL_S",
-                secs(s.heartbeat_interval_s),
-            ),
-            (
-                "DOCSTREAM_REAPER_SWEEP_INTERVAL_S",
-                secs(s.reaper_sweep_interval_s),
-            ),
-            (
-                "DOCSTREAM_QUEUED_ORPHAN_THRESHOLD_S",
-                secs(s.queued_orphan_threshold_s),
-            ),
-            (
-                "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S",
-                secs(s.post_processing_pending_orphan_threshold_s),
-            ),
-            ("DOCSTREAM_RETRY_BASE_DELAY_S", secs(s.retry_base_delay_s)),
-            ("DOCSTREAM_RETRY_MAX_DELAY_S", secs(s.retry_max_delay_s)),
-            ("DOCSTREAM_MAX_ATTEMPTS", s.max_attempts.to_string()),
-            (
-                "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S",
-                s.tenant_submit_rate_per_s.to_string(),
-            ),
-            (
-                "DOCSTREAM_KAFKA_SESSION_TIMEOUT_MS",
-                s.kafka_session_timeout_ms.to_string(),
-            ),
-            (
-                "DOCSTREAM_KAFKA_GROUP_PROTOCOL",
-                s.kafka_group_protocol.clone(),
-            ),
-            (
-                "DOCSTREAM_REBALANCE_DRAIN_TIMEOUT_S",
-                secs(s.rebalance_drain_timeout_s),
-            ),
-            (
-                "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S",
-                secs(s.subscriber_drain_timeout_s),
-            ),
-            (
-                "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S",
-                secs(s.publisher_drain_timeout_s),
-            ),
-            (
-                "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT",
-                s.consumer_max_in_flight.to_string(),
-            ),
-            (
-                "DOCSTREAM_CONSUMER_PREFETCH_KBYTES",
-                s.consumer_prefetch_kbytes.to_string(),
-            ),
-            ("DOCSTREAM_PUBLIC_URL", s.public_url.clone()),
-            ("DOCSTREAM_CALLBACK_SECRET", s.callback_secret.clone()),
-            ("DOCSTREAM_LOG", "info,rdkafka=warn,sqlx=warn".into()),
-        ];
-        let mut env: Vec<(String, String)> =
-            pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        env.extend(docstream::config::extractors_env(&s.extractors));
+        let mut env = self.settings.to_env();
+        env.push(("DOCSTREAM_METRICS_ADDR".into(), "127.0.0.1:0".into()));
+        env.push(("DOCSTREAM_LOG".into(), "info,rdkafka=warn,sqlx=warn".into()));
         env
     }
 
     /// Starts `docstream <role>` as a separate OS process; its output goes to
-    /// `target/test-logs/<log_name>.log`.
+    /// `target/tmp/test-logs/<log_name>.log`.
     pub fn spawn(&self, role: &str, extra_env: &[(&str, String)], log_name: &str) -> Child {
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-logs");
         std::fs::create_dir_all(&dir).unwrap();
@@ -344,14 +275,14 @@ pub async fn wait_topic_ready(brokers: &str, topic: &str) {
 
 /// Short leases and sweeps for fault tests: recovery in a few seconds.
 pub fn fast_recovery(settings: &mut Settings) {
-    settings.extraction_run_lease_s = 3.0;
-    settings.bbox_refinement_lease_s = 3.0;
-    settings.heartbeat_interval_s = 0.5;
-    settings.reaper_sweep_interval_s = 0.5;
-    settings.queued_orphan_threshold_s = 3.0;
-    settings.post_processing_pending_orphan_threshold_s = 3.0;
+    settings.extraction_run_lease_s = secs(3.0);
+    settings.bbox_refinement_lease_s = secs(3.0);
+    settings.heartbeat_interval_s = secs(0.5);
+    settings.reaper_sweep_interval_s = secs(0.5);
+    settings.queued_orphan_threshold_s = secs(3.0);
+    settings.post_processing_pending_orphan_threshold_s = secs(3.0);
     settings.kafka_session_timeout_ms = 3_000;
-    settings.rebalance_drain_timeout_s = 1.5;
+    settings.rebalance_drain_timeout_s = secs(1.5);
 }
 
 /// Sends `signal` (KILL, STOP, CONT, TERM) to a child process.
@@ -849,4 +780,9 @@ pub async fn start_provider(
         .expect("a line");
     let url = line.rsplit(' ').next().unwrap().to_owned();
     (child, url)
+}
+
+/// A duration setting of `s` seconds.
+pub fn secs(s: f64) -> docstream::config::Seconds {
+    docstream::config::Seconds::try_from(s).expect("a number of seconds")
 }
