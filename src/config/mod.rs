@@ -630,13 +630,15 @@ mod tests {
 
     #[test]
     fn to_env_gives_a_child_exactly_these_settings() {
-        let mut s = Settings::default();
-        s.topic_prefix = "t.".into();
-        s.heartbeat_interval_s = Seconds::from_millis(250);
-        s.metrics_addr = "127.0.0.1:0".parse().unwrap();
-        s.kafka_group_protocol = GroupProtocol::Consumer;
-        s.webhook_allow = "10.0.0.0/8,::1".parse().unwrap();
-        s.tenant_submit_rate_per_s = 12.5;
+        let s = Settings {
+            topic_prefix: "t.".into(),
+            heartbeat_interval_s: Seconds::from_millis(250),
+            metrics_addr: "127.0.0.1:0".parse().unwrap(),
+            kafka_group_protocol: GroupProtocol::Consumer,
+            webhook_allow: "10.0.0.0/8,::1".parse().unwrap(),
+            tenant_submit_rate_per_s: 12.5,
+            ..Settings::default()
+        };
         let env = s.to_env();
         let child = Settings::load_from(None, &|var| {
             env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
