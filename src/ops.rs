@@ -13,19 +13,6 @@ use crate::pipeline::Services;
 use crate::store;
 use crate::store::orphans::{self, Orphan, Reclaimed};
 
-/// What each orphan class means, for people.
-pub fn class_name(class: i16) -> &'static str {
-    match class {
-        1 => "queued, never published",
-        2 => "running past its lease",
-        3 => "queued, retry publish lost",
-        4 => "bbox pending, never published",
-        5 => "bbox running past its lease",
-        6 => "webhook pending, nobody sending",
-        _ => "unknown",
-    }
-}
-
 /// The current orphans (of tenant `tenant`'s jobs only, when given), as a
 /// table or as JSON.
 pub async fn orphans_report(
@@ -57,7 +44,7 @@ fn table(found: &[Orphan]) -> String {
             out,
             "{:<6} {:<32} {:>10.1}  {}",
             orphan.class,
-            class_name(orphan.class),
+            orphan.class.meaning(),
             orphan.age_s,
             orphan.id
         );

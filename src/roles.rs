@@ -18,7 +18,9 @@ use crate::config::Settings;
 use crate::health::{Dependency, Health};
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
-use crate::pipeline::{BboxWorker, ExtractionWorker, Intake, Reaper, ReaperKind, Services};
+use crate::pipeline::{
+    BboxReaper, BboxWorker, ExtractionReaper, ExtractionWorker, Intake, Services, WebhookReaper,
+};
 use crate::store;
 
 /// A role's failure, with the role's name.
@@ -173,13 +175,10 @@ async fn consumer<H: RecordHandler>(
     Ok(())
 }
 
-/// A reaper sweeping until `shutdown`; it runs beside its role's consumers.
-pub async fn reaper(
-    services: Services,
-    kind: ReaperKind,
-    shutdown: CancellationToken,
-) -> RoleResult {
-    Reaper::new(services, kind).run(shutdown).await;
+/// A reaper's sweeps until their shutdown, as a role: they run beside the
+/// role's consumers.
+async fn reaper(sweeps: impl Future<Output = ()>) -> RoleResult {
+    sweeps.await;
     Ok(())
 }
 
@@ -245,7 +244,7 @@ pub async fn run(
         roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
     }
     if mix.workers > 0 {
-        let reaper = reaper(services.clone(), ReaperKind::Extraction, stop.clone());
+        let reaper = reaper(ExtractionReaper::new(services.clone()).run(stop.clone()));
         roles.push(("extraction-reaper", Box::pin(reaper)));
     }
     for _ in 0..mix.bbox_workers {
@@ -255,11 +254,11 @@ pub async fn run(
         ));
     }
     if mix.bbox_workers > 0 {
-        let reaper = reaper(services.clone(), ReaperKind::Bbox, stop.clone());
+        let reaper = reaper(BboxReaper::new(services.clone()).run(stop.clone()));
         roles.push(("bbox-reaper", Box::pin(reaper)));
     }
     if mix.workers + mix.bbox_workers > 0 {
-        let reaper = reaper(services.clone(), ReaperKind::Webhook, stop.clone());
+        let reaper = reaper(WebhookReaper::new(services.clone()).run(stop.clone()));
         roles.push(("webhook-reaper", Box::pin(reaper)));
     }
     supervise(roles, stop).await

@@ -13,7 +13,7 @@ use common::{
     scrape, signal, stop, submit_jobs, wait_count, wait_for, wins, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{decode, ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use docstream::pipeline::{Reaper, ReaperKind};
+use docstream::pipeline::ExtractionReaper;
 use docstream::store;
 use tokio::process::Child;
 use uuid::Uuid;
@@ -365,7 +365,7 @@ async fn two_reapers_republish_each_orphan_once_per_threshold() {
     let sweep_round = || async {
         let sweeps = replicas.iter().flat_map(|services| {
             (0..10).map(move |_| async move {
-                Reaper::new(services.clone(), ReaperKind::Extraction)
+                ExtractionReaper::new(services.clone())
                     .sweep()
                     .await
                     .unwrap()
@@ -396,7 +396,7 @@ async fn two_reapers_republish_each_orphan_once_per_threshold() {
     count_per_id(1);
     let swept = outcomes
         .iter()
-        .filter(|o| matches!(o, docstream::pipeline::reaper::Sweep::Swept { .. }))
+        .filter(|o| matches!(o, docstream::pipeline::Sweep::Swept { .. }))
         .count();
     eprintln!("two reapers: 20 concurrent sweeps, {swept} swept, {} found the lock taken; {ORPHANS} orphans republished once each", 20 - swept);
 

@@ -519,7 +519,7 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
             .await
             .unwrap()
             .into_iter()
-            .map(|o| (o.class, o.id))
+            .map(|o| (o.class.number(), o.id))
             .collect::<Vec<(i16, Uuid)>>()
     };
     let found = list(None).await;

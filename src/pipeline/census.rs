@@ -94,14 +94,14 @@ async fn take(services: &Services, metrics: &CensusMetrics) -> Result<bool, Stor
     }
     // Every class has a series, 0 when none is open, so an alert on it
     // ends when the reaper catches up instead of going stale.
-    for class in 1..=6_i16 {
+    for class in orphans::OrphanClass::ALL {
         let found = open.iter().find(|o| o.class == class);
-        let label = class.to_string();
         let (count, oldest_s) = found.map_or((0, 0.0), |o| (o.open, o.oldest_s));
-        metrics.orphans_open.with_label_values(&[&label]).set(count);
+        let label = [class.label()];
+        metrics.orphans_open.with_label_values(&label).set(count);
         metrics
             .oldest_orphan_age
-            .with_label_values(&[&label])
+            .with_label_values(&label)
             .set(oldest_s);
     }
     Ok(true)

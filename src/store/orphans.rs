@@ -58,13 +58,91 @@ impl Thresholds {
     }
 }
 
+/// The six ways a job can be left with nothing to deliver to it. The SQL
+/// below numbers them 1 to 6; the number is also the `class` label of the
+/// orphan metrics and what `docstream orphans` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "i16")]
+pub enum OrphanClass {
+    /// 1: queued, and its event was never acknowledged.
+    QueuedNeverPublished = 1,
+    /// 2: running, past its lease.
+    RunningPastLease = 2,
+    /// 3: queued for a retry whose event was lost.
+    RetryPublishLost = 3,
+    /// 4: bbox refinement pending, its request never acknowledged.
+    BboxNeverPublished = 4,
+    /// 5: bbox refinement running, past its lease.
+    BboxPastLease = 5,
+    /// 6: a webhook delivery due, held by no dispatcher.
+    WebhookUnsent = 6,
+}
+
+impl OrphanClass {
+    /// Every class, in order.
+    pub const ALL: [Self; 6] = [
+        Self::QueuedNeverPublished,
+        Self::RunningPastLease,
+        Self::RetryPublishLost,
+        Self::BboxNeverPublished,
+        Self::BboxPastLease,
+        Self::WebhookUnsent,
+    ];
+
+    /// The class's number, 1 to 6.
+    pub fn number(self) -> i16 {
+        self as i16
+    }
+
+    /// The number as the `class` label of the orphan metrics.
+    pub fn label(self) -> &'static str {
+        ["1", "2", "3", "4", "5", "6"][self as usize - 1]
+    }
+
+    /// What the class means, for people.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::QueuedNeverPublished => "queued, never published",
+            Self::RunningPastLease => "running past its lease",
+            Self::RetryPublishLost => "queued, retry publish lost",
+            Self::BboxNeverPublished => "bbox pending, never published",
+            Self::BboxPastLease => "bbox running past its lease",
+            Self::WebhookUnsent => "webhook pending, nobody sending",
+        }
+    }
+}
+
+impl From<OrphanClass> for i16 {
+    fn from(class: OrphanClass) -> i16 {
+        class.number()
+    }
+}
+
+impl TryFrom<i16> for OrphanClass {
+    type Error = String;
+
+    fn try_from(n: i16) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.number() == n)
+            .ok_or_else(|| format!("no orphan class {n}"))
+    }
+}
+
+impl std::fmt::Display for OrphanClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.number())
+    }
+}
+
 /// One orphan.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct Orphan {
     /// The job.
     pub id: Uuid,
-    /// Orphan class, 1 to 6 (for class 6, the job whose webhook it is).
-    pub class: i16,
+    /// Its class (for class 6, the job whose webhook it is).
+    #[sqlx(try_from = "i16")]
+    pub class: OrphanClass,
     /// Seconds since it became an orphan.
     pub age_s: f64,
 }
@@ -238,8 +316,9 @@ pub async fn list_orphans<'e>(
 /// The orphans open now, of one class.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct OpenOrphans {
-    /// Orphan class, 1 to 6.
-    pub class: i16,
+    /// The class.
+    #[sqlx(try_from = "i16")]
+    pub class: OrphanClass,
     /// How many are open.
     pub open: i64,
     /// Seconds since the oldest of them became an orphan.

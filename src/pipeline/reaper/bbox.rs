@@ -1,0 +1,70 @@
+//! Classes 4–5: pending bbox refinements whose request was lost, and running
+//! ones past their lease, republished to `extraction.post_processing.requested`.
+
+use sqlx::pool::PoolConnection;
+use sqlx::Postgres;
+use tokio_util::sync::CancellationToken;
+
+use super::{log_republish, revive_each, run_sweeps, sweep_once, Sweep, Sweeper};
+use crate::events::{PostProcessingRequested, PublishReason};
+use crate::pipeline::Services;
+use crate::store::orphans::{self, Orphan, Thresholds};
+use crate::store::StoreError;
+
+/// The reaper of bbox orphans, beside every `bbox-worker`.
+pub struct BboxReaper {
+    services: Services,
+}
+
+impl BboxReaper {
+    /// A reaper on `services`.
+    pub fn new(services: Services) -> Self {
+        Self { services }
+    }
+
+    /// Sweeps every sweep interval until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        run_sweeps(&self, shutdown).await
+    }
+
+    /// One sweep, if this replica gets the sweep lock.
+    pub async fn sweep(&self) -> Result<Sweep, StoreError> {
+        sweep_once(self).await
+    }
+
+    async fn republish(&self, orphan: Orphan) -> bool {
+        let services = &self.services;
+        let settings = &services.settings;
+        let topic = settings.topic(&settings.topic_post_processing);
+        let event = PostProcessingRequested::bbox_refinement(orphan.id, PublishReason::Reaper);
+        let published = services
+            .publisher
+            .publish_job(&topic, orphan.id, &event)
+            .await;
+        let recorded = match published {
+            Ok(()) => Some(orphans::record_bbox_request_published(&services.pool, orphan.id).await),
+            Err(_) => None,
+        };
+        log_republish(&orphan, published, recorded)
+    }
+}
+
+impl Sweeper for BboxReaper {
+    const NAME: &'static str = "bbox";
+    const LOCK_KEY: i64 = 0x646f_6373_7472_0002;
+
+    fn services(&self) -> &Services {
+        &self.services
+    }
+
+    async fn take_and_revive(
+        &self,
+        conn: &mut PoolConnection<Postgres>,
+    ) -> Result<Sweep, StoreError> {
+        let settings = &self.services.settings;
+        let thresholds = Thresholds::of(settings);
+        let taken =
+            orphans::take_bbox_orphans(&mut **conn, thresholds, settings.reaper_batch_size).await?;
+        Ok(revive_each(self, &taken, |orphan| self.republish(orphan)).await)
+    }
+}
