@@ -5,7 +5,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::Postgres;
 use tokio_util::sync::CancellationToken;
 
-use super::{log_republish, revive_each, run_sweeps, sweep_once, Sweep, Sweeper};
+use super::{republish, revive_each, run_sweeps, sweep_once, Sweep, Sweeper};
 use crate::events::{PostProcessingRequested, PublishReason};
 use crate::pipeline::Services;
 use crate::store::orphans::{self, Orphan, Thresholds};
@@ -34,18 +34,12 @@ impl BboxReaper {
 
     async fn republish(&self, orphan: Orphan) -> bool {
         let services = &self.services;
-        let settings = &services.settings;
-        let topic = settings.topic(&settings.topic_post_processing);
+        let topic = services
+            .settings
+            .topic(&services.settings.topic_post_processing);
         let event = PostProcessingRequested::bbox_refinement(orphan.id, PublishReason::Reaper);
-        let published = services
-            .publisher
-            .publish_job(&topic, orphan.id, &event)
-            .await;
-        let recorded = match published {
-            Ok(()) => Some(orphans::record_bbox_request_published(&services.pool, orphan.id).await),
-            Err(_) => None,
-        };
-        log_republish(&orphan, published, recorded)
+        let record = || orphans::record_bbox_request_published(&services.pool, orphan.id);
+        republish(services, &orphan, &topic, event, record).await
     }
 }
 

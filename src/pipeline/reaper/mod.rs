@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Services;
+use crate::events::Event;
 use crate::health::Dependency;
 use crate::store::orphans::Orphan;
 use crate::store::StoreError;
@@ -166,18 +167,33 @@ where
     }
 }
 
-/// After a republish: records it (so the orphan is not taken again before its
-/// threshold) and says whether the event went out.
-fn log_republish(
+/// Republishes `event` for `orphan` to `topic`, then records that with
+/// `record`, so the orphan is not taken again before its threshold; true once
+/// the broker acknowledged it. A failure is retried at the orphan's next
+/// threshold.
+async fn republish<E, F, Fut>(
+    services: &Services,
     orphan: &Orphan,
-    published: Result<(), impl std::fmt::Display>,
-    recorded: Option<Result<(), StoreError>>,
-) -> bool {
-    if let Some(Err(e)) = recorded {
-        tracing::warn!(id = %orphan.id, error = %e, "republish not recorded; it may be republished again");
-    }
-    match published {
-        Ok(()) => true,
+    topic: &str,
+    event: E,
+    record: F,
+) -> bool
+where
+    E: Event,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    match services
+        .publisher
+        .publish_job(topic, orphan.id, &event)
+        .await
+    {
+        Ok(()) => {
+            if let Err(e) = record().await {
+                tracing::warn!(id = %orphan.id, error = %e, "republish not recorded; it may be republished again");
+            }
+            true
+        }
         Err(e) => {
             tracing::warn!(id = %orphan.id, error = %e, "orphan republish failed");
             false
