@@ -616,7 +616,7 @@ async fn cancel_and_reclaim_of_a_running_job() {
     )
     .await;
     let cancelled = store::get(pool, to_cancel).await.unwrap().unwrap();
-    assert_eq!(cancelled.status, "cancelled");
+    assert_eq!(cancelled.status.as_str(), "cancelled");
     assert!(
         !wins(pool, "mark_succeeded").await.contains_key(&to_cancel),
         "a cancelled job never succeeds"

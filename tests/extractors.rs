@@ -573,7 +573,7 @@ async fn cancelling_a_job_closes_its_call() {
         calls.len(),
         calls[0].closed_by_client
     );
-    assert_eq!(row.status, "cancelled");
+    assert_eq!(row.status.as_str(), "cancelled");
     assert!(
         ended < Duration::from_secs(2),
         "seen within a lease: {ended:?}"
@@ -1044,7 +1044,7 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         &[&ids[..JOBS - 1], &[lapsed]].concat(),
         "mark_succeeded",
     );
-    assert_eq!(failed_row.status, "failed");
+    assert_eq!(failed_row.status.as_str(), "failed");
     assert_eq!(
         failed_row.error.as_deref(),
         Some("extractor \"model\" refused the document: the scan is unreadable")
@@ -1054,8 +1054,8 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         ("succeeded", 2)
     );
     assert_eq!(calls_of(lapsed), [1, 2]);
-    assert_eq!(cancelled_row.status, "cancelled");
-    assert_eq!(always_row.status, "failed");
+    assert_eq!(cancelled_row.status.as_str(), "cancelled");
+    assert_eq!(always_row.status.as_str(), "failed");
     assert_eq!(calls_of(always), [1, 2], "no call past the last attempt");
     let error = always_row.error.unwrap_or_default();
     assert!(error.contains("gave up after 2 attempts"), "{error}");

@@ -100,7 +100,7 @@ async fn jobs_written_under_the_wide_row_read_back_the_same_under_the_narrow_one
     store::migrate(&pool).await.unwrap();
 
     let queued_row = store::get(&pool, queued).await.unwrap().unwrap();
-    assert_eq!(queued_row.status, "queued");
+    assert_eq!(queued_row.status.as_str(), "queued");
     assert_eq!(
         queued_row.tenant_id,
         store::tenants::DEFAULT_TENANT_ID,

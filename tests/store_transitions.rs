@@ -611,7 +611,7 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(row.status, "cancelled");
+    assert_eq!(row.status.as_str(), "cancelled");
     assert!(leases::renew_extraction_lease(pool, id, token, LEASE_S)
         .await
         .unwrap()

@@ -13,7 +13,8 @@ use uuid::Uuid;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{
-    idempotency_key_is_valid, ExtractionRequest, Scope, Transition, MAX_IDEMPOTENCY_KEY_LEN,
+    idempotency_key_is_valid, ExtractionRequest, ExtractionStatus, Scope, Transition,
+    MAX_IDEMPOTENCY_KEY_LEN,
 };
 use crate::events::PublishReason;
 use crate::pipeline;
@@ -32,14 +33,14 @@ pub(super) fn router() -> Router<Services> {
 #[derive(Serialize)]
 struct Accepted {
     id: Uuid,
-    status: String,
+    status: ExtractionStatus,
 }
 
 /// An extraction as the API shows it (the document itself is not echoed).
 #[derive(Serialize)]
 struct ExtractionView {
     id: Uuid,
-    status: String,
+    status: ExtractionStatus,
     attempts: i32,
     idempotency_key: Option<String>,
     submitted_at: DateTime<Utc>,
@@ -111,7 +112,7 @@ async fn submit(
     let location = format!("/v1/extractions/{}", row.id);
     let body = Accepted {
         id: row.id,
-        status: row.status.clone(),
+        status: row.status,
     };
     Ok((
         StatusCode::ACCEPTED,
@@ -190,7 +191,7 @@ async fn cancel(
     }
     match store::get(&services.pool, id).await? {
         None => Err(ApiError::NotFound(id.to_string())),
-        Some(row) if row.status == "running" => {
+        Some(row) if row.status == ExtractionStatus::Running => {
             Ok((StatusCode::ACCEPTED, Json(ExtractionView::from(row))).into_response())
         }
         Some(row) => Err(ApiError::Conflict(format!(

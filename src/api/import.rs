@@ -289,7 +289,7 @@ async fn submit(
     };
     let submitted = pipeline::submit(services, new).await?;
     let row = submitted.extraction();
-    Ok((row.id, row.status.clone()))
+    Ok((row.id, row.status.to_string()))
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::ApiError;
-use crate::domain::{ExtractionRequest, ResultLimits};
+use crate::domain::{ExtractionRequest, ExtractionStatus, ResultLimits};
 use crate::events::PublishReason;
 use crate::extract::{
     check_required, deferred, protocol, ExtractError, ExtractionOutput, ResultSize,
@@ -65,7 +65,7 @@ async fn post_result(
     let row = store::get(&services.pool, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
-    if row.status != "running" || row.attempts != attempt {
+    if row.status != ExtractionStatus::Running || row.attempts != attempt {
         return Err(ApiError::Conflict(format!(
             "attempt {attempt} no longer holds this extraction (it is {}, attempt {})",
             row.status, row.attempts

@@ -92,6 +92,13 @@ impl FromStr for BboxStatus {
     }
 }
 
+impl TryFrom<String> for ExtractionStatus {
+    type Error = UnknownState;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
 impl fmt::Display for ExtractionStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -259,7 +259,7 @@ impl ExtractionEvent {
         Self {
             extraction_id: row.id.to_string(),
             transition: transition.as_str().to_owned(),
-            status: row.status.clone(),
+            status: row.status.as_str().to_owned(),
             bbox_status: row.bbox_refinement().map(|b| b.status.as_str().to_owned()),
             token,
             error: row.error.clone(),

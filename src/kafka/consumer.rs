@@ -48,7 +48,7 @@ use super::context::{is_fatal, report_error, report_log};
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
 use crate::config::GroupProtocol;
-use crate::events::{DeadLetter, Source};
+use crate::events::{CodecError, DeadLetter, Source};
 use crate::health::Health;
 use crate::metrics::{KafkaStats, Metrics};
 
@@ -115,6 +115,16 @@ pub enum HandlerError {
     /// of the group gets it again.
     #[error("abandoned: {0}")]
     Abandoned(String),
+}
+
+/// A record that does not decode is poison: the same bytes never will.
+impl From<CodecError> for HandlerError {
+    fn from(e: CodecError) -> Self {
+        Self::Poison {
+            kind: e.kind(),
+            reason: e.to_string(),
+        }
+    }
 }
 
 /// What a consumer does with each record. `Ok` means delivered: every durable

@@ -107,10 +107,7 @@ fn parse(
     (limits, body_limit): (&RequestLimits, usize),
 ) -> Result<NewExtraction, HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
-    let requested: ExtractionRequested = decode(payload).map_err(|e| HandlerError::Poison {
-        kind: e.kind(),
-        reason: e.to_string(),
-    })?;
+    let requested: ExtractionRequested = decode(payload)?;
     if !idempotency_key_is_valid(&requested.idempotency_key) {
         return Err(invalid(format!(
             "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"

@@ -335,10 +335,7 @@ fn decode_record<E: Event>(
     id_of: impl Fn(&E) -> &str,
 ) -> Result<(E, Uuid), HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
-    let event: E = decode(payload).map_err(|e| HandlerError::Poison {
-        kind: e.kind(),
-        reason: e.to_string(),
-    })?;
+    let event: E = decode(payload)?;
     let id = Uuid::parse_str(id_of(&event)).map_err(|e| HandlerError::Poison {
         kind: "undecodable",
         reason: format!("extraction_id is not a UUID: {e}"),

@@ -23,7 +23,7 @@
 
 use super::Services;
 use crate::config::RULES;
-use crate::domain::Transition;
+use crate::domain::{ExtractionStatus, Transition};
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::failpoints;
 use crate::health::Dependency;
@@ -91,7 +91,9 @@ pub async fn submit_durably(
     let submitted = insert(services, new).await?;
     match &submitted {
         Submitted::Created(row) => publish_created(services, row).await?,
-        Submitted::Replayed(row) if row.status == "queued" && row.published_at.is_none() => {
+        Submitted::Replayed(row)
+            if row.status == ExtractionStatus::Queued && row.published_at.is_none() =>
+        {
             publish_job(services, row).await?
         }
         Submitted::Replayed(_) => {}

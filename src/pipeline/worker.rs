@@ -193,7 +193,8 @@ impl ExtractionWorker {
             // the claim was taken over.
             None => {
                 let row = store::get(&services.pool, id).await.map_err(transient)?;
-                let answered = row.is_some_and(|r| r.attempts == token && r.status != "running");
+                let answered = row
+                    .is_some_and(|r| r.attempts == token && r.status != ExtractionStatus::Running);
                 match answered {
                     true => {
                         tracing::debug!(%id, token, "deferred result arrived before the deferral")
@@ -252,7 +253,7 @@ impl ExtractionWorker {
                 .await
                 .map_err(transient)?;
             let owes_request = row.as_ref().is_some_and(|row| {
-                row.status() == ExtractionStatus::Succeeded
+                row.status == ExtractionStatus::Succeeded
                     && row.bbox_refinement().is_some_and(|b| {
                         b.status == BboxStatus::Pending && b.published_at.is_none()
                     })

@@ -16,8 +16,10 @@ pub struct Extraction {
     pub id: Uuid,
     /// The tenant the job belongs to.
     pub tenant_id: Uuid,
-    /// See [`ExtractionStatus`]; stored as text.
-    pub status: String,
+    /// Where the job is; stored as text, which a CHECK holds to the
+    /// statuses' names.
+    #[sqlx(try_from = "String")]
+    pub status: ExtractionStatus,
     /// The client's idempotency key, if it sent one (from the request row).
     #[sqlx(default)]
     pub idempotency_key: Option<String>,
@@ -122,13 +124,6 @@ impl Extraction {
     /// The submitted request, when the statement that read the row returned it.
     pub fn request(&self) -> Option<&ExtractionRequest> {
         self.request.as_ref().map(|r| &r.0)
-    }
-
-    /// The typed status; a value outside the CHECK constraint cannot be read back.
-    pub fn status(&self) -> ExtractionStatus {
-        self.status
-            .parse()
-            .expect("status is constrained by a CHECK in the schema")
     }
 
     /// The bbox refinement sub-state, once the extraction succeeded; a value
