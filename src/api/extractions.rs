@@ -13,15 +13,14 @@ use uuid::Uuid;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{
-    idempotency_key_is_valid, ExtractionRequest, ExtractionStatus, Scope, Transition,
-    MAX_IDEMPOTENCY_KEY_LEN,
+    ExtractionRequest, ExtractionStatus, Scope, Transition, MAX_IDEMPOTENCY_KEY_LEN,
 };
 use crate::events::PublishReason;
 use crate::pipeline;
 use crate::pipeline::Services;
-use crate::store::{self, transitions, Extraction, NewExtraction};
+use crate::store::{self, transitions, Extraction, NewExtraction, Refusal};
 
-/// Longest accepted `Idempotency-Key`.
+/// Submit, read and cancel.
 pub(super) fn router() -> Router<Services> {
     Router::new()
         .route("/v1/extractions", post(submit))
@@ -98,15 +97,19 @@ async fn submit(
     let max_open_jobs = super::auth::admit_submit(&services, &caller)?;
     let limit = services.settings.http_body_limit_bytes;
     let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
-    request.validate(&services.settings.request_limits())?;
-    let idempotency_key = idempotency_key(&headers)?;
-    let new = NewExtraction {
-        id: crate::domain::new_job_id(),
-        tenant_id: caller.tenant_id,
-        max_open_jobs,
-        idempotency_key,
-        request,
-    };
+    // A header that is not text is no key: it is refused as an empty one.
+    let idempotency_key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let tenant = (caller.tenant_id, max_open_jobs);
+    let limits = services.settings.request_limits();
+    let new =
+        NewExtraction::checked(tenant, idempotency_key, request, &limits).map_err(|refused| {
+            match refused {
+                Refusal::Request(e) => ApiError::from(e),
+                Refusal::IdempotencyKey => bad_idempotency_key(),
+            }
+        })?;
     let submitted = pipeline::submit(&services, new).await?;
     let row = submitted.extraction();
     let location = format!("/v1/extractions/{}", row.id);
@@ -122,20 +125,10 @@ async fn submit(
         .into_response())
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    let key = value
-        .to_str()
-        .ok()
-        .filter(|k| idempotency_key_is_valid(k))
-        .ok_or_else(|| {
-            ApiError::BadRequest(format!(
-                "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
-            ))
-        })?;
-    Ok(Some(key.to_owned()))
+fn bad_idempotency_key() -> ApiError {
+    ApiError::BadRequest(format!(
+        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+    ))
 }
 
 async fn read(

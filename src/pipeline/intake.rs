@@ -28,11 +28,11 @@ use super::submit::{submit_durably, DurableSubmitError};
 use super::Services;
 use crate::auth::AuthError;
 use crate::domain::{
-    idempotency_key_is_valid, ExtractionRequest, RequestLimits, Scope, MAX_IDEMPOTENCY_KEY_LEN,
+    ExtractionRequest, RequestError, RequestLimits, Scope, MAX_IDEMPOTENCY_KEY_LEN,
 };
 use crate::events::{decode, ExtractionRequested};
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::{NewExtraction, SubmitError};
+use crate::store::{NewExtraction, Refusal, SubmitError};
 
 /// The header that names a record's tenant.
 pub const TENANT_HEADER: &str = "docstream-tenant";
@@ -108,11 +108,6 @@ fn parse(
 ) -> Result<NewExtraction, HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let requested: ExtractionRequested = decode(payload)?;
-    if !idempotency_key_is_valid(&requested.idempotency_key) {
-        return Err(invalid(format!(
-            "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
-        )));
-    }
     if requested.request_json.len() > body_limit {
         return Err(HandlerError::Poison {
             kind: "limit_exceeded",
@@ -122,18 +117,18 @@ fn parse(
             ),
         });
     }
-    let request = ExtractionRequest::from_json(&requested.request_json, limits).map_err(|e| {
-        HandlerError::Poison {
-            kind: e.code(),
-            reason: format!("request_json: {e}"),
-        }
-    })?;
-    Ok(NewExtraction {
-        id: crate::domain::new_job_id(),
-        tenant_id,
-        max_open_jobs,
-        idempotency_key: Some(requested.idempotency_key),
-        request,
+    let refused = |e: RequestError| HandlerError::Poison {
+        kind: e.code(),
+        reason: format!("request_json: {e}"),
+    };
+    let request: ExtractionRequest = serde_json::from_str(&requested.request_json)
+        .map_err(|e| refused(RequestError::from_json(&e)))?;
+    let key = Some(requested.idempotency_key);
+    NewExtraction::checked((tenant_id, max_open_jobs), key, request, limits).map_err(|e| match e {
+        Refusal::Request(e) => refused(e),
+        Refusal::IdempotencyKey => invalid(format!(
+            "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+        )),
     })
 }
 

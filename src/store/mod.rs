@@ -31,7 +31,7 @@ pub mod lifecycle {
     pub use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
 }
 pub use submit::{
-    insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction,
+    insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction, Refusal,
     SubmitError, Submitted,
 };
 

@@ -15,7 +15,10 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{Extraction, StoreError};
-use crate::domain::ExtractionRequest;
+use crate::domain::{
+    idempotency_key_is_valid, ExtractionRequest, RequestError, RequestLimits,
+    MAX_IDEMPOTENCY_KEY_LEN,
+};
 
 /// Written over arrays (one element from `submit`) so that the benchmark's
 /// Postgres ceiling runs this very statement with one row and with a hundred.
@@ -91,6 +94,45 @@ pub struct NewExtraction {
     pub idempotency_key: Option<String>,
     /// The validated request.
     pub request: ExtractionRequest,
+}
+
+/// Why a submission was refused before it reached the store.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The request breaks a rule or a limit.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The idempotency key is empty, too long, or not visible ASCII.
+    #[error("the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters")]
+    IdempotencyKey,
+}
+
+impl NewExtraction {
+    /// A new job of tenant `tenant_id` (whose cap on open jobs is
+    /// `max_open_jobs`), after the checks every intake makes (HTTP, the
+    /// import stream and the Kafka intake alike): the request against
+    /// `limits`, then the form of the idempotency key.
+    pub fn checked(
+        (tenant_id, max_open_jobs): (Uuid, Option<i64>),
+        idempotency_key: Option<String>,
+        request: ExtractionRequest,
+        limits: &RequestLimits,
+    ) -> Result<Self, Refusal> {
+        request.validate(limits)?;
+        if idempotency_key
+            .as_deref()
+            .is_some_and(|key| !idempotency_key_is_valid(key))
+        {
+            return Err(Refusal::IdempotencyKey);
+        }
+        Ok(Self {
+            id: crate::domain::new_job_id(),
+            tenant_id,
+            max_open_jobs,
+            idempotency_key,
+            request,
+        })
+    }
 }
 
 /// The outcome of a submit.
