@@ -185,6 +185,26 @@ fn links(to: &[(&str, &str)]) -> Value {
     Value::Object(links)
 }
 
+/// The submit's optional `Idempotency-Key` header.
+fn idempotency_key_header() -> Value {
+    json!({
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": false,
+        "description": format!(
+            "Makes the submit safe to repeat: 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible \
+             ASCII characters (spaces allowed inside; HTTP drops them at either end). \
+             Anything else gets 400."
+        ),
+        "schema": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+            "pattern": "^[\\u0021-\\u007e]([\\u0020-\\u007e]*[\\u0021-\\u007e])?$",
+        },
+    })
+}
+
 fn submit(settings: &Settings) -> Value {
     let description = format!(
         "Submits one extraction job (scope `submit`). It is answered 202 once the job's \
@@ -201,22 +221,7 @@ fn submit(settings: &Settings) -> Value {
         "tags": ["extractions"],
         "summary": "Submit an extraction",
         "description": description,
-        "parameters": [{
-            "name": "Idempotency-Key",
-            "in": "header",
-            "required": false,
-            "description": format!(
-                "Makes the submit safe to repeat: 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible \
-                 ASCII characters (spaces allowed inside; HTTP drops them at either end). \
-                 Anything else gets 400."
-            ),
-            "schema": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
-                "pattern": "^[\\u0021-\\u007e]([\\u0020-\\u007e]*[\\u0021-\\u007e])?$",
-            },
-        }],
+        "parameters": [idempotency_key_header()],
         "requestBody": {
             "required": true,
             "description": "The job. A body that is not JSON gets 400, one without \
@@ -427,8 +432,10 @@ fn import() -> Value {
     })
 }
 
-fn export(settings: &Settings) -> Value {
-    let protocol = format!(
+/// What the export stream's frames are and when it closes, with the
+/// settings' limits; both the operation and its 101 answer say it.
+fn export_protocol(settings: &Settings) -> String {
+    format!(
         "The server sends the caller's tenant's `extraction.events` as `ExportFrame`s, \
          `{{\"seq\", \"partition\", \"offset\", \"event\": {{…}}}}`, in offset order within \
          a partition (so a job's events in the order they happened). The client answers \
@@ -447,18 +454,24 @@ fn export(settings: &Settings) -> Value {
         errors = settings.export_max_consecutive_errors,
         ack_s = settings.export_ack_timeout_s,
         drain_s = settings.export_drain_timeout_s,
-    );
-    let query = |name: &str, required: bool, description: &str, schema: Value| {
-        json!({
-            "name": name,
-            "in": "query",
-            "required": required,
-            "description": description,
-            "schema": schema,
-        })
-    };
-    let parameters = json!([
-        query(
+    )
+}
+
+/// A parameter of the query string.
+fn query_parameter(name: &str, required: bool, description: &str, schema: Value) -> Value {
+    json!({
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": description,
+        "schema": schema,
+    })
+}
+
+/// The export stream's query parameters: its group and what it streams.
+fn export_query(settings: &Settings) -> Value {
+    json!([
+        query_parameter(
             "group",
             true,
             "The stream's name: a consumer group of the caller's tenant of its own, so \
@@ -470,7 +483,7 @@ fn export(settings: &Settings) -> Value {
                 "pattern": "^[A-Za-z0-9._-]+$",
             }),
         ),
-        query(
+        query_parameter(
             "strategy",
             false,
             &format!(
@@ -482,26 +495,26 @@ fn export(settings: &Settings) -> Value {
             ),
             json!({"type": "string", "enum": ["block", "drop_oldest", "drop_new"]}),
         ),
-        query(
+        query_parameter(
             "ack",
             false,
             "`client` (the default): the client acknowledges; `auto`: an event counts as \
              received once the socket took it.",
             json!({"type": "string", "enum": ["client", "auto"], "default": "client"}),
         ),
-        query(
+        query_parameter(
             "status",
             false,
             "Comma-separated statuses: only events whose job has one of them.",
             json!({"type": "string"}),
         ),
-        query(
+        query_parameter(
             "transition",
             false,
             "Comma-separated transitions: only events of one of them.",
             json!({"type": "string"}),
         ),
-        query(
+        query_parameter(
             "from",
             false,
             "Where a group with nothing committed yet starts: `latest` (events from now \
@@ -509,12 +522,16 @@ fn export(settings: &Settings) -> Value {
              resumes where it was.",
             json!({"type": "string", "enum": ["latest", "earliest"], "default": "latest"}),
         ),
-    ]);
+    ])
+}
+
+fn export(settings: &Settings) -> Value {
+    let protocol = export_protocol(settings);
     let parameters = upgrade_headers()
         .as_array()
         .expect("a list")
         .iter()
-        .chain(parameters.as_array().expect("a list"))
+        .chain(export_query(settings).as_array().expect("a list"))
         .cloned()
         .collect::<Vec<_>>();
     json!({
@@ -658,330 +675,63 @@ fn error_responses() -> Value {
     })
 }
 
+/// The schemas of `components`, one function each, listed in the order a
+/// reader meets them: the request and its answer, the job as it is read, the
+/// deferred result, the errors, the streams' frames. (The rendered map is sorted by
+/// name, so this order is for the source only.)
 fn schemas(settings: &Settings) -> Value {
-    let nullable = |kind: &str| json!({"type": [kind, "null"]});
-    let timestamp = json!({"type": "string", "format": "date-time"});
-    let maybe_timestamp = json!({"type": ["string", "null"], "format": "date-time"});
-    let coordinate = json!({"type": "number", "minimum": -f64::MAX, "maximum": f64::MAX});
     json!({
         "ExtractionRequest": extraction_request(settings),
-        "Document": {
-            "description": "Exactly one of `text` and `pages`.",
-            "oneOf": [schema("TextDocument"), schema("PagesDocument")],
-        },
-        "TextDocument": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["text"],
-            "properties": {
-                "text": {
-                    "type": "string",
-                    "description": "Plain text, not blank; values found in it have no boxes.",
-                    "pattern": NOT_BLANK,
-                },
-                "pages": {"type": "null"},
-            },
-        },
-        "PagesDocument": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["pages"],
-            "properties": {
-                "pages": {
-                    "type": "array",
-                    "description": "Pages of positioned words, in reading order; at least one \
-                                    page has a word.",
-                    "minItems": 1,
-                    "maxItems": settings.max_pages,
-                    "items": schema("Page"),
-                    "contains": {"type": "object", "properties": {"words": {"minItems": 1}}},
-                },
-                "text": {"type": "null"},
-            },
-        },
-        "Page": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["width", "height", "words"],
-            "properties": {
-                "width": coordinate.clone(),
-                "height": coordinate.clone(),
-                "words": {
-                    "type": "array",
-                    "description": "Words in reading order.",
-                    "maxItems": settings.max_words_per_page,
-                    "items": schema("Word"),
-                },
-            },
-        },
-        "Word": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["text", "bbox"],
-            "properties": {
-                "text": {"type": "string", "pattern": NO_NUL},
-                "bbox": {
-                    "type": "array",
-                    "description": "`[x0, y0, x1, y1]`, top-left origin, with x0 <= x1 and \
-                                    y0 <= y1 (else 422).",
-                    "minItems": 4,
-                    "maxItems": 4,
-                    "items": coordinate,
-                },
-            },
-        },
+        "Document": document_schema(),
+        "TextDocument": text_document(),
+        "PagesDocument": pages_document(settings),
+        "Page": page(settings),
+        "Word": word(),
         "FieldSpec": field_spec(settings),
-        "JsonValue": {
-            "description": "Any JSON without NUL characters in its strings.",
-            "anyOf": [
-                {"type": ["null", "boolean", "number"]},
-                {"type": "string", "pattern": NO_NUL},
-                {"type": "array", "items": schema("JsonValue")},
-                {
-                    "type": "object",
-                    "propertyNames": {"pattern": NO_NUL},
-                    "additionalProperties": schema("JsonValue"),
-                },
-            ],
-        },
-        "Accepted": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["id", "status"],
-            "properties": {
-                "id": {"type": "string", "format": "uuid"},
-                "status": {
-                    "type": "string",
-                    "description": "`queued` for a new job; a repeated key answers its job's status.",
-                    "enum": statuses(),
-                },
-            },
-        },
-        "Extraction": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": [
-                "id", "status", "attempts", "idempotency_key", "submitted_at", "started_at",
-                "finished_at", "result", "error", "next_attempt_at", "cancel_requested_at",
-                "post_processing", "webhook_url", "metadata"
-            ],
-            "properties": {
-                "id": {"type": "string", "format": "uuid"},
-                "status": {"type": "string", "enum": statuses()},
-                "attempts": {"type": "integer", "minimum": 0, "description": "Claims so far."},
-                "idempotency_key": nullable("string"),
-                "submitted_at": timestamp,
-                "started_at": maybe_timestamp.clone(),
-                "finished_at": maybe_timestamp.clone(),
-                "result": {
-                    "description": "The extracted values once the job succeeded, else null.",
-                    "oneOf": [{"type": "null"}, schema("ExtractionResult")],
-                },
-                "error": {"type": ["string", "null"], "description": "Why the job failed or was retried."},
-                "next_attempt_at": maybe_timestamp.clone(),
-                "cancel_requested_at": maybe_timestamp.clone(),
-                "post_processing": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "description": "`bbox_refinement` once the extraction succeeded, else empty.",
-                    "properties": {"bbox_refinement": schema("BboxRefinement")},
-                },
-                "webhook_url": nullable("string"),
-                "metadata": {"description": "The request's `metadata`, unchanged (null without one)."},
-            },
-        },
-        "ExtractionResult": {
-            "type": "object",
-            "required": ["fields"],
-            "properties": {
-                "fields": {
-                    "type": "object",
-                    "description": "Each requested field by name: its value, or null when it was not found.",
-                    "additionalProperties": {"oneOf": [{"type": "null"}, schema("ExtractedValue")]},
-                },
-            },
-        },
-        "ExtractedValue": {
-            "type": "object",
-            "required": ["value"],
-            "properties": {
-                "value": {"type": "string", "description": "Normalised: `1234.50` for money, `2026-11-30` for dates."},
-                "raw": {"type": "string", "description": "The text as the document has it."},
-                "words": {
-                    "type": "array",
-                    "description": "First and last index (inclusive) of the words it spans.",
-                    "minItems": 2,
-                    "maxItems": 2,
-                    "items": {"type": "integer", "minimum": 0},
-                },
-            },
-        },
-        "BboxRefinement": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": [
-                "status", "attempts", "requested_at", "published_at", "started_at",
-                "lease_expires_at", "finished_at", "result", "error", "republished_at",
-                "last_recovery_s"
-            ],
-            "properties": {
-                "status": {"type": "string", "enum": bbox_statuses()},
-                "attempts": {"type": "integer", "minimum": 0},
-                "requested_at": maybe_timestamp.clone(),
-                "published_at": maybe_timestamp.clone(),
-                "started_at": maybe_timestamp.clone(),
-                "lease_expires_at": maybe_timestamp.clone(),
-                "finished_at": maybe_timestamp.clone(),
-                "result": {"description": "Grounded boxes per field, once grounding finished (else null)."},
-                "error": nullable("string"),
-                "republished_at": maybe_timestamp,
-                "last_recovery_s": nullable("number"),
-            },
-        },
-        "DeferredResult": {
-            "description": "The extractor protocol's 200 answer, or a failure.",
-            "oneOf": [
-                {
-                    "type": "object",
-                    "required": ["fields"],
-                    "properties": {"fields": {"type": "object"}},
-                },
-                {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {
-                        "error": {"type": "string"},
-                        "retryable": {"type": "boolean", "default": false},
-                    },
-                },
-            ],
-        },
-        "ResultRecorded": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["id", "status"],
-            "properties": {
-                "id": {"type": "string", "format": "uuid"},
-                "status": {"type": "string", "enum": ["succeeded", "retried", "failed"]},
-            },
-        },
-        "Error": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["error"],
-            "properties": {"error": schema("ErrorDetail")},
-        },
-        "RetryError": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["error"],
-            "properties": {
-                "error": {
-                    "allOf": [schema("ErrorDetail")],
-                    "required": ["retry_after_s"],
-                },
-            },
-        },
-        "ErrorDetail": {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["code", "message"],
-            "properties": {
-                "code": {
-                    "type": "string",
-                    "description": "The kind of failure, stable for programs: `bad_request`, \
-                                    `malformed_json` (400); `invalid_request`, \
-                                    `limit_exceeded`, `too_deep`, `unrepresentable_text` \
-                                    (422: a request refused for what it says); \
-                                    `payload_too_large`, `unsupported_media_type`, \
-                                    `unauthorized`, `forbidden`, `not_found`, `conflict`, \
-                                    `too_many_requests`, `shutting_down`, `unavailable`, \
-                                    `internal` (a bug). More may come.",
-                    "examples": ["invalid_request"],
-                },
-                "message": {"type": "string", "description": "What went wrong, for people."},
-                "retry_after_s": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "On a 429: seconds until a retry may succeed.",
-                },
-            },
-        },
-        "ImportFrame": {
-            "description": "A client frame of the import stream.",
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["request"],
-            "properties": {
-                "ref": {"description": "Anything; echoed in the answer."},
-                "idempotency_key": {
-                    "type": ["string", "null"],
-                    "minLength": 1,
-                    "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
-                    "pattern": "^[\\u0020-\\u007e]+$",
-                },
-                "request": schema("ExtractionRequest"),
-            },
-        },
-        "ImportAnswer": {
-            "description": "The server's answer to one frame of the import stream.",
-            "oneOf": [
-                {
-                    "type": "object",
-                    "required": ["ref", "id", "status"],
-                    "properties": {
-                        "ref": {},
-                        "id": {"type": "string", "format": "uuid"},
-                        "status": {"type": "string", "enum": statuses()},
-                    },
-                },
-                {
-                    "type": "object",
-                    "required": ["ref", "error"],
-                    "properties": {"ref": {}, "error": schema("ErrorDetail")},
-                },
-            ],
-        },
-        "ExportFrame": {
-            "description": "An event of the export stream.",
-            "type": "object",
-            "required": ["seq", "partition", "offset", "event"],
-            "properties": {
-                "seq": {"type": "integer", "minimum": 1, "description": "The stream's own counter, from 1."},
-                "partition": {"type": "integer", "minimum": 0},
-                "offset": {"type": "integer", "minimum": 0},
-                "event": schema("ExtractionEvent"),
-            },
-        },
-        "ExtractionEvent": {
-            "description": "One won transition of a job (`extraction.events`).",
-            "type": "object",
-            "required": ["extraction_id", "transition", "status", "reason", "published_at_ms"],
-            "properties": {
-                "extraction_id": {"type": "string", "format": "uuid"},
-                "transition": {"type": "string"},
-                "status": {"type": "string", "enum": statuses()},
-                "bbox_status": {"type": ["string", "null"], "enum": bbox_statuses().into_iter().map(Value::from).chain([Value::Null]).collect::<Vec<_>>()},
-                "token": {"type": ["integer", "null"]},
-                "error": nullable("string"),
-                "reason": {"type": "string", "enum": ["submit", "retry", "reaper", "operator"]},
-                "published_at_ms": {"type": "integer"},
-                "tenant_id": {"type": ["string", "null"], "format": "uuid"},
-            },
-        },
-        "ExportAck": {
-            "description": "A client frame of the export stream: acknowledges every event up to `seq` `ack`.",
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["ack"],
-            "properties": {"ack": {"type": "integer", "minimum": 0}},
-        },
+        "JsonValue": json_value(),
+        "Accepted": accepted(),
+        "Extraction": extraction(),
+        "ExtractionResult": extraction_result(),
+        "ExtractedValue": extracted_value(),
+        "BboxRefinement": bbox_refinement(),
+        "DeferredResult": deferred_result_schema(),
+        "ResultRecorded": result_recorded(),
+        "Error": error_schema(),
+        "RetryError": retry_error(),
+        "ErrorDetail": error_detail(),
+        "ImportFrame": import_frame(),
+        "ImportAnswer": import_answer(),
+        "ExportFrame": export_frame(),
+        "ExtractionEvent": extraction_event(),
+        "ExportAck": export_ack(),
     })
 }
 
+/// A value of `kind`, or null.
+fn nullable(kind: &str) -> Value {
+    json!({"type": [kind, "null"]})
+}
+
+/// A moment that has happened.
+fn timestamp() -> Value {
+    json!({"type": "string", "format": "date-time"})
+}
+
+/// A timestamp, or null while it has not happened.
+fn maybe_timestamp() -> Value {
+    json!({"type": ["string", "null"], "format": "date-time"})
+}
+
+/// A finite number: a page's size or a box's edge.
+fn coordinate() -> Value {
+    json!({"type": "number", "minimum": -f64::MAX, "maximum": f64::MAX})
+}
+
+/// `ExtractionRequest`: the body of a submit, with the settings' limits and
+/// the extractors they configure.
 fn extraction_request(settings: &Settings) -> Value {
     let names = extractor_names(settings);
-    let mut properties = json!({
+    let properties = json!({
         "document": schema("Document"),
         "fields": {
             "type": "array",
@@ -1011,30 +761,8 @@ fn extraction_request(settings: &Settings) -> Value {
             "maxLength": MAX_EXTRACTOR_NAME_LEN,
             "enum": names.iter().map(|n| Value::from(n.as_str())).chain([Value::Null]).collect::<Vec<_>>(),
         },
+        "webhook_url": webhook_url(settings),
     });
-    if settings.webhooks_enabled {
-        properties["webhook_url"] = json!({
-            "type": ["string", "null"],
-            "description": format!(
-                "Where the terminal state is reported: an absolute http or https URL with \
-                 a host, at most {} bytes. A host that is, or resolves to, an address \
-                 webhooks may not reach (loopback, private, link-local and other \
-                 special-use addresses, unless `DOCSTREAM_WEBHOOK_ALLOW` admits it) gets \
-                 422; a name that does not resolve yet is accepted, and judged again \
-                 before each delivery.",
-                settings.max_url_bytes
-            ),
-            "format": "uri",
-            "maxLength": settings.max_url_bytes,
-            "pattern": "^[hH][tT][tT][pP][sS]?://[^\\u0000]+$",
-        });
-    } else {
-        properties["webhook_url"] = json!({
-            "type": "null",
-            "description": "Webhooks are off in this deployment (`DOCSTREAM_WEBHOOKS_ENABLED`): \
-                            a `webhook_url` other than null gets 422.",
-        });
-    }
     let mut request = json!({
         "type": "object",
         "description": "One extraction job.",
@@ -1051,6 +779,119 @@ fn extraction_request(settings: &Settings) -> Value {
     request
 }
 
+/// The request's `webhook_url`: a URL webhooks may reach, or only null when
+/// webhooks are off, so that a client learns from the document which it is.
+fn webhook_url(settings: &Settings) -> Value {
+    if settings.webhooks_enabled {
+        json!({
+            "type": ["string", "null"],
+            "description": format!(
+                "Where the terminal state is reported: an absolute http or https URL with \
+                 a host, at most {} bytes. A host that is, or resolves to, an address \
+                 webhooks may not reach (loopback, private, link-local and other \
+                 special-use addresses, unless `DOCSTREAM_WEBHOOK_ALLOW` admits it) gets \
+                 422; a name that does not resolve yet is accepted, and judged again \
+                 before each delivery.",
+                settings.max_url_bytes
+            ),
+            "format": "uri",
+            "maxLength": settings.max_url_bytes,
+            "pattern": "^[hH][tT][tT][pP][sS]?://[^\\u0000]+$",
+        })
+    } else {
+        json!({
+            "type": "null",
+            "description": "Webhooks are off in this deployment (`DOCSTREAM_WEBHOOKS_ENABLED`): \
+                            a `webhook_url` other than null gets 422.",
+        })
+    }
+}
+
+/// `Document`: a text or pages of positioned words.
+fn document_schema() -> Value {
+    json!({
+        "description": "Exactly one of `text` and `pages`.",
+        "oneOf": [schema("TextDocument"), schema("PagesDocument")],
+    })
+}
+
+/// `TextDocument`: plain text.
+fn text_document() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["text"],
+        "properties": {
+            "text": {
+                "type": "string",
+                "description": "Plain text, not blank; values found in it have no boxes.",
+                "pattern": NOT_BLANK,
+            },
+            "pages": {"type": "null"},
+        },
+    })
+}
+
+/// `PagesDocument`: pages of positioned words, at most `max_pages`.
+fn pages_document(settings: &Settings) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["pages"],
+        "properties": {
+            "pages": {
+                "type": "array",
+                "description": "Pages of positioned words, in reading order; at least one \
+                                page has a word.",
+                "minItems": 1,
+                "maxItems": settings.max_pages,
+                "items": schema("Page"),
+                "contains": {"type": "object", "properties": {"words": {"minItems": 1}}},
+            },
+            "text": {"type": "null"},
+        },
+    })
+}
+
+/// `Page`: one page's size and words, at most `max_words_per_page`.
+fn page(settings: &Settings) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["width", "height", "words"],
+        "properties": {
+            "width": coordinate(),
+            "height": coordinate(),
+            "words": {
+                "type": "array",
+                "description": "Words in reading order.",
+                "maxItems": settings.max_words_per_page,
+                "items": schema("Word"),
+            },
+        },
+    })
+}
+
+/// `Word`: a word and its box.
+fn word() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["text", "bbox"],
+        "properties": {
+            "text": {"type": "string", "pattern": NO_NUL},
+            "bbox": {
+                "type": "array",
+                "description": "`[x0, y0, x1, y1]`, top-left origin, with x0 <= x1 and \
+                                y0 <= y1 (else 422).",
+                "minItems": 4,
+                "maxItems": 4,
+                "items": coordinate(),
+            },
+        },
+    })
+}
+
 /// What the rules extractor needs of a field: a `pattern`, or an anchor
 /// that is not blank.
 fn rule_field() -> Value {
@@ -1062,6 +903,7 @@ fn rule_field() -> Value {
     })
 }
 
+/// `FieldSpec`: one field to extract, with the settings' limits.
 fn field_spec(settings: &Settings) -> Value {
     let mut spec = json!({
         "type": "object",
@@ -1119,6 +961,315 @@ fn field_spec(settings: &Settings) -> Value {
         spec["anyOf"] = rule_field()["anyOf"].clone();
     }
     spec
+}
+
+/// `JsonValue`: any JSON Postgres can store (the request's `metadata`).
+fn json_value() -> Value {
+    json!({
+        "description": "Any JSON without NUL characters in its strings.",
+        "anyOf": [
+            {"type": ["null", "boolean", "number"]},
+            {"type": "string", "pattern": NO_NUL},
+            {"type": "array", "items": schema("JsonValue")},
+            {
+                "type": "object",
+                "propertyNames": {"pattern": NO_NUL},
+                "additionalProperties": schema("JsonValue"),
+            },
+        ],
+    })
+}
+
+/// `Accepted`: the answer to a submit.
+fn accepted() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id", "status"],
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "status": {
+                "type": "string",
+                "description": "`queued` for a new job; a repeated key answers its job's status.",
+                "enum": statuses(),
+            },
+        },
+    })
+}
+
+/// `Extraction`: a job as `GET /v1/extractions/{id}` answers it.
+fn extraction() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": [
+            "id", "status", "attempts", "idempotency_key", "submitted_at", "started_at",
+            "finished_at", "result", "error", "next_attempt_at", "cancel_requested_at",
+            "post_processing", "webhook_url", "metadata"
+        ],
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "status": {"type": "string", "enum": statuses()},
+            "attempts": {"type": "integer", "minimum": 0, "description": "Claims so far."},
+            "idempotency_key": nullable("string"),
+            "submitted_at": timestamp(),
+            "started_at": maybe_timestamp(),
+            "finished_at": maybe_timestamp(),
+            "result": {
+                "description": "The extracted values once the job succeeded, else null.",
+                "oneOf": [{"type": "null"}, schema("ExtractionResult")],
+            },
+            "error": {"type": ["string", "null"], "description": "Why the job failed or was retried."},
+            "next_attempt_at": maybe_timestamp(),
+            "cancel_requested_at": maybe_timestamp(),
+            "post_processing": {
+                "type": "object",
+                "additionalProperties": false,
+                "description": "`bbox_refinement` once the extraction succeeded, else empty.",
+                "properties": {"bbox_refinement": schema("BboxRefinement")},
+            },
+            "webhook_url": nullable("string"),
+            "metadata": {"description": "The request's `metadata`, unchanged (null without one)."},
+        },
+    })
+}
+
+/// `ExtractionResult`: the values a job found.
+fn extraction_result() -> Value {
+    json!({
+        "type": "object",
+        "required": ["fields"],
+        "properties": {
+            "fields": {
+                "type": "object",
+                "description": "Each requested field by name: its value, or null when it was not found.",
+                "additionalProperties": {"oneOf": [{"type": "null"}, schema("ExtractedValue")]},
+            },
+        },
+    })
+}
+
+/// `ExtractedValue`: one value found, and where.
+fn extracted_value() -> Value {
+    json!({
+        "type": "object",
+        "required": ["value"],
+        "properties": {
+            "value": {"type": "string", "description": "Normalised: `1234.50` for money, `2026-11-30` for dates."},
+            "raw": {"type": "string", "description": "The text as the document has it."},
+            "words": {
+                "type": "array",
+                "description": "First and last index (inclusive) of the words it spans.",
+                "minItems": 2,
+                "maxItems": 2,
+                "items": {"type": "integer", "minimum": 0},
+            },
+        },
+    })
+}
+
+/// `BboxRefinement`: the state of a job's bbox refinement.
+fn bbox_refinement() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": [
+            "status", "attempts", "requested_at", "published_at", "started_at",
+            "lease_expires_at", "finished_at", "result", "error", "republished_at",
+            "last_recovery_s"
+        ],
+        "properties": {
+            "status": {"type": "string", "enum": bbox_statuses()},
+            "attempts": {"type": "integer", "minimum": 0},
+            "requested_at": maybe_timestamp(),
+            "published_at": maybe_timestamp(),
+            "started_at": maybe_timestamp(),
+            "lease_expires_at": maybe_timestamp(),
+            "finished_at": maybe_timestamp(),
+            "result": {"description": "Grounded boxes per field, once grounding finished (else null)."},
+            "error": nullable("string"),
+            "republished_at": maybe_timestamp(),
+            "last_recovery_s": nullable("number"),
+        },
+    })
+}
+
+/// `DeferredResult`: what an extraction service posts later.
+fn deferred_result_schema() -> Value {
+    json!({
+        "description": "The extractor protocol's 200 answer, or a failure.",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["fields"],
+                "properties": {"fields": {"type": "object"}},
+            },
+            {
+                "type": "object",
+                "required": ["error"],
+                "properties": {
+                    "error": {"type": "string"},
+                    "retryable": {"type": "boolean", "default": false},
+                },
+            },
+        ],
+    })
+}
+
+/// `ResultRecorded`: what a deferred result did to the job.
+fn result_recorded() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id", "status"],
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "status": {"type": "string", "enum": ["succeeded", "retried", "failed"]},
+        },
+    })
+}
+
+/// `Error`: the body of every failure.
+fn error_schema() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["error"],
+        "properties": {"error": schema("ErrorDetail")},
+    })
+}
+
+/// `RetryError`: the body of a 429, with `retry_after_s`.
+fn retry_error() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "allOf": [schema("ErrorDetail")],
+                "required": ["retry_after_s"],
+            },
+        },
+    })
+}
+
+/// `ErrorDetail`: a failure's code and message.
+fn error_detail() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["code", "message"],
+        "properties": {
+            "code": {
+                "type": "string",
+                "description": "The kind of failure, stable for programs: `bad_request`, \
+                                `malformed_json` (400); `invalid_request`, \
+                                `limit_exceeded`, `too_deep`, `unrepresentable_text` \
+                                (422: a request refused for what it says); \
+                                `payload_too_large`, `unsupported_media_type`, \
+                                `unauthorized`, `forbidden`, `not_found`, `conflict`, \
+                                `too_many_requests`, `shutting_down`, `unavailable`, \
+                                `internal` (a bug). More may come.",
+                "examples": ["invalid_request"],
+            },
+            "message": {"type": "string", "description": "What went wrong, for people."},
+            "retry_after_s": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "On a 429: seconds until a retry may succeed.",
+            },
+        },
+    })
+}
+
+/// `ImportFrame`: a client frame of the import stream.
+fn import_frame() -> Value {
+    json!({
+        "description": "A client frame of the import stream.",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["request"],
+        "properties": {
+            "ref": {"description": "Anything; echoed in the answer."},
+            "idempotency_key": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+                "pattern": "^[\\u0020-\\u007e]+$",
+            },
+            "request": schema("ExtractionRequest"),
+        },
+    })
+}
+
+/// `ImportAnswer`: the server's answer to one import frame.
+fn import_answer() -> Value {
+    json!({
+        "description": "The server's answer to one frame of the import stream.",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["ref", "id", "status"],
+                "properties": {
+                    "ref": {},
+                    "id": {"type": "string", "format": "uuid"},
+                    "status": {"type": "string", "enum": statuses()},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["ref", "error"],
+                "properties": {"ref": {}, "error": schema("ErrorDetail")},
+            },
+        ],
+    })
+}
+
+/// `ExportFrame`: an event of the export stream.
+fn export_frame() -> Value {
+    json!({
+        "description": "An event of the export stream.",
+        "type": "object",
+        "required": ["seq", "partition", "offset", "event"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1, "description": "The stream's own counter, from 1."},
+            "partition": {"type": "integer", "minimum": 0},
+            "offset": {"type": "integer", "minimum": 0},
+            "event": schema("ExtractionEvent"),
+        },
+    })
+}
+
+/// `ExtractionEvent`: one won transition of a job.
+fn extraction_event() -> Value {
+    json!({
+        "description": "One won transition of a job (`extraction.events`).",
+        "type": "object",
+        "required": ["extraction_id", "transition", "status", "reason", "published_at_ms"],
+        "properties": {
+            "extraction_id": {"type": "string", "format": "uuid"},
+            "transition": {"type": "string"},
+            "status": {"type": "string", "enum": statuses()},
+            "bbox_status": {"type": ["string", "null"], "enum": bbox_statuses().into_iter().map(Value::from).chain([Value::Null]).collect::<Vec<_>>()},
+            "token": {"type": ["integer", "null"]},
+            "error": nullable("string"),
+            "reason": {"type": "string", "enum": ["submit", "retry", "reaper", "operator"]},
+            "published_at_ms": {"type": "integer"},
+            "tenant_id": {"type": ["string", "null"], "format": "uuid"},
+        },
+    })
+}
+
+/// `ExportAck`: a client frame of the export stream.
+fn export_ack() -> Value {
+    json!({
+        "description": "A client frame of the export stream: acknowledges every event up to `seq` `ack`.",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["ack"],
+        "properties": {"ack": {"type": "integer", "minimum": 0}},
+    })
 }
 
 #[cfg(test)]
