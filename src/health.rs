@@ -110,8 +110,12 @@ impl Health {
         };
         if began {
             let metrics = &self.inner.metrics;
-            metrics.dependency_up.with_label_values(&[name]).set(0);
-            metrics.dependency_outages.with_label_values(&[name]).inc();
+            metrics.dependencies.up.with_label_values(&[name]).set(0);
+            metrics
+                .dependencies
+                .outages
+                .with_label_values(&[name])
+                .inc();
             tracing::warn!(dependency = name, %error, "dependency unreachable; retrying until it is back (logged once per outage)");
         } else {
             tracing::debug!(dependency = name, %error, "dependency still unreachable");
@@ -140,7 +144,7 @@ impl Health {
             State::Unknown => {}
         }
         let metrics = &self.inner.metrics;
-        metrics.dependency_up.with_label_values(&[name]).set(1);
+        metrics.dependencies.up.with_label_values(&[name]).set(1);
     }
 
     /// Whether the last word on `dependency` was a success.

@@ -60,7 +60,7 @@ fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
     let timing = (interval, services.settings.http_answer_timeout_s.get());
     let (pool, acquire) = (
         services.pool.clone(),
-        services.metrics.db_pool_acquire.clone(),
+        services.metrics.store.pool_acquire.clone(),
     );
     health.spawn_probe(Dependency::Postgres, timing, shutdown.clone(), move || {
         let (pool, acquire) = (pool.clone(), acquire.clone());

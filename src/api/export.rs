@@ -501,9 +501,10 @@ async fn export(
         room: Notify::new(),
         strategy: options.strategy,
         capacity: settings.export_max_queue_size,
-        depth: metrics.stream_queue_depth.with_label_values(&[STREAM]),
+        depth: metrics.streams.queue_depth.with_label_values(&[STREAM]),
         dropped: metrics
-            .stream_dropped
+            .streams
+            .dropped
             .with_label_values(&[STREAM, options.strategy.as_str()]),
     });
     let group = format!("{}{}", settings.export_group_prefix, options.group);
@@ -534,7 +535,8 @@ async fn export(
                 .send(close(close_code::ERROR, "consumer unavailable"))
                 .await;
             metrics
-                .stream_closes
+                .streams
+                .closes
                 .with_label_values(&[STREAM, "forced"])
                 .inc();
             return;
@@ -551,7 +553,7 @@ async fn export(
     let mut seq: u64 = 0;
     let mut errors: u32 = 0;
     let mut consumer_done = false;
-    let sent = metrics.stream_frames.with_label_values(&[STREAM, "sent"]);
+    let sent = metrics.streams.frames.with_label_values(&[STREAM, "sent"]);
     let ended = loop {
         if errors >= settings.export_max_consecutive_errors {
             break Ended::Forced(format!("{errors} consecutive errors"));
@@ -636,7 +638,8 @@ async fn export(
     outbound.close();
     if !unacked.is_empty() {
         metrics
-            .stream_redeliveries
+            .streams
+            .redeliveries
             .with_label_values(&[STREAM])
             .inc_by(unacked.len() as u64);
     }
@@ -667,7 +670,8 @@ async fn export(
     };
     let _ = tokio::time::timeout(CLOSE_HANDSHAKE, sink.close()).await;
     metrics
-        .stream_closes
+        .streams
+        .closes
         .with_label_values(&[STREAM, kind])
         .inc();
     tracing::info!(%group, ?ended, last_seq = seq, "export stream closed");

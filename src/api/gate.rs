@@ -116,7 +116,7 @@ pub async fn admit(State(gate): State<Gate>, request: Request, next: Next) -> Re
     let pass = Pass(inner);
     if inner.closed.load(Ordering::SeqCst) {
         drop(pass);
-        inner.metrics.http_shutdown_rejections.inc();
+        inner.metrics.http.shutdown_rejections.inc();
         let body = serde_json::json!({"error": {"code": "shutting_down", "message": "server is shutting down; retry shortly"}});
         return (
             StatusCode::SERVICE_UNAVAILABLE,

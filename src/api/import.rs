@@ -149,7 +149,7 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
             None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::ClientClosed,
             Some(Ok(Message::Text(text))) => text,
             Some(Ok(Message::Binary(_))) => {
-                let frames = &services.metrics.stream_frames;
+                let frames = &services.metrics.streams.frames;
                 frames.with_label_values(&[STREAM, "refused"]).inc();
                 let refused = ApiError::BadRequest("frames must be JSON text".into());
                 let _ = answers
@@ -168,7 +168,8 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
         let (services, answers, caller) = (services.clone(), answers.clone(), caller.clone());
         let depth = services
             .metrics
-            .stream_queue_depth
+            .streams
+            .queue_depth
             .with_label_values(&[STREAM]);
         depth.inc();
         submits.spawn(async move {
@@ -177,7 +178,7 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
                 true => "accepted",
                 false => "refused",
             };
-            let frames = &services.metrics.stream_frames;
+            let frames = &services.metrics.streams.frames;
             frames.with_label_values(&[STREAM, verdict]).inc();
             let _ = answers.send(answer(reference, outcome)).await;
             depth.dec();
@@ -219,7 +220,7 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
         Ended::ServerClosing => "graceful",
         Ended::TooLarge => "too_large",
     };
-    let closes = &services.metrics.stream_closes;
+    let closes = &services.metrics.streams.closes;
     closes.with_label_values(&[STREAM, kind]).inc();
     tracing::debug!(?ended, "import stream drained and closed");
 }

@@ -127,9 +127,10 @@ async fn count_requests(State(metrics): State<Metrics>, request: Request, next: 
     let status = response.status();
     let labels = [route.as_str(), status.as_str()];
     metrics
-        .http_duration
+        .http
+        .duration
         .with_label_values(&labels)
         .observe(started.elapsed().as_secs_f64());
-    metrics.http_requests.with_label_values(&labels).inc();
+    metrics.http.requests.with_label_values(&labels).inc();
     response
 }

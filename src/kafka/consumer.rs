@@ -306,11 +306,13 @@ impl Shared {
             "timed_out"
         };
         self.metrics
+            .drains
             .rebalance_drains
             .with_label_values(&[outcome])
             .inc();
         if abandoned > 0 {
             self.metrics
+                .drains
                 .records_abandoned
                 .with_label_values(&["revoke"])
                 .inc_by(abandoned as u64);
@@ -554,7 +556,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         payload: record.payload().map(<[u8]>::to_vec),
                         headers: headers_of(&record),
                     };
-                    self.metrics.events_consumed.with_label_values(&[&record.topic]).inc();
+                    self.metrics.consumer.events_consumed.with_label_values(&[&record.topic]).inc();
                     let generation = self.shared.generation(&record);
                     let partition = record.partition;
                     let queued = buffer.push(Buffered { record, generation });
@@ -603,7 +605,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             Ok(()) => {
                 buffer.paused.insert(partition);
                 self.metrics
-                    .consumer_pauses
+                    .consumer
+                    .pauses
                     .with_label_values(&[&self.spec.topic])
                     .inc();
                 self.paused_gauge().set(buffer.paused.len() as i64);
@@ -651,7 +654,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         tasks.abort_all();
         commit(self.consumer.as_ref(), &self.shared.commit_points());
         let drain_ms = started.elapsed().as_millis() as u64;
-        let shutdowns = &self.metrics.consumer_shutdowns;
+        let shutdowns = &self.metrics.drains.shutdowns;
         match drained {
             Ok(result) => {
                 shutdowns.with_label_values(&["graceful"]).inc();
@@ -665,6 +668,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             Err(_) => {
                 shutdowns.with_label_values(&["forced"]).inc();
                 self.metrics
+                    .drains
                     .records_abandoned
                     .with_label_values(&["shutdown"])
                     .inc_by(abandoned as u64);
@@ -681,12 +685,14 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     fn in_flight_gauge(&self, ticket: &Ticket) -> prometheus::IntGauge {
         let (topic, partition) = &ticket.partition;
         self.metrics
+            .consumer
             .in_flight
             .with_label_values(&[topic.as_str(), &partition.to_string()])
     }
 
     fn paused_gauge(&self) -> prometheus::IntGauge {
         self.metrics
+            .consumer
             .paused_partitions
             .with_label_values(&[&self.shared.topic])
     }
@@ -824,15 +830,20 @@ impl<H: RecordHandler> Delivery<H> {
         // A letter is bounded, so a failure here is the broker's (an outage):
         // counted, and retried with the record like any passing failure.
         if let Err(e) = self.publisher.publish(&self.dlq_topic, &key, &letter).await {
-            self.metrics.dead_letter_failures.inc();
+            self.metrics.consumer.dead_letter_failures.inc();
             return Err(format!("dead letter not produced: {e}"));
         }
-        self.metrics.dead_letters.with_label_values(&[kind]).inc();
+        self.metrics
+            .consumer
+            .dead_letters
+            .with_label_values(&[kind])
+            .inc();
         Ok(())
     }
 
     fn count_error(&self, record: &Record, kind: &str) {
         self.metrics
+            .consumer
             .handler_errors
             .with_label_values(&[record.topic.as_str(), kind])
             .inc();

@@ -90,7 +90,7 @@ impl SendPoint {
         {
             Ok(fresh) => {
                 tracing::error!(?code, %reason, "kafka producer hit a fatal error; replaced by a new one");
-                self.metrics.producer_restarts.inc();
+                self.metrics.producer.restarts.inc();
                 *self.producer.write().expect("producer lock") = fresh.clone();
                 fresh
             }
@@ -221,7 +221,10 @@ impl Publisher {
         let metrics = &inner.metrics;
         // Created with the topic's first record, so a topic's first failure
         // is an increase from 0 that `rate()` sees.
-        let failures = metrics.publish_failures.with_label_values(&[topic]);
+        let failures = metrics
+            .producer
+            .publish_failures
+            .with_label_values(&[topic]);
         let started = std::time::Instant::now();
         let outcome = self
             .enqueue_and_wait(topic, key, payload, traceparent)
@@ -229,9 +232,14 @@ impl Publisher {
         drop(pending);
         match outcome {
             Ok(()) => {
-                metrics.events_produced.with_label_values(&[topic]).inc();
                 metrics
-                    .producer_delivery
+                    .producer
+                    .events_produced
+                    .with_label_values(&[topic])
+                    .inc();
+                metrics
+                    .producer
+                    .delivery_seconds
                     .with_label_values(&[topic])
                     .observe(started.elapsed().as_secs_f64());
                 Ok(())
@@ -263,7 +271,7 @@ impl Publisher {
         };
         let shut = || KafkaError::Canceled;
         self.inner.queue.send(outgoing).await.map_err(|_| shut())?;
-        self.inner.metrics.publisher_queue_depth.inc();
+        self.inner.metrics.producer.publisher_queue_depth.inc();
         acked.await.map_err(|_| shut())?
     }
 
@@ -332,7 +340,7 @@ async fn send_records(send_point: SendPoint, mut outgoing: mpsc::Receiver<Outgoi
     let metrics = send_point.metrics.clone();
     let health = send_point.context.health.clone();
     while let Some(record) = outgoing.recv().await {
-        metrics.publisher_queue_depth.dec();
+        metrics.producer.publisher_queue_depth.dec();
         let mut retry = Duration::from_millis(1);
         loop {
             let producer = send_point.usable();

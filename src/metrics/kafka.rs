@@ -53,10 +53,11 @@ impl KafkaStats {
     fn report_producer(&self, statistics: &Statistics) {
         let metrics = &self.metrics;
         metrics
-            .producer_queue_records
+            .producer
+            .queue_records
             .set(i64::try_from(statistics.msg_cnt).unwrap_or(i64::MAX));
         let waiting: i64 = statistics.brokers.values().map(|b| b.waitresp_cnt).sum();
-        metrics.producer_in_flight_requests.set(waiting);
+        metrics.producer.in_flight_requests.set(waiting);
     }
 
     fn report_consumer(&self, group: &str, from_earliest: bool, statistics: &Statistics) {
@@ -76,10 +77,11 @@ impl KafkaStats {
                 };
                 let partition = p.partition.to_string();
                 let labels = [group, topic.as_str(), partition.as_str()];
-                metrics.consumer_lag.with_label_values(&labels).set(lag);
+                metrics.offsets.lag.with_label_values(&labels).set(lag);
                 if p.committed_offset >= 0 {
                     metrics
-                        .consumer_committed_offset
+                        .offsets
+                        .committed
                         .with_label_values(&labels)
                         .set(p.committed_offset);
                 }
@@ -89,10 +91,8 @@ impl KafkaStats {
         let mut reported = self.reported.lock().expect("stats lock");
         for (topic, partition) in reported.difference(&now) {
             let labels = [group, topic.as_str(), partition.as_str()];
-            let _ = metrics.consumer_lag.remove_label_values(&labels);
-            let _ = metrics
-                .consumer_committed_offset
-                .remove_label_values(&labels);
+            let _ = metrics.offsets.lag.remove_label_values(&labels);
+            let _ = metrics.offsets.committed.remove_label_values(&labels);
         }
         *reported = now;
     }

@@ -114,6 +114,7 @@ impl BboxWorker {
         };
         services
             .metrics
+            .jobs
             .bbox_duration
             .observe(started.elapsed().as_secs_f64());
         self.complete(id, token, grounded, reason).await
@@ -154,6 +155,7 @@ impl BboxWorker {
         {
             services
                 .metrics
+                .jobs
                 .recovery
                 .with_label_values(&["bbox_refinement"])
                 .observe(recovery);

@@ -131,6 +131,7 @@ impl Services {
             return Ok(false);
         };
         self.metrics
+            .jobs
             .retries_scheduled
             .with_label_values(&["extraction"])
             .inc();

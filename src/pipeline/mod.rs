@@ -175,6 +175,7 @@ impl Services {
     fn stale(&self, stage: Stage, id: Uuid, token: i32, at: &'static str) {
         let labels = [stage.as_str(), at];
         self.metrics
+            .jobs
             .stale_completions
             .with_label_values(&labels)
             .inc();
@@ -242,6 +243,7 @@ impl Services {
                 Some(_) => {
                     self.metrics.transition(stage.claim_transition(), &claim);
                     self.metrics
+                        .jobs
                         .claim_losers
                         .with_label_values(&[stage.as_str()])
                         .inc();

@@ -37,7 +37,7 @@ where
         match statement().await {
             Err(e) if e.is_unavailable() => {
                 health.failed(Dependency::Postgres, &e);
-                metrics.store_retries.with_label_values(&[name]).inc();
+                metrics.store.retries.with_label_values(&[name]).inc();
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF.1);
             }
@@ -68,7 +68,7 @@ mod tests {
         })
         .await;
         assert_eq!(done.unwrap(), 3);
-        assert_eq!(metrics.store_retries.with_label_values(&["test"]).get(), 3);
+        assert_eq!(metrics.store.retries.with_label_values(&["test"]).get(), 3);
 
         let tries = AtomicUsize::new(0);
         let failed: Result<(), _> = persist(&health, &metrics, "test", || {

@@ -61,6 +61,7 @@ impl ExtractionWorker {
         if let Some(recovery) = claim.extraction.last_recovery_s {
             self.services
                 .metrics
+                .jobs
                 .recovery
                 .with_label_values(&["extraction"])
                 .observe(recovery);
@@ -131,6 +132,7 @@ impl ExtractionWorker {
         let elapsed = started.elapsed().as_secs_f64();
         self.services
             .metrics
+            .jobs
             .extraction_duration
             .with_label_values(&[label])
             .observe(elapsed);

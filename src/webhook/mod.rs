@@ -115,7 +115,8 @@ impl Webhooks {
             }
             Err(forbidden) => {
                 self.metrics
-                    .webhook_ssrf_rejections
+                    .webhooks
+                    .ssrf_rejections
                     .with_label_values(&["submit"])
                     .inc();
                 Err(forbidden.to_string())
@@ -258,7 +259,7 @@ impl Dispatcher {
             }
             Err(forbidden) => return Outcome::Forbidden(forbidden.to_string()),
         }
-        self.metrics.webhook_attempts.inc();
+        self.metrics.webhooks.attempts.inc();
         let started = std::time::Instant::now();
         let sent = self
             .client
@@ -292,7 +293,8 @@ impl Dispatcher {
             }
         };
         self.metrics
-            .webhook_delivery
+            .webhooks
+            .delivery_seconds
             .with_label_values(&[answered])
             .observe(started.elapsed().as_secs_f64());
         outcome
@@ -312,7 +314,7 @@ impl Dispatcher {
             }
             Outcome::Gone => {
                 if outbox::disable_endpoint(pool, &delivery.url, "answered 410 Gone").await? {
-                    self.metrics.webhook_disabled_endpoints.inc();
+                    self.metrics.webhooks.disabled_endpoints.inc();
                     tracing::warn!(id, url = %delivery.url, "endpoint answered 410 Gone; disabled");
                 }
                 outbox::finish(pool, id, attempt, Final::Disabled, Some(410), None).await?;
@@ -325,7 +327,8 @@ impl Dispatcher {
             }
             Outcome::Forbidden(reason) => {
                 self.metrics
-                    .webhook_ssrf_rejections
+                    .webhooks
+                    .ssrf_rejections
                     .with_label_values(&["send"])
                     .inc();
                 tracing::warn!(id, %reason, "webhook refused by the SSRF guard");
@@ -350,7 +353,8 @@ impl Dispatcher {
             }
         };
         self.metrics
-            .webhook_deliveries
+            .webhooks
+            .deliveries
             .with_label_values(&[counted])
             .inc();
         Ok(())

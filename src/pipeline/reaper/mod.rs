@@ -123,7 +123,8 @@ fn count_sweep<R: Sweeper>(reaper: &R, outcome: &str) {
     reaper
         .services()
         .metrics
-        .reaper_sweeps
+        .reapers
+        .sweeps
         .with_label_values(&[R::NAME, outcome])
         .inc();
 }
@@ -139,13 +140,13 @@ where
     let metrics = &reaper.services().metrics;
     let outcomes = join_all(taken.iter().map(|orphan| {
         let label = [orphan.class.label()];
-        metrics.orphans_found.with_label_values(&label).inc();
+        metrics.reapers.orphans_found.with_label_values(&label).inc();
         tracing::debug!(id = %orphan.id, class = orphan.class.number(), age_s = orphan.age_s, "orphan found");
         let revived = revive(orphan.clone());
         async move {
             let ok = revived.await;
             if ok {
-                metrics.orphans_republished.with_label_values(&label).inc();
+                metrics.reapers.orphans_republished.with_label_values(&label).inc();
             }
             ok
         }

@@ -55,12 +55,14 @@ impl Sweeper for WebhookReaper {
             tracing::debug!(id, class = 6, age_s, "orphan found");
             services
                 .metrics
+                .reapers
                 .orphans_found
                 .with_label_values(&label)
                 .inc();
             services.webhooks.wake(Some(id));
             services
                 .metrics
+                .reapers
                 .orphans_republished
                 .with_label_values(&label)
                 .inc();
