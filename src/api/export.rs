@@ -47,13 +47,14 @@
 //! was acknowledged.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -62,23 +63,23 @@ use futures::{SinkExt, StreamExt};
 use prometheus::{IntCounter, IntGauge};
 use serde::Deserialize;
 use tokio::sync::{oneshot, Notify};
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::sockets::{Sockets, Stream};
-use super::{ApiError, Gate};
+use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
-use crate::config::Backpressure;
+use crate::config::{Backpressure, Settings};
 use crate::domain::Scope;
 use crate::events::{decode, ExtractionEvent};
-use crate::kafka::{HandlerError, Record, RecordHandler};
+use crate::kafka::consumer::ConsumerError;
+use crate::kafka::{ConsumerSpec, HandlerError, Record, RecordHandler};
+use crate::metrics::Metrics;
 use crate::pipeline::Services;
 
 /// The `stream` label of this stream's metrics.
 const STREAM: &str = "export";
-
-/// How long a server-side close waits for the client's close frame.
-const CLOSE_HANDSHAKE: Duration = Duration::from_secs(5);
 
 /// Largest frame a client may send: acknowledgements are tens of bytes.
 const MAX_CLIENT_FRAME: usize = 64 * 1024;
@@ -192,42 +193,18 @@ async fn upgrade(
     params: Result<Query<Params>, QueryRejection>,
     socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    if let Err(e) = caller.require(Scope::Export) {
-        return ApiError::from(e).into_response();
-    }
-    let socket = match socket {
-        Ok(socket) => socket,
-        Err(refused) => return ApiError::from(refused).into_response(),
+    let open = || {
+        let socket = ws::accept(&caller, Scope::Export, socket)?;
+        let Query(params) = params.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        let strategy = services.settings.export_backpressure_strategy;
+        let options = options(params, &caller, strategy)?;
+        let (admission, closing) = ws::admit(&sockets, &gate, caller.tenant_id, Stream::Export)?;
+        // A client sends acknowledgements only: small frames.
+        Ok::<_, ApiError>(admission.upgrade(socket, MAX_CLIENT_FRAME, move |socket| {
+            export(socket, services, options, closing)
+        }))
     };
-    let params = match params {
-        Ok(Query(params)) => params,
-        Err(e) => return ApiError::BadRequest(e.body_text()).into_response(),
-    };
-    let options = match options(
-        params,
-        &caller,
-        services.settings.export_backpressure_strategy,
-    ) {
-        Ok(options) => options,
-        Err(e) => return e.into_response(),
-    };
-    let slot = match sockets.take(caller.tenant_id, Stream::Export) {
-        Ok(slot) => slot,
-        Err(e) => return e.into_response(),
-    };
-    let Some(hold) = gate.hold() else {
-        return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
-            .into_response();
-    };
-    let closing = gate.closing();
-    // A client sends acknowledgements only: small frames.
-    let socket = socket
-        .max_message_size(MAX_CLIENT_FRAME)
-        .max_frame_size(MAX_CLIENT_FRAME);
-    socket.on_upgrade(move |socket| async move {
-        export(socket, services, options, closing).await;
-        drop((hold, slot));
-    })
+    open().unwrap_or_else(IntoResponse::into_response)
 }
 
 /// An event waiting for the socket; `done` tells its record's handler that
@@ -266,6 +243,21 @@ enum Offered {
 }
 
 impl Outbound {
+    fn new(settings: &Settings, metrics: &Metrics, strategy: Backpressure) -> Self {
+        Outbound {
+            queue: Mutex::new(Queue::default()),
+            ready: Notify::new(),
+            room: Notify::new(),
+            strategy,
+            capacity: settings.export_max_queue_size,
+            depth: metrics.streams.queue_depth.with_label_values(&[STREAM]),
+            dropped: metrics
+                .streams
+                .dropped
+                .with_label_values(&[STREAM, strategy.as_str()]),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().expect("export queue lock")
     }
@@ -493,22 +485,285 @@ async fn export(
     options: Options,
     closing: CancellationToken,
 ) {
-    let settings = services.settings.clone();
-    let metrics = services.metrics.clone();
-    let outbound = Arc::new(Outbound {
-        queue: Mutex::new(Queue::default()),
-        ready: Notify::new(),
-        room: Notify::new(),
-        strategy: options.strategy,
-        capacity: settings.export_max_queue_size,
-        depth: metrics.streams.queue_depth.with_label_values(&[STREAM]),
-        dropped: metrics
+    let (sink, frames) = socket.split();
+    if let Some((stream, consuming)) = ExportStream::open(sink, &services, options).await {
+        stream.run(frames, consuming, closing).await;
+    }
+}
+
+/// The stream's consumer, run in a task of its own.
+type Consuming = JoinHandle<Result<(), ConsumerError>>;
+
+/// An open export stream: its socket's writing half, its consumer, and what
+/// was sent and not acknowledged yet. Each event of the stream (a client
+/// frame, a record from the consumer, shutdown, the consumer's end) is one
+/// method; the last one, [`ExportStream::close`], commits what was
+/// acknowledged and closes the socket.
+struct ExportStream {
+    sink: ws::Sink,
+    settings: Arc<Settings>,
+    metrics: Metrics,
+    group: String,
+    auto_ack: bool,
+    outbound: Arc<Outbound>,
+    /// Set on shutdown: the consumer stopped, and what is in flight drains.
+    draining: Arc<AtomicBool>,
+    /// Stops the stream's consumer.
+    consume: CancellationToken,
+    /// What was sent and not acknowledged yet, by seq, with when it was sent.
+    unacked: BTreeMap<u64, (oneshot::Sender<()>, Instant)>,
+    /// The last seq sent.
+    seq: u64,
+    /// Malformed client frames in a row.
+    errors: u32,
+    /// A send that takes longer than the drain timeout ends the stream.
+    send_timeout: Duration,
+    sent: IntCounter,
+}
+
+impl ExportStream {
+    /// Starts the stream's consumer; when it cannot be created, closes the
+    /// socket (1011) and gives `None`.
+    async fn open(
+        mut sink: ws::Sink,
+        services: &Services,
+        options: Options,
+    ) -> Option<(Self, Consuming)> {
+        let settings = services.settings.clone();
+        let metrics = services.metrics.clone();
+        let outbound = Arc::new(Outbound::new(&settings, &metrics, options.strategy));
+        let group = format!("{}{}", settings.export_group_prefix, options.group);
+        let spec = consumer_spec(services, &group, &options);
+        let draining = Arc::new(AtomicBool::new(false));
+        let exporter = Exporter {
+            outbound: outbound.clone(),
+            line: Line::default(),
+            filter: options.filter,
+            draining: draining.clone(),
+        };
+        let consume = CancellationToken::new();
+        let runtime = match services.consume_with(spec, exporter, consume.clone()) {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::error!(error = %e, "export stream: consumer not created");
+                let _ = sink
+                    .send(ws::close_frame(close_code::ERROR, "consumer unavailable"))
+                    .await;
+                metrics
+                    .streams
+                    .closes
+                    .with_label_values(&[STREAM, "forced"])
+                    .inc();
+                return None;
+            }
+        };
+        let consuming = tokio::spawn(runtime.run());
+        tracing::info!(%group, strategy = options.strategy.as_str(), "export stream opened");
+        let stream = ExportStream {
+            sink,
+            sent: metrics.streams.frames.with_label_values(&[STREAM, "sent"]),
+            send_timeout: settings.export_drain_timeout_s.get(),
+            settings,
+            metrics,
+            group,
+            auto_ack: options.auto_ack,
+            outbound,
+            draining,
+            consume,
+            unacked: BTreeMap::new(),
+            seq: 0,
+            errors: 0,
+        };
+        Some((stream, consuming))
+    }
+
+    /// Dispatches the stream's events to their methods until one ends it,
+    /// then closes it.
+    async fn run(
+        mut self,
+        mut frames: ws::Frames,
+        mut consuming: Consuming,
+        closing: CancellationToken,
+    ) {
+        let outbound = self.outbound.clone();
+        let ack_timeout = self.settings.export_ack_timeout_s.get();
+        let mut consumer_done = false;
+        let ended = loop {
+            if self.errors >= self.settings.export_max_consecutive_errors {
+                break Ended::Forced(format!("{} consecutive errors", self.errors));
+            }
+            let window_open =
+                self.auto_ack || self.unacked.len() < self.settings.export_max_unacked;
+            // The oldest unacknowledged event's deadline; far away when there is none.
+            let oldest = self.unacked.first_key_value().map(|(_, (_, at))| *at);
+            let ack_deadline = oldest.map_or_else(far_future, |at| at + ack_timeout);
+            let flow = tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(ack_deadline.into()), if oldest.is_some() => {
+                    break Ended::Forced(format!("no acknowledgement within {ack_timeout:?}"));
+                }
+                _ = closing.cancelled(), if !self.draining.load(Ordering::SeqCst) => {
+                    self.on_shutdown()
+                }
+                joined = &mut consuming => {
+                    consumer_done = true;
+                    break self.on_consumer_end(joined);
+                }
+                frame = frames.next() => self.on_frame(frame).await,
+                item = outbound.next(), if window_open => self.on_record(item).await,
+            };
+            if let ControlFlow::Break(ended) = flow {
+                break ended;
+            }
+        };
+        let consuming = (!consumer_done).then_some(consuming);
+        self.close(ended, &mut frames, consuming).await;
+    }
+
+    /// Shutdown began: stop consuming; what is in flight drains through the
+    /// stream's loop.
+    fn on_shutdown(&self) -> ControlFlow<Ended> {
+        self.draining.store(true, Ordering::SeqCst);
+        self.consume.cancel();
+        ControlFlow::Continue(())
+    }
+
+    /// The consumer ended: after a drain that is the graceful end, otherwise
+    /// a failure.
+    fn on_consumer_end(&self, joined: Result<Result<(), ConsumerError>, JoinError>) -> Ended {
+        match joined {
+            Ok(Ok(())) if self.draining.load(Ordering::SeqCst) => Ended::Graceful,
+            Ok(Ok(())) => Ended::Forced("the consumer stopped".into()),
+            Ok(Err(e)) => Ended::Forced(e.to_string()),
+            Err(e) => Ended::Forced(format!("the consumer task failed: {e}")),
+        }
+    }
+
+    /// A frame from the client (or its end): an acknowledgement delivers
+    /// every event up to its seq; anything else malformed is answered with an
+    /// error frame and counted.
+    async fn on_frame(
+        &mut self,
+        frame: Option<Result<Message, axum::Error>>,
+    ) -> ControlFlow<Ended> {
+        let refused = match frame {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => {
+                return ControlFlow::Break(Ended::Client);
+            }
+            Some(Ok(Message::Text(text))) => match acknowledged(&text, self.seq) {
+                Ok(upto) => {
+                    let rest = self.unacked.split_off(&(upto + 1));
+                    for (_, (done, _)) in std::mem::replace(&mut self.unacked, rest) {
+                        let _ = done.send(());
+                    }
+                    self.errors = 0;
+                    return ControlFlow::Continue(());
+                }
+                Err(message) => ApiError::BadRequest(message),
+            },
+            Some(Ok(Message::Binary(_))) => ws::binary_refused(),
+            Some(Ok(_)) => return ControlFlow::Continue(()),
+        };
+        self.errors += 1;
+        let refusal = Message::Text(refused.body().to_string().into());
+        self.send(refusal).await
+    }
+
+    /// A record from the consumer, next in the queue: sent with the next seq,
+    /// then delivered (auto ack) or waiting for the client's acknowledgement.
+    async fn on_record(&mut self, item: Outgoing) -> ControlFlow<Ended> {
+        self.seq += 1;
+        let frame = serde_json::json!({
+            "seq": self.seq,
+            "partition": item.partition,
+            "offset": item.offset,
+            "event": item.event,
+        });
+        let message = Message::Text(frame.to_string().into());
+        // A send that failed or timed out leaves the socket in an unknown
+        // state, and skipping the event would hold its partition's commit
+        // until the stream ends: the stream ends now, and the event
+        // (abandoned, not committed) goes to the group's next connection.
+        self.send(message).await?;
+        self.sent.inc();
+        if self.auto_ack {
+            let _ = item.done.send(());
+        } else {
+            self.unacked.insert(self.seq, (item.done, Instant::now()));
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Sends `message` within the send timeout: a client that stops reading
+    /// cannot hold the stream (and its group member) forever. A failed send
+    /// ends the stream by force.
+    async fn send(&mut self, message: Message) -> ControlFlow<Ended> {
+        match send(&mut self.sink, message, self.send_timeout).await {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => ControlFlow::Break(Ended::Forced(e)),
+        }
+    }
+
+    /// The stream's end: what was not acknowledged is abandoned (not
+    /// committed), the consumer stops (unless it already ended, `consuming`
+    /// is `None` then) and commits the acknowledged prefix; only then is the
+    /// socket closed, 1000 after a drain, 1011 by force.
+    async fn close(mut self, ended: Ended, frames: &mut ws::Frames, consuming: Option<Consuming>) {
+        self.outbound.close();
+        if !self.unacked.is_empty() {
+            self.metrics
+                .streams
+                .redeliveries
+                .with_label_values(&[STREAM])
+                .inc_by(self.unacked.len() as u64);
+        }
+        drop(std::mem::take(&mut self.unacked));
+        self.consume.cancel();
+        if let Some(consuming) = consuming {
+            if let Ok(Err(e)) = consuming.await {
+                tracing::warn!(error = %e, "export stream: consumer stopped with an error");
+            }
+        }
+        let kind = match &ended {
+            Ended::Client => "client",
+            Ended::Graceful => {
+                self.close_socket(frames, close_code::NORMAL, "server shutting down")
+                    .await;
+                "graceful"
+            }
+            Ended::Forced(reason) => {
+                tracing::warn!(%reason, "export stream closed by force");
+                self.close_socket(frames, close_code::ERROR, reason).await;
+                "forced"
+            }
+        };
+        let _ = tokio::time::timeout(ws::CLOSE_HANDSHAKE, self.sink.close()).await;
+        self.metrics
             .streams
-            .dropped
-            .with_label_values(&[STREAM, options.strategy.as_str()]),
-    });
-    let group = format!("{}{}", settings.export_group_prefix, options.group);
-    let mut spec = services.consumer_spec(&group, &settings.topic_events);
+            .closes
+            .with_label_values(&[STREAM, kind])
+            .inc();
+        let (group, seq) = (&self.group, self.seq);
+        tracing::info!(%group, ?ended, last_seq = seq, "export stream closed");
+    }
+
+    /// Sends the close frame and, if it went out, waits for the client's.
+    async fn close_socket(&mut self, frames: &mut ws::Frames, code: u16, reason: &str) {
+        let closed = ws::close_frame(code, reason);
+        if send(&mut self.sink, closed, ws::CLOSE_HANDSHAKE)
+            .await
+            .is_ok()
+        {
+            ws::finish_handshake(frames).await;
+        }
+    }
+}
+
+/// The stream's consumer: a member of `group` on the events topic, with room
+/// for every event the stream may hold.
+fn consumer_spec(services: &Services, group: &str, options: &Options) -> ConsumerSpec {
+    let settings = &services.settings;
+    let mut spec = services.consumer_spec(group, &settings.topic_events);
     // Every event in the queue or the unacknowledged window is a record in
     // flight. The drop strategies read on past a full queue (that is what
     // makes them drop), as many records ahead as a pipeline consumer would.
@@ -518,163 +773,7 @@ async fn export(
     }
     spec.drain_timeout = settings.export_drain_timeout_s.get();
     spec.from_earliest = options.from_earliest;
-    let draining = Arc::new(AtomicBool::new(false));
-    let exporter = Exporter {
-        outbound: outbound.clone(),
-        line: Line::default(),
-        filter: options.filter,
-        draining: draining.clone(),
-    };
-    let consume = CancellationToken::new();
-    let (mut sink, mut frames) = socket.split();
-    let runtime = match services.consume_with(spec, exporter, consume.clone()) {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            tracing::error!(error = %e, "export stream: consumer not created");
-            let _ = sink
-                .send(close(close_code::ERROR, "consumer unavailable"))
-                .await;
-            metrics
-                .streams
-                .closes
-                .with_label_values(&[STREAM, "forced"])
-                .inc();
-            return;
-        }
-    };
-    let mut consuming = tokio::spawn(runtime.run());
-    tracing::info!(%group, strategy = options.strategy.as_str(), "export stream opened");
-
-    // A send that takes longer than the drain timeout ends the stream.
-    let send_timeout = settings.export_drain_timeout_s.get();
-    // What was sent and not acknowledged yet, by seq, with when it was sent.
-    let mut unacked: BTreeMap<u64, (oneshot::Sender<()>, Instant)> = BTreeMap::new();
-    let ack_timeout = settings.export_ack_timeout_s.get();
-    let mut seq: u64 = 0;
-    let mut errors: u32 = 0;
-    let mut consumer_done = false;
-    let sent = metrics.streams.frames.with_label_values(&[STREAM, "sent"]);
-    let ended = loop {
-        if errors >= settings.export_max_consecutive_errors {
-            break Ended::Forced(format!("{errors} consecutive errors"));
-        }
-        let window_open = options.auto_ack || unacked.len() < settings.export_max_unacked;
-        // The oldest unacknowledged event's deadline; far away when there is none.
-        let oldest = unacked.first_key_value().map(|(_, (_, at))| *at);
-        let ack_deadline = oldest.map_or_else(far_future, |at| at + ack_timeout);
-        tokio::select! {
-            biased;
-            _ = tokio::time::sleep_until(ack_deadline.into()), if oldest.is_some() => {
-                break Ended::Forced(format!("no acknowledgement within {ack_timeout:?}"));
-            }
-            _ = closing.cancelled(), if !draining.load(Ordering::SeqCst) => {
-                // Stop consuming; what is in flight drains through this loop.
-                draining.store(true, Ordering::SeqCst);
-                consume.cancel();
-            }
-            joined = &mut consuming => {
-                consumer_done = true;
-                break match joined {
-                    Ok(Ok(())) if draining.load(Ordering::SeqCst) => Ended::Graceful,
-                    Ok(Ok(())) => Ended::Forced("the consumer stopped".into()),
-                    Ok(Err(e)) => Ended::Forced(e.to_string()),
-                    Err(e) => Ended::Forced(format!("the consumer task failed: {e}")),
-                };
-            }
-            frame = frames.next() => match frame {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::Client,
-                Some(Ok(Message::Text(text))) => match acknowledged(&text, seq) {
-                    Ok(upto) => {
-                        let rest = unacked.split_off(&(upto + 1));
-                        for (_, (done, _)) in std::mem::replace(&mut unacked, rest) {
-                            let _ = done.send(());
-                        }
-                        errors = 0;
-                    }
-                    Err(message) => {
-                        errors += 1;
-                        if let Err(e) = send(&mut sink, refusal(&message), send_timeout).await {
-                            break Ended::Forced(e);
-                        }
-                    }
-                },
-                Some(Ok(Message::Binary(_))) => {
-                    errors += 1;
-                    if let Err(e) = send(&mut sink, refusal("frames must be JSON text"), send_timeout).await {
-                        break Ended::Forced(e);
-                    }
-                }
-                Some(Ok(_)) => {}
-            },
-            item = outbound.next(), if window_open => {
-                seq += 1;
-                let frame = serde_json::json!({
-                    "seq": seq,
-                    "partition": item.partition,
-                    "offset": item.offset,
-                    "event": item.event,
-                });
-                let message = Message::Text(frame.to_string().into());
-                // A send that failed or timed out leaves the socket in an
-                // unknown state, and skipping the event would hold its
-                // partition's commit until the stream ends: the stream ends
-                // now, and the event (abandoned, not committed) goes to the
-                // group's next connection.
-                if let Err(e) = send(&mut sink, message, send_timeout).await {
-                    break Ended::Forced(e);
-                }
-                sent.inc();
-                if options.auto_ack {
-                    let _ = item.done.send(());
-                } else {
-                    unacked.insert(seq, (item.done, Instant::now()));
-                }
-            }
-        }
-    };
-
-    // Whatever was not acknowledged is abandoned (not committed); the
-    // consumer then stops and commits the acknowledged prefix.
-    outbound.close();
-    if !unacked.is_empty() {
-        metrics
-            .streams
-            .redeliveries
-            .with_label_values(&[STREAM])
-            .inc_by(unacked.len() as u64);
-    }
-    drop(unacked);
-    consume.cancel();
-    if !consumer_done {
-        if let Ok(Err(e)) = consuming.await {
-            tracing::warn!(error = %e, "export stream: consumer stopped with an error");
-        }
-    }
-    let kind = match &ended {
-        Ended::Client => "client",
-        Ended::Graceful => {
-            let closed = close(close_code::NORMAL, "server shutting down");
-            if send(&mut sink, closed, CLOSE_HANDSHAKE).await.is_ok() {
-                finish_handshake(&mut frames).await;
-            }
-            "graceful"
-        }
-        Ended::Forced(reason) => {
-            tracing::warn!(%reason, "export stream closed by force");
-            let closed = close(close_code::ERROR, reason);
-            if send(&mut sink, closed, CLOSE_HANDSHAKE).await.is_ok() {
-                finish_handshake(&mut frames).await;
-            }
-            "forced"
-        }
-    };
-    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, sink.close()).await;
-    metrics
-        .streams
-        .closes
-        .with_label_values(&[STREAM, kind])
-        .inc();
-    tracing::info!(%group, ?ended, last_seq = seq, "export stream closed");
+    spec
 }
 
 /// A deadline no stream lives to see.
@@ -682,13 +781,8 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
-/// Sends `message` within `timeout`: a client that stops reading cannot hold
-/// the stream (and its group member) forever.
-async fn send(
-    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    message: Message,
-    timeout: Duration,
-) -> Result<(), String> {
+/// Sends `message` within `timeout`.
+async fn send(sink: &mut ws::Sink, message: Message, timeout: Duration) -> Result<(), String> {
     match tokio::time::timeout(timeout, sink.send(message)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("send failed: {e}")),
@@ -711,36 +805,6 @@ fn acknowledged(text: &str, last_sent: u64) -> Result<u64, String> {
         ));
     }
     Ok(ack)
-}
-
-fn refusal(message: &str) -> Message {
-    let body = ApiError::BadRequest(message.to_owned()).body();
-    Message::Text(body.to_string().into())
-}
-
-fn close(code: u16, reason: &str) -> Message {
-    // A close reason is at most 123 bytes.
-    let mut reason = reason.to_owned();
-    while reason.len() > 123 {
-        reason.pop();
-    }
-    Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.into(),
-    }))
-}
-
-/// Reads (and drops) what the client still sends until its close frame, so
-/// the connection ends with both close frames instead of a reset.
-async fn finish_handshake(frames: &mut futures::stream::SplitStream<WebSocket>) {
-    let handshake = async {
-        while let Some(Ok(message)) = frames.next().await {
-            if let Message::Close(_) = message {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
 }
 
 #[cfg(test)]

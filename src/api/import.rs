@@ -24,20 +24,20 @@
 use std::sync::Arc;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
-use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::sockets::{Sockets, Stream};
-use super::{ApiError, Gate};
+use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
 use crate::domain::{
     idempotency_key_is_valid, ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN,
@@ -50,9 +50,6 @@ pub const IN_FLIGHT: usize = 64;
 
 /// The `stream` label of this stream's metrics.
 const STREAM: &str = "import";
-
-/// How long a server-side close waits for the client's close frame.
-const CLOSE_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(super) fn router() -> Router<Services> {
     Router::new().route("/v1/import", get(upgrade))
@@ -76,29 +73,16 @@ async fn upgrade(
     Extension(sockets): Extension<Sockets>,
     socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    if let Err(e) = caller.require(Scope::Submit) {
-        return ApiError::from(e).into_response();
-    }
-    let socket = match socket {
-        Ok(socket) => socket,
-        Err(refused) => return ApiError::from(refused).into_response(),
+    let open = || {
+        let socket = ws::accept(&caller, Scope::Submit, socket)?;
+        let (admission, closing) = ws::admit(&sockets, &gate, caller.tenant_id, Stream::Import)?;
+        // A frame is one request: it gets the body limit, as a POST does.
+        let limit = services.settings.http_body_limit_bytes;
+        Ok::<_, ApiError>(admission.upgrade(socket, limit, move |socket| {
+            import(socket, services, caller, closing)
+        }))
     };
-    let slot = match sockets.take(caller.tenant_id, Stream::Import) {
-        Ok(slot) => slot,
-        Err(e) => return e.into_response(),
-    };
-    let Some(hold) = gate.hold() else {
-        return ApiError::ShuttingDown("server is shutting down; retry shortly".into())
-            .into_response();
-    };
-    let closing = gate.closing();
-    // A frame is one request: it gets the body limit, as a POST does.
-    let limit = services.settings.http_body_limit_bytes;
-    let socket = socket.max_message_size(limit).max_frame_size(limit);
-    socket.on_upgrade(move |socket| async move {
-        import(socket, services, caller, closing).await;
-        drop((hold, slot));
-    })
+    open().unwrap_or_else(IntoResponse::into_response)
 }
 
 #[derive(Debug, PartialEq)]
@@ -109,6 +93,17 @@ enum Ended {
     TooLarge,
 }
 
+impl Ended {
+    /// The `kind` label of the stream's close.
+    fn kind(&self) -> &'static str {
+        match self {
+            Ended::ClientClosed => "client",
+            Ended::ServerClosing => "graceful",
+            Ended::TooLarge => "too_large",
+        }
+    }
+}
+
 /// Whether a read failed because the message was past the size limit.
 fn too_large(error: &axum::Error) -> bool {
     // tungstenite's capacity error, which axum passes on as its own.
@@ -116,11 +111,25 @@ fn too_large(error: &axum::Error) -> bool {
 }
 
 async fn import(socket: WebSocket, services: Services, caller: Caller, closing: CancellationToken) {
-    let caller = Arc::new(caller);
-    let (mut sink, mut frames) = socket.split();
+    let (sink, mut frames) = socket.split();
+    let (answers, writer) = answer_writer(sink);
+    let mut submits = Submits::new(&services, caller, answers);
+    let ended = submits.read(&mut frames, &closing).await;
+    submits.drain().await;
+    if let Ok(sink) = writer.await {
+        let limit = services.settings.http_body_limit_bytes;
+        close(sink, &mut frames, &ended, limit).await;
+    }
+    let closes = &services.metrics.streams.closes;
+    closes.with_label_values(&[STREAM, ended.kind()]).inc();
+    tracing::debug!(?ended, "import stream drained and closed");
+}
+
+/// The socket's writer: answers go out as they come; once the client is gone
+/// they are dropped, but the submits behind them still finish. It gives the
+/// sink back once every sender of answers is gone.
+fn answer_writer(mut sink: ws::Sink) -> (mpsc::Sender<Message>, JoinHandle<ws::Sink>) {
     let (answers, mut to_send) = mpsc::channel::<Message>(IN_FLIGHT);
-    // Answers go out as they come; once the client is gone they are dropped,
-    // but the submits behind them still finish.
     let writer = tokio::spawn(async move {
         let mut open = true;
         while let Some(answer) = to_send.recv().await {
@@ -130,49 +139,89 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
         }
         sink
     });
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    let limit = services.settings.http_body_limit_bytes;
-    let budget = services.settings.import_max_in_flight_bytes;
-    let bytes = Arc::new(Semaphore::new(budget));
-    let mut submits = JoinSet::new();
-    let ended = loop {
-        let slot = tokio::select! {
-            _ = closing.cancelled() => break Ended::ServerClosing,
-            slot = slots.clone().acquire_owned() => slot.expect("never closed"),
-        };
-        let frame = tokio::select! {
-            _ = closing.cancelled() => break Ended::ServerClosing,
-            frame = frames.next() => frame,
-        };
-        let text = match frame {
-            Some(Err(e)) if too_large(&e) => break Ended::TooLarge,
-            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break Ended::ClientClosed,
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Binary(_))) => {
-                let frames = &services.metrics.streams.frames;
-                frames.with_label_values(&[STREAM, "refused"]).inc();
-                let refused = ApiError::BadRequest("frames must be JSON text".into());
-                let _ = answers
-                    .send(answer(serde_json::Value::Null, refused.body()))
-                    .await;
-                continue;
-            }
-            Some(Ok(_)) => continue,
-        };
-        // A frame larger than the whole budget takes all of it, alone.
-        let weight = u32::try_from(text.len().clamp(1, budget)).unwrap_or(u32::MAX);
-        let held = tokio::select! {
-            _ = closing.cancelled() => break Ended::ServerClosing,
-            held = bytes.clone().acquire_many_owned(weight) => held.expect("never closed"),
-        };
-        let (services, answers, caller) = (services.clone(), answers.clone(), caller.clone());
+    (answers, writer)
+}
+
+/// The frames of one socket being submitted, within the socket's bounds:
+/// [`IN_FLIGHT`] frames and `import_max_in_flight_bytes` of their text.
+struct Submits {
+    services: Services,
+    caller: Arc<Caller>,
+    answers: mpsc::Sender<Message>,
+    slots: Arc<Semaphore>,
+    budget: usize,
+    bytes: Arc<Semaphore>,
+    running: JoinSet<()>,
+}
+
+impl Submits {
+    fn new(services: &Services, caller: Caller, answers: mpsc::Sender<Message>) -> Self {
+        let budget = services.settings.import_max_in_flight_bytes;
+        Submits {
+            services: services.clone(),
+            caller: Arc::new(caller),
+            answers,
+            slots: Arc::new(Semaphore::new(IN_FLIGHT)),
+            budget,
+            bytes: Arc::new(Semaphore::new(budget)),
+            running: JoinSet::new(),
+        }
+    }
+
+    /// Reads and submits frames, each once there is room for it, until the
+    /// client closes, the server shuts down or a message is too large.
+    async fn read(&mut self, frames: &mut ws::Frames, closing: &CancellationToken) -> Ended {
+        loop {
+            let slot = tokio::select! {
+                _ = closing.cancelled() => return Ended::ServerClosing,
+                slot = self.slots.clone().acquire_owned() => slot.expect("never closed"),
+            };
+            let frame = tokio::select! {
+                _ = closing.cancelled() => return Ended::ServerClosing,
+                frame = frames.next() => frame,
+            };
+            let text = match frame {
+                Some(Err(e)) if too_large(&e) => return Ended::TooLarge,
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Ended::ClientClosed,
+                Some(Ok(Message::Text(text))) => text,
+                Some(Ok(Message::Binary(_))) => {
+                    self.refuse_binary().await;
+                    continue;
+                }
+                Some(Ok(_)) => continue,
+            };
+            // A frame larger than the whole budget takes all of it, alone.
+            let weight = u32::try_from(text.len().clamp(1, self.budget)).unwrap_or(u32::MAX);
+            let held = tokio::select! {
+                _ = closing.cancelled() => return Ended::ServerClosing,
+                held = self.bytes.clone().acquire_many_owned(weight) => held.expect("never closed"),
+            };
+            self.spawn(text, (slot, held));
+        }
+    }
+
+    async fn refuse_binary(&self) {
+        let frames = &self.services.metrics.streams.frames;
+        frames.with_label_values(&[STREAM, "refused"]).inc();
+        let refused = ws::binary_refused();
+        let _ = self
+            .answers
+            .send(answer(serde_json::Value::Null, refused.body()))
+            .await;
+    }
+
+    /// Submits `text` in a task of its own, which answers it and then gives
+    /// back the room it `held`.
+    fn spawn(&mut self, text: Utf8Bytes, held: (OwnedSemaphorePermit, OwnedSemaphorePermit)) {
+        let services = self.services.clone();
+        let (answers, caller) = (self.answers.clone(), self.caller.clone());
         let depth = services
             .metrics
             .streams
             .queue_depth
             .with_label_values(&[STREAM]);
         depth.inc();
-        submits.spawn(async move {
+        self.running.spawn(async move {
             let (reference, outcome) = submit_frame(&services, &caller, &text).await;
             let verdict = match outcome["error"].is_null() {
                 true => "accepted",
@@ -182,47 +231,34 @@ async fn import(socket: WebSocket, services: Services, caller: Caller, closing: 
             frames.with_label_values(&[STREAM, verdict]).inc();
             let _ = answers.send(answer(reference, outcome)).await;
             depth.dec();
-            drop((slot, held));
+            drop(held);
         });
-    };
-    while submits.join_next().await.is_some() {}
-    drop(answers);
-    if let Ok(mut sink) = writer.await {
-        let close = match ended {
-            Ended::ServerClosing => Some(CloseFrame {
-                code: axum::extract::ws::close_code::NORMAL,
-                reason: "server shutting down".into(),
-            }),
-            Ended::TooLarge => Some(CloseFrame {
-                code: axum::extract::ws::close_code::SIZE,
-                reason: format!("message larger than {limit} bytes").into(),
-            }),
-            Ended::ClientClosed => None,
-        };
-        if let Some(close) = close {
-            let _ = sink.send(Message::Close(Some(close))).await;
-            // The closing handshake: read (and drop, unanswered) what the
-            // client sent meanwhile until its close arrives, so the connection
-            // ends with both close frames instead of a reset.
-            let handshake = async {
-                while let Some(Ok(message)) = frames.next().await {
-                    if let Message::Close(_) = message {
-                        break;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
-        }
-        let _ = sink.close().await;
     }
-    let kind = match ended {
-        Ended::ClientClosed => "client",
-        Ended::ServerClosing => "graceful",
-        Ended::TooLarge => "too_large",
+
+    /// Waits for every submit; then the last sender of answers is gone, and
+    /// the writer gives the sink back.
+    async fn drain(mut self) {
+        while self.running.join_next().await.is_some() {}
+    }
+}
+
+/// Closes the socket once every answer went out: with 1000 on shutdown, 1009
+/// past the size limit (`limit`), and just the sink's close when the client
+/// closed.
+async fn close(mut sink: ws::Sink, frames: &mut ws::Frames, ended: &Ended, limit: usize) {
+    let close = match ended {
+        Ended::ServerClosing => Some(ws::close_frame(close_code::NORMAL, "server shutting down")),
+        Ended::TooLarge => Some(ws::close_frame(
+            close_code::SIZE,
+            &format!("message larger than {limit} bytes"),
+        )),
+        Ended::ClientClosed => None,
     };
-    let closes = &services.metrics.streams.closes;
-    closes.with_label_values(&[STREAM, kind]).inc();
-    tracing::debug!(?ended, "import stream drained and closed");
+    if let Some(close) = close {
+        let _ = sink.send(close).await;
+        ws::finish_handshake(frames).await;
+    }
+    let _ = sink.close().await;
 }
 
 fn answer(reference: serde_json::Value, mut outcome: serde_json::Value) -> Message {

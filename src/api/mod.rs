@@ -13,6 +13,7 @@ mod listener;
 mod openapi;
 mod results;
 mod sockets;
+mod ws;
 
 pub use error::ApiError;
 pub use gate::Gate;

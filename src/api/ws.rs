@@ -1,0 +1,128 @@
+//! What the import and export WebSockets share: the admission before the
+//! upgrade (the key's scope, the tenant's socket cap, the gate), the refusal
+//! of binary frames, and the server side of the close handshake.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use futures::stream::{SplitSink, SplitStream};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::gate::Hold;
+use super::sockets::{Slot, Sockets, Stream};
+use super::{ApiError, Gate};
+use crate::auth::Caller;
+use crate::domain::Scope;
+
+/// The writing half of a stream's socket.
+pub(super) type Sink = SplitSink<WebSocket, Message>;
+
+/// The reading half of a stream's socket.
+pub(super) type Frames = SplitStream<WebSocket>;
+
+/// How long a server-side close waits for the client's close frame.
+pub(super) const CLOSE_HANDSHAKE: Duration = Duration::from_secs(5);
+
+/// The first checks of a stream's request: the key has `scope`, and the
+/// request is a WebSocket upgrade. They come before the stream's own checks
+/// of its parameters.
+pub(super) fn accept(
+    caller: &Caller,
+    scope: Scope,
+    socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<WebSocketUpgrade, ApiError> {
+    caller.require(scope)?;
+    Ok(socket?)
+}
+
+/// An admitted stream: it holds one of its tenant's sockets and keeps the
+/// gate open (shutdown waits for it) until the stream ends.
+pub(super) struct Admission {
+    // Held, never read: dropping them gives the socket and the gate back.
+    _slot: Slot,
+    _hold: Hold,
+}
+
+/// The last checks before the upgrade: the tenant has a socket of `stream`
+/// left, and the server is not shutting down.
+pub(super) fn admit(
+    sockets: &Sockets,
+    gate: &Gate,
+    tenant: Uuid,
+    stream: Stream,
+) -> Result<(Admission, CancellationToken), ApiError> {
+    let slot = sockets.take(tenant, stream)?;
+    let Some(hold) = gate.hold() else {
+        return Err(ApiError::ShuttingDown(
+            "server is shutting down; retry shortly".into(),
+        ));
+    };
+    Ok((
+        Admission {
+            _slot: slot,
+            _hold: hold,
+        },
+        gate.closing(),
+    ))
+}
+
+impl Admission {
+    /// Upgrades `socket`, whose client messages (and frames) are at most
+    /// `max_message` bytes, and runs `stream` on it; the slot and the hold are
+    /// given back once `stream` is done.
+    pub(super) fn upgrade<S, F>(
+        self,
+        socket: WebSocketUpgrade,
+        max_message: usize,
+        stream: S,
+    ) -> Response
+    where
+        S: FnOnce(WebSocket) -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let socket = socket
+            .max_message_size(max_message)
+            .max_frame_size(max_message);
+        socket.on_upgrade(move |socket| async move {
+            stream(socket).await;
+            drop(self);
+        })
+    }
+}
+
+/// Why a binary frame is refused: both streams speak JSON text only.
+pub(super) fn binary_refused() -> ApiError {
+    ApiError::BadRequest("frames must be JSON text".into())
+}
+
+/// A close frame with `code`, its reason cut to the 123 bytes a close frame
+/// has room for.
+pub(super) fn close_frame(code: u16, reason: &str) -> Message {
+    let mut reason = reason.to_owned();
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+/// Reads (and drops, unanswered) what the client still sends until its close
+/// frame, for at most [`CLOSE_HANDSHAKE`], so the connection ends with both
+/// close frames instead of a reset.
+pub(super) async fn finish_handshake(frames: &mut Frames) {
+    let handshake = async {
+        while let Some(Ok(message)) = frames.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+}
