@@ -18,11 +18,13 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use uuid::Uuid;
 
+use hdrhistogram::Histogram;
+
 use super::pipeline::{
-    histogram, post, spawn_serve, spawn_workers, start_provider, transition_times, wait_all_done,
-    wait_healthy, Latency, Rig, REFERENCE,
+    histogram, post, requests_for, spawn_serve, spawn_workers, start_provider, transition_times,
+    wait_all_done, wait_healthy, warm_up, Latency, Rig, REFERENCE,
 };
-use crate::demo::{api_client, sample_requests};
+use crate::demo::api_client;
 use docstream::domain::ExtractionRequest;
 use docstream::store::tenants;
 
@@ -76,33 +78,12 @@ async fn run(
     let (base, serve) = spawn_serve(rig)?;
     let mut procs = vec![serve];
     procs.extend(spawn_workers(rig, 1, 1)?);
-    let run = if a_cap.is_some() {
-        "capped"
-    } else {
-        "uncapped"
-    };
-    let (a_name, b_name) = (format!("flood-{run}"), format!("steady-{run}"));
-    let a = tenants::create_tenant(&rig.pool, &a_name).await?.key;
-    let b = tenants::create_tenant(&rig.pool, &b_name).await?.key;
-    let cap = a_cap.map_or(0, |c| c as i32);
-    tenants::set_quota(&rig.pool, &a_name, Some(Some(0.0)), None, Some(Some(cap))).await?;
-    tenants::set_quota(&rig.pool, &b_name, Some(Some(0.0)), None, Some(Some(0))).await?;
-    let (a_client, b_client) = (api_client(&a.api_key)?, api_client(&b.api_key)?);
+    let (a_client, b_client) = create_tenants(rig, a_cap).await?;
     wait_healthy(&b_client, &base, &mut procs).await?;
 
-    let samples: Vec<_> = sample_requests()
-        .into_iter()
-        .map(|s| ExtractionRequest {
-            extractor: Some(REFERENCE.to_owned()),
-            ..s.request
-        })
-        .collect();
+    let samples = requests_for(Some(REFERENCE));
     progress.set_message("warming up");
-    for request in samples.iter().cycle().take(20) {
-        post(&b_client, &base, request).await?;
-    }
-    let hidden = ProgressBar::hidden();
-    wait_all_done(rig, 20, &mut procs, Duration::from_secs(60), &hidden).await?;
+    warm_up(rig, &b_client, &base, &samples, &mut procs).await?;
 
     progress.set_message(format!(
         "A floods {flood} jobs, B sends {B_JOBS} at {B_RATE}/s"
@@ -116,6 +97,57 @@ async fn run(
     };
     // B starts once A's flood is under way.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let b_sent = send_b_jobs(&b_client, &base, &samples, progress).await?;
+    let (a_ids, a_refusals) = flooding.await??;
+    progress.set_message("waiting for the last jobs");
+    let total = 20 + flood + B_JOBS;
+    let hidden = ProgressBar::hidden();
+    wait_all_done(rig, total, &mut procs, Duration::from_secs(600), &hidden).await?;
+    for proc in procs {
+        proc.stop().await?;
+    }
+
+    let b_ids: Vec<Uuid> = b_sent.iter().map(|(id, _)| *id).collect();
+    let b_latency = b_latency(rig, &b_ids, &b_sent).await?;
+    let a_last = last_bbox_succeeded(rig, &a_ids).await?;
+    let a_first = started.duration_since(UNIX_EPOCH)?.as_secs_f64();
+    Ok(Fairness {
+        a_cap,
+        a_jobs: a_ids.len(),
+        a_refusals,
+        a_done_s: a_last - a_first,
+        b_jobs: b_ids.len(),
+        b_submit_to_bbox: Latency::of(&b_latency),
+    })
+}
+
+/// Tenants A (capped at `a_cap` open jobs, if any) and B, neither with a
+/// submit rate, named after the run: a client for each.
+async fn create_tenants(
+    rig: &Rig,
+    a_cap: Option<i64>,
+) -> anyhow::Result<(reqwest::Client, reqwest::Client)> {
+    let run = if a_cap.is_some() {
+        "capped"
+    } else {
+        "uncapped"
+    };
+    let (a_name, b_name) = (format!("flood-{run}"), format!("steady-{run}"));
+    let a = tenants::create_tenant(&rig.pool, &a_name).await?.key;
+    let b = tenants::create_tenant(&rig.pool, &b_name).await?.key;
+    let cap = a_cap.map_or(0, |c| c as i32);
+    tenants::set_quota(&rig.pool, &a_name, Some(Some(0.0)), None, Some(Some(cap))).await?;
+    tenants::set_quota(&rig.pool, &b_name, Some(Some(0.0)), None, Some(Some(0))).await?;
+    Ok((api_client(&a.api_key)?, api_client(&b.api_key)?))
+}
+
+/// Sends B's `B_JOBS` jobs at `B_RATE`: each job's id, and when it was due.
+async fn send_b_jobs(
+    client: &reqwest::Client,
+    base: &str,
+    samples: &[ExtractionRequest],
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<(Uuid, SystemTime)>> {
     let interval = Duration::from_secs_f64(1.0 / B_RATE);
     let start = tokio::time::Instant::now();
     let mut sends = tokio::task::JoinSet::new();
@@ -124,8 +156,8 @@ async fn run(
         tokio::time::sleep_until(due).await;
         let due_wall = SystemTime::now();
         let (client, base, request) = (
-            b_client.clone(),
-            base.clone(),
+            client.clone(),
+            base.to_owned(),
             samples[i % samples.len()].clone(),
         );
         sends.spawn(async move { (post(&client, &base, &request).await, due_wall) });
@@ -136,18 +168,18 @@ async fn run(
         let (id, due) = joined?;
         b_sent.push((id.context("B's submit")?, due));
     }
-    let (a_ids, a_refusals) = flooding.await??;
-    progress.set_message("waiting for the last jobs");
-    let total = 20 + flood + B_JOBS;
-    wait_all_done(rig, total, &mut procs, Duration::from_secs(600), &hidden).await?;
-    for proc in procs {
-        proc.stop().await?;
-    }
+    Ok(b_sent)
+}
 
-    let b_ids: Vec<Uuid> = b_sent.iter().map(|(id, _)| *id).collect();
-    let log = transition_times(&rig.pool, &b_ids).await?;
+/// B's jobs `b_ids`, each `b_sent` with its due time: due to bbox succeeded, µs.
+async fn b_latency(
+    rig: &Rig,
+    b_ids: &[Uuid],
+    b_sent: &[(Uuid, SystemTime)],
+) -> anyhow::Result<Histogram<u64>> {
+    let log = transition_times(&rig.pool, b_ids).await?;
     let mut b_latency = histogram();
-    for (id, due) in &b_sent {
+    for (id, due) in b_sent {
         let due = due.duration_since(UNIX_EPOCH)?.as_secs_f64();
         let times = log
             .get(id)
@@ -158,20 +190,16 @@ async fn run(
             .context("a job of B's not bbox succeeded")?;
         b_latency.saturating_record(((done - due).max(0.0) * 1e6) as u64);
     }
-    let a_log = transition_times(&rig.pool, &a_ids).await?;
-    let a_last = a_log
+    Ok(b_latency)
+}
+
+/// When the last of A's jobs `a_ids` was bbox succeeded, epoch seconds.
+async fn last_bbox_succeeded(rig: &Rig, a_ids: &[Uuid]) -> anyhow::Result<f64> {
+    let a_log = transition_times(&rig.pool, a_ids).await?;
+    Ok(a_log
         .values()
         .filter_map(|t| t.get("mark_bbox_refinement_succeeded").copied())
-        .fold(0.0_f64, f64::max);
-    let a_first = started.duration_since(UNIX_EPOCH)?.as_secs_f64();
-    Ok(Fairness {
-        a_cap,
-        a_jobs: a_ids.len(),
-        a_refusals,
-        a_done_s: a_last - a_first,
-        b_jobs: b_ids.len(),
-        b_submit_to_bbox: Latency::of(&b_latency),
-    })
+        .fold(0.0_f64, f64::max))
 }
 
 /// Submits `n` jobs with `A_CONCURRENCY` in flight, each retried after its

@@ -21,7 +21,7 @@ mod postgres;
 mod procs;
 mod report;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -61,7 +61,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub pg_seconds: u64,
     /// pgbench clients. 16 gave the highest single-row rate of 4, 8, 16 and
-    /// 32 on our 2-core machine (910, 1,191, 1,477 and 1,383 lifecycles/s).
+    /// 32 on our 2-core machine.
     #[arg(long, default_value_t = 16)]
     pub pg_clients: usize,
     /// Rows per statement of the batched Postgres ceiling.
@@ -76,9 +76,9 @@ pub struct BenchArgs {
     /// graphile-worker concurrency.
     #[arg(long, default_value_t = 16)]
     pub peer_concurrency: usize,
-    /// River's `MaxWorkers`: its default queue settings cap it near 1,000
-    /// jobs/s, so the bench lets it run at its speed (with a 1 ms fetch
-    /// cooldown and a 20 ms poll interval, set in its program).
+    /// River's `MaxWorkers`: its default queue settings cap it well below
+    /// what it can do, so the bench lets it run at its speed (with a 1 ms
+    /// fetch cooldown and a 20 ms poll interval, set in its program).
     #[arg(long, default_value_t = 1000)]
     pub river_max_workers: usize,
     /// Provider phase: the reference extraction service's latency per call, ms.
@@ -89,8 +89,8 @@ pub struct BenchArgs {
     pub provider_cap: usize,
     /// Provider phase: offered load as a share of cap × workers ÷ latency.
     /// Arrivals are evenly spaced, but each call holds its slot a few ms past
-    /// the provider's latency: at 0.95 calls queued for slots (p99 +91 ms over
-    /// 0.92's, utilisation 0.94); at 0.92 none did (utilisation 0.91).
+    /// the provider's latency: at 0.95 calls queued for slots; at 0.92 none
+    /// did.
     #[arg(long, default_value_t = 0.92)]
     pub provider_load: f64,
     /// Fairness phase: the jobs tenant A floods.
@@ -129,6 +129,22 @@ impl BenchArgs {
         self
     }
 
+    /// Fails on a `--skip` that names no phase, or that would leave the
+    /// scaling phase without the burn-down it is measured against.
+    fn ensure_skips_known(&self) -> anyhow::Result<()> {
+        for phase in &self.skip {
+            anyhow::ensure!(
+                PHASES.contains(&phase.as_str()),
+                "--skip: unknown phase `{phase}`"
+            );
+        }
+        anyhow::ensure!(
+            self.runs("burndown") || !self.runs("scaling"),
+            "--skip: the scaling phase is measured against the burn-down; skip both or neither"
+        );
+        Ok(())
+    }
+
     fn runs(&self, phase: &str) -> bool {
         !self.skip.iter().any(|s| s == phase)
     }
@@ -142,16 +158,7 @@ const PHASES: [&str; 9] = [
 /// Runs the benchmark; see the module docs.
 pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> {
     let args = args.smoke_sized();
-    for phase in &args.skip {
-        anyhow::ensure!(
-            PHASES.contains(&phase.as_str()),
-            "--skip: unknown phase `{phase}`"
-        );
-    }
-    anyhow::ensure!(
-        args.runs("burndown") || !args.runs("scaling"),
-        "--skip: the scaling phase is measured against the burn-down; skip both or neither"
-    );
+    args.ensure_skips_known()?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -160,73 +167,17 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
     let mut report = Report::new(&args);
 
     if args.runs("postgres") {
-        let scratch = Scratch::create(&settings, &format!("docstream_bench_pg_{stamp}")).await?;
-        let sample = &sample_requests()[0].request;
-        let request = serde_json::to_value(sample)?;
-        let result = serde_json::to_value(rule_extract(sample)?)?;
-        for rows in [1, args.pg_batch] {
-            let bar = phase_bar(
-                &format!("postgres ceiling, {rows} row(s)/statement"),
-                args.pg_seconds,
-            );
-            let ticker = tick_seconds(bar.clone());
-            let ceiling = postgres::ceiling(
-                &scratch.url,
-                rows,
-                args.pg_clients,
-                args.pg_seconds,
-                &request,
-                &result,
-                &logs,
-            )
-            .await;
-            ticker.abort();
-            bar.finish();
-            report.postgres.push(ceiling?);
-        }
-        scratch.drop_database().await?;
+        report.postgres = postgres_ceilings(&settings, &args, stamp, &logs).await?;
     }
-
     if args.runs("kafka") {
-        let records = ["--records".into(), args.kafka_records.to_string()];
-        let size = ["--record-size".into(), args.record_size.to_string()];
-        let answer = external_phase(
-            &args,
-            "kafka ceiling (perf tools)",
-            "kafka.sh",
-            &[records, size],
-            &logs,
-        )
-        .await?;
-        report.kafka = Some(answer);
+        report.kafka = Some(kafka_ceiling(&args, &logs).await?);
     }
-
     if args.runs("peer") {
-        let jobs = ["--jobs".into(), args.jobs.to_string()];
-        let concurrency = ["--concurrency".into(), args.peer_concurrency.to_string()];
-        let database = ["--database-url".into(), settings.database_url.clone()];
-        let name = "peer: graphile-worker burn-down";
-        let answer = external_phase(
-            &args,
-            name,
-            "peer.sh",
-            &[jobs, concurrency, database],
-            &logs,
-        )
-        .await?;
-        report.peer = Some(answer);
+        report.peer = Some(graphile_worker(&settings, &args, &logs).await?);
     }
-
     if args.runs("river") {
-        let jobs = ["--jobs".into(), args.jobs.to_string()];
-        let workers = ["--max-workers".into(), args.river_max_workers.to_string()];
-        let database = ["--database-url".into(), settings.database_url.clone()];
-        let name = "peer: River burn-down";
-        let options = [jobs, workers, database];
-        let answer = external_phase(&args, name, "river.sh", &options, &logs).await?;
-        report.river = Some(answer);
+        report.river = Some(river(&settings, &args, &logs).await?);
     }
-
     // Each burn-down starts from a fresh database and fresh topics, so that
     // none inherits the dead rows, the vacuum debt and the bigger indexes of
     // the one before it (the scaling runs compare with the first).
@@ -244,56 +195,13 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             report.scaling.push(outcome?);
         }
     }
-
     if ["steady", "provider"].iter().any(|phase| args.runs(phase)) {
-        let scratch = Scratch::create(&settings, &format!("docstream_bench_{stamp}")).await?;
-        let rig = scratch
-            .rig(&settings, &format!("bench{stamp}."), logs.clone())
-            .await?;
-        if args.runs("steady") {
-            let bar = phase_bar("docstream steady state", 0);
-            let mix = (args.workers, args.bbox_workers);
-            let outcome = pipeline::steady(&rig, args.rate, args.duration_s, mix, None, &bar).await;
-            bar.finish();
-            report.steady = Some(outcome?);
-        }
-        if args.runs("provider") {
-            let bar = phase_bar("steady state through extractor-serve", 0);
-            let load = pipeline::ProviderLoad {
-                latency_ms: args.provider_latency_ms,
-                cap: args.provider_cap,
-                load: args.provider_load,
-                duration_s: args.duration_s,
-            };
-            let mix = (args.workers, args.bbox_workers);
-            let outcome = pipeline::provider_steady(&rig, load, mix, &bar).await;
-            bar.finish();
-            report.provider = Some(outcome?);
-        }
-        delete_topics(&rig.settings).await;
-        rig.pool.close().await;
-        scratch.drop_database().await?;
+        steady_states(&settings, &args, stamp, &logs, &mut report).await?;
     }
-
     if args.runs("fairness") {
         for cap in [None, Some(args.flood_cap)] {
-            let run = cap.map_or("uncapped".to_owned(), |c| format!("cap{c}"));
-            let name = format!("docstream_bench_{stamp}_fair_{run}");
-            let scratch = Scratch::create(&settings, &name).await?;
-            let rig = scratch
-                .rig(&settings, &format!("bench{stamp}f{run}."), logs.clone())
-                .await?;
-            let title = format!(
-                "fairness, {}",
-                cap.map_or("no cap".into(), |c| format!("A capped at {c}"))
-            );
-            let bar = phase_bar(&title, 0);
-            let outcome = fairness::fairness(&rig, args.flood, cap, &bar).await;
-            bar.finish();
-            delete_topics(&rig.settings).await;
-            rig.pool.close().await;
-            scratch.drop_database().await?;
-            report.fairness.push(outcome?);
+            let run = fairness_run(&settings, &args, stamp, cap, &logs).await?;
+            report.fairness.push(run);
         }
     }
 
@@ -304,6 +212,144 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
     Ok(report)
 }
 
+/// The Postgres ceilings, one row and `--pg-batch` rows per statement, on a
+/// scratch database dropped afterwards.
+async fn postgres_ceilings(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    logs: &Path,
+) -> anyhow::Result<Vec<postgres::PgCeiling>> {
+    let scratch = Scratch::create(settings, &format!("docstream_bench_pg_{stamp}")).await?;
+    let sample = &sample_requests()[0].request;
+    let request = serde_json::to_value(sample)?;
+    let result = serde_json::to_value(rule_extract(sample)?)?;
+    let mut ceilings = Vec::new();
+    for rows in [1, args.pg_batch] {
+        let bar = phase_bar(
+            &format!("postgres ceiling, {rows} row(s)/statement"),
+            args.pg_seconds,
+        );
+        let ticker = tick_seconds(bar.clone());
+        let ceiling = postgres::ceiling(
+            &scratch.url,
+            rows,
+            args.pg_clients,
+            args.pg_seconds,
+            &request,
+            &result,
+            logs,
+        )
+        .await;
+        ticker.abort();
+        bar.finish();
+        ceilings.push(ceiling?);
+    }
+    scratch.drop_database().await?;
+    Ok(ceilings)
+}
+
+/// Kafka's perf tools (`kafka.sh`).
+async fn kafka_ceiling(args: &BenchArgs, logs: &Path) -> anyhow::Result<serde_json::Value> {
+    let records = ["--records".into(), args.kafka_records.to_string()];
+    let size = ["--record-size".into(), args.record_size.to_string()];
+    let name = "kafka ceiling (perf tools)";
+    external_phase(args, name, "kafka.sh", &[records, size], logs).await
+}
+
+/// graphile-worker's burn-down (`peer.sh`).
+async fn graphile_worker(
+    settings: &Settings,
+    args: &BenchArgs,
+    logs: &Path,
+) -> anyhow::Result<serde_json::Value> {
+    let jobs = ["--jobs".into(), args.jobs.to_string()];
+    let concurrency = ["--concurrency".into(), args.peer_concurrency.to_string()];
+    let database = ["--database-url".into(), settings.database_url.clone()];
+    let name = "peer: graphile-worker burn-down";
+    let options = [jobs, concurrency, database];
+    external_phase(args, name, "peer.sh", &options, logs).await
+}
+
+/// River's burn-down (`river.sh`).
+async fn river(
+    settings: &Settings,
+    args: &BenchArgs,
+    logs: &Path,
+) -> anyhow::Result<serde_json::Value> {
+    let jobs = ["--jobs".into(), args.jobs.to_string()];
+    let workers = ["--max-workers".into(), args.river_max_workers.to_string()];
+    let database = ["--database-url".into(), settings.database_url.clone()];
+    let name = "peer: River burn-down";
+    let options = [jobs, workers, database];
+    external_phase(args, name, "river.sh", &options, logs).await
+}
+
+/// The steady state and the steady state through extractor-serve (each
+/// unless skipped), on one scratch database and topics, dropped afterwards.
+async fn steady_states(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    logs: &Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let scratch = Scratch::create(settings, &format!("docstream_bench_{stamp}")).await?;
+    let rig = scratch
+        .rig(settings, &format!("bench{stamp}."), logs.to_owned())
+        .await?;
+    let mix = (args.workers, args.bbox_workers);
+    if args.runs("steady") {
+        let bar = phase_bar("docstream steady state", 0);
+        let outcome = pipeline::steady(&rig, args.rate, args.duration_s, mix, None, &bar).await;
+        bar.finish();
+        report.steady = Some(outcome?);
+    }
+    if args.runs("provider") {
+        let bar = phase_bar("steady state through extractor-serve", 0);
+        let load = pipeline::ProviderLoad {
+            latency_ms: args.provider_latency_ms,
+            cap: args.provider_cap,
+            load: args.provider_load,
+            duration_s: args.duration_s,
+        };
+        let outcome = pipeline::provider_steady(&rig, load, mix, &bar).await;
+        bar.finish();
+        report.provider = Some(outcome?);
+    }
+    delete_topics(&rig.settings).await;
+    rig.pool.close().await;
+    scratch.drop_database().await
+}
+
+/// One fairness run, A capped at `cap` open jobs or not, on a scratch
+/// database and topics of its own, dropped afterwards.
+async fn fairness_run(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    cap: Option<i64>,
+    logs: &Path,
+) -> anyhow::Result<fairness::Fairness> {
+    let run = cap.map_or("uncapped".to_owned(), |c| format!("cap{c}"));
+    let name = format!("docstream_bench_{stamp}_fair_{run}");
+    let scratch = Scratch::create(settings, &name).await?;
+    let rig = scratch
+        .rig(settings, &format!("bench{stamp}f{run}."), logs.to_owned())
+        .await?;
+    let title = format!(
+        "fairness, {}",
+        cap.map_or("no cap".into(), |c| format!("A capped at {c}"))
+    );
+    let bar = phase_bar(&title, 0);
+    let outcome = fairness::fairness(&rig, args.flood, cap, &bar).await;
+    bar.finish();
+    delete_topics(&rig.settings).await;
+    rig.pool.close().await;
+    scratch.drop_database().await?;
+    outcome
+}
+
 /// One burn-down with `(workers, bbox_workers)` processes, on a scratch
 /// database and topics of its own, dropped afterwards.
 async fn fresh_burn_down(
@@ -311,7 +357,7 @@ async fn fresh_burn_down(
     args: &BenchArgs,
     stamp: u64,
     (workers, bbox_workers): (usize, usize),
-    logs: &std::path::Path,
+    logs: &Path,
 ) -> anyhow::Result<pipeline::BurnDown> {
     let name = format!("docstream_bench_{stamp}_{workers}_{bbox_workers}");
     let scratch = Scratch::create(settings, &name).await?;
@@ -336,7 +382,7 @@ async fn external_phase(
     name: &str,
     script: &str,
     options: &[[String; 2]],
-    logs: &std::path::Path,
+    logs: &Path,
 ) -> anyhow::Result<serde_json::Value> {
     let bar = spinner(name);
     let argv: Vec<String> = options.iter().flatten().cloned().collect();

@@ -205,55 +205,19 @@ pub async fn burn_down(
     progress.set_length(jobs as u64);
     progress.set_message("submitting (no worker running)");
     let services = roles::connect(rig.settings.clone()).await?;
-    let samples = sample_requests();
     let keeps_statistics = reset_statements(&rig.pool).await;
     let before = Snapshot::take(&rig.pool).await?;
     let started = Instant::now();
-    let rows: Vec<Extraction> = stream::iter(0..jobs)
-        .map(|i| {
-            let new = NewExtraction {
-                id: docstream::domain::new_job_id(),
-                tenant_id: tenants::DEFAULT_TENANT_ID,
-                max_open_jobs: None,
-                idempotency_key: None,
-                request: samples[i % samples.len()].request.clone(),
-            };
-            let services = &services;
-            async move {
-                let submitted = pipeline::submit::insert(services, new).await?;
-                progress.inc(1);
-                anyhow::Ok(submitted.extraction().clone())
-            }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<_>>()?;
+    let rows = insert_backlog(&services, jobs, progress).await?;
     let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
     let submit_s = started.elapsed().as_secs_f64();
 
     progress.set_position(0);
     progress.set_message("workers joining their groups");
     let started = Instant::now();
-    let mut procs = spawn_workers(rig, workers, bbox_workers)?;
-    let groups = [
-        (rig.settings.group(&rig.settings.worker_group), workers),
-        (
-            rig.settings.group(&rig.settings.bbox_worker_group),
-            bbox_workers,
-        ),
-    ];
-    wait_groups_stable(&rig.settings.kafka_brokers, &groups, &mut procs).await?;
-
+    let mut procs = spawn_stable_workers(rig, workers, bbox_workers).await?;
     progress.set_message("workers draining the backlog");
-    stream::iter(&rows)
-        .map(|row| pipeline::submit::publish_created(&services, row))
-        .buffer_unordered(1024)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<()>, _>>()?;
+    publish_backlog(&services, &rows).await?;
     let deadline = Duration::from_secs(120.max(jobs as u64 / 100));
     wait_all_done(rig, jobs, &mut procs, deadline, progress).await?;
     services.stamps.flush().await;
@@ -272,14 +236,7 @@ pub async fn burn_down(
         false => Vec::new(),
     };
     ensure_exactly_once(&rig.pool, &ids).await?;
-    let seconds: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM max(at) FILTER (WHERE transition = 'mark_bbox_refinement_succeeded')
-                              - min(at) FILTER (WHERE transition = 'mark_running'))::float8
-           FROM extraction_transitions WHERE extraction_id = ANY($1)",
-    )
-    .bind(&ids)
-    .fetch_one(&rig.pool)
-    .await?;
+    let seconds = claim_to_last_bbox_s(&rig.pool, &ids).await?;
     Ok(BurnDown {
         jobs,
         workers,
@@ -295,6 +252,81 @@ pub async fn burn_down(
     })
 }
 
+/// Inserts `jobs` jobs (the sample requests in turn) without publishing
+/// their events, so that no worker sees them until they are released.
+async fn insert_backlog(
+    services: &pipeline::Services,
+    jobs: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<Extraction>> {
+    let samples = sample_requests();
+    stream::iter(0..jobs)
+        .map(|i| {
+            let new = NewExtraction {
+                id: docstream::domain::new_job_id(),
+                tenant_id: tenants::DEFAULT_TENANT_ID,
+                max_open_jobs: None,
+                idempotency_key: None,
+                request: samples[i % samples.len()].request.clone(),
+            };
+            async move {
+                let submitted = pipeline::submit::insert(services, new).await?;
+                progress.inc(1);
+                anyhow::Ok(submitted.extraction().clone())
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Starts the workers and waits until both consumer groups are stable with
+/// every process assigned, so that no group join is counted as work.
+async fn spawn_stable_workers(
+    rig: &Rig,
+    workers: usize,
+    bbox_workers: usize,
+) -> anyhow::Result<Vec<Proc>> {
+    let mut procs = spawn_workers(rig, workers, bbox_workers)?;
+    let groups = [
+        (rig.settings.group(&rig.settings.worker_group), workers),
+        (
+            rig.settings.group(&rig.settings.bbox_worker_group),
+            bbox_workers,
+        ),
+    ];
+    wait_groups_stable(&rig.settings.kafka_brokers, &groups, &mut procs).await?;
+    Ok(procs)
+}
+
+/// Releases the backlog: publishes every job's created event at once.
+async fn publish_backlog(services: &pipeline::Services, rows: &[Extraction]) -> anyhow::Result<()> {
+    stream::iter(rows)
+        .map(|row| pipeline::submit::publish_created(services, row))
+        .buffer_unordered(1024)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, _>>()?;
+    Ok(())
+}
+
+/// The burn-down's window, from the transition log: the first claim to the
+/// last bbox success of the jobs `ids`, seconds.
+async fn claim_to_last_bbox_s(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<f64> {
+    let seconds = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(at) FILTER (WHERE transition = 'mark_bbox_refinement_succeeded')
+                              - min(at) FILTER (WHERE transition = 'mark_running'))::float8
+           FROM extraction_transitions WHERE extraction_id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_one(pool)
+    .await?;
+    Ok(seconds)
+}
+
 /// Runs `serve` and the workers, sends `rate` submissions per second for
 /// `duration_s` (for `extractor`, when given), and waits until every accepted
 /// job is done.
@@ -306,30 +338,10 @@ pub async fn steady(
     extractor: Option<&str>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Steady> {
-    let (base, serve) = spawn_serve(rig)?;
-    let mut procs = vec![serve];
-    procs.extend(spawn_workers(rig, workers, bbox_workers)?);
-    let key = tenants::create_tenant_or_key(&rig.pool, "bench").await?;
-    // The load is the point: no quota of the tenant's holds it back.
-    tenants::set_quota(&rig.pool, "bench", Some(Some(0.0)), None, Some(Some(0))).await?;
-    let client = crate::demo::api_client(&key.api_key)?;
-    wait_healthy(&client, &base, &mut procs).await?;
-
-    // Warm-up: the consumers have joined their groups once a few jobs made it through.
+    let (client, base, mut procs) = start_pipeline(rig, workers, bbox_workers).await?;
     progress.set_message("warming up");
-    let samples: Vec<ExtractionRequest> = sample_requests()
-        .into_iter()
-        .map(|sample| ExtractionRequest {
-            extractor: extractor.map(str::to_owned),
-            ..sample.request
-        })
-        .collect();
-    for request in samples.iter().cycle().take(20) {
-        post(&client, &base, request).await?;
-    }
-    let hidden = ProgressBar::hidden();
-    let warm_up = Duration::from_secs(60);
-    wait_all_done(rig, 20, &mut procs, warm_up, &hidden).await?;
+    let samples = requests_for(extractor);
+    warm_up(rig, &client, &base, &samples, &mut procs).await?;
 
     let cpu_before: Vec<f64> = procs
         .iter()
@@ -339,6 +351,107 @@ pub async fn steady(
     progress.set_length(total as u64);
     progress.set_position(0);
     progress.set_message(format!("open loop at {rate}/s"));
+    let sent = open_loop(&client, &base, &samples, rate, total, progress).await?;
+
+    progress.set_message("waiting for the last jobs");
+    let ids: Vec<Uuid> = sent.accepted.iter().map(|(id, _)| *id).collect();
+    let last = Duration::from_secs(120);
+    let hidden = ProgressBar::hidden();
+    wait_all_done(rig, ids.len(), &mut procs, last, &hidden).await?;
+    let processes = costs(&procs, &cpu_before)?;
+    for proc in procs {
+        proc.stop().await?;
+    }
+    ensure_exactly_once(&rig.pool, &ids).await?;
+
+    let times = job_times(&rig.pool, &ids, &sent.accepted).await?;
+    let cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
+    let first_send = sent.start_wall.duration_since(UNIX_EPOCH)?.as_secs_f64();
+    let accepted = sent.accepted.len();
+    let since_first_send = (times.last_succeeded - first_send).max(f64::EPSILON);
+    Ok(Steady {
+        succeeded_per_s: accepted as f64 / since_first_send,
+        rate,
+        duration_s,
+        sent: total,
+        accepted,
+        achieved_rate: total as f64 / sent.sent_s.max(f64::EPSILON),
+        submit_answer: Latency::of(&sent.answer),
+        submit_to_succeeded: Latency::of(&times.to_succeeded),
+        submit_to_bbox_succeeded: Latency::of(&times.to_bbox),
+        hops: hops(&times.hops),
+        cpu_s_per_1000_jobs: cpu / (accepted as f64 / 1000.0),
+        processes,
+    })
+}
+
+/// Starts `serve` and the workers, and a tenant `bench` without quotas: its
+/// client, the base URL and the processes, once `serve` is healthy.
+async fn start_pipeline(
+    rig: &Rig,
+    workers: usize,
+    bbox_workers: usize,
+) -> anyhow::Result<(reqwest::Client, String, Vec<Proc>)> {
+    let (base, serve) = spawn_serve(rig)?;
+    let mut procs = vec![serve];
+    procs.extend(spawn_workers(rig, workers, bbox_workers)?);
+    let key = tenants::create_tenant_or_key(&rig.pool, "bench").await?;
+    // The load is the point: no quota of the tenant's holds it back.
+    tenants::set_quota(&rig.pool, "bench", Some(Some(0.0)), None, Some(Some(0))).await?;
+    let client = crate::demo::api_client(&key.api_key)?;
+    wait_healthy(&client, &base, &mut procs).await?;
+    Ok((client, base, procs))
+}
+
+/// The sample requests, each for `extractor` (`None`: the built-in rules).
+pub(super) fn requests_for(extractor: Option<&str>) -> Vec<ExtractionRequest> {
+    sample_requests()
+        .into_iter()
+        .map(|sample| ExtractionRequest {
+            extractor: extractor.map(str::to_owned),
+            ..sample.request
+        })
+        .collect()
+}
+
+/// Submits 20 jobs and waits until they are done: by then the consumers have
+/// joined their groups, and no measurement waits for a join.
+pub(super) async fn warm_up(
+    rig: &Rig,
+    client: &reqwest::Client,
+    base: &str,
+    samples: &[ExtractionRequest],
+    procs: &mut [Proc],
+) -> anyhow::Result<()> {
+    for request in samples.iter().cycle().take(20) {
+        post(client, base, request).await?;
+    }
+    let hidden = ProgressBar::hidden();
+    wait_all_done(rig, 20, procs, Duration::from_secs(60), &hidden).await
+}
+
+/// What the open loop sent, and how its submits were answered.
+struct OpenLoop {
+    /// When the first send was due, wall clock.
+    start_wall: SystemTime,
+    /// Seconds from the first send's due time until the last was sent.
+    sent_s: f64,
+    /// Each accepted job, and when its submit was due.
+    accepted: Vec<(Uuid, SystemTime)>,
+    /// Due time to the 202 answer, µs.
+    answer: Histogram<u64>,
+}
+
+/// Sends `total` submissions, `rate` per second on the clock whatever the
+/// answers' timing (open loop); fails if any was refused.
+async fn open_loop(
+    client: &reqwest::Client,
+    base: &str,
+    samples: &[ExtractionRequest],
+    rate: f64,
+    total: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<OpenLoop> {
     let interval = Duration::from_secs_f64(1.0 / rate);
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
     let start_wall = SystemTime::now() + Duration::from_millis(50);
@@ -346,7 +459,7 @@ pub async fn steady(
     for i in 0..total {
         let due = start + interval * i as u32;
         tokio::time::sleep_until(due).await;
-        let (client, base) = (client.clone(), base.clone());
+        let (client, base) = (client.clone(), base.to_owned());
         let request = samples[i % samples.len()].clone();
         sends.spawn(async move {
             let outcome = post(&client, &base, &request).await;
@@ -376,23 +489,39 @@ pub async fn steady(
         refused == 0,
         "{refused} of {total} submissions were refused"
     );
+    Ok(OpenLoop {
+        start_wall,
+        sent_s,
+        accepted,
+        answer,
+    })
+}
 
-    progress.set_message("waiting for the last jobs");
-    let ids: Vec<Uuid> = accepted.iter().map(|(id, _)| *id).collect();
-    let last = Duration::from_secs(120);
-    wait_all_done(rig, ids.len(), &mut procs, last, &hidden).await?;
-    let processes = costs(&procs, &cpu_before)?;
-    for proc in procs {
-        proc.stop().await?;
-    }
-    ensure_exactly_once(&rig.pool, &ids).await?;
+/// The accepted jobs' latencies from their intended send time, µs, read from
+/// the transition log.
+struct JobTimes {
+    /// To `mark_succeeded`.
+    to_succeeded: Histogram<u64>,
+    /// To `mark_bbox_refinement_succeeded`.
+    to_bbox: Histogram<u64>,
+    /// Each hop of `PATH`, in order.
+    hops: Vec<Histogram<u64>>,
+    /// The last `mark_succeeded`, epoch seconds.
+    last_succeeded: f64,
+}
 
-    let log = transition_times(&rig.pool, &ids).await?;
+/// The latencies of the jobs `ids`, each `accepted` with its intended send time.
+async fn job_times(
+    pool: &PgPool,
+    ids: &[Uuid],
+    accepted: &[(Uuid, SystemTime)],
+) -> anyhow::Result<JobTimes> {
+    let log = transition_times(pool, ids).await?;
     let mut to_succeeded = histogram();
     let mut to_bbox = histogram();
     let mut hops: Vec<Histogram<u64>> = (1..PATH.len()).map(|_| histogram()).collect();
     let mut last_succeeded = 0.0_f64;
-    for (id, sent_at) in &accepted {
+    for (id, sent_at) in accepted {
         let sent_at = sent_at.duration_since(UNIX_EPOCH)?.as_secs_f64();
         let times = log.get(id).context("a job without its transitions")?;
         let at = |t: &str| times.get(t).copied().context("a missing transition");
@@ -404,30 +533,24 @@ pub async fn steady(
             hop.saturating_record(us(at(pair[1])? - at(pair[0])?));
         }
     }
-    let cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
-    let first_send = start_wall.duration_since(UNIX_EPOCH)?.as_secs_f64();
-    Ok(Steady {
-        succeeded_per_s: accepted.len() as f64 / (last_succeeded - first_send).max(f64::EPSILON),
-        rate,
-        duration_s,
-        sent: total,
-        accepted: accepted.len(),
-        achieved_rate: total as f64 / sent_s.max(f64::EPSILON),
-        submit_answer: Latency::of(&answer),
-        submit_to_succeeded: Latency::of(&to_succeeded),
-        submit_to_bbox_succeeded: Latency::of(&to_bbox),
-        hops: PATH
-            .windows(2)
-            .zip(&hops)
-            .map(|(pair, histogram)| Hop {
-                from: pair[0].into(),
-                to: pair[1].into(),
-                latency: Latency::of(histogram),
-            })
-            .collect(),
-        cpu_s_per_1000_jobs: cpu / (accepted.len() as f64 / 1000.0),
-        processes,
+    Ok(JobTimes {
+        to_succeeded,
+        to_bbox,
+        hops,
+        last_succeeded,
     })
+}
+
+/// Each hop of `PATH` with its latency.
+fn hops(histograms: &[Histogram<u64>]) -> Vec<Hop> {
+    PATH.windows(2)
+        .zip(histograms)
+        .map(|(pair, histogram)| Hop {
+            from: pair[0].into(),
+            to: pair[1].into(),
+            latency: Latency::of(histogram),
+        })
+        .collect()
 }
 
 /// The steady state through an external extractor: `docstream extractor-serve`
@@ -467,8 +590,6 @@ pub struct ProviderLoad {
 /// The name the provider phase gives the reference extraction service.
 pub(super) const REFERENCE: &str = "reference";
 
-/// Runs `extractor-serve` with `load.latency_ms`, then the steady state through
-/// it at `load.load` of the capacity its cap allows.
 /// Starts `extractor-serve` with `latency_ms` per call, and a rig whose
 /// workers call it as the extractor `reference`, `cap` calls at a time.
 pub(super) async fn start_provider(
@@ -508,6 +629,8 @@ pub(super) async fn start_provider(
     Ok((rig, provider))
 }
 
+/// Runs `extractor-serve` with `load.latency_ms`, then the steady state through
+/// it at `load.load` of the capacity its cap allows.
 pub async fn provider_steady(
     rig: &Rig,
     load: ProviderLoad,

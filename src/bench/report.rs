@@ -6,9 +6,10 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::cost::JobCost;
 use super::external::number;
 use super::fairness::Fairness;
-use super::pipeline::{BurnDown, Latency, ProviderSteady, Steady};
+use super::pipeline::{BurnDown, Hop, Latency, ProviderSteady, StatementCost, Steady};
 use super::postgres::PgCeiling;
 use super::BenchArgs;
 
@@ -83,110 +84,14 @@ impl Report {
     /// Computes the ratios and checks from what was measured.
     pub(super) fn finish(&mut self) {
         let mut checks = Vec::new();
-        let ratio = |name: &str, value: f64, at_least: Option<f64>| Check {
-            name: name.to_owned(),
-            value,
-            unit: "x",
-            target: at_least.map(|t| format!(">= {t}")),
-            met: at_least.map(|t| value >= t),
-        };
         if let Some(burn) = &self.burn_down {
-            let rate = burn.jobs_per_s;
-            let single = self.postgres.iter().find(|c| c.rows_per_statement == 1);
-            let batched = self.postgres.iter().find(|c| c.rows_per_statement > 1);
-            if let Some(single) = single {
-                checks.push(ratio(
-                    "burn-down / Postgres ceiling, 1 row per statement",
-                    rate / single.lifecycles_per_s,
-                    Some(2.0),
-                ));
-            }
-            if let Some(batched) = batched {
-                let name = format!(
-                    "burn-down / Postgres ceiling, {} rows per statement",
-                    batched.rows_per_statement
-                );
-                checks.push(ratio(&name, rate / batched.lifecycles_per_s, None));
-            }
-            if let Some(peer) = self
-                .peer
-                .as_ref()
-                .and_then(|p| number(p, "jobs_per_s").ok())
-            {
-                checks.push(ratio("burn-down / graphile-worker", rate / peer, Some(2.0)));
-            }
-            if let Some(river) = self
-                .river
-                .as_ref()
-                .and_then(|p| number(p, "jobs_per_s").ok())
-            {
-                // A docstream job is two stages; half of River's rate is
-                // River's rate per stage (the issue's stretch target).
-                checks.push(ratio("burn-down / River", rate / river, Some(0.5)));
-            }
-            for more in &self.scaling {
-                checks.push(ratio(
-                    &format!(
-                        "burn-down with {} + {} workers / with {} + {}",
-                        more.workers, more.bbox_workers, burn.workers, burn.bbox_workers
-                    ),
-                    more.jobs_per_s / rate,
-                    Some(0.9),
-                ));
-            }
-            let kafka = self.kafka.as_ref();
-            if let Some(ceiling) = kafka.and_then(|k| number(k, "consumer_records_per_s").ok()) {
-                checks.push(ratio(
-                    "consumer records/s / Kafka consumer ceiling",
-                    burn.consumer_records_per_s / ceiling,
-                    None,
-                ));
-            }
-            let worker_rss = burn
-                .processes
-                .iter()
-                .filter(|p| p.name.starts_with("worker"))
-                .map(|p| p.peak_rss_mib)
-                .fold(0.0, f64::max);
-            checks.push(Check {
-                name: "worker peak RSS at full throughput (burn-down)".into(),
-                value: worker_rss,
-                unit: "MiB",
-                target: Some("<= 64".into()),
-                met: Some(worker_rss <= 64.0),
-            });
+            checks.extend(self.burn_down_checks(burn));
         }
         if let Some(steady) = &self.steady {
-            let mut at_most = |what: &str, p99: f64, bound: f64| {
-                checks.push(Check {
-                    name: format!("steady p99 {what} at {}/s", steady.rate),
-                    value: p99,
-                    unit: "ms",
-                    target: Some(format!("<= {bound}")),
-                    met: Some(p99 <= bound),
-                });
-            };
-            at_most("submit answered", steady.submit_answer.p99_ms, 20.0);
-            let to_bbox = steady.submit_to_bbox_succeeded.p99_ms;
-            at_most("submit->bbox succeeded", to_bbox, 50.0);
+            checks.extend(steady_checks(steady));
         }
-        if let Some(p) = &self.provider {
-            checks.push(Check {
-                name: "extractor utilisation (succeeded/s / cap x workers / latency)".into(),
-                value: p.utilisation,
-                unit: "x",
-                target: Some(">= 0.9".into()),
-                met: Some(p.utilisation >= 0.9),
-            });
-            let p99 = p.steady.submit_to_succeeded.p99_ms;
-            let bound = p.latency_ms as f64 + 50.0;
-            checks.push(Check {
-                name: format!("extractor p99 submit->succeeded at {}/s", p.steady.rate),
-                value: p99,
-                unit: "ms",
-                target: Some(format!("<= {bound}")),
-                met: Some(p99 <= bound),
-            });
+        if let Some(provider) = &self.provider {
+            checks.extend(provider_checks(provider));
         }
         if let [free, capped] = &self.fairness[..] {
             let (free_p99, capped_p99) =
@@ -199,6 +104,139 @@ impl Report {
         }
         self.checks = checks;
     }
+
+    /// The burn-down against the ceilings, the peers and itself with more
+    /// processes, and the workers' memory.
+    fn burn_down_checks(&self, burn: &BurnDown) -> Vec<Check> {
+        let rate = burn.jobs_per_s;
+        let mut checks = self.postgres_ratios(rate);
+        checks.extend(self.peer_ratios(rate));
+        for more in &self.scaling {
+            checks.push(ratio(
+                &format!(
+                    "burn-down with {} + {} workers / with {} + {}",
+                    more.workers, more.bbox_workers, burn.workers, burn.bbox_workers
+                ),
+                more.jobs_per_s / rate,
+                Some(0.9),
+            ));
+        }
+        let kafka = self.kafka.as_ref();
+        if let Some(ceiling) = kafka.and_then(|k| number(k, "consumer_records_per_s").ok()) {
+            checks.push(ratio(
+                "consumer records/s / Kafka consumer ceiling",
+                burn.consumer_records_per_s / ceiling,
+                None,
+            ));
+        }
+        checks.push(worker_rss_check(burn));
+        checks
+    }
+
+    /// The burn-down's `rate` over each Postgres ceiling.
+    fn postgres_ratios(&self, rate: f64) -> Vec<Check> {
+        let mut checks = Vec::new();
+        let single = self.postgres.iter().find(|c| c.rows_per_statement == 1);
+        let batched = self.postgres.iter().find(|c| c.rows_per_statement > 1);
+        if let Some(single) = single {
+            checks.push(ratio(
+                "burn-down / Postgres ceiling, 1 row per statement",
+                rate / single.lifecycles_per_s,
+                Some(2.0),
+            ));
+        }
+        if let Some(batched) = batched {
+            let name = format!(
+                "burn-down / Postgres ceiling, {} rows per statement",
+                batched.rows_per_statement
+            );
+            checks.push(ratio(&name, rate / batched.lifecycles_per_s, None));
+        }
+        checks
+    }
+
+    /// The burn-down's `rate` over graphile-worker's and River's.
+    fn peer_ratios(&self, rate: f64) -> Vec<Check> {
+        let jobs_per_s = |peer: &Option<serde_json::Value>| {
+            peer.as_ref().and_then(|p| number(p, "jobs_per_s").ok())
+        };
+        let mut checks = Vec::new();
+        if let Some(peer) = jobs_per_s(&self.peer) {
+            checks.push(ratio("burn-down / graphile-worker", rate / peer, Some(2.0)));
+        }
+        if let Some(river) = jobs_per_s(&self.river) {
+            // A docstream job is two stages; half of River's rate is
+            // River's rate per stage (the issue's stretch target).
+            checks.push(ratio("burn-down / River", rate / river, Some(0.5)));
+        }
+        checks
+    }
+}
+
+/// A ratio, with its target when it has one (at least `at_least`).
+fn ratio(name: &str, value: f64, at_least: Option<f64>) -> Check {
+    Check {
+        name: name.to_owned(),
+        value,
+        unit: "x",
+        target: at_least.map(|t| format!(">= {t}")),
+        met: at_least.map(|t| value >= t),
+    }
+}
+
+/// A value that must stay at most `bound`.
+fn at_most(name: String, value: f64, unit: &'static str, bound: f64) -> Check {
+    Check {
+        name,
+        value,
+        unit,
+        target: Some(format!("<= {bound}")),
+        met: Some(value <= bound),
+    }
+}
+
+/// The largest worker's peak RSS during the burn-down, against its bound.
+fn worker_rss_check(burn: &BurnDown) -> Check {
+    let worker_rss = burn
+        .processes
+        .iter()
+        .filter(|p| p.name.starts_with("worker"))
+        .map(|p| p.peak_rss_mib)
+        .fold(0.0, f64::max);
+    let name = "worker peak RSS at full throughput (burn-down)".into();
+    at_most(name, worker_rss, "MiB", 64.0)
+}
+
+/// The steady state's p99s against their bounds.
+fn steady_checks(steady: &Steady) -> [Check; 2] {
+    let p99 = |what: &str, p99: f64, bound: f64| {
+        at_most(
+            format!("steady p99 {what} at {}/s", steady.rate),
+            p99,
+            "ms",
+            bound,
+        )
+    };
+    let to_bbox = steady.submit_to_bbox_succeeded.p99_ms;
+    [
+        p99("submit answered", steady.submit_answer.p99_ms, 20.0),
+        p99("submit->bbox succeeded", to_bbox, 50.0),
+    ]
+}
+
+/// How much of the extractor's capacity was used, and the latency it added.
+fn provider_checks(p: &ProviderSteady) -> [Check; 2] {
+    let utilisation = Check {
+        name: "extractor utilisation (succeeded/s / cap x workers / latency)".into(),
+        value: p.utilisation,
+        unit: "x",
+        target: Some(">= 0.9".into()),
+        met: Some(p.utilisation >= 0.9),
+    };
+    let p99 = p.steady.submit_to_succeeded.p99_ms;
+    let bound = p.latency_ms as f64 + 50.0;
+    let name = format!("extractor p99 submit->succeeded at {}/s", p.steady.rate);
+    [utilisation, at_most(name, p99, "ms", bound)]
 }
 
 /// A transition's name in the table.
@@ -233,6 +271,33 @@ impl fmt::Display for Report {
             "\ndocstream bench, {} CPUs, {}{smoke}",
             self.cpus, self.started_at
         )?;
+        self.ceilings(f)?;
+        if let Some(b) = &self.burn_down {
+            burn_down(f, b)?;
+        }
+        if let (Some(one), false) = (&self.burn_down, self.scaling.is_empty()) {
+            self.scaling(f, one)?;
+        }
+        if let Some(s) = &self.steady {
+            steady(f, s)?;
+        }
+        if let Some(p) = &self.provider {
+            provider(f, p)?;
+        }
+        for run in &self.fairness {
+            fairness(f, run)?;
+        }
+        writeln!(f, "\nratios and targets")?;
+        for c in &self.checks {
+            check(f, c)?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The `ceilings` section: Postgres, Kafka and the peers.
+    fn ceilings(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "\nceilings")?;
         for c in &self.postgres {
             writeln!(
@@ -275,167 +340,363 @@ impl fmt::Display for Report {
                 r["fetch_poll_interval_ms"]
             )?;
         }
-        if let Some(b) = &self.burn_down {
+        Ok(())
+    }
+
+    /// The scaling section: the first burn-down (`one`) and those with more
+    /// processes, each against the first.
+    fn scaling(&self, f: &mut fmt::Formatter<'_>, one: &BurnDown) -> fmt::Result {
+        writeln!(
+            f,
+            "\ndocstream burn-down by worker processes ({} jobs each)",
+            one.jobs
+        )?;
+        for b in std::iter::once(one).chain(&self.scaling) {
             writeln!(
                 f,
-                "\ndocstream burn-down ({} jobs, {} worker(s), {} bbox worker(s))",
-                b.jobs, b.workers, b.bbox_workers
-            )?;
-            writeln!(f, "  jobs to bbox succeeded                 {:>10.0} jobs/s  ({:.2} s; {:.2} s wall incl. group join)", b.jobs_per_s, b.seconds, b.wall_s)?;
-            writeln!(
-                f,
-                "  consumed                               {:>10.0} records/s",
-                b.consumer_records_per_s
-            )?;
-            for p in &b.processes {
-                writeln!(
-                    f,
-                    "  {:<38} {:>7.2} CPU-s  peak RSS {:>6.1} MiB",
-                    p.name, p.cpu_s, p.peak_rss_mib
-                )?;
-            }
-            if !b.statements.is_empty() {
-                writeln!(f, "  where the server's time goes (pg_stat_statements):")?;
-                writeln!(
-                    f,
-                    "  {:>9} {:>8} {:>9}  statement",
-                    "total ms", "calls", "rows"
-                )?;
-            }
-            for st in &b.statements {
-                writeln!(
-                    f,
-                    "  {:>9.0} {:>8} {:>9}  {}",
-                    st.total_ms, st.calls, st.rows, st.query
-                )?;
-            }
-            let c = &b.cost;
-            writeln!(f, "  cost per job, submit to bbox succeeded:")?;
-            for (name, ms) in &c.cpu_ms {
-                writeln!(f, "    CPU {name:<34} {ms:>8.3} ms")?;
-            }
-            writeln!(
-                f,
-                "    CPU, all processes                     {:>8.3} ms",
-                c.total_cpu_ms
-            )?;
-            writeln!(
-                f,
-                "    WAL                                    {:>8.0} bytes",
-                c.wal_bytes
-            )?;
-            if let (Some(statements), Some(rows)) = (c.statements, c.statement_rows) {
-                writeln!(
-                    f,
-                    "    statements / their rows                {statements:>8.2} / {rows:.2}"
-                )?;
-            }
-            writeln!(
-                f,
-                "    Kafka records / bytes                  {:>8.2} / {:.0}",
-                c.kafka_records, c.kafka_bytes
-            )?;
-        }
-        if let (Some(one), false) = (&self.burn_down, self.scaling.is_empty()) {
-            writeln!(
-                f,
-                "\ndocstream burn-down by worker processes ({} jobs each)",
-                one.jobs
-            )?;
-            for b in std::iter::once(one).chain(&self.scaling) {
-                writeln!(
-                    f,
-                    "  {} worker(s) + {} bbox worker(s)          {:>10.0} jobs/s  ({:.2}x of {} + {}; CPU {:.3} ms/job)",
-                    b.workers,
-                    b.bbox_workers,
-                    b.jobs_per_s,
-                    b.jobs_per_s / one.jobs_per_s,
-                    one.workers,
-                    one.bbox_workers,
-                    b.cost.total_cpu_ms
-                )?;
-            }
-        }
-        if let Some(s) = &self.steady {
-            writeln!(
-                f,
-                "\ndocstream steady state ({} submissions at {}/s over {} s; sent at {:.0}/s)",
-                s.sent, s.rate, s.duration_s, s.achieved_rate
-            )?;
-            latency(f, "submit answered (202)", &s.submit_answer)?;
-            latency(f, "submit -> succeeded", &s.submit_to_succeeded)?;
-            latency(f, "submit -> bbox succeeded", &s.submit_to_bbox_succeeded)?;
-            writeln!(f, "  where the time goes:")?;
-            for hop in &s.hops {
-                let name = format!("  {} -> {}", short(&hop.from), short(&hop.to));
-                latency(f, &name, &hop.latency)?;
-            }
-            writeln!(
-                f,
-                "  CPU per 1,000 jobs, all processes      {:>10.2} CPU-s",
-                s.cpu_s_per_1000_jobs
-            )?;
-            for p in &s.processes {
-                let per_1000 = p.cpu_s / (s.accepted as f64 / 1000.0);
-                writeln!(
-                    f,
-                    "  {:<38} {:>7.2} CPU-s/1000 jobs  peak RSS {:>6.1} MiB",
-                    p.name, per_1000, p.peak_rss_mib
-                )?;
-            }
-        }
-        if let Some(p) = &self.provider {
-            let s = &p.steady;
-            writeln!(
-                f,
-                "\nthrough extractor-serve ({} ms per call, cap {} x {} worker(s) = {:.0} jobs/s; offered {}/s = {:.2} of it)",
-                p.latency_ms, p.cap, p.workers, p.capacity_per_s, s.rate, p.load
-            )?;
-            writeln!(
-                f,
-                "  succeeded                              {:>10.1} jobs/s  utilisation {:.3}",
-                s.succeeded_per_s, p.utilisation
-            )?;
-            latency(f, "submit answered (202)", &s.submit_answer)?;
-            latency(f, "submit -> succeeded", &s.submit_to_succeeded)?;
-            latency(f, "submit -> bbox succeeded", &s.submit_to_bbox_succeeded)?;
-            for hop in &s.hops {
-                let name = format!("  {} -> {}", short(&hop.from), short(&hop.to));
-                latency(f, &name, &hop.latency)?;
-            }
-        }
-        for run in &self.fairness {
-            let cap = run.a_cap.map_or("no cap on A".to_owned(), |c| {
-                format!("A capped at {c} open jobs")
-            });
-            writeln!(
-                f,
-                "\nfairness: A floods {} jobs, B sends {} at 10/s ({cap})",
-                run.a_jobs, run.b_jobs
-            )?;
-            writeln!(
-                f,
-                "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
-                run.a_done_s, run.a_refusals
-            )?;
-            latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)?;
-        }
-        writeln!(f, "\nratios and targets")?;
-        for c in &self.checks {
-            let verdict = match c.met {
-                Some(true) => "met",
-                Some(false) => "NOT MET",
-                None => "",
-            };
-            writeln!(
-                f,
-                "  {:<52} {:>9.2} {:<3} {:<8} {verdict}",
-                c.name,
-                c.value,
-                c.unit,
-                c.target.as_deref().unwrap_or("")
+                "  {} worker(s) + {} bbox worker(s)          {:>10.0} jobs/s  ({:.2}x of {} + {}; CPU {:.3} ms/job)",
+                b.workers,
+                b.bbox_workers,
+                b.jobs_per_s,
+                b.jobs_per_s / one.jobs_per_s,
+                one.workers,
+                one.bbox_workers,
+                b.cost.total_cpu_ms
             )?;
         }
         Ok(())
+    }
+}
+
+/// The burn-down section: its rates, then its processes, statements and cost.
+fn burn_down(f: &mut fmt::Formatter<'_>, b: &BurnDown) -> fmt::Result {
+    writeln!(
+        f,
+        "\ndocstream burn-down ({} jobs, {} worker(s), {} bbox worker(s))",
+        b.jobs, b.workers, b.bbox_workers
+    )?;
+    writeln!(f, "  jobs to bbox succeeded                 {:>10.0} jobs/s  ({:.2} s; {:.2} s wall incl. group join)", b.jobs_per_s, b.seconds, b.wall_s)?;
+    writeln!(
+        f,
+        "  consumed                               {:>10.0} records/s",
+        b.consumer_records_per_s
+    )?;
+    for p in &b.processes {
+        writeln!(
+            f,
+            "  {:<38} {:>7.2} CPU-s  peak RSS {:>6.1} MiB",
+            p.name, p.cpu_s, p.peak_rss_mib
+        )?;
+    }
+    statements(f, &b.statements)?;
+    job_cost(f, &b.cost)
+}
+
+/// The table of where the server's time went, when there is one.
+fn statements(f: &mut fmt::Formatter<'_>, statements: &[StatementCost]) -> fmt::Result {
+    if !statements.is_empty() {
+        writeln!(f, "  where the server's time goes (pg_stat_statements):")?;
+        writeln!(
+            f,
+            "  {:>9} {:>8} {:>9}  statement",
+            "total ms", "calls", "rows"
+        )?;
+    }
+    for st in statements {
+        writeln!(
+            f,
+            "  {:>9.0} {:>8} {:>9}  {}",
+            st.total_ms, st.calls, st.rows, st.query
+        )?;
+    }
+    Ok(())
+}
+
+/// The table of what one job cost.
+fn job_cost(f: &mut fmt::Formatter<'_>, c: &JobCost) -> fmt::Result {
+    writeln!(f, "  cost per job, submit to bbox succeeded:")?;
+    for (name, ms) in &c.cpu_ms {
+        writeln!(f, "    CPU {name:<34} {ms:>8.3} ms")?;
+    }
+    writeln!(
+        f,
+        "    CPU, all processes                     {:>8.3} ms",
+        c.total_cpu_ms
+    )?;
+    writeln!(
+        f,
+        "    WAL                                    {:>8.0} bytes",
+        c.wal_bytes
+    )?;
+    if let (Some(statements), Some(rows)) = (c.statements, c.statement_rows) {
+        writeln!(
+            f,
+            "    statements / their rows                {statements:>8.2} / {rows:.2}"
+        )?;
+    }
+    writeln!(
+        f,
+        "    Kafka records / bytes                  {:>8.2} / {:.0}",
+        c.kafka_records, c.kafka_bytes
+    )
+}
+
+/// The steady-state section: latencies, the hops they are made of, and CPU.
+fn steady(f: &mut fmt::Formatter<'_>, s: &Steady) -> fmt::Result {
+    writeln!(
+        f,
+        "\ndocstream steady state ({} submissions at {}/s over {} s; sent at {:.0}/s)",
+        s.sent, s.rate, s.duration_s, s.achieved_rate
+    )?;
+    latencies(f, s)?;
+    writeln!(f, "  where the time goes:")?;
+    hops(f, &s.hops)?;
+    writeln!(
+        f,
+        "  CPU per 1,000 jobs, all processes      {:>10.2} CPU-s",
+        s.cpu_s_per_1000_jobs
+    )?;
+    for p in &s.processes {
+        let per_1000 = p.cpu_s / (s.accepted as f64 / 1000.0);
+        writeln!(
+            f,
+            "  {:<38} {:>7.2} CPU-s/1000 jobs  peak RSS {:>6.1} MiB",
+            p.name, per_1000, p.peak_rss_mib
+        )?;
+    }
+    Ok(())
+}
+
+/// The section of the steady state through extractor-serve.
+fn provider(f: &mut fmt::Formatter<'_>, p: &ProviderSteady) -> fmt::Result {
+    let s = &p.steady;
+    writeln!(
+        f,
+        "\nthrough extractor-serve ({} ms per call, cap {} x {} worker(s) = {:.0} jobs/s; offered {}/s = {:.2} of it)",
+        p.latency_ms, p.cap, p.workers, p.capacity_per_s, s.rate, p.load
+    )?;
+    writeln!(
+        f,
+        "  succeeded                              {:>10.1} jobs/s  utilisation {:.3}",
+        s.succeeded_per_s, p.utilisation
+    )?;
+    latencies(f, s)?;
+    hops(f, &s.hops)
+}
+
+/// A steady state's three latencies from submit.
+fn latencies(f: &mut fmt::Formatter<'_>, s: &Steady) -> fmt::Result {
+    latency(f, "submit answered (202)", &s.submit_answer)?;
+    latency(f, "submit -> succeeded", &s.submit_to_succeeded)?;
+    latency(f, "submit -> bbox succeeded", &s.submit_to_bbox_succeeded)
+}
+
+/// Each hop's latency, named by the transitions it runs between.
+fn hops(f: &mut fmt::Formatter<'_>, hops: &[Hop]) -> fmt::Result {
+    for hop in hops {
+        let name = format!("  {} -> {}", short(&hop.from), short(&hop.to));
+        latency(f, &name, &hop.latency)?;
+    }
+    Ok(())
+}
+
+/// One fairness run's section.
+fn fairness(f: &mut fmt::Formatter<'_>, run: &Fairness) -> fmt::Result {
+    let cap = run.a_cap.map_or("no cap on A".to_owned(), |c| {
+        format!("A capped at {c} open jobs")
+    });
+    writeln!(
+        f,
+        "\nfairness: A floods {} jobs, B sends {} at 10/s ({cap})",
+        run.a_jobs, run.b_jobs
+    )?;
+    writeln!(
+        f,
+        "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
+        run.a_done_s, run.a_refusals
+    )?;
+    latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)
+}
+
+/// One line of the ratios and targets.
+fn check(f: &mut fmt::Formatter<'_>, c: &Check) -> fmt::Result {
+    let verdict = match c.met {
+        Some(true) => "met",
+        Some(false) => "NOT MET",
+        None => "",
+    };
+    writeln!(
+        f,
+        "  {:<52} {:>9.2} {:<3} {:<8} {verdict}",
+        c.name,
+        c.value,
+        c.unit,
+        c.target.as_deref().unwrap_or("")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::cost::JobCost;
+    use crate::bench::fairness::Fairness;
+    use crate::bench::pipeline::{Hop, StatementCost};
+    use crate::bench::procs::ProcCost;
+
+    fn latency(base: f64) -> Latency {
+        Latency {
+            count: 100,
+            p50_ms: base,
+            p99_ms: base * 2.0,
+            p999_ms: base * 3.0,
+            max_ms: base * 4.0,
+        }
+    }
+
+    fn proc(name: &str, cpu_s: f64) -> ProcCost {
+        ProcCost {
+            name: name.into(),
+            cpu_s,
+            peak_rss_mib: 40.5,
+        }
+    }
+
+    fn burn(processes: usize, jobs_per_s: f64) -> BurnDown {
+        BurnDown {
+            jobs: 300,
+            workers: processes,
+            bbox_workers: processes,
+            submit_s: 0.5,
+            seconds: 1.25,
+            wall_s: 3.5,
+            jobs_per_s,
+            consumer_records_per_s: 2.0 * jobs_per_s,
+            processes: vec![proc("worker-1", 1.5), proc("bbox-worker-1", 0.75)],
+            statements: vec![StatementCost {
+                query: "UPDATE extractions SET status = $1".into(),
+                calls: 12,
+                rows: 300,
+                total_ms: 45.0,
+            }],
+            cost: JobCost {
+                cpu_ms: vec![("postgres".into(), 1.25), ("kafka".into(), 0.5)],
+                total_cpu_ms: 1.75,
+                wal_bytes: 2048.0,
+                statements: Some(0.25),
+                statement_rows: Some(3.0),
+                kafka_records: 4.0,
+                kafka_bytes: 900.0,
+            },
+        }
+    }
+
+    fn steady(rate: f64) -> Steady {
+        Steady {
+            rate,
+            duration_s: 2.0,
+            sent: 200,
+            accepted: 200,
+            achieved_rate: rate - 0.5,
+            succeeded_per_s: rate - 1.0,
+            submit_answer: latency(1.5),
+            submit_to_succeeded: latency(10.0),
+            submit_to_bbox_succeeded: latency(20.0),
+            hops: vec![Hop {
+                from: "submit".into(),
+                to: "mark_running".into(),
+                latency: latency(2.5),
+            }],
+            cpu_s_per_1000_jobs: 3.25,
+            processes: vec![proc("serve", 0.5)],
+        }
+    }
+
+    fn fairness(a_cap: Option<i64>, b_p50: f64) -> Fairness {
+        Fairness {
+            a_cap,
+            a_jobs: 300,
+            a_refusals: 7,
+            a_done_s: 12.5,
+            b_jobs: 100,
+            b_submit_to_bbox: latency(b_p50),
+        }
+    }
+
+    /// A report with every phase measured, and fixed numbers.
+    fn full_report() -> Report {
+        let json = |s: &str| serde_json::from_str(s).unwrap();
+        let mut report = Report {
+            started_at: "2026-01-01T00:00:00+00:00".into(),
+            cpus: 2,
+            jobs: 300,
+            smoke: true,
+            postgres: [1, 100]
+                .map(|rows| PgCeiling {
+                    rows_per_statement: rows,
+                    clients: 16,
+                    seconds: 1,
+                    scripts_per_s: 10.0 * rows as f64,
+                    lifecycles_per_s: 100.0 * rows as f64,
+                })
+                .into(),
+            kafka: Some(json(
+                r#"{"producer_records_per_s": 50000.0, "consumer_records_per_s": 80000.0}"#,
+            )),
+            peer: Some(json(
+                r#"{"version": "0.16.6", "jobs": 300, "jobs_per_s": 400.0}"#,
+            )),
+            river: Some(json(
+                r#"{"version": "v0.11.4", "jobs": 300, "jobs_per_s": 900.0, "max_workers": 1000,
+                    "fetch_cooldown_ms": 1, "fetch_poll_interval_ms": 20}"#,
+            )),
+            burn_down: Some(burn(1, 500.0)),
+            scaling: vec![burn(2, 480.0), burn(3, 430.0)],
+            steady: Some(steady(100.0)),
+            provider: Some(ProviderSteady {
+                latency_ms: 200,
+                cap: 32,
+                workers: 1,
+                capacity_per_s: 160.0,
+                load: 0.92,
+                utilisation: 0.91,
+                steady: steady(147.0),
+            }),
+            fairness: vec![fairness(None, 900.0), fairness(Some(50), 300.0)],
+            checks: Vec::new(),
+        };
+        report.finish();
+        report
+    }
+
+    #[test]
+    fn the_table_has_every_section_and_check() {
+        let report = full_report();
+        let text = report.to_string();
+        for section in [
+            "\nceilings\n",
+            "\ndocstream burn-down (300 jobs, 1 worker(s), 1 bbox worker(s))\n",
+            "  where the server's time goes (pg_stat_statements):\n",
+            "  cost per job, submit to bbox succeeded:\n",
+            "\ndocstream burn-down by worker processes (300 jobs each)\n",
+            "\ndocstream steady state (200 submissions at 100/s over 2 s; sent at 100/s)\n",
+            "\nthrough extractor-serve (200 ms per call,",
+            "(no cap on A)\n",
+            "(A capped at 50 open jobs)\n",
+            "\nratios and targets\n",
+        ] {
+            assert!(text.contains(section), "no {section:?} in\n{text}");
+        }
+        // Every check of a full run, in order, each on its own line.
+        assert_eq!(report.checks.len(), 13, "{:#?}", report.checks);
+        let lines: Vec<&str> = text.lines().collect();
+        let table = &lines[lines.len() - report.checks.len()..];
+        for (line, check) in table.iter().zip(&report.checks) {
+            assert!(line.contains(&check.name), "{line:?} is not {check:?}");
+        }
+        let fairness = report.checks.last().unwrap();
+        assert_eq!(
+            fairness.value, 3.0,
+            "B's p99, 1,800 ms without the cap over 600 ms with it: {fairness:?}"
+        );
     }
 }

@@ -182,8 +182,8 @@ settings! {
     /// Submits one tenant may make per second through one `serve` process
     /// (HTTP and the import stream), unless the tenant has its own
     /// (`tenants set-quota`); beyond it, 429 with `Retry-After`. 100/s per
-    /// process lets one tenant use a good share of a process (about 1,000
-    /// submits/s) but not all of it. 0: no limit.
+    /// process lets one tenant use a good share of a process but not all of
+    /// it. 0: no limit.
     tenant_submit_rate_per_s: f64 = 100.0, env "DOCSTREAM_TENANT_SUBMIT_RATE_PER_S", zero_or_more;
     /// Submits a tenant may make at once before its rate applies: the token
     /// bucket's size. 200 absorbs a client's start-up burst.
@@ -369,7 +369,7 @@ settings! {
     db_batch_max: usize = 256_usize, env "DOCSTREAM_DB_BATCH_MAX", at_least(1);
     /// Statements of one kind in flight at once; the requests arriving meanwhile
     /// form the next batch. One gives the largest batches, hence the fewest
-    /// commits (burn-down, 20,000 jobs: 1,893 jobs/s with 1, 1,428 with 2).
+    /// commits and the fastest burn-down.
     db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY", at_least(1);
     /// Consumer groups of export streams are this prefix, the tenant, `-` and
     /// the client's `group` name, so an export never joins a pipeline role's

@@ -592,9 +592,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     /// Pauses a partition once its queue in the local buffer is full. Records
     /// are handled `max_in_flight` at a time; the queue in front of them (eight
     /// times that per partition, at least 256) keeps work ready while a resumed
-    /// partition refetches (burn-down, 512 in flight: twice gave 1,335 jobs/s,
-    /// eight times 2,000). Pausing per partition keeps one deep backlog from starving the
-    /// others.
+    /// partition refetches (a shallower queue made the burn-down slower).
+    /// Pausing per partition keeps one deep backlog from starving the others.
     fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32, queued: usize) {
         if queued < self.queue_bound() || buffer.paused.contains(&partition) {
             return;
