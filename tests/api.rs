@@ -115,7 +115,6 @@ async fn submit_inserts_then_publishes_and_reads_back() {
         (Some(id.as_str()), Some("queued"))
     );
     assert_eq!(view["metadata"], json!({"sample": "invoice-northwind"}));
-    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -145,7 +144,6 @@ async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["code"], "invalid_request");
     assert_eq!(api.rows().await, 1);
-    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -224,7 +222,6 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
 
     assert_eq!(api.rows().await, 0, "nothing written");
     assert_eq!(api.published(), 0, "nothing published");
-    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -248,7 +245,6 @@ async fn cancel_only_a_queued_extraction() {
         api.post(&missing, &json!({}), None).await.0,
         StatusCode::NOT_FOUND
     );
-    api.env.cleanup().await;
 }
 
 #[tokio::test]
@@ -277,5 +273,4 @@ async fn metrics_are_exposed_on_the_internal_listener_only() {
         text.contains("docstream_http_requests_total{route=\"/v1/extractions\",status=\"202\"} 1"),
         "{text}"
     );
-    api.env.cleanup().await;
 }

@@ -126,7 +126,6 @@ async fn sigkill_two_of_three_workers_under_load_loses_nothing() {
     );
 
     stop(workers.iter_mut().chain(std::iter::once(&mut bbox))).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +211,6 @@ async fn a_worker_frozen_past_its_lease_is_fenced_out_when_thawed() {
         held.len()
     );
     stop([&mut a, &mut b]).await;
-    env.cleanup().await;
 }
 
 /// Crafts one orphan of each class in SQL and returns (class, id).
@@ -345,7 +343,6 @@ async fn every_orphan_class_is_listed_and_revived_by_the_reapers() {
         "classes 1-3 record their recovery on the claim"
     );
     stop([&mut worker, &mut bbox]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,7 +415,6 @@ async fn two_reapers_republish_each_orphan_once_per_threshold() {
         .unwrap();
     sweep_round().await;
     count_per_id(2);
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,7 +471,6 @@ async fn sigkill_of_the_bbox_worker_mid_grounding_is_healed() {
         held.len()
     );
     stop([&mut worker, &mut healer]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -547,7 +542,6 @@ async fn a_job_that_keeps_failing_backs_off_then_fails() {
         eprintln!("retries: {id} waited {waits:.3?} s between attempts, failed after 4");
     }
     stop([&mut worker]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,7 +630,6 @@ async fn cancel_and_reclaim_of_a_running_job() {
         "the reclaimed job's first holder was fenced out"
     );
     stop([&mut worker, &mut serve]).await;
-    env.cleanup().await;
 }
 
 /// A new job's "published" stamp is written late and in bulk: not at the
@@ -671,5 +664,4 @@ async fn new_jobs_are_stamped_late_and_only_while_still_queued() {
     let queued: HashSet<Uuid> = ids[1..].iter().copied().collect();
     assert_eq!(stamped, queued, "every job still queued, and only those");
     assert!(!stamped.contains(&claimed.extraction.id));
-    env.cleanup().await;
 }

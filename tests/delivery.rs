@@ -160,7 +160,6 @@ async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice
     assert_eq!((lost, twice, violations), (0, 0, 0));
     assert!(samples.len() >= 5, "the sampler ran throughout");
     stop([&mut replacement]).await;
-    env.cleanup().await;
 }
 
 async fn rebalance_under_load(protocol: &str) {
@@ -234,7 +233,6 @@ async fn rebalance_under_load(protocol: &str) {
     );
     assert_eq!((backwards, violations), (0, 0));
     stop([&mut b, &mut c]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,7 +335,6 @@ async fn poison_records_go_to_the_dlq_and_never_stall_a_partition() {
         parked.values().sum::<usize>(),
         ids.len()
     );
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,7 +406,6 @@ async fn a_backlog_of_fifty_thousand_events_keeps_memory_bounded() {
     assert!(pauses >= 1.0, "the consumer paused at its bound");
     assert!(peak_kib < RSS_BOUND_MIB * 1024, "peak RSS {peak_kib} KiB");
     stop([&mut worker]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -558,5 +554,4 @@ async fn sigterm_of_serve_mid_burst_loses_no_accepted_request() {
         late.len()
     );
     stop([&mut worker]).await;
-    env.cleanup().await;
 }

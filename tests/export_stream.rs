@@ -326,7 +326,6 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
         "each tenant's group commits on its own"
     );
     stop([&mut serve]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +383,6 @@ async fn a_member_that_never_acknowledges_is_closed_and_its_partitions_move_on()
         "closed after {closed_after:?}"
     );
     stop([&mut serve]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -487,7 +485,6 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     assert_eq!(auto, all);
     wait_committed(&env, "auto", EVENTS).await;
     stop([&mut serve]).await;
-    env.cleanup().await;
 }
 
 /// A client that acknowledges each event `delay` after receiving it, until it
@@ -646,7 +643,6 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
         distinct.len()
     );
     stop([&mut serve]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -828,7 +824,6 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         second.len(),
     );
     stop(workers.iter_mut().chain([&mut serve])).await;
-    env.cleanup().await;
 }
 
 /// A client that acknowledges every event `delay` after it arrives and
@@ -954,5 +949,4 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
         second.len()
     );
     stop([&mut serve]).await;
-    env.cleanup().await;
 }

@@ -148,7 +148,6 @@ async fn calls_three_times_longer_than_the_lease_keep_their_claims() {
         assert_eq!(call.status, Some(200));
     }
     stop([&mut worker]).await;
-    env.cleanup().await;
 }
 
 /// Most calls that started within any window of `window` (by arrival).
@@ -262,7 +261,6 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
     );
     assert!(overall <= 2.0 * RATE * 1.05, "{overall:.1} calls/s overall");
     stop(workers.iter_mut()).await;
-    env.cleanup().await;
 }
 
 /// A pseudo-random number in 0..100 for a call, the same on every run.
@@ -349,7 +347,6 @@ async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
         "mark_succeeded",
     );
     stop([&mut worker]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,7 +391,6 @@ async fn a_call_that_hangs_past_its_timeout_is_retried_then_given_up() {
         );
     }
     stop([&mut worker]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,7 +490,6 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         errors["deferred"]
     );
     stop([&mut worker]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -582,7 +577,6 @@ async fn cancelling_a_job_closes_its_call() {
     assert_eq!(calls[0].status, None, "the call was never answered");
     assert!(!wins(&env.pool, "mark_succeeded").await.contains_key(&id));
     stop([&mut worker, &mut serve]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -727,7 +721,6 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     assert!(twice.is_empty(), "jobs extracted more than once: {twice:?}");
     assert_eq!(answered.len(), JOBS);
     stop([&mut replacement]).await;
-    env.cleanup().await;
 }
 
 /// Runs `n` sample jobs through extractor `name` at `url` to bbox succeeded,
@@ -764,7 +757,6 @@ async fn through_the_pipeline(
         "mark_succeeded",
     );
     stop([&mut worker, &mut bbox]).await;
-    env.cleanup().await;
     results
 }
 
@@ -1060,5 +1052,4 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
     let error = always_row.error.unwrap_or_default();
     assert!(error.contains("gave up after 2 attempts"), "{error}");
     stop([&mut worker, &mut serve]).await;
-    env.cleanup().await;
 }

@@ -472,7 +472,6 @@ impl Rig {
             chatty.is_empty(),
             "outages logged more than {most} times: {chatty:?}"
         );
-        self.env.cleanup().await;
     }
 }
 

@@ -102,7 +102,6 @@ async fn a_client_that_closes_at_once_loses_none_of_what_it_sent() {
         ids.len()
     );
     stop(children.iter_mut()).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,5 +169,4 @@ async fn a_server_shutdown_answers_what_it_read_then_closes_normally() {
         close.code
     );
     stop(workers.iter_mut()).await;
-    env.cleanup().await;
 }

@@ -208,5 +208,4 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
         rows.len(),
         letters.len()
     );
-    env.cleanup().await;
 }

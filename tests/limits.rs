@@ -239,7 +239,6 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
          52 jobs succeeded"
     );
     stop(&mut children).await;
-    env.cleanup().await;
 }
 
 /// RSS bound the amplification test states for each process.
@@ -287,7 +286,6 @@ async fn a_result_past_its_limit_fails_after_one_attempt_and_memory_stays_bounde
     }
     eprintln!("limits result: failed after {attempts} attempt: {error}; peak RSS serve/worker {peaks:?} KiB (bound {AMPLIFICATION_RSS_KIB})");
     stop(&mut children).await;
-    env.cleanup().await;
 }
 
 /// The body limit the import test runs with, and its RSS bound for `serve`.
@@ -366,7 +364,6 @@ async fn import_frames_are_held_to_the_body_limit_and_a_larger_one_closes_with_1
         close.reason
     );
     stop(&mut children).await;
-    env.cleanup().await;
 }
 
 /// A pattern the lazy DFA cannot run (Unicode word boundaries), so each
@@ -457,7 +454,6 @@ async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims
          slowest {slowest:?}; 20 other jobs succeeded once each, 0 stale completions"
     );
     stop(&mut children).await;
-    env.cleanup().await;
 }
 
 /// Raises `topic`'s record size limit so records past the broker's 1 MB
@@ -557,7 +553,6 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
         letters[1].0
     );
     stop(&mut children).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -676,5 +671,4 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
         answer.lines().next().unwrap_or_default()
     );
     stop(&mut children).await;
-    env.cleanup().await;
 }

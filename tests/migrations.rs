@@ -141,5 +141,4 @@ async fn jobs_written_under_the_wide_row_read_back_the_same_under_the_narrow_one
         .expect("the migrated queued job can be claimed");
     assert_eq!(claim.token, 1);
     assert!(claim.extraction.request.is_some());
-    env.cleanup().await;
 }

@@ -458,5 +458,4 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
 
     common::stop(children.iter_mut()).await;
     let _ = extractor.kill().await;
-    env.cleanup().await;
 }

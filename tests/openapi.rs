@@ -93,5 +93,4 @@ async fn the_served_document_is_the_checked_in_one() {
     }
 
     common::stop([&mut serve]).await;
-    env.cleanup().await;
 }

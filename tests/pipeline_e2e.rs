@@ -147,5 +147,4 @@ async fn a_thousand_jobs_through_separate_processes_run_exactly_once() {
     for id in &ids {
         assert!(per_id.contains_key(&(id.to_string(), "mark_bbox_refinement_succeeded".to_owned())));
     }
-    env.cleanup().await;
 }

@@ -113,7 +113,6 @@ async fn fifty_concurrent_claims_have_one_winner() {
     assert_eq!(wins_of(pool, id, "mark_running").await, 1);
     let row = store::get(pool, id).await.unwrap().unwrap();
     assert_eq!((row.status.as_str(), row.attempts), ("running", 1));
-    env.cleanup().await;
 }
 
 /// A batch statement judges every row by the same `WHERE` as the single-row one:
@@ -177,7 +176,6 @@ async fn batch_statements_win_and_lose_row_by_row() {
     assert_eq!(won, [true, false, false, true]);
     assert_eq!(wins_of(pool, ids[0], "mark_succeeded").await, 1);
     assert_eq!(wins_of(pool, ids[1], "mark_succeeded").await, 0);
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -200,7 +198,6 @@ async fn succeeded_and_failed_race_has_one_winner() {
     assert_eq!(winners, 1);
     let total = wins_of(pool, id, "mark_succeeded").await + wins_of(pool, id, "mark_failed").await;
     assert_eq!(total, 1);
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -227,7 +224,6 @@ async fn cancel_and_claim_race_has_one_winner() {
             row.status
         );
     }
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -259,7 +255,6 @@ async fn bbox_claims_and_completions_have_one_winner() {
     .await;
     assert_eq!(winners, 1);
     assert_eq!(wins_of(pool, id, "mark_bbox_refinement_running").await, 1);
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -362,7 +357,6 @@ async fn illegal_transitions_return_none_and_change_nothing() {
         .unwrap()
         .is_none());
     assert_eq!(snapshot(pool, id).await, before);
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -401,7 +395,6 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
         .unwrap()
         .is_some());
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -441,7 +434,6 @@ async fn retry_and_bbox_requeue_return_work_to_pending() {
         .unwrap()
         .unwrap();
     assert_eq!(claim.token, 2);
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -492,7 +484,6 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
     )
     .await;
     assert!(matches!(reused, Err(SubmitError::KeyReused)));
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -559,7 +550,6 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
         .await
         .unwrap()
         .is_empty());
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -631,7 +621,6 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
         .await
         .unwrap()
         .is_none());
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -722,7 +711,6 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
         .await
         .unwrap()
         .is_empty());
-    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -753,5 +741,4 @@ async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch() {
     assert!(each[2].as_ref().is_ok_and(Option::is_some));
     let rows = common::count(pool, "SELECT count(*) FROM extraction_requests").await;
     assert_eq!(rows, 2);
-    env.cleanup().await;
 }

@@ -111,7 +111,6 @@ async fn the_cli_makes_tenants_and_keys_and_shows_a_secret_only_once() {
     }
     let deleted = cli(&env, &["tenants", "delete", "acme"]).await;
     assert!(deleted["deleted_at"].is_string());
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +214,6 @@ async fn each_request_needs_a_live_key_with_its_scope_and_sees_only_its_tenant()
         .unwrap();
     assert_eq!(metrics.status(), StatusCode::NOT_FOUND);
     common::stop([&mut child]).await;
-    env.cleanup().await;
 }
 
 /// How long after `revoke` ran the key was first refused by `refused`, which
@@ -382,7 +380,6 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
     );
     assert!(deleted <= REVOCATION_BOUND, "serve took {deleted:?}");
     assert_eq!(refused_jobs, 0, "a refused record became a job");
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,7 +440,6 @@ async fn past_its_submit_rate_a_tenant_gets_429_with_retry_after_and_others_do_n
     let rows = common::count(&env.pool, "SELECT count(*) FROM extractions").await;
     assert_eq!(rows, 5 + 6 + 1, "a refused submit writes nothing");
     common::stop([&mut child]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,7 +538,6 @@ async fn the_cap_on_open_jobs_holds_exactly_under_fifty_concurrent_submitters() 
         StatusCode::TOO_MANY_REQUESTS
     );
     common::stop([&mut one, &mut two]).await;
-    env.cleanup().await;
 }
 
 /// What the generated requests of one tenant expect, as they go.
@@ -825,5 +820,4 @@ async fn ten_thousand_generated_requests_of_two_tenants_never_cross() {
         &crossings[..crossings.len().min(10)]
     );
     assert_eq!(leaks, 0, "events crossed tenants");
-    env.cleanup().await;
 }

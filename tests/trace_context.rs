@@ -199,5 +199,4 @@ async fn a_job_is_one_trace_across_its_records_its_log_lines_and_its_exported_sp
         lines_per_process,
         exports.len()
     );
-    env.cleanup().await;
 }

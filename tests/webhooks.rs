@@ -373,7 +373,6 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
         gone.receipts().len(),
     );
     stop(children.iter_mut()).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,7 +447,6 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
         by_id.len()
     );
     stop([&mut serve, &mut worker, &mut survivor]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,7 +563,6 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
         refusals.join("\n  ")
     );
     stop([&mut serve, &mut worker]).await;
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,7 +633,6 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     assert!(during.verifies_with(SECRET) && during.verifies_with(&new));
     assert_eq!(count(&after), 1);
     assert!(after.verifies_with(&new) && !after.verifies_with(SECRET));
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -749,7 +745,6 @@ async fn a_410_from_a_6000_character_url_is_recorded_once_and_never_retried() {
     );
     assert_eq!(endpoint.1, Sha256::digest(url.as_bytes()).to_vec());
     assert_eq!(endpoint.2, "answered 410 Gone");
-    env.cleanup().await;
 }
 
 /// `http://host:port` of `url`.
@@ -827,7 +822,6 @@ async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
         .unwrap();
     assert!(!again, "the endpoint was recorded already");
     eprintln!("webhook url hash migration test: endpoint kept, digest matches, claim sees it disabled; indexes: {indexed:?}");
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -877,5 +871,4 @@ async fn attempts_that_never_record_an_outcome_still_count_and_the_delivery_is_g
     assert_eq!(receiver.receipts().len(), 0);
     eprintln!("webhook unrecorded attempts: given up at attempt {attempts}: {error:?}");
     stop(&mut children).await;
-    env.cleanup().await;
 }
