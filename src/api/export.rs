@@ -420,10 +420,7 @@ impl RecordHandler for Exporter {
             offset: record.offset,
         };
         let payload = record.payload.as_deref().unwrap_or_default();
-        let event: ExtractionEvent = decode(payload).map_err(|e| HandlerError::Poison {
-            kind: e.kind(),
-            reason: e.to_string(),
-        })?;
+        let event: ExtractionEvent = decode(payload)?;
         if !self.filter.admits(&event) {
             return Ok(());
         }

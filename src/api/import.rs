@@ -39,11 +39,9 @@ use uuid::Uuid;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
-use crate::domain::{
-    idempotency_key_is_valid, ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN,
-};
+use crate::domain::{ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::{self, Services};
-use crate::store::NewExtraction;
+use crate::store::{NewExtraction, Refusal};
 
 /// Frames of one socket being submitted at once.
 pub const IN_FLIGHT: usize = 64;
@@ -308,22 +306,17 @@ async fn submit(
     request: ExtractionRequest,
 ) -> Result<(Uuid, String), ApiError> {
     let max_open_jobs = super::auth::admit_submit(services, caller)?;
-    request.validate(&services.settings.request_limits())?;
-    if idempotency_key
-        .as_deref()
-        .is_some_and(|k| !idempotency_key_is_valid(k))
-    {
-        return Err(ApiError::BadRequest(format!(
-            "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
-        )));
-    }
-    let new = NewExtraction {
-        id: crate::domain::new_job_id(),
-        tenant_id: caller.tenant_id,
-        max_open_jobs,
-        idempotency_key,
-        request,
-    };
+    let tenant = (caller.tenant_id, max_open_jobs);
+    let limits = services.settings.request_limits();
+    let new =
+        NewExtraction::checked(tenant, idempotency_key, request, &limits).map_err(|refused| {
+            match refused {
+                Refusal::Request(e) => ApiError::from(e),
+                Refusal::IdempotencyKey => ApiError::BadRequest(format!(
+                "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+            )),
+            }
+        })?;
     let submitted = pipeline::submit(services, new).await?;
     let row = submitted.extraction();
     Ok((row.id, row.status.to_string()))
