@@ -45,6 +45,29 @@ enum Attempt {
     Failed(String),
 }
 
+impl From<Result<Extracted, ExtractError>> for Attempt {
+    fn from(outcome: Result<Extracted, ExtractError>) -> Self {
+        match outcome {
+            Ok(Extracted::Output(output)) => Self::Extracted(output),
+            Ok(Extracted::Deferred(deadline)) => Self::Deferred(deadline),
+            Err(e) if e.is_retryable() => Self::Retryable(e.to_string()),
+            Err(e) => Self::Failed(e.to_string()),
+        }
+    }
+}
+
+impl Attempt {
+    /// The `outcome` label of the extraction-duration histogram.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Extracted(_) => "succeeded",
+            Self::Deferred(_) => "deferred",
+            Self::Retryable(_) => "retryable",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
 impl ExtractionWorker {
     /// A worker that runs each job's extractor from `services.extractors`.
     pub fn new(services: Services) -> Self {
@@ -59,10 +82,8 @@ impl ExtractionWorker {
     ) -> Result<(), HandlerError> {
         let (id, token) = (claim.extraction.id, claim.token);
         if let Some(recovery) = claim.extraction.last_recovery_s {
-            self.services
-                .metrics
-                .jobs
-                .recovery
+            let recoveries = &self.services.metrics.jobs.recovery;
+            recoveries
                 .with_label_values(&["extraction"])
                 .observe(recovery);
         }
@@ -87,27 +108,8 @@ impl ExtractionWorker {
             .take()
             .map(|json| std::sync::Arc::new(json.0))
             .ok_or_else(|| transient("the claim returned no request (a bug in its statement)"))?;
-        let settings = &self.services.settings;
-        let callback = settings
-            .deferred_results()
-            .map(|(url, secret)| Callback::new(url, secret, id, token));
-        let job = Job {
-            id,
-            attempt: token,
-            request: &request,
-            callback: callback.as_ref(),
-        };
         let started = Instant::now();
-        let work = within_drain(
-            self.extract(&job, stop),
-            stop,
-            settings.extraction_drain_budget(),
-        );
-        let pool = &self.services.pool;
-        let lease_s = settings.extraction_run_lease_s.as_secs_f64();
-        let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
-        let health = &self.services.health;
-        let attempt = match hold(work, settings.heartbeat_interval_s.get(), health, renew).await {
+        let attempt = match self.extract_held(id, token, &request, stop).await {
             Held::Lost => {
                 self.services
                     .stale(Stage::Extraction, id, token, "heartbeat");
@@ -118,25 +120,56 @@ impl ExtractionWorker {
             Held::Done(None | Some(Err(ExtractError::Interrupted))) => {
                 return self.release(id, token).await
             }
-            Held::Done(Some(Err(e))) if e.is_retryable() => Attempt::Retryable(e.to_string()),
-            Held::Done(Some(Err(e))) => Attempt::Failed(e.to_string()),
-            Held::Done(Some(Ok(Extracted::Output(output)))) => Attempt::Extracted(output),
-            Held::Done(Some(Ok(Extracted::Deferred(deadline)))) => Attempt::Deferred(deadline),
-        };
-        let label = match &attempt {
-            Attempt::Extracted(_) => "succeeded",
-            Attempt::Deferred(_) => "deferred",
-            Attempt::Retryable(_) => "retryable",
-            Attempt::Failed(_) => "failed",
+            Held::Done(Some(outcome)) => Attempt::from(outcome),
         };
         let elapsed = started.elapsed().as_secs_f64();
-        self.services
-            .metrics
-            .jobs
-            .extraction_duration
-            .with_label_values(&[label])
+        let durations = &self.services.metrics.jobs.extraction_duration;
+        durations
+            .with_label_values(&[attempt.label()])
             .observe(elapsed);
-        let (services, claim) = (&self.services, (id, token));
+        self.settle((id, token), attempt, reason).await
+    }
+
+    /// Runs the job's extractor while the claim's lease is renewed: until it
+    /// ends, the lease is lost, a cancel is requested, or the drain budget of
+    /// a stopping consumer runs out (`None`).
+    async fn extract_held(
+        &self,
+        id: Uuid,
+        token: i32,
+        request: &std::sync::Arc<crate::domain::ExtractionRequest>,
+        stop: &CancellationToken,
+    ) -> Held<Option<Result<Extracted, ExtractError>>> {
+        let settings = &self.services.settings;
+        let callback = settings
+            .deferred_results()
+            .map(|(url, secret)| Callback::new(url, secret, id, token));
+        let job = Job {
+            id,
+            attempt: token,
+            request,
+            callback: callback.as_ref(),
+        };
+        let work = within_drain(
+            self.extract(&job, stop),
+            stop,
+            settings.extraction_drain_budget(),
+        );
+        let pool = &self.services.pool;
+        let lease_s = settings.extraction_run_lease_s.as_secs_f64();
+        let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
+        let health = &self.services.health;
+        hold(work, settings.heartbeat_interval_s.get(), health, renew).await
+    }
+
+    /// Makes an attempt's outcome durable: success, deferral, retry or failure.
+    async fn settle(
+        &self,
+        claim: (Uuid, i32),
+        attempt: Attempt,
+        reason: PublishReason,
+    ) -> Result<(), HandlerError> {
+        let services = &self.services;
         match attempt {
             Attempt::Extracted(output) => services.succeed_extraction(claim, &output, reason).await,
             Attempt::Deferred(deadline) => self.defer(claim, deadline).await,
