@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use crate::pipeline::Services;
+use crate::events::PublishReason;
+use crate::pipeline::{Services, Stage};
 use crate::store;
 use crate::store::orphans::{self, Orphan, Reclaimed};
 
@@ -77,18 +77,18 @@ pub async fn reclaim(
     match stage {
         Reclaimed::Extraction => {
             let topic = settings.topic(&settings.topic_submitted);
-            let event = ExtractionSubmitted::new(id, PublishReason::Operator);
-            services.publisher.publish_job(&topic, id, &event).await?;
-            orphans::record_published(&services.pool, id).await?;
+            services
+                .republish(Stage::Extraction, id, PublishReason::Operator)
+                .await?;
             Ok(format!(
                 "extraction {id}: lease expired, republished to {topic}\n"
             ))
         }
         Reclaimed::BboxRefinement => {
             let topic = settings.topic(&settings.topic_post_processing);
-            let event = PostProcessingRequested::bbox_refinement(id, PublishReason::Operator);
-            services.publisher.publish_job(&topic, id, &event).await?;
-            orphans::record_bbox_request_published(&services.pool, id).await?;
+            services
+                .republish(Stage::BboxRefinement, id, PublishReason::Operator)
+                .await?;
             Ok(format!(
                 "extraction {id}: bbox refinement lease expired, republished to {topic}\n"
             ))

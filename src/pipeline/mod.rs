@@ -36,15 +36,17 @@ use uuid::Uuid;
 use crate::auth::Authenticator;
 use crate::config::Settings;
 use crate::domain::Transition;
-use crate::events::{decode, Event, ExtractionEvent, PublishReason};
+use crate::events::{
+    decode, Event, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested, PublishReason,
+};
 use crate::extract::{CpuPool, Extractors};
 use crate::failpoints;
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
-use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
+use crate::kafka::{ConsumerSpec, HandlerError, PublishError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::quota::SubmitRates;
-use crate::store::{leases, Claim, Extraction, StoreError};
+use crate::store::{leases, orphans, Claim, Extraction, StoreError};
 use crate::webhook::Webhooks;
 
 /// What every role shares: settings, the pool, the producer and the metrics.
@@ -302,6 +304,49 @@ impl Services {
             self.health.clone(),
             shutdown,
         )
+    }
+}
+
+/// Why a republish did not fully happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RepublishError {
+    /// The event was not acknowledged: nothing changed, try again later.
+    #[error("republish failed: {0}")]
+    Publish(#[from] PublishError),
+    /// The event went out, but its stamp was not written: the job may be
+    /// republished again before its threshold (harmless, since claims are
+    /// atomic).
+    #[error("republished, but not recorded: {0}")]
+    Record(#[from] StoreError),
+}
+
+impl Services {
+    /// Publishes again the event that hands job `id`'s `stage` to its
+    /// workers (`extraction.submitted`, or the bbox request), with `reason`,
+    /// and once the broker acknowledged it stamps the row as republished.
+    /// The reapers and `docstream reclaim` revive jobs through here.
+    pub async fn republish(
+        &self,
+        stage: Stage,
+        id: Uuid,
+        reason: PublishReason,
+    ) -> Result<(), RepublishError> {
+        let settings = &self.settings;
+        match stage {
+            Stage::Extraction => {
+                let topic = settings.topic(&settings.topic_submitted);
+                let event = ExtractionSubmitted::new(id, reason);
+                self.publisher.publish_job(&topic, id, &event).await?;
+                orphans::record_published(&self.pool, id).await?;
+            }
+            Stage::BboxRefinement => {
+                let topic = settings.topic(&settings.topic_post_processing);
+                let event = PostProcessingRequested::bbox_refinement(id, reason);
+                self.publisher.publish_job(&topic, id, &event).await?;
+                orphans::record_bbox_request_published(&self.pool, id).await?;
+            }
+        }
+        Ok(())
     }
 }
 

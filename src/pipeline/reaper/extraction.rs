@@ -6,8 +6,8 @@ use sqlx::Postgres;
 use tokio_util::sync::CancellationToken;
 
 use super::{republish, revive_each, run_sweeps, sweep_once, Sweep, Sweeper};
-use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::pipeline::Services;
+use crate::pipeline::Stage;
 use crate::store::orphans::{self, Orphan, Thresholds};
 use crate::store::StoreError;
 
@@ -31,14 +31,6 @@ impl ExtractionReaper {
     pub async fn sweep(&self) -> Result<Sweep, StoreError> {
         sweep_once(self).await
     }
-
-    async fn republish(&self, orphan: Orphan) -> bool {
-        let services = &self.services;
-        let topic = services.settings.topic(&services.settings.topic_submitted);
-        let event = ExtractionSubmitted::new(orphan.id, PublishReason::Reaper);
-        let record = || orphans::record_published(&services.pool, orphan.id);
-        republish(services, &orphan, &topic, event, record).await
-    }
 }
 
 impl Sweeper for ExtractionReaper {
@@ -58,6 +50,9 @@ impl Sweeper for ExtractionReaper {
         let taken =
             orphans::take_extraction_orphans(&mut **conn, thresholds, settings.reaper_batch_size)
                 .await?;
-        Ok(revive_each(self, &taken, |orphan| self.republish(orphan)).await)
+        let revive = |orphan: Orphan| async move {
+            republish(&self.services, Stage::Extraction, &orphan).await
+        };
+        Ok(revive_each(self, &taken, revive).await)
     }
 }

@@ -30,8 +30,8 @@ use sqlx::Postgres;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Services;
-use crate::events::Event;
+use super::{RepublishError, Services, Stage};
+use crate::events::PublishReason;
 use crate::health::Dependency;
 use crate::store::orphans::Orphan;
 use crate::store::StoreError;
@@ -168,34 +168,19 @@ where
     }
 }
 
-/// Republishes `event` for `orphan` to `topic`, then records that with
-/// `record`, so the orphan is not taken again before its threshold; true once
-/// the broker acknowledged it. A failure is retried at the orphan's next
-/// threshold.
-async fn republish<E, F, Fut>(
-    services: &Services,
-    orphan: &Orphan,
-    topic: &str,
-    event: E,
-    record: F,
-) -> bool
-where
-    E: Event,
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<(), StoreError>>,
-{
+/// Republishes `orphan`'s event for `stage`; true once the broker
+/// acknowledged it. A failure is retried at the orphan's next threshold.
+async fn republish(services: &Services, stage: Stage, orphan: &Orphan) -> bool {
     match services
-        .publisher
-        .publish_job(topic, orphan.id, &event)
+        .republish(stage, orphan.id, PublishReason::Reaper)
         .await
     {
-        Ok(()) => {
-            if let Err(e) = record().await {
-                tracing::warn!(id = %orphan.id, error = %e, "republish not recorded; it may be republished again");
-            }
+        Ok(()) => true,
+        Err(e @ RepublishError::Record(_)) => {
+            tracing::warn!(id = %orphan.id, error = %e, "it may be republished again");
             true
         }
-        Err(e) => {
+        Err(e @ RepublishError::Publish(_)) => {
             tracing::warn!(id = %orphan.id, error = %e, "orphan republish failed");
             false
         }
