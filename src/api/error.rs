@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::auth::AuthError;
-use crate::domain::RequestError;
-use crate::store::{StoreError, SubmitError};
+use crate::domain::{RequestError, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::store::{Refusal, StoreError, SubmitError};
 
 /// Why a request was not served.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +63,17 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A submission refused before it reached the store; `key` is the
+    /// idempotency key's name as the intake spells it (a header, a field).
+    pub(crate) fn refused(refusal: Refusal, key: &str) -> Self {
+        match refusal {
+            Refusal::Request(e) => e.into(),
+            Refusal::IdempotencyKey => Self::BadRequest(format!(
+                "{key} must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+            )),
+        }
+    }
+
     pub(super) fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),

@@ -12,13 +12,11 @@ use uuid::Uuid;
 
 use super::ApiError;
 use crate::auth::Caller;
-use crate::domain::{
-    ExtractionRequest, ExtractionStatus, Scope, Transition, MAX_IDEMPOTENCY_KEY_LEN,
-};
+use crate::domain::{ExtractionRequest, ExtractionStatus, Scope, Transition};
 use crate::events::PublishReason;
 use crate::pipeline;
 use crate::pipeline::Services;
-use crate::store::{self, transitions, Extraction, NewExtraction, Refusal};
+use crate::store::{self, transitions, Extraction, NewExtraction};
 
 /// Submit, read and cancel.
 pub(super) fn router() -> Router<Services> {
@@ -103,13 +101,8 @@ async fn submit(
         .map(|v| v.to_str().unwrap_or_default().to_owned());
     let tenant = (caller.tenant_id, max_open_jobs);
     let limits = services.settings.request_limits();
-    let new =
-        NewExtraction::checked(tenant, idempotency_key, request, &limits).map_err(|refused| {
-            match refused {
-                Refusal::Request(e) => ApiError::from(e),
-                Refusal::IdempotencyKey => bad_idempotency_key(),
-            }
-        })?;
+    let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
+        .map_err(|refused| ApiError::refused(refused, "Idempotency-Key"))?;
     let submitted = pipeline::submit(&services, new).await?;
     let row = submitted.extraction();
     let location = format!("/v1/extractions/{}", row.id);
@@ -123,12 +116,6 @@ async fn submit(
         Json(body),
     )
         .into_response())
-}
-
-fn bad_idempotency_key() -> ApiError {
-    ApiError::BadRequest(format!(
-        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
-    ))
 }
 
 async fn read(

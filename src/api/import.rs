@@ -39,9 +39,9 @@ use uuid::Uuid;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
-use crate::domain::{ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::domain::{ExtractionRequest, RequestError, Scope};
 use crate::pipeline::{self, Services};
-use crate::store::{NewExtraction, Refusal};
+use crate::store::NewExtraction;
 
 /// Frames of one socket being submitted at once.
 pub const IN_FLIGHT: usize = 64;
@@ -308,15 +308,8 @@ async fn submit(
     let max_open_jobs = super::auth::admit_submit(services, caller)?;
     let tenant = (caller.tenant_id, max_open_jobs);
     let limits = services.settings.request_limits();
-    let new =
-        NewExtraction::checked(tenant, idempotency_key, request, &limits).map_err(|refused| {
-            match refused {
-                Refusal::Request(e) => ApiError::from(e),
-                Refusal::IdempotencyKey => ApiError::BadRequest(format!(
-                "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
-            )),
-            }
-        })?;
+    let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
+        .map_err(|refused| ApiError::refused(refused, "idempotency_key"))?;
     let submitted = pipeline::submit(services, new).await?;
     let row = submitted.extraction();
     Ok((row.id, row.status.to_string()))
