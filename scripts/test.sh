@@ -9,8 +9,10 @@
 # Before the cargo tests, promtool checks the compose stack's Prometheus config
 # and alert rules and runs the rules' unit tests (seconds). After them, a
 # separate step fuzzes the HTTP API against its OpenAPI document with
-# schemathesis (scripts/fuzz-api.sh; under a minute). The suite fails if any
-# step does. With a test filter, only the tests run.
+# schemathesis (scripts/fuzz-api.sh; under a minute). Before both, cargo-deny
+# checks the dependency graph against deny.toml (licences, duplicate versions,
+# sources; seconds, after a one-time build of the tool of about 4 minutes).
+# The suite fails if any step does. With a test filter, only the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,13 +25,21 @@ source scripts/lib/prepare.sh
 source scripts/lib/toxiproxy.sh
 source scripts/lib/fuzz-api.sh
 source scripts/lib/promtool.sh
+source scripts/lib/deny.sh
 prepare
 ensure_toxiproxy
 ensure_schemathesis
 ensure_promtool
+ensure_cargo_deny
 
+deps=skipped
 alerts=skipped
 if [ $# -eq 0 ]; then
+    echo "== deps: cargo deny check licenses bans sources ==" >&2
+    set +e
+    check_dependencies
+    deps=$?
+    set -e
     echo "== alerts: promtool check config, check rules, test rules ==" >&2
     set +e
     check_alerts
@@ -65,6 +75,11 @@ fi
 # One closing line for the whole suite, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+case "$deps" in
+    0) echo "deps: passed" ;;
+    skipped) echo "deps: skipped (a test filter was given)"; deps=0 ;;
+    *) echo "deps: FAILED (cargo deny, deny.toml)" ;;
+esac
 case "$alerts" in
     0) echo "alerts: passed" ;;
     skipped) echo "alerts: skipped (a test filter was given)"; alerts=0 ;;
@@ -76,5 +91,6 @@ case "$fuzz" in
     *) echo "fuzz: FAILED (scripts/fuzz-api.sh; logs in target/tmp/fuzz-api/)" ;;
 esac
 if [ "$status" != 0 ]; then exit "$status"; fi
+if [ "$deps" != 0 ]; then exit "$deps"; fi
 if [ "$alerts" != 0 ]; then exit "$alerts"; fi
 exit "$fuzz"

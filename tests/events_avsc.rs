@@ -13,7 +13,10 @@ fn reader(file: &str) -> GenericSingleObjectReader {
         .join("schemas")
         .join(file);
     let text = std::fs::read_to_string(path).unwrap();
-    GenericSingleObjectReader::new(Schema::parse_str(&text).unwrap()).unwrap()
+    GenericSingleObjectReader::builder()
+        .schema(Schema::parse_str(&text).unwrap())
+        .build()
+        .unwrap()
 }
 
 fn field<'a>(value: &'a Value, name: &str) -> &'a Value {

@@ -1,18 +1,22 @@
 //! The state machine against a real Postgres: racing transitions have exactly one
 //! winner, illegal transitions change nothing, fencing tokens shut out stale
 //! holders, and submits are idempotent per key.
+//!
+//! Each test gets a freshly migrated database of its own from `#[sqlx::test]`
+//! (it reads `DATABASE_URL`, as `scripts/test.sh` sets it); the database is
+//! dropped when the test passes and kept for a look when it fails.
 
 mod common;
 
 use docstream::store::tenants::DEFAULT_TENANT_ID;
 use std::future::Future;
 
-use common::TestEnv;
 use docstream::domain::ExtractionRequest;
 use docstream::store::{
     self, leases, orphans, transitions, Extraction, NewExtraction, SubmitError, Submitted,
 };
 use futures::future::join_all;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -52,8 +56,20 @@ async fn succeeded(pool: &PgPool) -> Uuid {
     id
 }
 
+/// This test's own migrated database (`#[sqlx::test]` makes it, and drops it
+/// when the test passes), with a connection for each of the 50 racers. The
+/// options `#[sqlx::test]` offers borrow from its shared pool of 20, too few
+/// for 50 at once, so the pool is a new one.
+async fn racing_pool(_shared: PgPoolOptions, connect: PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(60)
+        .connect_with(connect)
+        .await
+        .unwrap()
+}
+
 /// Runs one statement about job `id` ($1), as a test's time machine.
-async fn exec(pool: &PgPool, sql: &str, id: Uuid) {
+async fn exec(pool: &PgPool, sql: &'static str, id: Uuid) {
     sqlx::query(sql).bind(id).execute(pool).await.unwrap();
 }
 
@@ -103,10 +119,12 @@ where
         .count()
 }
 
-#[tokio::test]
-async fn fifty_concurrent_claims_have_one_winner() {
-    let env = TestEnv::postgres_only("claims").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn fifty_concurrent_claims_have_one_winner(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = &racing_pool(options, connect).await;
     let id = queued(pool).await;
     let winners = race(|_| transitions::mark_running(pool, id, LEASE_S)).await;
     assert_eq!(winners, 1);
@@ -118,10 +136,12 @@ async fn fifty_concurrent_claims_have_one_winner() {
 /// A batch statement judges every row by the same `WHERE` as the single-row one:
 /// in one batch, claimable rows are won, others and repeats lose; batches racing
 /// over overlapping ids claim each id once; completions are fenced per row.
-#[tokio::test]
-async fn batch_statements_win_and_lose_row_by_row() {
-    let env = TestEnv::postgres_only("batches").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn batch_statements_win_and_lose_row_by_row(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = &racing_pool(options, connect).await;
     let mut ids = Vec::new();
     for _ in 0..40 {
         ids.push(queued(pool).await);
@@ -178,10 +198,12 @@ async fn batch_statements_win_and_lose_row_by_row() {
     assert_eq!(wins_of(pool, ids[1], "mark_succeeded").await, 0);
 }
 
-#[tokio::test]
-async fn succeeded_and_failed_race_has_one_winner() {
-    let env = TestEnv::postgres_only("complete_race").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn succeeded_and_failed_race_has_one_winner(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = &racing_pool(options, connect).await;
     let (id, token) = running(pool).await;
     let result = serde_json::json!({"fields": {}});
     let winners = race(|i| {
@@ -200,10 +222,9 @@ async fn succeeded_and_failed_race_has_one_winner() {
     assert_eq!(total, 1);
 }
 
-#[tokio::test]
-async fn cancel_and_claim_race_has_one_winner() {
-    let env = TestEnv::postgres_only("cancel_race").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn cancel_and_claim_race_has_one_winner(options: PgPoolOptions, connect: PgConnectOptions) {
+    let pool = &racing_pool(options, connect).await;
     for _ in 0..5 {
         let id = queued(pool).await;
         let winners = race(|i| async move {
@@ -226,10 +247,12 @@ async fn cancel_and_claim_race_has_one_winner() {
     }
 }
 
-#[tokio::test]
-async fn bbox_claims_and_completions_have_one_winner() {
-    let env = TestEnv::postgres_only("bbox_race").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn bbox_claims_and_completions_have_one_winner(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = &racing_pool(options, connect).await;
     let id = succeeded(pool).await;
     let winners = race(|_| transitions::mark_bbox_refinement_running(pool, id, LEASE_S)).await;
     assert_eq!(winners, 1);
@@ -257,10 +280,9 @@ async fn bbox_claims_and_completions_have_one_winner() {
     assert_eq!(wins_of(pool, id, "mark_bbox_refinement_running").await, 1);
 }
 
-#[tokio::test]
-async fn illegal_transitions_return_none_and_change_nothing() {
-    let env = TestEnv::postgres_only("illegal").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn illegal_transitions_return_none_and_change_nothing(pool: PgPool) {
+    let pool = &pool;
     let result = serde_json::json!({"fields": {}});
 
     // From queued: nothing that needs a claim or a success may happen.
@@ -359,10 +381,9 @@ async fn illegal_transitions_return_none_and_change_nothing() {
     assert_eq!(snapshot(pool, id).await, before);
 }
 
-#[tokio::test]
-async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
-    let env = TestEnv::postgres_only("fencing").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn a_stale_holder_is_fenced_out_after_its_lease_expired(pool: PgPool) {
+    let pool = &pool;
     let (id, stale_token) = running(pool).await;
     // The holder froze past its lease (expired 2 s ago on the database clock).
     exec(
@@ -397,10 +418,9 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired() {
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
 }
 
-#[tokio::test]
-async fn retry_and_bbox_requeue_return_work_to_pending() {
-    let env = TestEnv::postgres_only("requeue").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn retry_and_bbox_requeue_return_work_to_pending(pool: PgPool) {
+    let pool = &pool;
     let (id, token) = running(pool).await;
     let row = transitions::requeue_for_retry(pool, id, token, "flaky", 0.0)
         .await
@@ -436,10 +456,12 @@ async fn retry_and_bbox_requeue_return_work_to_pending() {
     assert_eq!(claim.token, 2);
 }
 
-#[tokio::test]
-async fn fifty_concurrent_submits_with_one_key_make_one_row() {
-    let env = TestEnv::postgres_only("idempotent_submit").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn fifty_concurrent_submits_with_one_key_make_one_row(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = &racing_pool(options, connect).await;
     let submits = (0..50).map(|_| {
         store::submit(
             pool,
@@ -486,10 +508,9 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row() {
     assert!(matches!(reused, Err(SubmitError::KeyReused)));
 }
 
-#[tokio::test]
-async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
-    let env = TestEnv::postgres_only("orphan_predicates").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans(pool: PgPool) {
+    let pool = &pool;
     let thresholds = orphans::Thresholds {
         queued_s: 10.0,
         run_lease_s: LEASE_S,
@@ -552,10 +573,9 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans() {
         .is_empty());
 }
 
-#[tokio::test]
-async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
-    let env = TestEnv::postgres_only("heartbeats").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool: PgPool) {
+    let pool = &pool;
     let (id, token) = running(pool).await;
     let renewed = leases::renew_extraction_lease(pool, id, token, LEASE_S)
         .await
@@ -623,11 +643,10 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests() {
         .is_none());
 }
 
-#[tokio::test]
-async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenced() {
+#[sqlx::test]
+async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenced(pool: PgPool) {
     use docstream::store::webhooks::{self, Final};
-    let env = TestEnv::postgres_only("webhook_outbox").await;
-    let pool = &env.pool;
+    let pool = &pool;
     let mut with_hook = request();
     with_hook.webhook_url = Some("https://hooks.example.com/docstream".into());
     let new = NewExtraction {
@@ -713,10 +732,9 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
         .is_empty());
 }
 
-#[tokio::test]
-async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch() {
-    let env = TestEnv::postgres_only("insert_each").await;
-    let pool = &env.pool;
+#[sqlx::test]
+async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch(pool: PgPool) {
+    let pool = &pool;
     let new = |key: &str| {
         store::Insert::new(NewExtraction {
             id: Uuid::new_v4(),

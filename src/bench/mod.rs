@@ -29,7 +29,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::demo::sample_requests;
 use docstream::config::Settings;
@@ -401,10 +401,12 @@ struct Scratch {
 impl Scratch {
     async fn create(settings: &Settings, name: &str) -> anyhow::Result<Self> {
         let admin = store::connect(&settings.database_url, 1).await?;
-        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-            .execute(&admin)
-            .await?;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
             .execute(&admin)
             .await
             .context(
@@ -449,10 +451,10 @@ impl Scratch {
     }
 
     async fn drop_database(self) -> anyhow::Result<()> {
-        sqlx::query(&format!(
+        sqlx::query(AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
             self.name
-        ))
+        )))
         .execute(&self.admin)
         .await?;
         self.admin.close().await;

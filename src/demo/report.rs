@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
 /// Jobs by where they are, for the submitted ids.
@@ -148,11 +148,11 @@ impl Summary {
                   WHERE s IS NOT NULL"
             )
         };
-        let to_succeeded: (f64, f64) = sqlx::query_as(&latency("finished_at"))
+        let to_succeeded: (f64, f64) = sqlx::query_as(AssertSqlSafe(latency("finished_at")))
             .bind(ids)
             .fetch_one(pool)
             .await?;
-        let to_bbox: (f64, f64) = sqlx::query_as(&latency("bbox_finished_at"))
+        let to_bbox: (f64, f64) = sqlx::query_as(AssertSqlSafe(latency("bbox_finished_at")))
             .bind(ids)
             .fetch_one(pool)
             .await?;

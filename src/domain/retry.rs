@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::RngExt;
 
 /// A backoff: its first delay and its cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub struct Backoff {
 impl Backoff {
     /// The delay after failed attempt `attempt` (1-based), jittered at random.
     pub fn after(&self, attempt: i32) -> Duration {
-        self.with_jitter(attempt, rand::thread_rng().gen())
+        self.with_jitter(attempt, rand::rng().random())
     }
 
     /// The delay after failed attempt `attempt` for a given `jitter` in [0, 1).

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use rand::RngCore;
+use rand::TryRng;
 use sha2::{Digest, Sha256};
 
 /// What an API key allows. A request needs exactly the scope of its route;
@@ -170,8 +170,7 @@ pub struct NewApiKey {
 impl NewApiKey {
     /// A new key of 256 random bits.
     pub fn generate() -> Self {
-        let mut bytes = [0u8; 32];
-        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        let bytes = os_random_bytes();
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         Self {
             secret: format!("{KEY_PREFIX}{hex}"),
@@ -184,12 +183,20 @@ impl NewApiKey {
     }
 }
 
+/// 32 bytes from the operating system's generator, for secrets.
+fn os_random_bytes() -> [u8; 32] {
+    let mut bytes = [0u8; 32];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut bytes)
+        .expect("the operating system's random number generator is available");
+    bytes
+}
+
 /// A new webhook signing secret: `whsec_` and 32 random bytes in base64, the
 /// Standard Webhooks form that receivers' libraries take as it is.
 pub fn new_webhook_secret() -> String {
     use base64::Engine;
-    let mut bytes = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    let bytes = os_random_bytes();
     format!(
         "whsec_{}",
         base64::engine::general_purpose::STANDARD.encode(bytes)

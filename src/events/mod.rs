@@ -128,14 +128,14 @@ pub struct DeadLetter {
     /// Original offset.
     pub offset: i64,
     /// Original key: its first [`DeadLetter::MAX_KEY`] bytes.
-    #[serde(with = "apache_avro::serde_avro_bytes_opt")]
+    #[serde(with = "apache_avro::serde::bytes_opt")]
     pub key: Option<Vec<u8>>,
     /// Size of the original value in bytes; -1 when it had none.
     pub payload_size: i64,
     /// SHA-256 of the original value, lowercase hex; empty when it had none.
     pub payload_sha256: String,
     /// The original value's first bytes; all of it when it is small.
-    #[serde(with = "apache_avro::serde_avro_bytes_opt")]
+    #[serde(with = "apache_avro::serde::bytes_opt")]
     pub payload_excerpt: Option<Vec<u8>>,
     /// Machine-readable class of the failure.
     pub error_kind: String,

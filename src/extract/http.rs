@@ -58,6 +58,7 @@ impl HttpExtractor {
         settings: &ExtractorSettings,
         metrics: ExtractorMetrics,
     ) -> reqwest::Result<Self> {
+        crate::install_tls_provider();
         let client = reqwest::Client::builder()
             .timeout(settings.timeout())
             .connect_timeout(settings.timeout().min(Duration::from_secs(10)))

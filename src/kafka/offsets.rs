@@ -177,7 +177,7 @@ mod tests {
     fn out_of_order_completion_never_commits_past_a_gap() {
         // Randomised order, checked against the definition.
         use rand::seq::SliceRandom;
-        let mut rng = rand::thread_rng();
+        let mut rng = rand::rng();
         for _ in 0..200 {
             let mut tracker = OffsetTracker::default();
             let mut tickets: Vec<_> = (0..20).map(|o| tracker.begin(tp(), o)).collect();

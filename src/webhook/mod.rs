@@ -129,16 +129,20 @@ impl Webhooks {
 /// take the request past the guard), bounded time, the guard as resolver, and
 /// HTTPS verified against the system's root certificates.
 fn http_client(guard: &Guard, timeout: Duration) -> reqwest::Client {
+    crate::install_tls_provider();
     let builder = |native_roots: bool| {
-        reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .timeout(timeout)
             .connect_timeout(timeout)
             .dns_resolver(Arc::new(guard.clone()))
-            .tls_built_in_native_certs(native_roots)
-            .user_agent(concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION")))
-            .build()
+            .user_agent(concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION")));
+        if native_roots {
+            builder.build()
+        } else {
+            builder.tls_certs_only([]).build()
+        }
     };
     builder(true).unwrap_or_else(|e| {
         tracing::error!(error = %e, "the system's root certificates did not load; https webhooks will fail until they do");

@@ -10,7 +10,7 @@ use docstream::store;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 #[cfg(feature = "docker")]
 use super::docker;
@@ -132,7 +132,7 @@ impl TestEnv {
             .parse()
             .expect("a header");
         headers.insert(reqwest::header::AUTHORIZATION, value);
-        reqwest::Client::builder().default_headers(headers)
+        http_builder().default_headers(headers)
     }
 
     /// Connected services (pool, producer, metrics) for in-process roles.
@@ -189,16 +189,18 @@ async fn remove(settings: &Settings) {
     let mut admin_url = reqwest::Url::parse(&settings.database_url).unwrap();
     admin_url.set_path("postgres");
     if let Ok(admin) = PgPool::connect(admin_url.as_str()).await {
-        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-            .execute(&admin)
-            .await;
+        let _ = sqlx::query(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await;
         admin.close().await;
     }
 }
 
 async fn create_database(admin_url: &str, name: &str) -> String {
     let admin = PgPool::connect(admin_url).await.expect("admin connection");
-    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
         .execute(&admin)
         .await
         .expect("create test database");
@@ -223,4 +225,17 @@ pub fn fast_recovery(settings: &mut Settings) {
 /// A duration setting of `s` seconds.
 pub fn secs(s: f64) -> docstream::config::Seconds {
     docstream::config::Seconds::try_from(s).expect("a number of seconds")
+}
+
+/// A builder of HTTP clients for tests. The library's clients run on rustls
+/// with the provider it installs, and reqwest is built without one of its
+/// own, so every client a test makes starts here.
+pub fn http_builder() -> reqwest::ClientBuilder {
+    docstream::install_tls_provider();
+    reqwest::Client::builder()
+}
+
+/// A plain HTTP client for tests (see [`http_builder`]).
+pub fn http_client() -> reqwest::Client {
+    http_builder().build().expect("a client")
 }

@@ -8,14 +8,17 @@ use docstream::pipeline::Services;
 use docstream::store::tenants::DEFAULT_TENANT_ID;
 use docstream::store::{self, NewExtraction};
 use futures::stream::{self, StreamExt};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
 use super::process::wait_for;
 
 /// A count from the database.
 pub async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// A valid request body with word geometry: one of the shipped samples in
@@ -91,7 +94,7 @@ pub async fn wait_count(pool: &PgPool, what: &str, sql: &str, at_least: i64, tim
         let pool = pool.clone();
         let sql = sql.to_owned();
         async move {
-            let n: i64 = sqlx::query_scalar(&sql)
+            let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
                 .fetch_one(&pool)
                 .await
                 .map_err(|e| e.to_string())?;

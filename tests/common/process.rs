@@ -51,7 +51,11 @@ pub async fn signal(child: &Child, signal: &str) {
 
 /// The value of one metric series scraped from `http://{addr}/metrics`, or 0.
 pub async fn scrape(addr: &str, series: &str) -> f64 {
-    let text = match reqwest::get(format!("http://{addr}/metrics")).await {
+    let text = match super::env::http_client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+    {
         Ok(response) => response.text().await.unwrap_or_default(),
         Err(_) => return 0.0,
     };
@@ -91,7 +95,7 @@ where
 
 /// Waits until `GET {base}/healthz` answers 200.
 pub async fn wait_healthy(base: &str) {
-    let client = reqwest::Client::new();
+    let client = super::env::http_client();
     wait_for("the API to be healthy", Duration::from_secs(60), || {
         let request = client.get(format!("{base}/healthz")).send();
         async move {
