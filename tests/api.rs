@@ -262,7 +262,9 @@ async fn metrics_are_exposed_on_the_internal_listener_only() {
         StatusCode::NOT_FOUND,
         "/metrics on the API port"
     );
-    let text = reqwest::get(format!("http://{}/metrics", api.metrics))
+    let text = common::http_client()
+        .get(format!("http://{}/metrics", api.metrics))
+        .send()
         .await
         .unwrap()
         .text()

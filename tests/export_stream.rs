@@ -17,11 +17,12 @@ use common::{
     ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{encode, now_ms, ExtractionEvent, PublishReason};
-use docstream::store::tenants::{self, DEFAULT_TENANT_ID};
+use docstream::store::tenants::{self, CreatedKey, DEFAULT_TENANT_ID};
 use futures::{stream, SinkExt, StreamExt};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use tokio::net::TcpStream;
+use tokio::process::Child;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
@@ -215,29 +216,61 @@ fn committed_sum(env: &TestEnv, group: &str) -> i64 {
     env.committed(&group, "extraction.events").values().sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_for_the_earliest() {
-    const BEFORE: usize = 300;
-    const AFTER: usize = 100;
+/// Events each tenant has on the topic before the server starts, and how many
+/// more each gets once A's latest stream has started.
+const TENANT_EVENTS_BEFORE: usize = 300;
+const TENANT_EVENTS_AFTER: usize = 100;
+
+/// Tenants A and B with events on the topic, and a `serve` started after them.
+struct TwoTenants {
+    env: TestEnv,
+    a: CreatedKey,
+    b: CreatedKey,
+    /// Every position on the topic before the server started.
+    old: HashSet<(i32, i64)>,
+    port: u16,
+    serve: Child,
+}
+
+/// Each tenant's events, once both got more after A's latest stream started.
+struct TenantEvents {
+    /// A's events produced after its latest stream started.
+    a_new: HashSet<(i32, i64)>,
+    all_of_a: HashSet<(i32, i64)>,
+    all_of_b: HashSet<(i32, i64)>,
+}
+
+/// Tenants A and B, 300 events of each on the topic, then a `serve`.
+async fn two_tenants_with_events_and_a_server() -> TwoTenants {
     let env = TestEnv::new("export_tenants").await;
     let a = tenants::create_tenant(&env.pool, "a").await.unwrap().key;
     let b = tenants::create_tenant(&env.pool, "b").await.unwrap().key;
-    produce_events_of(&env, BEFORE, a.tenant_id).await;
-    produce_events_of(&env, BEFORE, b.tenant_id).await;
+    produce_events_of(&env, TENANT_EVENTS_BEFORE, a.tenant_id).await;
+    produce_events_of(&env, TENANT_EVENTS_BEFORE, b.tenant_id).await;
     let old: HashSet<(i32, i64)> = event_positions(&env);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut serve = env.spawn(
+    let serve = env.spawn(
         "serve",
         &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
         "export-tenants-serve",
     );
     wait_healthy(&format!("http://{addr}")).await;
+    TwoTenants {
+        env,
+        a,
+        b,
+        old,
+        port,
+        serve,
+    }
+}
 
-    // A's new group starts at the latest: once a marker event of A's comes
-    // through (the group is assigned), every event of A's produced after it
-    // arrives, and none produced before, and none of B's.
-    let mut latest = connect_with(&a.api_key, port, "group=g&ack=auto").await;
+/// A's new group, from the latest, once a marker event of A's has come
+/// through it (the group is assigned); and how many markers that took.
+async fn a_latest_stream_of_tenant_a_once_it_has_started(scenario: &TwoTenants) -> (Socket, i32) {
+    let (env, a) = (&scenario.env, &scenario.a);
+    let mut latest = connect_with(&a.api_key, scenario.port, "group=g&ack=auto").await;
     let quiet = Duration::from_millis(1500);
     let mut markers = 0;
     while receive_until(&mut latest, quiet, |seen| !seen.is_empty())
@@ -245,13 +278,19 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
         .is_empty()
     {
         assert!(markers < 60, "A's stream never started");
-        produce_events_of(&env, 1, a.tenant_id).await;
+        produce_events_of(env, 1, a.tenant_id).await;
         markers += 1;
     }
-    let before_after = event_positions(&env);
-    produce_events_of(&env, AFTER, a.tenant_id).await;
-    produce_events_of(&env, AFTER, b.tenant_id).await;
-    let owners = event_tenants(&env);
+    (latest, markers)
+}
+
+/// 100 more events of each tenant's, and every event sorted by tenant.
+async fn more_events_of_each_tenant(scenario: &TwoTenants) -> TenantEvents {
+    let (env, a, b) = (&scenario.env, &scenario.a, &scenario.b);
+    let before_after = event_positions(env);
+    produce_events_of(env, TENANT_EVENTS_AFTER, a.tenant_id).await;
+    produce_events_of(env, TENANT_EVENTS_AFTER, b.tenant_id).await;
+    let owners = event_tenants(env);
     let new_of = |tenant: Uuid| -> HashSet<(i32, i64)> {
         owners
             .iter()
@@ -259,21 +298,38 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
             .map(|(p, _)| *p)
             .collect()
     };
-    let (a_new, all_of_a): (HashSet<_>, HashSet<_>) = (
-        new_of(a.tenant_id),
+    let all_of = |tenant: Uuid| -> HashSet<(i32, i64)> {
         owners
             .iter()
-            .filter(|(_, t)| **t == a.tenant_id)
+            .filter(|(_, t)| **t == tenant)
             .map(|(p, _)| *p)
-            .collect(),
+            .collect()
+    };
+    let (a_new, all_of_a) = (new_of(a.tenant_id), all_of(a.tenant_id));
+    let all_of_b = all_of(b.tenant_id);
+    assert_eq!(
+        (a_new.len(), all_of_b.len()),
+        (
+            TENANT_EVENTS_AFTER,
+            TENANT_EVENTS_BEFORE + TENANT_EVENTS_AFTER
+        )
     );
-    let all_of_b: HashSet<(i32, i64)> = owners
-        .iter()
-        .filter(|(_, t)| **t == b.tenant_id)
-        .map(|(p, _)| *p)
-        .collect();
-    assert_eq!((a_new.len(), all_of_b.len()), (AFTER, BEFORE + AFTER));
-    let got = receive_until(&mut latest, Duration::from_secs(10), |seen| {
+    TenantEvents {
+        a_new,
+        all_of_a,
+        all_of_b,
+    }
+}
+
+/// A's latest stream carries every new event of A's, and none produced
+/// before it started, and none of B's.
+async fn the_latest_stream_carries_only_the_new_events_of_a(
+    scenario: &TwoTenants,
+    latest: &mut Socket,
+    events: &TenantEvents,
+) {
+    let (a_new, all_of_a) = (&events.a_new, &events.all_of_a);
+    let got = receive_until(latest, Duration::from_secs(10), |seen| {
         a_new.is_subset(seen)
     })
     .await;
@@ -282,30 +338,54 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
         "{} of A's new events missing",
         a_new.difference(&got).count()
     );
-    assert!(got.is_disjoint(&old), "a latest stream replayed old events");
     assert!(
-        got.is_subset(&all_of_a),
+        got.is_disjoint(&scenario.old),
+        "a latest stream replayed old events"
+    );
+    assert!(
+        got.is_subset(all_of_a),
         "A's stream carried another tenant's event"
     );
+}
 
-    // From the earliest: every event of A's, none of B's.
-    let mut earliest = connect_with(&a.api_key, port, "group=g2&ack=auto&from=earliest").await;
+/// From the earliest, A's stream carries every event of A's, none of B's.
+async fn a_stream_of_a_from_the_earliest_carries_every_event_of_a(
+    scenario: &TwoTenants,
+    events: &TenantEvents,
+) -> Socket {
+    let key = &scenario.a.api_key;
+    let mut earliest = connect_with(key, scenario.port, "group=g2&ack=auto&from=earliest").await;
     let got = receive_until(&mut earliest, Duration::from_secs(10), |seen| {
-        all_of_a.is_subset(seen)
+        events.all_of_a.is_subset(seen)
     })
     .await;
-    assert_eq!(got, all_of_a, "A from the earliest");
+    assert_eq!(got, events.all_of_a, "A from the earliest");
+    earliest
+}
 
-    // B's group named like A's is B's own: from the earliest, all of B's.
-    let mut b_stream = connect_with(&b.api_key, port, "group=g&ack=auto&from=earliest").await;
+/// B's group named like A's is B's own: from the earliest, all of B's.
+async fn a_group_of_b_named_like_a_one_carries_every_event_of_b(
+    scenario: &TwoTenants,
+    events: &TenantEvents,
+) -> Socket {
+    let key = &scenario.b.api_key;
+    let mut b_stream = connect_with(key, scenario.port, "group=g&ack=auto&from=earliest").await;
     let got_b = receive_until(&mut b_stream, Duration::from_secs(10), |seen| {
-        all_of_b.is_subset(seen)
+        events.all_of_b.is_subset(seen)
     })
     .await;
-    assert_eq!(got_b, all_of_b, "B from the earliest");
-    for socket in [&mut latest, &mut earliest, &mut b_stream] {
-        let _ = socket.close(None).await;
-    }
+    assert_eq!(got_b, events.all_of_b, "B from the earliest");
+    b_stream
+}
+
+/// Each tenant's group `g` committed on its own (reported beside what each
+/// stream carried).
+fn each_tenants_group_committed_on_its_own(
+    scenario: &TwoTenants,
+    events: &TenantEvents,
+    markers: i32,
+) {
+    let env = &scenario.env;
     let group_of = |tenant: &str| env.settings.group(&format!("docstream-export-{tenant}-g"));
     let a_committed: i64 = env
         .committed(&group_of("a"), "extraction.events")
@@ -317,15 +397,31 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
         .sum();
     eprintln!(
         "export tenants test: A latest got {} new (0 old, 0 of B; {markers} markers), A earliest {}, B earliest {}; committed A {a_committed}, B {b_committed}",
-        a_new.len(),
-        all_of_a.len(),
-        all_of_b.len()
+        events.a_new.len(),
+        events.all_of_a.len(),
+        events.all_of_b.len()
     );
     assert!(
         a_committed > 0 && b_committed > 0,
         "each tenant's group commits on its own"
     );
-    stop([&mut serve]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_for_the_earliest() {
+    let mut scenario = two_tenants_with_events_and_a_server().await;
+    let (mut latest, markers) = a_latest_stream_of_tenant_a_once_it_has_started(&scenario).await;
+    let events = more_events_of_each_tenant(&scenario).await;
+    the_latest_stream_carries_only_the_new_events_of_a(&scenario, &mut latest, &events).await;
+    let mut earliest =
+        a_stream_of_a_from_the_earliest_carries_every_event_of_a(&scenario, &events).await;
+    let mut b_stream =
+        a_group_of_b_named_like_a_one_carries_every_event_of_b(&scenario, &events).await;
+    for socket in [&mut latest, &mut earliest, &mut b_stream] {
+        let _ = socket.close(None).await;
+    }
+    each_tenants_group_committed_on_its_own(&scenario, &events, markers);
+    stop([&mut scenario.serve]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,56 +613,85 @@ fn slow_client(
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block() {
-    const EVENTS: usize = 2_000;
-    const QUEUE: usize = 16;
+/// The backlog the slow-client test reads, and its export queue and window.
+const SLOW_EVENTS: usize = 2_000;
+const SLOW_QUEUE: usize = 16;
+
+/// A `serve` with a 16-event export queue and window, over a backlog.
+struct SlowScenario {
+    env: TestEnv,
+    port: u16,
+    /// Its /metrics, on the internal listener.
+    metrics: String,
+    serve: Child,
+}
+
+/// What a slow client on `drop_new` cost.
+struct DropNewRun {
+    sent: f64,
+    dropped: f64,
+    deepest: f64,
+    peak_kib: u64,
+}
+
+/// What a slow client on `block` received, and the commit sampled meanwhile.
+struct BlockRun {
+    received: Vec<Received>,
+    samples: i32,
+    highest: i64,
+}
+
+/// What the checks of the `block` run counted.
+struct BlockCounts {
+    distinct: usize,
+    dropped: f64,
+    committed: i64,
+}
+
+/// A series of `serve`'s metrics: `docstream_{name}{{labels}}`.
+fn series(name: &str, labels: &str) -> String {
+    format!("docstream_{name}{{{labels}}}")
+}
+
+/// 2,000 events on the topic, then a `serve` with a 16-event export queue
+/// and window.
+async fn a_server_with_a_small_queue_over_a_backlog() -> SlowScenario {
     let env = TestEnv::new("export_slow").await;
-    produce_events(&env, EVENTS).await;
+    produce_events(&env, SLOW_EVENTS).await;
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     // Its /metrics, on the internal listener.
-    let addr = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
     let serve_env = [
         ("DOCSTREAM_HTTP_ADDR", http.clone()),
-        ("DOCSTREAM_METRICS_ADDR", addr.clone()),
-        ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", QUEUE.to_string()),
-        ("DOCSTREAM_EXPORT_MAX_UNACKED", QUEUE.to_string()),
+        ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
+        ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", SLOW_QUEUE.to_string()),
+        ("DOCSTREAM_EXPORT_MAX_UNACKED", SLOW_QUEUE.to_string()),
     ];
-    let mut serve = env.spawn("serve", &serve_env, "export-slow-serve");
+    let serve = env.spawn("serve", &serve_env, "export-slow-serve");
     wait_healthy(&format!("http://{http}")).await;
-    let series = |name: &str, labels: &str| format!("docstream_{name}{{{labels}}}");
-    let sent_series = series("stream_frames_total", "outcome=\"sent\",stream=\"export\"");
-    let depth_series = series("stream_queue_depth", "stream=\"export\"");
+    SlowScenario {
+        env,
+        port,
+        metrics,
+        serve,
+    }
+}
 
-    // drop_new: the consumer keeps reading; what finds the queue full is dropped and counted.
+/// drop_new: the consumer keeps reading; what finds the queue full is dropped
+/// and counted. A client acknowledging 2 ms after each event reads until
+/// every event was sent or dropped and it has every sent one; then it stops,
+/// and serve's peak memory is read.
+async fn a_slow_client_reads_the_backlog_with_drop_new(scenario: &SlowScenario) -> DropNewRun {
     let acked = Arc::new(AtomicU64::new(0));
     let socket = connect(
-        &env,
-        port,
+        &scenario.env,
+        scenario.port,
         "group=slow-drop&strategy=drop_new&from=earliest",
     )
     .await;
-    let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
-    let dropped_series = series(
-        "stream_dropped_total",
-        "strategy=\"drop_new\",stream=\"export\"",
-    );
-    let mut deepest = 0.0_f64;
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let (sent, dropped) = loop {
-        deepest = deepest.max(scrape(&addr, &depth_series).await);
-        let sent = scrape(&addr, &sent_series).await;
-        let dropped = scrape(&addr, &dropped_series).await;
-        if sent + dropped >= EVENTS as f64 {
-            break (sent, dropped);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out: sent {sent} dropped {dropped} of {EVENTS}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let client = slow_client(socket, Duration::from_millis(2), SLOW_EVENTS, acked.clone());
+    let (sent, dropped, deepest) = every_event_sent_or_dropped(&scenario.metrics).await;
     // Every sent event reaches the client, which then stops.
     wait_for(
         "the client to receive every sent event",
@@ -582,33 +707,86 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     )
     .await;
     client.abort();
-    let peak_kib = peak_rss_kib(serve.id().unwrap()).unwrap();
+    let peak_kib = peak_rss_kib(scenario.serve.id().unwrap()).unwrap();
+    DropNewRun {
+        sent,
+        dropped,
+        deepest,
+        peak_kib,
+    }
+}
+
+/// Scrapes `metrics` every 50 ms (for at most 120 s) until the export
+/// stream's sent and dropped frames add up to every event: (sent, dropped,
+/// the deepest queue seen on the way).
+async fn every_event_sent_or_dropped(metrics: &str) -> (f64, f64, f64) {
+    let sent_series = series("stream_frames_total", "outcome=\"sent\",stream=\"export\"");
+    let depth_series = series("stream_queue_depth", "stream=\"export\"");
+    let dropped_series = series(
+        "stream_dropped_total",
+        "strategy=\"drop_new\",stream=\"export\"",
+    );
+    let mut deepest = 0.0_f64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (sent, dropped) = loop {
+        deepest = deepest.max(scrape(metrics, &depth_series).await);
+        let sent = scrape(metrics, &sent_series).await;
+        let dropped = scrape(metrics, &dropped_series).await;
+        if sent + dropped >= SLOW_EVENTS as f64 {
+            break (sent, dropped);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out: sent {sent} dropped {dropped} of {SLOW_EVENTS}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    (sent, dropped, deepest)
+}
+
+/// The slow client caused drops, every event was sent or counted as dropped,
+/// and the queue and serve's memory stayed bounded; then the group commits
+/// every event. Returns that commit.
+async fn drops_were_counted_and_the_queue_and_memory_stayed_bounded(
+    scenario: &SlowScenario,
+    run: &DropNewRun,
+) -> i64 {
+    let DropNewRun {
+        sent,
+        dropped,
+        deepest,
+        peak_kib,
+    } = *run;
     assert!(
         dropped > 0.0,
         "a slow client behind a 16-event queue causes drops"
     );
     assert_eq!(
         sent + dropped,
-        EVENTS as f64,
+        SLOW_EVENTS as f64,
         "every event was sent or counted as dropped"
     );
     assert!(
-        deepest <= QUEUE as f64,
-        "queue depth {deepest} exceeded {QUEUE}"
+        deepest <= SLOW_QUEUE as f64,
+        "queue depth {deepest} exceeded {SLOW_QUEUE}"
     );
     assert!(peak_kib < 150 * 1024, "serve peak RSS {peak_kib} KiB");
-    let committed_drop = wait_committed(&env, "slow-drop", EVENTS).await;
+    wait_committed(&scenario.env, "slow-drop", SLOW_EVENTS).await
+}
 
-    // block: nothing dropped, and the committed offset never passes what the
-    // client acknowledged, sampled while it works through the backlog.
+/// block: a client acknowledging 2 ms after each event works through the
+/// backlog, while every 100 ms the committed offset is sampled and found
+/// not past what the client acknowledged.
+async fn a_slow_client_reads_the_backlog_with_block(scenario: &SlowScenario) -> BlockRun {
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(&env, port, "group=slow-block&strategy=block&from=earliest").await;
-    let client = slow_client(socket, Duration::from_millis(2), EVENTS, acked.clone());
+    let query = "group=slow-block&strategy=block&from=earliest";
+    let socket = connect(&scenario.env, scenario.port, query).await;
+    let client = slow_client(socket, Duration::from_millis(2), SLOW_EVENTS, acked.clone());
     let mut samples = 0;
     let mut highest = 0;
     while !client.is_finished() {
         // Committed first, acknowledged second: an ack after the read only raises the bound.
-        let committed = committed_sum(&env, "slow-block");
+        let committed = committed_sum(&scenario.env, "slow-block");
         let acknowledged = acked.load(Ordering::SeqCst) as i64;
         assert!(
             committed <= acknowledged,
@@ -619,11 +797,25 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let received = client.await.unwrap();
-    assert_in_partition_order(&received);
-    let distinct: HashSet<(i32, i64)> = received.iter().map(|r| r.position).collect();
-    assert_eq!(distinct.len(), EVENTS, "block delivers every event");
+    BlockRun {
+        received,
+        samples,
+        highest,
+    }
+}
+
+/// block delivered every event, in partition order, and dropped none, and
+/// the commit was sampled while the client worked; then the group commits
+/// every event.
+async fn block_delivered_every_event_and_dropped_none(
+    scenario: &SlowScenario,
+    run: &BlockRun,
+) -> BlockCounts {
+    assert_in_partition_order(&run.received);
+    let distinct: HashSet<(i32, i64)> = run.received.iter().map(|r| r.position).collect();
+    assert_eq!(distinct.len(), SLOW_EVENTS, "block delivers every event");
     let block_dropped = scrape(
-        &addr,
+        &scenario.metrics,
         &series(
             "stream_dropped_total",
             "strategy=\"block\",stream=\"export\"",
@@ -631,23 +823,110 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     )
     .await;
     assert_eq!(block_dropped, 0.0);
+    let samples = run.samples;
     assert!(
         samples >= 5,
         "the commit was sampled while the client worked ({samples})"
     );
-    let committed_block = wait_committed(&env, "slow-block", EVENTS).await;
+    let committed_block = wait_committed(&scenario.env, "slow-block", SLOW_EVENTS).await;
+    BlockCounts {
+        distinct: distinct.len(),
+        dropped: block_dropped,
+        committed: committed_block,
+    }
+}
+
+/// The slow-client test's report line.
+fn report_slow_clients(
+    drop_new: &DropNewRun,
+    committed_drop: i64,
+    block: &BlockRun,
+    counts: &BlockCounts,
+) {
+    let DropNewRun {
+        sent,
+        dropped,
+        deepest,
+        peak_kib,
+    } = *drop_new;
+    let (samples, highest) = (block.samples, block.highest);
+    let (block_dropped, committed_block) = (counts.dropped, counts.committed);
     eprintln!(
-        "export slow-client test: events={EVENTS} queue={QUEUE} drop_new: sent={sent} dropped={dropped} deepest_queue={deepest} \
+        "export slow-client test: events={SLOW_EVENTS} queue={SLOW_QUEUE} drop_new: sent={sent} dropped={dropped} deepest_queue={deepest} \
          serve_peak_rss_kib={peak_kib} committed={committed_drop}; block: received={} dropped={block_dropped} \
          commit_samples={samples} (committed <= acknowledged in each; highest mid-run {highest}) committed={committed_block}",
-        distinct.len()
+        counts.distinct
     );
-    stop([&mut serve]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses_nothing() {
-    const SUBMISSIONS: usize = 300;
+async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block() {
+    let mut scenario = a_server_with_a_small_queue_over_a_backlog().await;
+    let drop_new = a_slow_client_reads_the_backlog_with_drop_new(&scenario).await;
+    let committed_drop =
+        drops_were_counted_and_the_queue_and_memory_stayed_bounded(&scenario, &drop_new).await;
+    let block = a_slow_client_reads_the_backlog_with_block(&scenario).await;
+    let counts = block_delivered_every_event_and_dropped_none(&scenario, &block).await;
+    report_slow_clients(&drop_new, committed_drop, &block, &counts);
+    stop([&mut scenario.serve]).await;
+}
+
+/// Submissions the shutdown test's import client sends at most.
+const SHUTDOWN_SUBMISSIONS: usize = 300;
+
+/// An import-stream message as its answers arrive.
+type WsResult = Result<Message, tokio_tungstenite::tungstenite::Error>;
+
+/// What the export client acknowledged before the server closed, and the
+/// server's close frame.
+type Exported = (Vec<Received>, Option<CloseFrame>);
+
+/// A `serve` whose submits take 100 ms between INSERT and publish (so the
+/// import is busy), with a worker and a bbox worker behind it.
+struct Pipeline {
+    env: TestEnv,
+    port: u16,
+    addr: String,
+    serve: Child,
+    workers: [Child; 2],
+}
+
+/// An import stream and an export stream, both busy on the server.
+struct BusyStreams<A, S> {
+    /// The idempotency keys' prefix of this test's submissions.
+    prefix: String,
+    sending: tokio::task::JoinHandle<S>,
+    answers: A,
+    answered: Vec<serde_json::Value>,
+    exporting: tokio::task::JoinHandle<Exported>,
+}
+
+/// How the server's shutdown ended both streams, and what they had done.
+struct Shutdown<A, S> {
+    status: std::process::ExitStatus,
+    import_close: Option<CloseFrame>,
+    export_close: Option<CloseFrame>,
+    prefix: String,
+    answered: Vec<serde_json::Value>,
+    /// The ids of the answered submissions.
+    accepted: HashSet<Uuid>,
+    /// The positions the export client acknowledged before the shutdown.
+    first: HashSet<(i32, i64)>,
+    // Both halves of the import socket stay open until the test ends.
+    _answers: A,
+    _sender: S,
+}
+
+/// What a new server's connection of the group received.
+struct Resumed {
+    received: usize,
+    acked_twice: usize,
+    /// The connection, closed, kept until the test ends.
+    _socket: Socket,
+}
+
+/// The pipeline, with submits slowed by 100 ms in `serve`.
+async fn a_pipeline_whose_submits_take_100_ms() -> Pipeline {
     let env = TestEnv::new("streams_shutdown").await;
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -659,48 +938,66 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
             "submit.after_insert=sleep(100)".to_owned(),
         ),
     ];
-    let mut serve = env.spawn("serve", &serve_env, "streams-shutdown-serve");
-    let mut workers = [
+    let serve = env.spawn("serve", &serve_env, "streams-shutdown-serve");
+    let workers = [
         env.spawn("worker", &[], "streams-shutdown-worker"),
         env.spawn("bbox-worker", &[], "streams-shutdown-bbox-worker"),
     ];
     wait_healthy(&format!("http://{addr}")).await;
+    Pipeline {
+        env,
+        port,
+        addr,
+        serve,
+        workers,
+    }
+}
 
-    // The export client acknowledges every event 1 ms after it arrives, until
-    // the server closes; it reports what it acknowledged and the close frame.
-    let export = connect(&env, port, "group=dashboard&from=earliest").await;
-    let exported = Arc::new(AtomicU64::new(0));
-    let exporting = {
-        let exported = exported.clone();
-        tokio::spawn(async move {
-            let mut socket = export;
-            let mut acked = Vec::new();
-            loop {
-                match socket.next().await {
-                    Some(Ok(Message::Text(text))) => {
-                        let event = parse(&text);
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        // After the server's close the ack cannot go out; the
-                        // event then counts as unacknowledged.
-                        if socket.send(ack(event.seq)).await.is_ok() {
-                            acked.push(event);
-                            exported.fetch_add(1, Ordering::SeqCst);
-                        }
+/// The export client acknowledges every event 1 ms after it arrives, until
+/// the server closes; it reports what it acknowledged and the close frame.
+fn export_client_acking_after_1_ms(
+    mut socket: Socket,
+    exported: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Exported> {
+    tokio::spawn(async move {
+        let mut acked = Vec::new();
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Text(text))) => {
+                    let event = parse(&text);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    // After the server's close the ack cannot go out; the
+                    // event then counts as unacknowledged.
+                    if socket.send(ack(event.seq)).await.is_ok() {
+                        acked.push(event);
+                        exported.fetch_add(1, Ordering::SeqCst);
                     }
-                    Some(Ok(Message::Close(frame))) => {
-                        while let Some(Ok(_)) = socket.next().await {}
-                        return (acked, frame);
-                    }
-                    Some(Ok(_)) => {}
-                    other => panic!("the export stream broke instead of closing: {other:?}"),
                 }
+                Some(Ok(Message::Close(frame))) => {
+                    while let Some(Ok(_)) = socket.next().await {}
+                    return (acked, frame);
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the export stream broke instead of closing: {other:?}"),
             }
-        })
-    };
+        }
+    })
+}
+
+/// An export stream from the earliest and an import stream that keeps
+/// submitting, until 20 submissions were answered and 20 events acknowledged.
+async fn two_busy_streams(
+    pipeline: &Pipeline,
+) -> BusyStreams<impl futures::Stream<Item = WsResult> + Unpin, impl Sized> {
+    let env = &pipeline.env;
+    let export = connect(env, pipeline.port, "group=dashboard&from=earliest").await;
+    let exported = Arc::new(AtomicU64::new(0));
+    let exporting = export_client_acking_after_1_ms(export, exported.clone());
 
     let prefix = format!("both-{}", Uuid::new_v4().simple());
-    let (sending, mut answers) = busy_import(&addr, &env.api_key, &prefix, SUBMISSIONS).await;
-    let mut answered = first_answers(&mut answers, 20).await;
+    let (sending, mut answers) =
+        busy_import(&pipeline.addr, &env.api_key, &prefix, SHUTDOWN_SUBMISSIONS).await;
+    let answered = first_answers(&mut answers, 20).await;
     wait_for(
         "the export stream to be busy",
         Duration::from_secs(60),
@@ -710,62 +1007,136 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         },
     )
     .await;
+    BusyStreams {
+        prefix,
+        sending,
+        answers,
+        answered,
+        exporting,
+    }
+}
 
-    signal(&serve, "TERM").await;
+/// SIGTERMs `serve` and follows both streams to their close, and `serve` to
+/// its exit.
+async fn shut_the_server_down<A, S>(
+    pipeline: &mut Pipeline,
+    streams: BusyStreams<A, S>,
+) -> Shutdown<A, S>
+where
+    A: futures::Stream<Item = WsResult> + Unpin,
+{
+    let BusyStreams {
+        prefix,
+        sending,
+        mut answers,
+        mut answered,
+        exporting,
+    } = streams;
+    signal(&pipeline.serve, "TERM").await;
     let import_close = answers_until_close(&mut answers, &mut answered).await;
-    let _sender = sending.await.unwrap();
+    let sender = sending.await.unwrap();
     let (acked_first, export_close) = exporting.await.unwrap();
-    let status = serve.wait().await.unwrap();
-    assert!(status.success(), "serve exits 0 after a graceful drain");
-    assert_eq!(
-        import_close.expect("import close frame").code,
-        CloseCode::Normal
-    );
-    assert_eq!(
-        export_close.expect("export close frame").code,
-        CloseCode::Normal
-    );
-
-    // Import: every answered submission, and nothing else, was written and runs.
+    let status = pipeline.serve.wait().await.unwrap();
     let accepted: HashSet<Uuid> = answered
         .iter()
         .filter_map(|a| a["id"].as_str().map(|id| id.parse().unwrap()))
         .collect();
+    let first: HashSet<(i32, i64)> = acked_first.iter().map(|r| r.position).collect();
+    Shutdown {
+        status,
+        import_close,
+        export_close,
+        prefix,
+        answered,
+        accepted,
+        first,
+        _answers: answers,
+        _sender: sender,
+    }
+}
+
+/// `serve` exited 0, and both streams got a normal close frame.
+fn both_closed_normally<A, S>(shutdown: &Shutdown<A, S>) {
+    assert!(
+        shutdown.status.success(),
+        "serve exits 0 after a graceful drain"
+    );
+    assert_eq!(
+        shutdown
+            .import_close
+            .as_ref()
+            .expect("import close frame")
+            .code,
+        CloseCode::Normal
+    );
+    assert_eq!(
+        shutdown
+            .export_close
+            .as_ref()
+            .expect("export close frame")
+            .code,
+        CloseCode::Normal
+    );
+}
+
+/// Import: every answered submission, and nothing else, was written (the
+/// shutdown came mid-stream). Returns how many rows there are.
+async fn the_rows_are_exactly_the_answered_submissions<A, S>(
+    pipeline: &Pipeline,
+    shutdown: &Shutdown<A, S>,
+) -> usize {
+    let (answered, accepted) = (&shutdown.answered, &shutdown.accepted);
     assert!(
         answered.iter().all(|a| a["error"].is_null()),
         "{answered:?}"
     );
-    assert!(accepted.len() < SUBMISSIONS, "the shutdown came mid-stream");
+    assert!(
+        accepted.len() < SHUTDOWN_SUBMISSIONS,
+        "the shutdown came mid-stream"
+    );
     let rows: HashSet<Uuid> = sqlx::query_scalar(
         "SELECT id FROM extraction_requests WHERE idempotency_key LIKE $1 || '%'",
     )
-    .bind(&prefix)
-    .fetch_all(&env.pool)
+    .bind(&shutdown.prefix)
+    .fetch_all(&pipeline.env.pool)
     .await
     .unwrap()
     .into_iter()
     .collect();
     assert_eq!(
-        rows, accepted,
+        &rows, accepted,
         "the rows are exactly the answered submissions"
     );
+    rows.len()
+}
 
-    // Export: the graceful drain committed exactly what was acknowledged.
-    let first: HashSet<(i32, i64)> = acked_first.iter().map(|r| r.position).collect();
-    let committed_at_close = committed_sum(&env, "dashboard");
+/// Export: the graceful drain committed exactly what was acknowledged.
+/// Returns that commit.
+fn the_drain_committed_exactly_what_was_acknowledged<A, S>(
+    pipeline: &Pipeline,
+    shutdown: &Shutdown<A, S>,
+) -> i64 {
+    let committed_at_close = committed_sum(&pipeline.env, "dashboard");
     assert_eq!(
         committed_at_close,
-        first.len() as i64,
+        shutdown.first.len() as i64,
         "the drain commits every acknowledged event and nothing more"
     );
+    committed_at_close
+}
 
-    // Once the pipeline is done, a new server resumes the group: together the
-    // two connections saw every event on the topic.
+/// Waits for every answered submission to reach bbox succeeded and for an
+/// event per transition on the topic; returns every position on it.
+async fn every_event_once_the_pipeline_is_done(
+    pipeline: &Pipeline,
+    accepted: usize,
+) -> HashSet<(i32, i64)> {
+    let env = &pipeline.env;
     wait_count(
         &env.pool,
         "every answered submission to reach bbox succeeded",
         ALL_BBOX_SUCCEEDED,
-        accepted.len() as i64,
+        accepted as i64,
         Duration::from_secs(120),
     )
     .await;
@@ -784,14 +1155,36 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         }
     })
     .await;
-    let all = event_positions(&env);
-    let mut serve = env.spawn(
+    event_positions(env)
+}
+
+/// A new `serve` on the same address.
+async fn a_new_server(pipeline: &Pipeline) -> Child {
+    let addr = &pipeline.addr;
+    let serve = pipeline.env.spawn(
         "serve",
         &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
         "streams-shutdown-serve-again",
     );
     wait_healthy(&format!("http://{addr}")).await;
-    let mut socket = connect(&env, port, "group=dashboard&from=earliest").await;
+    serve
+}
+
+/// A connection of the group to the new server resumes it: with what was
+/// acknowledged before the shutdown, it sees every event on the topic, and
+/// none of those acknowledged again.
+async fn the_group_resumes_and_nothing_was_lost<A, S>(
+    pipeline: &Pipeline,
+    shutdown: &Shutdown<A, S>,
+    all: &HashSet<(i32, i64)>,
+) -> Resumed {
+    let first = &shutdown.first;
+    let mut socket = connect(
+        &pipeline.env,
+        pipeline.port,
+        "group=dashboard&from=earliest",
+    )
+    .await;
     let mut seen = first.clone();
     let mut second: HashMap<(i32, i64), u64> = HashMap::new();
     while !all.is_subset(&seen) {
@@ -812,18 +1205,52 @@ async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses
         again, 0,
         "nothing acknowledged before the shutdown came again"
     );
-    assert_eq!(seen, all, "none missing");
+    assert_eq!(&seen, all, "none missing");
+    Resumed {
+        received: second.len(),
+        acked_twice: again,
+        _socket: socket,
+    }
+}
+
+/// The shutdown test's report line.
+fn report_the_shutdown<A, S>(
+    shutdown: &Shutdown<A, S>,
+    rows: usize,
+    committed_at_close: i64,
+    all: &HashSet<(i32, i64)>,
+    resumed: &Resumed,
+) {
+    let again = resumed.acked_twice;
     eprintln!(
-        "streams shutdown test: import sent_up_to={SUBMISSIONS} answered={} rows={} close=Normal; \
+        "streams shutdown test: import sent_up_to={SHUTDOWN_SUBMISSIONS} answered={} rows={} close=Normal; \
          export acked_before_shutdown={} committed_at_close={committed_at_close} close=Normal; \
          events_on_topic={} received_after_restart={} acked_twice={again} missing=0",
-        accepted.len(),
-        rows.len(),
-        first.len(),
+        shutdown.accepted.len(),
+        rows,
+        shutdown.first.len(),
         all.len(),
-        second.len(),
+        resumed.received,
     );
-    stop(workers.iter_mut().chain([&mut serve])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_shutdown_with_both_streams_busy_closes_both_normally_and_loses_nothing() {
+    let mut pipeline = a_pipeline_whose_submits_take_100_ms().await;
+    let streams = two_busy_streams(&pipeline).await;
+    let shutdown = shut_the_server_down(&mut pipeline, streams).await;
+    both_closed_normally(&shutdown);
+    let rows = the_rows_are_exactly_the_answered_submissions(&pipeline, &shutdown).await;
+    let committed_at_close =
+        the_drain_committed_exactly_what_was_acknowledged(&pipeline, &shutdown);
+
+    // Once the pipeline is done, a new server resumes the group: together the
+    // two connections saw every event on the topic.
+    let all = every_event_once_the_pipeline_is_done(&pipeline, shutdown.accepted.len()).await;
+    let mut serve = a_new_server(&pipeline).await;
+    let resumed = the_group_resumes_and_nothing_was_lost(&pipeline, &shutdown, &all).await;
+    report_the_shutdown(&shutdown, rows, committed_at_close, &all, &resumed);
+    stop(pipeline.workers.iter_mut().chain([&mut serve])).await;
 }
 
 /// A client that acknowledges every event `delay` after it arrives and

@@ -165,102 +165,216 @@ fn busiest_window(calls: &[Call], window: Duration) -> usize {
         .unwrap_or(0)
 }
 
+/// The `max_concurrency` of extractor `capped`, for each worker.
+const CAP_PER_WORKER: usize = 4;
+/// The `requests_per_second` of extractor `limited`, for each worker.
+const RATE_PER_WORKER: f64 = 10.0;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cap_and_the_rate_hold_across_two_workers() {
-    const CAP: usize = 4;
-    const RATE: f64 = 10.0;
     let capped = FakeProvider::start(|_, _| Plan::ok(Duration::from_millis(200))).await;
     let limited = FakeProvider::start(|_, _| Plan::ok(Duration::from_millis(20))).await;
     let warmup = FakeProvider::start(|_, _| Plan::ok(Duration::ZERO)).await;
-    let env = TestEnv::with_settings("extractor_limits", |s| {
-        add_extractor(s, "warmup", &warmup.url(), |_| {});
-        add_extractor(s, "capped", &capped.url(), |e| e.max_concurrency = CAP);
-        add_extractor(s, "limited", &limited.url(), |e| {
-            e.max_concurrency = 16;
-            e.requests_per_second = RATE;
-        });
-    })
-    .await;
+    let env = a_warmup_a_capped_and_a_limited_extractor(&warmup, &capped, &limited).await;
     let services = env.services().await;
     let (mut workers, metrics): (Vec<_>, Vec<_>) = (0..2)
         .map(|i| worker_with_metrics(&env, &format!("extractor-limits-worker-{i}")))
         .unzip();
+    both_workers_call_the_warmup_extractor(&services, &metrics).await;
+    let warmed_up = count(&env.pool, "SELECT count(*) FROM extractions").await;
 
-    // Both workers hold partitions once each has called the warm-up extractor.
-    wait_for("both workers to call", Duration::from_secs(90), || {
-        let (services, metrics) = (&services, &metrics);
-        async move {
+    let cap = jobs_that_could_all_run_at_once(&env, &services, &capped, &metrics, warmed_up).await;
+    let rate =
+        jobs_that_could_all_start_within_a_second(&env, &services, &limited, &metrics, warmed_up)
+            .await;
+
+    report_the_cap_and_the_rate(&cap, &rate);
+    the_cap_held_across_both_workers(&cap);
+    the_rate_held_across_both_workers(&rate);
+    stop(workers.iter_mut()).await;
+}
+
+/// A test world with extractors `warmup`, `capped` (at [`CAP_PER_WORKER`])
+/// and `limited` (16 at once, at [`RATE_PER_WORKER`]) at the providers.
+async fn a_warmup_a_capped_and_a_limited_extractor(
+    warmup: &FakeProvider,
+    capped: &FakeProvider,
+    limited: &FakeProvider,
+) -> TestEnv {
+    TestEnv::with_settings("extractor_limits", |s| {
+        add_extractor(s, "warmup", &warmup.url(), |_| {});
+        add_extractor(s, "capped", &capped.url(), |e| {
+            e.max_concurrency = CAP_PER_WORKER
+        });
+        add_extractor(s, "limited", &limited.url(), |e| {
+            e.max_concurrency = 16;
+            e.requests_per_second = RATE_PER_WORKER;
+        });
+    })
+    .await
+}
+
+/// How many of the workers at `metrics` show a call in `series`, scraped in turn.
+async fn workers_calling(metrics: &[String], series: &str) -> usize {
+    let mut calling = 0;
+    for addr in metrics {
+        let calls = scrape(addr, series).await;
+        calling += usize::from(calls > 0.0);
+    }
+    calling
+}
+
+/// Both workers hold partitions once each has called the warm-up extractor:
+/// submits 6 warm-up jobs per poll until both show calls (90 s at most).
+async fn both_workers_call_the_warmup_extractor(services: &Services, metrics: &[String]) {
+    wait_for(
+        "both workers to call",
+        Duration::from_secs(90),
+        || async move {
             submit_for(services, 6, "warmup", serde_json::Value::Null).await;
-            let mut calling = 0;
-            for addr in metrics {
-                let calls =
-                    scrape(addr, "docstream_extractor_calls_total{extractor=\"warmup\"").await;
-                calling += usize::from(calls > 0.0);
-            }
+            let calling = workers_calling(
+                metrics,
+                "docstream_extractor_calls_total{extractor=\"warmup\"",
+            )
+            .await;
             match calling {
                 2 => Ok(()),
                 n => Err(format!("{n} workers called")),
             }
-        }
-    })
+        },
+    )
     .await;
-    let warmed_up = count(&env.pool, "SELECT count(*) FROM extractions").await;
+}
 
-    // The cap: 200 jobs of 200 ms each could run 200 at once.
-    submit_for(&services, 200, "capped", serde_json::Value::Null).await;
-    wait_succeeded(&env, warmed_up + 200, 120).await;
+/// What the capped jobs showed.
+struct Cap {
+    /// The most calls the provider saw at once.
+    peak: usize,
+    /// The workers' `max_concurrency` gauges, summed.
+    gauges: f64,
+}
+
+/// The cap: 200 jobs of 200 ms each could run 200 at once. Runs them to
+/// success (120 s at most) and reads the peak and the gauges.
+async fn jobs_that_could_all_run_at_once(
+    env: &TestEnv,
+    services: &Services,
+    capped: &FakeProvider,
+    metrics: &[String],
+    warmed_up: i64,
+) -> Cap {
+    submit_for(services, 200, "capped", serde_json::Value::Null).await;
+    wait_succeeded(env, warmed_up + 200, 120).await;
     let peak = capped.max_concurrency();
-    let mut cap_gauges = 0.0;
-    for addr in &metrics {
-        cap_gauges += scrape(
+    let mut gauges = 0.0;
+    for addr in metrics {
+        gauges += scrape(
             addr,
             "docstream_extractor_max_concurrency{extractor=\"capped\"}",
         )
         .await;
     }
+    Cap { peak, gauges }
+}
 
-    // The rate: 100 jobs the provider could answer in well under a second.
-    submit_for(&services, 100, "limited", serde_json::Value::Null).await;
-    wait_succeeded(&env, warmed_up + 300, 120).await;
+/// What the limited jobs' calls showed.
+struct Rate {
+    calls: Vec<Call>,
+    /// Seconds from the first call's start to the last's.
+    span: f64,
+    /// Calls per second over the span.
+    overall: f64,
+    /// The most calls that started within 2 s.
+    busiest: usize,
+    /// Workers that called the limited extractor.
+    workers_busy: usize,
+}
+
+/// The rate: 100 jobs the provider could answer in well under a second.
+/// Runs them to success (120 s at most) and measures their calls.
+async fn jobs_that_could_all_start_within_a_second(
+    env: &TestEnv,
+    services: &Services,
+    limited: &FakeProvider,
+    metrics: &[String],
+    warmed_up: i64,
+) -> Rate {
+    submit_for(services, 100, "limited", serde_json::Value::Null).await;
+    wait_succeeded(env, warmed_up + 300, 120).await;
     let calls = limited.calls();
     let first = calls.iter().map(|c| c.started).min().unwrap();
     let last = calls.iter().map(|c| c.started).max().unwrap();
     let span = (last - first).as_secs_f64();
     let overall = (calls.len() - 1) as f64 / span;
     let busiest = busiest_window(&calls, Duration::from_secs(2));
-    let workers_busy: usize = {
-        let mut busy = 0;
-        for addr in &metrics {
-            let calls = scrape(
-                addr,
-                "docstream_extractor_calls_total{extractor=\"limited\"",
-            )
-            .await;
-            busy += usize::from(calls > 0.0);
-        }
-        busy
-    };
+    let workers_busy = workers_calling(
+        metrics,
+        "docstream_extractor_calls_total{extractor=\"limited\"",
+    )
+    .await;
+    Rate {
+        calls,
+        span,
+        overall,
+        busiest,
+        workers_busy,
+    }
+}
+
+/// Prints the peak, the calls' spread and the workers calling.
+fn report_the_cap_and_the_rate(cap: &Cap, rate: &Rate) {
+    let Cap { peak, .. } = cap;
+    let Rate {
+        span,
+        overall,
+        busiest,
+        workers_busy,
+        ..
+    } = rate;
     eprintln!(
-        "limits: capped peak={peak} (2 workers x cap {CAP}); limited calls={} span={span:.2}s \
-         overall={overall:.1}/s busiest_2s_window={busiest} (limit 2 x {RATE}/s); workers calling={workers_busy}",
-        calls.len()
+        "limits: capped peak={peak} (2 workers x cap {CAP_PER_WORKER}); limited calls={} span={span:.2}s \
+         overall={overall:.1}/s busiest_2s_window={busiest} (limit 2 x {RATE_PER_WORKER}/s); workers calling={workers_busy}",
+        rate.calls.len()
     );
-    assert!(peak <= 2 * CAP, "the provider saw {peak} calls at once");
-    assert!(peak > CAP, "both workers called at once (peak {peak})");
-    assert_eq!(cap_gauges, (2 * CAP) as f64);
-    assert_eq!(workers_busy, 2, "both workers called the limited extractor");
-    assert_eq!(calls.len(), 100);
-    // Two workers at RATE each start at most 2 × 2 s × RATE calls in two
-    // seconds. Arrivals lag starts: a call started just before the window may
-    // arrive inside it, and a stall of the machine can bunch a second one, so
-    // two per worker are allowed. Without the limit, all 100 arrive in well
-    // under a second.
+}
+
+/// The provider saw more calls at once than one worker's cap, never more
+/// than both workers' caps, and the gauges show both caps.
+fn the_cap_held_across_both_workers(cap: &Cap) {
+    let peak = cap.peak;
     assert!(
-        busiest <= 2 * (2 * RATE as usize + 2),
+        peak <= 2 * CAP_PER_WORKER,
+        "the provider saw {peak} calls at once"
+    );
+    assert!(
+        peak > CAP_PER_WORKER,
+        "both workers called at once (peak {peak})"
+    );
+    assert_eq!(cap.gauges, (2 * CAP_PER_WORKER) as f64);
+}
+
+/// Both workers called, 100 calls in all, none closer together than both
+/// workers' rates allow.
+fn the_rate_held_across_both_workers(rate: &Rate) {
+    let (busiest, overall) = (rate.busiest, rate.overall);
+    assert_eq!(
+        rate.workers_busy, 2,
+        "both workers called the limited extractor"
+    );
+    assert_eq!(rate.calls.len(), 100);
+    // Two workers at RATE_PER_WORKER each start at most 2 × 2 s ×
+    // RATE_PER_WORKER calls in two seconds. Arrivals lag starts: a call
+    // started just before the window may arrive inside it, and a stall of the
+    // machine can bunch a second one, so two per worker are allowed. Without
+    // the limit, all 100 arrive in well under a second.
+    assert!(
+        busiest <= 2 * (2 * RATE_PER_WORKER as usize + 2),
         "{busiest} calls in 2 s"
     );
-    assert!(overall <= 2.0 * RATE * 1.05, "{overall:.1} calls/s overall");
-    stop(workers.iter_mut()).await;
+    assert!(
+        overall <= 2.0 * RATE_PER_WORKER * 1.05,
+        "{overall:.1} calls/s overall"
+    );
 }
 
 /// A pseudo-random number in 0..100 for a call, the same on every run.
@@ -271,17 +385,12 @@ fn roll(call: usize) -> u64 {
     (x ^ (x >> 31)) % 100
 }
 
+/// The jobs of the flaky provider's test.
+const FLAKY_JOBS: usize = 60;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
-    const JOBS: usize = 60;
-    // 30% answer 503 without Retry-After (an attempt spent), 10% 429 with
-    // Retry-After: 1 (a wait within the attempt), the rest succeed.
-    let provider = FakeProvider::start(|n, _| match roll(n) {
-        0..30 => Plan::status(503, r#"{"error": "warming up"}"#),
-        30..40 => Plan::retry_after(429, 1),
-        _ => Plan::ok(Duration::from_millis(20)),
-    })
-    .await;
+    let provider = a_provider_that_is_unavailable_or_throttles_now_and_then().await;
     let env = TestEnv::with_settings("extractor_flaky", |s| {
         s.max_attempts = 12;
         s.retry_base_delay_s = common::secs(0.1);
@@ -291,14 +400,54 @@ async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
     .await;
     let services = env.services().await;
     let (mut worker, metrics) = worker_with_metrics(&env, "extractor-flaky-worker");
-    let ids = submit_for(&services, JOBS, "flaky", serde_json::Value::Null).await;
-    wait_succeeded(&env, JOBS as i64, 120).await;
+    let ids = submit_for(&services, FLAKY_JOBS, "flaky", serde_json::Value::Null).await;
+    wait_succeeded(&env, FLAKY_JOBS as i64, 120).await;
 
     let calls = provider.calls();
-    let by_job = calls_by_job(&calls);
+    let retries = each_job_spent_attempts_only_on_its_503s(&env, &ids, &calls).await;
+    let honoured = scrape(&metrics, "docstream_extractor_retry_after_seconds_total").await;
+    report_the_retries(&retries, &calls, honoured);
+    both_kinds_happened_and_retry_after_was_honoured(&retries, honoured);
+    common::assert_exactly_once(
+        &wins(&env.pool, "mark_succeeded").await,
+        &ids,
+        "mark_succeeded",
+    );
+    stop([&mut worker]).await;
+}
+
+/// 30% answer 503 without Retry-After (an attempt spent), 10% 429 with
+/// Retry-After: 1 (a wait within the attempt), the rest succeed.
+async fn a_provider_that_is_unavailable_or_throttles_now_and_then() -> FakeProvider {
+    FakeProvider::start(|n, _| match roll(n) {
+        0..30 => Plan::status(503, r#"{"error": "warming up"}"#),
+        30..40 => Plan::retry_after(429, 1),
+        _ => Plan::ok(Duration::from_millis(20)),
+    })
+    .await
+}
+
+/// The retries the flaky provider's answers caused.
+struct Retries {
+    /// Calls answered 503 that another call followed.
+    unavailable: usize,
+    /// Calls answered 429 that another call followed.
+    throttled: usize,
+    /// The shortest time from a 429's end to the next call's start.
+    shortest_wait: Duration,
+}
+
+/// Checks each job's calls: attempts spent on the 503s only, a 429 retried
+/// within its attempt, a 503 with the next, and the last call a 200.
+async fn each_job_spent_attempts_only_on_its_503s(
+    env: &TestEnv,
+    ids: &[Uuid],
+    calls: &[Call],
+) -> Retries {
+    let by_job = calls_by_job(calls);
     let attempts = attempts(&env.pool).await;
     let (mut unavailable, mut throttled, mut shortest_wait) = (0, 0, Duration::MAX);
-    for id in &ids {
+    for id in ids {
         let job_calls = &by_job[id];
         let failures = job_calls.iter().filter(|c| c.status == Some(503)).count();
         assert_eq!(
@@ -325,28 +474,39 @@ async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
         }
         assert_eq!(job_calls.last().unwrap().status, Some(200));
     }
-    let honoured = scrape(&metrics, "docstream_extractor_retry_after_seconds_total").await;
+    Retries {
+        unavailable,
+        throttled,
+        shortest_wait,
+    }
+}
+
+/// Prints the calls, the retries and the Retry-After seconds the worker counted.
+fn report_the_retries(retries: &Retries, calls: &[Call], honoured: f64) {
+    let Retries {
+        unavailable,
+        throttled,
+        ..
+    } = retries;
     eprintln!(
-        "flaky: jobs={JOBS} calls={} 503s={unavailable} 429s={throttled} \
+        "flaky: jobs={FLAKY_JOBS} calls={} 503s={unavailable} 429s={throttled} \
          shortest_wait_after_429={:.3}s retry_after_seconds_total={honoured}",
         calls.len(),
-        shortest_wait.as_secs_f64()
+        retries.shortest_wait.as_secs_f64()
     );
+}
+
+/// Both answers happened, and the worker waited out every Retry-After.
+fn both_kinds_happened_and_retry_after_was_honoured(retries: &Retries, honoured: f64) {
     assert!(
-        unavailable > 0 && throttled > 0,
+        retries.unavailable > 0 && retries.throttled > 0,
         "both kinds of answer happened"
     );
     assert!(
-        shortest_wait >= Duration::from_millis(950),
+        retries.shortest_wait >= Duration::from_millis(950),
         "Retry-After was honoured"
     );
-    assert_eq!(honoured, throttled as f64);
-    common::assert_exactly_once(
-        &wins(&env.pool, "mark_succeeded").await,
-        &ids,
-        "mark_succeeded",
-    );
-    stop([&mut worker]).await;
+    assert_eq!(honoured, retries.throttled as f64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,8 +555,34 @@ async fn a_call_that_hangs_past_its_timeout_is_retried_then_given_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_and_broken_answers_fail_the_job_at_once() {
-    let provider = FakeProvider::start(|_, body| {
-        match body["metadata"]["case"].as_str().unwrap_or_default() {
+    let provider = a_provider_that_answers_as_each_case_says().await;
+    let env = TestEnv::with_settings("extractor_permanent", |s| {
+        add_extractor(s, "model", &provider.url(), |_| {});
+    })
+    .await;
+    let services = env.services().await;
+    an_unknown_extractor_is_refused_before_anything_is_written(&env, &services).await;
+
+    let mut worker = env.spawn("worker", &[], "extractor-permanent-worker");
+    let cases = one_job_per_case(&services).await;
+    wait_count(
+        &env.pool,
+        "every job to fail",
+        FINISHED,
+        4,
+        Duration::from_secs(60),
+    )
+    .await;
+    let errors = each_job_failed_on_its_one_call(&env, &provider, &cases).await;
+    each_error_says_what_was_wrong(&errors);
+    stop([&mut worker]).await;
+}
+
+/// Answers by the job's `metadata.case`: a 422 refusal, a 200 that is not
+/// JSON, a 202 (deferred results are off), or words out of range.
+async fn a_provider_that_answers_as_each_case_says() -> FakeProvider {
+    FakeProvider::start(
+        |_, body| match body["metadata"]["case"].as_str().unwrap_or_default() {
             "refused" => Plan::status(422, r#"{"error": "page 2 is not an invoice"}"#),
             "garbage" => Plan::status(200, "<html>upstream proxy error</html>"),
             "deferred" => Plan::status(202, ""),
@@ -405,16 +591,16 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
                 r#"{"fields": {"invoice_number": {"value": "X", "words": [0, 100000]}}}"#,
             ),
             other => panic!("no case {other:?}"),
-        }
-    })
-    .await;
-    let env = TestEnv::with_settings("extractor_permanent", |s| {
-        add_extractor(s, "model", &provider.url(), |_| {});
-    })
-    .await;
-    let services = env.services().await;
+        },
+    )
+    .await
+}
 
-    // An extractor the deployment does not have is refused before anything is written.
+/// An extractor the deployment does not have is refused before anything is written.
+async fn an_unknown_extractor_is_refused_before_anything_is_written(
+    env: &TestEnv,
+    services: &Services,
+) {
     let mut body = sample_body(0);
     body["extractor"] = "nope".into();
     let new = NewExtraction {
@@ -424,7 +610,7 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         idempotency_key: None,
         request: serde_json::from_value(body).unwrap(),
     };
-    let refused = docstream::pipeline::submit(&services, new).await;
+    let refused = docstream::pipeline::submit(services, new).await;
     assert!(
         matches!(&refused, Err(SubmitError::UnknownExtractor(name)) if name == "nope"),
         "{:?}",
@@ -434,24 +620,28 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         count(&env.pool, "SELECT count(*) FROM extractions").await,
         0
     );
+}
 
-    let mut worker = env.spawn("worker", &[], "extractor-permanent-worker");
+/// Submits one job per case, in turn: each case's job.
+async fn one_job_per_case(services: &Services) -> BTreeMap<&'static str, Uuid> {
     let mut cases = BTreeMap::new();
     for case in ["refused", "garbage", "out_of_range", "deferred"] {
-        let id = submit_for(&services, 1, "model", serde_json::json!({"case": case})).await[0];
+        let id = submit_for(services, 1, "model", serde_json::json!({"case": case})).await[0];
         cases.insert(case, id);
     }
-    wait_count(
-        &env.pool,
-        "every job to fail",
-        FINISHED,
-        4,
-        Duration::from_secs(60),
-    )
-    .await;
+    cases
+}
+
+/// Checks each case's job failed on its first attempt after one call: each
+/// case's error.
+async fn each_job_failed_on_its_one_call(
+    env: &TestEnv,
+    provider: &FakeProvider,
+    cases: &BTreeMap<&'static str, Uuid>,
+) -> BTreeMap<&'static str, String> {
     let calls = provider.calls();
     let mut errors = BTreeMap::new();
-    for (case, id) in &cases {
+    for (case, id) in cases {
         let row = store::get(&env.pool, *id).await.unwrap().unwrap();
         eprintln!(
             "permanent: {case}: {} attempts={} error={:?}",
@@ -465,6 +655,12 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         );
         errors.insert(*case, row.error.unwrap());
     }
+    errors
+}
+
+/// The refusal carries the provider's reason; the others say what was wrong
+/// with the answer.
+fn each_error_says_what_was_wrong(errors: &BTreeMap<&'static str, String>) {
     assert_eq!(
         errors["refused"],
         "extractor \"model\" refused the document: page 2 is not an invoice"
@@ -489,7 +685,6 @@ async fn refusals_and_broken_answers_fail_the_job_at_once() {
         "{}",
         errors["deferred"]
     );
-    stop([&mut worker]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,6 +703,21 @@ async fn cancelling_a_job_closes_its_call() {
     let base = format!("http://127.0.0.1:{port}");
     common::wait_healthy(&base).await;
     let client = env.client();
+    let id = a_job_whose_call_is_in_progress(&client, &base, &provider).await;
+
+    let ended = cancel_and_wait_for_the_job_to_end(&env, &client, &base, id).await;
+    the_provider_sees_the_connection_closed(&provider).await;
+    the_job_ended_cancelled_within_a_lease_and_unanswered(&env, &provider, id, ended).await;
+    stop([&mut worker, &mut serve]).await;
+}
+
+/// Submits a sample job for `model` over HTTP and waits (60 s at most) until
+/// its call is in progress: the job.
+async fn a_job_whose_call_is_in_progress(
+    client: &reqwest::Client,
+    base: &str,
+    provider: &FakeProvider,
+) -> Uuid {
     let mut body = sample_body(0);
     body["extractor"] = "model".into();
     let submitted: serde_json::Value = client
@@ -531,7 +741,17 @@ async fn cancelling_a_job_closes_its_call() {
         },
     )
     .await;
+    id
+}
 
+/// Cancels job `id` (answered 202) and waits (30 s at most) until it ended:
+/// the time from the cancel to the end.
+async fn cancel_and_wait_for_the_job_to_end(
+    env: &TestEnv,
+    client: &reqwest::Client,
+    base: &str,
+    id: Uuid,
+) -> Duration {
     let cancelled = Instant::now();
     let answer = client
         .post(format!("{base}/v1/extractions/{id}/cancel"))
@@ -547,7 +767,12 @@ async fn cancelling_a_job_closes_its_call() {
         Duration::from_secs(30),
     )
     .await;
-    let ended = cancelled.elapsed();
+    cancelled.elapsed()
+}
+
+/// Waits (10 s at most) until the provider saw the first call's connection
+/// closed by the worker.
+async fn the_provider_sees_the_connection_closed(provider: &FakeProvider) {
     wait_for(
         "the provider to see the close",
         Duration::from_secs(10),
@@ -559,6 +784,16 @@ async fn cancelling_a_job_closes_its_call() {
         },
     )
     .await;
+}
+
+/// The job ended cancelled less than 2 s after the cancel, after one call
+/// that was never answered, and never won `mark_succeeded`.
+async fn the_job_ended_cancelled_within_a_lease_and_unanswered(
+    env: &TestEnv,
+    provider: &FakeProvider,
+    id: Uuid,
+    ended: Duration,
+) {
     let row = store::get(&env.pool, id).await.unwrap().unwrap();
     let calls = provider.calls();
     eprintln!(
@@ -576,35 +811,88 @@ async fn cancelling_a_job_closes_its_call() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].status, None, "the call was never answered");
     assert!(!wins(&env.pool, "mark_succeeded").await.contains_key(&id));
-    stop([&mut worker, &mut serve]).await;
 }
+
+/// The jobs of the SIGTERM test.
+const SIGTERM_JOBS: usize = 40;
+/// The SIGTERM test's extractor's `max_concurrency`: the calls in progress
+/// when the first worker is told to stop.
+const SIGTERM_CAP: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered() {
-    const JOBS: usize = 40;
-    const CAP: usize = 4;
     let provider = FakeProvider::start(|_, _| Plan::ok(Duration::from_secs(2))).await;
-    let env = TestEnv::with_settings("extractor_sigterm", |s| {
-        s.subscriber_drain_timeout_s = common::secs(10.0);
-        common::fast_recovery(s);
-        add_extractor(s, "model", &provider.url(), |e| e.max_concurrency = CAP);
-    })
-    .await;
+    let env = a_capped_extractor_and_a_10s_drain(&provider).await;
     let services = env.services().await;
     let mut first = env.spawn("worker", &[], "extractor-sigterm-first");
-    let ids = submit_for(&services, JOBS, "model", serde_json::Value::Null).await;
-    wait_succeeded(&env, CAP as i64, 60).await;
+    let ids = submit_for(&services, SIGTERM_JOBS, "model", serde_json::Value::Null).await;
+    the_first_calls_succeed_and_the_next_fill_the_cap(&env, &provider).await;
+
+    let exit = sigterm_and_wait_for_the_exit(&env, &provider, &mut first).await;
+    let commits = the_commits_beside_the_deliveries(&env).await;
+
+    let mut replacement = env.spawn("worker", &[], "extractor-sigterm-replacement");
+    wait_succeeded(&env, SIGTERM_JOBS as i64, 120).await;
+    let calls = provider.calls();
+    let answered = answered_calls_per_job(&calls);
+    report_the_drain(&exit, &commits, &calls);
+    the_drain_finished_its_calls_and_released_its_claims(&exit);
+    the_drain_committed_exactly_what_it_delivered(&commits);
+    every_job_succeeded_once_from_one_answered_call(&env, &ids, &answered).await;
+    stop([&mut replacement]).await;
+}
+
+/// A test world with a 10 s subscriber drain, fast recovery, and extractor
+/// `model` at `provider` capped at [`SIGTERM_CAP`] calls.
+async fn a_capped_extractor_and_a_10s_drain(provider: &FakeProvider) -> TestEnv {
+    TestEnv::with_settings("extractor_sigterm", |s| {
+        s.subscriber_drain_timeout_s = common::secs(10.0);
+        common::fast_recovery(s);
+        add_extractor(s, "model", &provider.url(), |e| {
+            e.max_concurrency = SIGTERM_CAP
+        });
+    })
+    .await
+}
+
+/// Waits until [`SIGTERM_CAP`] jobs succeeded (60 s at most), then until
+/// [`SIGTERM_CAP`] calls are in progress (30 s at most).
+async fn the_first_calls_succeed_and_the_next_fill_the_cap(env: &TestEnv, provider: &FakeProvider) {
+    wait_succeeded(env, SIGTERM_CAP as i64, 60).await;
     wait_for("calls in progress", Duration::from_secs(30), || async {
         match provider.in_flight() {
-            CAP => Ok(()),
+            SIGTERM_CAP => Ok(()),
             n => Err(format!("{n} calls")),
         }
     })
     .await;
+}
 
+/// What was seen when the first worker exited after its SIGTERM.
+struct Exit {
+    status: std::process::ExitStatus,
+    /// From the signal to the exit.
+    drain: Duration,
+    /// The calls the provider had seen by then.
+    calls_then: Vec<Call>,
+    /// Of those, calls not answered 200.
+    unfinished: usize,
+    /// Of those, calls that started more than 100 ms after the signal.
+    started_after: usize,
+    succeeded_then: i64,
+    /// Jobs still running under a lease that has not expired.
+    held_after_exit: i64,
+}
+
+/// SIGTERMs `worker`, waits for it to exit, and takes stock at once.
+async fn sigterm_and_wait_for_the_exit(
+    env: &TestEnv,
+    provider: &FakeProvider,
+    worker: &mut tokio::process::Child,
+) -> Exit {
     let terminated = Instant::now();
-    signal(&first, "TERM").await;
-    let status = first.wait().await.unwrap();
+    signal(worker, "TERM").await;
+    let status = worker.wait().await.unwrap();
     let drain = terminated.elapsed();
     let calls_then = provider.calls();
     let unfinished = calls_then.iter().filter(|c| c.status != Some(200)).count();
@@ -616,19 +904,74 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
     let live_leases =
         "SELECT count(*) FROM extractions WHERE status = 'running' AND lease_expires_at > now()";
     let held_after_exit = count(&env.pool, live_leases).await;
+    Exit {
+        status,
+        drain,
+        calls_then,
+        unfinished,
+        started_after,
+        succeeded_then,
+        held_after_exit,
+    }
+}
 
+/// The worker group's commits on `extraction.submitted` beside what was delivered.
+struct Commits {
+    /// Committed offset by partition.
+    committed: HashMap<i32, i64>,
+    /// Records below the commit whose job's bbox request was not acknowledged.
+    ahead: usize,
+    /// By partition, the end of the prefix of records whose jobs were delivered.
+    prefix_end: HashMap<i32, i64>,
+    /// (partition, prefix end, committed) where the commit is short of the prefix.
+    behind: Vec<(i32, i64, i64)>,
+}
+
+/// Reads the worker group's commits, the delivered jobs and the submitted
+/// records, and compares them.
+async fn the_commits_beside_the_deliveries(env: &TestEnv) -> Commits {
     // Nothing committed ahead of delivery: every record below the committed
     // offset belongs to a job whose bbox request was acknowledged.
     let group = env.settings.group(&env.settings.worker_group);
     let committed = env.committed(&group, "extraction.submitted");
-    let delivered: HashSet<Uuid> =
-        sqlx::query_scalar("SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL")
-            .fetch_all(&env.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
-    let records: Vec<(i32, i64, Uuid)> = common::read_topic_positioned(
+    let delivered = delivered_jobs(&env.pool).await;
+    let records = submitted_records(env);
+    let ahead = records
+        .iter()
+        .filter(|(partition, offset, id)| {
+            committed.get(partition).is_some_and(|c| offset < c) && !delivered.contains(id)
+        })
+        .count();
+    // And nothing delivered left behind: each partition's commit is the end of
+    // its delivered prefix (which records got the extractor's slots first, and
+    // so whether any prefix exists, is up to the scheduler).
+    let prefix_end = delivered_prefix_ends(&records, &delivered);
+    let behind: Vec<(i32, i64, i64)> = prefix_end
+        .iter()
+        .map(|(p, end)| (*p, *end, committed.get(p).copied().unwrap_or(0)))
+        .filter(|(_, end, got)| got < end)
+        .collect();
+    Commits {
+        committed,
+        ahead,
+        prefix_end,
+        behind,
+    }
+}
+
+/// The jobs whose bbox request was acknowledged.
+async fn delivered_jobs(pool: &sqlx::PgPool) -> HashSet<Uuid> {
+    sqlx::query_scalar("SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Every record of `extraction.submitted`: (partition, offset, job).
+fn submitted_records(env: &TestEnv) -> Vec<(i32, i64, Uuid)> {
+    common::read_topic_positioned(
         &env.settings.kafka_brokers,
         &env.topic("extraction.submitted"),
     )
@@ -641,18 +984,17 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
             .unwrap();
         (partition, offset, id)
     })
-    .collect();
-    let ahead = records
-        .iter()
-        .filter(|(partition, offset, id)| {
-            committed.get(partition).is_some_and(|c| offset < c) && !delivered.contains(id)
-        })
-        .count();
-    // And nothing delivered left behind: each partition's commit is the end of
-    // its delivered prefix (which records got the extractor's slots first, and
-    // so whether any prefix exists, is up to the scheduler).
+    .collect()
+}
+
+/// By partition, the offset after the last record of the prefix whose jobs
+/// are all delivered (no entry where the first record's job is not).
+fn delivered_prefix_ends(
+    records: &[(i32, i64, Uuid)],
+    delivered: &HashSet<Uuid>,
+) -> HashMap<i32, i64> {
     let mut prefix_end: HashMap<i32, i64> = HashMap::new();
-    let mut ordered = records.clone();
+    let mut ordered = records.to_vec();
     ordered.sort_by_key(|(partition, offset, _)| (*partition, *offset));
     let mut blocked: HashSet<i32> = HashSet::new();
     for (partition, offset, id) in &ordered {
@@ -668,59 +1010,90 @@ async fn sigterm_during_calls_finishes_them_and_commits_only_what_was_delivered(
             }
         }
     }
-    let behind: Vec<(i32, i64, i64)> = prefix_end
-        .iter()
-        .map(|(p, end)| (*p, *end, committed.get(p).copied().unwrap_or(0)))
-        .filter(|(_, end, got)| got < end)
-        .collect();
+    prefix_end
+}
 
-    let mut replacement = env.spawn("worker", &[], "extractor-sigterm-replacement");
-    wait_succeeded(&env, JOBS as i64, 120).await;
-    let calls = provider.calls();
-    let answered: HashMap<Uuid, usize> =
-        calls
-            .iter()
-            .filter(|c| c.status == Some(200))
-            .fold(HashMap::new(), |mut n, c| {
-                *n.entry(c.job_id).or_default() += 1;
-                n
-            });
+/// How many calls the provider answered 200, by job.
+fn answered_calls_per_job(calls: &[Call]) -> HashMap<Uuid, usize> {
+    calls
+        .iter()
+        .filter(|c| c.status == Some(200))
+        .fold(HashMap::new(), |mut n, c| {
+            *n.entry(c.job_id).or_default() += 1;
+            n
+        })
+}
+
+/// Prints the drain, the commits and the calls.
+fn report_the_drain(exit: &Exit, commits: &Commits, calls: &[Call]) {
+    let Exit {
+        status,
+        succeeded_then,
+        unfinished,
+        started_after,
+        held_after_exit,
+        ..
+    } = exit;
+    let Commits {
+        committed,
+        prefix_end,
+        ahead,
+        ..
+    } = commits;
     eprintln!(
-        "sigterm: jobs={JOBS} exit={status} drain={:.2}s succeeded_before_exit={succeeded_then} \
+        "sigterm: jobs={SIGTERM_JOBS} exit={status} drain={:.2}s succeeded_before_exit={succeeded_then} \
          calls_before_exit={} unfinished={unfinished} started_after_sigterm={started_after} held_after_exit={held_after_exit} \
          committed={committed:?} delivered_prefixes={prefix_end:?} offset_ahead={ahead} calls_total={}",
-        drain.as_secs_f64(),
-        calls_then.len(),
+        exit.drain.as_secs_f64(),
+        exit.calls_then.len(),
         calls.len()
     );
-    assert!(status.success(), "a graceful drain exits 0");
+}
+
+/// The worker exited 0 within 5 s, having finished every call in progress,
+/// started none after the signal, and released every claim it held.
+fn the_drain_finished_its_calls_and_released_its_claims(exit: &Exit) {
+    assert!(exit.status.success(), "a graceful drain exits 0");
     assert!(
-        drain < Duration::from_secs(5),
+        exit.drain < Duration::from_secs(5),
         "the drain waited for the calls, not for its timeout"
     );
     assert_eq!(
-        unfinished, 0,
+        exit.unfinished, 0,
         "every call in progress finished within the drain"
     );
-    assert_eq!(started_after, 0, "no call started after SIGTERM");
+    assert_eq!(exit.started_after, 0, "no call started after SIGTERM");
     assert_eq!(
-        held_after_exit, 0,
+        exit.held_after_exit, 0,
         "every unfinished claim was released, not left to expire"
     );
-    assert_eq!(ahead, 0, "no offset committed ahead of delivery");
+}
+
+/// No offset was committed ahead of delivery, and none short of it.
+fn the_drain_committed_exactly_what_it_delivered(commits: &Commits) {
+    assert_eq!(commits.ahead, 0, "no offset committed ahead of delivery");
+    let behind = &commits.behind;
     assert!(
         behind.is_empty(),
         "the drain committed what it delivered: (partition, prefix end, committed) {behind:?}"
     );
+}
+
+/// Every job won `mark_succeeded` once, and was answered 200 once: none was
+/// extracted twice across the two workers.
+async fn every_job_succeeded_once_from_one_answered_call(
+    env: &TestEnv,
+    ids: &[Uuid],
+    answered: &HashMap<Uuid, usize>,
+) {
     common::assert_exactly_once(
         &wins(&env.pool, "mark_succeeded").await,
-        &ids,
+        ids,
         "mark_succeeded",
     );
     let twice: Vec<_> = answered.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "jobs extracted more than once: {twice:?}");
-    assert_eq!(answered.len(), JOBS);
-    stop([&mut replacement]).await;
+    assert_eq!(answered.len(), SIGTERM_JOBS);
 }
 
 /// Runs `n` sample jobs through extractor `name` at `url` to bbox succeeded,
@@ -804,7 +1177,7 @@ async fn the_python_example_provider_serves_a_hundred_jobs() {
 
 /// Posts `body` to a deferred result's `url` with `token`: (status, answer).
 async fn post_result(url: &str, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let answer = reqwest::Client::new()
+    let answer = common::http_client()
         .post(url)
         .bearer_auth(token)
         .json(body)
@@ -815,20 +1188,63 @@ async fn post_result(url: &str, token: &str, body: &serde_json::Value) -> (u16, 
     (status, answer.json().await.unwrap_or_default())
 }
 
+/// The jobs the deferred test submits first.
+const DEFERRED_JOBS: usize = 8;
+
+/// What each deferred call asked of the provider, by (job, attempt).
+type Asked = Arc<Mutex<HashMap<(Uuid, i64), serde_json::Value>>>;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
-    const JOBS: usize = 8;
-    let deferred = |deadline: &str| Plan::Answer {
+    let (provider, asked) = a_provider_that_defers_every_result().await;
+    let mut s = Deferred::serve_and_a_worker_with_deferred_results_on(provider, asked).await;
+    let ids = submit_for(&s.services, DEFERRED_JOBS, "model", serde_json::Value::Null).await;
+
+    // Two records in flight at most, yet every job is called and every record
+    // committed while all the jobs still run: a deferred job holds no slot.
+    every_job_is_called_and_committed_while_all_still_run(&s).await;
+
+    let first = s.callback(ids[0]);
+    let other_token = s.callback(ids[1]).token;
+    let first_result = a_result_for(&first.asked);
+    forged_tokens_and_broken_results_are_refused(&first, &other_token, &first_result).await;
+    results_end_all_but_the_last_job_which_a_failure_ends(&s, &ids).await;
+    a_second_result_for_the_same_attempt_is_refused(&first, &first_result).await;
+
+    // A deadline that passes without a result: the job is revived, and the
+    // lapsed attempt's token no longer ends it while the next one runs.
+    let cases = a_lapsing_an_always_lapsing_and_a_plain_job(&s).await;
+    the_lapsed_job_is_called_again(&s, cases.lapsed).await;
+    only_the_next_attempts_token_ends_the_lapsed_job(&s, cases.lapsed).await;
+
+    // A cancel while the result is pending: the result that comes is refused
+    // and the job ends cancelled.
+    a_cancelled_jobs_result_is_refused(&s, cases.cancelled).await;
+
+    // A provider that never posts spends the job's attempts, then fails it.
+    every_job_ends(&s).await;
+    let rows = Rows::of(&s, &ids, &cases).await;
+    s.report(&cases, &rows);
+    each_job_ended_as_its_case_says(&s, &ids, &cases, rows).await;
+    stop([&mut s.worker, &mut s.serve]).await;
+}
+
+/// A 202 answer (a deferred result) with `body`.
+fn a_deferred_answer(body: &str) -> Plan {
+    Plan::Answer {
         delay: Duration::ZERO,
         status: 202,
         headers: Vec::new(),
-        body: deadline.to_owned(),
-    };
-    // Every call is deferred, and the provider keeps what each call asked
-    // (where to post, with which token). A job tagged "lapse" gets a 1 s
-    // deadline (raised to the lease) on its first attempt and never a result;
-    // one tagged "always_lapse" gets that on every attempt.
-    let asked: Arc<Mutex<HashMap<(Uuid, i64), serde_json::Value>>> = Arc::default();
+        body: body.to_owned(),
+    }
+}
+
+/// Every call is deferred, and the provider keeps what each call asked
+/// (where to post, with which token). A job tagged "lapse" gets a 1 s
+/// deadline (raised to the lease) on its first attempt and never a result;
+/// one tagged "always_lapse" gets that on every attempt.
+async fn a_provider_that_defers_every_result() -> (FakeProvider, Asked) {
+    let asked: Asked = Arc::default();
     let keep = asked.clone();
     let provider = FakeProvider::start(move |_, body| {
         let job = (
@@ -837,44 +1253,127 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         );
         keep.lock().unwrap().insert(job, body.clone());
         match (body["metadata"]["case"].as_str(), job.1) {
-            (Some("lapse"), 1) | (Some("always_lapse"), _) => deferred(r#"{"deadline_s": 1}"#),
-            _ => deferred(""),
+            (Some("lapse"), 1) | (Some("always_lapse"), _) => {
+                a_deferred_answer(r#"{"deadline_s": 1}"#)
+            }
+            _ => a_deferred_answer(""),
         }
     })
     .await;
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let env = TestEnv::with_settings("extractor_deferred", |s| {
-        common::fast_recovery(s);
-        s.max_attempts = 2;
-        s.consumer_max_in_flight = 2;
-        s.public_url = base.clone();
-        s.callback_secret = "deferred-results-test-secret".into();
-        add_extractor(s, "model", &provider.url(), |e| {
-            e.deferred_deadline_s = 120.0
-        });
-    })
-    .await;
-    let services = env.services().await;
-    let http = [("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))];
-    let mut serve = env.spawn("serve", &http, "extractor-deferred-serve");
-    let mut worker = env.spawn("worker", &[], "extractor-deferred-worker");
-    common::wait_healthy(&base).await;
-    let ids = submit_for(&services, JOBS, "model", serde_json::Value::Null).await;
+    (provider, asked)
+}
 
-    // Two records in flight at most, yet every job is called and every record
-    // committed while all the jobs still run: a deferred job holds no slot.
+/// The deferred test's world. Fields drop in the order the test's locals did.
+struct Deferred {
+    worker: tokio::process::Child,
+    serve: tokio::process::Child,
+    services: Services,
+    env: TestEnv,
+    /// The API's base URL, also the public URL results are posted to.
+    base: String,
+    provider: FakeProvider,
+    asked: Asked,
+}
+
+/// Where a deferred call said to post its result, with which token, and the
+/// whole request it made.
+struct Callback {
+    url: String,
+    token: String,
+    asked: serde_json::Value,
+}
+
+impl Deferred {
+    /// `serve` and a worker, with deferred results on (2 records in flight,
+    /// 2 attempts, fast recovery) and extractor `model` at `provider` with a
+    /// 120 s deferred deadline; waits until the API is healthy.
+    async fn serve_and_a_worker_with_deferred_results_on(
+        provider: FakeProvider,
+        asked: Asked,
+    ) -> Self {
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let env = TestEnv::with_settings("extractor_deferred", |s| {
+            common::fast_recovery(s);
+            s.max_attempts = 2;
+            s.consumer_max_in_flight = 2;
+            s.public_url = base.clone();
+            s.callback_secret = "deferred-results-test-secret".into();
+            add_extractor(s, "model", &provider.url(), |e| {
+                e.deferred_deadline_s = 120.0
+            });
+        })
+        .await;
+        let services = env.services().await;
+        let http = [("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))];
+        let serve = env.spawn("serve", &http, "extractor-deferred-serve");
+        let worker = env.spawn("worker", &[], "extractor-deferred-worker");
+        common::wait_healthy(&base).await;
+        Deferred {
+            worker,
+            serve,
+            services,
+            env,
+            base,
+            provider,
+            asked,
+        }
+    }
+
+    /// The callback the first attempt of job `id` was given.
+    fn callback(&self, id: Uuid) -> Callback {
+        let asked = self.asked.lock().unwrap()[&(id, 1)].clone();
+        let url = asked["callback"]["url"].as_str().unwrap().to_owned();
+        let token = asked["callback"]["token"].as_str().unwrap().to_owned();
+        Callback { url, token, asked }
+    }
+
+    /// The attempts the provider was called for job `id`, in arrival order.
+    fn calls_of(&self, id: Uuid) -> Vec<i64> {
+        let calls = self.provider.calls();
+        calls
+            .iter()
+            .filter(|c| c.job_id == id)
+            .map(|c| c.attempt)
+            .collect()
+    }
+
+    /// Prints how each case ended.
+    fn report(&self, cases: &Cases, rows: &Rows) {
+        eprintln!(
+            "deferred: {DEFERRED_JOBS} jobs called with 2 in flight; lapsed job {} after attempts {:?}; \
+             always lapsing: {} after attempts {:?} ({:?}); cancelled: {}; failed job: {:?}",
+            rows.lapsed.status,
+            self.calls_of(cases.lapsed),
+            rows.always.status,
+            self.calls_of(cases.always),
+            rows.always.error,
+            rows.cancelled.status,
+            rows.failed.error
+        );
+    }
+}
+
+/// The result that finds every field `request` asks for.
+fn a_result_for(request: &serde_json::Value) -> serde_json::Value {
+    serde_json::from_str(&common::provider::all_found_body(request)).unwrap()
+}
+
+/// Waits until the provider saw a call per job (60 s at most) and the worker
+/// committed a record per job (30 s at most); then checks every job still runs.
+async fn every_job_is_called_and_committed_while_all_still_run(s: &Deferred) {
     wait_for(
         "every job to be called",
         Duration::from_secs(60),
         || async {
-            match provider.calls().len() {
-                n if n >= JOBS => Ok(()),
+            match s.provider.calls().len() {
+                n if n >= DEFERRED_JOBS => Ok(()),
                 n => Err(format!("{n} calls")),
             }
         },
     )
     .await;
+    let env = &s.env;
     let group = env.settings.group(&env.settings.worker_group);
     wait_for(
         "the worker to commit every record",
@@ -882,7 +1381,7 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         || async {
             let committed: i64 = env.committed(&group, "extraction.submitted").values().sum();
             match committed {
-                n if n >= JOBS as i64 => Ok(()),
+                n if n >= DEFERRED_JOBS as i64 => Ok(()),
                 n => Err(format!("{n} committed")),
             }
         },
@@ -891,39 +1390,48 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
     let running = "SELECT count(*) FROM extractions WHERE status = 'running'";
     assert_eq!(
         count(&env.pool, running).await,
-        JOBS as i64,
+        DEFERRED_JOBS as i64,
         "every job still runs"
     );
+}
 
-    let callback = |id: Uuid| {
-        let asked = asked.lock().unwrap()[&(id, 1)].clone();
-        let url = asked["callback"]["url"].as_str().unwrap().to_owned();
-        let token = asked["callback"]["token"].as_str().unwrap().to_owned();
-        (url, token, asked)
-    };
-    let (url0, token0, asked0) = callback(ids[0]);
-    let (_, token1, _) = callback(ids[1]);
-    let result0 = serde_json::from_str(&common::provider::all_found_body(&asked0)).unwrap();
+/// A result posted to `first`'s url with a forged token or another job's
+/// (`other_token`) is refused 401, and one that is not a result 422.
+async fn forged_tokens_and_broken_results_are_refused(
+    first: &Callback,
+    other_token: &str,
+    first_result: &serde_json::Value,
+) {
+    let Callback {
+        url: url0,
+        token: token0,
+        ..
+    } = first;
     let forged = format!("{token0}x");
     assert_eq!(
-        post_result(&url0, &forged, &result0).await.0,
+        post_result(url0, &forged, first_result).await.0,
         401,
         "a forged token"
     );
     assert_eq!(
-        post_result(&url0, &token1, &result0).await.0,
+        post_result(url0, other_token, first_result).await.0,
         401,
         "another job's token"
     );
     let garbage = serde_json::json!({"fields": "none"});
     assert_eq!(
-        post_result(&url0, &token0, &garbage).await.0,
+        post_result(url0, token0, &garbage).await.0,
         422,
         "not a result"
     );
-    for id in &ids[..JOBS - 1] {
-        let (url, token, asked) = callback(*id);
-        let result = serde_json::from_str(&common::provider::all_found_body(&asked)).unwrap();
+}
+
+/// Posts a result for each job but the last (each answered succeeded), then
+/// an error for the last (answered failed).
+async fn results_end_all_but_the_last_job_which_a_failure_ends(s: &Deferred, ids: &[Uuid]) {
+    for id in &ids[..DEFERRED_JOBS - 1] {
+        let Callback { url, token, asked } = s.callback(*id);
+        let result = a_result_for(&asked);
         let (status, answer) = post_result(&url, &token, &result).await;
         assert_eq!(
             (status, answer["status"].as_str()),
@@ -931,7 +1439,7 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
             "{answer}"
         );
     }
-    let (url, token, _) = callback(ids[JOBS - 1]);
+    let Callback { url, token, .. } = s.callback(ids[DEFERRED_JOBS - 1]);
     let failure = serde_json::json!({"error": "the scan is unreadable"});
     let (status, answer) = post_result(&url, &token, &failure).await;
     assert_eq!(
@@ -939,39 +1447,81 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         (200, Some("failed")),
         "{answer}"
     );
-    let (status, _) = post_result(&url0, &token0, &result0).await;
-    assert_eq!(status, 409, "a second result for the same attempt");
+}
 
-    // A deadline that passes without a result: the job is revived, and the
-    // lapsed attempt's token no longer ends it while the next one runs.
-    let lapsed = submit_for(&services, 1, "model", serde_json::json!({"case": "lapse"})).await[0];
+/// Posting the first job's result again is refused 409.
+async fn a_second_result_for_the_same_attempt_is_refused(
+    first: &Callback,
+    first_result: &serde_json::Value,
+) {
+    let Callback {
+        url: url0,
+        token: token0,
+        ..
+    } = first;
+    let (status, _) = post_result(url0, token0, first_result).await;
+    assert_eq!(status, 409, "a second result for the same attempt");
+}
+
+/// The jobs submitted after the first ones, one per case.
+struct Cases {
+    /// Tagged "lapse": its first attempt's deadline passes.
+    lapsed: Uuid,
+    /// Tagged "always_lapse": every attempt's deadline passes.
+    always: Uuid,
+    /// Untagged, and cancelled while its result is pending.
+    cancelled: Uuid,
+}
+
+/// Submits a job tagged "lapse", one tagged "always_lapse" and a plain one.
+async fn a_lapsing_an_always_lapsing_and_a_plain_job(s: &Deferred) -> Cases {
+    let services = &s.services;
+    let lapsed = submit_for(services, 1, "model", serde_json::json!({"case": "lapse"})).await[0];
     let always = submit_for(
-        &services,
+        services,
         1,
         "model",
         serde_json::json!({"case": "always_lapse"}),
     )
     .await[0];
-    let cancelled = submit_for(&services, 1, "model", serde_json::Value::Null).await[0];
+    let cancelled = submit_for(services, 1, "model", serde_json::Value::Null).await[0];
+    Cases {
+        lapsed,
+        always,
+        cancelled,
+    }
+}
+
+/// Waits (60 s at most) until the provider saw the lapsed job's second attempt.
+async fn the_lapsed_job_is_called_again(s: &Deferred, lapsed: Uuid) {
     wait_for(
         "the lapsed job's second call",
         Duration::from_secs(60),
         || async {
-            match asked.lock().unwrap().contains_key(&(lapsed, 2)) {
+            match s.asked.lock().unwrap().contains_key(&(lapsed, 2)) {
                 true => Ok(()),
                 false => Err("one call so far".to_owned()),
             }
         },
     )
     .await;
-    let (url1, token1, asked1) = callback(lapsed);
-    let result1 = serde_json::from_str(&common::provider::all_found_body(&asked1)).unwrap();
+}
+
+/// The lapsed first attempt's result is refused 409; with the second
+/// attempt's token it ends the job succeeded.
+async fn only_the_next_attempts_token_ends_the_lapsed_job(s: &Deferred, lapsed: Uuid) {
+    let Callback {
+        url: url1,
+        token: token1,
+        asked: asked1,
+    } = s.callback(lapsed);
+    let result1 = a_result_for(&asked1);
     let (status, _) = post_result(&url1, &token1, &result1).await;
     assert_eq!(
         status, 409,
         "attempt 1's result while attempt 2 holds the job"
     );
-    let token2 = asked.lock().unwrap()[&(lapsed, 2)]["callback"]["token"]
+    let token2 = s.asked.lock().unwrap()[&(lapsed, 2)]["callback"]["token"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -981,75 +1531,99 @@ async fn deferred_results_arrive_later_and_hold_no_worker_slot() {
         (200, Some("succeeded")),
         "{answer}"
     );
+}
 
-    // A cancel while the result is pending: the result that comes is refused
-    // and the job ends cancelled.
-    let (url_c, token_c, asked_c) = callback(cancelled);
-    let cancel = env
+/// Cancels job `cancelled` through the API (answered 202), then posts its
+/// result, which is refused 409.
+async fn a_cancelled_jobs_result_is_refused(s: &Deferred, cancelled: Uuid) {
+    let Callback {
+        url: url_c,
+        token: token_c,
+        asked: asked_c,
+    } = s.callback(cancelled);
+    let base = &s.base;
+    let cancel = s
+        .env
         .client()
         .post(format!("{base}/v1/extractions/{cancelled}/cancel"))
         .send()
         .await
         .unwrap();
     assert_eq!(cancel.status().as_u16(), 202);
-    let result_c = serde_json::from_str(&common::provider::all_found_body(&asked_c)).unwrap();
+    let result_c = a_result_for(&asked_c);
     let (status, _) = post_result(&url_c, &token_c, &result_c).await;
     assert_eq!(status, 409, "the result of a cancelled job");
+}
 
-    // A provider that never posts spends the job's attempts, then fails it.
+/// Waits (90 s at most) until the first jobs and the three cases all ended.
+async fn every_job_ends(s: &Deferred) {
     wait_count(
-        &env.pool,
+        &s.env.pool,
         "every job to end",
         FINISHED,
-        JOBS as i64 + 3,
+        DEFERRED_JOBS as i64 + 3,
         Duration::from_secs(90),
     )
     .await;
+}
 
-    let row = |id: Uuid| {
-        let pool = env.pool.clone();
-        async move { store::get(&pool, id).await.unwrap().unwrap() }
-    };
-    let (lapsed_row, always_row) = (row(lapsed).await, row(always).await);
-    let (failed_row, cancelled_row) = (row(ids[JOBS - 1]).await, row(cancelled).await);
-    let calls_of = |id: Uuid| -> Vec<i64> {
-        let calls = provider.calls();
-        calls
-            .iter()
-            .filter(|c| c.job_id == id)
-            .map(|c| c.attempt)
-            .collect()
-    };
-    eprintln!(
-        "deferred: {JOBS} jobs called with 2 in flight; lapsed job {} after attempts {:?}; \
-         always lapsing: {} after attempts {:?} ({:?}); cancelled: {}; failed job: {:?}",
-        lapsed_row.status,
-        calls_of(lapsed),
-        always_row.status,
-        calls_of(always),
-        always_row.error,
-        cancelled_row.status,
-        failed_row.error
-    );
+/// The rows of the jobs whose ends the test checks.
+struct Rows {
+    lapsed: store::Extraction,
+    always: store::Extraction,
+    /// The last of the first jobs, which a posted error ended.
+    failed: store::Extraction,
+    cancelled: store::Extraction,
+}
+
+impl Rows {
+    /// Reads the rows, in the order lapsed, always, failed, cancelled.
+    async fn of(s: &Deferred, ids: &[Uuid], cases: &Cases) -> Rows {
+        let row = |id: Uuid| {
+            let pool = s.env.pool.clone();
+            async move { store::get(&pool, id).await.unwrap().unwrap() }
+        };
+        let (lapsed, always) = (row(cases.lapsed).await, row(cases.always).await);
+        let (failed, cancelled) = (
+            row(ids[DEFERRED_JOBS - 1]).await,
+            row(cases.cancelled).await,
+        );
+        Rows {
+            lapsed,
+            always,
+            failed,
+            cancelled,
+        }
+    }
+}
+
+/// Each job that got a result succeeded once; the last first job failed
+/// with the provider's error; the lapsed job succeeded on its second
+/// attempt; the cancelled one stayed cancelled; the always lapsing one
+/// failed after its two attempts.
+async fn each_job_ended_as_its_case_says(s: &Deferred, ids: &[Uuid], cases: &Cases, rows: Rows) {
     common::assert_exactly_once(
-        &wins(&env.pool, "mark_succeeded").await,
-        &[&ids[..JOBS - 1], &[lapsed]].concat(),
+        &wins(&s.env.pool, "mark_succeeded").await,
+        &[&ids[..DEFERRED_JOBS - 1], &[cases.lapsed]].concat(),
         "mark_succeeded",
     );
-    assert_eq!(failed_row.status.as_str(), "failed");
+    assert_eq!(rows.failed.status.as_str(), "failed");
     assert_eq!(
-        failed_row.error.as_deref(),
+        rows.failed.error.as_deref(),
         Some("extractor \"model\" refused the document: the scan is unreadable")
     );
     assert_eq!(
-        (lapsed_row.status.as_str(), lapsed_row.attempts),
+        (rows.lapsed.status.as_str(), rows.lapsed.attempts),
         ("succeeded", 2)
     );
-    assert_eq!(calls_of(lapsed), [1, 2]);
-    assert_eq!(cancelled_row.status.as_str(), "cancelled");
-    assert_eq!(always_row.status.as_str(), "failed");
-    assert_eq!(calls_of(always), [1, 2], "no call past the last attempt");
-    let error = always_row.error.unwrap_or_default();
+    assert_eq!(s.calls_of(cases.lapsed), [1, 2]);
+    assert_eq!(rows.cancelled.status.as_str(), "cancelled");
+    assert_eq!(rows.always.status.as_str(), "failed");
+    assert_eq!(
+        s.calls_of(cases.always),
+        [1, 2],
+        "no call past the last attempt"
+    );
+    let error = rows.always.error.unwrap_or_default();
     assert!(error.contains("gave up after 2 attempts"), "{error}");
-    stop([&mut worker, &mut serve]).await;
 }

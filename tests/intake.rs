@@ -97,12 +97,32 @@ fn stream_of_requests(run: &str) -> (Vec<Produced>, HashSet<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq() {
     let env = TestEnv::new("intake").await;
-    let pool = &env.pool;
     let run = Uuid::new_v4().simple().to_string();
-    let (records, keys) = stream_of_requests(&run);
+    let (records, keys) = the_stream_of_requests(&run);
+    produced_to_the_intake_topic(&env, &records).await;
+
+    let mut children = the_intake_and_both_workers(&env);
+    every_valid_request_reaches_bbox_succeeded(&env, &keys).await;
+    the_invalid_requests_reach_the_dlq(&env).await;
+    stop(children.iter_mut()).await;
+
+    let rows = one_job_per_distinct_valid_key_each_through_once(&env, &keys).await;
+    let letters = exactly_the_invalid_requests_are_dead_letters(&env);
+    report(&keys, &rows, &letters);
+}
+
+/// [`stream_of_requests`] for `run`, checked to hold [`REQUESTS`] records and
+/// the distinct valid keys it should.
+fn the_stream_of_requests(run: &str) -> (Vec<Produced>, HashSet<String>) {
+    let (records, keys) = stream_of_requests(run);
     assert_eq!(records.len(), REQUESTS);
     assert_eq!(keys.len(), REQUESTS - INVALID - REPEATS);
+    (records, keys)
+}
 
+/// Produces every record to `extraction.requests` with a plain Kafka producer
+/// (256 sends at once), with the intake headers of the tenant `default`.
+async fn produced_to_the_intake_topic(env: &TestEnv, records: &[Produced]) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &env.settings.kafka_brokers)
         .set("linger.ms", "5")
@@ -110,7 +130,7 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
         .expect("producer");
     let topic = env.topic("extraction.requests");
     let api_key = env.api_key.clone();
-    stream::iter(&records)
+    stream::iter(records)
         .map(|record| {
             let payload = encode(&record.requested).unwrap();
             let producer = producer.clone();
@@ -127,21 +147,32 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
         .buffered(256)
         .collect::<Vec<_>>()
         .await;
+}
 
-    let mut children = [
+/// The intake, a worker and a bbox worker, each its own process.
+fn the_intake_and_both_workers(env: &TestEnv) -> [tokio::process::Child; 3] {
+    [
         env.spawn("intake", &[], "intake"),
         env.spawn("worker", &[], "intake-worker"),
         env.spawn("bbox-worker", &[], "intake-bbox-worker"),
-    ];
+    ]
+}
+
+/// Waits (300 s at most) until a job per distinct valid key is bbox succeeded.
+async fn every_valid_request_reaches_bbox_succeeded(env: &TestEnv, keys: &HashSet<String>) {
     let valid = keys.len() as i64;
     wait_count(
-        pool,
+        &env.pool,
         "every valid request to reach bbox succeeded",
         ALL_BBOX_SUCCEEDED,
         valid,
         Duration::from_secs(300),
     )
     .await;
+}
+
+/// Waits (60 s at most) until `extraction.dlq` holds [`INVALID`] records.
+async fn the_invalid_requests_reach_the_dlq(env: &TestEnv) {
     let dlq = env.topic("extraction.dlq");
     let brokers = env.settings.kafka_brokers.clone();
     wait_for(
@@ -158,8 +189,16 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
         },
     )
     .await;
-    stop(children.iter_mut()).await;
+}
 
+/// Checks there is one row for each distinct valid key and none for others,
+/// each submitted, succeeded and bbox succeeded exactly once: the rows
+/// (id, key).
+async fn one_job_per_distinct_valid_key_each_through_once(
+    env: &TestEnv,
+    keys: &HashSet<String>,
+) -> Vec<(Uuid, String)> {
+    let pool = &env.pool;
     let rows: Vec<(Uuid, String)> =
         sqlx::query_as("SELECT id, idempotency_key FROM extraction_requests")
             .fetch_all(pool)
@@ -171,7 +210,7 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
     }
     let row_keys: HashSet<String> = per_key.keys().map(|k| k.to_string()).collect();
     assert_eq!(
-        row_keys, keys,
+        &row_keys, keys,
         "one row for each distinct valid key, none for others"
     );
     assert!(per_key.values().all(|&n| n == 1), "a key made two rows");
@@ -183,7 +222,12 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
         &ids,
         "bbox succeeded",
     );
+    rows
+}
 
+/// Checks `extraction.dlq` holds exactly [`INVALID`] dead letters, of the two
+/// kinds the invalid requests make: the letters.
+fn exactly_the_invalid_requests_are_dead_letters(env: &TestEnv) -> Vec<DeadLetter> {
     let letters: Vec<DeadLetter> = env
         .read_topic("extraction.dlq")
         .into_iter()
@@ -197,6 +241,11 @@ async fn kafka_submissions_make_one_job_per_key_and_invalid_ones_go_to_the_dlq()
     let kinds: HashSet<&str> = letters.iter().map(|l| l.error_kind.as_str()).collect();
     let expected = HashSet::from(["invalid_request", "malformed_json"]);
     assert_eq!(kinds, expected, "the JSON that is not JSON, and the rest");
+    letters
+}
+
+/// Prints what the run made: rows, dead letters and their reasons.
+fn report(keys: &HashSet<String>, rows: &[(Uuid, String)], letters: &[DeadLetter]) {
     let reasons: HashSet<&str> = letters
         .iter()
         .map(|l| l.error.split(':').next().unwrap_or_default())

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{free_port, peak_rss_kib, scrape, stop, wait_count, wait_for, wait_healthy, TestEnv};
@@ -16,8 +17,16 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::process::Child;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use uuid::Uuid;
+
+/// A WebSocket client's stream.
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// The server's answer to a WebSocket handshake.
+type WsResponse = tokio_tungstenite::tungstenite::handshake::client::Response;
 
 /// A `serve` process on free ports: (child, API base URL, metrics address).
 fn spawn_serve(
@@ -84,11 +93,24 @@ fn raw_text_body(text_json: &str) -> String {
 const NUL: &str = r"a\u0000b";
 const LONE_SURROGATE: &str = r"a\ud800b";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_fails() {
+/// A `serve`, an intake and a worker, and this run's idempotency-key prefix.
+struct Intakes {
+    env: TestEnv,
+    addr: String,
+    base: String,
+    client: reqwest::Client,
+    run: String,
+    children: [Child; 3],
+}
+
+/// An HTTP submission's index, status and answer.
+type Answer = (usize, u16, serde_json::Value);
+
+/// A `serve`, an intake and a worker, the API healthy.
+async fn a_serve_an_intake_and_a_worker() -> Intakes {
     let env = TestEnv::new("limits_text").await;
     let (serve, addr, _) = spawn_serve(&env, &[], "limits-text-serve");
-    let mut children = [
+    let children = [
         serve,
         env.spawn("intake", &[], "limits-text-intake"),
         env.spawn("worker", &[], "limits-text-worker"),
@@ -96,9 +118,20 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
     let base = format!("http://{addr}");
     wait_healthy(&base).await;
     let client = env.client();
-
-    // HTTP: 10 NUL, 10 lone surrogates and 50 good submissions at once.
     let run = Uuid::new_v4().simple().to_string();
+    Intakes {
+        env,
+        addr,
+        base,
+        client,
+        run,
+        children,
+    }
+}
+
+/// HTTP: 10 NUL, 10 lone surrogates and 50 good submissions at once.
+async fn http_submissions_with_bad_text_beside_good_ones(intakes: &Intakes) -> Vec<Answer> {
+    let (client, base, run) = (&intakes.client, &intakes.base, &intakes.run);
     let mut submits = Vec::new();
     for i in 0..70 {
         let body = match i % 7 {
@@ -118,9 +151,14 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
             (i, status, body)
         });
     }
-    let answers = futures::future::join_all(submits).await;
+    futures::future::join_all(submits).await
+}
+
+/// Each bad submission was refused 422 `unrepresentable_text`, and each of
+/// the 50 good ones beside them accepted.
+fn bad_text_got_422_and_every_good_submission_202(answers: &[Answer]) {
     let mut accepted = 0;
-    for (i, status, body) in &answers {
+    for (i, status, body) in answers {
         match i % 7 {
             0 | 1 => {
                 assert_eq!(*status, 422, "submit {i}: {body}");
@@ -136,10 +174,15 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         }
     }
     assert_eq!(accepted, 50);
+}
 
-    // The import stream: the same refusals, and the good frame beside them.
-    let url = format!("ws://{addr}/v1/import");
-    let (mut socket, _) = tokio_tungstenite::connect_async(env.ws_request(&url))
+/// The import stream: a NUL frame, a lone-surrogate frame and a good one;
+/// returns the socket and the three answers by `ref`.
+async fn import_frames_with_bad_text_beside_a_good_one(
+    intakes: &Intakes,
+) -> (Socket, HashMap<String, serde_json::Value>) {
+    let url = format!("ws://{}/v1/import", intakes.addr);
+    let (mut socket, _) = tokio_tungstenite::connect_async(intakes.env.ws_request(&url))
         .await
         .unwrap();
     let frames = [
@@ -148,13 +191,13 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
             r#"{{"ref":"surrogate","request":{}}}"#,
             raw_text_body(LONE_SURROGATE)
         ),
-        serde_json::json!({"ref": "good", "idempotency_key": format!("{run}-ws"), "request": good_body(1)})
+        serde_json::json!({"ref": "good", "idempotency_key": format!("{}-ws", intakes.run), "request": good_body(1)})
             .to_string(),
     ];
     for frame in frames {
         socket.send(Message::Text(frame.into())).await.unwrap();
     }
-    let mut by_ref = std::collections::HashMap::new();
+    let mut by_ref = HashMap::new();
     while by_ref.len() < 3 {
         let Some(Ok(Message::Text(text))) = socket.next().await else {
             panic!("the import stream closed before answering");
@@ -162,6 +205,13 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
         by_ref.insert(answer["ref"].as_str().unwrap().to_owned(), answer);
     }
+    (socket, by_ref)
+}
+
+/// The same refusals on the import stream, and the good frame queued.
+fn the_bad_frames_were_refused_and_the_good_one_queued(
+    by_ref: &HashMap<String, serde_json::Value>,
+) {
     for bad in ["nul", "surrogate"] {
         assert_eq!(
             by_ref[bad]["error"]["code"], "unrepresentable_text",
@@ -170,10 +220,15 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         );
     }
     assert_eq!(by_ref["good"]["status"], "queued", "{}", by_ref["good"]);
-    socket.close(None).await.unwrap();
+}
 
-    // The intake: the bad records become dead letters, and the good record
-    // behind them on the same partition becomes a job.
+/// The intake: a NUL record, a lone-surrogate record and a good one behind
+/// them, on partition 0; returns the last one's offset, and the producer
+/// (kept until the test ends).
+async fn intake_records_with_bad_text_before_a_good_one(
+    intakes: &Intakes,
+) -> (i64, FutureProducer) {
+    let (env, run) = (&intakes.env, &intakes.run);
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &env.settings.kafka_brokers)
         .create()
@@ -200,7 +255,18 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         let delivered = producer.send(record, Duration::from_secs(30)).await;
         last_offset = delivered.unwrap().offset;
     }
-    let good_key = format!("{run}-k-good");
+    (last_offset, producer)
+}
+
+/// The good record behind the bad ones on the same partition became a job,
+/// the intake committed past them all, and the bad ones became dead letters.
+/// Returns the committed offset.
+async fn the_good_record_became_a_job_and_the_bad_ones_dead_letters(
+    intakes: &Intakes,
+    last_offset: i64,
+) -> i64 {
+    let env = &intakes.env;
+    let good_key = format!("{}-k-good", intakes.run);
     wait_count(
         &env.pool,
         "the good intake record to become a job",
@@ -209,7 +275,7 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         Duration::from_secs(60),
     )
     .await;
-    let committed = intake_commits_past(&env, last_offset).await;
+    let committed = intake_commits_past(env, last_offset).await;
     let letters: Vec<DeadLetter> = env
         .read_topic("extraction.dlq")
         .into_iter()
@@ -217,8 +283,12 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
         .collect();
     let kinds: Vec<&str> = letters.iter().map(|l| l.error_kind.as_str()).collect();
     assert_eq!(kinds, ["unrepresentable_text", "unrepresentable_text"]);
+    committed
+}
 
-    // Every good submission, whichever intake, finishes.
+/// Every good submission, whichever intake, finishes, and no job failed.
+async fn every_good_submission_succeeded_and_none_failed(intakes: &Intakes) {
+    let env = &intakes.env;
     let finished = wait_count(
         &env.pool,
         "every accepted job to succeed",
@@ -233,12 +303,26 @@ async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_
     )
     .await;
     assert_eq!(failed, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_postgres_cannot_store_is_refused_on_every_intake_and_nothing_else_fails() {
+    let mut intakes = a_serve_an_intake_and_a_worker().await;
+    let answers = http_submissions_with_bad_text_beside_good_ones(&intakes).await;
+    bad_text_got_422_and_every_good_submission_202(&answers);
+    let (mut socket, by_ref) = import_frames_with_bad_text_beside_a_good_one(&intakes).await;
+    the_bad_frames_were_refused_and_the_good_one_queued(&by_ref);
+    socket.close(None).await.unwrap();
+    let (last_offset, _producer) = intake_records_with_bad_text_before_a_good_one(&intakes).await;
+    let committed =
+        the_good_record_became_a_job_and_the_bad_ones_dead_letters(&intakes, last_offset).await;
+    every_good_submission_succeeded_and_none_failed(&intakes).await;
     eprintln!(
         "limits text: http 20 refused (422 unrepresentable_text) and 50 accepted; import 2 refused, \
          1 accepted; intake 2 dead letters, committed offset {committed} past {last_offset}; \
          52 jobs succeeded"
     );
-    stop(&mut children).await;
+    stop(&mut intakes.children).await;
 }
 
 /// RSS bound the amplification test states for each process.
@@ -400,7 +484,7 @@ async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims
         others.push(accepted(&client, &base, &good_body(i)).await);
     }
     // /healthz, every 50 ms, until the slow job has failed.
-    let probe = reqwest::Client::new();
+    let probe = common::http_client();
     let mut slowest = Duration::ZERO;
     let mut probes = 0;
     let started = Instant::now();
@@ -555,8 +639,24 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
     stop(&mut children).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_cut_off() {
+/// A `serve` with small caps, and its address.
+struct Capped {
+    env: TestEnv,
+    addr: String,
+    children: [Child; 1],
+}
+
+/// How a slowloris client fared: when it was cut off, after how many header
+/// lines, and its connection (kept until the test ends).
+struct Slowloris {
+    cut_after: Duration,
+    lines: i32,
+    _socket: TcpStream,
+}
+
+/// A `serve` allowing 2 export streams, 3 sockets per tenant and 8
+/// connections, and 1 s to send a request's headers.
+async fn a_server_with_small_caps() -> Capped {
     let env = TestEnv::new("limits_caps").await;
     let caps = [
         ("DOCSTREAM_MAX_EXPORT_STREAMS", "2".to_owned()),
@@ -565,10 +665,30 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
         ("DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S", "1".to_owned()),
     ];
     let (serve, addr, _) = spawn_serve(&env, &caps, "limits-caps-serve");
-    let mut children = [serve];
+    let children = [serve];
     wait_healthy(&format!("http://{addr}")).await;
+    Capped {
+        env,
+        addr,
+        children,
+    }
+}
 
-    // Export streams: two open, the third refused with 503.
+/// The HTTP status a WebSocket handshake was refused with; panics, saying
+/// `what` was not refused, if it was not.
+fn refused_status(
+    attempt: Result<(Socket, WsResponse), tokio_tungstenite::tungstenite::Error>,
+    what: &str,
+) -> u16 {
+    match attempt {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        other => panic!("{what} was not refused: {:?}", other.map(|_| ())),
+    }
+}
+
+/// Export streams: two open, the third refused with 503. Returns the two.
+async fn two_export_streams_open_and_a_third_is_refused_503(capped: &Capped) -> Vec<Socket> {
+    let (env, addr) = (&capped.env, &capped.addr);
     let export = |n: usize| format!("ws://{addr}/v1/export?group=caps-{n}");
     let mut open = Vec::new();
     for n in 0..2 {
@@ -578,30 +698,33 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
         open.push(socket);
     }
     let refused = tokio_tungstenite::connect_async(env.ws_request(&export(2))).await;
-    let status = match refused {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
-        other => panic!(
-            "the third export stream was not refused: {:?}",
-            other.map(|_| ())
-        ),
-    };
+    let status = refused_status(refused, "the third export stream");
     assert_eq!(status, 503);
-    // Sockets per tenant: with two exports open, one import fits, the next gets 429.
-    let import = format!("ws://{addr}/v1/import");
+    open
+}
+
+/// Sockets per tenant: with two exports open, one import fits (it joins
+/// `open`), the next gets 429.
+async fn one_import_fits_beside_them_and_the_next_gets_429(
+    capped: &Capped,
+    open: &mut Vec<Socket>,
+) {
+    let env = &capped.env;
+    let import = format!("ws://{}/v1/import", capped.addr);
     let (third, _) = tokio_tungstenite::connect_async(env.ws_request(&import))
         .await
         .unwrap();
     open.push(third);
     let refused = tokio_tungstenite::connect_async(env.ws_request(&import)).await;
-    let tenant_status = match refused {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
-        other => panic!("the fourth socket was not refused: {:?}", other.map(|_| ())),
-    };
+    let tenant_status = refused_status(refused, "the fourth socket");
     assert_eq!(tenant_status, 429);
-    drop(open);
+}
 
-    // Connections: the sockets above are closed; fill the cap with idle
-    // connections, and the next one is answered 503 and closed.
+/// Connections: once the closed sockets' connections end, the cap filled
+/// with idle connections, the next one is answered 503
+/// (`too_many_connections`) and closed. Returns that answer.
+async fn past_the_connection_cap_the_next_is_answered_503(capped: &Capped) -> String {
+    let addr = &capped.addr;
     let connections = wait_for(
         "the closed sockets' connections to end",
         Duration::from_secs(10),
@@ -627,9 +750,13 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
     let (held, answer) = connections;
     assert!(answer.contains("too_many_connections"), "{answer}");
     drop(held);
+    answer
+}
 
-    // A slowloris client: headers trickled a line every 200 ms are cut off
-    // after the 1 s header-read timeout.
+/// A slowloris client: once it has a connection, it trickles a header line
+/// every 200 ms until it is cut off (within 10 s).
+async fn a_slowloris_trickles_its_headers(capped: &Capped) -> Slowloris {
+    let addr = &capped.addr;
     let mut slow = wait_for("a connection slot", Duration::from_secs(10), || {
         let addr = addr.clone();
         async move { TcpStream::connect(&addr).await.map_err(|e| e.to_string()) }
@@ -657,6 +784,16 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
             "the slowloris was never cut off"
         );
     };
+    Slowloris {
+        cut_after,
+        lines,
+        _socket: slow,
+    }
+}
+
+/// The slowloris was cut off after the 1 s header-read timeout, not long past it.
+fn it_was_cut_off_after_the_header_read_timeout(slowloris: &Slowloris) {
+    let cut_after = slowloris.cut_after;
     assert!(
         cut_after >= Duration::from_millis(900),
         "cut after {cut_after:?}"
@@ -665,10 +802,23 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
         cut_after < Duration::from_secs(3),
         "cut after {cut_after:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_cut_off() {
+    let mut capped = a_server_with_small_caps().await;
+    let mut open = two_export_streams_open_and_a_third_is_refused_503(&capped).await;
+    one_import_fits_beside_them_and_the_next_gets_429(&capped, &mut open).await;
+    drop(open);
+    let answer = past_the_connection_cap_the_next_is_answered_503(&capped).await;
+    let slowloris = a_slowloris_trickles_its_headers(&capped).await;
+    it_was_cut_off_after_the_header_read_timeout(&slowloris);
     eprintln!(
         "limits caps: third export stream 503, fourth socket of the tenant 429, ninth connection \
-         503 ({}), slowloris cut off after {cut_after:?} and {lines} header lines",
-        answer.lines().next().unwrap_or_default()
+         503 ({}), slowloris cut off after {:?} and {} header lines",
+        answer.lines().next().unwrap_or_default(),
+        slowloris.cut_after,
+        slowloris.lines
     );
-    stop(&mut children).await;
+    stop(&mut capped.children).await;
 }

@@ -238,7 +238,11 @@ fn missing(requirements: &Requirements, scraped: &Scraped) -> Vec<String> {
 async fn scrape_all(addrs: &[String]) -> Scraped {
     let mut scraped = Scraped::new();
     for addr in addrs {
-        if let Ok(response) = reqwest::get(format!("http://{addr}/metrics")).await {
+        if let Ok(response) = common::http_client()
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+        {
             parse_exposition(&response.text().await.unwrap_or_default(), &mut scraped);
         }
     }
@@ -304,8 +308,38 @@ async fn start_receiver() -> (String, Arc<AtomicUsize>) {
     (url, received)
 }
 
+/// Every metric the dashboard and the alert rules query, with the labels they
+/// need, is exported by some role after a real run: jobs over HTTP (some
+/// through the HTTP extractor, some with a webhook) and an intake topic with
+/// a good and a poison record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_real_run() {
+    let queried = what_the_dashboard_and_the_alerts_query();
+    let (mut extractor, env) = an_env_with_the_reference_extractor().await;
+    the_default_tenant_signs_webhooks(&env).await;
+    let (hook, received) = start_receiver().await;
+    let mut roles = every_role_with_fast_metrics(&env).await;
+    let hooks = roles
+        .submit_jobs_some_external_some_with_a_webhook(&hook)
+        .await;
+    let _producer = a_good_and_a_poison_record_on_the_intake_topic(&env).await;
+    every_job_finishes_and_every_webhook_arrives(&env, &received, hooks).await;
+    let scraped = every_queried_metric_is_exported(&roles.metrics, &queried.wanted).await;
+    queried.report(&scraped);
+    common::stop(roles.children.iter_mut()).await;
+    let _ = extractor.kill().await;
+}
+
+/// The dashboard's and the rules' queries, and what they require.
+struct Queried {
+    panels: Vec<String>,
+    rules: Vec<String>,
+    wanted: Requirements,
+}
+
+/// Parses every panel query and rule into the metrics and labels they need,
+/// checking that the parsers found enough of each.
+fn what_the_dashboard_and_the_alerts_query() -> Queried {
     let mut wanted = Requirements::new();
     let (panels, rules) = (dashboard_queries(), alert_queries());
     for expr in panels.iter().chain(&rules) {
@@ -323,10 +357,33 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
         "only {} metrics named: {wanted:?}",
         wanted.len()
     );
+    Queried {
+        panels,
+        rules,
+        wanted,
+    }
+}
 
+impl Queried {
+    /// Prints how many queries, metrics and series the run covered.
+    fn report(&self, scraped: &Scraped) {
+        let wanted = &self.wanted;
+        let exported: usize = wanted.keys().map(|name| scraped[name].len()).sum();
+        eprintln!(
+            "observability: {} panel queries and {} rules name {} metrics; all exported ({exported} series) by serve, worker, bbox-worker and intake",
+            self.panels.len(),
+            self.rules.len(),
+            wanted.len()
+        );
+    }
+}
+
+/// Starts `docstream extractor-serve`, then a test environment with it
+/// configured as the extractor `reference`.
+async fn an_env_with_the_reference_extractor() -> (tokio::process::Child, TestEnv) {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_docstream"));
     command.args(["extractor-serve", "--addr", "127.0.0.1:0"]);
-    let (mut extractor, extractor_url) = common::start_provider(command).await;
+    let (extractor, extractor_url) = common::start_provider(command).await;
     let env = TestEnv::with_settings("observability", |s| {
         let reference = ExtractorSettings {
             url: extractor_url.clone(),
@@ -335,6 +392,11 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
         s.extractors.insert("reference".into(), reference);
     })
     .await;
+    (extractor, env)
+}
+
+/// Gives the tenant `default` a webhook secret, so its webhooks are sent.
+async fn the_default_tenant_signs_webhooks(env: &TestEnv) {
     tenants::rotate_webhook_secret(
         &env.pool,
         "default",
@@ -343,8 +405,21 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
     )
     .await
     .unwrap();
-    let (hook, received) = start_receiver().await;
+}
 
+/// Every role's process, the addresses they export metrics on, the API's
+/// base URL and a client of it.
+struct Roles {
+    children: Vec<tokio::process::Child>,
+    metrics: Vec<String>,
+    api: String,
+    client: reqwest::Client,
+}
+
+/// Starts `serve`, `worker`, `bbox-worker` and `intake`, each with its own
+/// metrics port, a census and Kafka statistics every second, and webhooks
+/// allowed to loopback; waits for the API to be healthy.
+async fn every_role_with_fast_metrics(env: &TestEnv) -> Roles {
     let http_port = free_port();
     let fast = [
         ("DOCSTREAM_CENSUS_INTERVAL_S", "1".to_owned()),
@@ -365,29 +440,45 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
     }
     let api = format!("http://127.0.0.1:{http_port}");
     wait_healthy(&api).await;
-
-    // Jobs over HTTP, some through the HTTP extractor, some with a webhook.
-    let client = env.client();
-    let mut hooks = 0;
-    for i in 0..JOBS {
-        let mut body = common::sample_body(i);
-        if i % 3 == 0 {
-            body["extractor"] = "reference".into();
-        }
-        if i % 4 == 0 {
-            body["webhook_url"] = hook.clone().into();
-            hooks += 1;
-        }
-        let answer = client
-            .post(format!("{api}/v1/extractions"))
-            .header("Idempotency-Key", format!("observability-{i}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 202, "{}", answer.text().await.unwrap());
+    Roles {
+        children,
+        metrics,
+        api,
+        client: env.client(),
     }
-    // On the intake topic: one good submission and one poison record.
+}
+
+impl Roles {
+    /// Jobs over HTTP, some through the HTTP extractor, some with a webhook
+    /// to `hook`, each answered 202; returns how many have a webhook.
+    async fn submit_jobs_some_external_some_with_a_webhook(&self, hook: &str) -> usize {
+        let (client, api) = (&self.client, &self.api);
+        let mut hooks = 0;
+        for i in 0..JOBS {
+            let mut body = common::sample_body(i);
+            if i % 3 == 0 {
+                body["extractor"] = "reference".into();
+            }
+            if i % 4 == 0 {
+                body["webhook_url"] = hook.to_owned().into();
+                hooks += 1;
+            }
+            let answer = client
+                .post(format!("{api}/v1/extractions"))
+                .header("Idempotency-Key", format!("observability-{i}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 202, "{}", answer.text().await.unwrap());
+        }
+        hooks
+    }
+}
+
+/// On the intake topic: one good submission and one poison record. Returns
+/// the producer, which the test keeps until its end.
+async fn a_good_and_a_poison_record_on_the_intake_topic(env: &TestEnv) -> FutureProducer {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &env.settings.kafka_brokers)
         .create()
@@ -411,7 +502,16 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
             .await
             .unwrap();
     }
+    producer
+}
 
+/// Waits (up to 120 s) for every job, the intake's included, to finish, then
+/// (up to 60 s) for `hooks` webhooks to arrive.
+async fn every_job_finishes_and_every_webhook_arrives(
+    env: &TestEnv,
+    received: &AtomicUsize,
+    hooks: usize,
+) {
     wait_count(
         &env.pool,
         "every job to finish",
@@ -429,13 +529,18 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
         }
     })
     .await;
-    // The census and librdkafka's statistics report every second; the
-    // poison record's letter is counted once the DLQ acknowledged it.
-    let scraped = wait_for(
+}
+
+/// The census and librdkafka's statistics report every second; the
+/// poison record's letter is counted once the DLQ acknowledged it. Waits (up
+/// to 60 s) until a scrape of every process has all that `wanted` asks for;
+/// returns that scrape.
+async fn every_queried_metric_is_exported(metrics: &[String], wanted: &Requirements) -> Scraped {
+    wait_for(
         "every queried metric to be exported",
         Duration::from_secs(60),
         || {
-            let (metrics, wanted) = (metrics.clone(), wanted.clone());
+            let (metrics, wanted) = (metrics.to_vec(), wanted.clone());
             async move {
                 let scraped = scrape_all(&metrics).await;
                 let missing = missing(&wanted, &scraped);
@@ -447,15 +552,5 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exported_after_a_rea
             }
         },
     )
-    .await;
-    let exported: usize = wanted.keys().map(|name| scraped[name].len()).sum();
-    eprintln!(
-        "observability: {} panel queries and {} rules name {} metrics; all exported ({exported} series) by serve, worker, bbox-worker and intake",
-        panels.len(),
-        rules.len(),
-        wanted.len()
-    );
-
-    common::stop(children.iter_mut()).await;
-    let _ = extractor.kill().await;
+    .await
 }

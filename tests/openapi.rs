@@ -24,7 +24,9 @@ async fn the_served_document_is_the_checked_in_one() {
     wait_healthy(&base).await;
 
     // No key: the document is public, like the probes.
-    let response = reqwest::get(format!("{base}/openapi.json"))
+    let response = common::http_client()
+        .get(format!("{base}/openapi.json"))
+        .send()
         .await
         .expect("an answer");
     assert_eq!(response.status(), 200);
@@ -69,7 +71,7 @@ async fn the_served_document_is_the_checked_in_one() {
     // Every documented path answers on the real router (none is a 404 of an
     // unknown route), and the routes that need a key refuse a request
     // without one as the document says: 401 with `WWW-Authenticate`.
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     for (path, item) in served["paths"].as_object().unwrap() {
         let concrete = path.replace("{id}", &uuid::Uuid::now_v7().to_string());
         for (method, operation) in item.as_object().unwrap() {

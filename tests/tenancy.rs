@@ -7,14 +7,19 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{free_port, sample_body, TestEnv};
 use docstream::events::{decode, encode, DeadLetter, ExtractionRequested};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use reqwest::StatusCode;
+use reqwest::{RequestBuilder, StatusCode};
 use serde_json::{json, Value};
+use tokio::process::Child;
 use uuid::Uuid;
 
 /// The longest a revocation may take to be seen, as promised.
@@ -43,12 +48,14 @@ fn serve(env: &TestEnv, log: &str) -> (tokio::process::Child, String) {
     (child, format!("http://{addr}"))
 }
 
+/// Sends `request`; its status and JSON body (null when it has none).
 async fn call(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
     let response = request.send().await.expect("an answer");
     let status = response.status();
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// The `authorization` header value for API key `key`.
 fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
@@ -115,34 +122,97 @@ async fn the_cli_makes_tenants_and_keys_and_shows_a_secret_only_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_request_needs_a_live_key_with_its_scope_and_sees_only_its_tenant() {
-    let env = TestEnv::new("tenancy_api").await;
-    let a = cli(&env, &["tenants", "create", "a"]).await;
-    let b = cli(&env, &["tenants", "create", "b"]).await;
-    let (a_key, b_key) = (
-        a["api_key"].as_str().unwrap(),
-        b["api_key"].as_str().unwrap(),
-    );
-    let reader = cli(&env, &["keys", "create", "a", "--scopes", "read"]).await;
-    let reader = reader["api_key"].as_str().unwrap();
-    let (mut child, base) = serve(&env, "tenancy-api-serve");
-    common::wait_healthy(&base).await;
-    let client = reqwest::Client::new();
-    let submit = |key: Option<&str>| {
-        let request = client
-            .post(format!("{base}/v1/extractions"))
+    let mut t = tenants_a_and_b_with_full_keys_and_a_read_key_of_a().await;
+    callers_without_a_live_key_get_401_with_a_challenge(&t).await;
+    a_key_without_the_scope_gets_403_and_nothing_is_written(&t).await;
+    let made = a_submits_with_idempotency_key_order_1(&t).await;
+    let id = made["id"].as_str().unwrap().to_owned();
+    a_reads_its_job_and_b_gets_404_as_for_no_job(&t, &id).await;
+    let b_made = the_same_idempotency_key_is_a_job_of_each_tenant(&t, &made).await;
+    each_job_belongs_to_the_tenant_that_submitted_it(&t, &id, &b_made).await;
+    a_cancels_its_own_job(&t, &id).await;
+    metrics_are_not_on_the_api_port(&t).await;
+    common::stop([&mut t.child]).await;
+}
+
+/// Tenants A and B with their full keys, a read-only key of A, and a `serve`.
+struct TwoTenants {
+    client: reqwest::Client,
+    child: Child,
+    base: String,
+    /// What creating tenant A printed.
+    a: Value,
+    /// What creating tenant B printed.
+    b: Value,
+    a_key: String,
+    b_key: String,
+    /// A's key with only the `read` scope.
+    reader: String,
+    env: TestEnv,
+}
+
+impl TwoTenants {
+    /// A submission of sample 0, with `key` if there is one.
+    fn submit(&self, key: Option<&str>) -> RequestBuilder {
+        let request = self
+            .client
+            .post(format!("{}/v1/extractions", self.base))
             .json(&sample_body(0));
         match key {
             Some(key) => request.header("authorization", bearer(key)),
             None => request,
         }
-    };
+    }
 
-    // No key, a malformed header, an unknown key: 401 with a challenge, nothing written.
+    /// A read of job `id` with `key`.
+    fn read(&self, id: &str, key: &str) -> RequestBuilder {
+        self.client
+            .get(format!("{}/v1/extractions/{id}", self.base))
+            .header("authorization", bearer(key))
+    }
+
+    /// A cancel of job `id` with `key`.
+    fn cancel(&self, id: &str, key: &str) -> RequestBuilder {
+        self.client
+            .post(format!("{}/v1/extractions/{id}/cancel", self.base))
+            .header("authorization", bearer(key))
+    }
+}
+
+/// Creates tenants A and B and a read-only key of A, and starts `serve`.
+async fn tenants_a_and_b_with_full_keys_and_a_read_key_of_a() -> TwoTenants {
+    let env = TestEnv::new("tenancy_api").await;
+    let a = cli(&env, &["tenants", "create", "a"]).await;
+    let b = cli(&env, &["tenants", "create", "b"]).await;
+    let (a_key, b_key) = (
+        a["api_key"].as_str().unwrap().to_owned(),
+        b["api_key"].as_str().unwrap().to_owned(),
+    );
+    let reader = cli(&env, &["keys", "create", "a", "--scopes", "read"]).await;
+    let reader = reader["api_key"].as_str().unwrap().to_owned();
+    let (child, base) = serve(&env, "tenancy-api-serve");
+    common::wait_healthy(&base).await;
+    let client = common::http_client();
+    TwoTenants {
+        client,
+        child,
+        base,
+        a,
+        b,
+        a_key,
+        b_key,
+        reader,
+        env,
+    }
+}
+
+/// No key, a malformed header, an unknown key: 401 with a challenge, nothing written.
+async fn callers_without_a_live_key_get_401_with_a_challenge(t: &TwoTenants) {
     let unknown = format!("dsk_{}", "0".repeat(64));
     for request in [
-        submit(None),
-        submit(None).header("authorization", "Basic YTpi"),
-        submit(Some(&unknown)),
+        t.submit(None),
+        t.submit(None).header("authorization", "Basic YTpi"),
+        t.submit(Some(&unknown)),
     ] {
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
@@ -150,70 +220,100 @@ async fn each_request_needs_a_live_key_with_its_scope_and_sees_only_its_tenant()
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], "unauthorized");
     }
-    // A key without the scope: 403.
-    let (status, body) = call(submit(Some(reader))).await;
+}
+
+/// A key without the scope: 403; and no job was written by any refusal.
+async fn a_key_without_the_scope_gets_403_and_nothing_is_written(t: &TwoTenants) {
+    let (status, body) = call(t.submit(Some(&t.reader))).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (StatusCode::FORBIDDEN, Some("forbidden"))
     );
     assert_eq!(
-        common::count(&env.pool, "SELECT count(*) FROM extractions").await,
+        common::count(&t.env.pool, "SELECT count(*) FROM extractions").await,
         0
     );
+}
 
-    // A's job: A reads it; B gets 404 on read and cancel, as for no job at all.
-    let (status, made) = call(submit(Some(a_key)).header("idempotency-key", "order-1")).await;
+/// A submits with idempotency key `order-1`, accepted; the answer.
+async fn a_submits_with_idempotency_key_order_1(t: &TwoTenants) -> Value {
+    let (status, made) = call(
+        t.submit(Some(&t.a_key))
+            .header("idempotency-key", "order-1"),
+    )
+    .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{made}");
-    let id = made["id"].as_str().unwrap().to_owned();
-    let job = format!("{base}/v1/extractions/{id}");
-    let read = |key: &str| client.get(&job).header("authorization", bearer(key));
-    assert_eq!(call(read(a_key)).await.0, StatusCode::OK);
-    assert_eq!(call(read(reader)).await.0, StatusCode::OK);
-    let (status, body) = call(read(b_key)).await;
+    made
+}
+
+/// A's job: A reads it; B gets 404 on read and cancel, as for no job at all;
+/// A's read-only key reads it but may not cancel it.
+async fn a_reads_its_job_and_b_gets_404_as_for_no_job(t: &TwoTenants, id: &str) {
+    assert_eq!(call(t.read(id, &t.a_key)).await.0, StatusCode::OK);
+    assert_eq!(call(t.read(id, &t.reader)).await.0, StatusCode::OK);
+    let (status, body) = call(t.read(id, &t.b_key)).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (StatusCode::NOT_FOUND, Some("not_found"))
     );
-    let cancel = |key: &str| {
-        client
-            .post(format!("{job}/cancel"))
-            .header("authorization", bearer(key))
-    };
-    assert_eq!(call(cancel(b_key)).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(call(cancel(reader)).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(call(t.cancel(id, &t.b_key)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(call(t.cancel(id, &t.reader)).await.0, StatusCode::FORBIDDEN);
+}
 
-    // The same idempotency key in B is B's own job; in A it is A's again.
-    let (_, b_made) = call(submit(Some(b_key)).header("idempotency-key", "order-1")).await;
+/// The same idempotency key in B is B's own job; in A it is A's again. B's answer.
+async fn the_same_idempotency_key_is_a_job_of_each_tenant(t: &TwoTenants, made: &Value) -> Value {
+    let (_, b_made) = call(
+        t.submit(Some(&t.b_key))
+            .header("idempotency-key", "order-1"),
+    )
+    .await;
     assert_ne!(b_made["id"], made["id"], "B was given A's job");
-    let (_, replayed) = call(submit(Some(a_key)).header("idempotency-key", "order-1")).await;
+    let (_, replayed) = call(
+        t.submit(Some(&t.a_key))
+            .header("idempotency-key", "order-1"),
+    )
+    .await;
     assert_eq!(replayed["id"], made["id"]);
+    b_made
+}
+
+/// In Postgres, exactly two jobs: A's job `id` is A's, B's (`b_made`) is B's.
+async fn each_job_belongs_to_the_tenant_that_submitted_it(
+    t: &TwoTenants,
+    id: &str,
+    b_made: &Value,
+) {
     let owners: Vec<(Uuid, Uuid)> =
         sqlx::query_as("SELECT id, tenant_id FROM extraction_requests ORDER BY id")
-            .fetch_all(&env.pool)
+            .fetch_all(&t.env.pool)
             .await
             .unwrap();
     let tenant_of = |t: &Value| Uuid::parse_str(t["tenant_id"].as_str().unwrap()).unwrap();
     let expected: HashSet<(Uuid, Uuid)> = HashSet::from([
-        (Uuid::parse_str(&id).unwrap(), tenant_of(&a)),
+        (Uuid::parse_str(id).unwrap(), tenant_of(&t.a)),
         (
             Uuid::parse_str(b_made["id"].as_str().unwrap()).unwrap(),
-            tenant_of(&b),
+            tenant_of(&t.b),
         ),
     ]);
     assert_eq!(owners.into_iter().collect::<HashSet<_>>(), expected);
+}
 
-    // A cancels its own job.
-    assert_eq!(call(cancel(a_key)).await.0, StatusCode::OK);
+/// A cancels its own job.
+async fn a_cancels_its_own_job(t: &TwoTenants, id: &str) {
+    assert_eq!(call(t.cancel(id, &t.a_key)).await.0, StatusCode::OK);
+}
 
-    // /metrics is not on the API port, with or without a key.
-    let metrics = client
-        .get(format!("{base}/metrics"))
-        .header("authorization", bearer(a_key))
+/// /metrics is not on the API port, with or without a key.
+async fn metrics_are_not_on_the_api_port(t: &TwoTenants) {
+    let metrics = t
+        .client
+        .get(format!("{}/metrics", t.base))
+        .header("authorization", bearer(&t.a_key))
         .send()
         .await
         .unwrap();
     assert_eq!(metrics.status(), StatusCode::NOT_FOUND);
-    common::stop([&mut child]).await;
 }
 
 /// How long after `revoke` ran the key was first refused by `refused`, which
@@ -237,32 +337,102 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_intake() {
+    let mut s = acme_and_gone_with_serve_and_the_intake_running().await;
+    both_keys_work_and_are_in_serves_cache(&s).await;
+    let records = IntakeRecords::connect(&s.env);
+    the_intake_takes_a_record_signed_with_the_key(&s, &records).await;
+    let revoked = revoke_the_key_and_time_its_refusal(&s, &records).await;
+    let deleted = delete_gone_and_time_its_keys_refusal(&s).await;
+    let refused_before = unauthorized_dead_letters(&s.env);
+    send_refusable_records_then_one_with_a_live_key(&s, &records).await;
+    the_live_keys_job_and_three_more_dead_letters_arrive(&s.env, refused_before).await;
+    common::stop([&mut s.serve, &mut s.intake]).await;
+    let refused_jobs = jobs_of_refused_records(&s.env).await;
+    each_refusal_came_within_the_bound_and_none_made_a_job(&revoked, deleted, refused_jobs);
+}
+
+/// Tenants acme and gone with their keys, and `serve` and the intake running.
+struct Revocation {
+    client: reqwest::Client,
+    intake: Child,
+    serve: Child,
+    base: String,
+    /// What creating acme printed (its key's id).
+    made: Value,
+    /// acme's key, to be revoked.
+    key: String,
+    /// gone's key, whose tenant is to be deleted.
+    other_key: String,
+    env: TestEnv,
+}
+
+impl Revocation {
+    /// The status of reading a job nobody has with `key`: 404 while it is
+    /// live. The request is made now, sent when awaited.
+    fn read_status(&self, key: &str) -> impl Future<Output = StatusCode> {
+        let request = self
+            .client
+            .get(format!("{}/v1/extractions/{}", self.base, Uuid::now_v7()))
+            .header("authorization", bearer(key));
+        async move { request.send().await.unwrap().status() }
+    }
+
+    /// Whether `serve` refuses `key` (401) on a read.
+    fn serve_refuses(&self, key: &str) -> impl Future<Output = bool> {
+        let status = self.read_status(key);
+        async move { status.await == StatusCode::UNAUTHORIZED }
+    }
+}
+
+/// Creates tenants acme and gone, and starts `serve` and the intake.
+async fn acme_and_gone_with_serve_and_the_intake_running() -> Revocation {
     let env = TestEnv::new("tenancy_revoke").await;
     let made = cli(&env, &["tenants", "create", "acme"]).await;
     let key = made["api_key"].as_str().unwrap().to_owned();
     let other = cli(&env, &["tenants", "create", "gone"]).await;
     let other_key = other["api_key"].as_str().unwrap().to_owned();
-    let (mut serve_child, base) = serve(&env, "tenancy-revoke-serve");
-    let mut intake = env.spawn("intake", &[], "tenancy-revoke-intake");
+    let (serve_child, base) = serve(&env, "tenancy-revoke-serve");
+    let intake = env.spawn("intake", &[], "tenancy-revoke-intake");
     common::wait_healthy(&base).await;
-    let client = reqwest::Client::new();
-    let read_status = |key: String| {
-        let request = client
-            .get(format!("{base}/v1/extractions/{}", Uuid::now_v7()))
-            .header("authorization", bearer(&key));
-        async move { request.send().await.unwrap().status() }
-    };
-    // Both keys work (404: no such job), and are now in serve's cache.
-    assert_eq!(read_status(key.clone()).await, StatusCode::NOT_FOUND);
-    assert_eq!(read_status(other_key.clone()).await, StatusCode::NOT_FOUND);
+    let client = common::http_client();
+    Revocation {
+        client,
+        intake,
+        serve: serve_child,
+        base,
+        made,
+        key,
+        other_key,
+        env,
+    }
+}
 
-    // The intake takes a record signed with the key (and caches it too).
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &env.settings.kafka_brokers)
-        .create()
-        .unwrap();
-    let topic = env.topic("extraction.requests");
-    let produce = |n: &str, tenant: &str, key: &str| {
+/// Both keys work (404: no such job), and are now in serve's cache.
+async fn both_keys_work_and_are_in_serves_cache(s: &Revocation) {
+    assert_eq!(s.read_status(&s.key).await, StatusCode::NOT_FOUND);
+    assert_eq!(s.read_status(&s.other_key).await, StatusCode::NOT_FOUND);
+}
+
+/// A producer of records on the test's intake topic.
+struct IntakeRecords {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl IntakeRecords {
+    /// A producer on the test's Kafka, for its `extraction.requests` topic.
+    fn connect(env: &TestEnv) -> Self {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &env.settings.kafka_brokers)
+            .create()
+            .unwrap();
+        let topic = env.topic("extraction.requests");
+        IntakeRecords { producer, topic }
+    }
+
+    /// Sends sample request 0 with idempotency key (and record key) `n`, its
+    /// headers naming `tenant` and `key`. The record is made now, sent when awaited.
+    fn produce(&self, n: &str, tenant: &str, key: &str) -> impl Future<Output = ()> {
         let requested = ExtractionRequested {
             idempotency_key: n.to_owned(),
             request_json: sample_body(0).to_string(),
@@ -270,7 +440,7 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
         };
         let payload = encode(&requested).unwrap();
         let headers = common::intake_headers(tenant, key);
-        let (producer, topic, n) = (producer.clone(), topic.clone(), n.to_owned());
+        let (producer, topic, n) = (self.producer.clone(), self.topic.clone(), n.to_owned());
         async move {
             let record = FutureRecord::to(&topic)
                 .key(n.as_bytes())
@@ -281,66 +451,104 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
                 .await
                 .unwrap();
         }
-    };
-    produce("before", "acme", &key).await;
+    }
+
+    /// Sends a record keyed `bare` with no headers and an empty value.
+    async fn produce_bare(&self) {
+        let bare = FutureRecord::to(&self.topic).key("bare").payload(&[]);
+        self.producer
+            .send(bare, Duration::from_secs(10))
+            .await
+            .unwrap();
+    }
+}
+
+/// The intake takes a record signed with the key (and caches it too).
+async fn the_intake_takes_a_record_signed_with_the_key(s: &Revocation, records: &IntakeRecords) {
+    records.produce("before", "acme", &s.key).await;
     let jobs = "SELECT count(*) FROM extraction_requests WHERE idempotency_key = 'before'";
     common::wait_count(
-        &env.pool,
+        &s.env.pool,
         "the intake's job",
         jobs,
         1,
         Duration::from_secs(60),
     )
     .await;
+}
 
-    let dlq_unauthorized = || {
-        let letters: Vec<DeadLetter> = env
-            .read_topic("extraction.dlq")
-            .into_iter()
-            .map(|(_, value)| decode(&value).unwrap())
-            .collect();
-        letters
-            .iter()
-            .filter(|l| l.error_kind == "unauthorized")
-            .count()
-    };
+/// How many dead letters on `extraction.dlq` are for unauthorized records.
+fn unauthorized_dead_letters(env: &TestEnv) -> usize {
+    let letters: Vec<DeadLetter> = env
+        .read_topic("extraction.dlq")
+        .into_iter()
+        .map(|(_, value)| decode(&value).unwrap())
+        .collect();
+    letters
+        .iter()
+        .filter(|l| l.error_kind == "unauthorized")
+        .count()
+}
 
-    // Revoke; serve and the intake are watched at once, each from the
-    // revocation on. The intake is sent a record with the key every 200 ms
-    // until one is dead-lettered as unauthorized.
-    cli(&env, &["keys", "revoke", made["key_id"].as_str().unwrap()]).await;
-    let by_serve = time_to_refusal(|| {
-        let status = read_status(key.clone());
-        async move { status.await == StatusCode::UNAUTHORIZED }
-    });
-    let sent = std::sync::atomic::AtomicUsize::new(0);
+/// How long serve and the intake took to refuse the revoked key, and how
+/// many records were sent to the intake meanwhile.
+struct Revoked {
+    by_serve: Duration,
+    by_intake: Duration,
+    sent: usize,
+}
+
+/// Revokes acme's key; serve and the intake are watched at once, each from
+/// the revocation on. The intake is sent a record with the key every 200 ms
+/// until one is dead-lettered as unauthorized.
+async fn revoke_the_key_and_time_its_refusal(s: &Revocation, records: &IntakeRecords) -> Revoked {
+    cli(
+        &s.env,
+        &["keys", "revoke", s.made["key_id"].as_str().unwrap()],
+    )
+    .await;
+    let by_serve = time_to_refusal(|| s.serve_refuses(&s.key));
+    let sent = AtomicUsize::new(0);
     let by_intake = time_to_refusal(|| {
-        let n = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let produced = produce(&format!("after-{n}"), "acme", &key);
-        let refused = dlq_unauthorized() > 0;
+        let n = sent.fetch_add(1, Ordering::Relaxed);
+        let produced = records.produce(&format!("after-{n}"), "acme", &s.key);
+        let refused = unauthorized_dead_letters(&s.env) > 0;
         async move {
             produced.await;
             refused
         }
     });
     let (by_serve, by_intake) = tokio::join!(by_serve, by_intake);
-    cli(&env, &["tenants", "delete", "gone"]).await;
-    let deleted = time_to_refusal(|| {
-        let status = read_status(other_key.clone());
-        async move { status.await == StatusCode::UNAUTHORIZED }
-    })
-    .await;
+    Revoked {
+        by_serve,
+        by_intake,
+        sent: sent.into_inner(),
+    }
+}
 
-    // Once refused, refused for good; and refused too: a record without
-    // headers, and a live key named for another tenant. A live key works.
-    let refused_before = dlq_unauthorized();
-    produce("after-refusal", "acme", &key).await;
-    let live = cli(&env, &["keys", "create", "acme"]).await;
+/// Deletes tenant gone; how long serve took to refuse its key.
+async fn delete_gone_and_time_its_keys_refusal(s: &Revocation) -> Duration {
+    cli(&s.env, &["tenants", "delete", "gone"]).await;
+    time_to_refusal(|| s.serve_refuses(&s.other_key)).await
+}
+
+/// Once refused, refused for good; and refused too: a record without
+/// headers, and a live key named for another tenant. Then a live key's record.
+async fn send_refusable_records_then_one_with_a_live_key(s: &Revocation, records: &IntakeRecords) {
+    records.produce("after-refusal", "acme", &s.key).await;
+    let live = cli(&s.env, &["keys", "create", "acme"]).await;
     let live = live["api_key"].as_str().unwrap().to_owned();
-    produce("wrong-tenant", "default", &live).await;
-    let bare = FutureRecord::to(&topic).key("bare").payload(&[]);
-    producer.send(bare, Duration::from_secs(10)).await.unwrap();
-    produce("after-live", "acme", &live).await;
+    records.produce("wrong-tenant", "default", &live).await;
+    records.produce_bare().await;
+    records.produce("after-live", "acme", &live).await;
+}
+
+/// A live key works: its job is made; the three refusable records are
+/// dead-lettered as unauthorized (past `refused_before`).
+async fn the_live_keys_job_and_three_more_dead_letters_arrive(
+    env: &TestEnv,
+    refused_before: usize,
+) {
     let live_jobs = "SELECT count(*) FROM extraction_requests WHERE idempotency_key = 'after-live'";
     common::wait_count(
         &env.pool,
@@ -351,7 +559,7 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
     )
     .await;
     common::wait_for("three more dead letters", Duration::from_secs(30), || {
-        let n = dlq_unauthorized();
+        let n = unauthorized_dead_letters(env);
         async move {
             match n >= refused_before + 3 {
                 true => Ok(()),
@@ -360,22 +568,37 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
         }
     })
     .await;
-    common::stop([&mut serve_child, &mut intake]).await;
+}
 
-    let refused_jobs = common::count(
+/// How many jobs the refused records made (none should have).
+async fn jobs_of_refused_records(env: &TestEnv) -> i64 {
+    common::count(
         &env.pool,
         "SELECT count(*) FROM extraction_requests
           WHERE idempotency_key IN ('after-refusal', 'wrong-tenant', 'bare')",
     )
-    .await;
-    let sent = sent.into_inner();
+    .await
+}
+
+/// Reports the refusal times; each is within the bound, and no refused
+/// record became a job.
+fn each_refusal_came_within_the_bound_and_none_made_a_job(
+    revoked: &Revoked,
+    deleted: Duration,
+    refused_jobs: i64,
+) {
+    let Revoked {
+        by_serve,
+        by_intake,
+        sent,
+    } = revoked;
     eprintln!(
         "tenancy: revoked key refused by serve after {by_serve:?} and by the intake after \
          {by_intake:?} ({sent} records sent meanwhile); deleted tenant's key refused after {deleted:?}"
     );
-    assert!(by_serve <= REVOCATION_BOUND, "serve took {by_serve:?}");
+    assert!(*by_serve <= REVOCATION_BOUND, "serve took {by_serve:?}");
     assert!(
-        by_intake <= REVOCATION_BOUND,
+        *by_intake <= REVOCATION_BOUND,
         "the intake took {by_intake:?}"
     );
     assert!(deleted <= REVOCATION_BOUND, "serve took {deleted:?}");
@@ -406,7 +629,7 @@ async fn past_its_submit_rate_a_tenant_gets_429_with_retry_after_and_others_do_n
     );
     let (mut child, base) = serve(&env, "tenancy-rate-serve");
     common::wait_healthy(&base).await;
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let submit = |key: &Value| {
         client
             .post(format!("{base}/v1/extractions"))
@@ -442,11 +665,38 @@ async fn past_its_submit_rate_a_tenant_gets_429_with_retry_after_and_others_do_n
     common::stop([&mut child]).await;
 }
 
+/// The open-jobs cap of the capped tenant.
+const CAP: usize = 20;
+/// How many submitters submit at once.
+const SUBMITTERS: usize = 50;
+/// How many submissions each submitter makes, one after another.
+const EACH: usize = 4;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cap_on_open_jobs_holds_exactly_under_fifty_concurrent_submitters() {
-    const CAP: usize = 20;
-    const SUBMITTERS: usize = 50;
-    const EACH: usize = 4;
+    let mut c = a_capped_tenant_on_two_serve_processes_and_no_worker().await;
+    let statuses = fifty_submitters_submit_at_once_over_both_processes(&c).await;
+    exactly_the_cap_was_accepted_and_is_open(&c, &statuses).await;
+    a_finished_job_makes_room_for_exactly_one_more(&c).await;
+    common::stop([&mut c.one, &mut c.two]).await;
+}
+
+/// Tenant capped at [`CAP`] open jobs, and two `serve` processes on it.
+struct Capped {
+    client: reqwest::Client,
+    two: Child,
+    base_two: String,
+    one: Child,
+    base_one: String,
+    /// capped's key.
+    key: String,
+    env: TestEnv,
+}
+
+/// Creates tenant capped, at [`CAP`] open jobs and no submit rate limit, and
+/// starts two serve processes: the cap holds across them. No worker runs, so
+/// every accepted job stays queued (open).
+async fn a_capped_tenant_on_two_serve_processes_and_no_worker() -> Capped {
     let env = TestEnv::new("tenancy_cap").await;
     let capped = cli(&env, &["tenants", "create", "capped"]).await;
     let cap = CAP.to_string();
@@ -461,16 +711,28 @@ async fn the_cap_on_open_jobs_holds_exactly_under_fifty_concurrent_submitters() 
     ];
     cli(&env, &set).await;
     let key = capped["api_key"].as_str().unwrap().to_owned();
-    // Two serve processes: the cap holds across them. No worker runs, so
-    // every accepted job stays queued (open).
-    let (mut one, base_one) = serve(&env, "tenancy-cap-serve-1");
-    let (mut two, base_two) = serve(&env, "tenancy-cap-serve-2");
+    let (one, base_one) = serve(&env, "tenancy-cap-serve-1");
+    let (two, base_two) = serve(&env, "tenancy-cap-serve-2");
     common::wait_healthy(&base_one).await;
     common::wait_healthy(&base_two).await;
-    let client = reqwest::Client::new();
+    let client = common::http_client();
+    Capped {
+        client,
+        two,
+        base_two,
+        one,
+        base_one,
+        key,
+        env,
+    }
+}
+
+/// [`SUBMITTERS`] submitters at once, alternately on either process, each
+/// submitting [`EACH`] times in turn; the statuses of all their answers.
+async fn fifty_submitters_submit_at_once_over_both_processes(c: &Capped) -> Vec<u16> {
     let submitters = (0..SUBMITTERS).map(|i| {
-        let base = if i % 2 == 0 { &base_one } else { &base_two };
-        let (client, key) = (client.clone(), key.clone());
+        let base = if i % 2 == 0 { &c.base_one } else { &c.base_two };
+        let (client, key) = (c.client.clone(), c.key.clone());
         let url = format!("{base}/v1/extractions");
         async move {
             let mut statuses = Vec::new();
@@ -487,15 +749,19 @@ async fn the_cap_on_open_jobs_holds_exactly_under_fifty_concurrent_submitters() 
             statuses
         }
     });
-    let statuses: Vec<u16> = futures::future::join_all(submitters)
+    futures::future::join_all(submitters)
         .await
         .into_iter()
         .flatten()
-        .collect();
+        .collect()
+}
+
+/// Every answer was 202 or 429, exactly [`CAP`] were 202, and [`CAP`] jobs are open.
+async fn exactly_the_cap_was_accepted_and_is_open(c: &Capped, statuses: &[u16]) {
     let accepted = statuses.iter().filter(|s| **s == 202).count();
     let refused = statuses.iter().filter(|s| **s == 429).count();
     let open = common::count(
-        &env.pool,
+        &c.env.pool,
         "SELECT count(*) FROM extractions WHERE status IN ('queued', 'running')",
     )
     .await;
@@ -509,35 +775,53 @@ async fn the_cap_on_open_jobs_holds_exactly_under_fifty_concurrent_submitters() 
     );
     assert_eq!(accepted, CAP, "exactly the cap was accepted");
     assert_eq!(open as usize, CAP);
+}
 
-    // A finished job makes room for exactly one more.
+/// A finished (cancelled) job makes room for exactly one more: accepted by
+/// the second process, then 429 again on the first.
+async fn a_finished_job_makes_room_for_exactly_one_more(c: &Capped) {
     let job: Uuid = sqlx::query_scalar("SELECT id FROM extractions LIMIT 1")
-        .fetch_one(&env.pool)
+        .fetch_one(&c.env.pool)
         .await
         .unwrap();
-    let cancelled = client
-        .post(format!("{base_one}/v1/extractions/{job}/cancel"))
-        .header("authorization", bearer(&key))
+    let cancelled = c
+        .client
+        .post(format!("{}/v1/extractions/{job}/cancel", c.base_one))
+        .header("authorization", bearer(&c.key))
         .send()
         .await
         .unwrap();
     assert_eq!(cancelled.status(), StatusCode::OK);
     let again = |base: &str| {
-        client
+        c.client
             .post(format!("{base}/v1/extractions"))
-            .header("authorization", bearer(&key))
+            .header("authorization", bearer(&c.key))
             .json(&sample_body(0))
             .send()
     };
     assert_eq!(
-        again(&base_two).await.unwrap().status(),
+        again(&c.base_two).await.unwrap().status(),
         StatusCode::ACCEPTED
     );
     assert_eq!(
-        again(&base_one).await.unwrap().status(),
+        again(&c.base_one).await.unwrap().status(),
         StatusCode::TOO_MANY_REQUESTS
     );
-    common::stop([&mut one, &mut two]).await;
+}
+
+/// How many requests the generated test sends.
+const GENERATED_REQUESTS: usize = 10_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_generated_requests_of_two_tenants_never_cross() {
+    let mut given = left_and_right_with_full_and_read_keys_and_no_submit_rate().await;
+    let mut run = Run::seeded(rand::random());
+    run.send_generated_requests(&given.callers).await;
+    let exported = each_export_stream_saw_all_its_own_jobs(&given.callers, &run.model).await;
+    common::stop([&mut given.child]).await;
+    run.report(&exported);
+    run.no_answer_crossed_tenants();
+    no_event_crossed_tenants(&exported);
 }
 
 /// What the generated requests of one tenant expect, as they go.
@@ -549,10 +833,79 @@ struct Model {
     keys: HashMap<(usize, String), (Uuid, usize)>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_generated_requests_of_two_tenants_never_cross() {
-    use rand::{Rng, SeedableRng};
-    const REQUESTS: usize = 10_000;
+impl Model {
+    /// The ids of tenant `tenant`'s jobs, in the map's order.
+    fn ids_of(&self, tenant: usize) -> Vec<Uuid> {
+        self.jobs
+            .iter()
+            .filter(|(_, j)| j.0 == tenant)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The status a submission of body `seed_body` under `key` must get: 422
+    /// for a replay of the key with another body, else 202. The samples
+    /// repeat, so two seeds may be one body: compare bodies.
+    fn expected_submit(&self, tenant: usize, key: Option<&String>, seed_body: usize) -> u16 {
+        match key.and_then(|k| self.keys.get(&(tenant, k.clone()))) {
+            Some((_, first)) if sample_body(*first) != sample_body(seed_body) => 422,
+            _ => 202,
+        }
+    }
+}
+
+/// Tenants left and right (indexes 0 and 1) with no submit rate limit, and a `serve`.
+struct Generated {
+    child: Child,
+    callers: Callers,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    _env: TestEnv,
+}
+
+/// Where the generated requests go, and each tenant's keys.
+struct Callers {
+    client: reqwest::Client,
+    base: String,
+    /// Each tenant's full key, by tenant index.
+    keys: Vec<String>,
+    /// Each tenant's read-only key, by tenant index.
+    readers: Vec<String>,
+}
+
+impl Callers {
+    /// A submission of sample `seed_body` by `tenant`, with idempotency key `key` if any.
+    fn submission(&self, tenant: usize, key: Option<&String>, seed_body: usize) -> RequestBuilder {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/extractions", self.base))
+            .header("authorization", bearer(&self.keys[tenant]))
+            .json(&sample_body(seed_body));
+        if let Some(k) = key {
+            request = request.header("idempotency-key", k);
+        }
+        request
+    }
+
+    /// A POST to `path` (under the base URL) with `key`, if any.
+    fn post(&self, path: &str, key: Option<&str>) -> RequestBuilder {
+        let request = self.client.post(format!("{}{path}", self.base));
+        match key {
+            Some(key) => request.header("authorization", bearer(key)),
+            None => request,
+        }
+    }
+
+    /// A GET of `path` (under the base URL) with `key`.
+    fn get(&self, path: &str, key: &str) -> RequestBuilder {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .header("authorization", bearer(key))
+    }
+}
+
+/// Creates tenants left and right, each with a full and a read-only key and
+/// no submit rate limit, and starts `serve`.
+async fn left_and_right_with_full_and_read_keys_and_no_submit_rate() -> Generated {
     let env = TestEnv::new("tenancy_generated").await;
     let made: Vec<Value> = vec![
         cli(&env, &["tenants", "create", "left"]).await,
@@ -577,247 +930,376 @@ async fn ten_thousand_generated_requests_of_two_tenants_never_cross() {
         )
         .await;
     }
-    let (mut child, base) = serve(&env, "tenancy-generated-serve");
+    let (child, base) = serve(&env, "tenancy-generated-serve");
     common::wait_healthy(&base).await;
-    let client = reqwest::Client::new();
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut model = Model::default();
-    let mut statuses: HashMap<(&str, u16), usize> = HashMap::new();
-    let mut crossings = Vec::new();
-    for i in 0..REQUESTS {
-        let tenant = rng.gen_range(0..2);
-        let other = 1 - tenant;
-        let own_ids: Vec<Uuid> = model
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.0 == tenant)
-            .map(|(id, _)| *id)
-            .collect();
-        let their_ids: Vec<Uuid> = model
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.0 == other)
-            .map(|(id, _)| *id)
-            .collect();
-        let pick = |rng: &mut rand::rngs::StdRng, ids: &[Uuid]| {
-            ids.get(rng.gen_range(0..ids.len().max(1))).copied()
-        };
-        let roll = rng.gen_range(0..100);
-        let (op, expected, status, body): (&str, u16, u16, Value) = if roll < 35 {
-            // Submit, half of them with a key from a small pool both tenants use.
-            let key = rng
-                .gen_bool(0.5)
-                .then(|| format!("k-{}", rng.gen_range(0..40)));
-            let seed_body = match &key {
-                // A replay of the key sends the first body, now and then another.
-                Some(k) => match model.keys.get(&(tenant, k.clone())) {
-                    Some((_, first)) if rng.gen_bool(0.9) => *first,
-                    _ => rng.gen_range(0..1000),
-                },
-                None => rng.gen_range(0..1000),
-            };
-            let mut request = client
-                .post(format!("{base}/v1/extractions"))
-                .header("authorization", bearer(&keys[tenant]))
-                .json(&sample_body(seed_body));
-            if let Some(k) = &key {
-                request = request.header("idempotency-key", k);
-            }
-            // The samples repeat, so two seeds may be one body: compare bodies.
-            let expected = match key
-                .as_ref()
-                .and_then(|k| model.keys.get(&(tenant, k.clone())))
-            {
-                Some((_, first)) if sample_body(*first) != sample_body(seed_body) => 422,
-                _ => 202,
-            };
-            let (status, body) = call(request).await;
-            if status == StatusCode::ACCEPTED {
-                let id: Uuid = body["id"].as_str().unwrap().parse().unwrap();
-                match model.jobs.get(&id) {
-                    Some(job) if job.0 != tenant => {
-                        crossings.push(format!("{i}: submit answered the other tenant's job {id}"))
-                    }
-                    Some(_) => {
-                        let k = key.clone().expect("a new id for a replay without a key");
-                        if model.keys.get(&(tenant, k)).map(|(id, _)| *id) != Some(id) {
-                            crossings.push(format!("{i}: a replay answered another job"));
-                        }
-                    }
-                    None => {
-                        if let Some(k) = &key {
-                            if model.keys.contains_key(&(tenant, k.clone())) {
-                                crossings.push(format!("{i}: a replay of {k} made a second job"));
-                            }
-                            model.keys.insert((tenant, k.clone()), (id, seed_body));
-                        }
-                        model
-                            .jobs
-                            .insert(id, (tenant, key.clone(), seed_body, false));
-                    }
-                }
-            }
-            ("submit", expected, status.as_u16(), body)
+    let client = common::http_client();
+    let callers = Callers {
+        client,
+        base,
+        keys,
+        readers,
+    };
+    Generated {
+        child,
+        callers,
+        _env: env,
+    }
+}
+
+/// One generated request's answer: what it was, the status the model
+/// expects, and the status and body that came.
+struct Answer {
+    op: &'static str,
+    expected: u16,
+    status: u16,
+    body: Value,
+}
+
+/// The generated run: its seeded RNG, the model, and what it has seen.
+struct Run {
+    seed: u64,
+    rng: StdRng,
+    model: Model,
+    /// Answers by (operation, status).
+    statuses: HashMap<(&'static str, u16), usize>,
+    /// Every answer that crossed tenants or was not what the model expects.
+    crossings: Vec<String>,
+}
+
+/// One of `ids`, drawn from `rng`, or none if there are none (it draws all the same).
+fn pick(rng: &mut StdRng, ids: &[Uuid]) -> Option<Uuid> {
+    ids.get(rng.random_range(0..ids.len().max(1))).copied()
+}
+
+impl Run {
+    /// A run drawing from `seed`, with nothing sent yet.
+    fn seeded(seed: u64) -> Self {
+        Run {
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+            model: Model::default(),
+            statuses: HashMap::new(),
+            crossings: Vec::new(),
+        }
+    }
+
+    /// Sends [`GENERATED_REQUESTS`] requests, each drawn from the RNG and
+    /// checked against the model.
+    async fn send_generated_requests(&mut self, callers: &Callers) {
+        for i in 0..GENERATED_REQUESTS {
+            let answer = self.one_generated_request(callers, i).await;
+            self.tally(i, answer);
+        }
+    }
+
+    /// Draws request `i`'s tenant and kind, and sends it.
+    async fn one_generated_request(&mut self, callers: &Callers, i: usize) -> Answer {
+        let tenant = self.rng.random_range(0..2);
+        let roll = self.rng.random_range(0..100);
+        if roll < 35 {
+            self.submit(callers, i, tenant).await
         } else if roll < 60 {
-            // Read: own, the other's, or an id nobody has; with the full key or the reader.
-            let which = rng.gen_range(0..3);
-            let id = match which {
-                0 => pick(&mut rng, &own_ids),
-                1 => pick(&mut rng, &their_ids),
-                _ => None,
-            }
-            .unwrap_or_else(Uuid::now_v7);
-            let key = if rng.gen_bool(0.5) {
-                &keys[tenant]
-            } else {
-                &readers[tenant]
-            };
-            let (status, body) = call(
-                client
-                    .get(format!("{base}/v1/extractions/{id}"))
-                    .header("authorization", bearer(key)),
-            )
-            .await;
-            let mine = model.jobs.get(&id).is_some_and(|j| j.0 == tenant);
-            if status == StatusCode::OK && !mine {
-                crossings.push(format!("{i}: read another tenant's job {id}"));
-            }
-            ("read", if mine { 200 } else { 404 }, status.as_u16(), body)
+            self.read(callers, i, tenant).await
         } else if roll < 80 {
-            // Cancel: own, the other's, or nobody's.
-            let id = match rng.gen_range(0..3) {
-                0 => pick(&mut rng, &own_ids),
-                1 => pick(&mut rng, &their_ids),
-                _ => None,
-            }
-            .unwrap_or_else(Uuid::now_v7);
-            let (status, body) = call(
-                client
-                    .post(format!("{base}/v1/extractions/{id}/cancel"))
-                    .header("authorization", bearer(&keys[tenant])),
-            )
-            .await;
-            let expected = match model.jobs.get_mut(&id) {
-                Some(job) if job.0 == tenant && !job.3 => {
-                    job.3 = status == StatusCode::OK;
-                    200
-                }
-                Some(job) if job.0 == tenant => 409,
-                _ => 404,
-            };
-            if status == StatusCode::OK && expected == 404 {
-                crossings.push(format!("{i}: cancelled another tenant's job {id}"));
-            }
-            ("cancel", expected, status.as_u16(), body)
+            self.cancel(callers, i, tenant).await
         } else if roll < 90 {
-            // Refused callers: no key, a key without the scope, a key that is not one.
-            let (request, expected) = match rng.gen_range(0..3) {
-                0 => (
-                    client
-                        .post(format!("{base}/v1/extractions"))
-                        .json(&sample_body(0)),
-                    401,
-                ),
-                1 => (
-                    client
-                        .post(format!("{base}/v1/extractions"))
-                        .header("authorization", bearer(&readers[tenant]))
-                        .json(&sample_body(0)),
-                    403,
-                ),
-                _ => (
-                    client
-                        .get(format!("{base}/v1/extractions/{}", Uuid::now_v7()))
-                        .header("authorization", bearer(&format!("dsk_{}", "f".repeat(64)))),
-                    401,
-                ),
-            };
-            let (status, body) = call(request).await;
-            ("refused caller", expected, status.as_u16(), body)
+            self.refused_caller(callers, tenant).await
         } else {
-            // Bad input from a good caller: malformed JSON, a bad id.
-            let (request, expected) = match rng.gen_range(0..2) {
-                0 => (
-                    client
-                        .post(format!("{base}/v1/extractions"))
-                        .header("authorization", bearer(&keys[tenant]))
-                        .header("content-type", "application/json")
-                        .body("{\"document\":"),
-                    400,
-                ),
-                _ => (
-                    client
-                        .get(format!("{base}/v1/extractions/not-an-id"))
-                        .header("authorization", bearer(&keys[tenant])),
-                    400,
-                ),
-            };
-            let (status, body) = call(request).await;
-            ("bad input", expected, status.as_u16(), body)
-        };
+            self.bad_input(callers, tenant).await
+        }
+    }
+
+    /// Notes a mismatch of `answer` with the model, and counts it.
+    fn tally(&mut self, i: usize, answer: Answer) {
+        let Answer {
+            op,
+            expected,
+            status,
+            body,
+        } = answer;
         if status != expected {
-            crossings.push(format!(
+            self.crossings.push(format!(
                 "{i}: {op} answered {status}, expected {expected}: {body}"
             ));
         }
-        *statuses.entry((op, status)).or_default() += 1;
+        *self.statuses.entry((op, status)).or_default() += 1;
     }
 
-    // The export streams: one group name in both tenants; each sees only its
-    // own jobs' events, all of them.
-    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
-    let mut leaks = 0;
-    let mut seen_per_tenant = Vec::new();
-    for (tenant, key) in keys.iter().enumerate() {
-        let url = format!("ws://127.0.0.1:{port}/v1/export?group=same&ack=auto&from=earliest");
-        let (mut socket, _) = tokio_tungstenite::connect_async(common::ws_request(&url, key))
-            .await
-            .unwrap();
-        let own: HashSet<Uuid> = model
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.0 == tenant)
-            .map(|(id, _)| *id)
-            .collect();
-        let mut seen = HashSet::new();
-        use futures::StreamExt;
-        while seen.len() < own.len() {
-            let next = tokio::time::timeout(Duration::from_secs(10), socket.next()).await;
-            let Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Text(text)))) = next else {
-                break;
-            };
-            let frame: Value = serde_json::from_str(&text).unwrap();
-            let id: Uuid = frame["event"]["extraction_id"]
-                .as_str()
-                .unwrap()
-                .parse()
-                .unwrap();
-            if !own.contains(&id) {
-                leaks += 1;
-            }
-            seen.insert(id);
+    /// Submit, half of them with a key from a small pool both tenants use.
+    async fn submit(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let (key, seed_body) = self.draw_submission(tenant);
+        let request = callers.submission(tenant, key.as_ref(), seed_body);
+        let expected = self.model.expected_submit(tenant, key.as_ref(), seed_body);
+        let (status, body) = call(request).await;
+        if status == StatusCode::ACCEPTED {
+            self.take_in_accepted(i, tenant, &key, seed_body, &body);
         }
-        assert_eq!(
-            seen, own,
-            "tenant {tenant}'s stream saw its own jobs' events"
-        );
-        seen_per_tenant.push(seen.len());
-        let _ = socket.close(None).await;
+        Answer {
+            op: "submit",
+            expected,
+            status: status.as_u16(),
+            body,
+        }
     }
-    common::stop([&mut child]).await;
-    let mut summary: Vec<_> = statuses.iter().collect();
-    summary.sort();
-    eprintln!(
-        "tenancy generated: seed {seed}, {REQUESTS} requests, jobs {} ({} keyed), answers by (operation, status): {summary:?}; export events seen per tenant {seen_per_tenant:?}, from the other tenant {leaks}; mismatches {}",
-        model.jobs.len(),
-        model.keys.len(),
-        crossings.len()
+
+    /// Draws a submission's idempotency key (or none) and body seed.
+    fn draw_submission(&mut self, tenant: usize) -> (Option<String>, usize) {
+        let key = self
+            .rng
+            .random_bool(0.5)
+            .then(|| format!("k-{}", self.rng.random_range(0..40)));
+        let seed_body = match &key {
+            // A replay of the key sends the first body, now and then another.
+            Some(k) => match self.model.keys.get(&(tenant, k.clone())) {
+                Some((_, first)) if self.rng.random_bool(0.9) => *first,
+                _ => self.rng.random_range(0..1000),
+            },
+            None => self.rng.random_range(0..1000),
+        };
+        (key, seed_body)
+    }
+
+    /// Adds an accepted submission's job to the model, noting a crossing if
+    /// it is the other tenant's job, or a replay that answered another job or
+    /// made a second one.
+    fn take_in_accepted(
+        &mut self,
+        i: usize,
+        tenant: usize,
+        key: &Option<String>,
+        seed_body: usize,
+        body: &Value,
+    ) {
+        let id: Uuid = body["id"].as_str().unwrap().parse().unwrap();
+        match self.model.jobs.get(&id) {
+            Some(job) if job.0 != tenant => self
+                .crossings
+                .push(format!("{i}: submit answered the other tenant's job {id}")),
+            Some(_) => {
+                let k = key.clone().expect("a new id for a replay without a key");
+                if self.model.keys.get(&(tenant, k)).map(|(id, _)| *id) != Some(id) {
+                    self.crossings
+                        .push(format!("{i}: a replay answered another job"));
+                }
+            }
+            None => {
+                if let Some(k) = key {
+                    if self.model.keys.contains_key(&(tenant, k.clone())) {
+                        self.crossings
+                            .push(format!("{i}: a replay of {k} made a second job"));
+                    }
+                    self.model.keys.insert((tenant, k.clone()), (id, seed_body));
+                }
+                self.model
+                    .jobs
+                    .insert(id, (tenant, key.clone(), seed_body, false));
+            }
+        }
+    }
+
+    /// Draws a job id: `tenant`'s own, the other's, or one nobody has.
+    fn draw_job_id(&mut self, tenant: usize) -> Uuid {
+        let own_ids = self.model.ids_of(tenant);
+        let their_ids = self.model.ids_of(1 - tenant);
+        match self.rng.random_range(0..3) {
+            0 => pick(&mut self.rng, &own_ids),
+            1 => pick(&mut self.rng, &their_ids),
+            _ => None,
+        }
+        .unwrap_or_else(Uuid::now_v7)
+    }
+
+    /// Read: own, the other's, or an id nobody has; with the full key or the reader.
+    async fn read(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let id = self.draw_job_id(tenant);
+        let key = if self.rng.random_bool(0.5) {
+            &callers.keys[tenant]
+        } else {
+            &callers.readers[tenant]
+        };
+        let (status, body) = call(callers.get(&format!("/v1/extractions/{id}"), key)).await;
+        let mine = self.model.jobs.get(&id).is_some_and(|j| j.0 == tenant);
+        if status == StatusCode::OK && !mine {
+            self.crossings
+                .push(format!("{i}: read another tenant's job {id}"));
+        }
+        Answer {
+            op: "read",
+            expected: if mine { 200 } else { 404 },
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Cancel: own, the other's, or nobody's.
+    async fn cancel(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let id = self.draw_job_id(tenant);
+        let path = format!("/v1/extractions/{id}/cancel");
+        let (status, body) = call(callers.post(&path, Some(&callers.keys[tenant]))).await;
+        let expected = match self.model.jobs.get_mut(&id) {
+            Some(job) if job.0 == tenant && !job.3 => {
+                job.3 = status == StatusCode::OK;
+                200
+            }
+            Some(job) if job.0 == tenant => 409,
+            _ => 404,
+        };
+        if status == StatusCode::OK && expected == 404 {
+            self.crossings
+                .push(format!("{i}: cancelled another tenant's job {id}"));
+        }
+        Answer {
+            op: "cancel",
+            expected,
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Refused callers: no key, a key without the scope, a key that is not one.
+    async fn refused_caller(&mut self, callers: &Callers, tenant: usize) -> Answer {
+        let (request, expected) = match self.rng.random_range(0..3) {
+            0 => (
+                callers.post("/v1/extractions", None).json(&sample_body(0)),
+                401,
+            ),
+            1 => (
+                callers
+                    .post("/v1/extractions", Some(&callers.readers[tenant]))
+                    .json(&sample_body(0)),
+                403,
+            ),
+            _ => (
+                callers.get(
+                    &format!("/v1/extractions/{}", Uuid::now_v7()),
+                    &format!("dsk_{}", "f".repeat(64)),
+                ),
+                401,
+            ),
+        };
+        let (status, body) = call(request).await;
+        Answer {
+            op: "refused caller",
+            expected,
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Bad input from a good caller: malformed JSON, a bad id.
+    async fn bad_input(&mut self, callers: &Callers, tenant: usize) -> Answer {
+        let key = &callers.keys[tenant];
+        let (request, expected) = match self.rng.random_range(0..2) {
+            0 => (
+                callers
+                    .post("/v1/extractions", Some(key))
+                    .header("content-type", "application/json")
+                    .body("{\"document\":"),
+                400,
+            ),
+            _ => (callers.get("/v1/extractions/not-an-id", key), 400),
+        };
+        let (status, body) = call(request).await;
+        Answer {
+            op: "bad input",
+            expected,
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Prints the seed and what the run and the export streams saw.
+    fn report(&self, exported: &Exported) {
+        let (seed, model, crossings) = (self.seed, &self.model, &self.crossings);
+        let Exported {
+            seen_per_tenant,
+            leaks,
+        } = exported;
+        let mut summary: Vec<_> = self.statuses.iter().collect();
+        summary.sort();
+        eprintln!(
+            "tenancy generated: seed {seed}, {GENERATED_REQUESTS} requests, jobs {} ({} keyed), answers by (operation, status): {summary:?}; export events seen per tenant {seen_per_tenant:?}, from the other tenant {leaks}; mismatches {}",
+            model.jobs.len(),
+            model.keys.len(),
+            crossings.len()
+        );
+    }
+
+    /// Every answer was what the model expects, and none crossed tenants.
+    fn no_answer_crossed_tenants(&self) {
+        let (seed, crossings) = (self.seed, &self.crossings);
+        assert!(
+            crossings.is_empty(),
+            "seed {seed}: {:?}",
+            &crossings[..crossings.len().min(10)]
+        );
+    }
+}
+
+/// What the export streams saw: each tenant's count of events' jobs, and how
+/// many events of the other tenant's jobs.
+struct Exported {
+    seen_per_tenant: Vec<usize>,
+    leaks: usize,
+}
+
+/// The export streams: one group name in both tenants; each sees all its
+/// own jobs' events (asserted here); any of the other's are counted.
+async fn each_export_stream_saw_all_its_own_jobs(callers: &Callers, model: &Model) -> Exported {
+    let port: u16 = callers.base.rsplit(':').next().unwrap().parse().unwrap();
+    let mut exported = Exported {
+        seen_per_tenant: Vec::new(),
+        leaks: 0,
+    };
+    for (tenant, key) in callers.keys.iter().enumerate() {
+        let (seen, leaks) = one_tenants_export_stream(port, tenant, key, model).await;
+        exported.leaks += leaks;
+        exported.seen_per_tenant.push(seen);
+    }
+    exported
+}
+
+/// Reads `tenant`'s export stream (group `same`, from the earliest) until it
+/// has seen each of its jobs, or 10 s pass without an event; asserts it saw
+/// exactly its own jobs. How many it saw, and how many events were not its own.
+async fn one_tenants_export_stream(
+    port: u16,
+    tenant: usize,
+    key: &str,
+    model: &Model,
+) -> (usize, usize) {
+    use futures::StreamExt;
+    let url = format!("ws://127.0.0.1:{port}/v1/export?group=same&ack=auto&from=earliest");
+    let (mut socket, _) = tokio_tungstenite::connect_async(common::ws_request(&url, key))
+        .await
+        .unwrap();
+    let own: HashSet<Uuid> = model.ids_of(tenant).into_iter().collect();
+    let (mut seen, mut leaks) = (HashSet::new(), 0);
+    while seen.len() < own.len() {
+        let next = tokio::time::timeout(Duration::from_secs(10), socket.next()).await;
+        let Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Text(text)))) = next else {
+            break;
+        };
+        let frame: Value = serde_json::from_str(&text).unwrap();
+        let id: Uuid = frame["event"]["extraction_id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if !own.contains(&id) {
+            leaks += 1;
+        }
+        seen.insert(id);
+    }
+    assert_eq!(
+        seen, own,
+        "tenant {tenant}'s stream saw its own jobs' events"
     );
-    assert!(
-        crossings.is_empty(),
-        "seed {seed}: {:?}",
-        &crossings[..crossings.len().min(10)]
-    );
-    assert_eq!(leaks, 0, "events crossed tenants");
+    let _ = socket.close(None).await;
+    (seen.len(), leaks)
+}
+
+/// No export stream saw an event of the other tenant's jobs.
+fn no_event_crossed_tenants(exported: &Exported) {
+    assert_eq!(exported.leaks, 0, "events crossed tenants");
 }

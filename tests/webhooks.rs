@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -247,50 +248,192 @@ fn expected_id(job: Uuid) -> String {
     format!("msg_{}_succeeded", job.simple())
 }
 
+// ---------------------------------------------------------------------------
+// Shared steps.
+// ---------------------------------------------------------------------------
+
+/// A receiver on a loopback port of its own: `fail_first` 500s per
+/// webhook-id, then `then`.
+async fn a_receiver(fail_first: usize, then: u16) -> Receiver {
+    start_receiver(
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        fail_first,
+        then,
+    )
+}
+
+/// A receiver that answers every request 200.
+async fn a_receiver_that_answers_200() -> Receiver {
+    a_receiver(0, 200).await
+}
+
+/// A receiver that answers every request 410 Gone.
+async fn a_receiver_that_answers_410() -> Receiver {
+    a_receiver(0, 410).await
+}
+
+/// `serve` on `port`, a worker and a bbox worker, all with `base` (see
+/// [`spawn_pipeline`]), once the API is healthy; the API's base URL and the
+/// children.
+async fn a_healthy_pipeline(
+    env: &TestEnv,
+    base: &[(&'static str, String)],
+    port: u16,
+    name: &str,
+) -> (String, [tokio::process::Child; 3]) {
+    let api = format!("http://127.0.0.1:{port}");
+    let children = spawn_pipeline(env, base, port, name);
+    wait_healthy(&api).await;
+    (api, children)
+}
+
+/// A child process and the port of its `/metrics`.
+struct Metered {
+    child: tokio::process::Child,
+    metrics: u16,
+}
+
+/// `base` with `serve`'s API on `port`.
+fn with_http_on(base: &[(&'static str, String)], port: u16) -> Vec<(&'static str, String)> {
+    with(
+        base,
+        &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
+    )
+}
+
+/// Submits `n` jobs whose webhooks go to `url`, one after the other.
+async fn jobs_to(env: &TestEnv, api: &str, url: &str, n: usize) -> Vec<Uuid> {
+    let mut jobs = Vec::new();
+    for _ in 0..n {
+        jobs.push(submit(env, api, url).await.unwrap());
+    }
+    jobs
+}
+
+// ---------------------------------------------------------------------------
+// Outages, 500s and a 410.
+// ---------------------------------------------------------------------------
+
+/// Jobs whose webhooks go to the receiver that is down at first.
+const OUTAGE_JOBS: usize = 20;
+/// How long that receiver is down.
+const OUTAGE: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_endpoint() {
-    const JOBS: usize = 20;
-    const OUTAGE: Duration = Duration::from_secs(10);
     let env = TestEnv::new("webhooks_retry").await;
     sign_with_secret(&env).await;
+    let mut pipeline = a_pipeline_whose_bbox_worker_serves_metrics(&env).await;
+    let outage = jobs_to_a_receiver_that_is_down(&env, &pipeline.api).await;
+    let flaky = a_receiver_that_answers_500_three_times_then_200().await;
+    let flaky_job = submit(&env, &pipeline.api, &flaky.url).await.unwrap();
+
+    let attempts_during_outage = the_outage_lasts_its_10_s(&env.pool, &outage).await;
+    let back = the_receiver_comes_back(&outage).await;
+    let all = OUTAGE_JOBS as i64 + 1;
+    wait_delivered(&env.pool, "delivered", all, Duration::from_secs(60)).await;
+
+    let by_id = each_outage_job_was_delivered_once_as_succeeded(&back, &outage.jobs);
+    let (answers, flaky_attempts) =
+        the_flaky_job_took_four_signed_attempts(&env.pool, &flaky, flaky_job).await;
+    let gone = a_receiver_that_answers_410().await;
+    two_jobs_to_an_endpoint_that_answers_410(&env, &pipeline.api, &gone).await;
+    nothing_is_sent_to_a_disabled_endpoint(&gone);
+    let counted = WebhookMetrics::scrape(pipeline.metrics).await;
+    the_worker_counted_every_delivery_and_one_disabled_endpoint(&counted);
+    eprintln!(
+        "webhook retry test: outage={}s jobs={OUTAGE_JOBS} attempts_during_outage={attempts_during_outage} distinct_ids_after={} \
+         receipts_per_id=1 flaky_answers={answers:?} flaky_attempts={flaky_attempts} gone_receipts={} \
+         metrics: delivered={} retried={} disabled_endpoints={}",
+        OUTAGE.as_secs(),
+        by_id.len(),
+        gone.receipts().len(),
+        counted.delivered,
+        counted.retried,
+        counted.disabled,
+    );
+    stop(pipeline.children.iter_mut()).await;
+}
+
+/// The processes of the retry test: the API's base URL, the port of the bbox
+/// worker's `/metrics`, and the children.
+struct Pipeline {
+    api: String,
+    metrics: u16,
+    children: [tokio::process::Child; 3],
+}
+
+/// `serve`, a worker and a bbox worker whose `/metrics` the test reads, with
+/// loopback allowed and fast retries, once the API is healthy.
+async fn a_pipeline_whose_bbox_worker_serves_metrics(env: &TestEnv) -> Pipeline {
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let base = webhook_env(true);
-    let worker_metrics = free_port();
-    let mut children = [
-        env.spawn(
-            "serve",
-            &with(
-                &base,
-                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
-            ),
-            "webhooks-retry-serve",
-        ),
+    let metrics = free_port();
+    let children = [
+        env.spawn("serve", &with_http_on(&base, port), "webhooks-retry-serve"),
         env.spawn("worker", &base, "webhooks-retry-worker"),
         env.spawn(
             "bbox-worker",
-            &with_metrics_on(&base, worker_metrics),
+            &with_metrics_on(&base, metrics),
             "webhooks-retry-bbox-worker",
         ),
     ];
     wait_healthy(&api).await;
-
-    // Receiver 1 is down: nothing listens on its port for the first 10 s.
-    let down_port = free_port();
-    let down_url = format!("http://127.0.0.1:{down_port}/hook");
-    let outage_began = Instant::now();
-    let mut outage_jobs = Vec::new();
-    for _ in 0..JOBS {
-        outage_jobs.push(submit(&env, &api, &down_url).await.unwrap());
+    Pipeline {
+        api,
+        metrics,
+        children,
     }
-    // Receiver 2 answers 500 three times per webhook-id, then 200.
-    let flaky = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 3, 200);
-    let flaky_job = submit(&env, &api, &flaky.url).await.unwrap();
+}
 
-    // Every outage job reaches its terminal state and fails an attempt while
-    // the receiver is down.
-    let pool = &env.pool;
-    let down = &down_url;
+/// Jobs whose webhooks go to a receiver that is down, and when it went down.
+struct Outage {
+    /// Nothing listens on it until [`the_receiver_comes_back`].
+    port: u16,
+    url: String,
+    began: Instant,
+    jobs: Vec<Uuid>,
+}
+
+/// Receiver 1 is down: nothing listens on its port for the first 10 s, and
+/// [`OUTAGE_JOBS`] jobs are submitted with their webhooks to it.
+async fn jobs_to_a_receiver_that_is_down(env: &TestEnv, api: &str) -> Outage {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let began = Instant::now();
+    let jobs = jobs_to(env, api, &url, OUTAGE_JOBS).await;
+    Outage {
+        port,
+        url,
+        began,
+        jobs,
+    }
+}
+
+/// Receiver 2 answers 500 three times per webhook-id, then 200.
+async fn a_receiver_that_answers_500_three_times_then_200() -> Receiver {
+    a_receiver(3, 200).await
+}
+
+/// Every outage job fails an attempt while the receiver is down, and the
+/// outage lasts its 10 s; the attempts made at the receiver meanwhile.
+async fn the_outage_lasts_its_10_s(pool: &sqlx::PgPool, outage: &Outage) -> i64 {
+    wait_until_every_outage_delivery_was_tried(pool, &outage.url).await;
+    // The outage lasts its 10 s: this sleep is the scenario, not a wait.
+    tokio::time::sleep(OUTAGE.saturating_sub(outage.began.elapsed())).await;
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(attempts), 0)::int8 FROM webhook_deliveries WHERE url = $1",
+    )
+    .bind(&outage.url)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits (at most [`OUTAGE`]) until every outage job reached its terminal
+/// state and its delivery to `down` failed an attempt, still pending.
+async fn wait_until_every_outage_delivery_was_tried(pool: &sqlx::PgPool, down: &str) {
     wait_for("an attempt at every outage delivery", OUTAGE, || async move {
         let tried: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM webhook_deliveries WHERE url = $1 AND attempts >= 1 AND status = 'pending'",
@@ -299,141 +442,233 @@ async fn outages_and_500s_cost_attempts_never_duplicates_and_410_disables_the_en
         .fetch_one(pool)
         .await
         .unwrap();
-        (tried == JOBS as i64).then_some(()).ok_or(format!("{tried} tried"))
+        (tried == OUTAGE_JOBS as i64)
+            .then_some(())
+            .ok_or(format!("{tried} tried"))
     })
     .await;
-    // The outage lasts its 10 s: this sleep is the scenario, not a wait.
-    tokio::time::sleep(OUTAGE.saturating_sub(outage_began.elapsed())).await;
-    let attempts_during_outage: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(sum(attempts), 0)::int8 FROM webhook_deliveries WHERE url = $1",
-    )
-    .bind(&down_url)
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    let listener = TcpListener::bind(format!("127.0.0.1:{down_port}"))
+}
+
+/// The receiver that was down listens on its port, answering 200.
+async fn the_receiver_comes_back(outage: &Outage) -> Receiver {
+    let listener = TcpListener::bind(format!("127.0.0.1:{}", outage.port))
         .await
         .unwrap();
-    let back = start_receiver(listener, 0, 200);
-    wait_delivered(pool, "delivered", JOBS as i64 + 1, Duration::from_secs(60)).await;
+    start_receiver(listener, 0, 200)
+}
 
-    // The outage: one distinct id per job event, each answered 2xx exactly once.
-    let by_id = back.assert_once_each(&outage_jobs);
+/// The outage: one distinct id per job event, each answered 2xx exactly once,
+/// each a succeeded job whose bbox refinement succeeded; the receipts by id.
+fn each_outage_job_was_delivered_once_as_succeeded(
+    back: &Receiver,
+    jobs: &[Uuid],
+) -> HashMap<String, Vec<Receipt>> {
+    let by_id = back.assert_once_each(jobs);
     for receipts in by_id.values() {
         assert_eq!(receipts[0].body["type"], "extraction.succeeded");
         assert_eq!(receipts[0].body["data"]["bbox_status"], "succeeded");
     }
-    // The 500s: one id, four attempts, all signed, the last one answered 200.
-    let flaky_receipts = flaky.receipts();
-    let ids: HashSet<&str> = flaky_receipts.iter().map(|r| r.id.as_str()).collect();
-    assert_eq!(ids, HashSet::from([expected_id(flaky_job).as_str()]));
-    let answers: Vec<u16> = flaky_receipts.iter().map(|r| r.answered).collect();
+    by_id
+}
+
+/// The 500s: one id, four attempts, all signed, the last one answered 200,
+/// and 4 attempts recorded; the answers and the recorded attempts.
+async fn the_flaky_job_took_four_signed_attempts(
+    pool: &sqlx::PgPool,
+    flaky: &Receiver,
+    job: Uuid,
+) -> (Vec<u16>, i32) {
+    let receipts = flaky.receipts();
+    let ids: HashSet<&str> = receipts.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, HashSet::from([expected_id(job).as_str()]));
+    let answers: Vec<u16> = receipts.iter().map(|r| r.answered).collect();
     assert_eq!(answers, vec![500, 500, 500, 200]);
-    assert!(flaky_receipts.iter().all(|r| r.signed));
-    let flaky_attempts: i32 =
+    assert!(receipts.iter().all(|r| r.signed));
+    let attempts: i32 =
         sqlx::query_scalar("SELECT attempts FROM webhook_deliveries WHERE extraction_id = $1")
-            .bind(flaky_job)
+            .bind(job)
             .fetch_one(pool)
             .await
             .unwrap();
-    assert_eq!(flaky_attempts, 4);
+    assert_eq!(attempts, 4);
+    (answers, attempts)
+}
 
-    // 410 Gone: the endpoint is disabled, and the next job's webhook is not sent.
-    let gone = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 410);
-    submit(&env, &api, &gone.url).await.unwrap();
-    wait_delivered(pool, "disabled", 1, Duration::from_secs(60)).await;
-    submit(&env, &api, &gone.url).await.unwrap();
-    wait_delivered(pool, "disabled", 2, Duration::from_secs(60)).await;
+/// 410 Gone: a job whose webhook `gone` answers 410, until its endpoint is
+/// disabled, then a second job to it, until its delivery is disabled too.
+async fn two_jobs_to_an_endpoint_that_answers_410(env: &TestEnv, api: &str, gone: &Receiver) {
+    submit(env, api, &gone.url).await.unwrap();
+    wait_delivered(&env.pool, "disabled", 1, Duration::from_secs(60)).await;
+    submit(env, api, &gone.url).await.unwrap();
+    wait_delivered(&env.pool, "disabled", 2, Duration::from_secs(60)).await;
+}
+
+/// The second job's webhook was not sent: `gone` got one request.
+fn nothing_is_sent_to_a_disabled_endpoint(gone: &Receiver) {
     assert_eq!(
         gone.receipts().len(),
         1,
         "nothing is sent to a disabled endpoint"
     );
-
-    let metrics = format!("127.0.0.1:{worker_metrics}");
-    let delivered = scrape(
-        &metrics,
-        "docstream_webhook_deliveries_total{outcome=\"delivered\"}",
-    )
-    .await;
-    let retried = scrape(
-        &metrics,
-        "docstream_webhook_deliveries_total{outcome=\"retried\"}",
-    )
-    .await;
-    let disabled = scrape(&metrics, "docstream_webhook_disabled_endpoints_total").await;
-    assert_eq!(delivered, JOBS as f64 + 1.0);
-    assert_eq!(disabled, 1.0);
-    eprintln!(
-        "webhook retry test: outage={}s jobs={JOBS} attempts_during_outage={attempts_during_outage} distinct_ids_after={} \
-         receipts_per_id=1 flaky_answers={answers:?} flaky_attempts={flaky_attempts} gone_receipts={} \
-         metrics: delivered={delivered} retried={retried} disabled_endpoints={disabled}",
-        OUTAGE.as_secs(),
-        by_id.len(),
-        gone.receipts().len(),
-    );
-    stop(children.iter_mut()).await;
 }
+
+/// What a process's `/metrics` counted of webhook deliveries.
+struct WebhookMetrics {
+    delivered: f64,
+    retried: f64,
+    disabled: f64,
+}
+
+impl WebhookMetrics {
+    /// Reads them from the `/metrics` on loopback port `port`.
+    async fn scrape(port: u16) -> Self {
+        let metrics = format!("127.0.0.1:{port}");
+        let delivered = scrape(
+            &metrics,
+            "docstream_webhook_deliveries_total{outcome=\"delivered\"}",
+        )
+        .await;
+        let retried = scrape(
+            &metrics,
+            "docstream_webhook_deliveries_total{outcome=\"retried\"}",
+        )
+        .await;
+        let disabled = scrape(&metrics, "docstream_webhook_disabled_endpoints_total").await;
+        Self {
+            delivered,
+            retried,
+            disabled,
+        }
+    }
+}
+
+/// Every job's delivery counted as delivered, and one endpoint as disabled.
+fn the_worker_counted_every_delivery_and_one_disabled_endpoint(counted: &WebhookMetrics) {
+    assert_eq!(counted.delivered, OUTAGE_JOBS as f64 + 1.0);
+    assert_eq!(counted.disabled, 1.0);
+}
+
+// ---------------------------------------------------------------------------
+// A SIGKILL right after the state change.
+// ---------------------------------------------------------------------------
+
+/// Jobs of the SIGKILL test.
+const KILL_JOBS: usize = 5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
-    const JOBS: usize = 5;
     let env = TestEnv::with_settings("webhooks_kill", fast_recovery).await;
     sign_with_secret(&env).await;
     let port = free_port();
+    let receiver = a_receiver_that_answers_200().await;
+    let mut kill = a_pipeline_whose_bbox_worker_stalls_after_each_state_change(&env, port).await;
+    let jobs = jobs_to(&env, &kill.api, &receiver.url, KILL_JOBS).await;
+
+    let written_before_kill =
+        the_victim_is_sigkilled_once_a_delivery_is_written(&env.pool, &mut kill.victim).await;
+    nothing_was_sent_before_the_kill(&receiver);
+    let mut survivor = a_bbox_worker_that_survives(&env).await;
+    let all = KILL_JOBS as i64;
+    wait_delivered(&env.pool, "delivered", all, Duration::from_secs(120)).await;
+
+    let by_id = receiver.assert_once_each(&jobs);
+    let (by_worker, by_survivor) = the_reapers_revived_every_orphaned_delivery(
+        kill.worker.metrics,
+        survivor.metrics,
+        written_before_kill,
+    )
+    .await;
+    eprintln!(
+        "webhook kill test: jobs={KILL_JOBS} deliveries_written_before_kill={written_before_kill} \
+         distinct_ids={} receipts_per_id=1 class6_orphans_revived: worker={by_worker} survivor={by_survivor}",
+        by_id.len()
+    );
+    stop([&mut kill.serve, &mut kill.worker.child, &mut survivor.child]).await;
+}
+
+/// The processes of the SIGKILL test before the kill.
+struct KillPipeline {
+    api: String,
+    serve: tokio::process::Child,
+    worker: Metered,
+    /// The bbox worker that stalls after each terminal state change.
+    victim: tokio::process::Child,
+}
+
+/// `serve` on `port`, a worker whose `/metrics` the test reads, and a bbox
+/// worker that stalls right after each terminal state change, before it
+/// wakes its dispatcher (the test kills it there); once the API is healthy.
+async fn a_pipeline_whose_bbox_worker_stalls_after_each_state_change(
+    env: &TestEnv,
+    port: u16,
+) -> KillPipeline {
     let api = format!("http://127.0.0.1:{port}");
     let base = webhook_env(true);
-    let receiver = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 200);
-    let mut serve = env.spawn(
-        "serve",
-        &with(
-            &base,
-            &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
-        ),
-        "webhooks-kill-serve",
-    );
-    let worker_metrics = free_port();
-    let mut worker = env.spawn(
+    let serve = env.spawn("serve", &with_http_on(&base, port), "webhooks-kill-serve");
+    let metrics = free_port();
+    let child = env.spawn(
         "worker",
-        &with_metrics_on(&base, worker_metrics),
+        &with_metrics_on(&base, metrics),
         "webhooks-kill-worker",
     );
-    // The first bbox worker stalls right after each terminal state change,
-    // before it wakes its dispatcher; the test kills it there.
     let stalled = [(
         "DOCSTREAM_FAILPOINTS",
         "webhook.after_state_change=sleep(60000)".to_owned(),
     )];
-    let mut victim = env.spawn(
+    let victim = env.spawn(
         "bbox-worker",
         &with(&base, &stalled),
         "webhooks-kill-victim",
     );
     wait_healthy(&api).await;
-    let mut jobs = Vec::new();
-    for _ in 0..JOBS {
-        jobs.push(submit(&env, &api, &receiver.url).await.unwrap());
+    KillPipeline {
+        api,
+        serve,
+        worker: Metered { child, metrics },
+        victim,
     }
-    let pool = &env.pool;
+}
+
+/// Once a delivery is written (pending), SIGKILLs the victim and waits for
+/// it; the pending deliveries then.
+async fn the_victim_is_sigkilled_once_a_delivery_is_written(
+    pool: &sqlx::PgPool,
+    victim: &mut tokio::process::Child,
+) -> i64 {
     wait_delivered(pool, "pending", 1, Duration::from_secs(60)).await;
-    signal(&victim, "KILL").await;
+    signal(victim, "KILL").await;
     let _ = victim.wait().await;
-    let written_before_kill = deliveries(pool, "pending").await;
+    deliveries(pool, "pending").await
+}
+
+/// The receiver got nothing before the kill.
+fn nothing_was_sent_before_the_kill(receiver: &Receiver) {
     assert_eq!(
         receiver.receipts().len(),
         0,
         "nothing was sent before the kill"
     );
+}
 
-    let survivor_metrics = free_port();
-    let mut survivor = env.spawn(
+/// A second bbox worker, without the stall, whose `/metrics` the test reads.
+async fn a_bbox_worker_that_survives(env: &TestEnv) -> Metered {
+    let metrics = free_port();
+    let child = env.spawn(
         "bbox-worker",
-        &with_metrics_on(&base, survivor_metrics),
+        &with_metrics_on(&webhook_env(true), metrics),
         "webhooks-kill-survivor",
     );
-    wait_delivered(pool, "delivered", JOBS as i64, Duration::from_secs(120)).await;
-    let by_id = receiver.assert_once_each(&jobs);
-    // Nothing woke those deliveries but a reaper: the victim died first.
+    Metered { child, metrics }
+}
+
+/// Nothing woke those deliveries but a reaper (the victim died first): the
+/// class-6 orphans the worker and the survivor found cover every delivery
+/// written before the kill; what each found.
+async fn the_reapers_revived_every_orphaned_delivery(
+    worker_metrics: u16,
+    survivor_metrics: u16,
+    written_before_kill: i64,
+) -> (f64, f64) {
     let class6 = "docstream_orphans_found_total{class=\"6\"}";
     let by_worker = scrape(&format!("127.0.0.1:{worker_metrics}"), class6).await;
     let by_survivor = scrape(&format!("127.0.0.1:{survivor_metrics}"), class6).await;
@@ -441,54 +676,94 @@ async fn a_sigkill_right_after_the_state_change_still_delivers_once() {
         by_worker + by_survivor >= written_before_kill as f64,
         "the reapers revived {by_worker} + {by_survivor} of {written_before_kill} orphaned deliveries"
     );
-    eprintln!(
-        "webhook kill test: jobs={JOBS} deliveries_written_before_kill={written_before_kill} \
-         distinct_ids={} receipts_per_id=1 class6_orphans_revived: worker={by_worker} survivor={by_survivor}",
-        by_id.len()
-    );
-    stop([&mut serve, &mut worker, &mut survivor]).await;
+    (by_worker, by_survivor)
 }
+
+// ---------------------------------------------------------------------------
+// The SSRF guard.
+// ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothing() {
     let env = TestEnv::new("webhooks_ssrf").await;
     sign_with_secret(&env).await;
-    // The canary: loopback listeners (IPv4 and, where there is one, IPv6)
-    // that count every connection.
+    let canary = a_canary_that_counts_connections().await;
+    let (api, mut serve) = a_serve_that_guards_loopback(&env).await;
+    let refused_urls = urls_the_guard_refuses(canary.port);
+
+    let refusals = every_submit_is_refused_with_422(&env, &api, &refused_urls).await;
+    a_refused_submit_writes_nothing(&env.pool).await;
+    let at_submit = the_guard_counted_each_but_the_file_url(serve.metrics, &refused_urls).await;
+
+    a_delivery_to_the_canary_already_in_the_outbox(&env.pool, canary.port).await;
+    let mut worker = a_worker_that_guards_loopback(&env).await;
+    wait_delivered(&env.pool, "failed", 1, Duration::from_secs(60)).await;
+    the_delivery_failed_naming_the_canary(&env.pool).await;
+    let at_send = the_guard_counted_one_refusal_at_send(worker.metrics).await;
+    let heard = canary.heard_nothing();
+    eprintln!(
+        "webhook ssrf test: refused_at_submit={} (metric {at_submit}) refused_at_send={at_send} canary_connections={heard}\n  {}",
+        refusals.len(),
+        refusals.join("\n  ")
+    );
+    stop([&mut serve.child, &mut worker.child]).await;
+}
+
+/// Loopback listeners on one port that count every connection.
+struct Canary {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Canary {
+    /// The connections it heard, which must be none.
+    fn heard_nothing(&self) -> usize {
+        let heard = self.connections.load(Ordering::SeqCst);
+        assert_eq!(heard, 0, "the canary heard a connection");
+        heard
+    }
+}
+
+/// The canary: loopback listeners (IPv4 and, where there is one, IPv6)
+/// that count every connection.
+async fn a_canary_that_counts_connections() -> Canary {
     let canary = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let canary_port = canary.local_addr().unwrap().port();
-    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let port = canary.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
     let mut listeners = vec![canary];
-    if let Ok(v6) = TcpListener::bind(format!("[::1]:{canary_port}")).await {
+    if let Ok(v6) = TcpListener::bind(format!("[::1]:{port}")).await {
         listeners.push(v6);
     }
     for listener in listeners {
         let connections = connections.clone();
         tokio::spawn(async move {
             while listener.accept().await.is_ok() {
-                connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                connections.fetch_add(1, Ordering::SeqCst);
             }
         });
     }
+    Canary { port, connections }
+}
+
+/// `serve` with loopback not allowed and its `/metrics` read by the test,
+/// once healthy; the API's base URL and the process.
+async fn a_serve_that_guards_loopback(env: &TestEnv) -> (String, Metered) {
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let base = webhook_env(false);
-    let serve_metrics = free_port();
-    let mut serve = env.spawn(
+    let metrics = free_port();
+    let child = env.spawn(
         "serve",
-        &with_metrics_on(
-            &with(
-                &base,
-                &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
-            ),
-            serve_metrics,
-        ),
+        &with_metrics_on(&with_http_on(&base, port), metrics),
         "webhooks-ssrf-serve",
     );
     wait_healthy(&api).await;
+    (api, Metered { child, metrics })
+}
 
-    let p = canary_port;
-    let refused_urls = [
+/// Webhook URLs the guard refuses at submit, most of them at the canary.
+fn urls_the_guard_refuses(p: u16) -> [String; 11] {
+    [
         format!("http://127.0.0.1:{p}/hook"),
         format!("http://[::1]:{p}/hook"),
         "http://169.254.169.254/latest/meta-data/".to_owned(),
@@ -500,10 +775,19 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
         format!("http://localhost.:{p}/hook"),
         "file:///etc/passwd".to_owned(),
         format!("http://localhost:{p}/hook"),
-    ];
+    ]
+}
+
+/// Submits a job to each of `urls`; each is answered 422. The refusals'
+/// messages, by URL.
+async fn every_submit_is_refused_with_422(
+    env: &TestEnv,
+    api: &str,
+    urls: &[String],
+) -> Vec<String> {
     let mut refusals = Vec::new();
-    for url in &refused_urls {
-        match submit(&env, &api, url).await {
+    for url in urls {
+        match submit(env, api, url).await {
             Ok(id) => panic!("{url} was accepted as job {id}"),
             Err((status, answer)) => {
                 assert_eq!(status, 422, "{url}: {answer}");
@@ -511,100 +795,132 @@ async fn the_ssrf_guard_refuses_at_submit_and_at_send_and_the_canary_hears_nothi
             }
         }
     }
+    refusals
+}
+
+/// No extraction row was written.
+async fn a_refused_submit_writes_nothing(pool: &sqlx::PgPool) {
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions")
-        .fetch_one(&env.pool)
+        .fetch_one(pool)
         .await
         .unwrap();
     assert_eq!(rows, 0, "a refused submit writes nothing");
+}
+
+/// Every URL but file:// (refused earlier, by request validation) reached
+/// the guard, as `serve`'s `/metrics` counts; the count.
+async fn the_guard_counted_each_but_the_file_url(metrics: u16, urls: &[String]) -> f64 {
     let at_submit = scrape(
-        &format!("127.0.0.1:{serve_metrics}"),
+        &format!("127.0.0.1:{metrics}"),
         "docstream_webhook_ssrf_rejections_total{stage=\"submit\"}",
     )
     .await;
-    // Every URL but file:// (refused earlier, by request validation) reached the guard.
-    assert_eq!(at_submit, refused_urls.len() as f64 - 1.0);
+    assert_eq!(at_submit, urls.len() as f64 - 1.0);
+    at_submit
+}
 
-    // At send: a delivery to the canary already in the outbox (as if its
-    // name had resolved elsewhere at submit) is refused, not sent.
-    let job = insert_job(&env.pool).await;
+/// At send: a delivery to the canary already in the outbox (as if its name
+/// had resolved elsewhere at submit), due a minute ago.
+async fn a_delivery_to_the_canary_already_in_the_outbox(pool: &sqlx::PgPool, port: u16) {
+    let job = insert_job(pool).await;
     sqlx::query(
         "INSERT INTO webhook_deliveries (id, extraction_id, event_type, url, payload, next_attempt_at)
          VALUES ('msg_canary', $1, 'extraction.succeeded', $2, '{}', now() - interval '1 minute')",
     )
     .bind(job)
-    .bind(format!("http://127.0.0.1:{p}/hook"))
-    .execute(&env.pool)
+    .bind(format!("http://127.0.0.1:{port}/hook"))
+    .execute(pool)
     .await
     .unwrap();
-    let worker_metrics = free_port();
-    let mut worker = env.spawn(
+}
+
+/// A worker with loopback not allowed, its `/metrics` read by the test.
+async fn a_worker_that_guards_loopback(env: &TestEnv) -> Metered {
+    let metrics = free_port();
+    let child = env.spawn(
         "worker",
-        &with_metrics_on(&base, worker_metrics),
+        &with_metrics_on(&webhook_env(false), metrics),
         "webhooks-ssrf-worker",
     );
-    wait_delivered(&env.pool, "failed", 1, Duration::from_secs(60)).await;
+    Metered { child, metrics }
+}
+
+/// The canary's delivery was refused, not sent: its error names the address.
+async fn the_delivery_failed_naming_the_canary(pool: &sqlx::PgPool) {
     let error: String =
         sqlx::query_scalar("SELECT last_error FROM webhook_deliveries WHERE id = 'msg_canary'")
-            .fetch_one(&env.pool)
+            .fetch_one(pool)
             .await
             .unwrap();
     assert!(error.contains("127.0.0.1"), "{error}");
+}
+
+/// The worker's `/metrics` counts one refusal at send; the count.
+async fn the_guard_counted_one_refusal_at_send(metrics: u16) -> f64 {
     let at_send = scrape(
-        &format!("127.0.0.1:{worker_metrics}"),
+        &format!("127.0.0.1:{metrics}"),
         "docstream_webhook_ssrf_rejections_total{stage=\"send\"}",
     )
     .await;
     assert_eq!(at_send, 1.0);
-    let heard = connections.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(heard, 0, "the canary heard a connection");
-    eprintln!(
-        "webhook ssrf test: refused_at_submit={} (metric {at_submit}) refused_at_send={at_send} canary_connections={heard}\n  {}",
-        refusals.len(),
-        refusals.join("\n  ")
-    );
-    stop([&mut serve, &mut worker]).await;
+    at_send
 }
+
+// ---------------------------------------------------------------------------
+// Secret rotation.
+// ---------------------------------------------------------------------------
+
+/// How long the rotated-out secret still signs.
+const OVERLAP_S: f64 = 4.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
-    const OVERLAP_S: f64 = 4.0;
     let env = TestEnv::new("webhooks_rotation").await;
     sign_with_secret(&env).await;
     let port = free_port();
-    let api = format!("http://127.0.0.1:{port}");
+    let receiver = a_receiver_that_answers_200().await;
     let base = webhook_env(true);
-    let receiver = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 200);
-    let http = with(
-        &base,
-        &[("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}"))],
-    );
-    let mut children = [
-        env.spawn("serve", &http, "webhooks-rotation-serve"),
-        env.spawn("worker", &base, "webhooks-rotation-worker"),
-        env.spawn("bbox-worker", &base, "webhooks-rotation-bbox-worker"),
-    ];
-    wait_healthy(&api).await;
-    let delivered = |job: Uuid| {
-        let receiver = receiver.clone();
-        move || {
-            let got = receiver.by_id().remove(&expected_id(job));
-            async move {
-                got.and_then(|r| r.into_iter().next())
-                    .ok_or("not yet".to_owned())
-            }
-        }
-    };
-    let within = Duration::from_secs(60);
+    let (api, mut children) = a_healthy_pipeline(&env, &base, port, "webhooks-rotation").await;
 
-    let before = submit(&env, &api, &receiver.url).await.unwrap();
-    let before = wait_for("the first delivery", within, delivered(before)).await;
-    let rotated = tenants::rotate_webhook_secret(&env.pool, "default", None, OVERLAP_S)
+    let before = a_job_delivered_to(&env, &api, &receiver, "the first delivery").await;
+    let new = the_secret_is_rotated_with_an_overlap(&env.pool).await;
+    let during = a_job_delivered_to(&env, &api, &receiver, "the delivery during the overlap").await;
+    wait_until_the_overlap_ends(&env).await;
+    let after = a_job_delivered_to(&env, &api, &receiver, "the delivery after the overlap").await;
+    stop(children.iter_mut()).await;
+
+    print_who_signed(&before, &during, &after, &new);
+    the_old_secret_alone_signed_before(&before, &new);
+    both_secrets_signed_during_the_overlap(&during, &new);
+    the_new_secret_alone_signed_after(&after, &new);
+}
+
+/// Submits a job whose webhook goes to `receiver` and waits (60 s at most,
+/// as `what`) for its first receipt.
+async fn a_job_delivered_to(env: &TestEnv, api: &str, receiver: &Receiver, what: &str) -> Receipt {
+    let job = submit(env, api, &receiver.url).await.unwrap();
+    wait_for(what, Duration::from_secs(60), || {
+        let got = receiver.by_id().remove(&expected_id(job));
+        async move {
+            got.and_then(|r| r.into_iter().next())
+                .ok_or("not yet".to_owned())
+        }
+    })
+    .await
+}
+
+/// Rotates the tenant's secret to a new one, the old one signing beside it
+/// for [`OVERLAP_S`]; the new secret.
+async fn the_secret_is_rotated_with_an_overlap(pool: &sqlx::PgPool) -> String {
+    let rotated = tenants::rotate_webhook_secret(pool, "default", None, OVERLAP_S)
         .await
         .unwrap();
-    let new = rotated.webhook_secret.clone();
-    let during = submit(&env, &api, &receiver.url).await.unwrap();
-    let during = wait_for("the delivery during the overlap", within, delivered(during)).await;
-    wait_for("the overlap to end", within, || {
+    rotated.webhook_secret.clone()
+}
+
+/// Waits (60 s at most) until the tenant's overlap is over.
+async fn wait_until_the_overlap_ends(env: &TestEnv) {
+    wait_for("the overlap to end", Duration::from_secs(60), || {
         let pool = env.pool.clone();
         async move {
             let open: bool = sqlx::query_scalar(
@@ -617,64 +933,129 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
         }
     })
     .await;
-    let after = submit(&env, &api, &receiver.url).await.unwrap();
-    let after = wait_for("the delivery after the overlap", within, delivered(after)).await;
-    stop(children.iter_mut()).await;
+}
 
-    let count = |r: &Receipt| r.signatures.split(' ').count();
+/// How many signatures a receipt carries.
+fn signature_count(r: &Receipt) -> usize {
+    r.signatures.split(' ').count()
+}
+
+/// Prints each delivery's signatures, and which secrets verify them.
+fn print_who_signed(before: &Receipt, during: &Receipt, after: &Receipt, new: &str) {
+    let count = signature_count;
     eprintln!(
         "webhooks rotation test: before: {} signature(s), old {}, new {}; during: {}, old {}, new {}; after: {}, old {}, new {}",
-        count(&before), before.verifies_with(SECRET), before.verifies_with(&new),
-        count(&during), during.verifies_with(SECRET), during.verifies_with(&new),
-        count(&after), after.verifies_with(SECRET), after.verifies_with(&new),
+        count(before), before.verifies_with(SECRET), before.verifies_with(new),
+        count(during), during.verifies_with(SECRET), during.verifies_with(new),
+        count(after), after.verifies_with(SECRET), after.verifies_with(new),
     );
-    assert!(before.verifies_with(SECRET) && !before.verifies_with(&new));
-    assert_eq!(count(&during), 2, "both secrets sign during the overlap");
-    assert!(during.verifies_with(SECRET) && during.verifies_with(&new));
-    assert_eq!(count(&after), 1);
-    assert!(after.verifies_with(&new) && !after.verifies_with(SECRET));
 }
+
+/// Before the rotation, the old secret signs and the new one does not.
+fn the_old_secret_alone_signed_before(before: &Receipt, new: &str) {
+    assert!(before.verifies_with(SECRET) && !before.verifies_with(new));
+}
+
+/// During the overlap, two signatures: the old secret's and the new one's.
+fn both_secrets_signed_during_the_overlap(during: &Receipt, new: &str) {
+    assert_eq!(
+        signature_count(during),
+        2,
+        "both secrets sign during the overlap"
+    );
+    assert!(during.verifies_with(SECRET) && during.verifies_with(new));
+}
+
+/// After the overlap, one signature: the new secret's.
+fn the_new_secret_alone_signed_after(after: &Receipt, new: &str) {
+    assert_eq!(signature_count(after), 1);
+    assert!(after.verifies_with(new) && !after.verifies_with(SECRET));
+}
+
+// ---------------------------------------------------------------------------
+// A 410 from a 6,000-character URL.
+// ---------------------------------------------------------------------------
+
+/// The long webhook URL, in characters.
+const LONG_URL_CHARS: usize = 6_000;
+/// Submit to recorded 410: the job's extraction, bbox refinement and one
+/// attempt; the other tests give a delivery 60 s.
+const RECORDED_WITHIN: Duration = Duration::from_secs(60);
+/// After the 410 is recorded: retries here come at most 1 s apart
+/// (DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S) and the reapers revive a delivery
+/// 1 s after it was due (the orphan threshold), so 3 s is three of either.
+const QUIET: Duration = Duration::from_secs(3);
+/// Attempts before the long URL's delivery would be given up.
+const LONG_URL_MAX_ATTEMPTS: i32 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_410_from_a_6000_character_url_is_recorded_once_and_never_retried() {
-    use rand::distributions::{Alphanumeric, DistString};
-    use sha2::{Digest, Sha256};
-    const URL_CHARS: usize = 6_000;
-    // Submit to recorded 410: the job's extraction, bbox refinement and one
-    // attempt; the other tests give a delivery 60 s.
-    const RECORDED_WITHIN: Duration = Duration::from_secs(60);
-    // After the 410 is recorded: retries here come at most 1 s apart
-    // (DOCSTREAM_WEBHOOK_RETRY_MAX_DELAY_S) and the reapers revive a delivery
-    // 1 s after it was due (the orphan threshold), so 3 s is three of either.
-    const QUIET: Duration = Duration::from_secs(3);
-    const MAX_ATTEMPTS: i32 = 3;
     let env = TestEnv::new("webhooks_long_url").await;
     sign_with_secret(&env).await;
     let port = free_port();
-    let api = format!("http://127.0.0.1:{port}");
     let base = with(
         &webhook_env(true),
-        &[("DOCSTREAM_WEBHOOK_MAX_ATTEMPTS", MAX_ATTEMPTS.to_string())],
+        &[(
+            "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS",
+            LONG_URL_MAX_ATTEMPTS.to_string(),
+        )],
     );
-    let mut children = spawn_pipeline(&env, &base, port, "webhooks-long-url");
-    wait_healthy(&api).await;
+    let (api, mut children) = a_healthy_pipeline(&env, &base, port, "webhooks-long-url").await;
+    let gone = a_receiver_that_answers_410().await;
+    let url = a_6000_character_url_to(&gone);
 
-    let gone = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 410);
-    // Random letters and digits, which Postgres cannot compress below the
-    // btree limit (2,704 bytes) the way it would a run of one character.
-    let mut url = format!("{}?pad=", gone.url);
-    let pad = URL_CHARS - url.len();
-    url.push_str(&Alphanumeric.sample_string(&mut rand::thread_rng(), pad));
-    assert_eq!(url.len(), URL_CHARS);
     let submitted = Instant::now();
-    let job = match submit(&env, &api, &url).await {
+    let job = a_job_whose_webhook_goes_to(&env, &api, &url).await;
+    let recorded = wait_until_the_410_is_recorded(&env.pool, job, submitted, &gone).await;
+    no_request_follows_for_3_s(&gone).await;
+    let after = AfterQuiet::read(&env.pool, &gone, job).await;
+    stop(children.iter_mut()).await;
+
+    print_the_long_url_figures(&recorded, &after);
+    exactly_one_signed_request_got_the_whole_url(&after.receipts, &gone, job, &url);
+    the_delivery_was_attempted_once_and_disabled_by_the_410(&recorded, &after);
+    the_endpoint_is_recorded_under_its_whole_url(&after.endpoint, &url);
+}
+
+/// `gone`'s URL with a query of random letters and digits, which Postgres
+/// cannot compress below the btree limit (2,704 bytes) the way it would a
+/// run of one character, to [`LONG_URL_CHARS`] in all.
+fn a_6000_character_url_to(gone: &Receiver) -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    let mut url = format!("{}?pad=", gone.url);
+    let pad = LONG_URL_CHARS - url.len();
+    url.push_str(&Alphanumeric.sample_string(&mut rand::rng(), pad));
+    assert_eq!(url.len(), LONG_URL_CHARS);
+    url
+}
+
+/// Submits a job whose webhook goes to `url`, which must be accepted.
+async fn a_job_whose_webhook_goes_to(env: &TestEnv, api: &str, url: &str) -> Uuid {
+    match submit(env, api, url).await {
         Ok(job) => job,
         Err((status, answer)) => {
-            panic!("a {URL_CHARS}-character webhook_url was refused: {status} {answer}")
+            panic!("a {LONG_URL_CHARS}-character webhook_url was refused: {status} {answer}")
         }
-    };
+    }
+}
 
-    let pool = &env.pool;
+/// The delivery when its 410 was recorded, and how soon.
+struct Recorded {
+    attempts: i32,
+    code: Option<i32>,
+    /// From the submit to the record.
+    after: Duration,
+    /// What the receiver had got by then.
+    receipts: usize,
+}
+
+/// Waits ([`RECORDED_WITHIN`] at most) until `job`'s delivery is disabled.
+async fn wait_until_the_410_is_recorded(
+    pool: &sqlx::PgPool,
+    job: Uuid,
+    submitted: Instant,
+    gone: &Receiver,
+) -> Recorded {
     let (attempts, code): (i32, Option<i32>) =
         wait_for("the 410 to be recorded", RECORDED_WITHIN, || async move {
             let row: Option<(String, i32, Option<i32>)> = sqlx::query_as(
@@ -691,38 +1072,85 @@ async fn a_410_from_a_6000_character_url_is_recorded_once_and_never_retried() {
             }
         })
         .await;
-    let recorded_after = submitted.elapsed();
-    let receipts_at_record = gone.receipts().len();
+    Recorded {
+        attempts,
+        code,
+        after: submitted.elapsed(),
+        receipts: gone.receipts().len(),
+    }
+}
 
-    // No further request: the receiver's count, and the row, stay put.
+/// No further request for [`QUIET`]: the receiver's count stays at one.
+async fn no_request_follows_for_3_s(gone: &Receiver) {
     let quiet_began = Instant::now();
     while quiet_began.elapsed() < QUIET {
         assert_eq!(gone.receipts().len(), 1, "a request after the recorded 410");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let receipts = gone.receipts();
-    let (status, attempts_after): (String, i32) =
-        sqlx::query_as("SELECT status, attempts FROM webhook_deliveries WHERE extraction_id = $1")
-            .bind(job)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let endpoint: (String, Vec<u8>, String) =
-        sqlx::query_as("SELECT url, url_sha256, reason FROM webhook_endpoints")
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    stop(children.iter_mut()).await;
+}
 
+/// What the receiver, the delivery and the endpoints hold after the quiet.
+struct AfterQuiet {
+    receipts: Vec<Receipt>,
+    status: String,
+    attempts: i32,
+    /// The one endpoint's URL, its SHA-256 and the reason.
+    endpoint: (String, Vec<u8>, String),
+}
+
+impl AfterQuiet {
+    /// Reads the receiver's receipts, `job`'s delivery and the endpoint.
+    async fn read(pool: &sqlx::PgPool, gone: &Receiver, job: Uuid) -> Self {
+        let receipts = gone.receipts();
+        let (status, attempts): (String, i32) = sqlx::query_as(
+            "SELECT status, attempts FROM webhook_deliveries WHERE extraction_id = $1",
+        )
+        .bind(job)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        let endpoint: (String, Vec<u8>, String) =
+            sqlx::query_as("SELECT url, url_sha256, reason FROM webhook_endpoints")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        Self {
+            receipts,
+            status,
+            attempts,
+            endpoint,
+        }
+    }
+}
+
+/// Prints when the 410 was recorded and what the quiet left.
+fn print_the_long_url_figures(recorded: &Recorded, after: &AfterQuiet) {
+    let Recorded {
+        attempts,
+        code,
+        after: recorded_after,
+        receipts: receipts_at_record,
+    } = recorded;
+    let (status, attempts_after) = (&after.status, after.attempts);
     eprintln!(
-        "webhook long url test: url_chars={URL_CHARS} recorded_410_after={:.2}s receipts_at_record={receipts_at_record} \
+        "webhook long url test: url_chars={LONG_URL_CHARS} recorded_410_after={:.2}s receipts_at_record={receipts_at_record} \
          receipts_after_{}s_quiet={} attempts={attempts} attempts_after_quiet={attempts_after} status={status} \
-         last_status_code={code:?} endpoint_url_chars={} max_attempts={MAX_ATTEMPTS}",
+         last_status_code={code:?} endpoint_url_chars={} max_attempts={LONG_URL_MAX_ATTEMPTS}",
         recorded_after.as_secs_f64(),
         QUIET.as_secs(),
-        receipts.len(),
-        endpoint.0.len(),
+        after.receipts.len(),
+        after.endpoint.0.len(),
     );
+}
+
+/// One request reached `gone`, answered 410, under the job's webhook-id,
+/// signed, for the whole URL.
+fn exactly_one_signed_request_got_the_whole_url(
+    receipts: &[Receipt],
+    gone: &Receiver,
+    job: Uuid,
+    url: &str,
+) {
     assert_eq!(
         receipts.len(),
         1,
@@ -736,9 +1164,22 @@ async fn a_410_from_a_6000_character_url_is_recorded_once_and_never_retried() {
         url,
         "the receiver got the whole URL"
     );
-    assert_eq!((attempts, attempts_after), (1, 1));
-    assert_eq!(status, "disabled");
-    assert_eq!(code, Some(410));
+}
+
+/// One attempt, at the record and after the quiet, and the delivery
+/// disabled with the 410 as its last status.
+fn the_delivery_was_attempted_once_and_disabled_by_the_410(
+    recorded: &Recorded,
+    after: &AfterQuiet,
+) {
+    assert_eq!((recorded.attempts, after.attempts), (1, 1));
+    assert_eq!(after.status, "disabled");
+    assert_eq!(recorded.code, Some(410));
+}
+
+/// The endpoint row holds the whole URL, its SHA-256 and the 410 as reason.
+fn the_endpoint_is_recorded_under_its_whole_url(endpoint: &(String, Vec<u8>, String), url: &str) {
+    use sha2::{Digest, Sha256};
     assert_eq!(
         endpoint.0, url,
         "the endpoint is recorded under its whole URL"
@@ -753,13 +1194,35 @@ fn origin_of(url: &str) -> String {
     parsed.origin().ascii_serialization()
 }
 
+// ---------------------------------------------------------------------------
+// An endpoint disabled before the URL-hash key.
+// ---------------------------------------------------------------------------
+
+/// The first migration that keys endpoints by the URL's digest.
+const URL_HASH: &str = "20261201000007";
+/// The endpoint disabled before that migration.
+const GONE_URL: &str = "https://gone.example/hook?ü=1";
+
 #[tokio::test]
 async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
-    use sha2::{Digest, Sha256};
-    // The first migration that keys endpoints by the URL's digest.
-    const URL_HASH: &str = "20261201000007";
     let env = TestEnv::unmigrated("webhooks_url_hash").await;
     let pool = &env.pool;
+    migrate_to_just_before_the_url_hash_key(pool).await;
+    an_endpoint_disabled_by_a_410(pool, GONE_URL).await;
+
+    docstream::store::migrate(pool).await.unwrap();
+    the_endpoint_is_keyed_by_its_urls_digest(pool, GONE_URL).await;
+    let indexed = no_index_holds_a_urls_text(pool).await;
+
+    // A delivery to it is claimed as disabled, and recording it again is a no-op.
+    a_delivery_to(pool, GONE_URL).await;
+    the_delivery_is_claimed_as_disabled(pool).await;
+    recording_the_endpoint_again_is_a_no_op(pool, GONE_URL).await;
+    eprintln!("webhook url hash migration test: endpoint kept, digest matches, claim sees it disabled; indexes: {indexed:?}");
+}
+
+/// Runs the migrations before [`URL_HASH`] only.
+async fn migrate_to_just_before_the_url_hash_key(pool: &sqlx::PgPool) {
     let before = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir("migrations").unwrap() {
         let path = entry.unwrap().path();
@@ -774,14 +1237,20 @@ async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
         .run(pool)
         .await
         .unwrap();
-    let url = "https://gone.example/hook?ü=1";
+}
+
+/// Records `url` as an endpoint that answered 410.
+async fn an_endpoint_disabled_by_a_410(pool: &sqlx::PgPool, url: &str) {
     sqlx::query("INSERT INTO webhook_endpoints (url, reason) VALUES ($1, 'answered 410 Gone')")
         .bind(url)
         .execute(pool)
         .await
         .unwrap();
+}
 
-    docstream::store::migrate(pool).await.unwrap();
+/// The endpoint's `url_sha256` is the SHA-256 of its URL.
+async fn the_endpoint_is_keyed_by_its_urls_digest(pool: &sqlx::PgPool, url: &str) {
+    use sha2::{Digest, Sha256};
     let digest: Vec<u8> =
         sqlx::query_scalar("SELECT url_sha256 FROM webhook_endpoints WHERE url = $1")
             .bind(url)
@@ -789,6 +1258,10 @@ async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
             .await
             .unwrap();
     assert_eq!(digest, Sha256::digest(url.as_bytes()).to_vec());
+}
+
+/// No index of the webhook tables is on a URL's text; their definitions.
+async fn no_index_holds_a_urls_text(pool: &sqlx::PgPool) -> Vec<String> {
     let indexed: Vec<String> = sqlx::query_scalar(
         "SELECT indexdef FROM pg_indexes WHERE tablename IN ('webhook_endpoints', 'webhook_deliveries')
           ORDER BY indexname",
@@ -800,8 +1273,11 @@ async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
         indexed.iter().all(|def| !def.contains("(url)")),
         "an index on a URL's text: {indexed:?}"
     );
+    indexed
+}
 
-    // A delivery to it is claimed as disabled, and recording it again is a no-op.
+/// A job, and its delivery `msg_gone` to `url`.
+async fn a_delivery_to(pool: &sqlx::PgPool, url: &str) {
     let job = insert_job(pool).await;
     sqlx::query(
         "INSERT INTO webhook_deliveries (id, extraction_id, event_type, url, payload)
@@ -812,45 +1288,71 @@ async fn an_endpoint_disabled_before_the_url_hash_key_stays_disabled() {
     .execute(pool)
     .await
     .unwrap();
+}
+
+/// Claiming `msg_gone` finds it due and unheld, its endpoint disabled.
+async fn the_delivery_is_claimed_as_disabled(pool: &sqlx::PgPool) {
     let claimed = docstream::store::webhooks::claim(pool, "msg_gone", 10.0)
         .await
         .unwrap()
         .expect("due and unheld");
     assert!(claimed.endpoint_disabled);
+}
+
+/// Disabling `url` again reports it was recorded already.
+async fn recording_the_endpoint_again_is_a_no_op(pool: &sqlx::PgPool, url: &str) {
     let again = docstream::store::webhooks::disable_endpoint(pool, url, "again")
         .await
         .unwrap();
     assert!(!again, "the endpoint was recorded already");
-    eprintln!("webhook url hash migration test: endpoint kept, digest matches, claim sees it disabled; indexes: {indexed:?}");
 }
+
+// ---------------------------------------------------------------------------
+// Attempts that never record an outcome.
+// ---------------------------------------------------------------------------
+
+/// Attempts before the unrecorded delivery is given up.
+const UNRECORDED_MAX_ATTEMPTS: i32 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_that_never_record_an_outcome_still_count_and_the_delivery_is_given_up() {
-    const MAX_ATTEMPTS: i32 = 3;
     let env = TestEnv::new("webhooks_unrecorded").await;
     let port = free_port();
-    let api = format!("http://127.0.0.1:{port}");
-    let receiver = start_receiver(TcpListener::bind("127.0.0.1:0").await.unwrap(), 0, 200);
-    // Every attempt is claimed and then abandoned before its request, as a
-    // dispatcher that fails to record its outcome leaves it: only the reaper
-    // brings the delivery back.
-    let base = with(
+    let receiver = a_receiver_that_answers_200().await;
+    let base = every_attempt_abandoned_before_its_request();
+    let (api, mut children) = a_healthy_pipeline(&env, &base, port, "webhooks-unrecorded").await;
+    submit(&env, &api, &receiver.url).await.unwrap();
+    wait_delivered(&env.pool, "failed", 1, Duration::from_secs(90)).await;
+    let (attempts, error) = the_claim_past_the_maximum_gave_up(&env.pool).await;
+    assert_eq!(receiver.receipts().len(), 0);
+    eprintln!("webhook unrecorded attempts: given up at attempt {attempts}: {error:?}");
+    stop(&mut children).await;
+}
+
+/// Every attempt is claimed and then abandoned before its request, as a
+/// dispatcher that fails to record its outcome leaves it: only the reaper
+/// brings the delivery back.
+fn every_attempt_abandoned_before_its_request() -> Vec<(&'static str, String)> {
+    with(
         &webhook_env(true),
         &[
             ("DOCSTREAM_WEBHOOK_TIMEOUT_S", "0.5".to_owned()),
             ("DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S", "0.5".to_owned()),
-            ("DOCSTREAM_WEBHOOK_MAX_ATTEMPTS", MAX_ATTEMPTS.to_string()),
+            (
+                "DOCSTREAM_WEBHOOK_MAX_ATTEMPTS",
+                UNRECORDED_MAX_ATTEMPTS.to_string(),
+            ),
             (
                 "DOCSTREAM_FAILPOINTS",
                 "webhook.before_send=error".to_owned(),
             ),
         ],
-    );
-    let mut children = spawn_pipeline(&env, &base, port, "webhooks-unrecorded");
-    wait_healthy(&api).await;
-    submit(&env, &api, &receiver.url).await.unwrap();
-    let pool = &env.pool;
-    wait_delivered(pool, "failed", 1, Duration::from_secs(90)).await;
+    )
+}
+
+/// The delivery counted one attempt past the maximum, the claim that gave
+/// up, and says so; its attempts and last error.
+async fn the_claim_past_the_maximum_gave_up(pool: &sqlx::PgPool) -> (i32, Option<String>) {
     let (attempts, error): (i32, Option<String>) =
         sqlx::query_as("SELECT attempts, last_error FROM webhook_deliveries")
             .fetch_one(pool)
@@ -858,7 +1360,7 @@ async fn attempts_that_never_record_an_outcome_still_count_and_the_delivery_is_g
             .unwrap();
     assert_eq!(
         attempts,
-        MAX_ATTEMPTS + 1,
+        UNRECORDED_MAX_ATTEMPTS + 1,
         "the claim past the maximum gives up"
     );
     assert!(
@@ -868,7 +1370,5 @@ async fn attempts_that_never_record_an_outcome_still_count_and_the_delivery_is_g
             .starts_with("gave up after 3 attempts"),
         "{error:?}"
     );
-    assert_eq!(receiver.receipts().len(), 0);
-    eprintln!("webhook unrecorded attempts: given up at attempt {attempts}: {error:?}");
-    stop(&mut children).await;
+    (attempts, error)
 }
