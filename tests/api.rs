@@ -149,30 +149,44 @@ async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
 #[tokio::test]
 async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     let api = Api::start("api_bad_input").await;
-    let url = format!("{}/v1/extractions", api.base);
-    let raw = |body: &'static str| {
-        api.client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-    };
+    bodies_that_are_no_request_get_400_or_422(&api).await;
+    requests_whose_fields_or_webhook_cannot_be_used_get_422(&api).await;
+    a_wrong_media_type_a_huge_body_and_a_long_key_are_refused(&api).await;
+    reads_of_an_unknown_or_malformed_id_are_refused(&api).await;
+    nothing_was_written_or_published(&api).await;
+}
 
-    let (status, body) = answer(raw("{\"document\": ").await.unwrap()).await;
+/// Posts `body` as it is, as JSON, to `/v1/extractions`.
+async fn post_raw(api: &Api, body: &'static str) -> (StatusCode, Value) {
+    let url = format!("{}/v1/extractions", api.base);
+    let response = api
+        .client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    answer(response).await
+}
+
+/// Malformed JSON gets 400 and a message; JSON that is not a request
+/// (missing fields, a wrong type) gets 422.
+async fn bodies_that_are_no_request_get_400_or_422(api: &Api) {
+    let (status, body) = post_raw(api, "{\"document\": ").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "malformed JSON: {body}");
     assert!(body["error"]["message"].as_str().unwrap().len() > 10);
 
-    let (status, _) = answer(raw("{\"document\": {\"text\": \"x\"}}").await.unwrap()).await;
+    let (status, _) = post_raw(api, "{\"document\": {\"text\": \"x\"}}").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "missing fields");
 
-    let (status, _) = answer(
-        raw("{\"document\": {\"text\": 5}, \"fields\": []}")
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (status, _) = post_raw(api, "{\"document\": {\"text\": 5}, \"fields\": []}").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "wrong type");
+}
 
+/// A field with no rule (the message names the pattern), a pattern that
+/// does not compile, and a `file:` webhook get 422.
+async fn requests_whose_fields_or_webhook_cannot_be_used_get_422(api: &Api) {
     let no_rule = json!({"document": {"text": "Total 5.00"}, "fields": [{"name": "total"}]});
     let (status, body) = api.post("/v1/extractions", &no_rule, None).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -195,7 +209,12 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
         api.post("/v1/extractions", &bad_hook, None).await.0,
         StatusCode::UNPROCESSABLE_ENTITY
     );
+}
 
+/// A body not labelled JSON gets 415, a body past the 64 KiB limit 413, and
+/// an idempotency key of 300 characters 400.
+async fn a_wrong_media_type_a_huge_body_and_a_long_key_are_refused(api: &Api) {
+    let url = format!("{}/v1/extractions", api.base);
     let plain = api.client.post(&url).body("{}").send().await.unwrap();
     assert_eq!(plain.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
@@ -207,7 +226,10 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
         .post("/v1/extractions", &sample_body(0), Some(&"k".repeat(300)))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "oversized idempotency key");
+}
 
+/// Reading an unknown id gets 404 `not_found`; an id that is no UUID, 400.
+async fn reads_of_an_unknown_or_malformed_id_are_refused(api: &Api) {
     let (status, body) = api
         .get(&format!("/v1/extractions/{}", uuid::Uuid::new_v4()))
         .await;
@@ -219,7 +241,10 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
         api.get("/v1/extractions/not-a-uuid").await.0,
         StatusCode::BAD_REQUEST
     );
+}
 
+/// No row was written and no event published.
+async fn nothing_was_written_or_published(api: &Api) {
     assert_eq!(api.rows().await, 0, "nothing written");
     assert_eq!(api.published(), 0, "nothing published");
 }

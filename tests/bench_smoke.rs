@@ -15,6 +15,17 @@ fn number(report: &serde_json::Value, path: &str) -> f64 {
 
 #[test]
 fn a_smoke_run_measures_every_phase() {
+    let (_out, report) = a_smoke_run();
+    it_is_a_smoke_report_with_the_ceilings_measured(&report);
+    the_queues_and_the_burn_down_measured(&report);
+    both_steady_states_measured(&report);
+    every_check_is_reported(&report);
+}
+
+/// Runs `docstream bench --smoke` into a temporary directory, checks that it
+/// succeeded, and returns the directory (kept until the test ends) and the
+/// report it wrote.
+fn a_smoke_run() -> (tempfile::TempDir, serde_json::Value) {
     let out = tempfile::tempdir().unwrap();
     let root = env!("CARGO_MANIFEST_DIR");
     let output = Command::new(env!("CARGO_BIN_EXE_docstream"))
@@ -34,42 +45,61 @@ fn a_smoke_run_measures_every_phase() {
     eprintln!("{stdout}");
     let json = std::fs::read_to_string(out.path().join("latest.json")).unwrap();
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    (out, report)
+}
 
+/// The report is a smoke run's, with both Postgres ceilings (1 and 100 rows
+/// per statement) and both Kafka perf tools measured.
+fn it_is_a_smoke_report_with_the_ceilings_measured(report: &serde_json::Value) {
     assert_eq!(report["smoke"], true);
     for (i, rows) in [1.0, 100.0].into_iter().enumerate() {
         assert_eq!(
-            number(&report, &format!("/postgres/{i}/rows_per_statement")),
+            number(report, &format!("/postgres/{i}/rows_per_statement")),
             rows
         );
-        assert!(number(&report, &format!("/postgres/{i}/lifecycles_per_s")) > 0.0);
+        assert!(number(report, &format!("/postgres/{i}/lifecycles_per_s")) > 0.0);
     }
-    assert!(number(&report, "/kafka/producer_records_per_s") > 0.0);
-    assert!(number(&report, "/kafka/consumer_records_per_s") > 0.0);
-    assert!(number(&report, "/peer/jobs_per_s") > 0.0);
-    assert!(number(&report, "/river/jobs_per_s") > 0.0);
-    assert_eq!(number(&report, "/river/jobs"), 300.0);
-    assert_eq!(number(&report, "/burn_down/jobs"), 300.0);
-    assert!(number(&report, "/burn_down/jobs_per_s") > 0.0);
+    assert!(number(report, "/kafka/producer_records_per_s") > 0.0);
+    assert!(number(report, "/kafka/consumer_records_per_s") > 0.0);
+}
+
+/// graphile-worker, River (300 jobs) and docstream's burn-down (300 jobs)
+/// each measured a rate, and the burn-down each of its costs.
+fn the_queues_and_the_burn_down_measured(report: &serde_json::Value) {
+    assert!(number(report, "/peer/jobs_per_s") > 0.0);
+    assert!(number(report, "/river/jobs_per_s") > 0.0);
+    assert_eq!(number(report, "/river/jobs"), 300.0);
+    assert_eq!(number(report, "/burn_down/jobs"), 300.0);
+    assert!(number(report, "/burn_down/jobs_per_s") > 0.0);
     for cost in ["total_cpu_ms", "wal_bytes", "kafka_records", "kafka_bytes"] {
         assert!(
-            number(&report, &format!("/burn_down/cost/{cost}")) > 0.0,
+            number(report, &format!("/burn_down/cost/{cost}")) > 0.0,
             "{cost}"
         );
     }
+}
+
+/// The steady state, and the steady state through extractor-serve, accepted
+/// all they sent and measured latencies; the provider's is in every job.
+fn both_steady_states_measured(report: &serde_json::Value) {
     let steady = &report["steady"];
     assert_eq!(steady["accepted"], steady["sent"]);
-    assert!(number(&report, "/steady/submit_to_succeeded/count") > 0.0);
+    assert!(number(report, "/steady/submit_to_succeeded/count") > 0.0);
     assert!(
-        number(&report, "/steady/submit_to_bbox_succeeded/p99_ms")
-            >= number(&report, "/steady/submit_to_bbox_succeeded/p50_ms")
+        number(report, "/steady/submit_to_bbox_succeeded/p99_ms")
+            >= number(report, "/steady/submit_to_bbox_succeeded/p50_ms")
     );
     let provider = &report["provider"]["steady"];
     assert_eq!(provider["accepted"], provider["sent"]);
     assert!(
-        number(&report, "/provider/steady/submit_to_succeeded/p50_ms") >= 200.0,
+        number(report, "/provider/steady/submit_to_succeeded/p50_ms") >= 200.0,
         "the provider's latency is in every job"
     );
-    assert!(number(&report, "/provider/utilisation") > 0.0);
+    assert!(number(report, "/provider/utilisation") > 0.0);
+}
+
+/// The report holds a check about each of the targets named below.
+fn every_check_is_reported(report: &serde_json::Value) {
     let checks = report["checks"].as_array().unwrap();
     for name in [
         "graphile-worker",

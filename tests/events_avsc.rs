@@ -43,6 +43,13 @@ fn submitted_decodes_from_its_avsc_alone() {
 #[test]
 fn every_event_decodes_from_its_avsc_alone() {
     let id = uuid::Uuid::new_v4();
+    a_post_processing_request_decodes_with_its_step(id);
+    an_extraction_event_decodes_with_its_optional_fields(id);
+    a_dead_letter_decodes_with_its_payload_excerpt();
+}
+
+/// A bbox refinement request decodes, with its step as a string.
+fn a_post_processing_request_decodes_with_its_step(id: uuid::Uuid) {
     let post = encode(&PostProcessingRequested::bbox_refinement(
         id,
         PublishReason::Submit,
@@ -55,7 +62,11 @@ fn every_event_decodes_from_its_avsc_alone() {
         field(&value, "step"),
         &Value::String("bbox_refinement".into())
     );
+}
 
+/// A transition event decodes, its optional fields as unions: a token and a
+/// tenant set, no error.
+fn an_extraction_event_decodes_with_its_optional_fields(id: uuid::Uuid) {
     let event = ExtractionEvent {
         extraction_id: id.to_string(),
         transition: "mark_succeeded".into(),
@@ -83,7 +94,10 @@ fn every_event_decodes_from_its_avsc_alone() {
         field(&value, "tenant_id"),
         &Value::Union(1, Box::new(Value::String(id.to_string())))
     );
+}
 
+/// A dead letter decodes, with the poison record's bytes and size.
+fn a_dead_letter_decodes_with_its_payload_excerpt() {
     let source = Source {
         topic: "t",
         partition: 1,

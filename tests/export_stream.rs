@@ -424,37 +424,94 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
     stop([&mut scenario.serve]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_that_never_acknowledges_is_closed_and_its_partitions_move_on() {
-    const EVENTS: usize = 600;
-    const ACK_TIMEOUT_S: u64 = 3;
+/// The backlog the ack-timeout test reads, and the timeout it sets.
+const ACK_TIMEOUT_EVENTS: usize = 600;
+const ACK_TIMEOUT_S: u64 = 3;
+
+/// A `serve` with a 3 s acknowledgement timeout, over a backlog.
+struct AckTimeout {
+    serve: Child,
+    port: u16,
+    /// Every position on the topic.
+    all: HashSet<(i32, i64)>,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    env: TestEnv,
+}
+
+/// A member that read its first event and never acknowledges, and when it
+/// read it.
+struct Silent {
+    socket: Socket,
+    since: std::time::Instant,
+}
+
+/// 600 events on the topic, then a `serve` with a 3 s acknowledgement
+/// timeout.
+async fn a_server_with_a_3_s_ack_timeout_over_600_events() -> AckTimeout {
     let env = TestEnv::new("export_ack_timeout").await;
-    produce_events(&env, EVENTS).await;
+    produce_events(&env, ACK_TIMEOUT_EVENTS).await;
     let all = event_positions(&env);
     let port = free_port();
     let serve_env = [
         ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
         ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", ACK_TIMEOUT_S.to_string()),
     ];
-    let mut serve = env.spawn("serve", &serve_env, "export-ack-timeout-serve");
+    let serve = env.spawn("serve", &serve_env, "export-ack-timeout-serve");
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+    AckTimeout {
+        serve,
+        port,
+        all,
+        env,
+    }
+}
 
+/// The silent member reads (its first event within 30 s) and never
+/// acknowledges; then a second member joins and acknowledges everything it
+/// gets.
+async fn a_silent_member_and_one_that_acknowledges_everything(
+    given: &AckTimeout,
+) -> (Silent, AckingMember) {
     // The silent member reads and never acknowledges.
-    let mut silent = connect(&env, port, "group=shared&from=earliest").await;
+    let mut silent = connect(&given.env, given.port, "group=shared&from=earliest").await;
     let first = tokio::time::timeout(Duration::from_secs(30), silent.next()).await;
     assert!(matches!(first, Ok(Some(Ok(Message::Text(_))))), "{first:?}");
     let since = std::time::Instant::now();
     // A second member joins and acknowledges everything it gets.
     let seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
     let done = tokio_util::sync::CancellationToken::new();
-    let socket = connect(&env, port, "group=shared&from=earliest").await;
+    let socket = connect(&given.env, given.port, "group=shared&from=earliest").await;
     let acking = acking_client(socket, Duration::ZERO, seen.clone(), done.clone());
+    let silent = Silent {
+        socket: silent,
+        since,
+    };
+    let member = AckingMember {
+        seen,
+        done,
+        task: acking,
+    };
+    (silent, member)
+}
 
-    let (_, close) = read_to_close(&mut silent).await;
-    let closed_after = since.elapsed();
+/// The server closes the silent member with an error saying no
+/// acknowledgement came; returns how long after its first event.
+async fn the_silent_member_is_closed_for_no_acknowledgement(silent: &mut Silent) -> Duration {
+    let (_, close) = read_to_close(&mut silent.socket).await;
+    let closed_after = silent.since.elapsed();
     let close = close.expect("a close frame");
     assert_eq!(close.code, CloseCode::Error, "{close:?}");
     assert!(close.reason.contains("no acknowledgement"), "{close:?}");
+    closed_after
+}
+
+/// The other member gets every event (within 120 s), then leaves, and the
+/// group commits them all. Returns the commit.
+async fn the_other_member_gets_every_event_and_the_group_commits_them(
+    given: &AckTimeout,
+    member: AckingMember,
+) -> i64 {
+    let (all, seen) = (&given.all, &member.seen);
     wait_for(
         "the other member to get every event",
         Duration::from_secs(120),
@@ -468,30 +525,79 @@ async fn a_member_that_never_acknowledges_is_closed_and_its_partitions_move_on()
         },
     )
     .await;
-    done.cancel();
-    acking.await.unwrap();
-    let committed = wait_committed(&env, "shared", EVENTS).await;
+    member.done.cancel();
+    member.task.await.unwrap();
+    wait_committed(&given.env, "shared", ACK_TIMEOUT_EVENTS).await
+}
+
+/// The ack-timeout test's report line; the silent member was closed within
+/// 5 s past the timeout.
+fn it_was_closed_soon_after_the_timeout(closed_after: Duration, committed: i64) {
     eprintln!(
-        "export ack-timeout test: silent member closed {closed_after:?} after its first event (timeout {ACK_TIMEOUT_S} s); the other got all {EVENTS}; committed {committed}"
+        "export ack-timeout test: silent member closed {closed_after:?} after its first event (timeout {ACK_TIMEOUT_S} s); the other got all {ACK_TIMEOUT_EVENTS}; committed {committed}"
     );
     assert!(
         closed_after < Duration::from_secs(ACK_TIMEOUT_S + 5),
         "closed after {closed_after:?}"
     );
-    stop([&mut serve]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
-    const EVENTS: usize = 1_000;
-    const ACKED: usize = 500;
+async fn a_member_that_never_acknowledges_is_closed_and_its_partitions_move_on() {
+    let mut given = a_server_with_a_3_s_ack_timeout_over_600_events().await;
+    let (mut silent, member) = a_silent_member_and_one_that_acknowledges_everything(&given).await;
+    let closed_after = the_silent_member_is_closed_for_no_acknowledgement(&mut silent).await;
+    let committed =
+        the_other_member_gets_every_event_and_the_group_commits_them(&given, member).await;
+    it_was_closed_soon_after_the_timeout(closed_after, committed);
+    stop([&mut given.serve]).await;
+}
+
+/// The backlog the resume test reads, and how many of it the first
+/// connection acknowledges.
+const RESUME_EVENTS: usize = 1_000;
+const RESUME_ACKED: usize = 500;
+
+/// A `serve` (with its metrics listener) started over a backlog of events.
+struct Backlog {
+    serve: Child,
+    /// Its /metrics, on the internal listener.
+    metrics: String,
+    port: u16,
+    /// Every position on the topic.
+    all: HashSet<(i32, i64)>,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    env: TestEnv,
+}
+
+/// What the first connection of the group received before it left.
+struct FirstConnection {
+    /// The events it acknowledged (the first 500).
+    first: Vec<Received>,
+    /// Received after the ack and never acknowledged.
+    unacknowledged: Vec<Received>,
+    /// The positions of the acknowledged events.
+    acked: HashSet<(i32, i64)>,
+    /// The connection, closed, kept until the test ends.
+    _socket: Socket,
+}
+
+/// What the second connection of the group received.
+struct SecondConnection {
+    second: Vec<Received>,
+    /// The connection, closed, kept until the test ends.
+    _socket: Socket,
+}
+
+/// 1,000 events on the topic, then a `serve` with a metrics listener.
+async fn a_server_over_a_backlog_of_1000_events() -> Backlog {
     let env = TestEnv::new("export_resume").await;
-    produce_events(&env, EVENTS).await;
+    produce_events(&env, RESUME_EVENTS).await;
     let all: HashSet<(i32, i64)> = event_positions(&env);
-    assert_eq!(all.len(), EVENTS);
+    assert_eq!(all.len(), RESUME_EVENTS);
     let port = free_port();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let mut serve = env.spawn(
+    let serve = env.spawn(
         "serve",
         &[
             ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
@@ -500,36 +606,75 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
         "export-resume-serve",
     );
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+    Backlog {
+        serve,
+        metrics,
+        port,
+        all,
+        env,
+    }
+}
 
-    // First connection: acknowledge the first 500 events received, then leave.
-    let mut socket = connect(&env, port, "group=resume&from=earliest").await;
+/// First connection: acknowledge the first 500 events received, then leave.
+async fn a_first_connection_acknowledges_500_and_leaves(backlog: &Backlog) -> FirstConnection {
+    let mut socket = connect(&backlog.env, backlog.port, "group=resume&from=earliest").await;
     let mut first = Vec::new();
-    while first.len() < ACKED {
+    while first.len() < RESUME_ACKED {
         match socket.next().await {
             Some(Ok(Message::Text(text))) => first.push(parse(&text)),
             other => panic!("unexpected: {other:?}"),
         }
     }
-    assert_eq!(first[ACKED - 1].seq, ACKED as u64, "seqs count from 1");
-    socket.send(ack(ACKED as u64)).await.unwrap();
+    assert_eq!(
+        first[RESUME_ACKED - 1].seq,
+        RESUME_ACKED as u64,
+        "seqs count from 1"
+    );
+    socket.send(ack(RESUME_ACKED as u64)).await.unwrap();
     socket.close(None).await.unwrap();
     // Received after the ack and never acknowledged: not counted as delivered.
     let (unacknowledged, _) = read_to_close(&mut socket).await;
     let acked: HashSet<(i32, i64)> = first.iter().map(|r| r.position).collect();
-    assert_eq!(acked.len(), ACKED, "no event twice in one connection");
-    let committed = committed_sum(&env, "resume");
+    assert_eq!(
+        acked.len(),
+        RESUME_ACKED,
+        "no event twice in one connection"
+    );
+    FirstConnection {
+        first,
+        unacknowledged,
+        acked,
+        _socket: socket,
+    }
+}
+
+/// The group never committed more than was acknowledged, the first
+/// connection got each partition in order, and the group commits the 500.
+/// Returns that commit.
+async fn no_more_than_the_acknowledged_is_committed(
+    backlog: &Backlog,
+    first: &FirstConnection,
+) -> i64 {
+    let committed = committed_sum(&backlog.env, "resume");
     assert!(
-        committed <= ACKED as i64,
-        "committed {committed} records, but only {ACKED} were acknowledged"
+        committed <= RESUME_ACKED as i64,
+        "committed {committed} records, but only {RESUME_ACKED} were acknowledged"
     );
 
-    assert_in_partition_order(first.iter().chain(&unacknowledged));
-    let committed_after_first = wait_committed(&env, "resume", ACKED).await;
-    // Second connection, same group: everything else arrives.
-    let mut socket = connect(&env, port, "group=resume&from=earliest").await;
+    assert_in_partition_order(first.first.iter().chain(&first.unacknowledged));
+    wait_committed(&backlog.env, "resume", RESUME_ACKED).await
+}
+
+/// Second connection, same group: everything else arrives (each within
+/// 60 s); it acknowledges the last and leaves.
+async fn a_second_connection_of_the_group_receives_the_rest(
+    backlog: &Backlog,
+    first: &FirstConnection,
+) -> SecondConnection {
+    let mut socket = connect(&backlog.env, backlog.port, "group=resume&from=earliest").await;
     let mut second = Vec::new();
-    let mut seen: HashSet<(i32, i64)> = acked.clone();
-    while seen.len() < EVENTS {
+    let mut seen: HashSet<(i32, i64)> = first.acked.clone();
+    while seen.len() < RESUME_EVENTS {
         let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
         match next.expect("the rest arrives within 60 s") {
             Some(Ok(Message::Text(text))) => {
@@ -544,32 +689,64 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     socket.send(ack(last)).await.unwrap();
     socket.close(None).await.unwrap();
     read_to_close(&mut socket).await;
+    SecondConnection {
+        second,
+        _socket: socket,
+    }
+}
 
+/// Together the two connections got every event, none invented; the second
+/// got its partitions in order, none of what was acknowledged, and each of
+/// the rest once. Returns how many acknowledged events came again (0).
+fn the_group_resumed_after_what_was_acknowledged(
+    backlog: &Backlog,
+    first: &FirstConnection,
+    second: &SecondConnection,
+) -> usize {
+    let (acked, second) = (&first.acked, &second.second);
     let second_set: HashSet<(i32, i64)> = second.iter().map(|r| r.position).collect();
     let union: HashSet<(i32, i64)> = acked.union(&second_set).copied().collect();
-    assert_eq!(union, all, "none missing, none invented");
-    assert_in_partition_order(&second);
-    let again = second_set.intersection(&acked).count();
+    assert_eq!(union, backlog.all, "none missing, none invented");
+    assert_in_partition_order(second);
+    let again = second_set.intersection(acked).count();
     assert_eq!(again, 0, "the group resumed after what was acknowledged");
-    assert_eq!(second.len(), EVENTS - ACKED, "each of the rest came once");
-    let committed = wait_committed(&env, "resume", EVENTS).await;
+    assert_eq!(
+        second.len(),
+        RESUME_EVENTS - RESUME_ACKED,
+        "each of the rest came once"
+    );
+    again
+}
+
+/// The resume test's report line, beside the redeliveries metric.
+async fn report_the_resume(
+    backlog: &Backlog,
+    first: &FirstConnection,
+    second: &SecondConnection,
+    committed_after_first: i64,
+    committed: i64,
+    again: usize,
+) {
     let redeliveries = scrape(
-        &metrics,
+        &backlog.metrics,
         "docstream_stream_redeliveries_total{stream=\"export\"}",
     )
     .await;
     eprintln!(
-        "export resume test: events={EVENTS} acked_first={ACKED} unacked_first={} committed_after_first={committed_after_first} \
+        "export resume test: events={RESUME_EVENTS} acked_first={RESUME_ACKED} unacked_first={} committed_after_first={committed_after_first} \
          received_second={} acked_again_in_second={again} missing=0 committed_final={committed} redeliveries_metric={redeliveries}",
-        unacknowledged.len(),
-        second.len(),
+        first.unacknowledged.len(),
+        second.second.len(),
     );
+}
 
-    // ack=auto: a client that never acknowledges still moves its group on,
-    // once the socket took each event.
-    let mut socket = connect(&env, port, "group=auto&ack=auto&from=earliest").await;
+/// ack=auto: a client that never acknowledges reads every event (each
+/// within 60 s), then leaves. Returns what it got and its closed socket.
+async fn an_auto_ack_client_reads_every_event(backlog: &Backlog) -> (HashSet<(i32, i64)>, Socket) {
+    let query = "group=auto&ack=auto&from=earliest";
+    let mut socket = connect(&backlog.env, backlog.port, query).await;
     let mut auto = HashSet::new();
-    while auto.len() < EVENTS {
+    while auto.len() < RESUME_EVENTS {
         let next = tokio::time::timeout(Duration::from_secs(60), socket.next()).await;
         match next.expect("every event arrives within 60 s") {
             Some(Ok(Message::Text(text))) => auto.insert(parse(&text).position),
@@ -578,9 +755,34 @@ async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
     }
     socket.close(None).await.unwrap();
     read_to_close(&mut socket).await;
-    assert_eq!(auto, all);
-    wait_committed(&env, "auto", EVENTS).await;
-    stop([&mut serve]).await;
+    (auto, socket)
+}
+
+/// The auto client got every event, and its group still moved on: it
+/// commits them all, once the socket took each event.
+async fn it_got_every_event_and_its_group_commits_them(
+    backlog: &Backlog,
+    auto: &HashSet<(i32, i64)>,
+) {
+    assert_eq!(auto, &backlog.all);
+    wait_committed(&backlog.env, "auto", RESUME_EVENTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnecting_group_resumes_after_what_its_client_acknowledged() {
+    let mut backlog = a_server_over_a_backlog_of_1000_events().await;
+    let first = a_first_connection_acknowledges_500_and_leaves(&backlog).await;
+    let after_first = no_more_than_the_acknowledged_is_committed(&backlog, &first).await;
+    let second = a_second_connection_of_the_group_receives_the_rest(&backlog, &first).await;
+    let again = the_group_resumed_after_what_was_acknowledged(&backlog, &first, &second);
+    let committed = wait_committed(&backlog.env, "resume", RESUME_EVENTS).await;
+    report_the_resume(&backlog, &first, &second, after_first, committed, again).await;
+
+    // ack=auto: a client that never acknowledges still moves its group on,
+    // once the socket took each event.
+    let (auto, _auto_socket) = an_auto_ack_client_reads_every_event(&backlog).await;
+    it_got_every_event_and_its_group_commits_them(&backlog, &auto).await;
+    stop([&mut backlog.serve]).await;
 }
 
 /// A client that acknowledges each event `delay` after receiving it, until it
@@ -1283,11 +1485,33 @@ fn acking_client(
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowing() {
-    const EVENTS: usize = 2_000;
+/// The backlog the shared-group test reads.
+const SHARED_EVENTS: usize = 2_000;
+
+/// A `serve` with a small export queue and window, over a backlog.
+struct SharedGroup {
+    serve: Child,
+    port: u16,
+    /// Every position on the topic.
+    all: HashSet<(i32, i64)>,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    env: TestEnv,
+}
+
+/// A connection of a group acknowledging in the background ([`acking_client`]).
+struct AckingMember {
+    /// The positions it has acknowledged.
+    seen: Arc<std::sync::Mutex<HashSet<(i32, i64)>>>,
+    /// Tells it to close.
+    done: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// 2,000 events on the topic, then a `serve` with a 16-event export queue
+/// and window.
+async fn a_server_with_a_small_queue_and_window_over_2000_events() -> SharedGroup {
     let env = TestEnv::new("export_shared").await;
-    produce_events(&env, EVENTS).await;
+    produce_events(&env, SHARED_EVENTS).await;
     let all: HashSet<(i32, i64)> = event_positions(&env);
     let port = free_port();
     // A small queue and window, so records wait for their turn and for room
@@ -1297,12 +1521,22 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
         ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", "16".to_owned()),
         ("DOCSTREAM_EXPORT_MAX_UNACKED", "16".to_owned()),
     ];
-    let mut serve = env.spawn("serve", &serve_env, "export-shared-serve");
+    let serve = env.spawn("serve", &serve_env, "export-shared-serve");
     wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+    SharedGroup {
+        serve,
+        port,
+        all,
+        env,
+    }
+}
 
+/// A first connection of the group acknowledges each event 5 ms after it
+/// arrives; returns once it has seen 200.
+async fn a_first_connection_is_busy_acknowledging_every_5_ms(group: &SharedGroup) -> AckingMember {
     let first_seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
     let first_done = tokio_util::sync::CancellationToken::new();
-    let socket = connect(&env, port, "group=shared&from=earliest").await;
+    let socket = connect(&group.env, group.port, "group=shared&from=earliest").await;
     // About 200 events/s: the first connection still has most of the backlog
     // ahead of it when the group rebalances (a join takes seconds).
     let delay = Duration::from_millis(5);
@@ -1316,20 +1550,41 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
         },
     )
     .await;
-    // A second connection of the group takes some partitions, acknowledges
-    // 100 events, and leaves: its partitions go back to the first.
+    AckingMember {
+        seen: first_seen,
+        done: first_done,
+        task: first,
+    }
+}
+
+/// A second connection of the group takes some partitions, acknowledges
+/// 100 events, and leaves: its partitions go back to the first. Returns the
+/// positions it received.
+async fn a_second_connection_takes_partitions_for_100_events_and_leaves(
+    group: &SharedGroup,
+) -> HashSet<(i32, i64)> {
     let acked = Arc::new(AtomicU64::new(0));
-    let socket = connect(&env, port, "group=shared&from=earliest").await;
+    let socket = connect(&group.env, group.port, "group=shared&from=earliest").await;
     let second = slow_client(socket, Duration::from_millis(1), 100, acked)
         .await
         .unwrap();
-    let second: HashSet<(i32, i64)> = second.iter().map(|r| r.position).collect();
-    let seen = wait_for(
+    second.iter().map(|r| r.position).collect()
+}
+
+/// Waits (up to 120 s) until the two connections saw every event between
+/// them; returns how many the first saw.
+async fn the_two_connections_see_every_event(
+    group: &SharedGroup,
+    first: &AckingMember,
+    second: &HashSet<(i32, i64)>,
+) -> usize {
+    wait_for(
         "the two connections to see every event",
         Duration::from_secs(120),
         || {
-            let first: HashSet<(i32, i64)> = first_seen.lock().unwrap().clone();
-            let missing = all
+            let first: HashSet<(i32, i64)> = first.seen.lock().unwrap().clone();
+            let missing = group
+                .all
                 .iter()
                 .filter(|p| !first.contains(p) && !second.contains(p))
                 .count();
@@ -1340,10 +1595,26 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
             }
         },
     )
-    .await;
-    first_done.cancel();
-    first.await.unwrap();
-    let committed = wait_committed(&env, "shared", EVENTS).await;
+    .await
+}
+
+/// Tells the first connection to close and waits for it; returns what it
+/// acknowledged.
+async fn the_first_connection_leaves(
+    first: AckingMember,
+) -> Arc<std::sync::Mutex<HashSet<(i32, i64)>>> {
+    first.done.cancel();
+    first.task.await.unwrap();
+    first.seen
+}
+
+/// The partitions moved, and back: the second connection was given some,
+/// and on every one of them the first received events past the last the
+/// second saw. Returns how many, by partition.
+fn each_partition_of_the_second_came_back_to_the_first(
+    second: &HashSet<(i32, i64)>,
+    first_seen: &std::sync::Mutex<HashSet<(i32, i64)>>,
+) -> Vec<(i32, usize)> {
     // The partitions moved: the second connection was given some, and
     // received events on them (100, unless the backlog ran out first).
     assert!(
@@ -1370,10 +1641,35 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
         );
         moved_back.push((partition, first_after));
     }
-    assert_eq!(committed, EVENTS as i64, "every event committed once");
+    moved_back
+}
+
+/// Every event was committed once; the shared-group test's report line.
+fn every_event_was_committed_once(
+    committed: i64,
+    seen: usize,
+    second: &HashSet<(i32, i64)>,
+    moved_back: &[(i32, usize)],
+) {
+    assert_eq!(
+        committed, SHARED_EVENTS as i64,
+        "every event committed once"
+    );
     eprintln!(
-        "export shared-group test: events={EVENTS} first_connection={seen} second_connection={} missing=0 committed={committed}; events the first received on the second's partitions after it left: {moved_back:?}",
+        "export shared-group test: events={SHARED_EVENTS} first_connection={seen} second_connection={} missing=0 committed={committed}; events the first received on the second's partitions after it left: {moved_back:?}",
         second.len()
     );
-    stop([&mut serve]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowing() {
+    let mut group = a_server_with_a_small_queue_and_window_over_2000_events().await;
+    let first = a_first_connection_is_busy_acknowledging_every_5_ms(&group).await;
+    let second = a_second_connection_takes_partitions_for_100_events_and_leaves(&group).await;
+    let seen = the_two_connections_see_every_event(&group, &first, &second).await;
+    let first_seen = the_first_connection_leaves(first).await;
+    let committed = wait_committed(&group.env, "shared", SHARED_EVENTS).await;
+    let moved_back = each_partition_of_the_second_came_back_to_the_first(&second, &first_seen);
+    every_event_was_committed_once(committed, seen, &second, &moved_back);
+    stop([&mut group.serve]).await;
 }

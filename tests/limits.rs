@@ -18,6 +18,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Child;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use uuid::Uuid;
@@ -395,15 +396,41 @@ fn frame_of_size(i: usize, run: &str, size: usize) -> String {
     text
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn import_frames_are_held_to_the_body_limit_and_a_larger_one_closes_with_1009() {
+/// A `serve` whose body (and import frame) limit is 1 MiB.
+struct ImportLimit {
+    children: [Child; 1],
+    addr: String,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    env: TestEnv,
+}
+
+/// An import socket, both halves kept until the test ends, and how long its
+/// 64 frames took to be answered.
+struct FramesSent {
+    sink: futures::stream::SplitSink<Socket, Message>,
+    answers: futures::stream::SplitStream<Socket>,
+    took: Duration,
+}
+
+/// Starts a `serve` with a 1 MiB body limit, and waits until it is healthy.
+async fn a_serve_with_a_1_mib_body_limit() -> ImportLimit {
     let env = TestEnv::new("limits_import").await;
     let limit = ("DOCSTREAM_HTTP_BODY_LIMIT_BYTES", IMPORT_LIMIT.to_string());
     let (serve, addr, _) = spawn_serve(&env, &[limit], "limits-import-serve");
-    let mut children = [serve];
+    let children = [serve];
     wait_healthy(&format!("http://{addr}")).await;
-    let url = format!("ws://{addr}/v1/import");
-    let (socket, _) = tokio_tungstenite::connect_async(env.ws_request(&url))
+    ImportLimit {
+        children,
+        addr,
+        env,
+    }
+}
+
+/// Sends 64 frames of exactly the limit in the background; each is
+/// answered `queued`.
+async fn sixty_four_frames_of_the_limit_are_each_queued(given: &ImportLimit) -> FramesSent {
+    let url = format!("ws://{}/v1/import", given.addr);
+    let (socket, _) = tokio_tungstenite::connect_async(given.env.ws_request(&url))
         .await
         .unwrap();
     let (mut sink, mut answers) = socket.split();
@@ -428,34 +455,96 @@ async fn import_frames_are_held_to_the_body_limit_and_a_larger_one_closes_with_1
         }
     }
     let took = started.elapsed();
-    let mut sink = sender.await.unwrap();
+    let sink = sender.await.unwrap();
+    FramesSent {
+        sink,
+        answers,
+        took,
+    }
+}
+
+/// A frame one byte over the limit: the server closes the stream with 1009.
+/// Returns the close frame.
+async fn a_frame_one_byte_over_closes_the_stream_with_1009(sent: &mut FramesSent) -> CloseFrame {
     let over = frame_of_size(64, "over", IMPORT_LIMIT + 1);
-    let _ = sink.send(Message::Text(over.into())).await;
-    let close = match answers.next().await {
+    let _ = sent.sink.send(Message::Text(over.into())).await;
+    let close = match sent.answers.next().await {
         Some(Ok(Message::Close(frame))) => frame,
         other => panic!("expected the close frame, got {other:?}"),
     };
     let close = close.expect("a close frame with a code");
     assert_eq!(u16::from(close.code), 1009, "{close:?}");
-    let peak = peak_rss_kib(children[0].id().unwrap()).unwrap();
+    close
+}
+
+/// `serve`'s peak RSS stayed under its bound, and the 64 frames are 64 rows.
+/// Returns the peak, in KiB.
+async fn serve_stayed_under_its_memory_bound_and_wrote_64_rows(given: &ImportLimit) -> u64 {
+    let peak = peak_rss_kib(given.children[0].id().unwrap()).unwrap();
     assert!(peak < IMPORT_RSS_KIB, "serve's peak RSS {peak} KiB");
-    let rows = common::count(&env.pool, "SELECT count(*) FROM extraction_requests").await;
+    let rows = common::count(&given.env.pool, "SELECT count(*) FROM extraction_requests").await;
     assert_eq!(rows, 64);
+    peak
+}
+
+/// The import-limit test's report line.
+fn report_the_import_limit(sent: &FramesSent, close: &CloseFrame, peak: u64) {
+    let took = sent.took;
     eprintln!(
         "limits import: 64 frames of {IMPORT_LIMIT} bytes accepted in {took:?}; one byte over closed \
          with {} ({}); serve peak RSS {peak} KiB (bound {IMPORT_RSS_KIB})",
         u16::from(close.code),
         close.reason
     );
-    stop(&mut children).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_frames_are_held_to_the_body_limit_and_a_larger_one_closes_with_1009() {
+    let mut given = a_serve_with_a_1_mib_body_limit().await;
+    let mut sent = sixty_four_frames_of_the_limit_are_each_queued(&given).await;
+    let close = a_frame_one_byte_over_closes_the_stream_with_1009(&mut sent).await;
+    let peak = serve_stayed_under_its_memory_bound_and_wrote_64_rows(&given).await;
+    report_the_import_limit(&sent, &close, peak);
+    stop(&mut given.children).await;
 }
 
 /// A pattern the lazy DFA cannot run (Unicode word boundaries), so each
 /// search of a few MB of Cyrillic text takes about a second.
 const SLOW_PATTERN: &str = r"\b\w{1,8}\b\s\b\w{1,8}\b\d{3}";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims_and_answers() {
+/// An all-in-one process whose rule extractor has a 2 s deadline and one
+/// thread, on a 3 s extraction lease heartbeated every 0.5 s.
+struct SlowPatternServer {
+    children: [Child; 1],
+    base: String,
+    /// Its /metrics, on the internal listener.
+    metrics: String,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    env: TestEnv,
+}
+
+/// The slow job and the 20 good ones beside it.
+struct SlowAndOthers {
+    slow_id: Uuid,
+    others: Vec<Uuid>,
+    /// The client that submitted them, kept until the test ends.
+    _client: reqwest::Client,
+}
+
+/// How the slow job failed, and how /healthz answered meanwhile.
+struct Probed {
+    /// The slow job's error.
+    error: String,
+    failed_after: Duration,
+    slowest: Duration,
+    probes: u32,
+    /// The probing client, kept until the test ends.
+    _probe: reqwest::Client,
+}
+
+/// Starts `all` with a 2 s extraction deadline and one extraction thread,
+/// on a 3 s lease heartbeated every 0.5 s, and waits until it is healthy.
+async fn one_process_with_a_2_s_deadline_and_one_extraction_thread() -> SlowPatternServer {
     let env = TestEnv::with_settings("limits_slow", |s| {
         s.extraction_run_lease_s = common::secs(3.0);
         s.heartbeat_interval_s = common::secs(0.5);
@@ -469,40 +558,71 @@ async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims
         ("DOCSTREAM_EXTRACTION_DEADLINE_S", "2".to_owned()),
         ("DOCSTREAM_EXTRACTION_THREADS", "1".to_owned()),
     ];
-    let mut children = [env.spawn("all", &vars, "limits-slow-all")];
+    let children = [env.spawn("all", &vars, "limits-slow-all")];
     let base = format!("http://127.0.0.1:{port}");
     wait_healthy(&base).await;
-    let client = env.client();
+    SlowPatternServer {
+        children,
+        base,
+        metrics,
+        env,
+    }
+}
+
+/// Submits a job of 10 slow-pattern fields over a few MB of Cyrillic text,
+/// then 20 good jobs.
+async fn a_slow_pattern_job_and_20_good_ones_are_submitted(
+    server: &SlowPatternServer,
+) -> SlowAndOthers {
+    let (base, client) = (&server.base, server.env.client());
     let text: String = (0..200_000).map(|i| format!("слово{}é ", i % 97)).collect();
     let fields: Vec<serde_json::Value> = (0..10)
         .map(|i| serde_json::json!({"name": format!("f{i}"), "pattern": SLOW_PATTERN}))
         .collect();
     let slow = serde_json::json!({"document": {"text": text}, "fields": fields});
-    let slow_id = accepted(&client, &base, &slow).await;
+    let slow_id = accepted(&client, base, &slow).await;
     let mut others = Vec::new();
     for i in 0..20 {
-        others.push(accepted(&client, &base, &good_body(i)).await);
+        others.push(accepted(&client, base, &good_body(i)).await);
     }
-    // /healthz, every 50 ms, until the slow job has failed.
+    SlowAndOthers {
+        slow_id,
+        others,
+        _client: client,
+    }
+}
+
+/// Asks /healthz (with a 5 s timeout), which must answer with success;
+/// returns how long it took.
+async fn a_healthz_answer_time(probe: &reqwest::Client, base: &str) -> Duration {
+    let asked = Instant::now();
+    let answered = probe
+        .get(format!("{base}/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    assert!(answered.status().is_success());
+    asked.elapsed()
+}
+
+/// /healthz, every 50 ms, until the slow job has failed (within 60 s),
+/// after one attempt.
+async fn healthz_is_probed_every_50_ms_until_the_slow_job_fails(
+    server: &SlowPatternServer,
+    jobs: &SlowAndOthers,
+) -> Probed {
     let probe = common::http_client();
     let mut slowest = Duration::ZERO;
     let mut probes = 0;
     let started = Instant::now();
     let error = loop {
-        let asked = Instant::now();
-        let answered = probe
-            .get(format!("{base}/healthz"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .unwrap();
-        assert!(answered.status().is_success());
-        slowest = slowest.max(asked.elapsed());
+        slowest = slowest.max(a_healthz_answer_time(&probe, &server.base).await);
         probes += 1;
         let row: (String, i32, Option<String>) =
             sqlx::query_as("SELECT status, attempts, error FROM extractions WHERE id = $1")
-                .bind(slow_id)
-                .fetch_one(&env.pool)
+                .bind(jobs.slow_id)
+                .fetch_one(&server.env.pool)
                 .await
                 .unwrap();
         if row.0 == "failed" {
@@ -515,29 +635,66 @@ async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let failed_after = started.elapsed();
+    Probed {
+        error,
+        failed_after: started.elapsed(),
+        slowest,
+        probes,
+        _probe: probe,
+    }
+}
+
+/// The slow job failed on its deadline, and /healthz always answered
+/// within 100 ms.
+fn it_failed_on_its_deadline_while_healthz_stayed_fast(probed: &Probed) {
+    let (error, slowest) = (&probed.error, probed.slowest);
     assert!(error.starts_with("deadline_exceeded:"), "{error}");
     assert!(
         slowest < Duration::from_millis(100),
         "/healthz took {slowest:?}"
     );
+}
+
+/// The other 20 jobs succeed, each once, and no claim was lost meanwhile
+/// (no stale completion).
+async fn the_others_succeed_once_each_and_no_claim_was_lost(
+    server: &SlowPatternServer,
+    jobs: &SlowAndOthers,
+) {
+    let pool = &server.env.pool;
     wait_count(
-        &env.pool,
+        pool,
         "the other jobs to succeed",
         "SELECT count(*) FROM extractions WHERE status = 'succeeded'",
         20,
         Duration::from_secs(60),
     )
     .await;
-    let wins = common::wins(&env.pool, "mark_succeeded").await;
-    common::assert_exactly_once(&wins, &others, "mark_succeeded");
-    let stale = scrape(&metrics, "docstream_stale_completions_total").await;
+    let wins = common::wins(pool, "mark_succeeded").await;
+    common::assert_exactly_once(&wins, &jobs.others, "mark_succeeded");
+    let stale = scrape(&server.metrics, "docstream_stale_completions_total").await;
     assert_eq!(stale, 0.0, "a claim was lost while the slow job ran");
+}
+
+/// The slow-pattern test's report line.
+fn report_the_slow_pattern(probed: &Probed) {
+    let (failed_after, error) = (probed.failed_after, &probed.error);
+    let (probes, slowest) = (probed.probes, probed.slowest);
     eprintln!(
         "limits slow pattern: failed after {failed_after:?} ({error}); {probes} /healthz probes, \
          slowest {slowest:?}; 20 other jobs succeeded once each, 0 stale completions"
     );
-    stop(&mut children).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_pattern_fails_on_its_deadline_while_the_process_keeps_its_claims_and_answers() {
+    let mut server = one_process_with_a_2_s_deadline_and_one_extraction_thread().await;
+    let jobs = a_slow_pattern_job_and_20_good_ones_are_submitted(&server).await;
+    let probed = healthz_is_probed_every_50_ms_until_the_slow_job_fails(&server, &jobs).await;
+    it_failed_on_its_deadline_while_healthz_stayed_fast(&probed);
+    the_others_succeed_once_each_and_no_claim_was_lost(&server, &jobs).await;
+    report_the_slow_pattern(&probed);
+    stop(&mut server.children).await;
 }
 
 /// Raises `topic`'s record size limit so records past the broker's 1 MB
@@ -556,8 +713,28 @@ async fn allow_large_records(brokers: &str, topic: &str) {
     assert!(altered.iter().all(Result::is_ok), "{altered:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_flows_on() {
+/// The intake's topic, open to records up to 16 MiB, and a producer for it.
+struct LargeRecordsTopic {
+    /// The test's `extraction.requests`.
+    topic: String,
+    /// Kept until the test ends.
+    producer: FutureProducer,
+    /// Held to the end: dropping it cleans up the test's database and topics.
+    env: TestEnv,
+}
+
+/// Two poison records and a good one behind them, on partition 0.
+struct PoisonRecords {
+    /// This run's idempotency-key prefix.
+    run: String,
+    /// The records' values: 1.1 MB without fields, 10 MB of non-Avro, good.
+    payloads: [Vec<u8>; 3],
+    offsets: Vec<i64>,
+}
+
+/// Raises the intake topic's record size limit to 16 MiB, with a producer
+/// allowed as much.
+async fn a_requests_topic_open_to_16_mib_records() -> LargeRecordsTopic {
     let env = TestEnv::new("limits_poison").await;
     let topic = env.topic("extraction.requests");
     allow_large_records(&env.settings.kafka_brokers, &topic).await;
@@ -566,6 +743,16 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
         .set("message.max.bytes", "16777216")
         .create()
         .unwrap();
+    LargeRecordsTopic {
+        topic,
+        producer,
+        env,
+    }
+}
+
+/// Produces, to partition 0: a 1.1 MB request without fields, 10 MB that is
+/// not Avro at all, and a good request.
+async fn two_oversized_poison_records_then_a_good_one(given: &LargeRecordsTopic) -> PoisonRecords {
     let run = Uuid::new_v4().simple().to_string();
     // 1.1 MB: a request without fields; 10 MB: not Avro at all.
     let big_request = ExtractionRequested {
@@ -586,26 +773,50 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
     let mut offsets = Vec::new();
     for (i, payload) in payloads.iter().enumerate() {
         let key = format!("{run}-{i}");
-        let record = FutureRecord::to(&topic)
+        let record = FutureRecord::to(&given.topic)
             .partition(0)
             .key(key.as_bytes())
             .payload(payload)
-            .headers(common::intake_headers("default", &env.api_key));
-        let delivered = producer.send(record, Duration::from_secs(60)).await;
+            .headers(common::intake_headers("default", &given.env.api_key));
+        let delivered = given.producer.send(record, Duration::from_secs(60)).await;
         offsets.push(delivered.unwrap().offset);
     }
-    let mut children = [env.spawn("intake", &[], "limits-poison-intake")];
+    PoisonRecords {
+        run,
+        payloads,
+        offsets,
+    }
+}
+
+/// The good record behind the poison ones becomes a job (within 90 s), and
+/// the intake commits past it. Returns its offset.
+async fn the_good_record_becomes_a_job_and_the_commit_passes_it(
+    given: &LargeRecordsTopic,
+    records: &PoisonRecords,
+) -> i64 {
+    let run = &records.run;
     wait_count(
-        &env.pool,
+        &given.env.pool,
         "the good record behind the poison ones to become a job",
         &format!("SELECT count(*) FROM extraction_requests WHERE idempotency_key = '{run}-good'"),
         1,
         Duration::from_secs(90),
     )
     .await;
-    let last = offsets[2];
-    intake_commits_past(&env, last).await;
-    let letters: Vec<(usize, DeadLetter)> = env
+    let last = records.offsets[2];
+    intake_commits_past(&given.env, last).await;
+    last
+}
+
+/// One dead letter for each poison record, telling its size and kind.
+/// Returns each letter with its size in bytes.
+fn one_letter_for_each_poison_record(
+    given: &LargeRecordsTopic,
+    records: &PoisonRecords,
+) -> Vec<(usize, DeadLetter)> {
+    let payloads = &records.payloads;
+    let letters: Vec<(usize, DeadLetter)> = given
+        .env
         .read_topic("extraction.dlq")
         .into_iter()
         .map(|(_, value)| (value.len(), decode(&value).unwrap()))
@@ -619,7 +830,15 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
     );
     let kinds: Vec<&str> = letters.iter().map(|(_, l)| l.error_kind.as_str()).collect();
     assert_eq!(kinds, ["invalid_request", "undecodable"]);
-    for ((bytes, letter), payload) in letters.iter().zip(&payloads) {
+    letters
+}
+
+/// Each letter carries its record's SHA-256 and is under 32 KiB.
+fn each_letter_has_its_records_digest_and_is_bounded(
+    letters: &[(usize, DeadLetter)],
+    records: &PoisonRecords,
+) {
+    for ((bytes, letter), payload) in letters.iter().zip(&records.payloads) {
         use sha2::Digest;
         let digest: String = sha2::Sha256::digest(payload)
             .iter()
@@ -628,6 +847,11 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
         assert_eq!(letter.payload_sha256, digest);
         assert!(*bytes < 32 * 1024, "a letter of {bytes} bytes");
     }
+}
+
+/// The poison test's report line.
+fn report_the_poison(records: &PoisonRecords, letters: &[(usize, DeadLetter)], last: i64) {
+    let payloads = &records.payloads;
     eprintln!(
         "limits poison: records of {} and {} bytes gave letters of {} and {} bytes; the good \
          record behind them became a job and the commit passed offset {last}",
@@ -636,6 +860,17 @@ async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_
         letters[0].0,
         letters[1].0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_poison_records_get_one_bounded_letter_each_and_the_partition_flows_on() {
+    let given = a_requests_topic_open_to_16_mib_records().await;
+    let records = two_oversized_poison_records_then_a_good_one(&given).await;
+    let mut children = [given.env.spawn("intake", &[], "limits-poison-intake")];
+    let last = the_good_record_becomes_a_job_and_the_commit_passes_it(&given, &records).await;
+    let letters = one_letter_for_each_poison_record(&given, &records);
+    each_letter_has_its_records_digest_and_is_bounded(&letters, &records);
+    report_the_poison(&records, &letters, last);
     stop(&mut children).await;
 }
 

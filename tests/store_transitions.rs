@@ -12,6 +12,7 @@ use docstream::store::tenants::DEFAULT_TENANT_ID;
 use std::future::Future;
 
 use docstream::domain::ExtractionRequest;
+use docstream::store::webhooks::{self, Final};
 use docstream::store::{
     self, leases, orphans, transitions, Extraction, NewExtraction, SubmitError, Submitted,
 };
@@ -142,20 +143,40 @@ async fn batch_statements_win_and_lose_row_by_row(
     connect: PgConnectOptions,
 ) {
     let pool = &racing_pool(options, connect).await;
+    let (ids, taken) = forty_queued_jobs_and_a_running_one(pool).await;
+    one_batch_wins_the_claimable_rows_and_loses_the_rest(pool, &ids, taken).await;
+    racing_batches_over_overlapping_ids_claim_each_once(pool, &ids[2..]).await;
+    completions_win_with_the_right_token_only_once(pool, &ids, taken).await;
+}
+
+/// Forty queued jobs, then a running one: (the forty, the running one).
+async fn forty_queued_jobs_and_a_running_one(pool: &PgPool) -> (Vec<Uuid>, Uuid) {
     let mut ids = Vec::new();
     for _ in 0..40 {
         ids.push(queued(pool).await);
     }
     let (taken, _) = running(pool).await;
+    (ids, taken)
+}
+
+/// One batch of two queued jobs, the running one, a repeat and an unknown id:
+/// only the two queued jobs are won.
+async fn one_batch_wins_the_claimable_rows_and_loses_the_rest(
+    pool: &PgPool,
+    ids: &[Uuid],
+    taken: Uuid,
+) {
     let batch = [ids[0], taken, ids[1], ids[0], Uuid::new_v4()];
     let claims = transitions::mark_running_many(pool, &batch, LEASE_S)
         .await
         .unwrap();
     let won: Vec<bool> = claims.iter().map(Option::is_some).collect();
     assert_eq!(won, [true, false, true, false, false]);
+}
 
-    // Ten batches over overlapping windows of the other 38 ids, at once.
-    let rest = &ids[2..];
+/// Ten batches over overlapping windows of the other 38 ids (`rest`), at
+/// once: each id is claimed exactly once.
+async fn racing_batches_over_overlapping_ids_claim_each_once(pool: &PgPool, rest: &[Uuid]) {
     let windows: Vec<Vec<Uuid>> = (0..10)
         .map(|i| rest.iter().cycle().skip(i * 7).take(20).copied().collect())
         .collect();
@@ -177,8 +198,10 @@ async fn batch_statements_win_and_lose_row_by_row(
     for id in rest {
         assert_eq!(wins_of(pool, *id, "mark_running").await, 1);
     }
+}
 
-    // Completions: the right token wins, a wrong token and a repeat lose.
+/// Completions: the right token wins, a wrong token and a repeat lose.
+async fn completions_win_with_the_right_token_only_once(pool: &PgPool, ids: &[Uuid], taken: Uuid) {
     let result = serde_json::json!({"fields": {}});
     let completion = |id, token| transitions::Completion {
         id,
@@ -283,10 +306,18 @@ async fn bbox_claims_and_completions_have_one_winner(
 #[sqlx::test]
 async fn illegal_transitions_return_none_and_change_nothing(pool: PgPool) {
     let pool = &pool;
-    let result = serde_json::json!({"fields": {}});
-
-    // From queued: nothing that needs a claim or a success may happen.
     let id = queued(pool).await;
+    from_queued_nothing_that_needs_a_claim_or_a_success_happens(pool, id).await;
+    let (id, token) = running(pool).await;
+    under_a_live_lease_no_second_claim_no_cancel_no_stale_success(pool, id, token).await;
+    let (id, claim) = both_stages_succeeded(pool).await;
+    once_both_stages_succeeded_everything_is_over(pool, id, &claim).await;
+}
+
+/// From queued: nothing that needs a claim or a success may happen, and the
+/// job is as it was.
+async fn from_queued_nothing_that_needs_a_claim_or_a_success_happens(pool: &PgPool, id: Uuid) {
+    let result = serde_json::json!({"fields": {}});
     let before = snapshot(pool, id).await;
     assert!(transitions::mark_succeeded(pool, id, 0, &result)
         .await
@@ -319,9 +350,16 @@ async fn illegal_transitions_return_none_and_change_nothing(pool: PgPool) {
         .unwrap()
         .is_none());
     assert_eq!(snapshot(pool, id).await, before);
+}
 
-    // From running under a live lease: no second claim, no cancel.
-    let (id, token) = running(pool).await;
+/// From running under a live lease: no second claim, no cancel, no success
+/// with another token, and the job is as it was.
+async fn under_a_live_lease_no_second_claim_no_cancel_no_stale_success(
+    pool: &PgPool,
+    id: Uuid,
+    token: i32,
+) {
+    let result = serde_json::json!({"fields": {}});
     let before = snapshot(pool, id).await;
     assert!(transitions::mark_running(pool, id, LEASE_S)
         .await
@@ -336,17 +374,37 @@ async fn illegal_transitions_return_none_and_change_nothing(pool: PgPool) {
         .unwrap()
         .is_none());
     assert_eq!(snapshot(pool, id).await, before);
+}
 
-    // From succeeded with bbox succeeded: everything is over.
+/// A succeeded job whose bbox refinement succeeded too: (id, the bbox
+/// claim).
+async fn both_stages_succeeded(pool: &PgPool) -> (Uuid, store::Claim) {
+    let result = serde_json::json!({"fields": {}});
+    let (id, claim) = a_running_bbox_refinement(pool).await;
+    transitions::mark_bbox_refinement_succeeded(pool, id, claim.token, &result)
+        .await
+        .unwrap()
+        .unwrap();
+    (id, claim)
+}
+
+/// A succeeded job whose bbox refinement is claimed: (id, the bbox claim).
+async fn a_running_bbox_refinement(pool: &PgPool) -> (Uuid, store::Claim) {
     let id = succeeded(pool).await;
     let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
-    transitions::mark_bbox_refinement_succeeded(pool, id, claim.token, &result)
-        .await
-        .unwrap()
-        .unwrap();
+    (id, claim)
+}
+
+/// From succeeded with bbox succeeded: everything is over, and the job is as
+/// it was.
+async fn once_both_stages_succeeded_everything_is_over(
+    pool: &PgPool,
+    id: Uuid,
+    claim: &store::Claim,
+) {
     let before = snapshot(pool, id).await;
     assert!(transitions::mark_running(pool, id, LEASE_S)
         .await
@@ -462,23 +520,35 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row(
     connect: PgConnectOptions,
 ) {
     let pool = &racing_pool(options, connect).await;
-    let submits = (0..50).map(|_| {
-        store::submit(
-            pool,
-            NewExtraction {
-                id: Uuid::new_v4(),
-                tenant_id: DEFAULT_TENANT_ID,
-                max_open_jobs: None,
-                idempotency_key: Some("key-1".into()),
-                request: request(),
-            },
-        )
-    });
-    let outcomes: Vec<Submitted> = join_all(submits)
+    let outcomes = fifty_concurrent_submits_under_key_1(pool).await;
+    one_created_the_only_row_and_all_answer_its_id(pool, &outcomes).await;
+    key_1_with_another_request_is_refused_as_reused(pool).await;
+}
+
+/// A new extraction of `request` under the idempotency key "key-1".
+fn under_key_1(request: ExtractionRequest) -> NewExtraction {
+    NewExtraction {
+        id: Uuid::new_v4(),
+        tenant_id: DEFAULT_TENANT_ID,
+        max_open_jobs: None,
+        idempotency_key: Some("key-1".into()),
+        request,
+    }
+}
+
+/// Fifty submits of the same request under "key-1", at once.
+async fn fifty_concurrent_submits_under_key_1(pool: &PgPool) -> Vec<Submitted> {
+    let submits = (0..50).map(|_| store::submit(pool, under_key_1(request())));
+    join_all(submits)
         .await
         .into_iter()
         .map(Result::unwrap)
-        .collect();
+        .collect()
+}
+
+/// One submit created the row, every submit answers its id, and there is
+/// one row.
+async fn one_created_the_only_row_and_all_answer_its_id(pool: &PgPool, outcomes: &[Submitted]) {
     let created = outcomes
         .iter()
         .filter(|o| matches!(o, Submitted::Created(_)))
@@ -491,33 +561,47 @@ async fn fifty_concurrent_submits_with_one_key_make_one_row(
         .await
         .unwrap();
     assert_eq!(rows, 1);
+}
 
+/// The same key with a different request is refused: the key was reused.
+async fn key_1_with_another_request_is_refused_as_reused(pool: &PgPool) {
     let mut other = request();
     other.fields.truncate(1);
-    let reused = store::submit(
-        pool,
-        NewExtraction {
-            id: Uuid::new_v4(),
-            tenant_id: DEFAULT_TENANT_ID,
-            max_open_jobs: None,
-            idempotency_key: Some("key-1".into()),
-            request: other,
-        },
-    )
-    .await;
+    let reused = store::submit(pool, under_key_1(other)).await;
     assert!(matches!(reused, Err(SubmitError::KeyReused)));
 }
 
 #[sqlx::test]
 async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans(pool: PgPool) {
     let pool = &pool;
-    let thresholds = orphans::Thresholds {
-        queued_s: 10.0,
-        run_lease_s: LEASE_S,
-        post_processing_pending_s: 10.0,
-        bbox_lease_s: LEASE_S,
-        webhook_pending_s: 10.0,
-    };
+    let jobs = a_fresh_an_old_and_a_retried_queued_job(pool).await;
+    the_old_and_the_retried_are_orphans_of_their_tenant_only(pool, &jobs).await;
+    their_events_are_acknowledged(pool, &jobs).await;
+    no_job_is_an_orphan(pool).await;
+    let stuck = a_queued_job_submitted_an_hour_ago(pool).await;
+    a_reaper_takes_it_once_per_threshold(pool, stuck).await;
+}
+
+/// The orphan thresholds of these tests: 10 s for what waits on an event,
+/// [`LEASE_S`] for the leases.
+const THRESHOLDS: orphans::Thresholds = orphans::Thresholds {
+    queued_s: 10.0,
+    run_lease_s: LEASE_S,
+    post_processing_pending_s: 10.0,
+    bbox_lease_s: LEASE_S,
+    webhook_pending_s: 10.0,
+};
+
+/// The queued jobs past their threshold: one never claimed, one requeued for
+/// a retry.
+struct PastThreshold {
+    old: Uuid,
+    retried: Uuid,
+}
+
+/// A fresh queued job, and two submitted (and due) an hour ago: one never
+/// claimed, one requeued for a retry.
+async fn a_fresh_an_old_and_a_retried_queued_job(pool: &PgPool) -> PastThreshold {
     let fresh = queued(pool).await;
     let old = queued(pool).await;
     let (retried, token) = running(pool).await;
@@ -526,36 +610,56 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans(pool: PgP
         .unwrap()
         .unwrap();
     exec(pool, "UPDATE extractions SET submitted_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id <> $1", fresh).await;
-    let list = |tenant: Option<Uuid>| async move {
-        orphans::list_orphans(pool, thresholds, tenant)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| (o.class.number(), o.id))
-            .collect::<Vec<(i16, Uuid)>>()
-    };
-    let found = list(None).await;
+    PastThreshold { old, retried }
+}
+
+/// The orphans of `tenant` (of every tenant with `None`), as (class, id).
+async fn orphans_of(pool: &PgPool, tenant: Option<Uuid>) -> Vec<(i16, Uuid)> {
+    orphans::list_orphans(pool, THRESHOLDS, tenant)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.class.number(), o.id))
+        .collect::<Vec<(i16, Uuid)>>()
+}
+
+/// The old job is class 1 and the retried one class 3, listed for every
+/// tenant and for theirs, not for another; the fresh one is no orphan yet.
+async fn the_old_and_the_retried_are_orphans_of_their_tenant_only(
+    pool: &PgPool,
+    jobs: &PastThreshold,
+) {
+    let found = orphans_of(pool, None).await;
     assert_eq!(
         found,
-        vec![(1, old), (3, retried)],
+        vec![(1, jobs.old), (3, jobs.retried)],
         "a fresh job is not an orphan yet"
     );
     assert_eq!(
-        list(Some(DEFAULT_TENANT_ID)).await,
+        orphans_of(pool, Some(DEFAULT_TENANT_ID)).await,
         found,
         "the jobs' tenant"
     );
     assert!(
-        list(Some(Uuid::now_v7())).await.is_empty(),
+        orphans_of(pool, Some(Uuid::now_v7())).await.is_empty(),
         "another tenant"
     );
+}
 
-    // An acknowledged event is waiting in a backlog, not lost.
-    orphans::record_published(pool, old).await.unwrap();
-    orphans::record_published(pool, retried).await.unwrap();
-    assert!(list(None).await.is_empty());
+/// Records both jobs' events as published (acknowledged by the broker).
+async fn their_events_are_acknowledged(pool: &PgPool, jobs: &PastThreshold) {
+    orphans::record_published(pool, jobs.old).await.unwrap();
+    orphans::record_published(pool, jobs.retried).await.unwrap();
+}
 
-    // A reaper takes an orphan once per threshold.
+/// An acknowledged event is waiting in a backlog, not lost: no orphan is
+/// listed.
+async fn no_job_is_an_orphan(pool: &PgPool) {
+    assert!(orphans_of(pool, None).await.is_empty());
+}
+
+/// A queued job submitted an hour ago whose event was never published.
+async fn a_queued_job_submitted_an_hour_ago(pool: &PgPool) -> Uuid {
     let stuck = queued(pool).await;
     exec(
         pool,
@@ -563,11 +667,17 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans(pool: PgP
         stuck,
     )
     .await;
-    let taken = orphans::take_extraction_orphans(pool, thresholds, 100)
+    stuck
+}
+
+/// A reaper takes an orphan once per threshold: the first take is `stuck`,
+/// the one straight after is empty.
+async fn a_reaper_takes_it_once_per_threshold(pool: &PgPool, stuck: Uuid) {
+    let taken = orphans::take_extraction_orphans(pool, THRESHOLDS, 100)
         .await
         .unwrap();
     assert_eq!(taken.iter().map(|o| o.id).collect::<Vec<_>>(), vec![stuck]);
-    assert!(orphans::take_extraction_orphans(pool, thresholds, 100)
+    assert!(orphans::take_extraction_orphans(pool, THRESHOLDS, 100)
         .await
         .unwrap()
         .is_empty());
@@ -577,6 +687,19 @@ async fn only_unpublished_queued_jobs_past_their_threshold_are_orphans(pool: PgP
 async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool: PgPool) {
     let pool = &pool;
     let (id, token) = running(pool).await;
+    only_the_current_token_renews_the_lease(pool, id, token).await;
+    // Cooperative cancel: only the holder ends it, and only once it was asked.
+    the_holder_cannot_cancel_before_it_is_asked(pool, id, token).await;
+    a_cancel_request_reaches_the_holder_with_its_heartbeat(pool, id, token).await;
+    only_the_holder_ends_it_and_then_its_lease_is_gone(pool, id, token).await;
+    // The bbox lease too.
+    let (id, claim) = a_running_bbox_refinement(pool).await;
+    only_the_current_token_renews_the_bbox_lease(pool, id, &claim).await;
+}
+
+/// The holder's token renews the lease (no cancel asked); the next token
+/// does not.
+async fn only_the_current_token_renews_the_lease(pool: &PgPool, id: Uuid, token: i32) {
     let renewed = leases::renew_extraction_lease(pool, id, token, LEASE_S)
         .await
         .unwrap();
@@ -590,12 +713,22 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool:
         .await
         .unwrap()
         .is_none());
+}
 
-    // Cooperative cancel: only the holder ends it, and only once it was asked.
+/// Not asked to, the holder cannot cancel the job.
+async fn the_holder_cannot_cancel_before_it_is_asked(pool: &PgPool, id: Uuid, token: i32) {
     assert!(transitions::mark_cancelled(pool, id, Some(token))
         .await
         .unwrap()
         .is_none());
+}
+
+/// A cancel is requested, and the holder's next renewal says so.
+async fn a_cancel_request_reaches_the_holder_with_its_heartbeat(
+    pool: &PgPool,
+    id: Uuid,
+    token: i32,
+) {
     assert!(transitions::request_cancel(pool, id)
         .await
         .unwrap()
@@ -609,6 +742,11 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool:
             cancel_requested: true
         })
     );
+}
+
+/// Neither an operator's cancel nor the next token ends the job; the holder
+/// does, and then its lease no longer renews.
+async fn only_the_holder_ends_it_and_then_its_lease_is_gone(pool: &PgPool, id: Uuid, token: i32) {
     assert!(transitions::mark_cancelled(pool, id, None)
         .await
         .unwrap()
@@ -626,13 +764,14 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool:
         .await
         .unwrap()
         .is_none());
+}
 
-    // The bbox lease too.
-    let id = succeeded(pool).await;
-    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
-        .await
-        .unwrap()
-        .unwrap();
+/// The bbox claim's token renews the bbox lease; the next token does not.
+async fn only_the_current_token_renews_the_bbox_lease(
+    pool: &PgPool,
+    id: Uuid,
+    claim: &store::Claim,
+) {
     assert!(leases::renew_bbox_lease(pool, id, claim.token, LEASE_S)
         .await
         .unwrap()
@@ -645,8 +784,20 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool:
 
 #[sqlx::test]
 async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenced(pool: PgPool) {
-    use docstream::store::webhooks::{self, Final};
     let pool = &pool;
+    let (hooked, claim) = a_running_job_with_a_webhook_url(pool).await;
+    let id = its_failure_writes_a_delivery_named_after_it(pool, hooked, &claim).await;
+    let plain = a_failure_without_a_webhook_url_writes_none(pool).await;
+    // One attempt at a time; only its holder records the outcome.
+    the_first_attempt_is_leased_until_it_is_retried_later(pool, &id).await;
+    only_the_second_attempts_holder_records_it_delivered(pool, &id).await;
+    // Class 6: due long ago, held by nobody; handed out once per threshold.
+    a_stuck_and_a_fresh_delivery_of(pool, plain).await;
+    only_the_stuck_one_is_handed_out_and_only_once(pool).await;
+}
+
+/// A job submitted with a `webhook_url`, claimed: (id, its claim).
+async fn a_running_job_with_a_webhook_url(pool: &PgPool) -> (Uuid, store::Claim) {
     let mut with_hook = request();
     with_hook.webhook_url = Some("https://hooks.example.com/docstream".into());
     let new = NewExtraction {
@@ -661,13 +812,28 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
         .await
         .unwrap()
         .unwrap();
+    (hooked, claim)
+}
+
+/// Fails the job: the row names its delivery `msg_<id>_failed`, which is
+/// returned.
+async fn its_failure_writes_a_delivery_named_after_it(
+    pool: &PgPool,
+    hooked: Uuid,
+    claim: &store::Claim,
+) -> String {
     let failed = transitions::mark_failed(pool, hooked, claim.token, "broken")
         .await
         .unwrap()
         .unwrap();
     let id = format!("msg_{}_failed", hooked.simple());
     assert_eq!(failed.webhook_id.as_deref(), Some(id.as_str()));
-    // Without a webhook_url the same transition writes no delivery.
+    id
+}
+
+/// Without a webhook_url the same transition writes no delivery: the one
+/// delivery is the first job's. Returns the job's id.
+async fn a_failure_without_a_webhook_url_writes_none(pool: &PgPool) -> Uuid {
     let (plain, token) = running(pool).await;
     let row = transitions::mark_failed(pool, plain, token, "broken")
         .await
@@ -679,39 +845,51 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
         .await
         .unwrap();
     assert_eq!(rows, 1);
+    plain
+}
 
-    // One attempt at a time; only its holder records the outcome.
-    let first = webhooks::claim(pool, &id, LEASE_S).await.unwrap().unwrap();
+/// The first attempt carries the failure; while it is leased there is no
+/// second; its holder schedules a retry.
+async fn the_first_attempt_is_leased_until_it_is_retried_later(pool: &PgPool, id: &str) {
+    let first = webhooks::claim(pool, id, LEASE_S).await.unwrap().unwrap();
     assert_eq!(
         (first.attempts, first.event_type.as_str()),
         (1, "extraction.failed")
     );
     assert_eq!(first.payload["data"]["error"], "broken");
     assert!(
-        webhooks::claim(pool, &id, LEASE_S).await.unwrap().is_none(),
+        webhooks::claim(pool, id, LEASE_S).await.unwrap().is_none(),
         "leased"
     );
-    assert!(webhooks::retry_later(pool, &id, 1, 0.0, Some(500), "500")
+    assert!(webhooks::retry_later(pool, id, 1, 0.0, Some(500), "500")
         .await
         .unwrap());
-    let second = webhooks::claim(pool, &id, LEASE_S).await.unwrap().unwrap();
+}
+
+/// The second attempt is claimed; the first attempt's holder cannot finish
+/// it, the second's can, and a delivered delivery is claimed no more.
+async fn only_the_second_attempts_holder_records_it_delivered(pool: &PgPool, id: &str) {
+    let second = webhooks::claim(pool, id, LEASE_S).await.unwrap().unwrap();
     assert_eq!(second.attempts, 2);
     assert!(
-        !webhooks::finish(pool, &id, 1, Final::Delivered, Some(200), None)
+        !webhooks::finish(pool, id, 1, Final::Delivered, Some(200), None)
             .await
             .unwrap()
     );
     assert!(
-        webhooks::finish(pool, &id, 2, Final::Delivered, Some(200), None)
+        webhooks::finish(pool, id, 2, Final::Delivered, Some(200), None)
             .await
             .unwrap()
     );
     assert!(
-        webhooks::claim(pool, &id, LEASE_S).await.unwrap().is_none(),
+        webhooks::claim(pool, id, LEASE_S).await.unwrap().is_none(),
         "delivered"
     );
+}
 
-    // Class 6: due long ago, held by nobody; handed out once per threshold.
+/// Two pending deliveries of job `plain`: `msg_stuck`, due a minute ago, and
+/// `msg_fresh`, due now.
+async fn a_stuck_and_a_fresh_delivery_of(pool: &PgPool, plain: Uuid) {
     sqlx::query(
         "INSERT INTO webhook_deliveries (id, extraction_id, event_type, url, payload, next_attempt_at)
          VALUES ('msg_stuck', $1, 'extraction.failed', 'https://x.example/', '{}', now() - interval '1 minute'),
@@ -721,6 +899,11 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
     .execute(pool)
     .await
     .unwrap();
+}
+
+/// With a 10 s threshold, the first take hands out `msg_stuck` alone and the
+/// next nothing.
+async fn only_the_stuck_one_is_handed_out_and_only_once(pool: &PgPool) {
     let taken = webhooks::take_orphans(pool, 10.0, 100).await.unwrap();
     assert_eq!(
         taken.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(),
