@@ -89,6 +89,41 @@ static WRITERS: LazyLock<HashMap<&'static str, GenericDatumWriter<'static>>> =
 static HISTORY: LazyLock<Vec<(String, Known)>> =
     LazyLock::new(|| HISTORY_SOURCES.iter().map(|s| Known::parse(s)).collect());
 
+/// How a record is read, by the fingerprint of the schema it was written with.
+struct Reading {
+    /// The full name of the event it decodes to.
+    name: &'static str,
+    /// Resolved once: a record of an earlier version is resolved to the
+    /// current schema as it is read.
+    reader: GenericDatumReader<'static>,
+    /// Written under an earlier version of the schema.
+    earlier: bool,
+}
+
+/// A reader for every schema we speak and every earlier version of one.
+static READERS: LazyLock<HashMap<[u8; 8], Reading>> = LazyLock::new(|| {
+    let current: &'static HashMap<String, Known> = &SCHEMAS;
+    let history: &'static Vec<(String, Known)> = &HISTORY;
+    let reading = |name: &'static str, writer: &'static Schema, earlier: bool| {
+        let reader = GenericDatumReader::builder(writer)
+            .maybe_reader_schema(earlier.then(|| &current[name].schema))
+            .build()
+            .expect("shipped schemas resolve");
+        Reading {
+            name,
+            reader,
+            earlier,
+        }
+    };
+    let now = current
+        .iter()
+        .map(|(name, k)| (k.fingerprint, reading(name, &k.schema, false)));
+    let before = history
+        .iter()
+        .map(|(name, k)| (k.fingerprint, reading(name, &k.schema, true)));
+    now.chain(before).collect()
+});
+
 /// Why bytes could not become an event, or an event bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -149,14 +184,9 @@ pub fn decode<E: Event>(bytes: &[u8]) -> Result<E, CodecError> {
         return Err(CodecError::NotSingleObject);
     }
     let fingerprint: [u8; 8] = bytes[2..HEADER_LEN].try_into().expect("slice of 8");
-    let known = known::<E>();
-    let writer = writer_schema::<E>(fingerprint)?;
-    let reader = (!std::ptr::eq(writer, &known.schema)).then_some(&known.schema);
     let mut datum = &bytes[HEADER_LEN..];
-    let value = GenericDatumReader::builder(writer)
-        .maybe_reader_schema(reader)
-        .build()
-        .and_then(|reader| reader.read_value(&mut datum))
+    let value = reader::<E>(fingerprint)?
+        .read_value(&mut datum)
         .map_err(|e| CodecError::Datum(e.to_string()))?;
     if !datum.is_empty() {
         return Err(CodecError::Datum(format!("{} trailing bytes", datum.len())));
@@ -164,27 +194,21 @@ pub fn decode<E: Event>(bytes: &[u8]) -> Result<E, CodecError> {
     apache_avro::from_value(&value).map_err(|e| CodecError::Datum(e.to_string()))
 }
 
-/// The schema an `E` with `fingerprint` was written with: the current one,
-/// or an earlier version of it.
-fn writer_schema<E: Event>(fingerprint: [u8; 8]) -> Result<&'static Schema, CodecError> {
-    let known = known::<E>();
-    if fingerprint == known.fingerprint {
-        return Ok(&known.schema);
-    }
-    let earlier = HISTORY
-        .iter()
-        .find(|(name, k)| name == E::NAME && k.fingerprint == fingerprint);
-    if let Some((_, earlier)) = earlier {
-        return Ok(&earlier.schema);
-    }
-    let other = SCHEMAS.iter().find(|(_, k)| k.fingerprint == fingerprint);
-    Err(match other {
-        Some((name, _)) => CodecError::WrongSchema {
+/// The reader of an `E` written with the schema of `fingerprint`: the
+/// current one, or an earlier version of it.
+fn reader<E: Event>(
+    fingerprint: [u8; 8],
+) -> Result<&'static GenericDatumReader<'static>, CodecError> {
+    match READERS.get(&fingerprint) {
+        Some(reading) if reading.name == E::NAME => Ok(&reading.reader),
+        Some(reading) if !reading.earlier => Err(CodecError::WrongSchema {
             expected: E::NAME,
-            found: name.clone(),
-        },
-        None => CodecError::UnknownFingerprint(fingerprint),
-    })
+            found: reading.name.to_owned(),
+        }),
+        // An earlier version of another event is as unknown to an `E` as
+        // any fingerprint we never shipped.
+        _ => Err(CodecError::UnknownFingerprint(fingerprint)),
+    }
 }
 
 #[cfg(test)]
