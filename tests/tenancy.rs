@@ -137,9 +137,8 @@ async fn each_request_needs_a_live_key_with_its_scope_and_sees_only_its_tenant()
 
 /// Tenants A and B with their full keys, a read-only key of A, and a `serve`.
 struct TwoTenants {
-    client: reqwest::Client,
+    api: Api,
     child: Child,
-    base: String,
     /// What creating tenant A printed.
     a: Value,
     /// What creating tenant B printed.
@@ -154,27 +153,41 @@ struct TwoTenants {
 impl TwoTenants {
     /// A submission of sample 0, with `key` if there is one.
     fn submit(&self, key: Option<&str>) -> RequestBuilder {
-        let request = self
-            .client
-            .post(format!("{}/v1/extractions", self.base))
-            .json(&sample_body(0));
+        self.api.post("/v1/extractions", key).json(&sample_body(0))
+    }
+
+    /// A read of job `id` with `key`.
+    fn read(&self, id: &str, key: &str) -> RequestBuilder {
+        self.api.get(&format!("/v1/extractions/{id}"), key)
+    }
+
+    /// A cancel of job `id` with `key`.
+    fn cancel(&self, id: &str, key: &str) -> RequestBuilder {
+        self.api
+            .post(&format!("/v1/extractions/{id}/cancel"), Some(key))
+    }
+}
+
+/// `serve`'s API: requests to a path under its base URL, with a key.
+struct Api {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    /// A POST to `path` with `key`, if any.
+    fn post(&self, path: &str, key: Option<&str>) -> RequestBuilder {
+        let request = self.client.post(format!("{}{path}", self.base));
         match key {
             Some(key) => request.header("authorization", bearer(key)),
             None => request,
         }
     }
 
-    /// A read of job `id` with `key`.
-    fn read(&self, id: &str, key: &str) -> RequestBuilder {
+    /// A GET of `path` with `key`.
+    fn get(&self, path: &str, key: &str) -> RequestBuilder {
         self.client
-            .get(format!("{}/v1/extractions/{id}", self.base))
-            .header("authorization", bearer(key))
-    }
-
-    /// A cancel of job `id` with `key`.
-    fn cancel(&self, id: &str, key: &str) -> RequestBuilder {
-        self.client
-            .post(format!("{}/v1/extractions/{id}/cancel", self.base))
+            .get(format!("{}{path}", self.base))
             .header("authorization", bearer(key))
     }
 }
@@ -192,11 +205,13 @@ async fn tenants_a_and_b_with_full_keys_and_a_read_key_of_a() -> TwoTenants {
     let reader = reader["api_key"].as_str().unwrap().to_owned();
     let (child, base) = serve(&env, "tenancy-api-serve");
     common::wait_healthy(&base).await;
-    let client = common::http_client();
-    TwoTenants {
-        client,
-        child,
+    let api = Api {
+        client: common::http_client(),
         base,
+    };
+    TwoTenants {
+        api,
+        child,
         a,
         b,
         a_key,
@@ -306,13 +321,7 @@ async fn a_cancels_its_own_job(t: &TwoTenants, id: &str) {
 
 /// /metrics is not on the API port, with or without a key.
 async fn metrics_are_not_on_the_api_port(t: &TwoTenants) {
-    let metrics = t
-        .client
-        .get(format!("{}/metrics", t.base))
-        .header("authorization", bearer(&t.a_key))
-        .send()
-        .await
-        .unwrap();
+    let metrics = t.api.get("/metrics", &t.a_key).send().await.unwrap();
     assert_eq!(metrics.status(), StatusCode::NOT_FOUND);
 }
 
@@ -864,8 +873,7 @@ struct Generated {
 
 /// Where the generated requests go, and each tenant's keys.
 struct Callers {
-    client: reqwest::Client,
-    base: String,
+    api: Api,
     /// Each tenant's full key, by tenant index.
     keys: Vec<String>,
     /// Each tenant's read-only key, by tenant index.
@@ -876,30 +884,13 @@ impl Callers {
     /// A submission of sample `seed_body` by `tenant`, with idempotency key `key` if any.
     fn submission(&self, tenant: usize, key: Option<&String>, seed_body: usize) -> RequestBuilder {
         let mut request = self
-            .client
-            .post(format!("{}/v1/extractions", self.base))
-            .header("authorization", bearer(&self.keys[tenant]))
+            .api
+            .post("/v1/extractions", Some(&self.keys[tenant]))
             .json(&sample_body(seed_body));
         if let Some(k) = key {
             request = request.header("idempotency-key", k);
         }
         request
-    }
-
-    /// A POST to `path` (under the base URL) with `key`, if any.
-    fn post(&self, path: &str, key: Option<&str>) -> RequestBuilder {
-        let request = self.client.post(format!("{}{path}", self.base));
-        match key {
-            Some(key) => request.header("authorization", bearer(key)),
-            None => request,
-        }
-    }
-
-    /// A GET of `path` (under the base URL) with `key`.
-    fn get(&self, path: &str, key: &str) -> RequestBuilder {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .header("authorization", bearer(key))
     }
 }
 
@@ -932,10 +923,11 @@ async fn left_and_right_with_full_and_read_keys_and_no_submit_rate() -> Generate
     }
     let (child, base) = serve(&env, "tenancy-generated-serve");
     common::wait_healthy(&base).await;
-    let client = common::http_client();
     let callers = Callers {
-        client,
-        base,
+        api: Api {
+            client: common::http_client(),
+            base,
+        },
         keys,
         readers,
     };
@@ -1117,7 +1109,7 @@ impl Run {
         } else {
             &callers.readers[tenant]
         };
-        let (status, body) = call(callers.get(&format!("/v1/extractions/{id}"), key)).await;
+        let (status, body) = call(callers.api.get(&format!("/v1/extractions/{id}"), key)).await;
         let mine = self.model.jobs.get(&id).is_some_and(|j| j.0 == tenant);
         if status == StatusCode::OK && !mine {
             self.crossings
@@ -1135,7 +1127,7 @@ impl Run {
     async fn cancel(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
         let id = self.draw_job_id(tenant);
         let path = format!("/v1/extractions/{id}/cancel");
-        let (status, body) = call(callers.post(&path, Some(&callers.keys[tenant]))).await;
+        let (status, body) = call(callers.api.post(&path, Some(&callers.keys[tenant]))).await;
         let expected = match self.model.jobs.get_mut(&id) {
             Some(job) if job.0 == tenant && !job.3 => {
                 job.3 = status == StatusCode::OK;
@@ -1160,17 +1152,21 @@ impl Run {
     async fn refused_caller(&mut self, callers: &Callers, tenant: usize) -> Answer {
         let (request, expected) = match self.rng.random_range(0..3) {
             0 => (
-                callers.post("/v1/extractions", None).json(&sample_body(0)),
+                callers
+                    .api
+                    .post("/v1/extractions", None)
+                    .json(&sample_body(0)),
                 401,
             ),
             1 => (
                 callers
+                    .api
                     .post("/v1/extractions", Some(&callers.readers[tenant]))
                     .json(&sample_body(0)),
                 403,
             ),
             _ => (
-                callers.get(
+                callers.api.get(
                     &format!("/v1/extractions/{}", Uuid::now_v7()),
                     &format!("dsk_{}", "f".repeat(64)),
                 ),
@@ -1192,12 +1188,13 @@ impl Run {
         let (request, expected) = match self.rng.random_range(0..2) {
             0 => (
                 callers
+                    .api
                     .post("/v1/extractions", Some(key))
                     .header("content-type", "application/json")
                     .body("{\"document\":"),
                 400,
             ),
-            _ => (callers.get("/v1/extractions/not-an-id", key), 400),
+            _ => (callers.api.get("/v1/extractions/not-an-id", key), 400),
         };
         let (status, body) = call(request).await;
         Answer {
@@ -1246,7 +1243,14 @@ struct Exported {
 /// The export streams: one group name in both tenants; each sees all its
 /// own jobs' events (asserted here); any of the other's are counted.
 async fn each_export_stream_saw_all_its_own_jobs(callers: &Callers, model: &Model) -> Exported {
-    let port: u16 = callers.base.rsplit(':').next().unwrap().parse().unwrap();
+    let port: u16 = callers
+        .api
+        .base
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut exported = Exported {
         seen_per_tenant: Vec::new(),
         leaks: 0,
