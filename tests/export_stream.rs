@@ -250,12 +250,7 @@ async fn two_tenants_with_events_and_a_server() -> TwoTenants {
     let old: HashSet<(i32, i64)> = event_positions(&env);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let serve = env.spawn(
-        "serve",
-        &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
-        "export-tenants-serve",
-    );
-    wait_healthy(&format!("http://{addr}")).await;
+    let serve = a_healthy_serve(&env, &addr, &[], "export-tenants-serve").await;
     TwoTenants {
         env,
         a,
@@ -452,12 +447,9 @@ async fn a_server_with_a_3_s_ack_timeout_over_600_events() -> AckTimeout {
     produce_events(&env, ACK_TIMEOUT_EVENTS).await;
     let all = event_positions(&env);
     let port = free_port();
-    let serve_env = [
-        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
-        ("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", ACK_TIMEOUT_S.to_string()),
-    ];
-    let serve = env.spawn("serve", &serve_env, "export-ack-timeout-serve");
-    wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+    let settings = [("DOCSTREAM_EXPORT_ACK_TIMEOUT_S", ACK_TIMEOUT_S.to_string())];
+    let addr = format!("127.0.0.1:{port}");
+    let serve = a_healthy_serve(&env, &addr, &settings, "export-ack-timeout-serve").await;
     AckTimeout {
         serve,
         port,
@@ -597,15 +589,9 @@ async fn a_server_over_a_backlog_of_1000_events() -> Backlog {
     assert_eq!(all.len(), RESUME_EVENTS);
     let port = free_port();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let serve = env.spawn(
-        "serve",
-        &[
-            ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
-            ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
-        ],
-        "export-resume-serve",
-    );
-    wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+    let settings = [("DOCSTREAM_METRICS_ADDR", metrics.clone())];
+    let addr = format!("127.0.0.1:{port}");
+    let serve = a_healthy_serve(&env, &addr, &settings, "export-resume-serve").await;
     Backlog {
         serve,
         metrics,
@@ -850,6 +836,21 @@ struct BlockCounts {
     committed: i64,
 }
 
+/// Starts `serve` on `addr` with `settings` besides its HTTP address, logging
+/// to `log`, and returns once it answers its health check.
+async fn a_healthy_serve(
+    env: &TestEnv,
+    addr: &str,
+    settings: &[(&str, String)],
+    log: &str,
+) -> Child {
+    let mut serve_env = vec![("DOCSTREAM_HTTP_ADDR", addr.to_owned())];
+    serve_env.extend_from_slice(settings);
+    let serve = env.spawn("serve", &serve_env, log);
+    wait_healthy(&format!("http://{addr}")).await;
+    serve
+}
+
 /// A series of `serve`'s metrics: `docstream_{name}{{labels}}`.
 fn series(name: &str, labels: &str) -> String {
     format!("docstream_{name}{{{labels}}}")
@@ -864,14 +865,12 @@ async fn a_server_with_a_small_queue_over_a_backlog() -> SlowScenario {
     let http = format!("127.0.0.1:{port}");
     // Its /metrics, on the internal listener.
     let metrics = format!("127.0.0.1:{}", free_port());
-    let serve_env = [
-        ("DOCSTREAM_HTTP_ADDR", http.clone()),
+    let settings = [
         ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
         ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", SLOW_QUEUE.to_string()),
         ("DOCSTREAM_EXPORT_MAX_UNACKED", SLOW_QUEUE.to_string()),
     ];
-    let serve = env.spawn("serve", &serve_env, "export-slow-serve");
-    wait_healthy(&format!("http://{http}")).await;
+    let serve = a_healthy_serve(&env, &http, &settings, "export-slow-serve").await;
     SlowScenario {
         env,
         port,
@@ -1362,14 +1361,13 @@ async fn every_event_once_the_pipeline_is_done(
 
 /// A new `serve` on the same address.
 async fn a_new_server(pipeline: &Pipeline) -> Child {
-    let addr = &pipeline.addr;
-    let serve = pipeline.env.spawn(
-        "serve",
-        &[("DOCSTREAM_HTTP_ADDR", addr.clone())],
+    a_healthy_serve(
+        &pipeline.env,
+        &pipeline.addr,
+        &[],
         "streams-shutdown-serve-again",
-    );
-    wait_healthy(&format!("http://{addr}")).await;
-    serve
+    )
+    .await
 }
 
 /// A connection of the group to the new server resumes it: with what was
@@ -1516,13 +1514,12 @@ async fn a_server_with_a_small_queue_and_window_over_2000_events() -> SharedGrou
     let port = free_port();
     // A small queue and window, so records wait for their turn and for room
     // when the partitions move.
-    let serve_env = [
-        ("DOCSTREAM_HTTP_ADDR", format!("127.0.0.1:{port}")),
+    let settings = [
         ("DOCSTREAM_EXPORT_MAX_QUEUE_SIZE", "16".to_owned()),
         ("DOCSTREAM_EXPORT_MAX_UNACKED", "16".to_owned()),
     ];
-    let serve = env.spawn("serve", &serve_env, "export-shared-serve");
-    wait_healthy(&format!("http://127.0.0.1:{port}")).await;
+    let addr = format!("127.0.0.1:{port}");
+    let serve = a_healthy_serve(&env, &addr, &settings, "export-shared-serve").await;
     SharedGroup {
         serve,
         port,
