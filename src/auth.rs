@@ -6,7 +6,9 @@
 //! 5 s), so a busy client costs one lookup per key per period, and a key that
 //! is revoked, or whose tenant is deleted, is refused by every process within
 //! that period. Only one lookup of a key runs at a time; the requests that
-//! present the key meanwhile wait for it. Unknown keys are remembered too, so
+//! present the key meanwhile wait for it. A lookup runs detached, within the
+//! answer bound, so one whose requests all went away still ends and frees its
+//! pool connection. Unknown keys are remembered too, so
 //! one bad key repeated does not cost a lookup per request; failed lookups
 //! (the database is away) are not. The cache holds at most
 //! [`MAX_CACHED_KEYS`] keys.
@@ -101,15 +103,18 @@ struct Remembered {
 pub struct Authenticator {
     pool: PgPool,
     ttl: Duration,
+    bound: Duration,
     cache: Arc<Mutex<HashMap<Vec<u8>, Remembered>>>,
 }
 
 impl Authenticator {
-    /// Looks keys up in `pool`, remembering each lookup for `ttl`.
-    pub fn new(pool: PgPool, ttl: Duration) -> Self {
+    /// Looks keys up in `pool`, each lookup within `bound`, remembering each
+    /// for `ttl`.
+    pub fn new(pool: PgPool, ttl: Duration, bound: Duration) -> Self {
         Self {
             pool,
             ttl,
+            bound,
             cache: Arc::default(),
         }
     }
@@ -150,10 +155,21 @@ impl Authenticator {
                 cache.clear();
             }
         }
-        let (pool, owned) = (self.pool.clone(), hash.to_vec());
-        let lookup = async move { tenants::key_owner(&pool, &owned).await }
-            .boxed()
-            .shared();
+        // Detached, with its own bound: the statement runs to its end (and
+        // gives its connection back) even when every request waiting for it
+        // has gone, and it never runs longer than the bound.
+        let (pool, owned, bound) = (self.pool.clone(), hash.to_vec(), self.bound);
+        let running = tokio::spawn(async move {
+            let owner = tokio::time::timeout(bound, tenants::key_owner(&pool, &owned)).await;
+            owner.unwrap_or_else(|_| Err(StoreError::from(sqlx::Error::PoolTimedOut)))
+        });
+        let lookup = async move {
+            running
+                .await
+                .unwrap_or_else(|_| Err(StoreError::from(sqlx::Error::PoolClosed)))
+        }
+        .boxed()
+        .shared();
         let at = Instant::now();
         let remembered = Remembered {
             lookup: lookup.clone(),

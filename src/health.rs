@@ -7,7 +7,9 @@
 //! passing. What it must not do is log every failed poll or statement. So every
 //! failure is reported here, and only the first of an outage is logged (with
 //! `docstream_dependency_outages_total` counting it); the rest go to debug.
-//! The end of an outage is logged once too, with its length.
+//! The end of an outage is logged once too, with its length. A failure within
+//! 10 s of the end is the same outage settling (a restarted broker blinks as
+//! its partitions come back), not a new one: it is not logged again.
 //!
 //! A dependency is back only when a probe (or a successful call) says so: a
 //! probe task asks Postgres `SELECT 1` and the broker for metadata every
@@ -58,9 +60,19 @@ enum State {
     /// Not probed yet.
     Unknown,
     Up,
-    /// Failing since then.
-    Down(Instant),
+    /// Back since then, after an outage; a failure within [`SETTLE`] is the
+    /// same outage still settling, not a new one.
+    Back(Instant),
+    /// Failing since `since`; `settling` when it failed again within
+    /// [`SETTLE`] of coming back (the outage before it was logged).
+    Down { since: Instant, settling: bool },
 }
+
+/// How long a dependency that came back may blink (fail again) without that
+/// being logged and counted as a new outage: a restarted broker accepts
+/// connections before it serves every request, and a recovering database
+/// refuses connections while it replays its log.
+const SETTLE: Duration = Duration::from_secs(10);
 
 /// Shared by every component of a process; cheap to clone.
 #[derive(Clone)]
@@ -95,51 +107,72 @@ impl Health {
 
     /// A call to `dependency` failed for a reason that may pass. The first
     /// failure of an outage is logged as a warning and counted; the rest are
-    /// debug lines.
+    /// debug lines, and so is a blink of a dependency that came back less
+    /// than [`SETTLE`] ago.
     pub fn failed(&self, dependency: Dependency, error: &dyn Display) {
         let name = dependency.as_str();
-        let began = {
+        let previous = {
             let mut state = self.state(dependency);
-            match *state {
-                State::Down(_) => false,
-                State::Up | State::Unknown => {
-                    *state = State::Down(Instant::now());
-                    true
-                }
-            }
+            let previous = *state;
+            *state = match previous {
+                State::Down { .. } => previous,
+                State::Back(at) if at.elapsed() < SETTLE => State::Down {
+                    since: Instant::now(),
+                    settling: true,
+                },
+                State::Up | State::Back(_) | State::Unknown => State::Down {
+                    since: Instant::now(),
+                    settling: false,
+                },
+            };
+            previous
         };
-        if began {
-            let metrics = &self.inner.metrics;
-            metrics.dependencies.up.with_label_values(&[name]).set(0);
-            metrics
-                .dependencies
-                .outages
-                .with_label_values(&[name])
-                .inc();
-            tracing::warn!(dependency = name, %error, "dependency unreachable; retrying until it is back (logged once per outage)");
-        } else {
-            tracing::debug!(dependency = name, %error, "dependency still unreachable");
+        let metrics = &self.inner.metrics;
+        match previous {
+            State::Down { .. } => {
+                tracing::debug!(dependency = name, %error, "dependency still unreachable");
+            }
+            State::Back(at) if at.elapsed() < SETTLE => {
+                metrics.dependencies.up.with_label_values(&[name]).set(0);
+                tracing::debug!(dependency = name, %error, "dependency unreachable again as it settles (the same outage)");
+            }
+            State::Up | State::Back(_) | State::Unknown => {
+                metrics.dependencies.up.with_label_values(&[name]).set(0);
+                let outages = &metrics.dependencies.outages;
+                outages.with_label_values(&[name]).inc();
+                tracing::warn!(dependency = name, %error, "dependency unreachable; retrying until it is back (logged once per outage)");
+            }
         }
     }
 
     /// A call to `dependency` succeeded: an outage, if one was on, is over.
     pub fn succeeded(&self, dependency: Dependency) {
         let name = dependency.as_str();
-        let ended = {
+        let previous = {
             let mut state = self.state(dependency);
             let previous = *state;
-            *state = State::Up;
+            *state = match previous {
+                State::Down { .. } => State::Back(Instant::now()),
+                State::Back(at) if at.elapsed() < SETTLE => previous,
+                State::Up | State::Back(_) | State::Unknown => State::Up,
+            };
             previous
         };
-        match ended {
-            State::Up => return,
-            State::Down(since) => {
+        match previous {
+            State::Up | State::Back(_) => return,
+            State::Down {
+                since,
+                settling: false,
+            } => {
                 let outage_s = since.elapsed().as_secs_f64();
                 tracing::info!(
                     dependency = name,
                     outage_s = format!("{outage_s:.1}"),
                     "dependency reachable again"
                 );
+            }
+            State::Down { settling: true, .. } => {
+                tracing::debug!(dependency = name, "dependency reachable again after a blink");
             }
             State::Unknown => {}
         }
@@ -149,12 +182,12 @@ impl Health {
 
     /// Whether the last word on `dependency` was a success.
     pub fn is_up(&self, dependency: Dependency) -> bool {
-        *self.state(dependency) == State::Up
+        matches!(*self.state(dependency), State::Up | State::Back(_))
     }
 
     /// Whether `dependency` is in an outage (failed since its last success).
     pub fn is_down(&self, dependency: Dependency) -> bool {
-        matches!(*self.state(dependency), State::Down(_))
+        matches!(*self.state(dependency), State::Down { .. })
     }
 
     /// The process began to drain: from now on it is not ready.
@@ -243,6 +276,14 @@ mod tests {
         assert_eq!(series(&metrics, "docstream_dependency_up", "kafka"), 0.0);
         assert_eq!(health.ready(), Err("not reachable: kafka".into()));
         health.succeeded(Dependency::Kafka);
+        assert_eq!(health.ready(), Ok(()));
+        // A blink as it settles is the same outage.
+        health.failed(Dependency::Kafka, &"blink");
+        assert_eq!(series(&metrics, outages, "kafka"), 1.0);
+        assert!(health.is_down(Dependency::Kafka));
+        health.succeeded(Dependency::Kafka);
+        // Once it has been back for SETTLE, a failure is a new outage.
+        *health.state(Dependency::Kafka) = State::Back(Instant::now() - SETTLE);
         health.failed(Dependency::Kafka, &"again");
         assert_eq!(series(&metrics, outages, "kafka"), 2.0);
         health.succeeded(Dependency::Kafka);

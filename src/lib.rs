@@ -19,11 +19,13 @@
 //!   [`metrics`] is every series `/metrics` shows; [`trace`] the W3C trace
 //!   context of a job (its records' `traceparent`, its log lines' ids);
 //!   [`auth`] turns API keys into callers (a tenant and its scopes);
-//!   [`quota`] holds the per-tenant submit rates.
+//!   [`quota`] holds the per-tenant submit rates; [`admission`] the limit
+//!   on submits in flight that sheds overload at once.
 //! - [`domain`] is the job model; [`extract`] the extractors and bbox grounding.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod config;

@@ -50,6 +50,10 @@ pub enum ApiError {
         /// Seconds until a retry may succeed.
         retry_after_s: u64,
     },
+    /// The process has no room for another submit now (`admission`): retry
+    /// shortly; nothing was done for this request.
+    #[error("{0}")]
+    Overloaded(String),
     /// The server is shutting down: retry shortly (elsewhere).
     #[error("{0}")]
     ShuttingDown(String),
@@ -89,6 +93,7 @@ impl ApiError {
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
+            Self::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Self::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),

@@ -1,7 +1,8 @@
 //! `/v1/extractions`: submit (idempotent), read, cancel.
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
+use axum::middleware::{self, Next};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,10 +19,12 @@ use crate::pipeline;
 use crate::pipeline::Services;
 use crate::store::{self, transitions, Extraction, NewExtraction};
 
-/// Submit, read and cancel.
-pub(super) fn router() -> Router<Services> {
+/// Submit, read and cancel. A submit passes the process's admission limit
+/// first (`admission`), before its key is looked up or its body read.
+pub(super) fn router(services: &Services) -> Router<Services> {
+    let admit = middleware::from_fn_with_state(services.clone(), admit);
     Router::new()
-        .route("/v1/extractions", post(submit))
+        .route("/v1/extractions", post(submit).route_layer(admit))
         .route("/v1/extractions/{id}", get(read))
         .route("/v1/extractions/{id}/cancel", post(cancel))
 }
@@ -84,6 +87,29 @@ impl From<Extraction> for ExtractionView {
             metadata,
         }
     }
+}
+
+/// Lets a submit in if the process has room for it, else answers 503
+/// `overloaded` at once; feeds the limit with how long the admitted one took.
+async fn admit(State(services): State<Services>, request: Request, next: Next) -> Response {
+    let http = &services.metrics.http;
+    let admission = &services.admission;
+    let response = match admission.try_admit() {
+        Some(permit) => {
+            let response = next.run(request).await;
+            permit.finish();
+            response
+        }
+        None => {
+            http.overload_rejections.inc();
+            let message = "this server has no room for another submit now; retry shortly";
+            ApiError::Overloaded(message.into()).into_response()
+        }
+    };
+    let (limit, in_flight) = admission.snapshot();
+    http.admission_limit.set(limit as i64);
+    http.submits_in_flight.set(in_flight as i64);
+    response
 }
 
 async fn submit(

@@ -40,7 +40,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     // broker do; the submit keeps its own, tighter, bound inside it.
     let bound = services.settings.http_answer_timeout_s.get() + REST_MARGIN;
     let rest = Router::new()
-        .merge(extractions::router())
+        .merge(extractions::router(&services))
         .merge(results::router())
         .layer(middleware::from_fn_with_state(bound, answer_within));
     Router::new()

@@ -120,6 +120,11 @@ impl Snapshot {
 
 /// The processes of a server, leaving this process out (its command line may
 /// name the server too).
+/// CPU seconds Postgres and the broker have used so far, all their processes.
+pub fn services_cpu_s() -> f64 {
+    server_cpu_s(&servers(POSTGRES)) + server_cpu_s(&servers(KAFKA))
+}
+
 fn servers(needle: &str) -> Vec<u32> {
     let me = std::process::id();
     pids_matching(needle)

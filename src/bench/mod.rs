@@ -7,9 +7,12 @@
 //! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
 //! perf tools), the peers (graphile-worker and River burning down no-op jobs),
 //! docstream's burn-down, the same with two and three worker processes of each
-//! kind, docstream's steady state, the steady state through an
+//! kind, docstream's steady state (by default at half the burn-down's rate),
+//! the saturation curve (0.5× to 3× the burn-down's rate over HTTP, and the
+//! recovery from 3×), the steady state through an
 //! external extractor (`extractor-serve` with a fixed latency), and fairness
-//! between two tenants (one floods, one does not; with and without a cap). Every phase runs on a scratch
+//! between two tenants (one floods, one does not; with and without a cap).
+//! A refused submit is a row of the report, never the end of the run. Every phase runs on a scratch
 //! database and its own topics, dropped at the end. The report is printed as a
 //! table and written as JSON under `--out`.
 
@@ -20,6 +23,7 @@ mod pipeline;
 mod postgres;
 mod procs;
 mod report;
+mod saturation;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,9 +49,17 @@ pub struct BenchArgs {
     /// Jobs in the burn-downs (docstream's and the peer's).
     #[arg(long, default_value_t = 20_000)]
     pub jobs: usize,
-    /// Steady state: submissions per second.
-    #[arg(long, default_value_t = 1_000.0)]
-    pub rate: f64,
+    /// Steady state: submissions per second (default: `--steady-share` of
+    /// this run's burn-down, or 300/s when the burn-down is skipped).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Steady state: its rate as a share of this run's burn-down, so that a
+    /// slower machine is offered what it can take.
+    #[arg(long, default_value_t = 0.5)]
+    pub steady_share: f64,
+    /// Saturation: seconds of each offered load.
+    #[arg(long, default_value_t = 15.0)]
+    pub saturation_s: f64,
     /// Steady state: seconds of sending.
     #[arg(long, default_value_t = 20.0)]
     pub duration_s: f64,
@@ -100,7 +112,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 500)]
     pub flood_cap: i64,
     /// Phases to leave out: postgres, kafka, peer, river, burndown, scaling,
-    /// steady, provider, fairness.
+    /// steady, saturation, provider, fairness.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -119,8 +131,9 @@ impl BenchArgs {
     fn smoke_sized(mut self) -> Self {
         if self.smoke {
             self.jobs = 300;
-            self.rate = 100.0;
+            self.rate = Some(100.0);
             self.duration_s = 2.0;
+            self.saturation_s = 1.0;
             self.pg_seconds = 1;
             self.kafka_records = 5_000;
             self.flood = 300;
@@ -151,9 +164,21 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 9] = [
-    "postgres", "kafka", "peer", "river", "burndown", "scaling", "steady", "provider", "fairness",
+const PHASES: [&str; 10] = [
+    "postgres",
+    "kafka",
+    "peer",
+    "river",
+    "burndown",
+    "scaling",
+    "steady",
+    "saturation",
+    "provider",
+    "fairness",
 ];
+
+/// The steady rate when neither `--rate` nor a burn-down gives one.
+const FALLBACK_RATE: f64 = 300.0;
 
 /// Runs the benchmark; see the module docs.
 pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> {
@@ -195,7 +220,10 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             report.scaling.push(outcome?);
         }
     }
-    if ["steady", "provider"].iter().any(|phase| args.runs(phase)) {
+    if ["steady", "saturation", "provider"]
+        .iter()
+        .any(|phase| args.runs(phase))
+    {
         steady_states(&settings, &args, stamp, &logs, &mut report).await?;
     }
     if args.runs("fairness") {
@@ -299,11 +327,27 @@ async fn steady_states(
         .rig(settings, &format!("bench{stamp}."), logs.to_owned())
         .await?;
     let mix = (args.workers, args.bbox_workers);
+    let burn_down = report.burn_down.as_ref().map(|b| b.jobs_per_s);
     if args.runs("steady") {
+        let rate = args.rate.unwrap_or(match burn_down {
+            Some(rate) => (rate * args.steady_share).round().max(1.0),
+            None => FALLBACK_RATE,
+        });
         let bar = phase_bar("docstream steady state", 0);
-        let outcome = pipeline::steady(&rig, args.rate, args.duration_s, mix, None, &bar).await;
+        let outcome = pipeline::steady(&rig, rate, args.duration_s, mix, None, &bar).await;
         bar.finish();
         report.steady = Some(outcome?);
+    }
+    if args.runs("saturation") {
+        let capacity = match (burn_down, args.rate) {
+            (Some(rate), _) => (rate, "burn-down".to_owned()),
+            (None, Some(rate)) => (rate, "--rate".to_owned()),
+            (None, None) => (FALLBACK_RATE, "fallback".to_owned()),
+        };
+        let bar = phase_bar("saturation curve, 0.5x to 3x", 0);
+        let outcome = saturation::saturation(&rig, capacity, args.saturation_s, mix, &bar).await;
+        bar.finish();
+        report.saturation = Some(outcome?);
     }
     if args.runs("provider") {
         let bar = phase_bar("steady state through extractor-serve", 0);

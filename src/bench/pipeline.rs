@@ -12,7 +12,7 @@
 //!   whatever the answers' timing; each job's latency runs from its *intended*
 //!   send time (no coordinated omission) to its transitions' log timestamps.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -171,6 +171,8 @@ pub struct Steady {
     pub cpu_s_per_1000_jobs: f64,
     /// Each process's CPU over the window and peak RSS.
     pub processes: Vec<ProcCost>,
+    /// Submissions not accepted, by why (`503 overloaded`, `no answer (timeout)`).
+    pub refused: BTreeMap<String, usize>,
 }
 
 /// One hop of a job's path, between two logged transitions.
@@ -364,6 +366,7 @@ pub async fn steady(
     }
     ensure_exactly_once(&rig.pool, &ids).await?;
 
+    let refused = sent.refused.clone();
     let times = job_times(&rig.pool, &ids, &sent.accepted).await?;
     let cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
     let first_send = sent.start_wall.duration_since(UNIX_EPOCH)?.as_secs_f64();
@@ -382,12 +385,13 @@ pub async fn steady(
         hops: hops(&times.hops),
         cpu_s_per_1000_jobs: cpu / (accepted as f64 / 1000.0),
         processes,
+        refused,
     })
 }
 
 /// Starts `serve` and the workers, and a tenant `bench` without quotas: its
 /// client, the base URL and the processes, once `serve` is healthy.
-async fn start_pipeline(
+pub(super) async fn start_pipeline(
     rig: &Rig,
     workers: usize,
     bbox_workers: usize,
@@ -431,20 +435,33 @@ pub(super) async fn warm_up(
 }
 
 /// What the open loop sent, and how its submits were answered.
-struct OpenLoop {
+pub(super) struct OpenLoop {
     /// When the first send was due, wall clock.
-    start_wall: SystemTime,
+    pub start_wall: SystemTime,
     /// Seconds from the first send's due time until the last was sent.
-    sent_s: f64,
+    pub sent_s: f64,
     /// Each accepted job, and when its submit was due.
-    accepted: Vec<(Uuid, SystemTime)>,
+    pub accepted: Vec<(Uuid, SystemTime)>,
     /// Due time to the 202 answer, µs.
-    answer: Histogram<u64>,
+    pub answer: Histogram<u64>,
+    /// Each accepted submit's place in the sequence and how long after its
+    /// due time it was answered.
+    pub answered: Vec<(usize, Duration)>,
+    /// Submits not accepted, by why.
+    pub refused: BTreeMap<String, usize>,
+}
+
+impl OpenLoop {
+    /// Submits not accepted, whatever the reason.
+    pub fn refused_total(&self) -> usize {
+        self.refused.values().sum()
+    }
 }
 
 /// Sends `total` submissions, `rate` per second on the clock whatever the
-/// answers' timing (open loop); fails if any was refused.
-async fn open_loop(
+/// answers' timing (open loop), and counts how each was answered: a refusal
+/// is a measurement, never a failure of the run.
+pub(super) async fn open_loop(
     client: &reqwest::Client,
     base: &str,
     samples: &[ExtractionRequest],
@@ -457,7 +474,7 @@ async fn open_loop(
     let start_wall = SystemTime::now() + Duration::from_millis(50);
     let mut sends = tokio::task::JoinSet::new();
     for i in 0..total {
-        let due = start + interval * i as u32;
+        let due = start + interval.mul_f64(i as f64);
         tokio::time::sleep_until(due).await;
         let (client, base) = (client.clone(), base.to_owned());
         let request = samples[i % samples.len()].clone();
@@ -468,50 +485,47 @@ async fn open_loop(
         progress.inc(1);
     }
     let sent_s = start.elapsed().as_secs_f64();
-    let intended = |i: usize| start_wall + interval * i as u32;
+    let intended = |i: usize| start_wall + interval.mul_f64(i as f64);
     let mut answer = histogram();
     let mut accepted: Vec<(Uuid, SystemTime)> = Vec::with_capacity(total);
-    let mut refused = 0;
+    let mut answered = Vec::with_capacity(total);
+    let mut refused = BTreeMap::new();
     while let Some(joined) = sends.join_next().await {
         let (i, outcome, answered_after) = joined?;
         match outcome {
             Ok(id) => {
                 accepted.push((id, intended(i)));
                 answer.saturating_record(answered_after.as_micros() as u64);
+                answered.push((i, answered_after));
             }
-            Err(e) => {
-                refused += 1;
-                tracing::warn!(error = %e, "submission refused");
-            }
+            Err(why) => *refused.entry(why.0).or_insert(0) += 1,
         }
     }
-    anyhow::ensure!(
-        refused == 0,
-        "{refused} of {total} submissions were refused"
-    );
     Ok(OpenLoop {
         start_wall,
         sent_s,
         accepted,
         answer,
+        answered,
+        refused,
     })
 }
 
 /// The accepted jobs' latencies from their intended send time, µs, read from
 /// the transition log.
-struct JobTimes {
+pub(super) struct JobTimes {
     /// To `mark_succeeded`.
-    to_succeeded: Histogram<u64>,
+    pub to_succeeded: Histogram<u64>,
     /// To `mark_bbox_refinement_succeeded`.
-    to_bbox: Histogram<u64>,
+    pub to_bbox: Histogram<u64>,
     /// Each hop of `PATH`, in order.
-    hops: Vec<Histogram<u64>>,
+    pub hops: Vec<Histogram<u64>>,
     /// The last `mark_succeeded`, epoch seconds.
-    last_succeeded: f64,
+    pub last_succeeded: f64,
 }
 
 /// The latencies of the jobs `ids`, each `accepted` with its intended send time.
-async fn job_times(
+pub(super) async fn job_times(
     pool: &PgPool,
     ids: &[Uuid],
     accepted: &[(Uuid, SystemTime)],
@@ -694,7 +708,7 @@ pub(super) fn spawn_workers(
 }
 
 /// Each process's cost since `cpu_before` (empty: since it started).
-fn costs(procs: &[Proc], cpu_before: &[f64]) -> anyhow::Result<Vec<ProcCost>> {
+pub(super) fn costs(procs: &[Proc], cpu_before: &[f64]) -> anyhow::Result<Vec<ProcCost>> {
     procs
         .iter()
         .enumerate()
@@ -706,19 +720,52 @@ pub(super) async fn post(
     client: &reqwest::Client,
     base: &str,
     request: &docstream::domain::ExtractionRequest,
-) -> anyhow::Result<Uuid> {
-    let response = client
+) -> Result<Uuid, Refused> {
+    let sent = client
         .post(format!("{base}/v1/extractions"))
         .json(request)
         .send()
-        .await?;
+        .await;
+    let response = sent.map_err(|e| Refused(format!("no answer ({})", transport_kind(&e))))?;
     let status = response.status();
-    let body: serde_json::Value = response.json().await?;
-    anyhow::ensure!(
-        status == reqwest::StatusCode::ACCEPTED,
-        "answered {status}: {body}"
-    );
-    Ok(body["id"].as_str().context("answer without id")?.parse()?)
+    let body: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| Refused(format!("{} unreadable ({})", status.as_u16(), transport_kind(&e))))?;
+    if status != reqwest::StatusCode::ACCEPTED {
+        let code = body["error"]["code"].as_str().unwrap_or("?");
+        return Err(Refused(format!("{} {code}", status.as_u16())));
+    }
+    body["id"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| Refused("202 without an id".into()))
+}
+
+/// Why a submit was not accepted: its status and error code (`503
+/// overloaded`), or that no answer came; a row of the report.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// What kind of transport failure `e` was, in a word.
+fn transport_kind(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connect"
+    } else if e.is_body() || e.is_decode() {
+        "body"
+    } else {
+        "request"
+    }
 }
 
 pub(super) async fn wait_healthy(
@@ -809,8 +856,10 @@ async fn wait_groups_stable(
                 });
                 anyhow::Ok(stable)
             })
-            .await??;
-            if !stable {
+            .await?;
+            // A broker that has just started answers CoordinatorLoadInProgress
+            // for a while: not stable yet, asked again until the deadline.
+            if !stable.unwrap_or(false) {
                 unstable.push(group.as_str());
             }
         }
@@ -838,7 +887,10 @@ fn assigns_something(assignment: &[u8]) -> bool {
 
 /// The benchmark counts only runs that kept the contract: every job claimed,
 /// succeeded and bbox-refined exactly once (no duplicate work was done to win).
-async fn ensure_exactly_once(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<()> {
+pub(super) async fn ensure_exactly_once(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     let rows: Vec<(String, i64)> = sqlx::query_as(
         "SELECT transition::text, count(*) FROM extraction_transitions
           WHERE extraction_id = ANY($1) AND transition IN ('mark_succeeded', 'mark_bbox_refinement_succeeded')

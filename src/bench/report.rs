@@ -11,7 +11,37 @@ use super::external::number;
 use super::fairness::Fairness;
 use super::pipeline::{BurnDown, Hop, Latency, ProviderSteady, StatementCost, Steady};
 use super::postgres::PgCeiling;
+use super::saturation::{Saturation, RECOVERED_P99_MS};
 use super::BenchArgs;
+
+/// The machine a run was on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// CPUs this process may use.
+    pub cores: usize,
+    /// The CPU's model name (`/proc/cpuinfo`).
+    pub cpu_model: String,
+    /// graphile-worker's burn-down on it in this run, jobs/s.
+    pub graphile_worker_jobs_per_s: Option<f64>,
+    /// River's burn-down on it in this run, jobs/s.
+    pub river_jobs_per_s: Option<f64>,
+}
+
+impl Machine {
+    fn this() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+            .map_or("unknown CPU".to_owned(), |(_, m)| m.trim().to_owned());
+        Self {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu_model,
+            graphile_worker_jobs_per_s: None,
+            river_jobs_per_s: None,
+        }
+    }
+}
 
 /// One comparison, with its target when the issue sets one.
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +65,9 @@ pub struct Report {
     pub started_at: String,
     /// CPUs this process may use.
     pub cpus: usize,
+    /// The machine: its CPU model and the peers' rates on it, so runs on
+    /// different machines can be told apart.
+    pub machine: Machine,
     /// Jobs in the burn-downs.
     pub jobs: usize,
     /// Whether this was a smoke run (sizes too small to mean anything).
@@ -53,6 +86,8 @@ pub struct Report {
     pub scaling: Vec<BurnDown>,
     /// docstream under an open-loop HTTP load.
     pub steady: Option<Steady>,
+    /// docstream under 0.5× to 3× its capacity, and its recovery.
+    pub saturation: Option<Saturation>,
     /// The same through an external extractor with a fixed latency.
     pub provider: Option<ProviderSteady>,
     /// One tenant's flood and another's steady jobs: without A's cap, then with it.
@@ -66,6 +101,7 @@ impl Report {
         Self {
             started_at: chrono::Utc::now().to_rfc3339(),
             cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            machine: Machine::this(),
             jobs: args.jobs,
             smoke: args.smoke,
             postgres: Vec::new(),
@@ -75,6 +111,7 @@ impl Report {
             burn_down: None,
             scaling: Vec::new(),
             steady: None,
+            saturation: None,
             provider: None,
             fairness: Vec::new(),
             checks: Vec::new(),
@@ -83,12 +120,20 @@ impl Report {
 
     /// Computes the ratios and checks from what was measured.
     pub(super) fn finish(&mut self) {
+        let rate = |peer: &Option<serde_json::Value>| {
+            peer.as_ref().and_then(|p| number(p, "jobs_per_s").ok())
+        };
+        self.machine.graphile_worker_jobs_per_s = rate(&self.peer);
+        self.machine.river_jobs_per_s = rate(&self.river);
         let mut checks = Vec::new();
         if let Some(burn) = &self.burn_down {
             checks.extend(self.burn_down_checks(burn));
         }
         if let Some(steady) = &self.steady {
             checks.extend(steady_checks(steady));
+        }
+        if let Some(saturation) = &self.saturation {
+            checks.extend(saturation_checks(saturation));
         }
         if let Some(provider) = &self.provider {
             checks.extend(provider_checks(provider));
@@ -224,6 +269,41 @@ fn steady_checks(steady: &Steady) -> [Check; 2] {
     ]
 }
 
+/// Past capacity (2× and 3×): the accepted rate stays near the peak and the
+/// accepted submits fast; after the drop, p99 is fast again within 5 s.
+fn saturation_checks(curve: &Saturation) -> Vec<Check> {
+    let peak = curve
+        .steps
+        .iter()
+        .map(|s| s.accepted_per_s)
+        .fold(0.0, f64::max);
+    let mut checks = Vec::new();
+    for step in curve.steps.iter().filter(|s| s.load >= 2.0) {
+        checks.push(ratio(
+            &format!("saturation {}x: accepted/s / peak accepted/s", step.load),
+            step.accepted_per_s / peak.max(f64::EPSILON),
+            Some(0.9),
+        ));
+        checks.push(at_most(
+            format!("saturation {}x: p99 accepted submit answered", step.load),
+            step.submit_answer.p99_ms,
+            "ms",
+            RECOVERED_P99_MS,
+        ));
+    }
+    let recovered = curve.recovery.recovered_after_s.unwrap_or(f64::INFINITY);
+    checks.push(at_most(
+        format!(
+            "saturation: s after 3x -> {}x until p99 <= {RECOVERED_P99_MS} ms",
+            curve.recovery.load
+        ),
+        recovered,
+        "s",
+        5.0,
+    ));
+    checks
+}
+
 /// How much of the extractor's capacity was used, and the latency it added.
 fn provider_checks(p: &ProviderSteady) -> [Check; 2] {
     let utilisation = Check {
@@ -268,8 +348,8 @@ impl fmt::Display for Report {
         };
         writeln!(
             f,
-            "\ndocstream bench, {} CPUs, {}{smoke}",
-            self.cpus, self.started_at
+            "\ndocstream bench, {} CPUs ({}), {}{smoke}",
+            self.cpus, self.machine.cpu_model, self.started_at
         )?;
         self.ceilings(f)?;
         if let Some(b) = &self.burn_down {
@@ -280,6 +360,9 @@ impl fmt::Display for Report {
         }
         if let Some(s) = &self.steady {
             steady(f, s)?;
+        }
+        if let Some(s) = &self.saturation {
+            saturation(f, s)?;
         }
         if let Some(p) = &self.provider {
             provider(f, p)?;
@@ -448,6 +531,7 @@ fn steady(f: &mut fmt::Formatter<'_>, s: &Steady) -> fmt::Result {
         "\ndocstream steady state ({} submissions at {}/s over {} s; sent at {:.0}/s)",
         s.sent, s.rate, s.duration_s, s.achieved_rate
     )?;
+    refusals(f, s.sent, s.accepted, &s.refused)?;
     latencies(f, s)?;
     writeln!(f, "  where the time goes:")?;
     hops(f, &s.hops)?;
@@ -463,6 +547,73 @@ fn steady(f: &mut fmt::Formatter<'_>, s: &Steady) -> fmt::Result {
             "  {:<38} {:>7.2} CPU-s/1000 jobs  peak RSS {:>6.1} MiB",
             p.name, per_1000, p.peak_rss_mib
         )?;
+    }
+    Ok(())
+}
+
+/// The saturation section: one row per offered load, then the recovery.
+fn saturation(f: &mut fmt::Formatter<'_>, c: &Saturation) -> fmt::Result {
+    writeln!(
+        f,
+        "\nsaturation curve (capacity {:.0} jobs/s from the {}; {} s per load)",
+        c.capacity_per_s,
+        c.capacity_from,
+        c.steps.first().map_or(0.0, |s| s.seconds)
+    )?;
+    writeln!(
+        f,
+        "  {:>5} {:>9} {:>11} {:>6}  {:>21}  {:>21}  {:>10}",
+        "load",
+        "offered/s",
+        "accepted/s",
+        "shed",
+        "submit p50/p99 ms",
+        "to bbox p50/p99 ms",
+        "CPU ms/job"
+    )?;
+    for s in &c.steps {
+        writeln!(
+            f,
+            "  {:>4.1}x {:>9.0} {:>11.0} {:>5.1}%  {:>10.1}/{:<10.1}  {:>10.1}/{:<10.1}  {:>10.3}",
+            s.load,
+            s.offered_per_s,
+            s.accepted_per_s,
+            s.shed_share * 100.0,
+            s.submit_answer.p50_ms,
+            s.submit_answer.p99_ms,
+            s.submit_to_bbox_succeeded.p50_ms,
+            s.submit_to_bbox_succeeded.p99_ms,
+            s.cpu_ms_per_accepted_job
+        )?;
+        for (why, count) in &s.refused {
+            writeln!(f, "        refused: {why:<29} {count:>10}")?;
+        }
+    }
+    let r = &c.recovery;
+    let by_second: Vec<String> = r.p99_by_second_ms.iter().map(|p| format!("{p:.0}")).collect();
+    writeln!(
+        f,
+        "  recovery: {:.0} s at 3x, then {}x; p99 of each second after, ms: {}",
+        r.overload_s,
+        r.load,
+        by_second.join(" ")
+    )?;
+    match r.recovered_after_s {
+        Some(s) => writeln!(f, "  p99 <= {RECOVERED_P99_MS} ms from {s:.0} s after the drop"),
+        None => writeln!(f, "  p99 never came back under {RECOVERED_P99_MS} ms"),
+    }
+}
+
+/// How many of `sent` were accepted, and why the others were not.
+pub(super) fn refusals(
+    f: &mut fmt::Formatter<'_>,
+    sent: usize,
+    accepted: usize,
+    refused: &std::collections::BTreeMap<String, usize>,
+) -> fmt::Result {
+    writeln!(f, "  accepted                               {accepted:>10} of {sent}")?;
+    for (why, count) in refused {
+        writeln!(f, "  refused: {why:<29} {count:>10}")?;
     }
     Ok(())
 }
@@ -608,6 +759,7 @@ mod tests {
             }],
             cpu_s_per_1000_jobs: 3.25,
             processes: vec![proc("serve", 0.5)],
+            refused: [("503 overloaded".to_owned(), 3)].into(),
         }
     }
 
@@ -628,6 +780,7 @@ mod tests {
         let mut report = Report {
             started_at: "2026-01-01T00:00:00+00:00".into(),
             cpus: 2,
+            machine: Machine::this(),
             jobs: 300,
             smoke: true,
             postgres: [1, 100]
@@ -652,6 +805,7 @@ mod tests {
             burn_down: Some(burn(1, 500.0)),
             scaling: vec![burn(2, 480.0), burn(3, 430.0)],
             steady: Some(steady(100.0)),
+            saturation: None,
             provider: Some(ProviderSteady {
                 latency_ms: 200,
                 cap: 32,
@@ -686,6 +840,8 @@ mod tests {
         ] {
             assert!(text.contains(section), "no {section:?} in\n{text}");
         }
+        let refused = text.lines().find(|l| l.contains("refused: 503 overloaded"));
+        assert!(refused.is_some_and(|l| l.ends_with(" 3")), "{text}");
         // Every check of a full run, in order, each on its own line.
         assert_eq!(report.checks.len(), 13, "{:#?}", report.checks);
         let lines: Vec<&str> = text.lines().collect();

@@ -344,6 +344,16 @@ settings! {
     /// the database gets 503 with `Retry-After`. Two seconds keeps clients'
     /// own timeouts out of play during an outage.
     http_answer_timeout_s: Seconds = Seconds::new(2), env "DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", positive;
+    /// The latency a submit should be answered in when the database is
+    /// fast: `serve` admits submits only while it answers them in about this
+    /// (see `admission`), and refuses the rest at once with 503 `overloaded`.
+    /// A slower database raises it, to at most half `http_answer_timeout_s`.
+    /// 100 ms leaves a client far from its own timeouts under overload.
+    submit_target_latency_ms: u64 = 100_u64, env "DOCSTREAM_SUBMIT_TARGET_LATENCY_MS", at_least(1);
+    /// The fewest submits one `serve` admits at once, however slow it is.
+    submit_min_in_flight: usize = 16_usize, env "DOCSTREAM_SUBMIT_MIN_IN_FLIGHT", at_least(1);
+    /// The most submits one `serve` admits at once, however fast it is.
+    submit_max_in_flight: usize = 1_024_usize, env "DOCSTREAM_SUBMIT_MAX_IN_FLIGHT", at_least(1);
     /// The longest a caller waits for a pooled Postgres connection before the
     /// call fails as passing (the pool keeps trying to reconnect).
     db_acquire_timeout_s: Seconds = Seconds::new(5), env "DOCSTREAM_DB_ACQUIRE_TIMEOUT_S", positive;
@@ -544,6 +554,16 @@ impl Settings {
             submit_burst: self.tenant_submit_burst.max(1),
             max_open_jobs: (self.tenant_max_open_jobs > 0)
                 .then_some(i64::from(self.tenant_max_open_jobs)),
+        }
+    }
+
+    /// The admission limit of `serve`'s submits.
+    pub fn admission(&self) -> crate::admission::AdmissionSettings {
+        crate::admission::AdmissionSettings {
+            target: Duration::from_millis(self.submit_target_latency_ms),
+            answer_bound: self.http_answer_timeout_s.get(),
+            min_limit: self.submit_min_in_flight,
+            max_limit: self.submit_max_in_flight.max(self.submit_min_in_flight),
         }
     }
 

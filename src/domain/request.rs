@@ -402,6 +402,12 @@ impl Document {
         }
     }
 
+    /// Bytes of text the document holds: its text, or its words'.
+    pub fn text_bytes(&self) -> usize {
+        let words = self.pages.iter().flatten().flat_map(|p| &p.words);
+        self.text.as_ref().map_or(0, String::len) + words.map(|w| w.text.len()).sum::<usize>()
+    }
+
     /// The document's words in reading order, across pages.
     pub fn words(&self) -> Vec<WordRef<'_>> {
         if let Some(pages) = &self.pages {

@@ -62,9 +62,10 @@ impl Extractors {
     ) -> Result<Extracted, ExtractError> {
         if name == RULES {
             let (request, budget) = (job.request.clone(), self.rules);
+            let size = request.document.text_bytes() * request.fields.len().max(1);
             let output = self
                 .cpu
-                .run(self.rules_deadline, move |deadline| {
+                .run(self.rules_deadline, size, move |deadline| {
                     super::extract_rules(&request, &budget, deadline)
                 })
                 .await?;

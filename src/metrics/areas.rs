@@ -438,6 +438,13 @@ pub struct HttpMetrics {
     pub duration: HistogramVec,
     /// `docstream_http_shutdown_rejections_total`: requests answered 503 while draining.
     pub shutdown_rejections: IntCounter,
+    /// `docstream_submit_overload_rejections_total`: submits refused at once
+    /// (503 `overloaded`) because the admission limit was reached.
+    pub overload_rejections: IntCounter,
+    /// `docstream_submit_admission_limit`: submits the process admits at once now.
+    pub admission_limit: IntGauge,
+    /// `docstream_submits_in_flight`: submits admitted and not yet answered.
+    pub submits_in_flight: IntGauge,
 }
 
 impl HttpMetrics {
@@ -463,6 +470,21 @@ impl HttpMetrics {
                 registry,
                 "docstream_http_shutdown_rejections_total",
                 "Requests answered 503 because the server was shutting down.",
+            ),
+            overload_rejections: counter(
+                registry,
+                "docstream_submit_overload_rejections_total",
+                "Submits refused at once (503 overloaded): the admission limit was reached.",
+            ),
+            admission_limit: gauge(
+                registry,
+                "docstream_submit_admission_limit",
+                "Submits this process admits at once now (adapted to its latency).",
+            ),
+            submits_in_flight: gauge(
+                registry,
+                "docstream_submits_in_flight",
+                "Submits admitted and not yet answered.",
             ),
         }
     }

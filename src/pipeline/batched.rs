@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::persist::persist;
+use crate::admission::Admission;
 use crate::config::Settings;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -38,7 +39,15 @@ pub struct Batched {
 
 impl Batched {
     /// Starts the batchers on `pool` (needs a Tokio runtime).
-    pub fn new(settings: &Settings, pool: &PgPool, health: &Health, metrics: &Metrics) -> Self {
+    /// Each submit INSERT's duration goes to `admission`, whose target
+    /// latency follows the database's pace.
+    pub fn new(
+        settings: &Settings,
+        pool: &PgPool,
+        health: &Health,
+        metrics: &Metrics,
+        admission: &Admission,
+    ) -> Self {
         let (max, concurrency) = (settings.db_batch_max, settings.db_batch_concurrency);
         let extraction_lease_s = settings.extraction_run_lease_s.as_secs_f64();
         let bbox_lease_s = settings.bbox_refinement_lease_s.as_secs_f64();
@@ -59,7 +68,18 @@ impl Batched {
             }};
         }
         Self {
-            insert: batcher!(|pool, inserts| store::insert_each(&pool, &inserts).await),
+            insert: {
+                let (pool, admission) = (pool.clone(), admission.clone());
+                Coalescer::spawn(max, concurrency, move |inserts| {
+                    let (pool, admission) = (pool.clone(), admission.clone());
+                    async move {
+                        let started = std::time::Instant::now();
+                        let inserted = store::insert_each(&pool, &inserts).await;
+                        admission.statement_took(started.elapsed());
+                        inserted
+                    }
+                })
+            },
             claim: batcher!(|pool, ids| {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),

@@ -46,7 +46,8 @@ impl BboxWorker {
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
         let request = request.ok_or("the claim returned no request")?;
         let budget = services.settings.bbox_refine_timeout_s.get();
-        let grounded = services.cpu.run(budget, move |_| {
+        let size = request.document.text_bytes() * output.fields.len().max(1);
+        let grounded = services.cpu.run(budget, size, move |_| {
             let grounding = ground(&request.document, &output);
             Ok(serde_json::to_value(grounding).expect("grounding serialises"))
         });

@@ -33,6 +33,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::admission::Admission;
 use crate::auth::Authenticator;
 use crate::config::Settings;
 use crate::domain::Transition;
@@ -76,6 +77,8 @@ pub struct Services {
     pub auth: Authenticator,
     /// This process's per-tenant submit rates.
     pub submit_rates: SubmitRates,
+    /// The limit on this process's submits in flight (the HTTP route's).
+    pub admission: Admission,
 }
 
 impl Services {
@@ -87,12 +90,15 @@ impl Services {
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, reqwest::Error> {
-        let batched = Batched::new(&settings, &pool, &health, &metrics);
+        let admission = Admission::new(settings.admission());
+        let batched = Batched::new(&settings, &pool, &health, &metrics, &admission);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         let cpu = CpuPool::new(settings.extraction_threads);
         let extractors = Extractors::new(&settings, &metrics, cpu.clone())?;
-        let auth = Authenticator::new(pool.clone(), settings.api_key_cache_s.get());
+        let key_cache = settings.api_key_cache_s.get();
+        let answer_bound = settings.http_answer_timeout_s.get();
+        let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
         Ok(Self {
             settings: Arc::new(settings),
             pool,
@@ -106,6 +112,7 @@ impl Services {
             health,
             auth,
             submit_rates: SubmitRates::default(),
+            admission,
         })
     }
 

@@ -1,6 +1,6 @@
-//! Idempotent submit (invariant 3): SELECT by key, else INSERT; a concurrent twin
-//! that loses the INSERT on the partial unique index re-reads the winner, so every
-//! caller with one key sees one row. The same key with another body is refused.
+//! Idempotent submit (invariant 3): INSERT unless the key is taken; a repeat,
+//! or a concurrent twin that lost the INSERT on the partial unique index, then
+//! reads the key's job, so every caller with one key sees one row. The same key with another body is refused.
 //! A key is unique within its tenant: two tenants' equal keys name two jobs.
 //!
 //! The INSERT takes arrays: concurrent submits can share one statement (and one
@@ -28,6 +28,8 @@ use crate::domain::{
 /// tenant's quota lock (`LOCK_TENANTS`, an earlier statement of the same
 /// transaction, so this statement's snapshot sees every job committed before
 /// it), which makes the cap exact across processes.
+/// A request whose key its tenant has used already takes no room and is left
+/// out (the caller then reads the key's job).
 /// Then the request row: a request with an idempotency key is inserted only if
 /// no other request holds its key (a speculative insert, which costs more, so
 /// requests without a key skip it), and only the requests inserted get a job
@@ -48,7 +50,10 @@ pub const INSERT: &str = "WITH new AS (
         SELECT * FROM (
             SELECT new.*, capped.cap AS room_of, capped.open,
                    row_number() OVER (PARTITION BY new.tenant_id ORDER BY new.ord) AS place
-              FROM new LEFT JOIN capped ON capped.tenant_id = new.tenant_id) ranked
+                FROM new LEFT JOIN capped ON capped.tenant_id = new.tenant_id
+             WHERE new.key IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM extraction_requests q
+                    WHERE q.tenant_id = new.tenant_id AND q.idempotency_key = new.key)) ranked
          WHERE room_of IS NULL OR open + place <= room_of),
     keyed AS (
         INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
@@ -241,13 +246,12 @@ where
     F: FnOnce(Insert) -> Fut,
     Fut: Future<Output = Result<Option<Extraction>, StoreError>>,
 {
+    // No lookup of the key first: the INSERT leaves out a key its tenant has
+    // used already, and only then (a repeat, or a concurrent twin that won)
+    // is the key's job read. A first submit costs one statement, shared with
+    // its batch, and never takes a pool connection of its own.
     let insert_row = Insert::new(new);
     let hash = insert_row.hash.clone().unwrap_or_default();
-    if let Some(key) = &insert_row.new.idempotency_key {
-        if let Some(existing) = by_key(pool, insert_row.new.tenant_id, key).await? {
-            return replay(existing, &hash);
-        }
-    }
     let key = insert_row.new.idempotency_key.clone().unwrap_or_default();
     let tenant_id = insert_row.new.tenant_id;
     let cap = insert_row.new.max_open_jobs;

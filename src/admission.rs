@@ -1,0 +1,292 @@
+//! Admission of submits: `serve` lets a submit in only while it has room to
+//! answer it quickly, and refuses the rest at once (503 `overloaded` with
+//! `Retry-After`), before their body is read, their key looked up or a pool
+//! connection taken. An overloaded process therefore answers every request
+//! in milliseconds, and the submits it admits finish near the target latency
+//! instead of queueing into the answer bound.
+//!
+//! The room is a limit on submits in flight, adapted to what the process can
+//! do right now by additive increase and multiplicative decrease, as TCP's
+//! congestion window is:
+//! - a submit answered within the target latency, while at least half of the
+//!   limit was in use, raises the limit by `1 / limit` (about one per round
+//!   of submits);
+//! - one answered later (a 503 at the answer bound among them), or abandoned
+//!   (the REST backstop fired, the client hung up), cuts it by a tenth, at most once per target period, so one
+//!   congestion episode is one cut rather than one per late submit.
+//!
+//! The target is `submit_target_latency_ms`, or three times the submit
+//! INSERT's recent duration when that is longer: a database that is slow for
+//! everyone (a slow network, a failover) is not overload, and cutting the
+//! limit would not make it faster; more submits in flight then share each
+//! statement and keep the rate up. The target never exceeds half the answer
+//! bound. Under overload the limit settles where the process answers in
+//! about the target; with less load the limit is never reached.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The limit's bounds and its start.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionSettings {
+    /// Latency the limit aims for when the database is fast.
+    pub target: Duration,
+    /// The answer bound: the target stays below half of it.
+    pub answer_bound: Duration,
+    /// The fewest submits in flight the limit allows.
+    pub min_limit: usize,
+    /// The most.
+    pub max_limit: usize,
+}
+
+/// The admission limit of one process; clones share it.
+#[derive(Clone)]
+pub struct Admission {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: AdmissionSettings,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// Submits allowed in flight (fractional: increases are small steps).
+    limit: f64,
+    in_flight: usize,
+    /// The submit INSERT's recent duration, seconds (an exponential average).
+    statement_s: f64,
+    /// When the limit was last cut.
+    last_cut: Instant,
+}
+
+/// A submit admitted; it leaves when [`finish`](Self::finish)ed or dropped.
+pub struct Permit {
+    inner: Arc<Inner>,
+    admitted: Instant,
+    /// Whether half the limit or more was in use when it was admitted.
+    busy: bool,
+    finished: bool,
+}
+
+/// Weight of a new statement duration in the average (about the last 20).
+const STATEMENT_WEIGHT: f64 = 0.05;
+/// The target is at least this many statement durations: a submit may wait
+/// for the running statement, then runs in the next.
+const STATEMENTS_PER_TARGET: f64 = 3.0;
+/// What a late submit leaves of the limit.
+const CUT: f64 = 0.9;
+
+impl Admission {
+    /// A limit starting at a quarter of the way from `min_limit` to `max_limit`.
+    pub fn new(settings: AdmissionSettings) -> Self {
+        let min = settings.min_limit.max(1) as f64;
+        let max = (settings.max_limit as f64).max(min);
+        let state = State {
+            limit: min + (max - min) / 4.0,
+            in_flight: 0,
+            statement_s: 0.0,
+            last_cut: Instant::now(),
+        };
+        let settings = AdmissionSettings {
+            min_limit: min as usize,
+            max_limit: max as usize,
+            ..settings
+        };
+        Self {
+            inner: Arc::new(Inner {
+                settings,
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// A permit if a submit has room now; `None` means refuse it.
+    pub fn try_admit(&self) -> Option<Permit> {
+        let mut state = self.inner.lock();
+        if state.in_flight as f64 >= state.limit.floor() {
+            return None;
+        }
+        state.in_flight += 1;
+        let busy = state.in_flight as f64 * 2.0 >= state.limit;
+        Some(Permit {
+            inner: self.inner.clone(),
+            admitted: Instant::now(),
+            busy,
+            finished: false,
+        })
+    }
+
+    /// Records how long one submit INSERT statement took.
+    pub fn statement_took(&self, took: Duration) {
+        let mut state = self.inner.lock();
+        let took = took.as_secs_f64();
+        state.statement_s = match state.statement_s {
+            0.0 => took,
+            average => average + STATEMENT_WEIGHT * (took - average),
+        };
+    }
+
+    /// The limit now, and the submits in flight.
+    pub fn snapshot(&self) -> (usize, usize) {
+        let state = self.inner.lock();
+        (state.limit.floor() as usize, state.in_flight)
+    }
+
+    /// The latency the limit aims for now.
+    pub fn target(&self) -> Duration {
+        let state = self.inner.lock();
+        self.inner.target(state.statement_s)
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is numbers updated in place: a panic elsewhere cannot
+        // leave it inconsistent, so a poisoned lock is used as it is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn target(&self, statement_s: f64) -> Duration {
+        let slow_database = Duration::from_secs_f64(statement_s * STATEMENTS_PER_TARGET);
+        self.settings
+            .target
+            .max(slow_database)
+            .min(self.settings.answer_bound / 2)
+    }
+
+    /// Leaves the limit with one sample: `latency` (`None`: abandoned).
+    fn leave(&self, latency: Option<Duration>, busy: bool) {
+        let mut state = self.lock();
+        state.in_flight -= 1;
+        let target = self.target(state.statement_s);
+        let (min, max) = (
+            self.settings.min_limit as f64,
+            self.settings.max_limit as f64,
+        );
+        match latency {
+            Some(latency) if latency <= target => {
+                if busy {
+                    state.limit = (state.limit + 1.0 / state.limit).min(max);
+                }
+            }
+            _ => {
+                let now = Instant::now();
+                if now.duration_since(state.last_cut) >= target {
+                    state.limit = (state.limit * CUT).max(min);
+                    state.last_cut = now;
+                }
+            }
+        }
+    }
+}
+
+impl Permit {
+    /// The submit was answered (whatever the answer: a 503 after the
+    /// answer bound is as late as one can be, an immediate one is not).
+    pub fn finish(mut self) {
+        self.finished = true;
+        self.inner.leave(Some(self.admitted.elapsed()), self.busy);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.inner.leave(None, self.busy);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(min: usize, max: usize) -> Admission {
+        Admission::new(AdmissionSettings {
+            target: Duration::from_millis(100),
+            answer_bound: Duration::from_secs(2),
+            min_limit: min,
+            max_limit: max,
+        })
+    }
+
+    #[test]
+    fn refuses_past_the_limit_and_admits_again_once_one_leaves() {
+        let admission = admission(4, 4);
+        let permits: Vec<Permit> = (0..4).map(|_| admission.try_admit().unwrap()).collect();
+        assert!(admission.try_admit().is_none());
+        drop(permits);
+        assert_eq!(admission.snapshot().1, 0);
+        assert!(admission.try_admit().is_some());
+    }
+
+    #[test]
+    fn fast_answers_under_load_raise_the_limit() {
+        let admission = admission(4, 100);
+        let start = admission.snapshot().0;
+        for _ in 0..200 {
+            let permits: Vec<Permit> = (0..start).filter_map(|_| admission.try_admit()).collect();
+            for permit in permits {
+                permit.finish();
+            }
+        }
+        assert!(admission.snapshot().0 > start, "{:?}", admission.snapshot());
+    }
+
+    #[test]
+    fn fast_answers_without_load_leave_the_limit_alone() {
+        let admission = admission(4, 100);
+        let start = admission.snapshot().0;
+        for _ in 0..1000 {
+            admission.try_admit().unwrap().finish();
+        }
+        assert_eq!(admission.snapshot().0, start);
+    }
+
+    #[test]
+    fn a_late_answer_cuts_the_limit_once_per_target_period() {
+        let admission = admission(4, 100);
+        let start = admission.snapshot().0;
+        // The first cut needs a target period since the limit was made.
+        admission.inner.lock().last_cut -= Duration::from_secs(1);
+        let permits: Vec<Permit> = (0..10).map(|_| admission.try_admit().unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(101));
+        for permit in permits {
+            permit.finish();
+        }
+        let after = admission.snapshot().0;
+        assert_eq!(after, (start as f64 * CUT).floor() as usize);
+    }
+
+    #[test]
+    fn an_abandoned_submit_counts_as_late_and_leaves() {
+        let admission = admission(4, 100);
+        admission.inner.lock().last_cut -= Duration::from_secs(1);
+        let start = admission.snapshot().0;
+        drop(admission.try_admit().unwrap());
+        assert_eq!(admission.snapshot(), ((start as f64 * CUT) as usize, 0));
+    }
+
+    #[test]
+    fn the_limit_never_falls_below_its_minimum() {
+        let admission = admission(4, 100);
+        for _ in 0..100 {
+            admission.inner.lock().last_cut -= Duration::from_secs(1);
+            drop(admission.try_admit().unwrap());
+        }
+        assert_eq!(admission.snapshot().0, 4);
+    }
+
+    #[test]
+    fn a_slow_database_raises_the_target_up_to_half_the_bound() {
+        let admission = admission(4, 100);
+        assert_eq!(admission.target(), Duration::from_millis(100));
+        admission.statement_took(Duration::from_millis(200));
+        assert_eq!(admission.target(), Duration::from_millis(600));
+        for _ in 0..200 {
+            admission.statement_took(Duration::from_secs(5));
+        }
+        assert_eq!(admission.target(), Duration::from_secs(1));
+    }
+}
