@@ -26,6 +26,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::config::Settings;
+
 /// The limit's bounds and its start.
 #[derive(Debug, Clone, Copy)]
 pub struct AdmissionSettings {
@@ -76,6 +78,18 @@ const STATEMENT_WEIGHT: f64 = 0.05;
 const STATEMENTS_PER_TARGET: f64 = 3.0;
 /// What a late submit leaves of the limit.
 const CUT: f64 = 0.9;
+
+impl AdmissionSettings {
+    /// The limit's settings in `settings`.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            target: Duration::from_millis(settings.submit_target_latency_ms),
+            answer_bound: settings.http_answer_timeout_s.get(),
+            min_limit: settings.submit_min_in_flight,
+            max_limit: settings.submit_max_in_flight,
+        }
+    }
+}
 
 impl Admission {
     /// A limit starting at a quarter of the way from `min_limit` to `max_limit`.

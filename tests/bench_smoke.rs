@@ -1,6 +1,6 @@
 //! The benchmark keeps working: a seconds-long `docstream bench --smoke` runs
 //! every phase (pgbench, Kafka's perf tools, graphile-worker, docstream's
-//! burn-down and steady state, and the steady state through extractor-serve) against the real services and writes a report
+//! burn-down, steady state and saturation curve, and the steady state through extractor-serve) against the real services and writes a report
 //! in which each phase measured something. It measures nothing worth keeping:
 //! performance is the benchmark's job (`scripts/bench.sh`), not this test's.
 
@@ -19,6 +19,7 @@ fn a_smoke_run_measures_every_phase() {
     it_is_a_smoke_report_with_the_ceilings_measured(&report);
     the_queues_and_the_burn_down_measured(&report);
     both_steady_states_measured(&report);
+    the_saturation_curve_measured(&report);
     every_check_is_reported(&report);
 }
 
@@ -80,10 +81,18 @@ fn the_queues_and_the_burn_down_measured(report: &serde_json::Value) {
 }
 
 /// The steady state, and the steady state through extractor-serve, accepted
-/// all they sent and measured latencies; the provider's is in every job.
+/// all they sent and measured latencies; the provider's is in every job. A
+/// steady state at a modest rate (100/s) refuses nothing: this is the
+/// suite's guard against an admission limit, a pool or a bound that turns
+/// away submits a small machine can take (it asserts refusals, not time).
 fn both_steady_states_measured(report: &serde_json::Value) {
     let steady = &report["steady"];
-    assert_eq!(steady["accepted"], steady["sent"]);
+    assert_eq!(
+        steady["accepted"], steady["sent"],
+        "refused at 100/s: {}",
+        steady["refused"]
+    );
+    assert_eq!(steady["refused"], serde_json::json!({}));
     assert!(number(report, "/steady/submit_to_succeeded/count") > 0.0);
     assert!(
         number(report, "/steady/submit_to_bbox_succeeded/p99_ms")
@@ -98,6 +107,24 @@ fn both_steady_states_measured(report: &serde_json::Value) {
     assert!(number(report, "/provider/utilisation") > 0.0);
 }
 
+/// The saturation curve has a step per offered load, each with what was
+/// accepted, and the recovery's p99 for each second after the drop.
+fn the_saturation_curve_measured(report: &serde_json::Value) {
+    let curve = &report["saturation"];
+    assert!(number(report, "/saturation/capacity_per_s") > 0.0, "{curve}");
+    let steps = curve["steps"].as_array().unwrap();
+    let loads: Vec<f64> = steps.iter().map(|s| s["load"].as_f64().unwrap()).collect();
+    assert_eq!(loads, [0.5, 1.0, 1.5, 2.0, 3.0]);
+    for step in steps {
+        assert!(step["sent"].as_u64().unwrap() > 0, "{step}");
+        assert!(step["accepted"].as_u64().unwrap() > 0, "{step}");
+    }
+    assert!(!curve["recovery"]["p99_by_second_ms"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
 /// The report holds a check about each of the targets named below.
 fn every_check_is_reported(report: &serde_json::Value) {
     let checks = report["checks"].as_array().unwrap();
@@ -107,6 +134,7 @@ fn every_check_is_reported(report: &serde_json::Value) {
         "Postgres ceiling, 1 row",
         "peak RSS",
         "steady p99",
+        "saturation 3x",
         "extractor utilisation",
     ] {
         assert!(

@@ -126,8 +126,9 @@ fn info(settings: &Settings) -> Value {
          (a 429 adds `retry_after_s`). A 401 carries `WWW-Authenticate: Bearer`; a 429 and \
          a 503 carry `Retry-After`. A REST request is answered within \
          {answer_s} s (`DOCSTREAM_HTTP_ANSWER_TIMEOUT_S`), with 503 when a dependency \
-         did not answer in time: repeat a submit that got a 503, or no answer, with the \
-         same `Idempotency-Key`. A 500 is a bug.\n\n\
+         did not answer in time, or at once with code `overloaded` when the server has \
+         no room for another submit: repeat a submit that got a 503, or no answer, with \
+         the same `Idempotency-Key`. A 500 is a bug.\n\n\
          Request bodies are at most {body} bytes (`DOCSTREAM_HTTP_BODY_LIMIT_BYTES`); a \
          larger one gets 413. String limits are in UTF-8 bytes, which `maxLength` (in \
          characters) states exactly for ASCII text only.\n\n\
@@ -1169,8 +1170,9 @@ fn error_detail() -> Value {
                                 (422: a request refused for what it says); \
                                 `payload_too_large`, `unsupported_media_type`, \
                                 `unauthorized`, `forbidden`, `not_found`, `conflict`, \
-                                `too_many_requests`, `shutting_down`, `unavailable`, \
-                                `internal` (a bug). More may come.",
+                                `too_many_requests`, `overloaded` (503: a submit \
+                                refused at once, nothing done), `shutting_down`, \
+                                `unavailable`, `internal` (a bug). More may come.",
                 "examples": ["invalid_request"],
             },
             "message": {"type": "string", "description": "What went wrong, for people."},

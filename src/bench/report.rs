@@ -555,9 +555,10 @@ fn steady(f: &mut fmt::Formatter<'_>, s: &Steady) -> fmt::Result {
 fn saturation(f: &mut fmt::Formatter<'_>, c: &Saturation) -> fmt::Result {
     writeln!(
         f,
-        "\nsaturation curve (capacity {:.0} jobs/s from the {}; {} s per load)",
+        "\nsaturation curve (capacity {:.0} jobs/s: {}; burn-down {:.0} jobs/s; {} s per load)",
         c.capacity_per_s,
         c.capacity_from,
+        c.burn_down_per_s.unwrap_or(f64::NAN),
         c.steps.first().map_or(0.0, |s| s.seconds)
     )?;
     writeln!(

@@ -1,6 +1,9 @@
 //! The saturation curve: `serve` and the workers under an open-loop HTTP load
-//! of 0.5×, 1×, 1.5×, 2× and 3× the capacity measured earlier in the same run
-//! (the burn-down's rate), each step drained before the next. Past capacity,
+//! of 0.5×, 1×, 1.5×, 2× and 3× the capacity measured at the start of the
+//! phase (what [`CLIENTS`] submitters in a closed loop get accepted per
+//! second: the whole pipeline's pace over HTTP, which on a small machine is
+//! well below the burn-down's, since `serve` and this generator share the
+//! cores), each step drained before the next. Past capacity,
 //! `serve` should shed what it cannot take at once (503 `overloaded`) and keep
 //! its accepted rate near the peak and its accepted submits fast. Then the
 //! recovery: 3× for a few seconds straight into 0.5×, and how soon the
@@ -16,10 +19,14 @@ use uuid::Uuid;
 
 use super::cost::services_cpu_s;
 use super::pipeline::{
-    costs, ensure_exactly_once, histogram, job_times, open_loop, requests_for, start_pipeline,
-    wait_all_done, warm_up, Latency, OpenLoop, Rig,
+    costs, ensure_exactly_once, histogram, job_times, open_loop, post, requests_for,
+    start_pipeline, wait_all_done, warm_up, Latency, OpenLoop, Rig,
 };
 use super::procs::Proc;
+
+/// Submitters of the closed loop that measures the capacity: enough to keep
+/// `serve` busy, fewer than its admission limit admits at once.
+pub const CLIENTS: usize = 32;
 
 /// The offered loads, as multiples of the capacity.
 pub const LOADS: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 3.0];
@@ -29,10 +36,13 @@ pub const RECOVERED_P99_MS: f64 = 250.0;
 /// The curve and the recovery after it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Saturation {
-    /// Jobs per second the steps are multiples of.
+    /// Jobs per second the steps are multiples of: accepted per second by
+    /// [`CLIENTS`] submitters in a closed loop (or `--rate`, when given).
     pub capacity_per_s: f64,
-    /// What the capacity is (`burn-down` of this run, or `--rate`).
+    /// What the capacity is (`closed loop`, or `--rate`).
     pub capacity_from: String,
+    /// This run's burn-down, jobs/s, for comparison.
+    pub burn_down_per_s: Option<f64>,
     /// One per offered load.
     pub steps: Vec<Step>,
     /// 3× straight into 0.5×.
@@ -81,15 +91,15 @@ pub struct Recovery {
     pub recovered_after_s: Option<f64>,
 }
 
-/// Runs the curve on `rig` against `capacity_per_s`, each step `seconds` long.
+/// Runs the curve on `rig`, each step `seconds` long, against the capacity it
+/// measures first (or `rate`, when given); `burn_down` is for the report.
 pub async fn saturation(
     rig: &Rig,
-    capacity: (f64, String),
+    (rate, burn_down): (Option<f64>, Option<f64>),
     seconds: f64,
     (workers, bbox_workers): (usize, usize),
     progress: &ProgressBar,
 ) -> anyhow::Result<Saturation> {
-    let (capacity_per_s, capacity_from) = capacity;
     let (client, base, mut procs) = start_pipeline(rig, workers, bbox_workers).await?;
     let samples = requests_for(None);
     progress.set_message("warming up");
@@ -100,6 +110,14 @@ pub async fn saturation(
         base: &base,
         samples: &samples,
         progress,
+    };
+    let (capacity_per_s, capacity_from) = match rate {
+        Some(rate) => (rate, "--rate".to_owned()),
+        None => {
+            progress.set_message(format!("capacity: {CLIENTS} submitters, closed loop"));
+            let capacity = load.capacity(seconds, &mut procs).await?;
+            (capacity, format!("closed loop, {CLIENTS} submitters"))
+        }
     };
     let mut steps = Vec::new();
     for multiple in LOADS {
@@ -116,6 +134,7 @@ pub async fn saturation(
     Ok(Saturation {
         capacity_per_s,
         capacity_from,
+        burn_down_per_s: burn_down,
         steps,
         recovery,
     })
@@ -131,6 +150,38 @@ struct Load<'a> {
 }
 
 impl Load<'_> {
+    /// Accepted submits per second of [`CLIENTS`] submitters that each send
+    /// the next as soon as the last was answered, for `seconds` (at least 3);
+    /// then their jobs are drained.
+    async fn capacity(&self, seconds: f64, procs: &mut [Proc]) -> anyhow::Result<f64> {
+        let until = tokio::time::Instant::now() + Duration::from_secs_f64(seconds.max(3.0));
+        let started = std::time::Instant::now();
+        let submitter = |n: usize| async move {
+            let mut accepted = Vec::new();
+            for request in self.samples.iter().cycle().skip(n) {
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                // A refusal (the limit, a slow moment) is retried at once:
+                // the loop measures what gets in, not what is asked.
+                if let Ok(id) = post(self.client, self.base, request).await {
+                    accepted.push(id);
+                }
+            }
+            accepted
+        };
+        let accepted: Vec<Uuid> = futures::future::join_all((0..CLIENTS).map(submitter))
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let rate = accepted.len() as f64 / started.elapsed().as_secs_f64();
+        let timeout = Duration::from_secs(120);
+        wait_all_done(self.rig, accepted.len(), procs, timeout, self.progress).await?;
+        ensure_exactly_once(&self.rig.pool, &accepted).await?;
+        Ok(rate)
+    }
+
     /// `rate` for `seconds`, then until every accepted job is done.
     async fn step(
         &self,

@@ -557,16 +557,6 @@ impl Settings {
         }
     }
 
-    /// The admission limit of `serve`'s submits.
-    pub fn admission(&self) -> crate::admission::AdmissionSettings {
-        crate::admission::AdmissionSettings {
-            target: Duration::from_millis(self.submit_target_latency_ms),
-            answer_bound: self.http_answer_timeout_s.get(),
-            min_limit: self.submit_min_in_flight,
-            max_limit: self.submit_max_in_flight.max(self.submit_min_in_flight),
-        }
-    }
-
     /// `kafka_statistics_interval_s` in milliseconds, as librdkafka's
     /// `statistics.interval.ms` takes it (0: off).
     pub fn kafka_statistics_interval_ms(&self) -> u64 {

@@ -75,7 +75,10 @@ impl Batched {
                     async move {
                         let started = std::time::Instant::now();
                         let inserted = store::insert_each(&pool, &inserts).await;
-                        admission.statement_took(started.elapsed());
+                        // Only an answered statement tells the database's pace.
+                        if inserted.is_ok() {
+                            admission.statement_took(started.elapsed());
+                        }
                         inserted
                     }
                 })

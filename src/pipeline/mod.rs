@@ -33,7 +33,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, AdmissionSettings};
 use crate::auth::Authenticator;
 use crate::config::Settings;
 use crate::domain::Transition;
@@ -90,7 +90,7 @@ impl Services {
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, reqwest::Error> {
-        let admission = Admission::new(settings.admission());
+        let admission = Admission::new(AdmissionSettings::of(&settings));
         let batched = Batched::new(&settings, &pool, &health, &metrics, &admission);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
