@@ -7,21 +7,26 @@
 //!
 //! The room is a limit on submits in flight, adapted to what the process can
 //! do right now by additive increase and multiplicative decrease, as TCP's
-//! congestion window is:
-//! - a submit answered within the target latency, while at least half of the
-//!   limit was in use, raises the limit by `1 / limit` (about one per round
-//!   of submits);
-//! - one answered later (a 503 at the answer bound among them), or abandoned
-//!   (the REST backstop fired, the client hung up), cuts it by a tenth, at most once per target period, so one
-//!   congestion episode is one cut rather than one per late submit.
+//! congestion window is. Its signal is how long a submit takes to make its
+//! row durable (parsing aside, that is the work a submit queues for: the
+//! runtime, the statement batcher, the pool and Postgres), not how long it
+//! waits for the broker's acknowledgement, which costs nothing while it waits
+//! and is cut short by the answer bound anyway:
+//! - a row made durable within the target latency, while at least half of
+//!   the limit was in use, raises the limit by `1 / limit` (about one per
+//!   round of submits);
+//! - one made durable later, or a submit abandoned before it was (the REST
+//!   backstop fired, the client hung up), cuts the limit by a tenth, at most
+//!   once per target period, so one congestion episode is one cut rather
+//!   than one per late submit.
 //!
 //! The target is `submit_target_latency_ms`, or three times the submit
 //! INSERT's recent duration when that is longer: a database that is slow for
 //! everyone (a slow network, a failover) is not overload, and cutting the
 //! limit would not make it faster; more submits in flight then share each
 //! statement and keep the rate up. The target never exceeds half the answer
-//! bound. Under overload the limit settles where the process answers in
-//! about the target; with less load the limit is never reached.
+//! bound. Under overload the limit settles where rows become durable in about
+//! the target; with less load the limit is never reached.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,13 +67,14 @@ struct State {
     last_cut: Instant,
 }
 
-/// A submit admitted; it leaves when [`finish`](Self::finish)ed or dropped.
+/// A submit admitted; it leaves the limit when dropped. One dropped before
+/// its row was [`durable`](Permit::durable) counts as late.
 pub struct Permit {
     inner: Arc<Inner>,
     admitted: Instant,
     /// Whether half the limit or more was in use when it was admitted.
     busy: bool,
-    finished: bool,
+    sampled: bool,
 }
 
 /// Weight of a new statement duration in the average (about the last 20).
@@ -127,7 +133,7 @@ impl Admission {
             inner: self.inner.clone(),
             admitted: Instant::now(),
             busy,
-            finished: false,
+            sampled: false,
         })
     }
 
@@ -169,10 +175,9 @@ impl Inner {
             .min(self.settings.answer_bound / 2)
     }
 
-    /// Leaves the limit with one sample: `latency` (`None`: abandoned).
-    fn leave(&self, latency: Option<Duration>, busy: bool) {
+    /// Adapts the limit to one sample: `latency` (`None`: abandoned).
+    fn sample(&self, latency: Option<Duration>, busy: bool) {
         let mut state = self.lock();
-        state.in_flight -= 1;
         let target = self.target(state.statement_s);
         let (min, max) = (
             self.settings.min_limit as f64,
@@ -196,19 +201,23 @@ impl Inner {
 }
 
 impl Permit {
-    /// The submit was answered (whatever the answer: a 503 after the
-    /// answer bound is as late as one can be, an immediate one is not).
-    pub fn finish(mut self) {
-        self.finished = true;
-        self.inner.leave(Some(self.admitted.elapsed()), self.busy);
+    /// The submit's row is durable (or its submit was refused for what it
+    /// said, or failed): the time since admission is the limit's sample.
+    /// Only the first call counts.
+    pub fn durable(&mut self) {
+        if !self.sampled {
+            self.sampled = true;
+            self.inner.sample(Some(self.admitted.elapsed()), self.busy);
+        }
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if !self.finished {
-            self.inner.leave(None, self.busy);
+        if !self.sampled {
+            self.inner.sample(None, self.busy);
         }
+        self.inner.lock().in_flight -= 1;
     }
 }
 
@@ -241,8 +250,8 @@ mod tests {
         let start = admission.snapshot().0;
         for _ in 0..200 {
             let permits: Vec<Permit> = (0..start).filter_map(|_| admission.try_admit()).collect();
-            for permit in permits {
-                permit.finish();
+            for mut permit in permits {
+                permit.durable();
             }
         }
         assert!(admission.snapshot().0 > start, "{:?}", admission.snapshot());
@@ -253,7 +262,7 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         for _ in 0..1000 {
-            admission.try_admit().unwrap().finish();
+            admission.try_admit().unwrap().durable();
         }
         assert_eq!(admission.snapshot().0, start);
     }
@@ -266,8 +275,8 @@ mod tests {
         admission.inner.lock().last_cut -= Duration::from_secs(1);
         let permits: Vec<Permit> = (0..10).map(|_| admission.try_admit().unwrap()).collect();
         std::thread::sleep(Duration::from_millis(101));
-        for permit in permits {
-            permit.finish();
+        for mut permit in permits {
+            permit.durable();
         }
         let after = admission.snapshot().0;
         assert_eq!(after, (start as f64 * CUT).floor() as usize);

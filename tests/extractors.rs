@@ -610,7 +610,7 @@ async fn an_unknown_extractor_is_refused_before_anything_is_written(
         idempotency_key: None,
         request: serde_json::from_value(body).unwrap(),
     };
-    let refused = docstream::pipeline::submit(services, new).await;
+    let refused = docstream::pipeline::submit(services, new, || ()).await;
     assert!(
         matches!(&refused, Err(SubmitError::UnknownExtractor(name)) if name == "nope"),
         "{:?}",

@@ -1057,3 +1057,59 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
     );
     stop(&mut capped.children).await;
 }
+
+/// Past its admission limit, `serve` refuses a submit at once with `503
+/// overloaded` and `Retry-After`, while the admitted ones are still under
+/// way, and writes nothing for it; once they are answered, the next is
+/// admitted. (The limit is pinned at 2, and each admitted submit is held
+/// after its INSERT by a failpoint.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_admission_limit_a_submit_is_refused_at_once_and_nothing_is_written() {
+    let env = TestEnv::new("limits_admission").await;
+    let pinned = [
+        ("DOCSTREAM_SUBMIT_MIN_IN_FLIGHT", "2".to_owned()),
+        ("DOCSTREAM_SUBMIT_MAX_IN_FLIGHT", "2".to_owned()),
+        // Held long enough that the refusal surely comes first on a loaded
+        // machine, within a bound that does not answer them 503 first.
+        ("DOCSTREAM_FAILPOINTS", "submit.after_insert=sleep(5000)".to_owned()),
+        ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", "10".to_owned()),
+    ];
+    let (mut serve, addr, metrics) = spawn_serve(&env, &pinned, "limits-admission-serve");
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+    let client = env.client();
+    let submit = |i: usize| {
+        let request = client
+            .post(format!("{base}/v1/extractions"))
+            .json(&common::sample_body(i));
+        async move { request.send().await.unwrap() }
+    };
+
+    // Two submits are admitted and held after their INSERT.
+    let held: Vec<_> = (0..2).map(|i| tokio::spawn(submit(i))).collect();
+    let rows = "SELECT count(*) FROM extractions";
+    wait_count(&env.pool, "the two held rows", rows, 2, Duration::from_secs(30)).await;
+
+    // A third is refused while both are still held.
+    let refused = submit(2).await;
+    assert!(
+        held.iter().all(|h| !h.is_finished()),
+        "the refusal came after an admitted submit was answered"
+    );
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+
+    // The held ones are accepted; nothing was written for the refused one.
+    for answer in held {
+        assert_eq!(answer.await.unwrap().status(), 202);
+    }
+    assert_eq!(common::count(&env.pool, rows).await, 2);
+    let refusals = scrape(&metrics, "docstream_submit_overload_rejections_total").await;
+    assert_eq!(refusals, 1.0);
+
+    // With room again, the next submit is admitted.
+    assert_eq!(submit(3).await.status(), 202);
+    stop([&mut serve]).await;
+}

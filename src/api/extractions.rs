@@ -1,17 +1,20 @@
 //! `/v1/extractions`: submit (idempotent), read, cancel.
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
+use std::sync::{Arc, Mutex};
+
 use axum::extract::{Path, Request, State};
 use axum::middleware::{self, Next};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::ApiError;
+use crate::admission::Permit;
 use crate::auth::Caller;
 use crate::domain::{ExtractionRequest, ExtractionStatus, Scope, Transition};
 use crate::events::PublishReason;
@@ -89,19 +92,34 @@ impl From<Extraction> for ExtractionView {
     }
 }
 
+/// How long a refused submit's body may take to arrive before the refusal
+/// is sent without it (and the connection closed).
+const REFUSED_BODY_READ: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Lets a submit in if the process has room for it, else answers 503
-/// `overloaded` at once; feeds the limit with how long the admitted one took.
-async fn admit(State(services): State<Services>, request: Request, next: Next) -> Response {
+/// `overloaded` at once. The admitted submit carries its permit (an
+/// [`Admitted`] extension), which it marks when its row is durable.
+async fn admit(State(services): State<Services>, mut request: Request, next: Next) -> Response {
     let http = &services.metrics.http;
     let admission = &services.admission;
     let response = match admission.try_admit() {
         Some(permit) => {
+            let admitted = Admitted(Arc::new(Mutex::new(permit)));
+            request.extensions_mut().insert(admitted.clone());
             let response = next.run(request).await;
-            permit.finish();
+            // Answered without a row (refused, unauthenticated, failed):
+            // the whole request was its work. A no-op if its row was durable.
+            admitted.durable();
             response
         }
         None => {
             http.overload_rejections.inc();
+            // The body is read (it is in the socket already, as a rule) and
+            // dropped: a body left unread closes the connection, and a
+            // client turned away would pay for a new one on its retry.
+            let limit = services.settings.http_body_limit_bytes;
+            let body = axum::body::to_bytes(request.into_body(), limit);
+            let _ = tokio::time::timeout(REFUSED_BODY_READ, body).await;
             let message = "this server has no room for another submit now; retry shortly";
             ApiError::Overloaded(message.into()).into_response()
         }
@@ -112,7 +130,20 @@ async fn admit(State(services): State<Services>, request: Request, next: Next) -
     response
 }
 
+/// An admitted submit's permit; it leaves the limit when the request is done.
+#[derive(Clone)]
+struct Admitted(Arc<Mutex<Permit>>);
+
+impl Admitted {
+    /// The submit needs no more of the database: its row is durable, or it
+    /// was refused or failed.
+    fn durable(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).durable();
+    }
+}
+
 async fn submit(
+    Extension(admitted): Extension<Admitted>,
     caller: Caller,
     State(services): State<Services>,
     headers: HeaderMap,
@@ -129,7 +160,7 @@ async fn submit(
     let limits = services.settings.request_limits();
     let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
         .map_err(|refused| ApiError::refused(refused, "Idempotency-Key"))?;
-    let submitted = pipeline::submit(&services, new).await?;
+    let submitted = pipeline::submit(&services, new, || admitted.durable()).await?;
     let row = submitted.extraction();
     let location = format!("/v1/extractions/{}", row.id);
     let body = Accepted {

@@ -310,7 +310,7 @@ async fn submit(
     let limits = services.settings.request_limits();
     let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
         .map_err(|refused| ApiError::refused(refused, "idempotency_key"))?;
-    let submitted = pipeline::submit(services, new).await?;
+    let submitted = pipeline::submit(services, new, || ()).await?;
     let row = submitted.extraction();
     Ok((row.id, row.status.to_string()))
 }

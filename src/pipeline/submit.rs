@@ -35,9 +35,14 @@ use tracing::Instrument;
 /// Inserts `new` (or finds the row its idempotency key names) and, when a row
 /// was created, publishes it; answers within `http_answer_timeout_s`. A row
 /// not written in time is [`SubmitError::TimedOut`]; a publish not
-/// acknowledged in time goes on after the answer, and if it fails the reaper
-/// revives the job.
-pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
+/// acknowledged in time (at once, in a known broker outage) goes on after
+/// the answer, and if it fails the reaper revives the job. `durable` is
+/// called once the row is (the admission limit's signal).
+pub async fn submit(
+    services: &Services,
+    new: NewExtraction,
+    durable: impl FnOnce(),
+) -> Result<Submitted, SubmitError> {
     let bound = services.settings.http_answer_timeout_s.get();
     // In a known outage, say so at once: waiting out the bound would only
     // hold the client (and its connection) for the same answer.
@@ -50,7 +55,15 @@ pub async fn submit(services: &Services, new: NewExtraction) -> Result<Submitted
     let submitted = tokio::time::timeout_at(deadline, insert(services, new))
         .await
         .map_err(|_| SubmitError::TimedOut(bound))??;
+    durable();
     if let Submitted::Created(row) = &submitted {
+        // In a known broker outage the answer does not wait for an ack
+        // that cannot come before the bound: the row is durable, and the
+        // event goes out (or the reaper revives the job) once it is back.
+        let deadline = match services.health.is_down(Dependency::Kafka) {
+            true => tokio::time::Instant::now(),
+            false => deadline,
+        };
         let (services, row) = (services.clone(), row.clone());
         // Spawned: neither the deadline nor a client that hangs up cuts the
         // publish short.

@@ -64,7 +64,7 @@ pub async fn submit_bodies(
                 idempotency_key: None,
                 request: serde_json::from_value(body(i)).unwrap(),
             };
-            docstream::pipeline::submit(services, new)
+            docstream::pipeline::submit(services, new, || ())
                 .await
                 .unwrap()
                 .extraction()
