@@ -12,20 +12,24 @@
 //! runtime, the statement batcher, the pool and Postgres), not how long it
 //! waits for the broker's acknowledgement, which costs nothing while it waits
 //! and is cut short by the answer bound anyway:
-//! - a row made durable within the target latency, while at least half of
-//!   the limit was in use, raises the limit by `1 / limit` (about one per
-//!   round of submits);
-//! - one made durable later, or a submit abandoned before it was (the REST
-//!   backstop fired, the client hung up), cuts the limit by a tenth, at most
-//!   once per target period, so one congestion episode is one cut rather
-//!   than one per late submit.
+//! - while the recent latency (an average over about the last ten submits)
+//!   is within the target, each submit admitted while at least half of the
+//!   limit was in use raises the limit by `1 / limit` (about one per round of
+//!   submits);
+//! - past the target (a submit abandoned before its row was durable, when
+//!   the REST backstop fired or the client hung up, counts as late as the
+//!   answer bound), the limit is cut by a tenth, at most once per round
+//!   trip, so one congestion episode is one cut rather than one per late
+//!   submit; and only while nine tenths of it or more are in flight, since
+//!   cutting a limit that is not reached changes nothing but the next
+//!   burst's fate.
 //!
 //! The target is `submit_target_latency_ms`, or three times the submit
 //! INSERT's recent duration when that is longer: a database that is slow for
 //! everyone (a slow network, a failover) is not overload, and cutting the
 //! limit would not make it faster; more submits in flight then share each
-//! statement and keep the rate up. The target never exceeds half the answer
-//! bound. Under overload the limit settles where rows become durable in about
+//! statement and keep the rate up. The target never exceeds three quarters
+//! of the answer bound. Under overload the limit settles where rows become durable in about
 //! the target; with less load the limit is never reached.
 
 use std::sync::{Arc, Mutex};
@@ -38,7 +42,7 @@ use crate::config::Settings;
 pub struct AdmissionSettings {
     /// Latency the limit aims for when the database is fast.
     pub target: Duration,
-    /// The answer bound: the target stays below half of it.
+    /// The answer bound: the target stays below three quarters of it.
     pub answer_bound: Duration,
     /// The fewest submits in flight the limit allows.
     pub min_limit: usize,
@@ -63,6 +67,12 @@ struct State {
     in_flight: usize,
     /// The submit INSERT's recent duration, seconds (an exponential average).
     statement_s: f64,
+    /// The last INSERT's duration, seconds.
+    last_statement_s: f64,
+    /// Admitted submits' recent latency to a durable row, seconds (an
+    /// exponential average): what the limit is steered by, so that one slow
+    /// submit among fast ones is noise, not congestion.
+    latency_s: f64,
     /// When the limit was last cut.
     last_cut: Instant,
 }
@@ -77,11 +87,18 @@ pub struct Permit {
     sampled: bool,
 }
 
-/// Weight of a new statement duration in the average (about the last 20).
-const STATEMENT_WEIGHT: f64 = 0.05;
+/// Weight of a new statement duration in the average (about the last five):
+/// statements run a few a second when the database is slow, and the target
+/// must follow it within a second or two, before the limit is cut for it.
+const STATEMENT_WEIGHT: f64 = 0.2;
+/// Weight of a new latency sample in the average (about the last ten).
+const LATENCY_WEIGHT: f64 = 0.1;
 /// The target is at least this many statement durations: a submit may wait
 /// for the running statement, then runs in the next.
 const STATEMENTS_PER_TARGET: f64 = 3.0;
+/// The share of the limit in flight from which it is what holds submits
+/// back, and a late one cuts it.
+const BINDING: f64 = 0.9;
 /// What a late submit leaves of the limit.
 const CUT: f64 = 0.9;
 
@@ -106,6 +123,8 @@ impl Admission {
             limit: min + (max - min) / 4.0,
             in_flight: 0,
             statement_s: 0.0,
+            last_statement_s: 0.0,
+            latency_s: 0.0,
             last_cut: Instant::now(),
         };
         let settings = AdmissionSettings {
@@ -141,6 +160,7 @@ impl Admission {
     pub fn statement_took(&self, took: Duration) {
         let mut state = self.inner.lock();
         let took = took.as_secs_f64();
+        state.last_statement_s = took;
         state.statement_s = match state.statement_s {
             0.0 => took,
             average => average + STATEMENT_WEIGHT * (took - average),
@@ -156,7 +176,7 @@ impl Admission {
     /// The latency the limit aims for now.
     pub fn target(&self) -> Duration {
         let state = self.inner.lock();
-        self.inner.target(state.statement_s)
+        self.inner.target(&state)
     }
 }
 
@@ -167,35 +187,50 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn target(&self, statement_s: f64) -> Duration {
+    /// The settings' target, or [`STATEMENTS_PER_TARGET`] INSERTs (the
+    /// average or the last, whichever is longer: a database that turned slow
+    /// raises the target with its first slow statement), within 3/4 of the
+    /// answer bound.
+    fn target(&self, state: &State) -> Duration {
+        let statement_s = state.statement_s.max(state.last_statement_s);
         let slow_database = Duration::from_secs_f64(statement_s * STATEMENTS_PER_TARGET);
         self.settings
             .target
             .max(slow_database)
-            .min(self.settings.answer_bound / 2)
+            .min(self.settings.answer_bound * 3 / 4)
     }
 
-    /// Adapts the limit to one sample: `latency` (`None`: abandoned).
+    /// Adapts the limit to one sample: `latency` (`None`: abandoned, as late
+    /// as the answer bound). While the recent latency is within the target,
+    /// a busy limit grows; past it, the limit is cut, at most once per
+    /// round trip (the recent latency, or the target if longer).
     fn sample(&self, latency: Option<Duration>, busy: bool) {
         let mut state = self.lock();
-        let target = self.target(state.statement_s);
+        let latency = latency.unwrap_or(self.settings.answer_bound).as_secs_f64();
+        state.latency_s = match state.latency_s {
+            0.0 => latency,
+            average => average + LATENCY_WEIGHT * (latency - average),
+        };
+        let target = self.target(&state).as_secs_f64();
         let (min, max) = (
             self.settings.min_limit as f64,
             self.settings.max_limit as f64,
         );
-        match latency {
-            Some(latency) if latency <= target => {
-                if busy {
-                    state.limit = (state.limit + 1.0 / state.limit).min(max);
-                }
+        if state.latency_s <= target {
+            if busy {
+                state.limit = (state.limit + 1.0 / state.limit).min(max);
             }
-            _ => {
-                let now = Instant::now();
-                if now.duration_since(state.last_cut) >= target {
-                    state.limit = (state.limit * CUT).max(min);
-                    state.last_cut = now;
-                }
-            }
+            return;
+        }
+        // A cut only matters while the limit is what holds submits back: a
+        // database slow for everyone makes every submit late, and cutting a
+        // limit that is not reached would only turn clients away once it is.
+        let binding = state.in_flight as f64 + 1.0 >= state.limit * BINDING;
+        let now = Instant::now();
+        let round_trip = Duration::from_secs_f64(state.latency_s.max(target));
+        if binding && now.duration_since(state.last_cut) >= round_trip {
+            state.limit = (state.limit * CUT).max(min);
+            state.last_cut = now;
         }
     }
 }
@@ -267,13 +302,18 @@ mod tests {
         assert_eq!(admission.snapshot().0, start);
     }
 
+    /// Every permit the limit gives now: with them held, it is binding.
+    fn fill(admission: &Admission) -> Vec<Permit> {
+        std::iter::from_fn(|| admission.try_admit()).collect()
+    }
+
     #[test]
-    fn a_late_answer_cuts_the_limit_once_per_target_period() {
+    fn a_late_answer_cuts_a_binding_limit_once_per_round_trip() {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
-        // The first cut needs a target period since the limit was made.
+        // The first cut needs a round trip since the limit was made.
         admission.inner.lock().last_cut -= Duration::from_secs(1);
-        let permits: Vec<Permit> = (0..10).map(|_| admission.try_admit().unwrap()).collect();
+        let permits = fill(&admission);
         std::thread::sleep(Duration::from_millis(101));
         for mut permit in permits {
             permit.durable();
@@ -283,11 +323,22 @@ mod tests {
     }
 
     #[test]
+    fn a_late_answer_leaves_a_limit_that_is_not_reached_alone() {
+        let admission = admission(4, 100);
+        let start = admission.snapshot().0;
+        admission.inner.lock().last_cut -= Duration::from_secs(10);
+        let mut permit = admission.try_admit().unwrap();
+        std::thread::sleep(Duration::from_millis(101));
+        permit.durable();
+        assert_eq!(admission.snapshot().0, start);
+    }
+
+    #[test]
     fn an_abandoned_submit_counts_as_late_and_leaves() {
         let admission = admission(4, 100);
-        admission.inner.lock().last_cut -= Duration::from_secs(1);
+        admission.inner.lock().last_cut -= Duration::from_secs(10);
         let start = admission.snapshot().0;
-        drop(admission.try_admit().unwrap());
+        drop(fill(&admission));
         assert_eq!(admission.snapshot(), ((start as f64 * CUT) as usize, 0));
     }
 
@@ -295,21 +346,46 @@ mod tests {
     fn the_limit_never_falls_below_its_minimum() {
         let admission = admission(4, 100);
         for _ in 0..100 {
-            admission.inner.lock().last_cut -= Duration::from_secs(1);
-            drop(admission.try_admit().unwrap());
+            admission.inner.lock().last_cut -= Duration::from_secs(10);
+            drop(fill(&admission));
         }
         assert_eq!(admission.snapshot().0, 4);
     }
 
     #[test]
-    fn a_slow_database_raises_the_target_up_to_half_the_bound() {
+    fn a_slow_database_raises_the_target_up_to_three_quarters_of_the_bound() {
         let admission = admission(4, 100);
         assert_eq!(admission.target(), Duration::from_millis(100));
         admission.statement_took(Duration::from_millis(200));
         assert_eq!(admission.target(), Duration::from_millis(600));
-        for _ in 0..200 {
-            admission.statement_took(Duration::from_secs(5));
+        // A database that turns slow raises it with its first slow statement.
+        admission.statement_took(Duration::from_millis(400));
+        assert_eq!(admission.target(), Duration::from_millis(1200));
+        admission.statement_took(Duration::from_secs(5));
+        assert_eq!(admission.target(), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn one_slow_submit_among_fast_ones_is_no_reason_to_cut() {
+        let admission = admission(4, 100);
+        admission.inner.lock().last_cut -= Duration::from_secs(10);
+        let start = admission.snapshot().0;
+        let _binding = fill(&admission);
+        for _ in 0..20 {
+            admission
+                .inner
+                .sample(Some(Duration::from_millis(10)), false);
         }
-        assert_eq!(admission.target(), Duration::from_secs(1));
+        admission
+            .inner
+            .sample(Some(Duration::from_millis(500)), false);
+        assert_eq!(admission.snapshot().0, start);
+        // Slow ones in a row are.
+        for _ in 0..10 {
+            admission
+                .inner
+                .sample(Some(Duration::from_millis(500)), false);
+        }
+        assert!(admission.snapshot().0 < start);
     }
 }

@@ -5,7 +5,8 @@
 //! What a process learns about a key it keeps for `api_key_cache_s` (at most
 //! 5 s), so a busy client costs one lookup per key per period, and a key that
 //! is revoked, or whose tenant is deleted, is refused by every process within
-//! that period. Only one lookup of a key runs at a time; the requests that
+//! that period. A key in use is looked up again in the background from a
+//! quarter of the period on, so its requests do not wait for the lookup. Only one lookup of a key runs at a time; the requests that
 //! present the key meanwhile wait for it. A lookup runs detached, within the
 //! answer bound, so one whose requests all went away still ends and frees its
 //! pool connection. Unknown keys are remembered too, so
@@ -96,6 +97,8 @@ type Lookup = Shared<BoxFuture<'static, Result<Option<KeyOwner>, StoreError>>>;
 struct Remembered {
     lookup: Lookup,
     at: Instant,
+    /// A lookup to replace this one is under way.
+    refreshing: bool,
 }
 
 /// Turns presented keys into callers, through a short-lived cache.
@@ -141,11 +144,21 @@ impl Authenticator {
     /// Only one runs per key at a time, so when a busy key's entry expires,
     /// its concurrent requests wait for one statement instead of each
     /// sending their own (which, on a slow database, would take the pool).
+    /// A key in use is looked up again in the background once its entry is
+    /// a quarter of its period old, so its requests never wait for a lookup
+    /// (on a slow database, a stall of every request of the key each
+    /// period), as long as a lookup takes under three quarters of it.
     fn lookup(&self, hash: &[u8]) -> Lookup {
         let mut cache = self.cache.lock().expect("key cache lock");
-        if let Some(remembered) = cache.get(hash) {
+        if let Some(remembered) = cache.get_mut(hash) {
             let running = remembered.lookup.peek().is_none();
-            if running || remembered.at.elapsed() < self.ttl {
+            let age = remembered.at.elapsed();
+            if running || age < self.ttl {
+                let known = matches!(remembered.lookup.peek(), Some(Ok(_)));
+                if known && age >= self.ttl / 4 && !remembered.refreshing {
+                    remembered.refreshing = true;
+                    self.refresh(hash.to_vec());
+                }
                 return remembered.lookup.clone();
             }
         }
@@ -155,30 +168,60 @@ impl Authenticator {
                 cache.clear();
             }
         }
-        // Detached, with its own bound: the statement runs to its end (and
-        // gives its connection back) even when every request waiting for it
-        // has gone, and it never runs longer than the bound.
-        let (pool, owned, bound) = (self.pool.clone(), hash.to_vec(), self.bound);
-        let running = tokio::spawn(async move {
-            let owner = tokio::time::timeout(bound, tenants::key_owner(&pool, &owned)).await;
-            owner.unwrap_or_else(|_| Err(StoreError::from(sqlx::Error::PoolTimedOut)))
-        });
-        let lookup = async move {
-            running
-                .await
-                .unwrap_or_else(|_| Err(StoreError::from(sqlx::Error::PoolClosed)))
-        }
-        .boxed()
-        .shared();
-        let at = Instant::now();
+        let lookup = self.start(hash.to_vec());
         let remembered = Remembered {
             lookup: lookup.clone(),
-            at,
+            at: Instant::now(),
+            refreshing: false,
         };
         if !self.ttl.is_zero() {
             cache.insert(hash.to_vec(), remembered);
         }
         lookup
+    }
+
+    /// Starts a lookup of `hash`. Detached, with its own bound: the
+    /// statement runs to its end (and gives its connection back) even when
+    /// every request waiting for it has gone, and never longer than the bound.
+    fn start(&self, hash: Vec<u8>) -> Lookup {
+        let (pool, bound) = (self.pool.clone(), self.bound);
+        let running = tokio::spawn(async move {
+            let owner = tokio::time::timeout(bound, tenants::key_owner(&pool, &hash)).await;
+            owner.unwrap_or_else(|_| Err(StoreError::from(sqlx::Error::PoolTimedOut)))
+        });
+        async move {
+            running
+                .await
+                .unwrap_or_else(|_| Err(StoreError::from(sqlx::Error::PoolClosed)))
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Looks `hash` up again and, once answered, puts the answer in place of
+    /// the remembered one (a failed lookup leaves it, to expire as it would).
+    fn refresh(&self, hash: Vec<u8>) {
+        let (cache, at) = (self.cache.clone(), Instant::now());
+        let lookup = self.start(hash.clone());
+        tokio::spawn(async move {
+            let answered = lookup.clone().await.is_ok();
+            let mut cache = cache.lock().expect("key cache lock");
+            match (answered, cache.get_mut(&hash)) {
+                (true, _) => {
+                    let refreshing = false;
+                    cache.insert(
+                        hash,
+                        Remembered {
+                            lookup,
+                            at,
+                            refreshing,
+                        },
+                    );
+                }
+                (false, Some(remembered)) => remembered.refreshing = false,
+                (false, None) => {}
+            }
+        });
     }
 
     fn forget_failed(&self, hash: &[u8]) {

@@ -65,7 +65,10 @@ enum State {
     Back(Instant),
     /// Failing since `since`; `settling` when it failed again within
     /// [`SETTLE`] of coming back (the outage before it was logged).
-    Down { since: Instant, settling: bool },
+    Down {
+        since: Instant,
+        settling: bool,
+    },
 }
 
 /// How long a dependency that came back may blink (fail again) without that
@@ -172,7 +175,10 @@ impl Health {
                 );
             }
             State::Down { settling: true, .. } => {
-                tracing::debug!(dependency = name, "dependency reachable again after a blink");
+                tracing::debug!(
+                    dependency = name,
+                    "dependency reachable again after a blink"
+                );
             }
             State::Unknown => {}
         }

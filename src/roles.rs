@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -62,15 +63,13 @@ fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
         services.pool.clone(),
         services.metrics.store.pool_acquire.clone(),
     );
+    let url = services.settings.database_url.clone();
+    let probe_connection: ProbeConnection = Arc::default();
     health.spawn_probe(Dependency::Postgres, timing, shutdown.clone(), move || {
         let (pool, acquire) = (pool.clone(), acquire.clone());
-        async move {
-            // The probe's wait for a connection is the pool's wait, sampled.
-            let started = std::time::Instant::now();
-            let mut conn = pool.acquire().await?;
-            acquire.observe(started.elapsed().as_secs_f64());
-            sqlx::query("SELECT 1").execute(&mut *conn).await.map(drop)
-        }
+        sample_pool_wait(pool, acquire);
+        let (connection, url) = (probe_connection.clone(), url.clone());
+        async move { probe_postgres(&connection, &url).await }
     });
     let publisher = services.publisher.clone();
     let topic = services.settings.topic(&services.settings.topic_submitted);
@@ -82,6 +81,39 @@ fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
     tokio::spawn(async move {
         shutdown.cancelled().await;
         health.set_draining();
+    });
+}
+
+/// The Postgres probe's own connection, made again after any failure.
+type ProbeConnection = Arc<tokio::sync::Mutex<Option<sqlx::PgConnection>>>;
+
+/// `SELECT 1` on the probe's own connection, not on one of the pool's: the
+/// probe asks whether Postgres answers, and a pool whose connections are all
+/// busy (a burst of slow statements) is not an outage. Declaring one would
+/// refuse every submit at once while the database is working.
+async fn probe_postgres(connection: &ProbeConnection, url: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    let mut held = connection.lock().await;
+    // Taken out while in use: a probe cut short by its timeout drops (and
+    // so closes) a connection that may be mid-answer.
+    let mut conn = match held.take() {
+        Some(conn) => conn,
+        None => sqlx::PgConnection::connect(url).await?,
+    };
+    sqlx::query("SELECT 1").execute(&mut conn).await?;
+    *held = Some(conn);
+    Ok(())
+}
+
+/// Samples the pool's wait for a connection (`docstream_store_pool_acquire_seconds`)
+/// beside the probe, without making it part of the probe's verdict.
+fn sample_pool_wait(pool: sqlx::PgPool, acquire: prometheus::Histogram) {
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        if let Ok(conn) = pool.acquire().await {
+            acquire.observe(started.elapsed().as_secs_f64());
+            drop(conn);
+        }
     });
 }
 

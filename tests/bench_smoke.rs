@@ -111,7 +111,10 @@ fn both_steady_states_measured(report: &serde_json::Value) {
 /// accepted, and the recovery's p99 for each second after the drop.
 fn the_saturation_curve_measured(report: &serde_json::Value) {
     let curve = &report["saturation"];
-    assert!(number(report, "/saturation/capacity_per_s") > 0.0, "{curve}");
+    assert!(
+        number(report, "/saturation/capacity_per_s") > 0.0,
+        "{curve}"
+    );
     let steps = curve["steps"].as_array().unwrap();
     let loads: Vec<f64> = steps.iter().map(|s| s["load"].as_f64().unwrap()).collect();
     assert_eq!(loads, [0.5, 1.0, 1.5, 2.0, 3.0]);

@@ -343,9 +343,9 @@ impl Rig {
             rate_limited,
             ..
         } = client;
-        let server_late = servers.late;
+        let (server_late, overloaded) = (servers.late, servers.overloaded);
         eprintln!(
-            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered} (answered later than {:?} {slow}), 5xx other than 503 {other_5xx}, 503 answers {unavailable}, connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}; answered later than {:?} by the servers' clock {server_late}",
+            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered} (answered later than {:?} {slow}), 5xx other than 503 {other_5xx}, 503 answers {unavailable} (of them overloaded {overloaded}), connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}; answered later than {:?} by the servers' clock {server_late}",
             self.name,
             submissions.len(),
             distinct.len(),
@@ -461,24 +461,30 @@ fn settings_through(via: Via, proxy: Option<&Proxy>, env: &TestEnv) -> Vec<(&'st
 /// The servers' own clock: submits they answered, and of those how many
 /// later than [`ANSWER_BOUND`]. Beside the client's count, it tells a late
 /// server from a late client (a starved test process).
+/// It also counts the submits refused at once by the admission limit (`503
+/// overloaded`), which tells the client's 503s apart.
 struct ServerClock {
     answered: f64,
     late: f64,
+    overloaded: f64,
 }
 
 impl ServerClock {
     /// Sums them over every `serve` of `fleet`, from its `/metrics`.
     async fn read(fleet: &Fleet) -> Self {
-        let (mut server_answered, mut server_late) = (0.0, 0.0);
+        let (mut server_answered, mut server_late, mut overloaded) = (0.0, 0.0, 0.0);
         for process in fleet.processes.iter().filter(|p| p.role == "serve") {
             let (answered, late) =
                 submits_answered_later_than(&process.metrics, ANSWER_BOUND).await;
             server_answered += answered;
             server_late += late;
+            let refused = "docstream_submit_overload_rejections_total";
+            overloaded += common::scrape(&process.metrics, refused).await;
         }
         Self {
             answered: server_answered,
             late: server_late,
+            overloaded,
         }
     }
 }

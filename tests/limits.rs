@@ -1071,7 +1071,10 @@ async fn past_the_admission_limit_a_submit_is_refused_at_once_and_nothing_is_wri
         ("DOCSTREAM_SUBMIT_MAX_IN_FLIGHT", "2".to_owned()),
         // Held long enough that the refusal surely comes first on a loaded
         // machine, within a bound that does not answer them 503 first.
-        ("DOCSTREAM_FAILPOINTS", "submit.after_insert=sleep(5000)".to_owned()),
+        (
+            "DOCSTREAM_FAILPOINTS",
+            "submit.after_insert=sleep(5000)".to_owned(),
+        ),
         ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", "10".to_owned()),
     ];
     let (mut serve, addr, metrics) = spawn_serve(&env, &pinned, "limits-admission-serve");
@@ -1088,7 +1091,14 @@ async fn past_the_admission_limit_a_submit_is_refused_at_once_and_nothing_is_wri
     // Two submits are admitted and held after their INSERT.
     let held: Vec<_> = (0..2).map(|i| tokio::spawn(submit(i))).collect();
     let rows = "SELECT count(*) FROM extractions";
-    wait_count(&env.pool, "the two held rows", rows, 2, Duration::from_secs(30)).await;
+    wait_count(
+        &env.pool,
+        "the two held rows",
+        rows,
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
 
     // A third is refused while both are still held.
     let refused = submit(2).await;

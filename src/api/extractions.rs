@@ -4,8 +4,8 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, Request, State};
-use axum::middleware::{self, Next};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};

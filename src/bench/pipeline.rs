@@ -743,10 +743,13 @@ pub(super) async fn post(
 async fn answer(sent: reqwest::Result<reqwest::Response>) -> Result<Uuid, Refused> {
     let response = sent.map_err(|e| Refused(format!("no answer ({})", transport_kind(&e))))?;
     let status = response.status();
-    let body: serde_json::Value = response
-        .json()
-        .await
-        .map_err(|e| Refused(format!("{} unreadable ({})", status.as_u16(), transport_kind(&e))))?;
+    let body: serde_json::Value = response.json().await.map_err(|e| {
+        Refused(format!(
+            "{} unreadable ({})",
+            status.as_u16(),
+            transport_kind(&e)
+        ))
+    })?;
     if status != reqwest::StatusCode::ACCEPTED {
         let code = body["error"]["code"].as_str().unwrap_or("?");
         return Err(Refused(format!("{} {code}", status.as_u16())));

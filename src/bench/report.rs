@@ -591,7 +591,11 @@ fn saturation(f: &mut fmt::Formatter<'_>, c: &Saturation) -> fmt::Result {
         }
     }
     let r = &c.recovery;
-    let by_second: Vec<String> = r.p99_by_second_ms.iter().map(|p| format!("{p:.0}")).collect();
+    let by_second: Vec<String> = r
+        .p99_by_second_ms
+        .iter()
+        .map(|p| format!("{p:.0}"))
+        .collect();
     writeln!(
         f,
         "  recovery: {:.0} s at 3x, then {}x; p99 of each second after, ms: {}",
@@ -600,7 +604,10 @@ fn saturation(f: &mut fmt::Formatter<'_>, c: &Saturation) -> fmt::Result {
         by_second.join(" ")
     )?;
     match r.recovered_after_s {
-        Some(s) => writeln!(f, "  p99 <= {RECOVERED_P99_MS} ms from {s:.0} s after the drop"),
+        Some(s) => writeln!(
+            f,
+            "  p99 <= {RECOVERED_P99_MS} ms from {s:.0} s after the drop"
+        ),
         None => writeln!(f, "  p99 never came back under {RECOVERED_P99_MS} ms"),
     }
 }
@@ -612,7 +619,10 @@ pub(super) fn refusals(
     accepted: usize,
     refused: &std::collections::BTreeMap<String, usize>,
 ) -> fmt::Result {
-    writeln!(f, "  accepted                               {accepted:>10} of {sent}")?;
+    writeln!(
+        f,
+        "  accepted                               {accepted:>10} of {sent}"
+    )?;
     for (why, count) in refused {
         writeln!(f, "  refused: {why:<29} {count:>10}")?;
     }

@@ -227,13 +227,10 @@ impl Load<'_> {
     ) -> anyhow::Result<Recovery> {
         let overload_s = (seconds / 3.0).max(2.0);
         let calm = 0.5;
-        let (overload, after) = tokio::join!(
-            self.send(capacity_per_s * 3.0, overload_s),
-            async {
-                tokio::time::sleep(Duration::from_secs_f64(overload_s)).await;
-                self.send(capacity_per_s * calm, seconds).await
-            }
-        );
+        let (overload, after) = tokio::join!(self.send(capacity_per_s * 3.0, overload_s), async {
+            tokio::time::sleep(Duration::from_secs_f64(overload_s)).await;
+            self.send(capacity_per_s * calm, seconds).await
+        });
         let (overload, after) = (overload?, after?);
         self.drain(&overload, procs).await?;
         self.drain(&after, procs).await?;

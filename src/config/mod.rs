@@ -347,7 +347,8 @@ settings! {
     /// The latency a submit should be answered in when the database is
     /// fast: `serve` admits submits only while it answers them in about this
     /// (see `admission`), and refuses the rest at once with 503 `overloaded`.
-    /// A slower database raises it, to at most half `http_answer_timeout_s`.
+    /// A slower database raises it, to at most three quarters of
+    /// `http_answer_timeout_s`.
     /// 100 ms leaves a client far from its own timeouts under overload.
     submit_target_latency_ms: u64 = 100_u64, env "DOCSTREAM_SUBMIT_TARGET_LATENCY_MS", at_least(1);
     /// The fewest submits one `serve` admits at once, however slow it is:

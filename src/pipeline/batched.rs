@@ -19,12 +19,20 @@ use crate::store::coalesce::Coalescer;
 use crate::store::transitions::{self, Completion};
 use crate::store::{self, orphans, Claim, Extraction, Insert, StoreError};
 
+/// Submit INSERTs in flight at once, whatever `db_batch_concurrency` says.
+const SUBMIT_CONCURRENCY: usize = 2;
+
 /// The grouped statements; clones share the batchers.
 #[derive(Clone)]
 pub struct Batched {
     /// The submit INSERT; each job gets its own answer, so a value one job
     /// carries cannot fail the others of its batch.
     pub insert: Coalescer<Insert, Result<Option<Extraction>, StoreError>>,
+    /// The job an idempotency key (with its tenant) names: a repeated
+    /// submit's answer. Grouped like the INSERT, so a burst of retries
+    /// after a slow spell costs a few statements, not a pooled connection
+    /// each.
+    pub by_key: Coalescer<(Uuid, String), Option<Extraction>>,
     /// `mark_running` for the extraction lease.
     pub claim: Coalescer<Uuid, Option<Claim>>,
     /// `mark_succeeded` with `start_bbox_refinement` (one statement).
@@ -70,6 +78,12 @@ impl Batched {
         Self {
             insert: {
                 let (pool, admission) = (pool.clone(), admission.clone());
+                // Two at once at least: a submit that arrives while a slow
+                // INSERT runs goes out in the next at once, instead of
+                // waiting for it (with 1 s per statement, two statement
+                // times came near the answer bound). Submits are spread out
+                // in time, so this costs their batches little.
+                let concurrency = concurrency.max(SUBMIT_CONCURRENCY);
                 Coalescer::spawn(max, concurrency, move |inserts| {
                     let (pool, admission) = (pool.clone(), admission.clone());
                     async move {
@@ -83,6 +97,7 @@ impl Batched {
                     }
                 })
             },
+            by_key: batcher!(|pool, keys| store::by_keys(&pool, &keys).await),
             claim: batcher!(|pool, ids| {
                 transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
             }),

@@ -123,7 +123,8 @@ pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted
         checked.map_err(SubmitError::WebhookRefused)?;
     }
     let insert = |insert| async { services.batched.insert.run(insert).await? };
-    let submitted = store::submit_with(&services.pool, new, insert).await?;
+    let find = |key| async { services.batched.by_key.run(key).await };
+    let submitted = store::submit_with(new, insert, find).await?;
     if let Submitted::Created(_) = &submitted {
         if let Err(e) = failpoints::hit("submit.after_insert").await {
             let failed = sqlx::Error::Protocol(e.to_string());

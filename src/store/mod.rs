@@ -31,8 +31,8 @@ pub mod lifecycle {
     pub use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
 }
 pub use submit::{
-    insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction, Refusal,
-    SubmitError, Submitted,
+    by_keys, insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction,
+    Refusal, SubmitError, Submitted,
 };
 
 use std::sync::Arc;

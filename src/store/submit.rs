@@ -21,69 +21,19 @@ use crate::domain::{
 };
 
 /// Written over arrays (one element from `submit`) so that the benchmark's
-/// Postgres ceiling runs this very statement with one row and with a hundred.
-/// First the caps: a tenant with a cap on its open jobs (`$7`, NULL for none)
-/// gets only as many new jobs as it has room for, in the order given; its open
-/// jobs are counted up to the cap, never further. The caller holds the
-/// tenant's quota lock (`LOCK_TENANTS`, an earlier statement of the same
-/// transaction, so this statement's snapshot sees every job committed before
-/// it), which makes the cap exact across processes.
-/// A request whose key its tenant has used already takes no room and is left
-/// out (the caller then reads the key's job).
-/// Then the request row: a request with an idempotency key is inserted only if
-/// no other request holds its key (a speculative insert, which costs more, so
-/// requests without a key skip it), and only the requests inserted get a job
-/// row and a log row. The request is not returned: the caller has it.
-pub const INSERT: &str = "WITH new AS (
-        SELECT * FROM unnest($1::uuid[], $6::uuid[], $2::text[], $3::text[], $4::text[],
-                             $5::bool[], $7::int8[])
-               WITH ORDINALITY AS new(id, tenant_id, key, hash, request, webhook, cap, ord)),
-    capped AS (
-        SELECT c.tenant_id, c.cap,
-               (SELECT count(*) FROM (SELECT 1 FROM extractions e
-                                       WHERE e.tenant_id = c.tenant_id
-                                         AND e.status IN ('queued', 'running')
-                                       LIMIT c.cap) o) AS open
-          FROM (SELECT tenant_id, min(cap) AS cap FROM new WHERE cap IS NOT NULL
-                 GROUP BY tenant_id) c),
-    admitted AS (
-        SELECT * FROM (
-            SELECT new.*, capped.cap AS room_of, capped.open,
-                   row_number() OVER (PARTITION BY new.tenant_id ORDER BY new.ord) AS place
-                FROM new LEFT JOIN capped ON capped.tenant_id = new.tenant_id
-             WHERE new.key IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM extraction_requests q
-                    WHERE q.tenant_id = new.tenant_id AND q.idempotency_key = new.key)) ranked
-         WHERE room_of IS NULL OR open + place <= room_of),
-    keyed AS (
-        INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
-        SELECT id, tenant_id, key, hash, request::json FROM admitted WHERE key IS NOT NULL
-        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, tenant_id, idempotency_key, request_hash),
-    unkeyed AS (
-        INSERT INTO extraction_requests (id, tenant_id, idempotency_key, request_hash, request)
-        SELECT id, tenant_id, NULL, NULL, request::json FROM admitted WHERE key IS NULL
-        RETURNING id, tenant_id, idempotency_key, request_hash),
-    requested AS (
-        SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed),
-    created AS (
-        INSERT INTO extractions (id, tenant_id, status, webhook)
-        SELECT requested.id, requested.tenant_id, 'queued', admitted.webhook
-          FROM requested JOIN admitted ON admitted.id = requested.id
-        RETURNING *),
-    logged AS (
-        INSERT INTO extraction_transitions (extraction_id, transition, token)
-        SELECT id, 'submit', NULL FROM created)
-    SELECT created.*, requested.idempotency_key, requested.request_hash
-      FROM created JOIN requested ON requested.id = created.id";
+/// Postgres ceiling runs this very statement with one row and with a hundred:
+/// the migration's `submit_jobs`, which takes the capped tenants' quota locks
+/// and then inserts (caps first, a key already used takes no room, keyed
+/// requests by a speculative insert), in one round trip. `$1` ids, `$2` keys,
+/// `$3` hashes, `$4` requests as JSON text, `$5` whether each names a
+/// webhook, `$6` tenants, `$7` their caps or NULL. Each created job's row
+/// comes back, without its request (the caller has it).
+pub const INSERT: &str = "SELECT * FROM submit_jobs($1::uuid[], $2::text[], $3::text[], $4::text[],
+                                    $5::bool[], $6::uuid[], $7::int8[])";
 
-/// Takes the quota lock of each tenant in `$1` until the transaction ends, in
-/// one order (so two batches never deadlock): submits of one capped tenant
-/// run one statement at a time, those of different tenants side by side.
-const LOCK_TENANTS: &str = "SELECT pg_advisory_xact_lock(1146, hashtext(t::text))
-      FROM (SELECT DISTINCT t FROM unnest($1::uuid[]) t ORDER BY t) tenants";
-
-const BY_KEY: &str = "SELECT * FROM extraction_rows WHERE tenant_id = $1 AND idempotency_key = $2";
+/// The jobs of `$1` tenants' `$2` keys, pairwise.
+const BY_KEYS: &str = "SELECT r.* FROM unnest($1::uuid[], $2::text[]) AS k(tenant_id, key)
+    JOIN extraction_rows r ON r.tenant_id = k.tenant_id AND r.idempotency_key = k.key";
 
 /// A job about to be inserted.
 #[derive(Debug, Clone)]
@@ -229,22 +179,24 @@ impl Insert {
 
 /// Inserts `new`, or returns the row its idempotency key already names.
 pub async fn submit(pool: &PgPool, new: NewExtraction) -> Result<Submitted, SubmitError> {
-    submit_with(pool, new, |insert| async move {
-        Ok(insert_many(pool, &[insert]).await?.pop().flatten())
-    })
-    .await
+    let insert = |insert| async move { Ok(insert_many(pool, &[insert]).await?.pop().flatten()) };
+    let find = |key| async move { Ok(by_keys(pool, &[key]).await?.pop().flatten()) };
+    submit_with(new, insert, find).await
 }
 
 /// [`submit`] with the INSERT done by `insert` (one of a batch, say), which
-/// answers `None` when the key was taken meanwhile.
-pub async fn submit_with<F, Fut>(
-    pool: &PgPool,
+/// answers `None` when the key was taken meanwhile, and the key's job read
+/// by `find` (one of a batch too) when it was.
+pub async fn submit_with<I, IFut, F, FFut>(
     new: NewExtraction,
-    insert: F,
+    insert: I,
+    find: F,
 ) -> Result<Submitted, SubmitError>
 where
-    F: FnOnce(Insert) -> Fut,
-    Fut: Future<Output = Result<Option<Extraction>, StoreError>>,
+    I: FnOnce(Insert) -> IFut,
+    IFut: Future<Output = Result<Option<Extraction>, StoreError>>,
+    F: FnOnce((Uuid, String)) -> FFut,
+    FFut: Future<Output = Result<Option<Extraction>, StoreError>>,
 {
     // No lookup of the key first: the INSERT leaves out a key its tenant has
     // used already, and only then (a repeat, or a concurrent twin that won)
@@ -252,52 +204,64 @@ where
     // its batch, and never takes a pool connection of its own.
     let insert_row = Insert::new(new);
     let hash = insert_row.hash.clone().unwrap_or_default();
-    let key = insert_row.new.idempotency_key.clone().unwrap_or_default();
+    let key = insert_row.new.idempotency_key.clone();
     let tenant_id = insert_row.new.tenant_id;
     let cap = insert_row.new.max_open_jobs;
     let inserted = insert(insert_row).await?;
-    match inserted {
-        Some(row) => Ok(Submitted::Created(row)),
-        // Not inserted: a concurrent twin with the same key won the INSERT
-        // (answer with its row), or the tenant's cap left no room.
-        None => match (by_key_if_keyed(pool, tenant_id, &key).await?, cap) {
-            (Some(winner), _) => replay(winner, &hash),
-            (None, Some(cap)) => Err(SubmitError::TooManyOpenJobs(cap)),
-            // Neither a twin nor a cap: the statement lost the row.
-            (None, None) => Err(sqlx::Error::RowNotFound.into()),
-        },
+    if let Some(row) = inserted {
+        return Ok(Submitted::Created(row));
     }
+    // Not inserted: a concurrent twin with the same key won the INSERT
+    // (answer with its row), or the tenant's cap left no room.
+    let winner = match key {
+        Some(key) => find((tenant_id, key)).await?,
+        None => None,
+    };
+    match (winner, cap) {
+        (Some(winner), _) => replay(winner, &hash),
+        (None, Some(cap)) => Err(SubmitError::TooManyOpenJobs(cap)),
+        // Neither a twin nor a cap: the statement lost the row.
+        (None, None) => Err(sqlx::Error::RowNotFound.into()),
+    }
+}
+
+/// The jobs the idempotency keys `keys` (each with its tenant) name, in one
+/// statement; `None` for a key no job has. One answer per key, in order.
+pub async fn by_keys(
+    pool: &PgPool,
+    keys: &[(Uuid, String)],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let tenants: Vec<Uuid> = keys.iter().map(|(tenant, _)| *tenant).collect();
+    let names: Vec<&str> = keys.iter().map(|(_, key)| key.as_str()).collect();
+    let rows: Vec<Extraction> = sqlx::query_as(BY_KEYS)
+        .bind(tenants)
+        .bind(names)
+        .fetch_all(pool)
+        .await?;
+    let mut found: HashMap<(Uuid, String), Extraction> = rows
+        .into_iter()
+        .filter_map(|row| Some(((row.tenant_id, row.idempotency_key.clone()?), row)))
+        .collect();
+    Ok(keys.iter().map(|key| found.remove(key)).collect())
 }
 
 /// Inserts many jobs in one statement; a job whose key another row holds, or
 /// whose tenant's cap leaves no room, gets `None`. One answer per job, in
 /// order. The rows come back without their request (`Extraction::request` is
-/// `None`): the caller has it already. With a cap among them, the statement
-/// runs in a transaction that holds the capped tenants' quota locks.
+/// `None`): the caller has it.
 pub async fn insert_many(
     pool: &PgPool,
     inserts: &[Insert],
 ) -> Result<Vec<Option<Extraction>>, StoreError> {
-    let capped: Vec<Uuid> = inserts
-        .iter()
-        .filter(|i| i.new.max_open_jobs.is_some())
-        .map(|i| i.new.tenant_id)
-        .collect();
-    let rows = match capped.is_empty() {
-        true => insert_statement(inserts).fetch_all(pool).await?,
-        false => {
-            let mut tx = pool.begin().await?;
-            sqlx::query(LOCK_TENANTS)
-                .bind(&capped)
-                .execute(&mut *tx)
-                .await?;
-            let rows = insert_statement(inserts).fetch_all(&mut *tx).await?;
-            tx.commit().await?;
-            rows
-        }
-    };
+    let rows = insert_statement(inserts).fetch_all(pool).await?;
     let mut created: HashMap<Uuid, Extraction> = rows.into_iter().map(|r| (r.id, r)).collect();
-    Ok(inserts.iter().map(|i| created.remove(&i.new.id)).collect())
+    let answer = |insert: &Insert| {
+        let mut row = created.remove(&insert.new.id)?;
+        row.idempotency_key.clone_from(&insert.new.idempotency_key);
+        row.request_hash.clone_from(&insert.hash);
+        Some(row)
+    };
+    Ok(inserts.iter().map(answer).collect())
 }
 
 /// [`insert_many`], with each job's own answer: when the statement fails for
@@ -350,29 +314,6 @@ fn insert_statement(inserts: &[Insert]) -> InsertQuery<'_> {
         .bind(webhooks)
         .bind(tenants)
         .bind(caps)
-}
-
-async fn by_key_if_keyed(
-    pool: &PgPool,
-    tenant_id: Uuid,
-    key: &str,
-) -> Result<Option<Extraction>, sqlx::Error> {
-    match key.is_empty() {
-        true => Ok(None),
-        false => by_key(pool, tenant_id, key).await,
-    }
-}
-
-async fn by_key(
-    pool: &PgPool,
-    tenant_id: Uuid,
-    key: &str,
-) -> Result<Option<Extraction>, sqlx::Error> {
-    sqlx::query_as::<_, Extraction>(BY_KEY)
-        .bind(tenant_id)
-        .bind(key)
-        .fetch_optional(pool)
-        .await
 }
 
 fn replay(existing: Extraction, hash: &str) -> Result<Submitted, SubmitError> {
