@@ -238,11 +238,12 @@ pub async fn by_keys(
         .bind(names)
         .fetch_all(pool)
         .await?;
-    let mut found: HashMap<(Uuid, String), Extraction> = rows
+    let found: HashMap<(Uuid, String), Extraction> = rows
         .into_iter()
         .filter_map(|row| Some(((row.tenant_id, row.idempotency_key.clone()?), row)))
         .collect();
-    Ok(keys.iter().map(|key| found.remove(key)).collect())
+    // Twins may ask for one key in one batch: each gets the job.
+    Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
 }
 
 /// Inserts many jobs in one statement; a job whose key another row holds, or
