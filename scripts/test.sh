@@ -3,7 +3,7 @@
 # start the real services (installing them if needed), apply migrations to the
 # main database, then run every test. Exits with the suite's exit code.
 #
-#   scripts/test.sh           the suite (about 12 minutes warm here; 24 from a fresh clone, 15 of them building)
+#   scripts/test.sh           the suite (about 12 minutes warm here; 28 from a fresh clone beside a one-job cargo build, about 17 of them building)
 #   scripts/test.sh --long    also the long variants: the 30 s broker outage
 # Other arguments go to `cargo test` (e.g. a test name filter).
 # Before the cargo tests, promtool checks the compose stack's Prometheus config
