@@ -173,8 +173,9 @@ impl Admission {
         (state.limit.floor() as usize, state.in_flight)
     }
 
-    /// The latency the limit aims for now.
-    pub fn target(&self) -> Duration {
+    /// The latency the limit aims for now (read by the tests only).
+    #[cfg(test)]
+    fn target(&self) -> Duration {
         let state = self.inner.lock();
         self.inner.target(&state)
     }
