@@ -27,6 +27,7 @@ pub use submit::{submit, submit_durably, DurableSubmitError};
 pub use worker::ExtractionWorker;
 
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use sqlx::PgPool;
@@ -50,9 +51,21 @@ use crate::quota::SubmitRates;
 use crate::store::{leases, orphans, Claim, Extraction, StoreError};
 use crate::webhook::Webhooks;
 
-/// What every role shares: settings, the pool, the producer and the metrics.
+/// What every role shares: a handle on one [`Parts`]. Each request, record
+/// and spawned task holds one, so a clone is one reference count.
 #[derive(Clone)]
-pub struct Services {
+pub struct Services(Arc<Parts>);
+
+impl Deref for Services {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.0
+    }
+}
+
+/// What every role shares: settings, the pool, the producer and the metrics.
+pub struct Parts {
     /// Settings of this process.
     pub settings: Arc<Settings>,
     /// Postgres pool.
@@ -99,7 +112,7 @@ impl Services {
         let key_cache = settings.api_key_cache_s.get();
         let answer_bound = settings.http_answer_timeout_s.get();
         let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
-        Ok(Self {
+        Ok(Self(Arc::new(Parts {
             settings: Arc::new(settings),
             pool,
             publisher,
@@ -113,7 +126,7 @@ impl Services {
             auth,
             submit_rates: SubmitRates::default(),
             admission,
-        })
+        })))
     }
 
     /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.
