@@ -6,11 +6,12 @@
 mod common;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{free_port, peak_rss_kib, scrape, stop, wait_count, wait_for, wait_healthy, TestEnv};
 use docstream::events::{decode, encode, DeadLetter, ExtractionRequested};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -1056,6 +1057,156 @@ async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_
         slowloris.lines
     );
     stop(&mut capped.children).await;
+}
+
+/// The ways a connection can sit without a request: silent from the start,
+/// stopped half-way through the HTTP/2 preface (before the server can even
+/// tell which protocol it speaks), and a whole HTTP/2 preface and SETTINGS
+/// with no stream after them.
+const IDLE_KINDS: [(&str, &[u8]); 3] = [
+    ("silent", b""),
+    ("half an HTTP/2 preface", b"PRI * HTTP/2.0\r\n"),
+    (
+        "an HTTP/2 preface and nothing after",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    ),
+];
+
+/// Sockets that fill the default connection cap.
+const IDLE_SOCKETS: usize = 4096;
+
+/// One `GET /healthz` on a connection of its own: the answer's text.
+async fn one_request(addr: &str) -> String {
+    let exchange = async {
+        let mut socket = TcpStream::connect(addr).await?;
+        let request = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+        socket.write_all(request).await?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer).await?;
+        std::io::Result::Ok(answer)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), exchange).await {
+        Ok(Ok(answer)) => answer,
+        other => format!("{other:?}"),
+    }
+}
+
+/// How an idle socket ended.
+enum IdleEnd {
+    /// Closed by the server this long after it opened.
+    Closed(Duration),
+    /// Refused at once: the cap was full when it came (a probe held a slot).
+    Refused,
+    /// Still open 15 s after it opened.
+    Open,
+}
+
+/// Opens a socket to `addr` and sends `bytes`; the task it returns reads
+/// until the server closes it. Sockets are opened one at a time: a burst
+/// of connects overflows the listen backlog, and the dropped ones retry
+/// seconds later, past the idle limit of the first.
+async fn an_idle_socket(addr: &str, bytes: &'static [u8]) -> impl Future<Output = IdleEnd> {
+    let opened = Instant::now();
+    let mut socket = TcpStream::connect(addr).await.unwrap();
+    socket.write_all(bytes).await.unwrap();
+    async move {
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(15), socket.read_to_end(&mut sink));
+        match read.await {
+            Err(_) => IdleEnd::Open,
+            Ok(_) if sink.starts_with(b"HTTP/1.1 503") => IdleEnd::Refused,
+            Ok(_) => IdleEnd::Closed(opened.elapsed()),
+        }
+    }
+}
+
+/// 4,096 connections that never send a request, a third of each kind in
+/// [`IDLE_KINDS`], against a `serve` with its default cap (4,096) and a 5 s
+/// idle limit: once they fill the cap (a request is answered
+/// `too_many_connections`), a real client is served within 8 s, and each is
+/// closed past the limit and within 8 s of opening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_half_open_connections_are_closed_at_the_idle_limit_and_a_real_client_is_served() {
+    let env = TestEnv::new("limits_idle").await;
+    let idle = [("DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S", "5".to_owned())];
+    let (mut serve, addr, _) = spawn_serve(&env, &idle, "limits-idle-serve");
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+    let started = Instant::now();
+    let mut sockets = tokio::task::JoinSet::new();
+    for i in 0..IDLE_SOCKETS {
+        let (_, bytes) = IDLE_KINDS[i % IDLE_KINDS.len()];
+        let until_closed = an_idle_socket(&addr, bytes).await;
+        sockets.spawn(until_closed.map(move |end| (i, end)));
+    }
+    let opened = started.elapsed();
+    let full = wait_for("the cap to be full", Duration::from_secs(2), || {
+        let addr = addr.clone();
+        async move {
+            match one_request(&addr).await {
+                answer if answer.contains("too_many_connections") => Ok(Instant::now()),
+                answer => Err(answer),
+            }
+        }
+    })
+    .await;
+    let served = wait_for(
+        "a real client to be served",
+        Duration::from_secs(10),
+        || {
+            let addr = addr.clone();
+            async move {
+                match one_request(&addr).await {
+                    answer if answer.starts_with("HTTP/1.1 200") => Ok(full.elapsed()),
+                    answer => Err(answer),
+                }
+            }
+        },
+    )
+    .await;
+    let mut closed_after: Vec<Vec<Duration>> = vec![Vec::new(); IDLE_KINDS.len()];
+    let mut refused = 0;
+    while let Some(joined) = sockets.join_next().await {
+        let (i, end) = joined.unwrap();
+        let (kind, _) = IDLE_KINDS[i % IDLE_KINDS.len()];
+        match end {
+            IdleEnd::Closed(after) => closed_after[i % IDLE_KINDS.len()].push(after),
+            IdleEnd::Refused => refused += 1,
+            IdleEnd::Open => panic!("a socket ({kind}) was still open after 15 s"),
+        }
+    }
+    assert!(
+        refused < 16,
+        "{refused} idle sockets were refused, not held"
+    );
+    let mut report = Vec::new();
+    for (k, times) in closed_after.iter().enumerate() {
+        let (kind, _) = IDLE_KINDS[k];
+        let first = times.iter().min().unwrap();
+        let last = times.iter().max().unwrap();
+        assert!(
+            *first >= Duration::from_millis(4900),
+            "{kind}: closed after {first:?}"
+        );
+        assert!(
+            *last < Duration::from_secs(8),
+            "{kind}: closed after {last:?}"
+        );
+        report.push(format!(
+            "{kind}: {} closed after {first:?}..{last:?}",
+            times.len()
+        ));
+    }
+    assert!(
+        served < Duration::from_secs(8),
+        "a real client waited {served:?}"
+    );
+    eprintln!(
+        "limits idle: {IDLE_SOCKETS} opened in {opened:?}; {}; {refused} refused while probes \
+         held slots; with the cap full of them, a real client was served after {served:?}",
+        report.join("; ")
+    );
+    stop([&mut serve]).await;
 }
 
 /// Past its admission limit, `serve` refuses a submit at once with `503
