@@ -212,7 +212,7 @@ fn committed_sum(env: &TestEnv, group: &str) -> i64 {
     // The tenant `default`'s group (the test's key is that tenant's).
     let group = env
         .settings
-        .group(&format!("docstream-export-default-{group}"));
+        .group(&format!("docstream-export-default.{group}"));
     env.committed(&group, "extraction.events").values().sum()
 }
 
@@ -240,11 +240,25 @@ struct TenantEvents {
     all_of_b: HashSet<(i32, i64)>,
 }
 
+/// Tenant A's and B's names, and the group names of their streams: A's
+/// `b-c` and B's `c` were one Kafka group when a group was the tenant and
+/// the name joined with `-` (`p22430-b-c`), so B's stream joined A's group.
+const TENANT_A: &str = "p22430";
+const TENANT_B: &str = "p22430-b";
+const GROUP_OF_A: &str = "b-c";
+const GROUP_OF_B: &str = "c";
+
 /// Tenants A and B, 300 events of each on the topic, then a `serve`.
 async fn two_tenants_with_events_and_a_server() -> TwoTenants {
     let env = TestEnv::new("export_tenants").await;
-    let a = tenants::create_tenant(&env.pool, "a").await.unwrap().key;
-    let b = tenants::create_tenant(&env.pool, "b").await.unwrap().key;
+    let a = tenants::create_tenant(&env.pool, TENANT_A)
+        .await
+        .unwrap()
+        .key;
+    let b = tenants::create_tenant(&env.pool, TENANT_B)
+        .await
+        .unwrap()
+        .key;
     produce_events_of(&env, TENANT_EVENTS_BEFORE, a.tenant_id).await;
     produce_events_of(&env, TENANT_EVENTS_BEFORE, b.tenant_id).await;
     let old: HashSet<(i32, i64)> = event_positions(&env);
@@ -265,7 +279,8 @@ async fn two_tenants_with_events_and_a_server() -> TwoTenants {
 /// through it (the group is assigned); and how many markers that took.
 async fn a_latest_stream_of_tenant_a_once_it_has_started(scenario: &TwoTenants) -> (Socket, i32) {
     let (env, a) = (&scenario.env, &scenario.a);
-    let mut latest = connect_with(&a.api_key, scenario.port, "group=g&ack=auto").await;
+    let query = format!("group={GROUP_OF_A}&ack=auto");
+    let mut latest = connect_with(&a.api_key, scenario.port, &query).await;
     let quiet = Duration::from_millis(1500);
     let mut markers = 0;
     while receive_until(&mut latest, quiet, |seen| !seen.is_empty())
@@ -358,13 +373,15 @@ async fn a_stream_of_a_from_the_earliest_carries_every_event_of_a(
     earliest
 }
 
-/// B's group named like A's is B's own: from the earliest, all of B's.
-async fn a_group_of_b_named_like_a_one_carries_every_event_of_b(
+/// B's group, whose name once met A's, is B's own: from the earliest (A's
+/// group has committed past B's events by now), all of B's.
+async fn a_group_of_b_that_once_met_as_carries_every_event_of_b(
     scenario: &TwoTenants,
     events: &TenantEvents,
 ) -> Socket {
     let key = &scenario.b.api_key;
-    let mut b_stream = connect_with(key, scenario.port, "group=g&ack=auto&from=earliest").await;
+    let query = format!("group={GROUP_OF_B}&ack=auto&from=earliest");
+    let mut b_stream = connect_with(key, scenario.port, &query).await;
     let got_b = receive_until(&mut b_stream, Duration::from_secs(10), |seen| {
         events.all_of_b.is_subset(seen)
     })
@@ -373,32 +390,44 @@ async fn a_group_of_b_named_like_a_one_carries_every_event_of_b(
     b_stream
 }
 
-/// Each tenant's group `g` committed on its own (reported beside what each
-/// stream carried).
-fn each_tenants_group_committed_on_its_own(
+/// Each tenant's group committed on its own, under its own Kafka group
+/// (reported beside what each stream carried). The closed streams' last
+/// commits may still be on their way.
+async fn each_tenants_group_committed_on_its_own(
     scenario: &TwoTenants,
     events: &TenantEvents,
     markers: i32,
 ) {
     let env = &scenario.env;
-    let group_of = |tenant: &str| env.settings.group(&format!("docstream-export-{tenant}-g"));
-    let a_committed: i64 = env
-        .committed(&group_of("a"), "extraction.events")
-        .values()
-        .sum();
-    let b_committed: i64 = env
-        .committed(&group_of("b"), "extraction.events")
-        .values()
-        .sum();
+    let group_of = |tenant: &str, name: &str| {
+        env.settings
+            .group(&format!("docstream-export-{tenant}.{name}"))
+    };
+    let (a_group, b_group) = (
+        group_of(TENANT_A, GROUP_OF_A),
+        group_of(TENANT_B, GROUP_OF_B),
+    );
+    assert_ne!(a_group, b_group);
+    let sum = |group: &str| -> i64 { env.committed(group, "extraction.events").values().sum() };
+    let (a_committed, b_committed) = wait_for(
+        "each tenant's group to commit on its own",
+        Duration::from_secs(15),
+        || {
+            let sums = (sum(&a_group), sum(&b_group));
+            async move {
+                match sums {
+                    (a, b) if a > 0 && b > 0 => Ok((a, b)),
+                    other => Err(format!("committed (A, B) {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
     eprintln!(
         "export tenants test: A latest got {} new (0 old, 0 of B; {markers} markers), A earliest {}, B earliest {}; committed A {a_committed}, B {b_committed}",
         events.a_new.len(),
         events.all_of_a.len(),
         events.all_of_b.len()
-    );
-    assert!(
-        a_committed > 0 && b_committed > 0,
-        "each tenant's group commits on its own"
     );
 }
 
@@ -411,11 +440,11 @@ async fn a_stream_carries_only_its_tenants_events_from_the_latest_unless_asked_f
     let mut earliest =
         a_stream_of_a_from_the_earliest_carries_every_event_of_a(&scenario, &events).await;
     let mut b_stream =
-        a_group_of_b_named_like_a_one_carries_every_event_of_b(&scenario, &events).await;
+        a_group_of_b_that_once_met_as_carries_every_event_of_b(&scenario, &events).await;
     for socket in [&mut latest, &mut earliest, &mut b_stream] {
         let _ = socket.close(None).await;
     }
-    each_tenants_group_committed_on_its_own(&scenario, &events, markers);
+    each_tenants_group_committed_on_its_own(&scenario, &events, markers).await;
     stop([&mut scenario.serve]).await;
 }
 
@@ -1669,4 +1698,75 @@ async fn partitions_that_move_between_connections_of_a_group_and_back_keep_flowi
     let moved_back = each_partition_of_the_second_came_back_to_the_first(&second, &first_seen);
     every_event_was_committed_once(committed, seen, &second, &moved_back);
     stop([&mut group.serve]).await;
+}
+
+/// The events of `positions`, by partition, in offset order.
+fn by_partition(positions: &HashSet<(i32, i64)>) -> HashMap<i32, Vec<i64>> {
+    let mut partitions: HashMap<i32, Vec<i64>> = HashMap::new();
+    for (partition, offset) in positions {
+        partitions.entry(*partition).or_default().push(*offset);
+    }
+    for offsets in partitions.values_mut() {
+        offsets.sort_unstable();
+    }
+    partitions
+}
+
+/// A stream whose group committed under its old name (the tenant and the
+/// name joined with `-`) resumes where that group was, on its first open
+/// under the new name: the old group committed half of each partition's 40
+/// events; the stream, from the latest (which alone would carry none of
+/// them), carries exactly the other half, and then commits under its new
+/// group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_committed_under_its_old_name_resumes_where_it_was() {
+    let env = TestEnv::new("export_legacy_group").await;
+    produce_events(&env, 40).await;
+    let topic = env.topic("extraction.events");
+    let mut commits = rdkafka::TopicPartitionList::new();
+    let mut undelivered = HashSet::new();
+    for (partition, offsets) in by_partition(&event_positions(&env)) {
+        let middle = offsets[offsets.len() / 2];
+        let offset = rdkafka::Offset::Offset(middle);
+        commits
+            .add_partition_offset(&topic, partition, offset)
+            .unwrap();
+        undelivered.extend(
+            offsets
+                .into_iter()
+                .filter(|o| *o >= middle)
+                .map(|o| (partition, o)),
+        );
+    }
+    let old: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .set(
+            "group.id",
+            env.settings.group("docstream-export-default-legacy"),
+        )
+        .create()
+        .unwrap();
+    rdkafka::consumer::Consumer::commit(&old, &commits, rdkafka::consumer::CommitMode::Sync)
+        .unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut serve = a_healthy_serve(&env, &addr, &[], "export-legacy-serve").await;
+    let mut stream = connect(&env, port, "group=legacy&ack=auto").await;
+    let got = receive_until(&mut stream, Duration::from_secs(5), |seen| {
+        undelivered.is_subset(seen)
+    })
+    .await;
+    assert_eq!(
+        got, undelivered,
+        "the stream resumed where the old group was"
+    );
+    let committed = wait_committed(&env, "legacy", 40).await;
+    eprintln!(
+        "export legacy group: the old group had delivered {} of 40; the stream under the new \
+         name carried the other {} and its group committed {committed}",
+        40 - undelivered.len(),
+        got.len()
+    );
+    let _ = stream.close(None).await;
+    stop([&mut serve]).await;
 }

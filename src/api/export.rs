@@ -2,9 +2,13 @@
 //!
 //! Query parameters:
 //! - `group` (required): the stream's name. Each name is a consumer group of
-//!   its own (`export_group_prefix`, the caller's tenant, `-`, the name: two
-//!   tenants' equal names are two groups), so a client that reconnects with
-//!   the same name resumes after the last event it acknowledged.
+//!   its own (`export_group_prefix`, the caller's tenant, `.`, the name), so a
+//!   client that reconnects with the same name resumes after the last event
+//!   it acknowledged. A tenant's name cannot hold a `.`, so no two (tenant,
+//!   name) pairs share a group. (Groups were once joined with `-`, and tenant
+//!   `p` with name `b-c` met tenant `p-b` with name `c`: a stream's first
+//!   open under the new name carries its old group's commits over, see
+//!   [`GroupName::legacy`].)
 //! - `strategy`: `block` (the default, `export_backpressure_strategy`),
 //!   `drop_oldest` or `drop_new` — what happens to an event when the stream's
 //!   queue (`export_max_queue_size`) is full.
@@ -74,6 +78,7 @@ use crate::config::{Backpressure, Settings};
 use crate::domain::Scope;
 use crate::events::{decode, ExtractionEvent};
 use crate::kafka::consumer::ConsumerError;
+use crate::kafka::groups::{self, Carried};
 use crate::kafka::{ConsumerSpec, HandlerError, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::Services;
@@ -104,11 +109,33 @@ struct Params {
 
 /// A stream's options, checked before the upgrade.
 struct Options {
-    group: String,
+    group: GroupName,
     strategy: Backpressure,
     auto_ack: bool,
     from_earliest: bool,
     filter: Filter,
+}
+
+/// A stream's group: its tenant's name and the name the client chose.
+#[derive(Debug)]
+struct GroupName {
+    tenant: String,
+    name: String,
+}
+
+impl GroupName {
+    /// The Kafka group: `prefix`, the tenant, `.`, the name. Tenant names
+    /// have no `.`, so the first `.` after the prefix ends the tenant, and
+    /// two pairs never meet.
+    fn kafka(&self, prefix: &str) -> String {
+        format!("{prefix}{}.{}", self.tenant, self.name)
+    }
+
+    /// The group this stream had before groups were joined with `.`: its
+    /// commits are carried over to [`Self::kafka`] while that has none.
+    fn legacy(&self, prefix: &str) -> String {
+        format!("{prefix}{}-{}", self.tenant, self.name)
+    }
 }
 
 /// Which events a stream sends: its tenant's, and of those the ones the
@@ -173,7 +200,10 @@ fn options(
     };
     Ok(Options {
         // A group belongs to its tenant: equal names of two tenants are two groups.
-        group: format!("{}-{group}", caller.tenant),
+        group: GroupName {
+            tenant: caller.tenant.clone(),
+            name: group,
+        },
         strategy,
         auto_ack,
         from_earliest,
@@ -529,7 +559,22 @@ impl ExportStream {
         let settings = services.settings.clone();
         let metrics = services.metrics.clone();
         let outbound = Arc::new(Outbound::new(&settings, &metrics, options.strategy));
-        let group = format!("{}{}", settings.export_group_prefix, options.group);
+        let group = options.group.kafka(&settings.export_group_prefix);
+        if let Err(e) = carry_legacy_group(services, &options.group).await {
+            tracing::error!(%group, error = %e, "export stream: the old group's commits not carried over");
+            let _ = sink
+                .send(ws::close_frame(
+                    close_code::AGAIN,
+                    "group unavailable; retry shortly",
+                ))
+                .await;
+            metrics
+                .streams
+                .closes
+                .with_label_values(&[STREAM, "forced"])
+                .inc();
+            return None;
+        }
         let spec = consumer_spec(services, &group, &options);
         let draining = Arc::new(AtomicBool::new(false));
         let exporter = Exporter {
@@ -756,6 +801,36 @@ impl ExportStream {
     }
 }
 
+/// Carries the commits of the stream's group under its old name over to its
+/// name now, while that has none (the first open after the rename). A
+/// stream must not start while this is unknown: its group would begin at
+/// `from` and skip what the old group had not yet delivered.
+async fn carry_legacy_group(services: &Services, group: &GroupName) -> Result<(), String> {
+    let settings = &services.settings;
+    let prefix = &settings.export_group_prefix;
+    let (old, new) = (
+        settings.group(&group.legacy(prefix)),
+        settings.group(&group.kafka(prefix)),
+    );
+    let topic = settings.topic(&settings.topic_events);
+    let brokers = settings.kafka_brokers.clone();
+    let carry = {
+        let (old, new) = (old.clone(), new.clone());
+        move || groups::carry_over(&brokers, &topic, &old, &new, CARRY_TIMEOUT)
+    };
+    let carried = tokio::task::spawn_blocking(carry)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    if let Carried::Partitions(n) = carried {
+        tracing::info!(%old, %new, partitions = n, "export group's commits carried over from its old name");
+    }
+    Ok(())
+}
+
+/// How long each step of a carry-over may wait for the broker.
+const CARRY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The stream's consumer: a member of `group` on the events topic, with room
 /// for every event the stream may hold.
 fn consumer_spec(services: &Services, group: &str, options: &Options) -> ConsumerSpec {
@@ -835,7 +910,8 @@ mod tests {
         .unwrap();
         assert_eq!(ok.strategy, Backpressure::DropNew);
         assert!(ok.auto_ack && ok.from_earliest);
-        assert_eq!(ok.group, "acme-audit", "the tenant's group");
+        assert_eq!(ok.group.kafka("x-"), "x-acme.audit", "the tenant's group");
+        assert_eq!(ok.group.legacy("x-"), "x-acme-audit", "its name before");
         assert_eq!(ok.filter.tenant_id, acme.tenant_id);
         assert_eq!(ok.filter.statuses.unwrap().len(), 2);
         let default = options(params("group=a"), &acme, Backpressure::Block).unwrap();
