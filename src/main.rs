@@ -16,12 +16,6 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// mimalloc rather than glibc's allocator: a submit or a record allocates on
-/// one thread and frees on another, and glibc's arenas made malloc and free a
-/// fifth of `serve`'s CPU at saturation.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Kafka-native document-extraction pipeline.
 #[derive(Parser)]
 #[command(version, about)]
