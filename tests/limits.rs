@@ -7,6 +7,8 @@ mod common;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, peak_rss_kib, scrape, stop, wait_count, wait_for, wait_healthy, TestEnv};
@@ -1205,6 +1207,101 @@ async fn idle_and_half_open_connections_are_closed_at_the_idle_limit_and_a_real_
         "limits idle: {IDLE_SOCKETS} opened in {opened:?}; {}; {refused} refused while probes \
          held slots; with the cap full of them, a real client was served after {served:?}",
         report.join("; ")
+    );
+    stop([&mut serve]).await;
+}
+
+/// A valid pattern the compiler takes long over (5 ms in a release build
+/// here): a Unicode class repeated until the program nears its 1 MiB limit
+/// (`\w{30}` is past it, and refused in as long, but a refusal stops a
+/// request's validation). `n` makes each one new, so no cache helps.
+fn a_slow_to_compile_pattern(n: usize) -> String {
+    format!(r"\w{{20}}x{n}")
+}
+
+/// Clients sending requests of new slow-to-compile patterns, and the
+/// seconds they send for.
+const PATTERN_CLIENTS: usize = 8;
+const PATTERN_SECONDS: u64 = 5;
+
+/// Each client's answers, by status.
+type Statuses = HashMap<u16, usize>;
+
+/// One client: requests of 100 new slow-to-compile patterns, one after the
+/// other, until `until`.
+async fn a_client_sends_new_patterns(
+    client: reqwest::Client,
+    base: String,
+    next: Arc<AtomicUsize>,
+    until: Instant,
+) -> Statuses {
+    let mut statuses = Statuses::new();
+    while Instant::now() < until {
+        let fields: Vec<serde_json::Value> = (0..100)
+            .map(|i| {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                serde_json::json!({"name": format!("f{i}"), "pattern": a_slow_to_compile_pattern(n)})
+            })
+            .collect();
+        let body = serde_json::json!({"document": {"text": "Total 12.50"}, "fields": fields});
+        let answer = client
+            .post(format!("{base}/v1/extractions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        *statuses.entry(answer.status().as_u16()).or_default() += 1;
+    }
+    statuses
+}
+
+/// 8 clients send requests of 100 patterns the process has never seen, each
+/// slow to compile, for 5 s; `/healthz`, probed every 50 ms meanwhile,
+/// always answers within 500 ms, half a liveness probe's usual timeout (the
+/// patterns compile on the CPU pool, not on the runtime threads that answer
+/// it; compiled on the runtime, they held it for 1.9 s), and every submit is
+/// answered: 202,
+/// or 503 when the pool could not compile its patterns within the answer
+/// bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_slow_to_compile_patterns_leave_healthz_fast() {
+    let env = TestEnv::new("limits_patterns").await;
+    let (mut serve, addr, _) = spawn_serve(&env, &[], "limits-patterns-serve");
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+    let until = Instant::now() + Duration::from_secs(PATTERN_SECONDS);
+    let next = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..PATTERN_CLIENTS)
+        .map(|_| {
+            let sent = a_client_sends_new_patterns(env.client(), base.clone(), next.clone(), until);
+            tokio::spawn(sent)
+        })
+        .collect();
+    let probe = common::http_client();
+    let (mut slowest, mut probes) = (Duration::ZERO, 0);
+    while Instant::now() < until {
+        slowest = slowest.max(a_healthz_answer_time(&probe, &base).await);
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut statuses = Statuses::new();
+    for client in clients {
+        for (status, n) in client.await.unwrap() {
+            *statuses.entry(status).or_default() += n;
+        }
+    }
+    let compiled = next.load(Ordering::Relaxed);
+    eprintln!(
+        "limits patterns: {PATTERN_CLIENTS} clients sent {compiled} new patterns in {PATTERN_SECONDS} s \
+         (answers {statuses:?}); /healthz slowest of {probes}: {slowest:?}"
+    );
+    assert!(
+        statuses.keys().all(|s| [202, 503].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "/healthz took {slowest:?}"
     );
     stop([&mut serve]).await;
 }

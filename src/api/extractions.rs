@@ -158,6 +158,7 @@ async fn submit(
         .map(|v| v.to_str().unwrap_or_default().to_owned());
     let tenant = (caller.tenant_id, max_open_jobs);
     let limits = services.settings.request_limits();
+    services.learn_patterns(&request).await;
     let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
         .map_err(|refused| ApiError::refused(refused, "Idempotency-Key"))?;
     let submitted = pipeline::submit(&services, new, || admitted.durable()).await?;

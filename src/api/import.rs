@@ -308,6 +308,7 @@ async fn submit(
     let max_open_jobs = super::auth::admit_submit(services, caller)?;
     let tenant = (caller.tenant_id, max_open_jobs);
     let limits = services.settings.request_limits();
+    services.learn_patterns(&request).await;
     let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
         .map_err(|refused| ApiError::refused(refused, "idempotency_key"))?;
     let submitted = pipeline::submit(services, new, || ()).await?;

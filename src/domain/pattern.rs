@@ -1,19 +1,31 @@
 //! Field patterns: what a valid one is (size-limited), compiled once per
 //! process. Jobs of one template repeat the same few patterns, and compiling a
 //! regex costs far more than running it on a page, so compiled patterns are
-//! kept in a small bounded cache shared by submit-time validation and the
-//! extractor.
+//! kept in a bounded cache shared by submit-time validation and the
+//! extractor. Refusals are kept too: a client that resends a pattern that
+//! does not compile (or outgrows its program limit) costs one compile, not
+//! one per request.
+//!
+//! Compiling is CPU work of up to milliseconds a pattern, and a request may
+//! carry a hundred. An intake that meets patterns it has not seen calls
+//! [`learn`] on a blocking thread first (see `Services::learn_patterns`), so
+//! the validation that follows, on the async runtime, finds each one here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use regex::{Regex, RegexBuilder};
 
-/// Most compiled patterns kept; the cache starts over when it is full.
-const CACHED: usize = 256;
+/// Most patterns kept (compiled or refused); the cache starts over when it
+/// is full. Room for ten requests of a hundred new patterns each.
+const CACHED: usize = 1024;
 
-/// Compiled patterns by their program limit and text.
-type Cache = HashMap<(usize, String), Arc<Regex>>;
+/// What compiling a pattern gave: the regex, or the compiler's refusal.
+type Compiled = Result<Arc<Regex>, regex::Error>;
+
+/// Compiled patterns by their program limit, then their text (looked up by
+/// `&str`, with no key to allocate).
+type Cache = HashMap<usize, HashMap<String, Compiled>>;
 
 static COMPILED: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 
@@ -23,22 +35,40 @@ static COMPILED: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 /// search caches, which would throw away the lazy DFA states the previous
 /// searches built. The regex crate's matching time is linear in the text, so
 /// with its program bounded no pattern can take exponential time.
-pub fn compile(pattern: &str, program_bytes: usize) -> Result<Arc<Regex>, regex::Error> {
-    let key = (program_bytes, pattern.to_owned());
-    if let Some(regex) = lock().get(&key) {
-        return Ok(regex.clone());
+pub fn compile(pattern: &str, program_bytes: usize) -> Compiled {
+    if let Some(compiled) = lock().get(&program_bytes).and_then(|c| c.get(pattern)) {
+        return compiled.clone();
     }
-    let regex = RegexBuilder::new(pattern)
+    let compiled = RegexBuilder::new(pattern)
         .size_limit(program_bytes)
         .dfa_size_limit(program_bytes)
-        .build()?;
-    let regex = Arc::new(regex);
+        .build()
+        .map(Arc::new);
     let mut cache = lock();
+    let cache = cache.entry(program_bytes).or_default();
     if cache.len() >= CACHED {
         cache.clear();
     }
-    cache.insert(key, regex.clone());
-    Ok(regex)
+    cache.insert(pattern.to_owned(), compiled.clone());
+    compiled
+}
+
+/// Whether `pattern` was compiled (or refused) before with this limit.
+pub fn known(pattern: &str, program_bytes: usize) -> bool {
+    lock()
+        .get(&program_bytes)
+        .is_some_and(|c| c.contains_key(pattern))
+}
+
+/// Compiles each of `patterns` not seen before, keeping what it gives,
+/// up to the first that does not compile (validation stops at it too).
+/// Blocking: milliseconds a pattern, so run it off the async runtime.
+pub fn learn(patterns: &[String], program_bytes: usize) {
+    for pattern in patterns {
+        if compile(pattern, program_bytes).is_err() {
+            return;
+        }
+    }
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Cache> {
@@ -63,5 +93,20 @@ mod tests {
             "over the size limit"
         );
         assert!(compile(r"\w{10}", 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn a_refusal_is_kept_like_a_regex() {
+        let pattern = r"(refused-\w{1000}";
+        assert!(!known(pattern, 1 << 20));
+        let after = r"\d{3}-after-a-refusal";
+        learn(&[pattern.to_owned(), after.to_owned()], 1 << 20);
+        assert!(
+            known(pattern, 1 << 20),
+            "learned, though it does not compile"
+        );
+        assert!(!known(after, 1 << 20), "validation never gets that far");
+        assert!(compile(pattern, 1 << 20).is_err());
+        assert!(!known(pattern, 1 << 19), "per program limit");
     }
 }

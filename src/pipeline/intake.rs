@@ -100,12 +100,12 @@ async fn tenant_of(
     Ok((caller.tenant_id, quota.max_open_jobs))
 }
 
-/// The job a record asks for, or why it can never be one.
+/// The request a record carries and its idempotency key, or why it can
+/// never be a job.
 fn parse(
     record: &Record,
-    (tenant_id, max_open_jobs): (Uuid, Option<i64>),
-    (limits, body_limit): (&RequestLimits, usize),
-) -> Result<NewExtraction, HandlerError> {
+    body_limit: usize,
+) -> Result<(ExtractionRequest, Option<String>), HandlerError> {
     let payload = record.payload.as_deref().unwrap_or_default();
     let requested: ExtractionRequested = decode(payload)?;
     if requested.request_json.len() > body_limit {
@@ -117,13 +117,17 @@ fn parse(
             ),
         });
     }
-    let refused = |e: RequestError| HandlerError::Poison {
-        kind: e.code(),
-        reason: format!("request_json: {e}"),
-    };
     let request: ExtractionRequest = serde_json::from_str(&requested.request_json)
         .map_err(|e| refused(RequestError::from_json(&e)))?;
-    let key = Some(requested.idempotency_key);
+    Ok((request, Some(requested.idempotency_key)))
+}
+
+/// The job `request` asks for, or why it can never be one.
+fn checked(
+    (request, key): (ExtractionRequest, Option<String>),
+    (tenant_id, max_open_jobs): (Uuid, Option<i64>),
+    limits: &RequestLimits,
+) -> Result<NewExtraction, HandlerError> {
     NewExtraction::checked((tenant_id, max_open_jobs), key, request, limits).map_err(|e| match e {
         Refusal::Request(e) => refused(e),
         Refusal::IdempotencyKey => invalid(format!(
@@ -132,12 +136,21 @@ fn parse(
     })
 }
 
+/// A request that can never be a job: a dead letter that says why.
+fn refused(e: RequestError) -> HandlerError {
+    HandlerError::Poison {
+        kind: e.code(),
+        reason: format!("request_json: {e}"),
+    }
+}
+
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
         let tenant = tenant_of(&self.services, record).await?;
         let settings = &self.services.settings;
-        let limits = (&settings.request_limits(), settings.http_body_limit_bytes);
-        let new = parse(record, tenant, limits)?;
+        let parsed = parse(record, settings.http_body_limit_bytes)?;
+        self.services.learn_patterns(&parsed.0).await;
+        let new = checked(parsed, tenant, &settings.request_limits())?;
         match submit_durably(&self.services, new).await {
             Ok(_) => Ok(()),
             Err(DurableSubmitError::Submit(e @ SubmitError::KeyReused)) => {

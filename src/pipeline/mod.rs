@@ -37,11 +37,11 @@ use uuid::Uuid;
 use crate::admission::{Admission, AdmissionSettings};
 use crate::auth::Authenticator;
 use crate::config::Settings;
-use crate::domain::Transition;
+use crate::domain::{pattern, ExtractionRequest, Transition};
 use crate::events::{
     decode, Event, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested, PublishReason,
 };
-use crate::extract::{CpuPool, Extractors};
+use crate::extract::{CpuPool, Deadline, Extractors};
 use crate::failpoints;
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
@@ -127,6 +127,33 @@ impl Services {
             submit_rates: SubmitRates::default(),
             admission,
         })))
+    }
+
+    /// Compiles the patterns of `request` this process has not met (within
+    /// the size limit, and of the fields the limit allows) on the CPU pool,
+    /// so that validating the request on the runtime finds each compiled or
+    /// refused already: a hundred new worst-case patterns take the runtime
+    /// threads for tens of milliseconds, and `/healthz` and every other
+    /// request with them. A request of known patterns pays a lookup each.
+    pub async fn learn_patterns(&self, request: &ExtractionRequest) {
+        let limits = self.settings.request_limits();
+        let program = limits.pattern_program_bytes;
+        let unknown: Vec<String> = (request.fields.iter().take(limits.fields))
+            .filter_map(|field| field.pattern.as_deref())
+            .filter(|p| p.len() <= limits.pattern_bytes && !pattern::known(p, program))
+            .map(str::to_owned)
+            .collect();
+        if unknown.is_empty() {
+            return;
+        }
+        let learn = move |_: &Deadline| {
+            pattern::learn(&unknown, program);
+            Ok(())
+        };
+        // Whatever the pool says (a deadline past), validation compiles
+        // what is still unknown.
+        let budget = self.settings.http_answer_timeout_s.get();
+        let _ = self.cpu.run(budget, usize::MAX, learn).await;
     }
 
     /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.
