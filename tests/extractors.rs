@@ -67,9 +67,17 @@ async fn wait_succeeded(env: &TestEnv, n: i64, timeout_s: u64) {
 }
 
 /// A worker with its metrics on a port of its own: (process, metrics address).
+/// Its environment names a proxy that answers nothing: the extractor client
+/// must go straight to the service, whatever `HTTP(S)_PROXY` say.
 fn worker_with_metrics(env: &TestEnv, log_name: &str) -> (tokio::process::Child, String) {
     let metrics = format!("127.0.0.1:{}", free_port());
-    let env_vars = [("DOCSTREAM_METRICS_ADDR", metrics.clone())];
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let env_vars = [
+        ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
+        ("HTTP_PROXY", nowhere.clone()),
+        ("HTTPS_PROXY", nowhere.clone()),
+        ("ALL_PROXY", nowhere),
+    ];
     (env.spawn("worker", &env_vars, log_name), metrics)
 }
 
@@ -1395,6 +1403,31 @@ async fn every_job_is_called_and_committed_while_all_still_run(s: &Deferred) {
     );
 }
 
+/// Posts to `url` with `token`, headers announcing a body of 4 MB that is
+/// never sent: the answer's status line, and how soon it came. The token is
+/// checked before the body is read, so a forged one is answered at once,
+/// not after the body (or the answer bound) arrives.
+async fn a_forged_post_that_never_sends_its_body(url: &str, token: &str) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = reqwest::Url::parse(url).unwrap();
+    let addr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: 4000000\r\n\r\n",
+        url.path()
+    );
+    let sent = Instant::now();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 12];
+    let read = tokio::time::timeout(Duration::from_secs(10), socket.read_exact(&mut answer));
+    read.await.unwrap().unwrap();
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        sent.elapsed(),
+    )
+}
+
 /// A result posted to `first`'s url with a forged token or another job's
 /// (`other_token`) is refused 401, and one that is not a result 422.
 async fn forged_tokens_and_broken_results_are_refused(
@@ -1418,6 +1451,12 @@ async fn forged_tokens_and_broken_results_are_refused(
         401,
         "another job's token"
     );
+    let (status, after) = a_forged_post_that_never_sends_its_body(url0, &forged).await;
+    assert_eq!(
+        status, "HTTP/1.1 401",
+        "a forged token with a 4 MiB body to come"
+    );
+    assert!(after < Duration::from_secs(1), "answered after {after:?}");
     let garbage = serde_json::json!({"fields": "none"});
     assert_eq!(
         post_result(url0, token0, &garbage).await.0,

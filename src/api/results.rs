@@ -7,10 +7,10 @@
 //! Body: the 200 answer of the extractor protocol, `{"fields": {…}}`, or a
 //! failure, `{"error": "…", "retryable": false}`.
 
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Serialize;
@@ -53,15 +53,16 @@ async fn post_result(
     State(services): State<Services>,
     id: Result<Path<Uuid>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<Ended>, ApiError> {
     let Path(id) = id?;
-    let limit = services.settings.http_body_limit_bytes;
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(limit),
-        _ => ApiError::BadRequest(rejection.body_text()),
-    })?;
+    // The token first: a caller without one is not worth reading a body of
+    // up to the limit for.
     let attempt = authorised_attempt(&services, id, &headers)?;
+    let limit = services.settings.http_body_limit_bytes;
+    let body = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(limit))?;
     let row = store::get(&services.pool, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;

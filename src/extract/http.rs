@@ -59,7 +59,10 @@ impl HttpExtractor {
         metrics: ExtractorMetrics,
     ) -> reqwest::Result<Self> {
         crate::install_tls_provider();
+        // No proxy, whatever HTTP(S)_PROXY say: a proxy between docstream
+        // and its own extraction service would see every document.
         let client = reqwest::Client::builder()
+            .no_proxy()
             .timeout(settings.timeout())
             .connect_timeout(settings.timeout().min(Duration::from_secs(10)))
             .redirect(reqwest::redirect::Policy::none())

@@ -101,6 +101,13 @@ pub fn read_result(
     let mut output = ExtractionOutput::default();
     for field in &request.fields {
         let value = answer.fields.remove(&field.name).flatten();
+        let text = value.iter().flat_map(|v| [Some(&v.value), v.raw.as_ref()]);
+        if text.flatten().any(|t| t.contains('\0')) {
+            return Err(format!(
+                "field {:?}: the value holds a NUL character, which cannot be stored",
+                field.name
+            ));
+        }
         if let Some([first, last]) = value.as_ref().and_then(|v| v.words) {
             if first > last || last >= word_count {
                 return Err(format!(
@@ -146,8 +153,13 @@ pub fn error_message(body: &[u8]) -> String {
 }
 
 /// A provider's message as docstream keeps it: at most 1,000 characters, so
-/// it fits a row, an event and a webhook.
+/// it fits a row, an event and a webhook, with any NUL replaced (Postgres
+/// text cannot hold one, and the failure could never be recorded).
 pub fn shortened(message: String) -> String {
+    let message = match message.contains('\0') {
+        true => message.replace('\0', "\u{FFFD}"),
+        false => message,
+    };
     match message.char_indices().nth(1000) {
         Some((cut, _)) => format!("{}…", &message[..cut]),
         None if message.is_empty() => "(no message)".to_owned(),
@@ -199,6 +211,18 @@ mod tests {
             .contains("words [1, 5]"));
         assert!(read_result(b"<html>", &request(), 2).is_err());
         assert!(read_result(br#"{"fields": {"total": 12.5}}"#, &request(), 2).is_err());
+    }
+
+    #[test]
+    fn a_nul_from_a_provider_is_refused_in_a_value_and_replaced_in_a_message() {
+        for body in [
+            br#"{"fields": {"total": {"value": "12\u00000"}}}"#.as_slice(),
+            br#"{"fields": {"total": {"value": "12.50", "raw": "\u0000"}}}"#.as_slice(),
+        ] {
+            let refused = read_result(body, &request(), 2).unwrap_err();
+            assert!(refused.contains("NUL"), "{refused}");
+        }
+        assert_eq!(shortened("bad\0input".into()), "bad\u{FFFD}input");
     }
 
     #[test]

@@ -38,8 +38,11 @@ pub enum Forbidden {
     /// No host to send to.
     #[error("webhook_url has no host")]
     NoHost,
-    /// An address the server must not reach.
-    #[error("webhook_url host {host} is {addr} ({kind}), which webhooks may not reach")]
+    /// An address the server must not reach. The answer names the host as
+    /// the client wrote it, never the address it resolved to: that would
+    /// tell a caller the server's internal DNS (`addr` and `kind` are for
+    /// the server's logs).
+    #[error("webhook_url host {host} is not an address webhooks may reach")]
     Address {
         /// The host as written.
         host: String,
@@ -290,6 +293,16 @@ mod tests {
             .await
             .is_ok());
         assert!(translated_ok.check("http://[100::1]:9/").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_the_host_not_what_it_resolved_to() {
+        let refused = Guard::default().check("http://localhost:9/hook").await;
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("localhost"), "{message}");
+        for resolved in ["127.0.0.1", "::1", "loopback"] {
+            assert!(!message.contains(resolved), "{message}");
+        }
     }
 
     #[tokio::test]
