@@ -943,3 +943,54 @@ async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch(pool:
     let rows = common::count(pool, "SELECT count(*) FROM extraction_requests").await;
     assert_eq!(rows, 2);
 }
+
+/// A job of `tenant` with a webhook to `url`, failed: its delivery's id.
+async fn a_failed_job_of(pool: &PgPool, tenant_id: Uuid, url: &str) -> String {
+    let mut hooked = request();
+    hooked.webhook_url = Some(url.into());
+    let new = NewExtraction {
+        id: Uuid::new_v4(),
+        tenant_id,
+        max_open_jobs: None,
+        idempotency_key: None,
+        request: hooked,
+    };
+    let id = store::submit(pool, new).await.unwrap().extraction().id;
+    let claim = transitions::mark_running(pool, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    let failed = transitions::mark_failed(pool, id, claim.token, "broken")
+        .await
+        .unwrap()
+        .unwrap();
+    failed.webhook_id.unwrap()
+}
+
+/// Whether the claim of delivery `id` finds its endpoint disabled.
+async fn claimed_as_disabled(pool: &PgPool, id: &str) -> bool {
+    let claimed = webhooks::claim(pool, id, LEASE_S).await.unwrap().unwrap();
+    claimed.endpoint_disabled
+}
+
+/// A 410 disables an endpoint for the tenant whose delivery got it: that
+/// tenant's next delivery to the URL is claimed as disabled, and another
+/// tenant's delivery to the same URL is not.
+#[sqlx::test]
+async fn a_410_disables_an_endpoint_for_its_tenant_only(pool: PgPool) {
+    let pool = &pool;
+    let url = "https://hooks.example.com/shared";
+    let other = store::tenants::create_tenant(pool, "other").await.unwrap().key.tenant_id;
+    let gone = a_failed_job_of(pool, DEFAULT_TENANT_ID, url).await;
+    let answered = webhooks::claim(pool, &gone, LEASE_S).await.unwrap().unwrap();
+    assert!(!answered.endpoint_disabled);
+    assert!(webhooks::disable_endpoint(pool, &answered, "answered 410 Gone").await.unwrap());
+    assert!(
+        !webhooks::disable_endpoint(pool, &answered, "answered 410 Gone").await.unwrap(),
+        "already disabled"
+    );
+    let same_tenant = a_failed_job_of(pool, DEFAULT_TENANT_ID, url).await;
+    let other_tenant = a_failed_job_of(pool, other, url).await;
+    assert!(claimed_as_disabled(pool, &same_tenant).await, "the tenant that got the 410");
+    assert!(!claimed_as_disabled(pool, &other_tenant).await, "another tenant");
+}

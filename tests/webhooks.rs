@@ -1299,9 +1299,17 @@ async fn the_delivery_is_claimed_as_disabled(pool: &sqlx::PgPool) {
     assert!(claimed.endpoint_disabled);
 }
 
-/// Disabling `url` again reports it was recorded already.
+/// Disabling `url` again (for `msg_gone`'s tenant) reports it was recorded
+/// already.
 async fn recording_the_endpoint_again_is_a_no_op(pool: &sqlx::PgPool, url: &str) {
-    let again = docstream::store::webhooks::disable_endpoint(pool, url, "again")
+    let delivery = sqlx::query_as::<_, docstream::store::webhooks::Delivery>(
+        "SELECT * FROM webhook_deliveries WHERE id = 'msg_gone'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(delivery.url, url);
+    let again = docstream::store::webhooks::disable_endpoint(pool, &delivery, "again")
         .await
         .unwrap();
     assert!(!again, "the endpoint was recorded already");

@@ -317,7 +317,7 @@ impl Dispatcher {
                 "delivered"
             }
             Outcome::Gone => {
-                if outbox::disable_endpoint(pool, &delivery.url, "answered 410 Gone").await? {
+                if outbox::disable_endpoint(pool, delivery, "answered 410 Gone").await? {
                     self.metrics.webhooks.disabled_endpoints.inc();
                     tracing::warn!(id, url = %delivery.url, "endpoint answered 410 Gone; disabled");
                 }
