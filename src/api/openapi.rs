@@ -684,7 +684,7 @@ fn schemas(settings: &Settings) -> Value {
     json!({
         "ExtractionRequest": extraction_request(settings),
         "Document": document_schema(),
-        "TextDocument": text_document(),
+        "TextDocument": text_document(settings),
         "PagesDocument": pages_document(settings),
         "Page": page(settings),
         "Word": word(),
@@ -817,7 +817,7 @@ fn document_schema() -> Value {
 }
 
 /// `TextDocument`: plain text.
-fn text_document() -> Value {
+fn text_document(settings: &Settings) -> Value {
     json!({
         "type": "object",
         "additionalProperties": false,
@@ -825,7 +825,11 @@ fn text_document() -> Value {
         "properties": {
             "text": {
                 "type": "string",
-                "description": "Plain text, not blank; values found in it have no boxes.",
+                "description": format!(
+                    "Plain text, not blank, of at most {} words (runs of non-whitespace; \
+                     more is refused 422 `limit_exceeded`); values found in it have no boxes.",
+                    settings.max_text_words
+                ),
                 "pattern": NOT_BLANK,
             },
             "pages": {"type": "null"},

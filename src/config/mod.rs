@@ -217,6 +217,11 @@ settings! {
     /// Most words on one page. A dense A4 page has about 1,000; 10,000 is ten
     /// times that.
     max_words_per_page: usize = RequestLimits::DEFAULT.words_per_page, env "DOCSTREAM_MAX_WORDS_PER_PAGE", at_least(1);
+    /// Most words in a text document. Each stage splits the text into its
+    /// words, some 40 bytes each: within the body limit, `"a a a …"` made
+    /// 2 million of them, 80 MB for one job in each stage. 200,000 is twenty
+    /// dense pages; a longer document can come as pages.
+    max_text_words: usize = RequestLimits::DEFAULT.text_words, env "DOCSTREAM_MAX_TEXT_WORDS", at_least(1);
     /// Largest `metadata`, as compact JSON. It is echoed in every answer and
     /// event, so 16 KiB: enough for client ids and tags, not for a document.
     max_metadata_bytes: usize = RequestLimits::DEFAULT.metadata_bytes, env "DOCSTREAM_MAX_METADATA_BYTES", at_least(1);
@@ -467,6 +472,7 @@ impl Settings {
             anchor_bytes: self.max_anchor_bytes,
             pages: self.max_pages,
             words_per_page: self.max_words_per_page,
+            text_words: self.max_text_words,
             metadata_bytes: self.max_metadata_bytes,
             json_depth: self.max_json_depth,
             url_bytes: self.max_url_bytes,

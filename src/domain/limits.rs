@@ -21,6 +21,8 @@ pub struct RequestLimits {
     pub pages: usize,
     /// Most words on one page.
     pub words_per_page: usize,
+    /// Most words (whitespace-separated) in a text document.
+    pub text_words: usize,
     /// Largest `metadata`, as compact JSON.
     pub metadata_bytes: usize,
     /// Deepest nesting of `metadata`.
@@ -48,6 +50,7 @@ impl RequestLimits {
         anchor_bytes: 256,
         pages: 1_000,
         words_per_page: 10_000,
+        text_words: 200_000,
         metadata_bytes: 16 * 1024,
         json_depth: 32,
         url_bytes: 8 * 1024,

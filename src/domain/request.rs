@@ -374,6 +374,8 @@ impl Document {
         match (&self.text, &self.pages) {
             (Some(text), None) => {
                 storable("document.text", text)?;
+                let words = text.split_whitespace().take(limits.text_words + 1).count();
+                within("document.text", words, limits.text_words, "words")?;
                 match text.trim().is_empty() {
                     true => Err(RequestError::EmptyDocument),
                     false => Ok(()),
@@ -609,6 +611,16 @@ mod tests {
             words_per_page: 1,
             ..LIMITS
         };
+        let three_words = text_request(serde_json::json!([{"name": "a", "anchor": "a"}]));
+        let two_text_words = RequestLimits {
+            text_words: 2,
+            ..LIMITS
+        };
+        assert_eq!(three_words.validate(&LIMITS), Ok(()));
+        assert_eq!(
+            three_words.validate(&two_text_words).unwrap_err().code(),
+            "limit_exceeded"
+        );
         assert_eq!(
             many_words.validate(&two_words).unwrap_err().code(),
             "limit_exceeded"
