@@ -980,17 +980,36 @@ async fn claimed_as_disabled(pool: &PgPool, id: &str) -> bool {
 async fn a_410_disables_an_endpoint_for_its_tenant_only(pool: PgPool) {
     let pool = &pool;
     let url = "https://hooks.example.com/shared";
-    let other = store::tenants::create_tenant(pool, "other").await.unwrap().key.tenant_id;
+    let other = store::tenants::create_tenant(pool, "other")
+        .await
+        .unwrap()
+        .key
+        .tenant_id;
     let gone = a_failed_job_of(pool, DEFAULT_TENANT_ID, url).await;
-    let answered = webhooks::claim(pool, &gone, LEASE_S).await.unwrap().unwrap();
+    let answered = webhooks::claim(pool, &gone, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!answered.endpoint_disabled);
-    assert!(webhooks::disable_endpoint(pool, &answered, "answered 410 Gone").await.unwrap());
     assert!(
-        !webhooks::disable_endpoint(pool, &answered, "answered 410 Gone").await.unwrap(),
+        webhooks::disable_endpoint(pool, &answered, "answered 410 Gone")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !webhooks::disable_endpoint(pool, &answered, "answered 410 Gone")
+            .await
+            .unwrap(),
         "already disabled"
     );
     let same_tenant = a_failed_job_of(pool, DEFAULT_TENANT_ID, url).await;
     let other_tenant = a_failed_job_of(pool, other, url).await;
-    assert!(claimed_as_disabled(pool, &same_tenant).await, "the tenant that got the 410");
-    assert!(!claimed_as_disabled(pool, &other_tenant).await, "another tenant");
+    assert!(
+        claimed_as_disabled(pool, &same_tenant).await,
+        "the tenant that got the 410"
+    );
+    assert!(
+        !claimed_as_disabled(pool, &other_tenant).await,
+        "another tenant"
+    );
 }

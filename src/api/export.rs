@@ -552,7 +552,7 @@ impl ExportStream {
     /// Starts the stream's consumer; when it cannot be created, closes the
     /// socket (1011) and gives `None`.
     async fn open(
-        mut sink: ws::Sink,
+        sink: ws::Sink,
         services: &Services,
         options: Options,
     ) -> Option<(Self, Consuming)> {
@@ -562,18 +562,8 @@ impl ExportStream {
         let group = options.group.kafka(&settings.export_group_prefix);
         if let Err(e) = carry_legacy_group(services, &options.group).await {
             tracing::error!(%group, error = %e, "export stream: the old group's commits not carried over");
-            let _ = sink
-                .send(ws::close_frame(
-                    close_code::AGAIN,
-                    "group unavailable; retry shortly",
-                ))
-                .await;
-            metrics
-                .streams
-                .closes
-                .with_label_values(&[STREAM, "forced"])
-                .inc();
-            return None;
+            let why = "group unavailable; retry shortly";
+            return refuse_open(sink, &metrics, close_code::AGAIN, why).await;
         }
         let spec = consumer_spec(services, &group, &options);
         let draining = Arc::new(AtomicBool::new(false));
@@ -588,15 +578,8 @@ impl ExportStream {
             Ok(runtime) => runtime,
             Err(e) => {
                 tracing::error!(error = %e, "export stream: consumer not created");
-                let _ = sink
-                    .send(ws::close_frame(close_code::ERROR, "consumer unavailable"))
-                    .await;
-                metrics
-                    .streams
-                    .closes
-                    .with_label_values(&[STREAM, "forced"])
-                    .inc();
-                return None;
+                let why = "consumer unavailable";
+                return refuse_open(sink, &metrics, close_code::ERROR, why).await;
             }
         };
         let consuming = tokio::spawn(runtime.run());
@@ -799,6 +782,15 @@ impl ExportStream {
             ws::finish_handshake(frames).await;
         }
     }
+}
+
+/// Closes a stream that could not open with `code` and `why`, counted as a
+/// forced close.
+async fn refuse_open<T>(mut sink: ws::Sink, metrics: &Metrics, code: u16, why: &str) -> Option<T> {
+    let _ = sink.send(ws::close_frame(code, why)).await;
+    let closes = &metrics.streams.closes;
+    closes.with_label_values(&[STREAM, "forced"]).inc();
+    None
 }
 
 /// Carries the commits of the stream's group under its old name over to its
