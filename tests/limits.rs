@@ -1306,6 +1306,74 @@ async fn new_slow_to_compile_patterns_leave_healthz_fast() {
     stop([&mut serve]).await;
 }
 
+/// A stream whose client never reads answers no ping: silent export and
+/// import streams hold two of a tenant's three sockets, beside an export
+/// stream whose client reads (and so answers each ping). With a ping every
+/// second, the silent two are closed within seconds (the tenant can open
+/// two sockets again), and the reading one stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_whose_clients_answer_no_ping_are_closed_and_free_their_sockets() {
+    let env = TestEnv::new("limits_ping").await;
+    let settings = [
+        ("DOCSTREAM_WS_PING_INTERVAL_S", "1".to_owned()),
+        ("DOCSTREAM_MAX_SOCKETS_PER_TENANT", "3".to_owned()),
+    ];
+    let (mut serve, addr, _) = spawn_serve(&env, &settings, "limits-ping-serve");
+    wait_healthy(&format!("http://{addr}")).await;
+    let export = |group: &str| format!("ws://{addr}/v1/export?group={group}");
+    let import = format!("ws://{addr}/v1/import");
+    let open = |url: String| tokio_tungstenite::connect_async(env.ws_request(&url));
+    let (silent_export, _) = open(export("silent")).await.unwrap();
+    let (silent_import, _) = open(import.clone()).await.unwrap();
+    let (mut reading, _) = open(export("reading")).await.unwrap();
+    let opened = Instant::now();
+    let reader = tokio::spawn(async move {
+        // Reading answers the pings; the stream ends only if the server closes it.
+        while let Some(Ok(frame)) = reading.next().await {
+            if let Message::Close(close) = frame {
+                return Some(close);
+            }
+        }
+        None
+    });
+    // One socket per try: a refused handshake leaves nothing open behind it.
+    let mut two_more = Vec::new();
+    for url in [import.clone(), export("again")] {
+        let socket = wait_for(
+            "a silent stream's socket to be freed",
+            Duration::from_secs(15),
+            || {
+                let url = url.clone();
+                async move {
+                    open(url)
+                        .await
+                        .map(|(socket, _)| socket)
+                        .map_err(|e| e.to_string())
+                }
+            },
+        )
+        .await;
+        two_more.push(socket);
+    }
+    let freed_after = opened.elapsed();
+    assert!(
+        freed_after >= Duration::from_secs(2),
+        "freed after {freed_after:?}"
+    );
+    assert!(
+        !reader.is_finished(),
+        "the reading stream was closed: {:?}",
+        reader.await
+    );
+    eprintln!(
+        "limits ping: with a ping each second, the silent export and import streams' sockets \
+         were free {freed_after:?} after they opened; the reading stream stayed open"
+    );
+    reader.abort();
+    drop((silent_export, silent_import, two_more));
+    stop([&mut serve]).await;
+}
+
 /// Past its admission limit, `serve` refuses a submit at once with `503
 /// overloaded` and `Retry-After`, while the admitted ones are still under
 /// way, and writes nothing for it; once they are answered, the next is

@@ -612,6 +612,7 @@ impl ExportStream {
     ) {
         let outbound = self.outbound.clone();
         let ack_timeout = self.settings.export_ack_timeout_s.get();
+        let mut liveness = ws::Liveness::new(self.settings.ws_ping_interval_s.get());
         let mut consumer_done = false;
         let ended = loop {
             if self.errors >= self.settings.export_max_consecutive_errors {
@@ -634,8 +635,15 @@ impl ExportStream {
                     consumer_done = true;
                     break self.on_consumer_end(joined);
                 }
-                frame = frames.next() => self.on_frame(frame).await,
+                frame = frames.next() => {
+                    liveness.heard();
+                    self.on_frame(frame).await
+                }
                 item = outbound.next(), if window_open => self.on_record(item).await,
+                alive = liveness.tick() => match alive {
+                    Ok(()) => self.send(ws::ping()).await,
+                    Err(silent) => break Ended::Forced(format!("the client answered no ping for {silent:?}")),
+                },
             };
             if let ControlFlow::Break(ended) = flow {
                 break ended;

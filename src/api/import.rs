@@ -89,6 +89,8 @@ enum Ended {
     ServerClosing,
     /// The client sent a message past the size limit.
     TooLarge,
+    /// The client answered no ping for two intervals: it is gone.
+    Silent,
 }
 
 impl Ended {
@@ -98,6 +100,7 @@ impl Ended {
             Ended::ClientClosed => "client",
             Ended::ServerClosing => "graceful",
             Ended::TooLarge => "too_large",
+            Ended::Silent => "forced",
         }
     }
 }
@@ -169,15 +172,28 @@ impl Submits {
     /// Reads and submits frames, each once there is room for it, until the
     /// client closes, the server shuts down or a message is too large.
     async fn read(&mut self, frames: &mut ws::Frames, closing: &CancellationToken) -> Ended {
+        let mut liveness = ws::Liveness::new(self.services.settings.ws_ping_interval_s.get());
         loop {
             let slot = tokio::select! {
                 _ = closing.cancelled() => return Ended::ServerClosing,
                 slot = self.slots.clone().acquire_owned() => slot.expect("never closed"),
             };
-            let frame = tokio::select! {
-                _ = closing.cancelled() => return Ended::ServerClosing,
-                frame = frames.next() => frame,
+            // Frames were not read while the socket's submits held every
+            // slot: that silence is the server's, not the client's.
+            liveness.heard();
+            let frame = loop {
+                tokio::select! {
+                    _ = closing.cancelled() => return Ended::ServerClosing,
+                    frame = frames.next() => break frame,
+                    alive = liveness.tick() => match alive {
+                        Ok(()) => {
+                            let _ = self.answers.try_send(ws::ping());
+                        }
+                        Err(_) => return Ended::Silent,
+                    },
+                }
             };
+            liveness.heard();
             let text = match frame {
                 Some(Err(e)) if too_large(&e) => return Ended::TooLarge,
                 None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Ended::ClientClosed,
@@ -242,7 +258,7 @@ impl Submits {
 
 /// Closes the socket once every answer went out: with 1000 on shutdown, 1009
 /// past the size limit (`limit`), and just the sink's close when the client
-/// closed.
+/// closed or went silent (no one would answer a close frame).
 async fn close(mut sink: ws::Sink, frames: &mut ws::Frames, ended: &Ended, limit: usize) {
     let close = match ended {
         Ended::ServerClosing => Some(ws::close_frame(close_code::NORMAL, "server shutting down")),
@@ -250,7 +266,7 @@ async fn close(mut sink: ws::Sink, frames: &mut ws::Frames, ended: &Ended, limit
             close_code::SIZE,
             &format!("message larger than {limit} bytes"),
         )),
-        Ended::ClientClosed => None,
+        Ended::ClientClosed | Ended::Silent => None,
     };
     if let Some(close) = close {
         let _ = sink.send(close).await;

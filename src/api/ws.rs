@@ -1,6 +1,7 @@
 //! What the import and export WebSockets share: the admission before the
-//! upgrade (the key's scope, the tenant's socket cap, the gate), the refusal
-//! of binary frames, and the server side of the close handshake.
+//! upgrade (the key's scope, the tenant's socket cap, the gate), the watch
+//! on a client that may have vanished, the refusal of binary frames, and the
+//! server side of the close handshake.
 
 use std::future::Future;
 use std::time::Duration;
@@ -27,6 +28,51 @@ pub(super) type Frames = SplitStream<WebSocket>;
 
 /// How long a server-side close waits for the client's close frame.
 pub(super) const CLOSE_HANDSHAKE: Duration = Duration::from_secs(5);
+
+/// A stream's watch on its client: a ping every `interval`, and the verdict
+/// that the client is gone once it has sent nothing, not even the pong, for
+/// two of them. TCP alone never tells a server that a client's machine
+/// vanished while the server has nothing to send.
+pub(super) struct Liveness {
+    interval: Duration,
+    heard: tokio::time::Instant,
+    ticks: tokio::time::Interval,
+}
+
+impl Liveness {
+    pub(super) fn new(interval: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        let mut ticks = tokio::time::interval_at(now + interval, interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            interval,
+            heard: now,
+            ticks,
+        }
+    }
+
+    /// The client sent something (any frame), or the stream stopped
+    /// reading for reasons of its own: the silence starts again.
+    pub(super) fn heard(&mut self) {
+        self.heard = tokio::time::Instant::now();
+    }
+
+    /// The next tick: `Ok` to send a ping, `Err` with the silence when the
+    /// client has been quiet for two intervals.
+    pub(super) async fn tick(&mut self) -> Result<(), Duration> {
+        self.ticks.tick().await;
+        let silent = self.heard.elapsed();
+        match silent >= 2 * self.interval {
+            true => Err(silent),
+            false => Ok(()),
+        }
+    }
+}
+
+/// A ping: its payload is empty; any frame from the client counts as life.
+pub(super) fn ping() -> Message {
+    Message::Ping(Default::default())
+}
 
 /// The first checks of a stream's request: the key has `scope`, and the
 /// request is a WebSocket upgrade. They come before the stream's own checks

@@ -416,6 +416,12 @@ settings! {
     /// take them over. 30 s leaves room for a client that acknowledges in
     /// batches or pauses for a moment.
     export_ack_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_EXPORT_ACK_TIMEOUT_S", positive;
+    /// How often the import and export streams ping their client; a client
+    /// that sends nothing (not even the pong) for two of these is gone, and
+    /// its stream is closed. A half-open socket (the client's machine
+    /// vanished) would otherwise hold its socket slot, and an export
+    /// stream's group member, for as long as the server runs.
+    ws_ping_interval_s: Seconds = Seconds::new(20), env "DOCSTREAM_WS_PING_INTERVAL_S", positive;
     /// Malformed client frames in a row after which an export stream is
     /// closed by force: such a client is broken, and holds a consumer-group
     /// member. (A send that fails or outlasts the drain timeout closes the
