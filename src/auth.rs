@@ -42,6 +42,19 @@ pub struct Caller {
     /// The tenant's own quotas (the deployment's settings fill the rest).
     pub quota: QuotaOverrides,
     scopes: Vec<Scope>,
+    /// The digest of the key it presented, to look the key up again
+    /// ([`Authenticator::recheck`]); empty for a caller made without one.
+    key_hash: KeyHash,
+}
+
+/// A key's SHA-256, kept out of `Debug` output (and so out of logs).
+#[derive(Clone, Default, PartialEq)]
+struct KeyHash(Vec<u8>);
+
+impl std::fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHash(…)")
+    }
 }
 
 impl Caller {
@@ -67,6 +80,7 @@ impl From<KeyOwner> for Caller {
             key_id: owner.key_id,
             quota: owner.quota,
             scopes: owner.scopes,
+            key_hash: KeyHash::default(),
         }
     }
 }
@@ -122,6 +136,29 @@ impl Authenticator {
         }
     }
 
+    /// Whether `caller`'s key still names the same tenant and still has
+    /// `scope`, as of the cache (at most `api_key_cache_s` old): a stream
+    /// opened with a key asks this while it runs, so a revoked key or a
+    /// deleted tenant does not keep its sockets. `Ok` while the store cannot
+    /// be asked: an outage is not a revocation.
+    pub async fn recheck(&self, caller: &Caller, scope: Scope) -> Result<(), AuthError> {
+        if caller.key_hash.0.is_empty() {
+            return Ok(());
+        }
+        let hash = &caller.key_hash.0;
+        match self.lookup(hash).await {
+            Ok(Some(owner)) if owner.key_id == caller.key_id && owner.scopes.contains(&scope) => {
+                Ok(())
+            }
+            Ok(Some(_)) => Err(AuthError::MissingScope(scope)),
+            Ok(None) => Err(AuthError::Invalid),
+            Err(_) => {
+                self.forget_failed(hash);
+                Ok(())
+            }
+        }
+    }
+
     /// The caller whose key is `secret` (`None`: no key was presented).
     pub async fn authenticate(&self, secret: Option<&str>) -> Result<Caller, AuthError> {
         let secret = secret.ok_or(AuthError::Missing)?;
@@ -131,7 +168,13 @@ impl Authenticator {
         let hash = key_hash(secret);
         let lookup = self.lookup(&hash);
         match lookup.await {
-            Ok(owner) => owner.map(Caller::from).ok_or(AuthError::Invalid),
+            Ok(owner) => {
+                let caller = owner.map(Caller::from).ok_or(AuthError::Invalid)?;
+                Ok(Caller {
+                    key_hash: KeyHash(hash),
+                    ..caller
+                })
+            }
             Err(e) => {
                 // A failed lookup is not remembered: the next request asks again.
                 self.forget_failed(&hash);
@@ -266,7 +309,12 @@ mod tests {
             key_id: Uuid::nil(),
             quota: QuotaOverrides::default(),
             scopes: vec![Scope::Read],
+            key_hash: KeyHash(vec![1; 32]),
         };
+        assert!(
+            !format!("{caller:?}").contains("[1, 1"),
+            "the key's digest stays out of logs"
+        );
         assert!(caller.require(Scope::Read).is_ok());
         assert!(matches!(
             caller.require(Scope::Submit),

@@ -1374,6 +1374,64 @@ async fn streams_whose_clients_answer_no_ping_are_closed_and_free_their_sockets(
     stop([&mut serve]).await;
 }
 
+/// Reads `socket` (answering its pings) until the server closes it: the
+/// close frame, and when it came.
+async fn until_closed(mut socket: Socket) -> Option<(CloseFrame, Instant)> {
+    while let Some(Ok(frame)) = socket.next().await {
+        if let Message::Close(close) = frame {
+            return close.map(|c| (c, Instant::now()));
+        }
+    }
+    None
+}
+
+/// An export and an import stream opened with a key that is then revoked
+/// are closed with 1008 (policy violation) within seconds: the streams look
+/// their key up again at each ping (every second here), through the key
+/// cache (1 s here, 2 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_whose_key_is_revoked_are_closed_with_1008() {
+    let env = TestEnv::new("limits_revoked").await;
+    let settings = [
+        ("DOCSTREAM_WS_PING_INTERVAL_S", "1".to_owned()),
+        ("DOCSTREAM_API_KEY_CACHE_S", "1".to_owned()),
+    ];
+    let (mut serve, addr, _) = spawn_serve(&env, &settings, "limits-revoked-serve");
+    wait_healthy(&format!("http://{addr}")).await;
+    let mut closes = Vec::new();
+    for url in [
+        format!("ws://{addr}/v1/export?group=revoked"),
+        format!("ws://{addr}/v1/import"),
+    ] {
+        let (socket, _) = tokio_tungstenite::connect_async(env.ws_request(&url))
+            .await
+            .unwrap();
+        closes.push(tokio::spawn(until_closed(socket)));
+    }
+    let prefix: String = env.api_key.chars().take(12).collect();
+    let key_id: Uuid = sqlx::query_scalar("SELECT id FROM api_keys WHERE prefix = $1")
+        .bind(&prefix)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    docstream::store::tenants::revoke_key(&env.pool, key_id)
+        .await
+        .unwrap();
+    let revoked = Instant::now();
+    let mut after = Vec::new();
+    for close in closes {
+        let closed = tokio::time::timeout(Duration::from_secs(15), close).await;
+        let (frame, at) = closed
+            .expect("closed within 15 s")
+            .unwrap()
+            .expect("a close frame");
+        assert_eq!(u16::from(frame.code), 1008, "{frame:?}");
+        after.push(at.duration_since(revoked));
+    }
+    eprintln!("limits revoked: the export and import streams were closed with 1008 {after:?} after the key was revoked");
+    stop([&mut serve]).await;
+}
+
 /// Past its admission limit, `serve` refuses a submit at once with `503
 /// overloaded` and `Retry-After`, while the admitted ones are still under
 /// way, and writes nothing for it; once they are answered, the next is

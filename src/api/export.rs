@@ -73,7 +73,7 @@ use uuid::Uuid;
 
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
-use crate::auth::Caller;
+use crate::auth::{Authenticator, Caller};
 use crate::config::{Backpressure, Settings};
 use crate::domain::Scope;
 use crate::events::{decode, ExtractionEvent};
@@ -109,6 +109,8 @@ struct Params {
 
 /// A stream's options, checked before the upgrade.
 struct Options {
+    /// Who opened the stream: its key is looked up again while it runs.
+    caller: Caller,
     group: GroupName,
     strategy: Backpressure,
     auto_ack: bool,
@@ -199,6 +201,7 @@ fn options(
         })
     };
     Ok(Options {
+        caller: caller.clone(),
         // A group belongs to its tenant: equal names of two tenants are two groups.
         group: GroupName {
             tenant: caller.tenant.clone(),
@@ -504,6 +507,9 @@ enum Ended {
     Graceful,
     /// Closed by the server without a complete drain.
     Forced(String),
+    /// The key it was opened with was revoked (or its tenant deleted, or the
+    /// key lost the scope) while it ran.
+    Refused(String),
 }
 
 async fn export(
@@ -528,6 +534,9 @@ type Consuming = JoinHandle<Result<(), ConsumerError>>;
 /// acknowledged and closes the socket.
 struct ExportStream {
     sink: ws::Sink,
+    /// Who opened it, and where its key is checked again.
+    caller: Caller,
+    auth: Authenticator,
     settings: Arc<Settings>,
     metrics: Metrics,
     group: String,
@@ -596,6 +605,8 @@ impl ExportStream {
             draining,
             consume,
             unacked: BTreeMap::new(),
+            caller: options.caller,
+            auth: services.auth.clone(),
             seq: 0,
             errors: 0,
         };
@@ -641,7 +652,10 @@ impl ExportStream {
                 }
                 item = outbound.next(), if window_open => self.on_record(item).await,
                 alive = liveness.tick() => match alive {
-                    Ok(()) => self.send(ws::ping()).await,
+                    Ok(()) => match self.auth.recheck(&self.caller, Scope::Export).await {
+                        Ok(()) => self.send(ws::ping()).await,
+                        Err(refused) => break Ended::Refused(refused.to_string()),
+                    },
                     Err(silent) => break Ended::Forced(format!("the client answered no ping for {silent:?}")),
                 },
             };
@@ -767,6 +781,11 @@ impl ExportStream {
             Ended::Forced(reason) => {
                 tracing::warn!(%reason, "export stream closed by force");
                 self.close_socket(frames, close_code::ERROR, reason).await;
+                "forced"
+            }
+            Ended::Refused(reason) => {
+                tracing::info!(%reason, "export stream closed: its key no longer admits it");
+                self.close_socket(frames, close_code::POLICY, reason).await;
                 "forced"
             }
         };

@@ -91,6 +91,9 @@ enum Ended {
     TooLarge,
     /// The client answered no ping for two intervals: it is gone.
     Silent,
+    /// The key it was opened with was revoked (or its tenant deleted, or the
+    /// key lost the scope) while it ran.
+    Refused(String),
 }
 
 impl Ended {
@@ -100,7 +103,7 @@ impl Ended {
             Ended::ClientClosed => "client",
             Ended::ServerClosing => "graceful",
             Ended::TooLarge => "too_large",
-            Ended::Silent => "forced",
+            Ended::Silent | Ended::Refused(_) => "forced",
         }
     }
 }
@@ -187,6 +190,10 @@ impl Submits {
                     frame = frames.next() => break frame,
                     alive = liveness.tick() => match alive {
                         Ok(()) => {
+                            let auth = &self.services.auth;
+                            if let Err(refused) = auth.recheck(&self.caller, Scope::Submit).await {
+                                return Ended::Refused(refused.to_string());
+                            }
                             let _ = self.answers.try_send(ws::ping());
                         }
                         Err(_) => return Ended::Silent,
@@ -257,7 +264,7 @@ impl Submits {
 }
 
 /// Closes the socket once every answer went out: with 1000 on shutdown, 1009
-/// past the size limit (`limit`), and just the sink's close when the client
+/// past the size limit (`limit`), 1008 once its key no longer admits it, and just the sink's close when the client
 /// closed or went silent (no one would answer a close frame).
 async fn close(mut sink: ws::Sink, frames: &mut ws::Frames, ended: &Ended, limit: usize) {
     let close = match ended {
@@ -266,6 +273,7 @@ async fn close(mut sink: ws::Sink, frames: &mut ws::Frames, ended: &Ended, limit
             close_code::SIZE,
             &format!("message larger than {limit} bytes"),
         )),
+        Ended::Refused(reason) => Some(ws::close_frame(close_code::POLICY, reason)),
         Ended::ClientClosed | Ended::Silent => None,
     };
     if let Some(close) = close {
