@@ -263,6 +263,10 @@ settings! {
     /// Each is a librdkafka consumer with its own threads and prefetch, so
     /// 64, far fewer than sockets.
     max_export_streams: usize = 64_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS", at_least(1);
+    /// Export streams one tenant may run on one `serve` process; one more
+    /// gets 429. A quarter of `max_export_streams`, so that no tenant can
+    /// hold them all (its socket cap alone allowed every one).
+    max_export_streams_per_tenant: usize = 16_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS_PER_TENANT", at_least(1);
     /// TCP connections each HTTP listener (the API's, the internal one)
     /// holds at once; past it a new connection is answered 503 and closed.
     /// 4,096 is far above what one process serves well, and below its file
