@@ -1258,8 +1258,8 @@ async fn a_client_sends_new_patterns(
 /// 8 clients send requests of 100 patterns the process has never seen, each
 /// slow to compile, for 5 s; `/healthz`, probed every 50 ms meanwhile,
 /// always answers within 500 ms, half a liveness probe's usual timeout (the
-/// patterns compile on the CPU pool, not on the runtime threads that answer
-/// it; compiled on the runtime, they held it for 1.9 s), and every submit is
+/// patterns compile on blocking threads of their own, not on the runtime
+/// threads that answer it; compiled on the runtime, they held it for 1.9 s), and every submit is
 /// answered: 202,
 /// or 503 when the pool could not compile its patterns within the answer
 /// bound.

@@ -82,6 +82,10 @@ pub struct Parts {
     pub extractors: Extractors,
     /// Where CPU-bound work runs (the rule extractor, bbox grounding).
     pub cpu: CpuPool,
+    /// Where a request's new patterns compile: a pool of its own, so that
+    /// extractions holding every thread of `cpu` (a slow pattern runs until
+    /// its deadline) never hold up a submit.
+    pub compiler: CpuPool,
     /// The "published" stamps of this process's new jobs.
     pub stamps: Stamps,
     /// What this process knows of Kafka's and Postgres's outages.
@@ -121,6 +125,7 @@ impl Services {
             webhooks,
             extractors,
             cpu,
+            compiler: CpuPool::new(0),
             stamps,
             health,
             auth,
@@ -130,7 +135,7 @@ impl Services {
     }
 
     /// Compiles the patterns of `request` this process has not met (within
-    /// the size limit, and of the fields the limit allows) on the CPU pool,
+    /// the size limit, and of the fields the limit allows) on the compiler pool,
     /// so that validating the request on the runtime finds each compiled or
     /// refused already: a hundred new worst-case patterns take the runtime
     /// threads for tens of milliseconds, and `/healthz` and every other
@@ -153,7 +158,7 @@ impl Services {
         // Whatever the pool says (a deadline past), validation compiles
         // what is still unknown.
         let budget = self.settings.http_answer_timeout_s.get();
-        let _ = self.cpu.run(budget, usize::MAX, learn).await;
+        let _ = self.compiler.run(budget, usize::MAX, learn).await;
     }
 
     /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.
