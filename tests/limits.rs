@@ -1259,10 +1259,9 @@ async fn a_client_sends_new_patterns(
 /// slow to compile, for 5 s; `/healthz`, probed every 50 ms meanwhile,
 /// always answers within 500 ms, half a liveness probe's usual timeout (the
 /// patterns compile on blocking threads of their own, not on the runtime
-/// threads that answer it; compiled on the runtime, they held it for 1.9 s), and every submit is
-/// answered: 202,
-/// or 503 when the pool could not compile its patterns within the answer
-/// bound.
+/// threads that answer it; compiled on the runtime, they held it for 1.9 s),
+/// and every submit is answered: 202, or 503 when the pool could not compile
+/// its patterns within the answer bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_slow_to_compile_patterns_leave_healthz_fast() {
     let env = TestEnv::new("limits_patterns").await;
