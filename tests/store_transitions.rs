@@ -798,21 +798,27 @@ async fn a_terminal_transition_writes_its_webhook_delivery_and_attempts_are_fenc
 
 /// A job submitted with a `webhook_url`, claimed: (id, its claim).
 async fn a_running_job_with_a_webhook_url(pool: &PgPool) -> (Uuid, store::Claim) {
-    let mut with_hook = request();
-    with_hook.webhook_url = Some("https://hooks.example.com/docstream".into());
+    let url = "https://hooks.example.com/docstream";
+    a_running_job_of(pool, DEFAULT_TENANT_ID, url).await
+}
+
+/// A job of `tenant_id` with a webhook to `url`, claimed: (id, its claim).
+async fn a_running_job_of(pool: &PgPool, tenant_id: Uuid, url: &str) -> (Uuid, store::Claim) {
+    let mut hooked = request();
+    hooked.webhook_url = Some(url.into());
     let new = NewExtraction {
         id: Uuid::new_v4(),
-        tenant_id: DEFAULT_TENANT_ID,
+        tenant_id,
         max_open_jobs: None,
         idempotency_key: None,
-        request: with_hook,
+        request: hooked,
     };
-    let hooked = store::submit(pool, new).await.unwrap().extraction().id;
-    let claim = transitions::mark_running(pool, hooked, LEASE_S)
+    let id = store::submit(pool, new).await.unwrap().extraction().id;
+    let claim = transitions::mark_running(pool, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
-    (hooked, claim)
+    (id, claim)
 }
 
 /// Fails the job: the row names its delivery `msg_<id>_failed`, which is
@@ -944,22 +950,9 @@ async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch(pool:
     assert_eq!(rows, 2);
 }
 
-/// A job of `tenant` with a webhook to `url`, failed: its delivery's id.
+/// A job of `tenant_id` with a webhook to `url`, failed: its delivery's id.
 async fn a_failed_job_of(pool: &PgPool, tenant_id: Uuid, url: &str) -> String {
-    let mut hooked = request();
-    hooked.webhook_url = Some(url.into());
-    let new = NewExtraction {
-        id: Uuid::new_v4(),
-        tenant_id,
-        max_open_jobs: None,
-        idempotency_key: None,
-        request: hooked,
-    };
-    let id = store::submit(pool, new).await.unwrap().extraction().id;
-    let claim = transitions::mark_running(pool, id, LEASE_S)
-        .await
-        .unwrap()
-        .unwrap();
+    let (id, claim) = a_running_job_of(pool, tenant_id, url).await;
     let failed = transitions::mark_failed(pool, id, claim.token, "broken")
         .await
         .unwrap()
