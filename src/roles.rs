@@ -20,7 +20,8 @@ use crate::health::{Dependency, Health};
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    BboxReaper, BboxWorker, ExtractionReaper, ExtractionWorker, Intake, Services, WebhookReaper,
+    release_held, BboxReaper, BboxWorker, ExtractionReaper, ExtractionWorker, Holding, Intake,
+    Services, WebhookReaper,
 };
 use crate::store;
 
@@ -178,11 +179,16 @@ pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResu
 }
 
 /// The intake: one consumer-group member on `extraction.requests`.
+/// Beside it, the releaser of the requests it held for tenants at their cap.
 pub async fn intake(services: Services, shutdown: CancellationToken) -> RoleResult {
-    let handler = Intake::new(services.clone());
+    let holding = Holding::default();
+    let handler = Intake::new(services.clone(), holding.clone());
+    let releaser = tokio::spawn(release_held(services.clone(), holding, shutdown.clone()));
     let settings = services.settings.clone();
     let (group, topic) = (&settings.intake_group, &settings.topic_requests);
-    consumer(services, group, topic, handler, shutdown).await
+    let consumed = consumer(services, group, topic, handler, shutdown).await;
+    releaser.abort();
+    consumed
 }
 
 /// The bbox worker: one consumer-group member on `extraction.post_processing.requested`.

@@ -360,6 +360,77 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
     each_refusal_came_within_the_bound_and_none_made_a_job(&revoked, deleted, refused_jobs);
 }
 
+/// How soon another tenant's intake record must become a job while one
+/// tenant is at its cap.
+const HELD_BOUND: Duration = Duration::from_secs(10);
+
+/// Tenant `capped` (cap 1; no workers run, so its first job stays queued)
+/// sends 400 records to the intake, then tenant `other` one. `other`'s record
+/// becomes a job within [`HELD_BOUND`], and `capped`'s 399 others are held.
+/// Once `capped`'s cap is lifted, each of its 400 keys is exactly one job and
+/// nothing stays held. The intake's in-flight window is 64 here, so records
+/// retried in place (the old way) would fill it and pause every partition
+/// for certain: `other`'s record would never have been read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_cap_does_not_hold_up_another_tenants_intake_records() {
+    let env = TestEnv::new("tenancy_held").await;
+    let capped = cli(&env, &["tenants", "create", "capped"]).await;
+    let capped_key = capped["api_key"].as_str().unwrap().to_owned();
+    let other = cli(&env, &["tenants", "create", "other"]).await;
+    let other_key = other["api_key"].as_str().unwrap().to_owned();
+    let set_cap = |cap: &'static str| ["tenants", "set-quota", "capped", "--max-open-jobs", cap];
+    cli(&env, &set_cap("1")).await;
+    let window = [("DOCSTREAM_CONSUMER_MAX_IN_FLIGHT", "64".to_owned())];
+    let mut intake = env.spawn("intake", &window, "tenancy-held-intake");
+    let records = IntakeRecords::connect(&env);
+    let sends = (0..400).map(|n| records.produce(&format!("a-{n}"), "capped", &capped_key));
+    futures::future::join_all(sends).await;
+    let sent = Instant::now();
+    records.produce("b-0", "other", &other_key).await;
+
+    let pool = &env.pool;
+    let jobs_of = |prefix: &str| {
+        format!("SELECT count(*) FROM extraction_requests WHERE idempotency_key LIKE '{prefix}%'")
+    };
+    common::wait_count(pool, "other's job", &jobs_of("b-"), 1, HELD_BOUND).await;
+    let waited = sent.elapsed();
+    let held = "SELECT count(*) FROM intake_held";
+    common::wait_count(pool, "capped's held requests", held, 399, HELD_BOUND).await;
+    let count = |sql: String| async move {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(count(jobs_of("a-")).await, 1, "capped's cap held");
+    assert_eq!(count(held.to_owned()).await, 399);
+
+    cli(&env, &set_cap("0")).await;
+    common::wait_count(
+        pool,
+        "capped's released jobs",
+        &jobs_of("a-"),
+        400,
+        HELD_BOUND,
+    )
+    .await;
+    common::stop([&mut intake]).await;
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT idempotency_key FROM extraction_requests WHERE idempotency_key LIKE 'a-%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let distinct: HashSet<&String> = keys.iter().collect();
+    let expected: HashSet<String> = (0..400).map(|n| format!("a-{n}")).collect();
+    assert_eq!((keys.len(), distinct.len()), (400, 400), "one job per key");
+    assert_eq!(distinct, expected.iter().collect());
+    assert_eq!(count(held.to_owned()).await, 0, "nothing stays held");
+    println!(
+        "tenancy: other tenant's record was a job {waited:?} after it was sent, behind 399 held"
+    );
+}
+
 /// Tenants acme and gone with their keys, and `serve` and the intake running.
 struct Revocation {
     client: reqwest::Client,

@@ -194,6 +194,10 @@ settings! {
     /// small enough that a flood cannot bury everyone else's jobs behind it.
     /// 0: no cap.
     tenant_max_open_jobs: u32 = 10_000_u32, env "DOCSTREAM_TENANT_MAX_OPEN_JOBS";
+    /// Requests from the Kafka intake one tenant may have held while it is at
+    /// its cap on open jobs (they become jobs as its jobs finish); a record
+    /// past it is dead-lettered as `too_many_open_jobs`.
+    max_held_requests_per_tenant: u32 = 100_000_u32, env "DOCSTREAM_MAX_HELD_REQUESTS_PER_TENANT", at_least(1);
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES", at_least(1);

@@ -108,6 +108,9 @@ pub struct ConsumerMetrics {
     /// `docstream_dead_letter_failures_total`: dead letters the broker did
     /// not take (each is retried with its record).
     pub dead_letter_failures: IntCounter,
+    /// `docstream_intake_held_total{event="held|released"}`: requests of the
+    /// Kafka intake held while their tenant was at its cap, and released.
+    pub intake_held: IntCounterVec,
 }
 
 impl ConsumerMetrics {
@@ -153,6 +156,12 @@ impl ConsumerMetrics {
                 registry,
                 "docstream_dead_letter_failures_total",
                 "Dead letters the broker did not take; each is retried with its record.",
+            ),
+            intake_held: counter_vec(
+                registry,
+                "docstream_intake_held_total",
+                "Intake requests held while their tenant was at its cap on open jobs, and released.",
+                &["event"],
             ),
         }
     }

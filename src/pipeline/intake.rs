@@ -16,9 +16,21 @@
 //! one of that tenant's API keys, with the `submit` scope, in
 //! [`API_KEY_HEADER`]. A record without a valid pair is dead-lettered as
 //! `unauthorized`; a key that cannot be looked up (the database is away) is
-//! a passing failure, retried like any other. So is a record of a tenant at
-//! its cap on open jobs: it waits (and holds its partition) until there is
-//! room. The submit rate is the API's; the intake's pace is the consumer's.
+//! a passing failure, retried like any other.
+//!
+//! A valid request of a tenant at its cap on open jobs is *held*
+//! (`store::held`) and its record delivered: retried in place, such records
+//! filled the consumer's in-flight window and stalled every tenant's records
+//! behind one tenant's cap. The releaser ([`release_held`]) submits held
+//! requests, each tenant's oldest first, as room appears; while a tenant has
+//! requests held, its new ones are held behind them. Past
+//! `max_held_requests_per_tenant` a record is dead-lettered as
+//! `too_many_open_jobs`. The submit rate is the API's; the intake's pace is
+//! the consumer's.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +43,9 @@ use crate::domain::{
     ExtractionRequest, RequestError, RequestLimits, Scope, MAX_IDEMPOTENCY_KEY_LEN,
 };
 use crate::events::{decode, ExtractionRequested};
+use crate::events::{DeadLetter, Source};
 use crate::kafka::{HandlerError, Record, RecordHandler};
+use crate::store::held::{self, Hold, Origin};
 use crate::store::{NewExtraction, Refusal, SubmitError};
 
 /// The header that names a record's tenant.
@@ -42,13 +56,85 @@ pub const API_KEY_HEADER: &str = "docstream-api-key";
 /// The intake's record handler.
 pub struct Intake {
     services: Services,
+    holding: Holding,
+}
+
+/// The tenants known to have requests held (by any process, as of the
+/// releaser's last round, or by this one since).
+#[derive(Clone, Default)]
+pub struct Holding(Arc<Mutex<HashSet<Uuid>>>);
+
+impl Holding {
+    fn contains(&self, tenant: Uuid) -> bool {
+        self.lock().contains(&tenant)
+    }
+
+    fn insert(&self, tenant: Uuid) {
+        self.lock().insert(tenant);
+    }
+
+    fn replace(&self, tenants: HashSet<Uuid>) {
+        *self.lock() = tenants;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl Intake {
-    /// An intake on `services`.
-    pub fn new(services: Services) -> Self {
-        Self { services }
+    /// An intake on `services`; `holding` is shared with its [`release_held`].
+    pub fn new(services: Services, holding: Holding) -> Self {
+        Self { services, holding }
     }
+
+    /// Holds `new` until its tenant has room; `Ok` once it is durably held.
+    async fn hold(&self, record: &Record, new: &NewExtraction) -> Result<(), HandlerError> {
+        let origin = Origin {
+            topic: record.topic.clone(),
+            partition: record.partition,
+            offset: record.offset,
+        };
+        let max_held = i64::from(self.services.settings.max_held_requests_per_tenant);
+        let pool = &self.services.pool;
+        let hold = held::hold(pool, new, &origin, max_held)
+            .await
+            .map_err(transient)?;
+        match hold {
+            Hold::Held => {
+                self.holding.insert(new.tenant_id);
+                self.count("held");
+                Ok(())
+            }
+            Hold::Repeat => Ok(()),
+            Hold::KeyReused => Err(HandlerError::Poison {
+                kind: "key_reused",
+                reason: SubmitError::KeyReused.to_string(),
+            }),
+            Hold::Full => Err(HandlerError::Poison {
+                kind: "too_many_open_jobs",
+                reason: format!(
+                    "the tenant is at its cap on open jobs and has {max_held} requests held \
+                     (DOCSTREAM_MAX_HELD_REQUESTS_PER_TENANT)"
+                ),
+            }),
+        }
+    }
+
+    fn count(&self, event: &str) {
+        count(&self.services, event);
+    }
+}
+
+fn count(services: &Services, event: &str) {
+    let held = &services.metrics.consumer.intake_held;
+    held.with_label_values(&[event]).inc();
+}
+
+fn transient(e: impl std::fmt::Display) -> HandlerError {
+    HandlerError::Transient(e.to_string())
 }
 
 fn invalid(reason: String) -> HandlerError {
@@ -151,21 +237,135 @@ impl RecordHandler for Intake {
         let parsed = parse(record, settings.http_body_limit_bytes)?;
         self.services.learn_patterns(&parsed.0).await;
         let new = checked(parsed, tenant, &settings.request_limits())?;
-        match submit_durably(&self.services, new).await {
+        // Behind the tenant's held requests, not ahead of them.
+        if self.holding.contains(new.tenant_id) {
+            return self.hold(record, &new).await;
+        }
+        match submit_durably(&self.services, new.clone()).await {
             Ok(_) => Ok(()),
-            Err(DurableSubmitError::Submit(e @ SubmitError::KeyReused)) => {
-                Err(HandlerError::Poison {
-                    kind: "key_reused",
-                    reason: e.to_string(),
-                })
+            Err(DurableSubmitError::Submit(SubmitError::TooManyOpenJobs(_))) => {
+                self.hold(record, &new).await
             }
-            Err(DurableSubmitError::Submit(
-                e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(_)),
-            )) => Err(HandlerError::Poison {
-                kind: "invalid_request",
-                reason: e.to_string(),
-            }),
-            Err(e) => Err(HandlerError::Transient(e.to_string())),
+            Err(e) => Err(refusal(e)),
         }
     }
+}
+
+/// Why a submit failed, as the consumer takes it: a refusal is poison,
+/// anything else passes.
+fn refusal(e: DurableSubmitError) -> HandlerError {
+    match e {
+        DurableSubmitError::Submit(e @ SubmitError::KeyReused) => HandlerError::Poison {
+            kind: "key_reused",
+            reason: e.to_string(),
+        },
+        DurableSubmitError::Submit(
+            e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(_)),
+        ) => HandlerError::Poison {
+            kind: "invalid_request",
+            reason: e.to_string(),
+        },
+        e => transient(e),
+    }
+}
+
+/// How often the releaser looks for room.
+const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
+/// Held requests taken at a time.
+const RELEASE_BATCH: i64 = 64;
+
+/// The intake's releaser: every second, submits each tenant's held requests,
+/// oldest first, until the tenant is at its cap again; a held request that
+/// is refused now (its key was used since, say) is dead-lettered. Replicas
+/// may release the same request at once: the idempotency key makes one job
+/// of it.
+pub async fn release_held(services: Services, holding: Holding, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(RELEASE_EVERY) => {}
+        }
+        if let Err(e) = release_round(&services, &holding, &stop).await {
+            tracing::warn!(error = %e, "held requests not released; trying again");
+        }
+    }
+}
+
+async fn release_round(
+    services: &Services,
+    holding: &Holding,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let tenants = held::tenants(&services.pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    holding.replace(tenants.iter().copied().collect());
+    for tenant in tenants {
+        while !stop.is_cancelled() {
+            let cap = services.settings.tenant_quota().max_open_jobs;
+            let batch = held::oldest(&services.pool, tenant, cap, RELEASE_BATCH).await;
+            let batch = batch.map_err(|e| e.to_string())?;
+            let full = batch.len() < RELEASE_BATCH as usize;
+            if !release_batch(services, batch).await? || full {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Submits `batch` in order; false once the tenant is at its cap.
+async fn release_batch(services: &Services, batch: Vec<held::Held>) -> Result<bool, String> {
+    for held in batch {
+        let key = held.new.idempotency_key.clone().unwrap_or_default();
+        let tenant = held.new.tenant_id;
+        match submit_durably(services, held.new.clone()).await {
+            Ok(_) => {}
+            Err(DurableSubmitError::Submit(SubmitError::TooManyOpenJobs(_))) => return Ok(false),
+            Err(e) => match refusal(e) {
+                HandlerError::Poison { kind, reason } => {
+                    dead_letter(services, &held, kind, &reason).await?;
+                }
+                other => return Err(format!("{other:?}")),
+            },
+        }
+        held::release(&services.pool, tenant, &key)
+            .await
+            .map_err(|e| e.to_string())?;
+        count(services, "released");
+    }
+    Ok(true)
+}
+
+/// Dead-letters a held request refused at its release, naming its record.
+async fn dead_letter(
+    services: &Services,
+    held: &held::Held,
+    kind: &str,
+    reason: &str,
+) -> Result<(), String> {
+    tracing::warn!(topic = %held.origin.topic, partition = held.origin.partition,
+        offset = held.origin.offset, kind, reason, "held request refused; sent to the DLQ");
+    let request = serde_json::to_vec(&held.new.request).unwrap_or_default();
+    let key = held.new.idempotency_key.as_deref().map(str::as_bytes);
+    let source = Source {
+        topic: &held.origin.topic,
+        partition: held.origin.partition,
+        offset: held.origin.offset,
+        key,
+        payload: Some(&request),
+    };
+    let settings = &services.settings;
+    let letter = DeadLetter::new(source, kind, reason, settings.dlq_excerpt_bytes);
+    let topic = settings.topic(&settings.topic_dlq);
+    let letter_key = letter.key.clone().unwrap_or_default();
+    services
+        .publisher
+        .publish(&topic, &letter_key, &letter)
+        .await
+        .map_err(|e| format!("dead letter not produced: {e}"))?;
+    let dead_letters = &services.metrics.consumer.dead_letters;
+    dead_letters.with_label_values(&[kind]).inc();
+    Ok(())
 }

@@ -20,7 +20,7 @@ mod worker;
 
 pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
-pub use intake::{Intake, API_KEY_HEADER, TENANT_HEADER};
+pub use intake::{release_held, Holding, Intake, API_KEY_HEADER, TENANT_HEADER};
 pub use reaper::{BboxReaper, ExtractionReaper, Sweep, WebhookReaper};
 pub use stamps::Stamps;
 pub use submit::{submit, submit_durably, DurableSubmitError};

@@ -9,6 +9,7 @@
 
 pub mod census;
 pub mod coalesce;
+pub mod held;
 pub mod leases;
 pub mod orphans;
 mod row;
