@@ -1380,3 +1380,104 @@ async fn the_claim_past_the_maximum_gave_up(pool: &sqlx::PgPool) -> (i32, Option
     );
     (attempts, error)
 }
+
+// ---------------------------------------------------------------------------
+// One tenant's tarpit does not hold up another tenant's deliveries.
+// ---------------------------------------------------------------------------
+
+/// Jobs of the tarpit's tenant: more than a process's attempts at once (32).
+const TARPIT_JOBS: usize = 40;
+/// How late another tenant's delivery may be while a tarpit holds its share.
+const FAIR_BOUND: Duration = Duration::from_secs(3);
+
+/// An endpoint that accepts connections and never answers: each attempt to
+/// it holds its slot for the whole webhook timeout. Its URL, and how many
+/// connections it has taken.
+async fn a_tarpit() -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    (url, accepted)
+}
+
+/// The default tenant's 40 webhooks go to a tarpit (a 10 s webhook timeout,
+/// so each attempt holds its slot 10 s); once all 40 deliveries are due,
+/// tenant `other` submits one job whose webhook goes to a receiver that
+/// answers 200. It is delivered within [`FAIR_BOUND`] of the submit, and the
+/// tarpit holds only the tenant's share of the bbox worker's attempts. With
+/// one pool of 32 slots for everyone, the tarpit held all 32 and the other
+/// tenant's delivery waited for the first of them to time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_whose_endpoint_is_a_tarpit_does_not_delay_another_tenants_deliveries() {
+    let env = TestEnv::new("webhooks_fair").await;
+    // The waiting deliveries are not orphans within the test (the reapers of
+    // the other processes would attempt them too: a share is per process).
+    let timeout = [
+        ("DOCSTREAM_WEBHOOK_TIMEOUT_S", "10".to_owned()),
+        ("DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S", "30".to_owned()),
+    ];
+    let base = with(&webhook_env(true), &timeout);
+    let (api, mut children) = a_healthy_pipeline(&env, &base, free_port(), "webhooks-fair").await;
+    let (tarpit, accepted) = a_tarpit().await;
+    jobs_to(&env, &api, &tarpit, TARPIT_JOBS).await;
+    let all_due = "SELECT count(*) FROM webhook_deliveries";
+    let due = Duration::from_secs(60);
+    common::wait_count(
+        &env.pool,
+        "the tarpit's deliveries",
+        all_due,
+        TARPIT_JOBS as i64,
+        due,
+    )
+    .await;
+    wait_for("the tarpit's first attempts", due, || {
+        let accepted = accepted.clone();
+        let started = accepted.load(Ordering::SeqCst);
+        async move {
+            (started >= 4)
+                .then_some(())
+                .ok_or(format!("{started} attempts"))
+        }
+    })
+    .await;
+
+    let other = tenants::create_tenant(&env.pool, "other").await.unwrap();
+    let receiver = a_receiver_that_answers_200().await;
+    let mut body = sample_body(0);
+    body["webhook_url"] = json!(receiver.url);
+    let submitted = Instant::now();
+    let answer = common::http_client()
+        .post(format!("{api}/v1/extractions"))
+        .bearer_auth(&other.key.api_key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 202);
+    wait_for(
+        "the other tenant's delivery",
+        Duration::from_secs(30),
+        || {
+            let delivered = !receiver.receipts().is_empty();
+            async move { delivered.then_some(()).ok_or("not yet".to_owned()) }
+        },
+    )
+    .await;
+    let took = submitted.elapsed();
+    let held = accepted.load(Ordering::SeqCst);
+    stop(children.iter_mut()).await;
+    println!("webhooks: another tenant's delivery {took:?} after its submit; the tarpit held {held} attempts");
+    assert!(took <= FAIR_BOUND, "delivered {took:?} after the submit");
+    assert!(
+        held <= 4,
+        "the tarpit's tenant held {held} attempts at once, past its share"
+    );
+}

@@ -211,7 +211,9 @@ async fn cancel(
         .metrics
         .transition(Transition::MarkCancelled, &cancelled);
     if let Some(row) = cancelled {
-        services.webhooks.wake(row.webhook_id.as_deref());
+        services
+            .webhooks
+            .wake(row.webhook_id.as_deref(), row.tenant_id);
         if let Err(e) = services
             .emit(Transition::MarkCancelled, &row, None, PublishReason::Submit)
             .await

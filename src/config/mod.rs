@@ -463,6 +463,11 @@ settings! {
     webhook_orphan_threshold_s: Seconds = Seconds::new(10), env "DOCSTREAM_WEBHOOK_ORPHAN_THRESHOLD_S", positive;
     /// Webhook attempts one process makes at once.
     webhook_concurrency: usize = 32_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY", at_least(1);
+    /// Of those, the most one tenant's deliveries may hold: an attempt can
+    /// hold its slot for the whole timeout, so a tenant whose endpoint never
+    /// answers would otherwise hold them all. Its further deliveries wait
+    /// their turn; other tenants' go on.
+    webhook_concurrency_per_tenant: usize = 4_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY_PER_TENANT", at_least(1);
     /// The API's base URL as extraction services reach it, e.g.
     /// `https://docstream.internal`. With `callback_secret`, it turns deferred
     /// results on: each call names where to post its result later. Empty, the

@@ -202,7 +202,7 @@ impl Services {
                     failpoints::hit("webhook.after_state_change")
                         .await
                         .map_err(transient)?;
-                    self.webhooks.wake(row.webhook_id.as_deref());
+                    self.webhooks.wake(row.webhook_id.as_deref(), row.tenant_id);
                 }
                 self.emit(transition, &row, Some(token), reason).await?;
                 Ok(Some(row))

@@ -45,6 +45,9 @@ pub struct Delivery {
     /// tenant (claims only).
     #[sqlx(default)]
     pub endpoint_disabled: bool,
+    /// The job's tenant (claims only).
+    #[sqlx(default)]
+    pub tenant_id: Uuid,
     /// The secrets this attempt is signed with: the job's tenant's current
     /// one, then, during a rotation, the previous one (claims only).
     #[sqlx(default)]
@@ -91,6 +94,8 @@ pub async fn claim<'e>(
                          WHERE j.id = webhook_deliveries.extraction_id
                            AND e.url_sha256 = webhook_url_sha256(webhook_deliveries.url)
                            AND e.url = webhook_deliveries.url) AS endpoint_disabled,
+                (SELECT j.tenant_id FROM extractions j
+                  WHERE j.id = webhook_deliveries.extraction_id) AS tenant_id,
                 (SELECT array_remove(ARRAY[t.webhook_secret,
                                            CASE WHEN t.webhook_previous_until > now()
                                                 THEN t.webhook_secret_previous END], NULL)
@@ -180,14 +185,15 @@ pub async fn disable_endpoint<'e>(
 }
 
 /// Takes up to `limit` class-6 orphans: pending, due more than `threshold_s`
-/// ago, held by nobody, and not revived within the threshold. Stamps them, so
+/// ago, held by nobody, and not revived within the threshold (each with its
+/// job's tenant). Stamps them, so
 /// concurrent sweeps hand each out once per threshold.
 pub async fn take_orphans<'e>(
     executor: impl PgExecutor<'e>,
     threshold_s: f64,
     limit: i64,
-) -> Result<Vec<(String, f64)>, StoreError> {
-    let rows = sqlx::query_as::<_, (String, f64)>(
+) -> Result<Vec<(String, Uuid, f64)>, StoreError> {
+    let rows = sqlx::query_as::<_, (String, Uuid, f64)>(
         "WITH found AS (
              SELECT id, next_attempt_at + make_interval(secs => $1) AS since
                FROM webhook_deliveries
@@ -202,7 +208,8 @@ pub async fn take_orphans<'e>(
             SET revived_at = now(), orphaned_at = COALESCE(d.orphaned_at, found.since)
            FROM found
           WHERE d.id = found.id
-      RETURNING d.id, extract(epoch FROM now() - found.since)::float8",
+      RETURNING d.id, (SELECT j.tenant_id FROM extractions j WHERE j.id = d.extraction_id),
+                extract(epoch FROM now() - found.since)::float8",
     )
     .bind(threshold_s)
     .bind(limit)

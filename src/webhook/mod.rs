@@ -13,13 +13,20 @@
 //!   further deliveries to it); anything else is retried with capped
 //!   exponential backoff and jitter, always with the same `webhook-id`, until
 //!   `webhook_max_attempts`.
+//! - **Shares.** A tenant has at most `webhook_concurrency_per_tenant` of a
+//!   process's `webhook_concurrency` attempts under way; its further
+//!   deliveries wait in its own queue ([`fair`]), so a tenant whose endpoint
+//!   is a tarpit holds only its share while every other tenant's deliveries
+//!   go on.
 //! - **SSRF.** [`Guard`] refuses URLs that reach loopback, private,
 //!   link-local, metadata or reserved addresses, at submit and again at send,
 //!   where it is also the client's resolver.
 
+mod fair;
 mod guard;
 mod sign;
 
+pub use fair::Due;
 pub use guard::{is_public, AllowList, Forbidden, Guard};
 pub use sign::{signature_header, Signer};
 
@@ -29,6 +36,7 @@ use tracing::Instrument;
 
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Semaphore};
+use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::Backoff;
@@ -37,12 +45,13 @@ use crate::failpoints;
 use crate::metrics::Metrics;
 use crate::store::webhooks::{self as outbox, Delivery, Final};
 use crate::trace;
+use fair::Shares;
 
 /// A process's webhook dispatcher: wake it with a delivery's id and it makes
 /// the attempts that are due.
 #[derive(Clone)]
 pub struct Webhooks {
-    wake: mpsc::Sender<String>,
+    wake: mpsc::Sender<Due>,
     guard: Guard,
     enabled: bool,
     metrics: Metrics,
@@ -63,6 +72,7 @@ impl Webhooks {
             client,
             guard: guard.clone(),
             wake: wake.clone(),
+            shares: Shares::new(settings.webhook_concurrency_per_tenant, WAKE_QUEUE),
             // The lease outlives an attempt (its lookup, then its request),
             // so only a dead dispatcher's attempt is ever taken over.
             lease_s: (settings.webhook_timeout_s.get()
@@ -84,12 +94,14 @@ impl Webhooks {
         }
     }
 
-    /// Attempts delivery `id` now (if it is due and nobody holds it). Never
-    /// waits: with the wake-up queue full, the delivery stays pending in the
-    /// outbox and the reaper revives it (class 6).
-    pub fn wake(&self, id: Option<&str>) {
+    /// Attempts delivery `id` of a job of `tenant` now (if it is due and
+    /// nobody holds it), or once the tenant's share is free. Never waits:
+    /// with the wake-up queue full, the delivery stays pending in the outbox
+    /// and the reaper revives it (class 6).
+    pub fn wake(&self, id: Option<&str>, tenant: Uuid) {
         if let Some(id) = id {
-            wake(&self.wake, id.to_owned());
+            let id = id.to_owned();
+            wake(&self.wake, Due { id, tenant });
         }
     }
 
@@ -170,7 +182,9 @@ struct Dispatcher {
     metrics: Metrics,
     client: reqwest::Client,
     guard: Guard,
-    wake: mpsc::Sender<String>,
+    wake: mpsc::Sender<Due>,
+    /// Each tenant's share of the attempts.
+    shares: Shares,
     lease_s: f64,
     max_attempts: i32,
     /// Between attempts: the delay grows from the base to the cap, with
@@ -180,14 +194,20 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    async fn run(self: Arc<Self>, mut woken: mpsc::Receiver<String>, concurrency: usize) {
+    async fn run(self: Arc<Self>, mut woken: mpsc::Receiver<Due>, concurrency: usize) {
         let slots = Arc::new(Semaphore::new(concurrency));
-        while let Some(id) = woken.recv().await {
+        while let Some(due) = woken.recv().await {
+            if !self.shares.start(&due) {
+                continue;
+            }
             let slot = slots.clone().acquire_owned().await.expect("never closed");
             let dispatcher = self.clone();
             tokio::spawn(async move {
-                dispatcher.attempt(&id).await;
+                dispatcher.attempt(&due.id).await;
                 drop(slot);
+                if let Some(next) = dispatcher.shares.end(due.tenant) {
+                    wake(&dispatcher.wake, next);
+                }
             });
         }
     }
@@ -349,9 +369,13 @@ impl Dispatcher {
                 tracing::info!(id, attempt, %error, delay_s = delay.as_secs_f64(), "webhook attempt failed; retrying");
                 outbox::retry_later(pool, id, attempt, delay.as_secs_f64(), status, &error).await?;
                 let (wake, id) = (self.wake.clone(), id.clone());
+                let due = Due {
+                    id,
+                    tenant: delivery.tenant_id,
+                };
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    self::wake(&wake, id);
+                    self::wake(&wake, due);
                 });
                 "retried"
             }
@@ -368,8 +392,8 @@ impl Dispatcher {
 /// Wake-ups waiting for the dispatcher; beyond them, the reaper's sweep takes over.
 const WAKE_QUEUE: usize = 10_000;
 
-fn wake(queue: &mpsc::Sender<String>, id: String) {
-    if let Err(mpsc::error::TrySendError::Full(id)) = queue.try_send(id) {
-        tracing::debug!(%id, "webhook wake-up queue full; the reaper will revive the delivery");
+fn wake(queue: &mpsc::Sender<Due>, due: Due) {
+    if let Err(mpsc::error::TrySendError::Full(due)) = queue.try_send(due) {
+        tracing::debug!(id = %due.id, "webhook wake-up queue full; the reaper will revive the delivery");
     }
 }

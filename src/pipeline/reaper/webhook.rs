@@ -51,7 +51,7 @@ impl Sweeper for WebhookReaper {
         let taken =
             webhooks::take_orphans(&mut **conn, threshold_s, settings.reaper_batch_size).await?;
         let label = [OrphanClass::WebhookUnsent.label()];
-        for (id, age_s) in &taken {
+        for (id, tenant, age_s) in &taken {
             tracing::debug!(id, class = 6, age_s, "orphan found");
             services
                 .metrics
@@ -59,7 +59,7 @@ impl Sweeper for WebhookReaper {
                 .orphans_found
                 .with_label_values(&label)
                 .inc();
-            services.webhooks.wake(Some(id));
+            services.webhooks.wake(Some(id), *tenant);
             services
                 .metrics
                 .reapers
