@@ -12,7 +12,10 @@
 //! pool connection. Unknown keys are remembered too, so
 //! one bad key repeated does not cost a lookup per request; failed lookups
 //! (the database is away) are not. The cache holds at most
-//! [`MAX_CACHED_KEYS`] keys.
+//! [`MAX_CACHED_KEYS`] keys; when it is full, the keys that are not valid
+//! are dropped first, so made-up keys cannot push out working ones. A caller
+//! may gate the lookups of keys the process does not know
+//! ([`Authenticator::authenticate_gated`]): the API limits them per peer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -101,6 +104,11 @@ pub enum AuthError {
     /// The key could not be looked up: the database is away.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The key is not one this process knows, and its sender has presented
+    /// too many keys that were not valid lately to have another looked up;
+    /// how long until it may.
+    #[error("too many requests from this address presented no valid API key; retry with a valid key after {}s", .0.as_secs_f64().ceil().max(1.0))]
+    Throttled(Duration),
 }
 
 /// A key's lookup: shared by every request that presents the key while it
@@ -146,7 +154,10 @@ impl Authenticator {
             return Ok(());
         }
         let hash = &caller.key_hash.0;
-        match self.lookup(hash).await {
+        let Ok(lookup) = self.lookup(hash, || Ok(())) else {
+            return Ok(());
+        };
+        match lookup.await {
             Ok(Some(owner)) if owner.key_id == caller.key_id && owner.scopes.contains(&scope) => {
                 Ok(())
             }
@@ -161,12 +172,23 @@ impl Authenticator {
 
     /// The caller whose key is `secret` (`None`: no key was presented).
     pub async fn authenticate(&self, secret: Option<&str>) -> Result<Caller, AuthError> {
+        self.authenticate_gated(secret, || Ok(())).await
+    }
+
+    /// [`authenticate`](Self::authenticate), but a key this process does not
+    /// know is looked up only if `gate` lets it (else [`AuthError::Throttled`]
+    /// with the wait `gate` gives): a known key is never held up by it.
+    pub async fn authenticate_gated(
+        &self,
+        secret: Option<&str>,
+        gate: impl FnOnce() -> Result<(), Duration>,
+    ) -> Result<Caller, AuthError> {
         let secret = secret.ok_or(AuthError::Missing)?;
         if !key_is_well_formed(secret) {
             return Err(AuthError::Invalid);
         }
         let hash = key_hash(secret);
-        let lookup = self.lookup(&hash);
+        let lookup = self.lookup(&hash, gate)?;
         match lookup.await {
             Ok(owner) => {
                 let caller = owner.map(Caller::from).ok_or(AuthError::Invalid)?;
@@ -190,8 +212,13 @@ impl Authenticator {
     /// A key in use is looked up again in the background once its entry is
     /// a quarter of its period old, so its requests never wait for a lookup
     /// (on a slow database, a stall of every request of the key each
-    /// period), as long as a lookup takes under three quarters of it.
-    fn lookup(&self, hash: &[u8]) -> Lookup {
+    /// period), as long as a lookup takes under three quarters of it. A new
+    /// lookup starts only if `gate` lets it.
+    fn lookup(
+        &self,
+        hash: &[u8],
+        gate: impl FnOnce() -> Result<(), Duration>,
+    ) -> Result<Lookup, AuthError> {
         let mut cache = self.cache.lock().expect("key cache lock");
         if let Some(remembered) = cache.get_mut(hash) {
             let running = remembered.lookup.peek().is_none();
@@ -202,11 +229,17 @@ impl Authenticator {
                     remembered.refreshing = true;
                     self.refresh(hash.to_vec());
                 }
-                return remembered.lookup.clone();
+                return Ok(remembered.lookup.clone());
             }
         }
+        gate().map_err(AuthError::Throttled)?;
         if cache.len() >= MAX_CACHED_KEYS {
-            cache.retain(|_, r| r.at.elapsed() < self.ttl);
+            // Keys that are not valid go first, so a flood of made-up keys
+            // cannot push out the keys of the clients that are working.
+            let ttl = self.ttl;
+            cache.retain(|_, r| {
+                r.at.elapsed() < ttl && matches!(r.lookup.peek(), Some(Ok(Some(_))))
+            });
             if cache.len() >= MAX_CACHED_KEYS {
                 cache.clear();
             }
@@ -220,7 +253,7 @@ impl Authenticator {
         if !self.ttl.is_zero() {
             cache.insert(hash.to_vec(), remembered);
         }
-        lookup
+        Ok(lookup)
     }
 
     /// Starts a lookup of `hash`. Detached, with its own bound: the
@@ -299,6 +332,43 @@ mod tests {
         assert_eq!(bearer("Basic abc"), None);
         assert_eq!(bearer("Bearer "), None);
         assert_eq!(bearer("dsk_1"), None);
+    }
+
+    #[tokio::test]
+    async fn made_up_keys_do_not_push_a_working_key_out_of_a_full_cache() {
+        // The store is away: every lookup started here fails.
+        let pool = PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none").unwrap();
+        let auth = Authenticator::new(pool, Duration::from_secs(60), Duration::from_millis(100));
+        let working = vec![7; 32];
+        let owner = KeyOwner {
+            tenant_id: Uuid::nil(),
+            tenant: "t".into(),
+            key_id: Uuid::nil(),
+            scopes: vec![Scope::Read],
+            quota: QuotaOverrides::default(),
+        };
+        let known: Lookup = futures::future::ready(Ok(Some(owner))).boxed().shared();
+        let _ = known.clone().await;
+        auth.cache.lock().unwrap().insert(
+            working.clone(),
+            Remembered {
+                lookup: known,
+                at: Instant::now(),
+                refreshing: false,
+            },
+        );
+        for n in 0..MAX_CACHED_KEYS as u32 + 10 {
+            let made_up = n.to_be_bytes().to_vec();
+            let _ = auth.lookup(&made_up, || Ok(()));
+        }
+        assert!(auth.cache.lock().unwrap().contains_key(&working));
+        // A gate that says no stops a new lookup, not a known key.
+        let shut = || Err(Duration::from_secs(3));
+        assert!(matches!(
+            auth.lookup(&[1; 32], shut),
+            Err(AuthError::Throttled(_))
+        ));
+        assert!(auth.lookup(&working, shut).is_ok());
     }
 
     #[test]

@@ -360,6 +360,57 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
     each_refusal_came_within_the_bound_and_none_made_a_job(&revoked, deleted, refused_jobs);
 }
 
+/// Made-up keys from one address (a client guessing, or flooding the store
+/// with lookups): at 10/s with ten seconds' worth at once, the first 100 get
+/// 401, then 429 with `Retry-After`, before any lookup; the key of a client
+/// that is working, known to the process, is still served from the same
+/// address. Before the limit, all 300 were 401s, each a lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_keys_from_one_address_are_throttled_and_a_known_key_still_works() {
+    let env = TestEnv::new("tenancy_throttle").await;
+    let made = cli(&env, &["tenants", "create", "acme"]).await;
+    let key = made["api_key"].as_str().unwrap().to_owned();
+    let (mut child, base) = serve(&env, "tenancy-throttle-serve");
+    common::wait_healthy(&base).await;
+    let client = common::http_client();
+    let read = |key: String| {
+        let url = format!("{base}/v1/extractions/{}", Uuid::now_v7());
+        client.get(url).header("authorization", bearer(&key)).send()
+    };
+    assert_eq!(
+        read(key.clone()).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+
+    let mut rng = StdRng::seed_from_u64(7);
+    let started = Instant::now();
+    let mut answers: HashMap<u16, usize> = HashMap::new();
+    let mut retry_after = None;
+    for _ in 0..300 {
+        let made_up: String = (0..64)
+            .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap())
+            .collect();
+        let answer = read(format!("dsk_{made_up}")).await.unwrap();
+        if answer.status() == StatusCode::TOO_MANY_REQUESTS {
+            retry_after = answer.headers().get("retry-after").cloned();
+        }
+        *answers.entry(answer.status().as_u16()).or_default() += 1;
+    }
+    let took = started.elapsed().as_secs_f64();
+    let known = read(key).await.unwrap().status();
+    common::stop([&mut child]).await;
+    println!("tenancy: 300 made-up keys in {took:.2}s: {answers:?}; the known key: {known}");
+    let (refused, throttled) = (answers[&401], answers.get(&429).copied().unwrap_or(0));
+    assert_eq!(refused + throttled, 300, "{answers:?}");
+    let allowed = 100 + (10.0 * took).ceil() as usize + 1;
+    assert!(
+        (100..=allowed).contains(&refused),
+        "{refused} made-up keys looked up"
+    );
+    assert!(retry_after.is_some(), "429 says when to retry");
+    assert_eq!(known, StatusCode::NOT_FOUND, "the known key is served");
+}
+
 /// How soon another tenant's intake record must become a job while one
 /// tenant is at its cap.
 const HELD_BOUND: Duration = Duration::from_secs(10);

@@ -4,14 +4,23 @@
 //! valid key is refused (401) before its body is read, and checks the scope it
 //! needs (403) before it does anything. A submit also passes its tenant's
 //! quotas here ([`admit_submit`]).
+//!
+//! Requests whose well-formed key is not valid are counted per peer address
+//! (`DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S`, with ten seconds' worth as a
+//! burst): past that, a key this process does not know is refused with 429
+//! before it is looked up, so made-up keys cannot keep the store busy. Keys
+//! the process knows are never held up by it, even from a busy address (a
+//! proxy in front of many clients).
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
 use super::ApiError;
-use crate::auth::{bearer, Caller};
-use crate::domain::Scope;
+use std::net::IpAddr;
+
+use crate::auth::{bearer, AuthError, Caller};
+use crate::domain::{key_is_well_formed, Scope};
 use crate::pipeline::Services;
 
 /// Lets one submit of `caller` through: it needs the `submit` scope and a
@@ -53,6 +62,28 @@ impl FromRequestParts<Services> for Caller {
                 Some(value)
             }
         };
-        Ok(services.auth.authenticate(presented).await?)
+        let peer = parts.extensions.get::<Peer>().map(|p| p.0);
+        let rate = f64::from(services.settings.auth_failures_per_peer_per_s);
+        let burst = services
+            .settings
+            .auth_failures_per_peer_per_s
+            .saturating_mul(10);
+        let failures = &services.failed_authentications;
+        let gate = || match peer {
+            Some(peer) => failures.check(peer, rate, burst),
+            None => Ok(()),
+        };
+        let authenticated = services.auth.authenticate_gated(presented, gate).await;
+        // Only a key that had to be looked up counts: no key, or one that is
+        // not even well-formed, costs nothing.
+        let looked_up = presented.is_some_and(key_is_well_formed);
+        if let (Err(AuthError::Invalid), Some(peer), true) = (&authenticated, peer, looked_up) {
+            let _ = failures.take(peer, rate, burst);
+        }
+        Ok(authenticated?)
     }
 }
+
+/// The address a request's connection came from (the listener adds it).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub IpAddr);

@@ -155,6 +155,10 @@ impl From<AuthError> for ApiError {
             AuthError::Missing | AuthError::Invalid => Self::Unauthorized(e.to_string()),
             AuthError::MissingScope(_) => Self::Forbidden(e.to_string()),
             AuthError::Store(e) => e.into(),
+            AuthError::Throttled(wait) => Self::TooManyRequests {
+                message: e.to_string(),
+                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+            },
         }
     }
 }

@@ -30,6 +30,8 @@ use hyper::service::Service as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+
+use super::auth::Peer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -75,7 +77,7 @@ pub async fn serve(
         .keep_alive_timeout(idle);
     let http = Arc::new(http);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -96,7 +98,7 @@ pub async fn serve(
         let (http, router, shutdown) = (http.clone(), router.clone(), shutdown.clone());
         tokio::spawn(async move {
             let activity = Activity::new();
-            let service = counted(router, activity.clone());
+            let service = counted(router, activity.clone(), Peer(peer.ip()));
             let connection = http.serve_connection_with_upgrades(TokioIo::new(stream), service);
             let close = auto::UpgradeableConnection::graceful_shutdown;
             watch(connection, close, &activity, idle, &shutdown).await;
@@ -211,10 +213,11 @@ impl Drop for InProgress {
 }
 
 /// `router` as hyper's service, counting each request in `activity` from
-/// its headers to its answer.
+/// its headers to its answer, and telling it the connection's `peer`.
 fn counted(
     router: Router,
     activity: Arc<Activity>,
+    peer: Peer,
 ) -> impl hyper::service::Service<
     hyper::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -222,7 +225,8 @@ fn counted(
     Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
 > + Clone {
     let router = TowerToHyperService::new(router);
-    hyper::service::service_fn(move |request| {
+    hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+        request.extensions_mut().insert(peer);
         let in_progress = activity.begin();
         let answer = router.call(request);
         async move {

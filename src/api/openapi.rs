@@ -121,7 +121,10 @@ fn info(settings: &Settings) -> Value {
     let description = format!(
         "docstream's HTTP API. Every route but the probes and this document needs \
          `Authorization: Bearer <key>` with the route's scope (scopes: {scopes}); the \
-         deferred-result route takes the extraction service's token instead.\n\n\
+         deferred-result route takes the extraction service's token instead. An address \
+         that keeps presenting keys that are not valid gets 429 for a key this server \
+         does not know yet ({failures}/s, ten seconds' worth at once; \
+         `DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S`); keys it knows pass.\n\n\
          Every failure answers `{{\"error\": {{\"code\", \"message\"}}}}` with its status \
          (a 429 adds `retry_after_s`). A 401 carries `WWW-Authenticate: Bearer`; a 429 and \
          a 503 carry `Retry-After`. A REST request is answered within \
@@ -137,6 +140,7 @@ fn info(settings: &Settings) -> Value {
         scopes = Scope::ALL.map(Scope::as_str).join(", "),
         answer_s = settings.http_answer_timeout_s,
         body = settings.http_body_limit_bytes,
+        failures = settings.auth_failures_per_peer_per_s,
     );
     json!({
         "title": "docstream",
@@ -274,6 +278,7 @@ fn read() -> Value {
             "401": response("Unauthorized"),
             "403": response("Forbidden"),
             "404": response("NotFound"),
+            "429": response("TooManyRequests"),
             "503": response("Unavailable"),
         },
     })
@@ -303,6 +308,7 @@ fn cancel() -> Value {
             "401": response("Unauthorized"),
             "403": response("Forbidden"),
             "404": response("NotFound"),
+            "429": response("TooManyRequests"),
             "409": response("Conflict"),
             "503": response("Unavailable"),
         },

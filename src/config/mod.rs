@@ -194,6 +194,10 @@ settings! {
     /// small enough that a flood cannot bury everyone else's jobs behind it.
     /// 0: no cap.
     tenant_max_open_jobs: u32 = 10_000_u32, env "DOCSTREAM_TENANT_MAX_OPEN_JOBS";
+    /// Requests per second one peer address may make that present no valid
+    /// API key (ten seconds' worth at once); past it, a key the process
+    /// does not know gets 429 without being looked up. Keys it knows pass.
+    auth_failures_per_peer_per_s: u32 = 10_u32, env "DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S", at_least(1);
     /// Requests from the Kafka intake one tenant may have held while it is at
     /// its cap on open jobs (they become jobs as its jobs finish); a record
     /// past it is dead-lettered as `too_many_open_jobs`.

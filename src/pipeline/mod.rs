@@ -47,7 +47,7 @@ use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, PublishError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
-use crate::quota::SubmitRates;
+use crate::quota::{FailedAuthentications, SubmitRates};
 use crate::store::{leases, orphans, Claim, Extraction, StoreError};
 use crate::webhook::Webhooks;
 
@@ -94,6 +94,8 @@ pub struct Parts {
     pub auth: Authenticator,
     /// This process's per-tenant submit rates.
     pub submit_rates: SubmitRates,
+    /// This process's count of requests without a valid key, per peer.
+    pub failed_authentications: FailedAuthentications,
     /// The limit on this process's submits in flight (the HTTP route's).
     pub admission: Admission,
 }
@@ -130,6 +132,7 @@ impl Services {
             health,
             auth,
             submit_rates: SubmitRates::default(),
+            failed_authentications: FailedAuthentications::default(),
             admission,
         })))
     }
