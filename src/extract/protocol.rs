@@ -26,7 +26,8 @@ pub struct CallBody<'a> {
     pub attempt: i32,
     /// The document as submitted.
     pub document: std::borrow::Cow<'a, Document>,
-    /// The field specs as submitted.
+    /// The field specs as validated: as submitted, with `type` and
+    /// `required` always written out (the protocol document says so).
     pub fields: std::borrow::Cow<'a, [FieldSpec]>,
     /// The submitter's opaque data, or null.
     pub metadata: Option<std::borrow::Cow<'a, serde_json::Value>>,
@@ -248,9 +249,20 @@ mod tests {
     }
 
     #[test]
+    fn a_call_carries_fields_with_their_defaults_written_out() {
+        let submitted: Vec<FieldSpec> = serde_json::from_str(r#"[{"name": "total"}]"#).unwrap();
+        let sent = serde_json::to_value(std::borrow::Cow::<[FieldSpec]>::Borrowed(&submitted));
+        assert_eq!(
+            sent.unwrap(),
+            serde_json::json!([{"name": "total", "type": "string", "required": false}])
+        );
+    }
+
+    #[test]
     fn a_deadline_is_capped_and_checked() {
         let cap = Duration::from_secs(1200);
         assert_eq!(deferred_deadline(b"", cap), Ok(cap));
+        assert_eq!(deferred_deadline(b"{}", cap), Ok(cap));
         assert_eq!(
             deferred_deadline(br#"{"deadline_s": 30}"#, cap),
             Ok(Duration::from_secs(30))
