@@ -63,7 +63,8 @@ impl Deadline {
         }
     }
 
-    fn exceeded(&self) -> ExtractError {
+    /// The error of work past this deadline.
+    pub fn exceeded(&self) -> ExtractError {
         ExtractError::DeadlineExceeded(self.budget.as_secs_f64())
     }
 }

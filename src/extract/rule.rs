@@ -4,11 +4,10 @@
 //! runs on that joined text, every match maps back to exact word indices, which
 //! is what bbox grounding needs.
 
-use regex::Regex;
-
 use super::{Deadline, ExtractError, ExtractedValue, ExtractionOutput, ResultSize};
+use crate::domain::pattern::{self, Found, Pattern};
 use crate::domain::{
-    pattern, ExtractionRequest, FieldSpec, FieldType, RequestLimits, ResultLimits, WordRef,
+    ExtractionRequest, FieldSpec, FieldType, RequestLimits, ResultLimits, WordRef,
 };
 
 /// What one run of the rule extractor may use: the compiled-pattern limit it
@@ -113,8 +112,8 @@ fn find(
     };
     deadline.check()?;
     let start = match &field.anchor {
-        Some(anchor) => match compile(&anchor_pattern(anchor))?.find(&doc.text) {
-            Some(m) => m.end(),
+        Some(anchor) => match search(&*compile(&anchor_pattern(anchor))?, doc, 0, deadline)? {
+            Some(found) => found.whole.end,
             None => return Ok(None),
         },
         None => 0,
@@ -124,7 +123,22 @@ fn find(
         None => compile(default_pattern(field.field_type))?,
     };
     deadline.check()?;
-    Ok(first_value(&pattern, field.field_type, doc, start))
+    let found = search(&pattern, doc, start, deadline)?;
+    Ok(found.and_then(|found| first_value(found, field.field_type, doc)))
+}
+
+/// The first match of `pattern` in `doc` at or after `start`, unless the
+/// deadline passes first (checked as the search goes over a long text: one
+/// search can otherwise take seconds).
+fn search(
+    pattern: &Pattern,
+    doc: &JoinedText,
+    start: usize,
+    deadline: &Deadline,
+) -> Result<Option<Found>, ExtractError> {
+    pattern
+        .captures(&doc.text, start, &mut || deadline.check().is_ok())
+        .map_err(|_| deadline.exceeded())
 }
 
 /// The anchor's words, case-insensitive, separated by any whitespace, starting
@@ -143,19 +157,13 @@ fn default_pattern(field_type: FieldType) -> &'static str {
     }
 }
 
-fn first_value(
-    pattern: &Regex,
-    field_type: FieldType,
-    doc: &JoinedText,
-    start: usize,
-) -> Option<ExtractedValue> {
-    let captures = pattern.captures_at(&doc.text, start)?;
-    let whole = captures.get(0)?;
-    let value = captures.get(1).unwrap_or(whole);
-    let words = doc.word_range(whole.start(), whole.end().max(whole.start() + 1))?;
+fn first_value(found: Found, field_type: FieldType, doc: &JoinedText) -> Option<ExtractedValue> {
+    let whole = found.whole;
+    let value = found.group1.unwrap_or(whole.clone());
+    let words = doc.word_range(whole.start, whole.end.max(whole.start + 1))?;
     Some(ExtractedValue {
-        value: normalise(field_type, value.as_str()),
-        raw: Some(whole.as_str().to_owned()),
+        value: normalise(field_type, &doc.text[value]),
+        raw: Some(doc.text[whole].to_owned()),
         words: Some(words),
     })
 }
@@ -216,6 +224,28 @@ mod tests {
         );
         assert_eq!(get("vendor").unwrap().value, "ACME");
         assert_eq!(get("po"), None);
+    }
+
+    #[test]
+    fn one_slow_search_ends_at_the_deadline_not_seconds_past_it() {
+        // 1 MiB of words with accents: the Unicode \b makes the lazy DFA
+        // quit, and this pattern's one search took ~6 s here, checked
+        // against the deadline only once it was over.
+        let words = ["lörem", "ipsüm", "dolor", "sít", "амет", "invoice", "12,50"];
+        let text: Vec<&str> = words.iter().cycle().take(150_000).copied().collect();
+        let req = request(
+            &text.join(" "),
+            serde_json::json!([{"name": "slow", "pattern": "\\b(?s:.){0,1041}\\p{Greek}"}]),
+        );
+        let deadline = Deadline::after(std::time::Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        let outcome = extract(&req, &RuleBudget::default(), &deadline);
+        let took = started.elapsed();
+        assert_eq!(outcome, Err(ExtractError::DeadlineExceeded(0.1)));
+        assert!(
+            took < std::time::Duration::from_millis(400),
+            "ended after {took:?}"
+        );
     }
 
     #[test]

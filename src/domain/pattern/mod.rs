@@ -11,6 +11,10 @@
 //! [`learn`] on a blocking thread first (see `Services::learn_patterns`), so
 //! the validation that follows, on the async runtime, finds each one here.
 
+mod search;
+
+pub use search::{Found, Interrupted};
+
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -20,8 +24,54 @@ use regex::{Regex, RegexBuilder};
 /// is full. Room for ten requests of a hundred new patterns each.
 const CACHED: usize = 1024;
 
-/// What compiling a pattern gave: the regex, or the compiler's refusal.
-type Compiled = Result<Arc<Regex>, regex::Error>;
+/// What compiling a pattern gave: the pattern, or the compiler's refusal.
+type Compiled = Result<Arc<Pattern>, regex::Error>;
+
+/// A compiled field pattern: the regex crate's `Regex` (which decides what
+/// compiles, and searches short texts), and the engines of a search that
+/// can be stopped ([`Pattern::captures`]).
+#[derive(Debug)]
+pub struct Pattern {
+    regex: Regex,
+    /// `None` only if they would not build where the `Regex` did; searches
+    /// then cannot be stopped.
+    engines: Option<search::Engines>,
+}
+
+impl Pattern {
+    fn new(pattern: &str, program_bytes: usize) -> Result<Self, regex::Error> {
+        let regex = RegexBuilder::new(pattern)
+            .size_limit(program_bytes)
+            .dfa_size_limit(program_bytes)
+            .build()?;
+        let engines = search::Engines::new(pattern, program_bytes)
+            .inspect_err(
+                |e| tracing::warn!(pattern, error = %e, "a pattern's search cannot be stopped"),
+            )
+            .ok();
+        Ok(Self { regex, engines })
+    }
+
+    /// The first match at or after `start` (a char boundary), with group 1,
+    /// as `Regex::captures_at` finds it; `keep_going` is asked as the search
+    /// goes over a long text, and the search ends when it says no.
+    pub fn captures(
+        &self,
+        text: &str,
+        start: usize,
+        keep_going: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<Found>, Interrupted> {
+        match &self.engines {
+            Some(engines) => search::captures(&self.regex, engines, text, start, keep_going),
+            None => Ok(search::captured(&self.regex, text, start)),
+        }
+    }
+
+    /// Whether `text` matches anywhere (for tests and tools).
+    pub fn is_match(&self, text: &str) -> bool {
+        self.regex.is_match(text)
+    }
+}
 
 /// Compiled patterns by their program limit, then their text (looked up by
 /// `&str`, with no key to allocate).
@@ -34,16 +84,13 @@ static COMPILED: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 /// it was seen before. Shared, not cloned: a cloned `Regex` starts with empty
 /// search caches, which would throw away the lazy DFA states the previous
 /// searches built. The regex crate's matching time is linear in the text, so
-/// with its program bounded no pattern can take exponential time.
+/// with its program bounded no pattern can take exponential time; and a
+/// search over a long text can be stopped at its deadline ([`Pattern::captures`]).
 pub fn compile(pattern: &str, program_bytes: usize) -> Compiled {
     if let Some(compiled) = lock().get(&program_bytes).and_then(|c| c.get(pattern)) {
         return compiled.clone();
     }
-    let compiled = RegexBuilder::new(pattern)
-        .size_limit(program_bytes)
-        .dfa_size_limit(program_bytes)
-        .build()
-        .map(Arc::new);
+    let compiled = Pattern::new(pattern, program_bytes).map(Arc::new);
     let mut cache = lock();
     let cache = cache.entry(program_bytes).or_default();
     if cache.len() >= CACHED {
