@@ -424,6 +424,54 @@ async fn a_flaky_provider_costs_attempts_only_for_its_failures() {
     stop([&mut worker]).await;
 }
 
+/// The extractor's one slot is not held while a call waits out a
+/// `Retry-After`: job A's first call gets 429 with `Retry-After: 3`; job B,
+/// submitted then, is called (and done) before A calls again, and A's
+/// repeat is the same attempt with the same `Idempotency-Key`, 3 s later,
+/// as the protocol documents say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_out_a_retry_after_holds_no_slot_and_repeats_the_same_call() {
+    let provider = FakeProvider::start(|n, _| match n {
+        0 => Plan::retry_after(429, 3),
+        _ => Plan::ok(Duration::ZERO),
+    })
+    .await;
+    let env = TestEnv::with_settings("extractor_retry_after_slot", |s| {
+        add_extractor(s, "one", &provider.url(), |e| e.max_concurrency = 1);
+    })
+    .await;
+    let services = env.services().await;
+    let (mut worker, _) = worker_with_metrics(&env, "extractor-retry-after-slot-worker");
+    let a = submit_for(&services, 1, "one", serde_json::Value::Null).await[0];
+    common::wait_for("job A's 429", Duration::from_secs(60), || {
+        let answered = provider.calls().first().and_then(|c| c.status) == Some(429);
+        async move { answered.then_some(()).ok_or("not yet".to_owned()) }
+    })
+    .await;
+    let b = submit_for(&services, 1, "one", serde_json::Value::Null).await[0];
+    wait_succeeded(&env, 2, 60).await;
+    stop([&mut worker]).await;
+
+    let by_job = calls_by_job(&provider.calls());
+    let (a_calls, b_calls) = (&by_job[&a], &by_job[&b]);
+    assert_eq!((a_calls.len(), b_calls.len()), (2, 1), "{by_job:?}");
+    let (first, repeat) = (&a_calls[0], &a_calls[1]);
+    let waited = repeat.started - first.ended.unwrap();
+    println!(
+        "extractors: B called {:?} after A's 429; A called again {waited:?} after it",
+        b_calls[0].started - first.ended.unwrap()
+    );
+    assert!(b_calls[0].started < repeat.started, "B waited for A's slot");
+    assert!(
+        waited >= Duration::from_secs(3),
+        "Retry-After honoured: {waited:?}"
+    );
+    assert_eq!(
+        (first.attempt, &first.idempotency_key),
+        (repeat.attempt, &repeat.idempotency_key)
+    );
+}
+
 /// 30% answer 503 without Retry-After (an attempt spent), 10% 429 with
 /// Retry-After: 1 (a wait within the attempt), the rest succeed.
 async fn a_provider_that_is_unavailable_or_throttles_now_and_then() -> FakeProvider {
