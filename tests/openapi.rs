@@ -112,7 +112,10 @@ fn first_different_line(checked_in: &str, rendered: &str) -> usize {
 /// without one as the document says: 401 with `WWW-Authenticate`.
 async fn every_documented_path_answers_as_documented(base: &str, served: &serde_json::Value) {
     let client = common::http_client();
-    for (path, item) in served["paths"].as_object().unwrap() {
+    let operations = ["paths", "x-websockets"]
+        .iter()
+        .flat_map(|part| served[part].as_object().unwrap());
+    for (path, item) in operations {
         let concrete = path.replace("{id}", &uuid::Uuid::now_v7().to_string());
         for (method, operation) in item.as_object().unwrap() {
             let method: reqwest::Method = method.to_uppercase().parse().unwrap();

@@ -3,7 +3,6 @@
 What JSON Schema cannot say about a request, these hooks teach the generator,
 or, where that is not practical, recognise in the server's answer:
 
-- A connection that answered 101 (a WebSocket upgrade) is closed, not reused.
 - The format `rust-regex` (a field's `pattern`): patterns that Rust's `regex`
   compiles, so that schema-valid requests carry patterns the server can run.
 - `before_call`: a box's corners are put in order (x0 <= x1, y0 <= y1), and a
@@ -26,27 +25,12 @@ or, where that is not practical, recognise in the server's answer:
 import atexit
 import collections
 import hashlib
-import http.client
 import json
 import re
 import sys
 
 import schemathesis
 from hypothesis import strategies as st
-
-# --- WebSocket upgrades ------------------------------------------------------
-
-# After a 101 the connection speaks WebSocket, not HTTP: it must not carry the
-# next request (the server would read it as a broken frame). http.client then
-# closes it, and the next request opens a new one.
-_check_close = http.client.HTTPResponse._check_close
-
-
-def _closes_after_upgrade(self):
-    return self.status == 101 or _check_close(self)
-
-
-http.client.HTTPResponse._check_close = _closes_after_upgrade
 
 # --- the `rust-regex` format -------------------------------------------------
 

@@ -11,8 +11,9 @@
 # API key with the CLI, and runs schemathesis (scripts/fuzz/: its settings
 # and hooks) on `GET /openapi.json` with every check, on every operation, with
 # valid and invalid data, then the stateful phase (the document's links:
-# submit -> read -> cancel). The WebSocket routes are upgraded when the request
-# is valid (101); what flows on the sockets is tested in tests/.
+# submit -> read -> cancel). The WebSocket routes are described under
+# `x-websockets`, outside `paths`, so no fuzzer takes their 101 for an HTTP
+# answer; what flows on the sockets is tested in tests/.
 # It fails on any failure (a 5xx, an answer the document does not describe, a
 # valid request refused, an invalid one accepted), or when the server panicked
 # or died. Needs DATABASE_URL and DOCSTREAM_KAFKA_BROKERS (see

@@ -113,6 +113,7 @@ pub(crate) fn document(settings: &Settings) -> Value {
         ],
         "security": [{"ApiKey": []}],
         "paths": paths(settings),
+        "x-websockets": websockets(settings),
         "components": components(settings),
     })
 }
@@ -135,6 +136,9 @@ fn info(settings: &Settings) -> Value {
          Request bodies are at most {body} bytes (`DOCSTREAM_HTTP_BODY_LIMIT_BYTES`); a \
          larger one gets 413. String limits are in UTF-8 bytes, which `maxLength` (in \
          characters) states exactly for ASCII text only.\n\n\
+         The WebSocket streams (`GET /v1/import`, `GET /v1/export`) are described \
+         under `x-websockets`, not `paths`: their success is `101 Switching Protocols`, \
+         after which the connection speaks WebSocket.\n\n\
          This document is rendered from the server's settings, so the limits it states \
          are the ones it enforces.",
         scopes = Scope::ALL.map(Scope::as_str).join(", "),
@@ -150,14 +154,26 @@ fn info(settings: &Settings) -> Value {
     })
 }
 
+/// The WebSocket routes, in an extension of their own: OpenAPI has no
+/// words for a WebSocket, and in `paths` they read as HTTP operations whose
+/// success is `101 Switching Protocols`, which HTTP clients generated from
+/// the document and generic fuzzers take for a broken answer (and then send
+/// their next request on a connection that speaks WebSocket). Each is
+/// described as an operation all the same: its query, its upgrade answer,
+/// its refusals.
+fn websockets(settings: &Settings) -> Value {
+    json!({
+        "/v1/import": {"get": import()},
+        "/v1/export": {"get": export(settings)},
+    })
+}
+
 fn paths(settings: &Settings) -> Value {
     json!({
         "/v1/extractions": {"post": submit(settings)},
         "/v1/extractions/{id}": {"get": read()},
         "/v1/extractions/{id}/cancel": {"post": cancel()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
-        "/v1/import": {"get": import()},
-        "/v1/export": {"get": export(settings)},
         "/healthz": {"get": healthz()},
         "/readyz": {"get": readyz()},
         PATH: {"get": openapi()},
@@ -1343,16 +1359,20 @@ mod tests {
             listed, expected,
             "the routers' routes changed: document them"
         );
+        let described = |path: &str, method: &str| {
+            ["paths", "x-websockets"]
+                .iter()
+                .any(|part| document[part][path][method].is_object())
+        };
         for (path, method) in &listed {
             assert!(
-                document["paths"][path][method].is_object(),
+                described(path, method),
                 "{method} {path} is not in the document"
             );
         }
-        let documented: usize = document["paths"]
-            .as_object()
-            .unwrap()
-            .values()
+        let documented: usize = ["paths", "x-websockets"]
+            .iter()
+            .flat_map(|part| document[part].as_object().unwrap().values())
             .map(|item| item.as_object().unwrap().len())
             .sum();
         assert_eq!(
@@ -1402,7 +1422,10 @@ mod tests {
     fn operations_have_unique_ids_and_answer_errors_as_error_bodies() {
         let document = document(&Settings::default());
         let mut ids = std::collections::HashSet::new();
-        for (path, item) in document["paths"].as_object().unwrap() {
+        let operations = ["paths", "x-websockets"]
+            .iter()
+            .flat_map(|part| document[part].as_object().unwrap());
+        for (path, item) in operations {
             for (method, operation) in item.as_object().unwrap() {
                 let id = operation["operationId"].as_str().expect("an operationId");
                 assert!(ids.insert(id.to_owned()), "{id} twice");
