@@ -360,6 +360,60 @@ async fn a_revoked_key_or_deleted_tenant_is_refused_within_5s_by_serve_and_the_i
     each_refusal_came_within_the_bound_and_none_made_a_job(&revoked, deleted, refused_jobs);
 }
 
+/// A key lookup whose requests all went away (an HTTP/2 stream reset, the
+/// answer bound passing while Postgres is slow) still ends and gives its
+/// connection back. Here the process's pool has one connection, the keys
+/// table is locked, and the one request waiting for the lookup gives up
+/// after 100 ms; once the lock is released, the pool's connection is free
+/// again within a second. A lookup driven only by its waiters was never
+/// polled again, and held the connection for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_lookup_nobody_waits_for_still_ends_and_frees_its_connection() {
+    let env = TestEnv::new("tenancy_abandoned_lookup").await;
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect(&env.settings.database_url)
+        .await
+        .unwrap();
+    let auth = docstream::auth::Authenticator::new(
+        one.clone(),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    let mut lock = env.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(100),
+        auth.authenticate(Some(&env.api_key)),
+    );
+    assert!(waiting.await.is_err(), "the lookup waits for the lock");
+    lock.rollback().await.unwrap();
+    let released = Instant::now();
+    let freed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Ok(connection) = one.acquire().await {
+                return connection;
+            }
+        }
+    })
+    .await;
+    assert!(
+        freed.is_ok(),
+        "the lookup still holds the pool's one connection"
+    );
+    println!(
+        "tenancy: the abandoned lookup gave its connection back {:?} after the lock was released",
+        released.elapsed()
+    );
+    drop(freed);
+    let caller = auth.authenticate(Some(&env.api_key)).await.unwrap();
+    assert_eq!(caller.tenant, "default");
+}
+
 /// Made-up keys from one address (a client guessing, or flooding the store
 /// with lookups): at 10/s with ten seconds' worth at once, the first 100 get
 /// 401, then 429 with `Retry-After`, before any lookup; the key of a client
