@@ -234,17 +234,21 @@ impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
         let tenant = tenant_of(&self.services, record).await?;
         let settings = &self.services.settings;
-        let parsed = parse(record, settings.http_body_limit_bytes)?;
+        let (body_limit, limits) = (settings.http_body_limit_bytes, settings.request_limits());
+        let parsed = parse(record, body_limit)?;
         self.services.learn_patterns(&parsed.0).await;
-        let new = checked(parsed, tenant, &settings.request_limits())?;
+        let new = checked(parsed, tenant, &limits)?;
         // Behind the tenant's held requests, not ahead of them.
         if self.holding.contains(new.tenant_id) {
             return self.hold(record, &new).await;
         }
-        match submit_durably(&self.services, new.clone()).await {
+        match submit_durably(&self.services, new).await {
             Ok(_) => Ok(()),
+            // The submit took the request; at the cap (the rare case) it is
+            // read again from the record rather than copied for every one.
             Err(DurableSubmitError::Submit(SubmitError::TooManyOpenJobs(_))) => {
-                self.hold(record, &new).await
+                let again = checked(parse(record, body_limit)?, tenant, &limits)?;
+                self.hold(record, &again).await
             }
             Err(e) => Err(refusal(e)),
         }
