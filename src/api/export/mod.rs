@@ -1,0 +1,117 @@
+//! `GET /v1/export?group=NAME`: a WebSocket that streams `extraction.events`.
+//!
+//! Query parameters:
+//! - `group` (required): the stream's name. Each name is a consumer group of
+//!   its own (`export_group_prefix`, the caller's tenant, `.`, the name), so a
+//!   client that reconnects with the same name resumes after the last event
+//!   it acknowledged. A tenant's name cannot hold a `.`, so no two (tenant,
+//!   name) pairs share a group. (Groups were once joined with `-`, and tenant
+//!   `p` with name `b-c` met tenant `p-b` with name `c`: a stream's first
+//!   open under the new name carries its old group's commits over, see
+//!   [`GroupName::legacy`].)
+//! - `strategy`: `block` (the default, `export_backpressure_strategy`),
+//!   `drop_oldest` or `drop_new` — what happens to an event when the stream's
+//!   queue (`export_max_queue_size`) is full.
+//! - `ack`: `client` (the default: the client acknowledges) or `auto` (an
+//!   event counts as received once the socket took it).
+//! - `status`, `transition`: comma-separated filters on the event's fields.
+//! - `from`: where a group with nothing committed yet starts: `latest` (the
+//!   default: only events from now on) or `earliest` (every event the topic
+//!   still holds). A group that committed before resumes where it was.
+//!
+//! A stream carries only the events of the caller's tenant: the others are
+//! passed over (and committed) without being sent. The key needs the
+//! `export` scope.
+//!
+//! Each event goes out as `{"seq", "partition", "offset", "event": {…}}`; the
+//! client answers `{"ack": N}`, which acknowledges every event up to `seq` N.
+//! A malformed frame from the client is answered `{"error": {"code", "message"}}`.
+//!
+//! **No loss.** The stream is a member of the group's consumer
+//! ([`crate::kafka::consumer`]): an event's record counts as delivered only when
+//! the client acknowledged it, so the committed offset never passes an event
+//! the client did not get. With `block` nothing is ever skipped: a slow client
+//! stops the queue, then the consumer pauses. The drop strategies keep the
+//! stream moving instead and count every event they drop; a dropped event is
+//! committed (it was decided, not lost by accident). At most
+//! `export_max_unacked` events are sent and not yet acknowledged.
+//!
+//! **Close.** When the client leaves, what it did not acknowledge is not
+//! committed and goes to the group's next connection (counted as
+//! redeliveries). On server shutdown the stream stops consuming, keeps sending
+//! what was queued and reading acknowledgements until every event in flight is
+//! acknowledged (`export_drain_timeout_s`), commits, and only then closes the
+//! socket with 1000. A drain that times out, a client that keeps sending
+//! malformed frames (`export_max_consecutive_errors` in a row), a client that
+//! holds an event unacknowledged for longer than `export_ack_timeout_s` (it
+//! holds its partitions' commits, and the group's other members cannot take
+//! them over while it lives), a send that
+//! fails or takes longer than the drain timeout (the client stopped reading),
+//! or a Kafka failure closes the stream by force (1011), committing only what
+//! was acknowledged.
+
+//!
+//! **Where things are.** A stream's life, in order: [`query`] checks what the
+//! client asked for before the upgrade; [`stream`] opens the stream (its
+//! group, its commits carried over, its consumer) and runs the socket loop
+//! to the close; the consumer's [`handler`] takes each record through the
+//! partition's [`order`] into the backpressure [`queue`], and waits for the
+//! client's acknowledgement.
+
+mod handler;
+mod order;
+mod query;
+mod queue;
+mod stream;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Extension, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use crate::auth::Caller;
+use crate::domain::Scope;
+use crate::pipeline::Services;
+
+use super::sockets::{Sockets, Stream};
+use super::{ws, ApiError, Gate};
+use query::{options, Params};
+use stream::export;
+
+/// The `stream` label of this stream's metrics.
+pub(super) const STREAM: &str = "export";
+
+/// Largest frame a client may send: acknowledgements are tens of bytes.
+pub(super) const MAX_CLIENT_FRAME: usize = 64 * 1024;
+
+/// Longest group name a client may choose.
+pub(super) const MAX_GROUP_LEN: usize = 100;
+
+pub(super) fn router() -> Router<Services> {
+    Router::new().route("/v1/export", get(upgrade))
+}
+
+async fn upgrade(
+    caller: Caller,
+    State(services): State<Services>,
+    Extension(gate): Extension<Gate>,
+    Extension(sockets): Extension<Sockets>,
+    params: Result<Query<Params>, QueryRejection>,
+    socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let open = || {
+        let socket = ws::accept(&caller, Scope::Export, socket)?;
+        let Query(params) = params.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        let strategy = services.settings.export_backpressure_strategy;
+        let options = options(params, &caller, strategy)?;
+        let (admission, closing) = ws::admit(&sockets, &gate, caller.tenant_id, Stream::Export)?;
+        // A client sends acknowledgements only: small frames.
+        Ok::<_, ApiError>(admission.upgrade(socket, MAX_CLIENT_FRAME, move |socket| {
+            export(socket, services, options, closing)
+        }))
+    };
+    open().unwrap_or_else(IntoResponse::into_response)
+}
