@@ -20,8 +20,7 @@ use crate::health::{Dependency, Health};
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    release_held, BboxReaper, BboxWorker, ExtractionReaper, ExtractionWorker, Holding, Intake,
-    Services, WebhookReaper,
+    release_held, BboxWorker, ExtractionWorker, Holding, Intake, Reaper, ReaperKind, Services,
 };
 use crate::store;
 
@@ -282,7 +281,8 @@ pub async fn run(
         roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
     }
     if mix.workers > 0 {
-        let reaper = reaper(ExtractionReaper::new(services.clone()).run(stop.clone()));
+        let reaper =
+            reaper(Reaper::new(services.clone(), ReaperKind::Extraction).run(stop.clone()));
         roles.push(("extraction-reaper", Box::pin(reaper)));
     }
     for _ in 0..mix.bbox_workers {
@@ -292,11 +292,11 @@ pub async fn run(
         ));
     }
     if mix.bbox_workers > 0 {
-        let reaper = reaper(BboxReaper::new(services.clone()).run(stop.clone()));
+        let reaper = reaper(Reaper::new(services.clone(), ReaperKind::Bbox).run(stop.clone()));
         roles.push(("bbox-reaper", Box::pin(reaper)));
     }
     if mix.workers + mix.bbox_workers > 0 {
-        let reaper = reaper(WebhookReaper::new(services.clone()).run(stop.clone()));
+        let reaper = reaper(Reaper::new(services.clone(), ReaperKind::Webhook).run(stop.clone()));
         roles.push(("webhook-reaper", Box::pin(reaper)));
     }
     supervise(roles, stop).await

@@ -13,7 +13,7 @@ use common::{
     scrape, signal, stop, submit_jobs, wait_count, wait_for, wins, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{decode, ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use docstream::pipeline::{ExtractionReaper, Sweep};
+use docstream::pipeline::{Reaper, ReaperKind, Sweep};
 use docstream::store;
 use tokio::process::Child;
 use uuid::Uuid;
@@ -558,7 +558,7 @@ async fn orphans_queued_an_hour_ago(pool: &sqlx::PgPool) {
 async fn sweep_round(replicas: &[docstream::pipeline::Services]) -> Vec<Sweep> {
     let sweeps = replicas.iter().flat_map(|services| {
         (0..10).map(move |_| async move {
-            ExtractionReaper::new(services.clone())
+            Reaper::new(services.clone(), ReaperKind::Extraction)
                 .sweep()
                 .await
                 .unwrap()

@@ -21,7 +21,7 @@ mod worker;
 pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
 pub use intake::{release_held, Holding, Intake, API_KEY_HEADER, TENANT_HEADER};
-pub use reaper::{BboxReaper, ExtractionReaper, Sweep, WebhookReaper};
+pub use reaper::{Kind as ReaperKind, Reaper, Sweep};
 pub use stamps::Stamps;
 pub use submit::{submit, submit_durably, DurableSubmitError};
 pub use worker::ExtractionWorker;

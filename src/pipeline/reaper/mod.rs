@@ -7,22 +7,15 @@
 //! so a legitimate backlog causes no storm; the atomic claim makes any
 //! duplicate harmless anyway.
 //!
-//! - [`ExtractionReaper`] (in `worker`): classes 1–3 → `extraction.submitted`.
-//! - [`BboxReaper`] (in `bbox-worker`): classes 4–5 →
+//! - [`Kind::Extraction`] (in `worker`): classes 1–3 → `extraction.submitted`.
+//! - [`Kind::Bbox`] (in `bbox-worker`): classes 4–5 →
 //!   `extraction.post_processing.requested`.
-//! - [`WebhookReaper`] (in every process with a worker or bbox worker):
+//! - [`Kind::Webhook`] (in every process with a worker or bbox worker):
 //!   class 6, a pending webhook delivery nobody works on → this process's
 //!   dispatcher.
 //!
-//! What they share is here: the sweep loop, the sweep lock, the counts.
-
-mod bbox;
-mod extraction;
-mod webhook;
-
-pub use bbox::BboxReaper;
-pub use extraction::ExtractionReaper;
-pub use webhook::WebhookReaper;
+//! One [`Reaper`] does each: the sweep loop, the sweep lock and the counts
+//! are the same, and a kind says only its name, its lock and what it takes.
 
 use futures::future::join_all;
 use sqlx::pool::PoolConnection;
@@ -33,8 +26,8 @@ use tracing::Instrument;
 use super::{RepublishError, Services, Stage};
 use crate::events::PublishReason;
 use crate::health::Dependency;
-use crate::store::orphans::Orphan;
-use crate::store::StoreError;
+use crate::store::orphans::{self, Orphan, OrphanClass, Thresholds};
+use crate::store::{webhooks, StoreError};
 use crate::trace;
 
 /// What one sweep did.
@@ -52,27 +45,117 @@ pub enum Sweep {
     },
 }
 
-/// One kind of reaper: its name, its lock, and what a sweep does once it
-/// holds the lock.
-trait Sweeper {
-    /// Name for logs and the `reaper` label of the sweep metric.
-    const NAME: &'static str;
-    /// The advisory-lock key only this kind's sweeps take.
-    const LOCK_KEY: i64;
+/// The orphans a reaper sweeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Classes 1–3: jobs of the extraction stage.
+    Extraction,
+    /// Classes 4–5: jobs of the bbox refinement stage.
+    Bbox,
+    /// Class 6: webhook deliveries.
+    Webhook,
+}
 
-    fn services(&self) -> &Services;
+impl Kind {
+    /// Name for logs and the `reaper` label of the sweep metric.
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Extraction => "extraction",
+            Kind::Bbox => "bbox",
+            Kind::Webhook => "webhook",
+        }
+    }
+
+    /// The advisory-lock key only this kind's sweeps take.
+    fn lock_key(self) -> i64 {
+        0x646f_6373_7472_0000
+            + match self {
+                Kind::Extraction => 1,
+                Kind::Bbox => 2,
+                Kind::Webhook => 3,
+            }
+    }
+}
+
+/// A reaper of one kind of orphan.
+pub struct Reaper {
+    services: Services,
+    kind: Kind,
+}
+
+impl Reaper {
+    /// A reaper of `kind` on `services`.
+    pub fn new(services: Services, kind: Kind) -> Self {
+        Self { services, kind }
+    }
+
+    /// Sweeps every sweep interval until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        run_sweeps(&self, shutdown).await
+    }
+
+    /// One sweep, if this replica gets the sweep lock.
+    pub async fn sweep(&self) -> Result<Sweep, StoreError> {
+        sweep_once(self).await
+    }
 
     /// Takes this kind's orphans and revives them, holding the lock on `conn`.
     async fn take_and_revive(
         &self,
         conn: &mut PoolConnection<Postgres>,
-    ) -> Result<Sweep, StoreError>;
+    ) -> Result<Sweep, StoreError> {
+        let settings = &self.services.settings;
+        let (thresholds, batch) = (Thresholds::of(settings), settings.reaper_batch_size);
+        let (stage, taken) = match self.kind {
+            Kind::Webhook => return self.wake_unsent(conn).await,
+            Kind::Extraction => (
+                Stage::Extraction,
+                orphans::take_extraction_orphans(&mut **conn, thresholds, batch).await?,
+            ),
+            Kind::Bbox => (
+                Stage::BboxRefinement,
+                orphans::take_bbox_orphans(&mut **conn, thresholds, batch).await?,
+            ),
+        };
+        let revive =
+            |orphan: Orphan| async move { republish(&self.services, stage, &orphan).await };
+        Ok(revive_each(self, &taken, revive).await)
+    }
+
+    /// Class 6: hands each delivery nobody works on to this process's
+    /// dispatcher (which claims it, so a second hand-out is harmless).
+    async fn wake_unsent(&self, conn: &mut PoolConnection<Postgres>) -> Result<Sweep, StoreError> {
+        let services = &self.services;
+        let settings = &services.settings;
+        let threshold_s = settings.webhook_orphan_threshold_s.as_secs_f64();
+        let taken =
+            webhooks::take_orphans(&mut **conn, threshold_s, settings.reaper_batch_size).await?;
+        let label = [OrphanClass::WebhookUnsent.label()];
+        let reapers = &services.metrics.reapers;
+        for (id, tenant, age_s) in &taken {
+            tracing::debug!(id, class = 6, age_s, "orphan found");
+            reapers.orphans_found.with_label_values(&label).inc();
+            services.webhooks.wake(Some(id), *tenant);
+            reapers.orphans_republished.with_label_values(&label).inc();
+        }
+        if !taken.is_empty() {
+            tracing::info!(
+                reaper = self.kind.name(),
+                found = taken.len(),
+                "orphans revived"
+            );
+        }
+        Ok(Sweep::Swept {
+            found: taken.len(),
+            republished: taken.len(),
+        })
+    }
 }
 
 /// Sweeps every sweep interval until `shutdown`. A failed sweep is logged and
 /// counted and the next one tries again; a reaper never gives up.
-async fn run_sweeps<R: Sweeper>(reaper: &R, shutdown: CancellationToken) {
-    let services = reaper.services();
+async fn run_sweeps(reaper: &Reaper, shutdown: CancellationToken) {
+    let services = &reaper.services;
     let mut ticker = tokio::time::interval(services.settings.reaper_sweep_interval_s.get());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -87,7 +170,7 @@ async fn run_sweeps<R: Sweeper>(reaper: &R, shutdown: CancellationToken) {
                 if e.is_unavailable() {
                     services.health.failed(Dependency::Postgres, &e);
                 } else {
-                    tracing::warn!(reaper = R::NAME, error = %e, "sweep failed; retrying next interval");
+                    tracing::warn!(reaper = reaper.kind.name(), error = %e, "sweep failed; retrying next interval");
                 }
             }
         }
@@ -95,10 +178,10 @@ async fn run_sweeps<R: Sweeper>(reaper: &R, shutdown: CancellationToken) {
 }
 
 /// One sweep, if this replica gets the sweep lock.
-async fn sweep_once<R: Sweeper>(reaper: &R) -> Result<Sweep, StoreError> {
-    let mut conn = reaper.services().pool.acquire().await?;
+async fn sweep_once(reaper: &Reaper) -> Result<Sweep, StoreError> {
+    let mut conn = reaper.services.pool.acquire().await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(R::LOCK_KEY)
+        .bind(reaper.kind.lock_key())
         .fetch_one(&mut *conn)
         .await?;
     if !locked {
@@ -107,7 +190,7 @@ async fn sweep_once<R: Sweeper>(reaper: &R) -> Result<Sweep, StoreError> {
     }
     let swept = reaper.take_and_revive(&mut conn).await;
     let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(R::LOCK_KEY)
+        .bind(reaper.kind.lock_key())
         .execute(&mut *conn)
         .await;
     if unlocked.is_err() {
@@ -119,25 +202,24 @@ async fn sweep_once<R: Sweeper>(reaper: &R) -> Result<Sweep, StoreError> {
     Ok(swept)
 }
 
-fn count_sweep<R: Sweeper>(reaper: &R, outcome: &str) {
+fn count_sweep(reaper: &Reaper, outcome: &str) {
     reaper
-        .services()
+        .services
         .metrics
         .reapers
         .sweeps
-        .with_label_values(&[R::NAME, outcome])
+        .with_label_values(&[reaper.kind.name(), outcome])
         .inc();
 }
 
 /// Revives each orphan taken with `revive` (true once it is revived), in
 /// each job's own span, counting what was found and what was revived.
-async fn revive_each<R, F, Fut>(reaper: &R, taken: &[Orphan], revive: F) -> Sweep
+async fn revive_each<F, Fut>(reaper: &Reaper, taken: &[Orphan], revive: F) -> Sweep
 where
-    R: Sweeper,
     F: Fn(Orphan) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let metrics = &reaper.services().metrics;
+    let metrics = &reaper.services.metrics;
     let outcomes = join_all(taken.iter().map(|orphan| {
         let label = [orphan.class.label()];
         metrics.reapers.orphans_found.with_label_values(&label).inc();
@@ -156,7 +238,7 @@ where
     let republished = outcomes.iter().filter(|ok| **ok).count();
     if !taken.is_empty() {
         tracing::info!(
-            reaper = R::NAME,
+            reaper = reaper.kind.name(),
             found = taken.len(),
             republished,
             "orphans revived"
