@@ -115,3 +115,19 @@ async fn upgrade(
     };
     open().unwrap_or_else(IntoResponse::into_response)
 }
+
+/// An event of job `id` for the tests: `mark_running`, of no tenant.
+#[cfg(test)]
+fn running_event(id: &str) -> crate::events::ExtractionEvent {
+    crate::events::ExtractionEvent {
+        extraction_id: id.into(),
+        transition: "mark_running".into(),
+        status: "running".into(),
+        bbox_status: None,
+        token: Some(1),
+        error: None,
+        reason: crate::events::PublishReason::Submit,
+        published_at_ms: 0,
+        tenant_id: None,
+    }
+}

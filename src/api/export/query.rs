@@ -193,17 +193,7 @@ mod tests {
 
     #[test]
     fn a_stream_admits_only_its_tenants_events() {
-        let mut event = ExtractionEvent {
-            extraction_id: "0".into(),
-            transition: "mark_running".into(),
-            status: "running".into(),
-            bbox_status: None,
-            token: Some(1),
-            error: None,
-            reason: crate::events::PublishReason::Submit,
-            published_at_ms: 0,
-            tenant_id: None,
-        };
+        let mut event = super::super::running_event("0");
         let (acme, other) = (Uuid::now_v7(), Uuid::now_v7());
         let filter = |tenant_id| Filter {
             tenant_id,

@@ -153,17 +153,7 @@ mod tests {
 
     fn item(offset: i64) -> (Outgoing, oneshot::Receiver<()>) {
         let (done, received) = oneshot::channel();
-        let event = ExtractionEvent {
-            extraction_id: offset.to_string(),
-            transition: "mark_running".into(),
-            status: "running".into(),
-            bbox_status: None,
-            token: Some(1),
-            error: None,
-            reason: crate::events::PublishReason::Submit,
-            published_at_ms: 0,
-            tenant_id: None,
-        };
+        let event = super::super::running_event(&offset.to_string());
         let outgoing = Outgoing {
             partition: 0,
             offset,
