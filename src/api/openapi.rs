@@ -1304,19 +1304,27 @@ fn export_ack() -> Value {
 mod tests {
     use super::*;
 
-    /// Every `.route("PATH", METHOD(…))` in the source of `src/api/`, so that
-    /// a route added there (in any file) and not here fails.
+    /// Every `.route("PATH", METHOD(…))` in the source of `src/api/` and its
+    /// folders, so that a route added there (in any file) and not here fails.
     fn routes() -> Vec<(String, String)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
         let route =
             regex::Regex::new(r#"\.route\(\s*("[^"]+"|PATH),\s*(get|post|put|patch|delete|any)\("#)
                 .expect("a regex");
         let mut routes = Vec::new();
-        for entry in std::fs::read_dir(&dir).expect("src/api") {
-            let path = entry.expect("an entry").path();
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
+        let mut folders = vec![dir];
+        let mut files = Vec::new();
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(&folder).expect("a folder of src/api") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
             }
+        }
+        for path in files {
             let source = std::fs::read_to_string(&path).expect("a source file");
             for found in route.captures_iter(&source) {
                 let path = match &found[1] {
