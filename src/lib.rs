@@ -44,6 +44,32 @@ pub mod store;
 pub mod trace;
 pub mod webhook;
 
+/// What the benchmark (a module of the binary) reaches below the public
+/// API, so that it measures the pipeline's own paths and not copies of them.
+/// Not for users of the crate: hidden from its documentation, and free to
+/// change with the benchmark.
+#[doc(hidden)]
+pub mod bench_support {
+    /// The statements of a job's life in the store, as the benchmark's
+    /// Postgres ceiling runs them: insert (`$1` ids, `$2` keys, `$3` hashes,
+    /// `$4` requests as JSON text, `$5` whether each names a webhook, `$6`
+    /// tenants, `$7` their caps on open jobs or NULL), claim (`$1` ids, `$2`
+    /// lease seconds), complete (`$1` ids, `$2` tokens, `$3` results as JSON
+    /// text). Each takes arrays: one row per statement or many.
+    pub mod lifecycle {
+        /// The submit INSERT.
+        pub const INSERT: &str = crate::store::submit::INSERT;
+        /// The extraction's claim.
+        pub const CLAIM: &str = crate::store::transitions::MARK_RUNNING;
+        /// The extraction's success, with its bbox request.
+        pub const COMPLETE: &str = crate::store::transitions::MARK_SUCCEEDED;
+    }
+
+    /// A submit in its two halves: the burn-down queues its backlog with the
+    /// first, then releases every event at once with the second.
+    pub use crate::pipeline::submit::{insert, publish_created};
+}
+
 /// Makes rustls with the *ring* provider the process's TLS, for every
 /// outbound HTTPS client: webhooks, HTTP extractors, the OTLP exporter. The
 /// HTTP client is built without a provider of its own (its default would add

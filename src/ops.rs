@@ -11,7 +11,7 @@ use crate::config::Settings;
 use crate::events::PublishReason;
 use crate::pipeline::{Services, Stage};
 use crate::store;
-use crate::store::orphans::{self, Orphan, Reclaimed};
+use crate::store::orphans::{self, Orphan};
 
 /// The current orphans (of tenant `tenant`'s jobs only, when given), as a
 /// table or as JSON.
@@ -61,7 +61,6 @@ pub async fn reclaim(
     id: Uuid,
     tenant: Option<&str>,
 ) -> anyhow::Result<String> {
-    let settings = &services.settings;
     if let Some(name) = tenant {
         let owner = store::tenants::tenant_by_name(&services.pool, name).await?;
         if store::get_for_tenant(&services.pool, owner.tenant_id, id)
@@ -74,24 +73,14 @@ pub async fn reclaim(
     let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
         anyhow::bail!("extraction {id} is unknown or has nothing left to do");
     };
-    match stage {
-        Reclaimed::Extraction => {
-            let topic = settings.topic(&settings.topic_submitted);
-            services
-                .republish(Stage::Extraction, id, PublishReason::Operator)
-                .await?;
-            Ok(format!(
-                "extraction {id}: lease expired, republished to {topic}\n"
-            ))
-        }
-        Reclaimed::BboxRefinement => {
-            let topic = settings.topic(&settings.topic_post_processing);
-            services
-                .republish(Stage::BboxRefinement, id, PublishReason::Operator)
-                .await?;
-            Ok(format!(
-                "extraction {id}: bbox refinement lease expired, republished to {topic}\n"
-            ))
-        }
-    }
+    services
+        .republish(stage, id, PublishReason::Operator)
+        .await?;
+    let (what, topic) = match stage {
+        Stage::Extraction => ("", &services.stage(stage).topic),
+        Stage::BboxRefinement => ("bbox refinement ", &services.stage(stage).topic),
+    };
+    Ok(format!(
+        "extraction {id}: {what}lease expired, republished to {topic}\n"
+    ))
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use docstream::domain::Stage;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -950,7 +951,7 @@ async fn new_jobs_are_stamped_late_and_only_while_still_queued() {
         "no stamp at the acknowledgement"
     );
 
-    let claimed = store::transitions::mark_running(&env.pool, ids[0], 30.0)
+    let claimed = store::transitions::claim(&env.pool, Stage::Extraction, ids[0], 30.0)
         .await
         .unwrap()
         .expect("a queued job is claimable");

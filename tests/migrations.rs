@@ -3,6 +3,7 @@
 
 mod common;
 
+use docstream::domain::Stage;
 use docstream::domain::BboxStatus;
 use docstream::store;
 use serde_json::{json, Value};
@@ -212,7 +213,7 @@ async fn the_log_stays_and_the_queued_job_goes_on(pool: &PgPool, queued: Uuid) {
         .await
         .unwrap();
     assert_eq!(log, 1);
-    let claim = store::transitions::mark_running(pool, queued, 30.0)
+    let claim = store::transitions::claim(pool, Stage::Extraction, queued, 30.0)
         .await
         .unwrap()
         .expect("the migrated queued job can be claimed");

@@ -8,6 +8,7 @@
 
 mod common;
 
+use docstream::domain::Stage;
 use docstream::store::tenants::DEFAULT_TENANT_ID;
 use std::future::Future;
 
@@ -40,7 +41,7 @@ async fn queued(pool: &PgPool) -> Uuid {
 
 async fn running(pool: &PgPool) -> (Uuid, i32) {
     let id = queued(pool).await;
-    let claim = transitions::mark_running(pool, id, LEASE_S)
+    let claim = transitions::claim(pool, Stage::Extraction, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
@@ -50,7 +51,7 @@ async fn running(pool: &PgPool) -> (Uuid, i32) {
 async fn succeeded(pool: &PgPool) -> Uuid {
     let (id, token) = running(pool).await;
     let result = serde_json::json!({"fields": {}});
-    transitions::mark_succeeded(pool, id, token, &result)
+    transitions::succeed(pool, Stage::Extraction, id, token, &result)
         .await
         .unwrap()
         .unwrap();
@@ -127,7 +128,7 @@ async fn fifty_concurrent_claims_have_one_winner(
 ) {
     let pool = &racing_pool(options, connect).await;
     let id = queued(pool).await;
-    let winners = race(|_| transitions::mark_running(pool, id, LEASE_S)).await;
+    let winners = race(|_| transitions::claim(pool, Stage::Extraction, id, LEASE_S)).await;
     assert_eq!(winners, 1);
     assert_eq!(wins_of(pool, id, "mark_running").await, 1);
     let row = store::get(pool, id).await.unwrap().unwrap();
@@ -167,7 +168,7 @@ async fn one_batch_wins_the_claimable_rows_and_loses_the_rest(
     taken: Uuid,
 ) {
     let batch = [ids[0], taken, ids[1], ids[0], Uuid::new_v4()];
-    let claims = transitions::mark_running_many(pool, &batch, LEASE_S)
+    let claims = transitions::claim_many(pool, Stage::Extraction, &batch, LEASE_S)
         .await
         .unwrap();
     let won: Vec<bool> = claims.iter().map(Option::is_some).collect();
@@ -183,7 +184,7 @@ async fn racing_batches_over_overlapping_ids_claim_each_once(pool: &PgPool, rest
     let racing = join_all(
         windows
             .iter()
-            .map(|window| transitions::mark_running_many(pool, window, LEASE_S)),
+            .map(|window| transitions::claim_many(pool, Stage::Extraction, window, LEASE_S)),
     )
     .await;
     let mut winners: Vec<Uuid> = racing
@@ -214,7 +215,7 @@ async fn completions_win_with_the_right_token_only_once(pool: &PgPool, ids: &[Uu
         completion(ids[0], 1),
         completion(taken, 1),
     ];
-    let outcomes = transitions::mark_succeeded_many(pool, &done).await.unwrap();
+    let outcomes = transitions::succeed_many(pool, Stage::Extraction, &done).await.unwrap();
     let won: Vec<bool> = outcomes.iter().map(Option::is_some).collect();
     assert_eq!(won, [true, false, false, true]);
     assert_eq!(wins_of(pool, ids[0], "mark_succeeded").await, 1);
@@ -233,9 +234,9 @@ async fn succeeded_and_failed_race_has_one_winner(
         let result = result.clone();
         async move {
             if i % 2 == 0 {
-                transitions::mark_succeeded(pool, id, token, &result).await
+                transitions::succeed(pool, Stage::Extraction, id, token, &result).await
             } else {
-                transitions::mark_failed(pool, id, token, "boom").await
+                transitions::fail(pool, Stage::Extraction, id, token, "boom").await
             }
         }
     })
@@ -254,7 +255,7 @@ async fn cancel_and_claim_race_has_one_winner(options: PgPoolOptions, connect: P
             if i % 2 == 0 {
                 transitions::mark_cancelled(pool, id, None).await
             } else {
-                Ok(transitions::mark_running(pool, id, LEASE_S)
+                Ok(transitions::claim(pool, Stage::Extraction, id, LEASE_S)
                     .await?
                     .map(|c| c.extraction))
             }
@@ -277,7 +278,7 @@ async fn bbox_claims_and_completions_have_one_winner(
 ) {
     let pool = &racing_pool(options, connect).await;
     let id = succeeded(pool).await;
-    let winners = race(|_| transitions::mark_bbox_refinement_running(pool, id, LEASE_S)).await;
+    let winners = race(|_| transitions::claim(pool, Stage::BboxRefinement, id, LEASE_S)).await;
     assert_eq!(winners, 1);
     let token = store::get(pool, id)
         .await
@@ -292,9 +293,9 @@ async fn bbox_claims_and_completions_have_one_winner(
         let result = result.clone();
         async move {
             if i % 2 == 0 {
-                transitions::mark_bbox_refinement_succeeded(pool, id, token, &result).await
+                transitions::succeed(pool, Stage::BboxRefinement, id, token, &result).await
             } else {
-                transitions::mark_bbox_refinement_failed(pool, id, token, "boom").await
+                transitions::fail(pool, Stage::BboxRefinement, id, token, "boom").await
             }
         }
     })
@@ -319,11 +320,11 @@ async fn illegal_transitions_return_none_and_change_nothing(pool: PgPool) {
 async fn from_queued_nothing_that_needs_a_claim_or_a_success_happens(pool: &PgPool, id: Uuid) {
     let result = serde_json::json!({"fields": {}});
     let before = snapshot(pool, id).await;
-    assert!(transitions::mark_succeeded(pool, id, 0, &result)
+    assert!(transitions::succeed(pool, Stage::Extraction, id, 0, &result)
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_failed(pool, id, 0, "x")
+    assert!(transitions::fail(pool, Stage::Extraction, id, 0, "x")
         .await
         .unwrap()
         .is_none());
@@ -335,12 +336,12 @@ async fn from_queued_nothing_that_needs_a_claim_or_a_success_happens(pool: &PgPo
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+    assert!(transitions::claim(pool, Stage::BboxRefinement, id, LEASE_S)
         .await
         .unwrap()
         .is_none());
     assert!(
-        transitions::mark_bbox_refinement_succeeded(pool, id, 0, &result)
+        transitions::succeed(pool, Stage::BboxRefinement, id, 0, &result)
             .await
             .unwrap()
             .is_none()
@@ -361,7 +362,7 @@ async fn under_a_live_lease_no_second_claim_no_cancel_no_stale_success(
 ) {
     let result = serde_json::json!({"fields": {}});
     let before = snapshot(pool, id).await;
-    assert!(transitions::mark_running(pool, id, LEASE_S)
+    assert!(transitions::claim(pool, Stage::Extraction, id, LEASE_S)
         .await
         .unwrap()
         .is_none());
@@ -369,7 +370,7 @@ async fn under_a_live_lease_no_second_claim_no_cancel_no_stale_success(
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_succeeded(pool, id, token + 1, &result)
+    assert!(transitions::succeed(pool, Stage::Extraction, id, token + 1, &result)
         .await
         .unwrap()
         .is_none());
@@ -381,7 +382,7 @@ async fn under_a_live_lease_no_second_claim_no_cancel_no_stale_success(
 async fn both_stages_succeeded(pool: &PgPool) -> (Uuid, store::Claim) {
     let result = serde_json::json!({"fields": {}});
     let (id, claim) = a_running_bbox_refinement(pool).await;
-    transitions::mark_bbox_refinement_succeeded(pool, id, claim.token, &result)
+    transitions::succeed(pool, Stage::BboxRefinement, id, claim.token, &result)
         .await
         .unwrap()
         .unwrap();
@@ -391,7 +392,7 @@ async fn both_stages_succeeded(pool: &PgPool) -> (Uuid, store::Claim) {
 /// A succeeded job whose bbox refinement is claimed: (id, the bbox claim).
 async fn a_running_bbox_refinement(pool: &PgPool) -> (Uuid, store::Claim) {
     let id = succeeded(pool).await;
-    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+    let claim = transitions::claim(pool, Stage::BboxRefinement, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
@@ -406,7 +407,7 @@ async fn once_both_stages_succeeded_everything_is_over(
     claim: &store::Claim,
 ) {
     let before = snapshot(pool, id).await;
-    assert!(transitions::mark_running(pool, id, LEASE_S)
+    assert!(transitions::claim(pool, Stage::Extraction, id, LEASE_S)
         .await
         .unwrap()
         .is_none());
@@ -414,16 +415,16 @@ async fn once_both_stages_succeeded_everything_is_over(
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_failed(pool, id, 1, "x")
+    assert!(transitions::fail(pool, Stage::Extraction, id, 1, "x")
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+    assert!(transitions::claim(pool, Stage::BboxRefinement, id, LEASE_S)
         .await
         .unwrap()
         .is_none());
     assert!(
-        transitions::mark_bbox_refinement_failed(pool, id, claim.token, "x")
+        transitions::fail(pool, Stage::BboxRefinement, id, claim.token, "x")
             .await
             .unwrap()
             .is_none()
@@ -450,7 +451,7 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired(pool: PgPool) {
         id,
     )
     .await;
-    let fresh = transitions::mark_running(pool, id, LEASE_S)
+    let fresh = transitions::claim(pool, Stage::Extraction, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
@@ -461,15 +462,15 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired(pool: PgPool) {
         "recovery measured from lease expiry: {recovery}"
     );
     let result = serde_json::json!({"fields": {}});
-    assert!(transitions::mark_succeeded(pool, id, stale_token, &result)
+    assert!(transitions::succeed(pool, Stage::Extraction, id, stale_token, &result)
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_failed(pool, id, stale_token, "late")
+    assert!(transitions::fail(pool, Stage::Extraction, id, stale_token, "late")
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::mark_succeeded(pool, id, fresh.token, &result)
+    assert!(transitions::succeed(pool, Stage::Extraction, id, fresh.token, &result)
         .await
         .unwrap()
         .is_some());
@@ -488,14 +489,14 @@ async fn retry_and_bbox_requeue_return_work_to_pending(pool: PgPool) {
         (row.status.as_str(), row.error.as_deref()),
         ("queued", Some("flaky"))
     );
-    let again = transitions::mark_running(pool, id, LEASE_S)
+    let again = transitions::claim(pool, Stage::Extraction, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(again.token, 2);
 
     let id = succeeded(pool).await;
-    transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+    transitions::claim(pool, Stage::BboxRefinement, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
@@ -507,7 +508,7 @@ async fn retry_and_bbox_requeue_return_work_to_pending(pool: PgPool) {
         row.bbox_refinement().unwrap().status,
         docstream::domain::BboxStatus::Pending
     );
-    let claim = transitions::mark_bbox_refinement_running(pool, id, LEASE_S)
+    let claim = transitions::claim(pool, Stage::BboxRefinement, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
@@ -648,8 +649,8 @@ async fn the_old_and_the_retried_are_orphans_of_their_tenant_only(
 
 /// Records both jobs' events as published (acknowledged by the broker).
 async fn their_events_are_acknowledged(pool: &PgPool, jobs: &PastThreshold) {
-    orphans::record_published(pool, jobs.old).await.unwrap();
-    orphans::record_published(pool, jobs.retried).await.unwrap();
+    orphans::record_published(pool, Stage::Extraction, jobs.old).await.unwrap();
+    orphans::record_published(pool, Stage::Extraction, jobs.retried).await.unwrap();
 }
 
 /// An acknowledged event is waiting in a backlog, not lost: no orphan is
@@ -673,11 +674,11 @@ async fn a_queued_job_submitted_an_hour_ago(pool: &PgPool) -> Uuid {
 /// A reaper takes an orphan once per threshold: the first take is `stuck`,
 /// the one straight after is empty.
 async fn a_reaper_takes_it_once_per_threshold(pool: &PgPool, stuck: Uuid) {
-    let taken = orphans::take_extraction_orphans(pool, THRESHOLDS, 100)
+    let taken = orphans::take(pool, Stage::Extraction, THRESHOLDS, 100)
         .await
         .unwrap();
     assert_eq!(taken.iter().map(|o| o.id).collect::<Vec<_>>(), vec![stuck]);
-    assert!(orphans::take_extraction_orphans(pool, THRESHOLDS, 100)
+    assert!(orphans::take(pool, Stage::Extraction, THRESHOLDS, 100)
         .await
         .unwrap()
         .is_empty());
@@ -700,7 +701,7 @@ async fn heartbeats_renew_only_the_current_claim_and_carry_cancel_requests(pool:
 /// The holder's token renews the lease (no cancel asked); the next token
 /// does not.
 async fn only_the_current_token_renews_the_lease(pool: &PgPool, id: Uuid, token: i32) {
-    let renewed = leases::renew_extraction_lease(pool, id, token, LEASE_S)
+    let renewed = leases::renew(pool, Stage::Extraction, id, token, LEASE_S)
         .await
         .unwrap();
     assert_eq!(
@@ -709,7 +710,7 @@ async fn only_the_current_token_renews_the_lease(pool: &PgPool, id: Uuid, token:
             cancel_requested: false
         })
     );
-    assert!(leases::renew_extraction_lease(pool, id, token + 1, LEASE_S)
+    assert!(leases::renew(pool, Stage::Extraction, id, token + 1, LEASE_S)
         .await
         .unwrap()
         .is_none());
@@ -733,7 +734,7 @@ async fn a_cancel_request_reaches_the_holder_with_its_heartbeat(
         .await
         .unwrap()
         .is_some());
-    let renewed = leases::renew_extraction_lease(pool, id, token, LEASE_S)
+    let renewed = leases::renew(pool, Stage::Extraction, id, token, LEASE_S)
         .await
         .unwrap();
     assert_eq!(
@@ -760,7 +761,7 @@ async fn only_the_holder_ends_it_and_then_its_lease_is_gone(pool: &PgPool, id: U
         .unwrap()
         .unwrap();
     assert_eq!(row.status.as_str(), "cancelled");
-    assert!(leases::renew_extraction_lease(pool, id, token, LEASE_S)
+    assert!(leases::renew(pool, Stage::Extraction, id, token, LEASE_S)
         .await
         .unwrap()
         .is_none());
@@ -772,11 +773,11 @@ async fn only_the_current_token_renews_the_bbox_lease(
     id: Uuid,
     claim: &store::Claim,
 ) {
-    assert!(leases::renew_bbox_lease(pool, id, claim.token, LEASE_S)
+    assert!(leases::renew(pool, Stage::BboxRefinement, id, claim.token, LEASE_S)
         .await
         .unwrap()
         .is_some());
-    assert!(leases::renew_bbox_lease(pool, id, claim.token + 1, LEASE_S)
+    assert!(leases::renew(pool, Stage::BboxRefinement, id, claim.token + 1, LEASE_S)
         .await
         .unwrap()
         .is_none());
@@ -814,7 +815,7 @@ async fn a_running_job_of(pool: &PgPool, tenant_id: Uuid, url: &str) -> (Uuid, s
         request: hooked,
     };
     let id = store::submit(pool, new).await.unwrap().extraction().id;
-    let claim = transitions::mark_running(pool, id, LEASE_S)
+    let claim = transitions::claim(pool, Stage::Extraction, id, LEASE_S)
         .await
         .unwrap()
         .unwrap();
@@ -828,7 +829,7 @@ async fn its_failure_writes_a_delivery_named_after_it(
     hooked: Uuid,
     claim: &store::Claim,
 ) -> String {
-    let failed = transitions::mark_failed(pool, hooked, claim.token, "broken")
+    let failed = transitions::fail(pool, Stage::Extraction, hooked, claim.token, "broken")
         .await
         .unwrap()
         .unwrap();
@@ -841,7 +842,7 @@ async fn its_failure_writes_a_delivery_named_after_it(
 /// delivery is the first job's. Returns the job's id.
 async fn a_failure_without_a_webhook_url_writes_none(pool: &PgPool) -> Uuid {
     let (plain, token) = running(pool).await;
-    let row = transitions::mark_failed(pool, plain, token, "broken")
+    let row = transitions::fail(pool, Stage::Extraction, plain, token, "broken")
         .await
         .unwrap()
         .unwrap();
@@ -953,7 +954,7 @@ async fn a_value_postgres_cannot_hold_fails_only_its_own_insert_in_a_batch(pool:
 /// A job of `tenant_id` with a webhook to `url`, failed: its delivery's id.
 async fn a_failed_job_of(pool: &PgPool, tenant_id: Uuid, url: &str) -> String {
     let (id, claim) = a_running_job_of(pool, tenant_id, url).await;
-    let failed = transitions::mark_failed(pool, id, claim.token, "broken")
+    let failed = transitions::fail(pool, Stage::Extraction, id, claim.token, "broken")
         .await
         .unwrap()
         .unwrap();

@@ -29,6 +29,7 @@ use super::procs::{Proc, ProcCost};
 use crate::demo::sample_requests;
 use docstream::config::{ExtractorSettings, Settings};
 use docstream::domain::ExtractionRequest;
+use docstream::bench_support;
 use docstream::pipeline;
 use docstream::roles;
 use docstream::store::{tenants, Extraction, NewExtraction};
@@ -272,7 +273,7 @@ async fn insert_backlog(
                 request: samples[i % samples.len()].request.clone(),
             };
             async move {
-                let submitted = pipeline::submit::insert(services, new).await?;
+                let submitted = bench_support::insert(services, new).await?;
                 progress.inc(1);
                 anyhow::Ok(submitted.extraction().clone())
             }
@@ -306,7 +307,7 @@ async fn spawn_stable_workers(
 /// Releases the backlog: publishes every job's created event at once.
 async fn publish_backlog(services: &pipeline::Services, rows: &[Extraction]) -> anyhow::Result<()> {
     stream::iter(rows)
-        .map(|row| pipeline::submit::publish_created(services, row))
+        .map(|row| bench_support::publish_created(services, row))
         .buffer_unordered(1024)
         .collect::<Vec<_>>()
         .await
@@ -399,9 +400,8 @@ pub(super) async fn start_pipeline(
     let (base, serve) = spawn_serve(rig)?;
     let mut procs = vec![serve];
     procs.extend(spawn_workers(rig, workers, bbox_workers)?);
-    let key = tenants::create_tenant_or_key(&rig.pool, "bench").await?;
     // The load is the point: no quota of the tenant's holds it back.
-    tenants::set_quota(&rig.pool, "bench", Some(Some(0.0)), None, Some(Some(0))).await?;
+    let key = crate::demo::unlimited_key(&rig.pool, "bench").await?;
     let client = crate::demo::api_client(&key.api_key)?;
     wait_healthy(&client, &base, &mut procs).await?;
     Ok((client, base, procs))

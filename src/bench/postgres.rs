@@ -1,5 +1,5 @@
 //! The Postgres ceiling: pgbench running docstream's own lifecycle statements
-//! (`store::lifecycle`: insert, claim, complete), each in its own transaction as
+//! (`bench_support::lifecycle`: insert, claim, complete), each in its own transaction as
 //! a one-commit-per-transition pipeline would, with one row per statement and
 //! with many. A lifecycle is one job inserted, claimed and completed.
 
@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 use tokio::process::Command;
 
-use docstream::store::lifecycle;
+use docstream::bench_support::lifecycle;
 
 /// One pgbench run.
 #[derive(Debug, Clone, Serialize)]

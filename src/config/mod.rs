@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{RequestLimits, ResultLimits};
+use crate::domain::{RequestLimits, ResultLimits, Stage};
 
 mod extractors;
 mod rules;
@@ -484,6 +484,23 @@ settings! {
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
 
+/// A stage's settings, as its workers, its reaper and its orphan statements
+/// use them (`Settings::stage`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageSettings {
+    /// Which stage.
+    pub stage: Stage,
+    /// How long a claim holds without a heartbeat; a claim past it is an
+    /// orphan (classes 2 and 5), and it is the least time between two
+    /// republishes of one running claim.
+    pub lease: Duration,
+    /// How long an unclaimed stage may wait without its event acknowledged
+    /// before it is an orphan (classes 1, 3 and 4).
+    pub orphan_after: Duration,
+    /// The topic whose records hand the stage to its workers, prefixed.
+    pub topic: String,
+}
+
 impl Settings {
     /// The bounds every intake checks a request against.
     pub fn request_limits(&self) -> RequestLimits {
@@ -499,6 +516,29 @@ impl Settings {
             metadata_bytes: self.max_metadata_bytes,
             json_depth: self.max_json_depth,
             url_bytes: self.max_url_bytes,
+        }
+    }
+
+    /// What `stage` is configured with: the one place each stage's lease,
+    /// orphan threshold and topic are read.
+    pub fn stage(&self, stage: Stage) -> StageSettings {
+        let (lease, orphan_after, topic) = match stage {
+            Stage::Extraction => (
+                self.extraction_run_lease_s,
+                self.queued_orphan_threshold_s,
+                &self.topic_submitted,
+            ),
+            Stage::BboxRefinement => (
+                self.bbox_refinement_lease_s,
+                self.post_processing_pending_orphan_threshold_s,
+                &self.topic_post_processing,
+            ),
+        };
+        StageSettings {
+            stage,
+            lease: lease.get(),
+            orphan_after: orphan_after.get(),
+            topic: self.topic(topic),
         }
     }
 

@@ -7,6 +7,7 @@ mod limits;
 pub mod pattern;
 mod request;
 mod retry;
+mod stage;
 mod state;
 mod tenant;
 
@@ -17,6 +18,7 @@ pub use request::{
     RULES_EXTRACTOR,
 };
 pub use retry::Backoff;
+pub use stage::{PerStage, Stage};
 pub use state::{BboxStatus, ExtractionStatus, Transition};
 pub use tenant::{
     key_hash, key_is_well_formed, new_webhook_secret, tenant_name_is_valid,

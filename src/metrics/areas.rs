@@ -1,6 +1,7 @@
-//! The metrics of each area of the pipeline, one struct per area, each
+//! The metrics of most areas of the pipeline, one struct per area, each
 //! registering its own series (and creating its fixed series at 0, see
-//! [`at_zero`]).
+//! [`at_zero`]). The census's and the extractors' structs live in `mod.rs`
+//! beside what only they use.
 
 use prometheus::{
     Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,

@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use super::persist::persist;
 use crate::admission::Admission;
-use crate::config::Settings;
+use crate::config::{Settings, StageSettings};
+use crate::domain::{PerStage, Stage};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::coalesce::Coalescer;
@@ -33,14 +34,11 @@ pub struct Batched {
     /// after a slow spell costs a few statements, not a pooled connection
     /// each.
     pub by_key: Coalescer<(Uuid, String), Option<Extraction>>,
-    /// `mark_running` for the extraction lease.
-    pub claim: Coalescer<Uuid, Option<Claim>>,
-    /// `mark_succeeded` with `start_bbox_refinement` (one statement).
-    pub succeed: Coalescer<Completion, Option<Extraction>>,
-    /// `mark_bbox_refinement_running` for the bbox lease.
-    pub bbox_claim: Coalescer<Uuid, Option<Claim>>,
-    /// `mark_bbox_refinement_succeeded`.
-    pub bbox_succeed: Coalescer<Completion, Option<Extraction>>,
+    /// Each stage's claim, for its lease.
+    pub claim: PerStage<Coalescer<Uuid, Option<Claim>>>,
+    /// Each stage's success (the extraction's with `start_bbox_refinement`,
+    /// in one statement).
+    pub succeed: PerStage<Coalescer<Completion, Option<Extraction>>>,
     /// The bbox request of a job was acknowledged.
     pub bbox_requested: Coalescer<Uuid, ()>,
 }
@@ -51,14 +49,13 @@ impl Batched {
     /// latency follows the database's pace.
     pub fn new(
         settings: &Settings,
+        stages: &PerStage<StageSettings>,
         pool: &PgPool,
         health: &Health,
         metrics: &Metrics,
         admission: &Admission,
     ) -> Self {
         let (max, concurrency) = (settings.db_batch_max, settings.db_batch_concurrency);
-        let extraction_lease_s = settings.extraction_run_lease_s.as_secs_f64();
-        let bbox_lease_s = settings.bbox_refinement_lease_s.as_secs_f64();
         macro_rules! batcher {
             (|$pool:ident, $inputs:ident| $statement:expr) => {{
                 let $pool = pool.clone();
@@ -67,7 +64,7 @@ impl Batched {
                     async move { $statement }
                 })
             }};
-            (persist $name:literal |$pool:ident, $inputs:ident| $statement:expr) => {{
+            (persist $name:expr, |$pool:ident, $inputs:ident| $statement:expr) => {{
                 let ($pool, health, metrics) = (pool.clone(), health.clone(), metrics.clone());
                 Coalescer::spawn(max, concurrency, move |$inputs| {
                     let ($pool, health, metrics) = ($pool.clone(), health.clone(), metrics.clone());
@@ -98,20 +95,19 @@ impl Batched {
                 })
             },
             by_key: batcher!(|pool, keys| store::by_keys(&pool, &keys).await),
-            claim: batcher!(|pool, ids| {
-                transitions::mark_running_many(&pool, &ids, extraction_lease_s).await
+            claim: PerStage::new(|stage| {
+                let lease_s = stages[stage].lease.as_secs_f64();
+                batcher!(|pool, ids| transitions::claim_many(&pool, stage, &ids, lease_s).await)
             }),
-            succeed: batcher!(persist "mark_succeeded" |pool, done| {
-                transitions::mark_succeeded_many(&pool, &done).await
+            succeed: PerStage::new(|stage| {
+                let name = stage.success_transition().as_str();
+                batcher!(persist name, |pool, done| {
+                    transitions::succeed_many(&pool, stage, &done).await
+                })
             }),
-            bbox_claim: batcher!(|pool, ids| {
-                transitions::mark_bbox_refinement_running_many(&pool, &ids, bbox_lease_s).await
-            }),
-            bbox_succeed: batcher!(persist "mark_bbox_refinement_succeeded" |pool, done| {
-                transitions::mark_bbox_refinement_succeeded_many(&pool, &done).await
-            }),
-            bbox_requested: batcher!(persist "record_bbox_request_published" |pool, ids| {
-                let stamped = orphans::record_bbox_request_published_many(&pool, &ids).await;
+            bbox_requested: batcher!(persist "record_bbox_request_published", |pool, ids| {
+                let stage = Stage::BboxRefinement;
+                let stamped = orphans::record_published_many(&pool, stage, &ids).await;
                 stamped.map(|()| vec![(); ids.len()])
             }),
         }

@@ -7,17 +7,19 @@ use tracing::Instrument;
 
 use uuid::Uuid;
 
-use super::lease::{hold, Held};
-use super::{decode_record, transient, Services, Stage};
-use crate::domain::{ExtractionRequest, Transition};
+use super::lease::Held;
+use super::{job_record, transient, Services};
+use crate::domain::{ExtractionRequest, Stage};
 use crate::events::{PostProcessingRequested, PublishReason};
 use crate::extract::{ground, ExtractionOutput};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
-use crate::store::transitions::{self, Completion};
-use crate::store::{leases, Claim};
-use crate::trace;
+use crate::store::transitions::Completion;
+use crate::store::Claim;
 use tokio_util::sync::CancellationToken;
+
+/// The stage this worker claims.
+const STAGE: Stage = Stage::BboxRefinement;
 
 /// The bbox worker's record handler.
 pub struct BboxWorker {
@@ -54,35 +56,30 @@ impl BboxWorker {
         grounded.await.map_err(|e| e.to_string())
     }
 
+    /// Completes claim `token` with the grounding, or fails it with why
+    /// there is none.
     async fn complete(
         &self,
-        id: Uuid,
-        token: i32,
+        claim: (Uuid, i32),
         grounded: Result<serde_json::Value, String>,
         reason: PublishReason,
     ) -> Result<(), HandlerError> {
         let services = &self.services;
-        let pool = &services.pool;
-        let (transition, completed) = match grounded {
+        let (id, token) = claim;
+        match grounded {
             Ok(result) => {
                 let completion = Completion { id, token, result };
-                let succeeded = services.batched.bbox_succeed.run(completion).await;
-                (
-                    Transition::MarkBboxRefinementSucceeded,
-                    succeeded.map_err(transient)?,
-                )
+                let succeeded = services.batched.succeed[STAGE].run(completion).await;
+                let transition = STAGE.success_transition();
+                let row = succeeded.map_err(transient)?;
+                let concluded = services.conclude(STAGE, transition, claim, row, reason);
+                concluded.await.map(drop)
             }
             Err(error) => {
-                let failed = || transitions::mark_bbox_refinement_failed(pool, id, token, &error);
-                let failed = services.persist("mark_bbox_refinement_failed", failed);
-                (Transition::MarkBboxRefinementFailed, failed.await?)
+                let failed = services.fail_claim(STAGE, claim, &error, reason);
+                failed.await.map(drop)
             }
-        };
-        let claim = (id, token);
-        services
-            .conclude(Stage::BboxRefinement, transition, claim, completed, reason)
-            .await?;
-        Ok(())
+        }
     }
 
     async fn ground_and_complete(
@@ -91,25 +88,15 @@ impl BboxWorker {
         reason: PublishReason,
     ) -> Result<(), HandlerError> {
         let services = &self.services;
-        let settings = &services.settings;
-        let (id, token) = (claim.extraction.id, claim.token);
-        let lease_s = settings.bbox_refinement_lease_s.as_secs_f64();
+        let claimed = (claim.extraction.id, claim.token);
         let started = Instant::now();
         let request = claim.extraction.request.take().map(|json| json.0);
         let work = Self::grounding(services, &claim, request);
-        let renew = || leases::renew_bbox_lease(&services.pool, id, token, lease_s);
-        let grounded = match hold(
-            work,
-            settings.heartbeat_interval_s.get(),
-            &services.health,
-            renew,
-        )
-        .await
-        {
+        let grounded = match services.hold_claim(STAGE, claimed, work).await {
             Held::Done(grounded) => grounded,
             // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
             Held::Lost | Held::CancelRequested => {
-                services.stale(Stage::BboxRefinement, id, token, "heartbeat");
+                services.stale(STAGE, claimed.0, claimed.1, "heartbeat");
                 return Ok(());
             }
         };
@@ -118,65 +105,17 @@ impl BboxWorker {
             .jobs
             .bbox_duration
             .observe(started.elapsed().as_secs_f64());
-        self.complete(id, token, grounded, reason).await
+        self.complete(claimed, grounded, reason).await
     }
 }
 
 impl RecordHandler for BboxWorker {
+    /// Claims the job's bbox refinement and grounds it, inside the job's span.
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
-        let (event, id) = decode_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
-        let span = trace::job_span(id, record.traceparent().as_ref());
-        self.work(event, id, stop).instrument(span).await
-    }
-}
-
-impl BboxWorker {
-    /// Claims job `id`'s bbox refinement and runs it, inside the job's span.
-    async fn work(
-        &self,
-        event: PostProcessingRequested,
-        id: Uuid,
-        stop: &CancellationToken,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        let try_claim = || services.batched.bbox_claim.run(id);
-        let Some(claim) = services
-            .claim_or_wait(Stage::BboxRefinement, id, stop, try_claim)
-            .await?
-        else {
-            tracing::debug!(reason = ?event.reason, "bbox refinement not claimed (finished, or another holder's)");
-            return Ok(());
-        };
-        let token = claim.token;
-        tracing::debug!(token, reason = ?event.reason, "bbox refinement claimed");
-        if let Some(recovery) = claim
-            .extraction
-            .bbox_refinement()
-            .and_then(|b| b.last_recovery_s)
-        {
-            services
-                .metrics
-                .jobs
-                .recovery
-                .with_label_values(&["bbox_refinement"])
-                .observe(recovery);
-        }
-        // The claim's event is acknowledged while the grounding runs (joined:
-        // queued first, and the record is delivered only once both are done).
-        let (emitted, grounded) = tokio::join!(
-            services.emit(
-                Transition::MarkBboxRefinementRunning,
-                &claim.extraction,
-                Some(token),
-                event.reason,
-            ),
-            self.ground_and_complete(claim, event.reason),
-        );
-        emitted?;
-        tracing::debug!(
-            outcome = if grounded.is_ok() { "done" } else { "failed" },
-            "bbox refinement ended"
-        );
-        grounded
+        let (event, id, span) = job_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
+        let reason = event.reason;
+        let ground = |claim| self.ground_and_complete(claim, reason);
+        let ran = self.services.run_claimed(STAGE, id, reason, stop, ground);
+        ran.instrument(span).await.map(drop)
     }
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{transient, Services, Stage};
 use crate::domain::{Backoff, Transition};
-use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
+use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::failpoints;
 use crate::kafka::HandlerError;
@@ -28,9 +28,7 @@ impl Services {
     ) -> Result<bool, HandlerError> {
         let result = serde_json::to_value(output).expect("extraction output serialises");
         let completion = Completion { id, token, result };
-        let succeeded = self
-            .batched
-            .succeed
+        let succeeded = self.batched.succeed[Stage::Extraction]
             .run(completion)
             .await
             .map_err(transient)?;
@@ -78,12 +76,8 @@ impl Services {
         id: Uuid,
         reason: PublishReason,
     ) -> Result<(), HandlerError> {
-        let topic = self.settings.topic(&self.settings.topic_post_processing);
-        let follow_up = PostProcessingRequested::bbox_refinement(id, reason);
-        self.publisher
-            .publish_job(&topic, id, &follow_up)
-            .await
-            .map_err(transient)?;
+        let handed_over = self.hand_over(Stage::BboxRefinement, id, reason).await;
+        handed_over.map_err(transient)?;
         self.batched.bbox_requested.run(id).await.map_err(transient)
     }
 
@@ -94,13 +88,8 @@ impl Services {
         error: &str,
         reason: PublishReason,
     ) -> Result<bool, HandlerError> {
-        let failed = || transitions::mark_failed(&self.pool, id, token, error);
-        let row = self.persist("mark_failed", failed).await?;
-        let transition = Transition::MarkFailed;
-        let row = self
-            .conclude(Stage::Extraction, transition, (id, token), row, reason)
-            .await?;
-        Ok(row.is_some())
+        self.fail_claim(Stage::Extraction, (id, token), error, reason)
+            .await
     }
 
     /// Requeues attempt `token` with a backoff, or fails the job once it has
@@ -169,13 +158,12 @@ async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
     {
         return;
     }
-    let topic = services.settings.topic(&services.settings.topic_submitted);
-    let event = ExtractionSubmitted::new(id, PublishReason::Retry);
-    if let Err(e) = services.publisher.publish_job(&topic, id, &event).await {
+    let stage = Stage::Extraction;
+    if let Err(e) = services.hand_over(stage, id, PublishReason::Retry).await {
         tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
         return;
     }
-    if let Err(e) = orphans::record_published(&services.pool, id).await {
+    if let Err(e) = orphans::record_published(&services.pool, stage, id).await {
         tracing::warn!(%id, error = %e, "retry publish not recorded; the reaper may republish it");
     }
 }

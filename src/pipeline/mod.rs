@@ -1,5 +1,12 @@
-//! The pipeline roles: the intake, the extraction worker and the bbox worker, each a
-//! [`RecordHandler`](crate::kafka::RecordHandler) run by the consumer runtime.
+//! Everything a job's records go through, behind the consumer roles that
+//! drive it: the Kafka intake (`intake`), the submit path shared with the API
+//! (`submit`, `stamps`), the two stages' workers (`worker`, `bbox_worker`)
+//! over what both do the same way (`stage`: claim, hold, fail, hand over),
+//! how an extraction attempt ends (`complete`), the batched statements of the
+//! hot path (`batched`, `persist`), the reapers that revive orphans
+//! (`reaper`) and the queue census (`census`). Each role is a
+//! [`RecordHandler`](crate::kafka::RecordHandler) run by the consumer
+//! runtime, on the [`Services`] its process assembled.
 //!
 //! Every role claims before it works (a duplicate delivery loses the claim and is
 //! skipped), completes with the claim's fencing token, and publishes one
@@ -14,14 +21,16 @@ mod intake;
 pub mod lease;
 mod persist;
 pub mod reaper;
+mod stage;
 mod stamps;
-pub mod submit;
+pub(crate) mod submit;
 mod worker;
 
 pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
 pub use intake::{release_held, Holding, Intake, API_KEY_HEADER, TENANT_HEADER};
 pub use reaper::{Kind as ReaperKind, Reaper, Sweep};
+pub use stage::RepublishError;
 pub use stamps::Stamps;
 pub use submit::{submit, submit_durably, DurableSubmitError};
 pub use worker::ExtractionWorker;
@@ -36,19 +45,18 @@ use uuid::Uuid;
 
 use crate::admission::{Admission, AdmissionSettings};
 use crate::auth::Authenticator;
-use crate::config::Settings;
-use crate::domain::{pattern, ExtractionRequest, Transition};
-use crate::events::{
-    decode, Event, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested, PublishReason,
-};
+use crate::config::{Settings, StageSettings};
+pub use crate::domain::Stage;
+use crate::domain::{pattern, ExtractionRequest, PerStage, Transition};
+use crate::events::{decode, Event, ExtractionEvent, PublishReason};
 use crate::extract::{CpuPool, Deadline, Extractors};
 use crate::failpoints;
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
-use crate::kafka::{ConsumerSpec, HandlerError, PublishError, Publisher, Record, RecordHandler};
+use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::quota::{FailedAuthentications, SubmitRates};
-use crate::store::{leases, orphans, Claim, Extraction, StoreError};
+use crate::store::{Extraction, StoreError};
 use crate::webhook::Webhooks;
 
 /// What every role shares: a handle on one [`Parts`]. Each request, record
@@ -68,6 +76,8 @@ impl Deref for Services {
 pub struct Parts {
     /// Settings of this process.
     pub settings: Arc<Settings>,
+    /// Each stage's settings (`Settings::stage`).
+    pub stages: PerStage<StageSettings>,
     /// Postgres pool.
     pub pool: PgPool,
     /// The process's producer.
@@ -110,7 +120,8 @@ impl Services {
         health: Health,
     ) -> Result<Self, reqwest::Error> {
         let admission = Admission::new(AdmissionSettings::of(&settings));
-        let batched = Batched::new(&settings, &pool, &health, &metrics, &admission);
+        let stages = PerStage::new(|stage| settings.stage(stage));
+        let batched = Batched::new(&settings, &stages, &pool, &health, &metrics, &admission);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
         let cpu = CpuPool::new(settings.extraction_threads);
@@ -120,6 +131,7 @@ impl Services {
         let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
         Ok(Self(Arc::new(Parts {
             settings: Arc::new(settings),
+            stages,
             pool,
             publisher,
             metrics,
@@ -227,90 +239,6 @@ impl Services {
         persisted.await.map_err(transient)
     }
 
-    /// Work under a claim that is no longer ours, found at a heartbeat or at
-    /// completion: dropped and counted.
-    fn stale(&self, stage: Stage, id: Uuid, token: i32, at: &'static str) {
-        let labels = [stage.as_str(), at];
-        self.metrics
-            .jobs
-            .stale_completions
-            .with_label_values(&labels)
-            .inc();
-        tracing::warn!(%id, token, stage = stage.as_str(), at, "stale holder: the claim was taken over; work dropped");
-    }
-
-    /// Claims with `try_claim`. When another holder's lease is live, waits for it
-    /// heartbeat by heartbeat, for up to two leases: a record redelivered after
-    /// its holder died (its partition moved on) then takes the job over as soon
-    /// as the lease expires, without waiting behind the backlog for a reaper's
-    /// republish. `None` is a duplicate delivery to skip; an event for a row that
-    /// does not exist is poison. `stop` (revoke, shutdown) ends the wait with the
-    /// record undelivered.
-    async fn claim_or_wait<F, Fut, E>(
-        &self,
-        stage: Stage,
-        id: Uuid,
-        stop: &CancellationToken,
-        mut try_claim: F,
-    ) -> Result<Option<Claim>, HandlerError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Option<Claim>, E>>,
-        E: std::fmt::Display,
-    {
-        let settings = &self.settings;
-        let lease_s = match stage {
-            Stage::Extraction => settings.extraction_run_lease_s,
-            Stage::BboxRefinement => settings.bbox_refinement_lease_s,
-        };
-        let give_up = tokio::time::Instant::now() + lease_s.get() * 2;
-        loop {
-            let claim = try_claim().await.map_err(transient)?;
-            if claim.is_some() {
-                self.metrics.transition(stage.claim_transition(), &claim);
-                return Ok(claim);
-            }
-            let live = match stage {
-                Stage::Extraction => leases::extraction_claim_is_live(&self.pool, id).await,
-                Stage::BboxRefinement => leases::bbox_claim_is_live(&self.pool, id).await,
-            };
-            match live.map_err(transient)? {
-                None => {
-                    return Err(HandlerError::Poison {
-                        kind: "missing_row",
-                        reason: format!("no extraction {id}"),
-                    })
-                }
-                // Stopping (revoke or shutdown) ends the wait undelivered: the
-                // record is not committed, and the partition's next owner waits
-                // for the lease in our place (its holder may be dead).
-                Some(true) if stop.is_cancelled() => {
-                    return Err(HandlerError::Transient(format!(
-                        "stopped while {id} was held under a live lease; left for the next owner"
-                    )));
-                }
-                Some(true) if tokio::time::Instant::now() < give_up => {
-                    tokio::select! {
-                        _ = stop.cancelled() => {}
-                        _ = tokio::time::sleep(settings.heartbeat_interval_s.get()) => {}
-                    }
-                }
-                // The holder has kept its lease for two leases: it is alive and
-                // owns the job; this delivery is a duplicate.
-                Some(_) => {
-                    self.metrics.transition(stage.claim_transition(), &claim);
-                    self.metrics
-                        .jobs
-                        .claim_losers
-                        .with_label_values(&[stage.as_str()])
-                        .inc();
-                    tracing::debug!(%id, stage = stage.as_str(), "claim lost; delivery skipped");
-                    return Ok(None);
-                }
-            }
-        }
-    }
-
     /// Runs `handler` on `topic` as a member of `group` until `shutdown`.
     pub async fn consume<H: RecordHandler>(
         &self,
@@ -362,73 +290,15 @@ impl Services {
     }
 }
 
-/// Why a republish did not fully happen.
-#[derive(Debug, thiserror::Error)]
-pub enum RepublishError {
-    /// The event was not acknowledged: nothing changed, try again later.
-    #[error("republish failed: {0}")]
-    Publish(#[from] PublishError),
-    /// The event went out, but its stamp was not written: the job may be
-    /// republished again before its threshold (harmless, since claims are
-    /// atomic).
-    #[error("republished, but not recorded: {0}")]
-    Record(#[from] StoreError),
-}
-
-impl Services {
-    /// Publishes again the event that hands job `id`'s `stage` to its
-    /// workers (`extraction.submitted`, or the bbox request), with `reason`,
-    /// and once the broker acknowledged it stamps the row as republished.
-    /// The reapers and `docstream reclaim` revive jobs through here.
-    pub async fn republish(
-        &self,
-        stage: Stage,
-        id: Uuid,
-        reason: PublishReason,
-    ) -> Result<(), RepublishError> {
-        let settings = &self.settings;
-        match stage {
-            Stage::Extraction => {
-                let topic = settings.topic(&settings.topic_submitted);
-                let event = ExtractionSubmitted::new(id, reason);
-                self.publisher.publish_job(&topic, id, &event).await?;
-                orphans::record_published(&self.pool, id).await?;
-            }
-            Stage::BboxRefinement => {
-                let topic = settings.topic(&settings.topic_post_processing);
-                let event = PostProcessingRequested::bbox_refinement(id, reason);
-                self.publisher.publish_job(&topic, id, &event).await?;
-                orphans::record_bbox_request_published(&self.pool, id).await?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The two claimable stages of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// The extraction itself.
-    Extraction,
-    /// Its bbox refinement.
-    BboxRefinement,
-}
-
-impl Stage {
-    /// Label for metrics and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Extraction => "extraction",
-            Self::BboxRefinement => "bbox_refinement",
-        }
-    }
-
-    fn claim_transition(self) -> Transition {
-        match self {
-            Self::Extraction => Transition::MarkRunning,
-            Self::BboxRefinement => Transition::MarkBboxRefinementRunning,
-        }
-    }
+/// Decodes a job's record: its event `E`, the job's id, and the job's span
+/// (continuing the record's trace). A record that does not decode is poison.
+fn job_record<E: Event>(
+    record: &Record,
+    id_of: impl Fn(&E) -> &str,
+) -> Result<(E, Uuid, tracing::Span), HandlerError> {
+    let (event, id) = decode_record(record, id_of)?;
+    let span = crate::trace::job_span(id, record.traceparent().as_ref());
+    Ok((event, id, span))
 }
 
 /// Decodes a record's value as `E` and its extraction id; failures are poison.

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::domain::Stage;
 use crate::store::orphans;
 
 /// The most ids one stamp statement carries.
@@ -109,7 +110,7 @@ async fn stamp(pool: &PgPool, pending: &mut VecDeque<(Instant, Uuid)>, until: Op
         ids.push(id);
         pending.pop_front();
     }
-    if let Err(e) = orphans::record_published_many(pool, &ids).await {
+    if let Err(e) = orphans::record_published_many(pool, Stage::Extraction, &ids).await {
         tracing::warn!(jobs = ids.len(), error = %e, "publishes not recorded; the reaper may republish them");
     }
 }

@@ -115,7 +115,8 @@ pub async fn submit_durably(
 }
 
 /// The first half of a submit: the checks and the insert, nothing published.
-/// (The benchmark queues a backlog this way before it releases the events.)
+/// The benchmark queues a backlog this way before it releases the events
+/// (`docstream::bench_support`).
 pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
     known_extractor(services, new.request.extractor_name())?;
     if let Some(url) = &new.request.webhook_url {

@@ -19,9 +19,9 @@ use tracing::Instrument;
 
 use uuid::Uuid;
 
-use super::lease::{hold, Held};
-use super::{decode_record, transient, Services, Stage};
-use crate::domain::{BboxStatus, ExtractionStatus, Transition};
+use super::lease::Held;
+use super::{job_record, transient, Services};
+use crate::domain::{BboxStatus, ExtractionStatus, Stage};
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::extract::deferred::Callback;
 use crate::extract::{ExtractError, Extracted, ExtractionOutput, Job};
@@ -29,8 +29,10 @@ use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::leases::Renewed;
 use crate::store::{self, leases, Claim};
-use crate::trace;
 use tokio_util::sync::CancellationToken;
+
+/// The stage this worker claims.
+const STAGE: Stage = Stage::Extraction;
 
 /// The extraction worker's record handler.
 pub struct ExtractionWorker {
@@ -81,12 +83,6 @@ impl ExtractionWorker {
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
         let (id, token) = (claim.extraction.id, claim.token);
-        if let Some(recovery) = claim.extraction.last_recovery_s {
-            let recoveries = &self.services.metrics.jobs.recovery;
-            recoveries
-                .with_label_values(&["extraction"])
-                .observe(recovery);
-        }
         if claim.extraction.cancel_requested_at.is_some() {
             return self.cancel(id, token, reason).await;
         }
@@ -111,8 +107,7 @@ impl ExtractionWorker {
         let started = Instant::now();
         let attempt = match self.extract_held(id, token, &request, stop).await {
             Held::Lost => {
-                self.services
-                    .stale(Stage::Extraction, id, token, "heartbeat");
+                self.services.stale(STAGE, id, token, "heartbeat");
                 return Ok(());
             }
             // Dropping the work closed its call: the provider sees the close.
@@ -155,11 +150,7 @@ impl ExtractionWorker {
             stop,
             settings.extraction_drain_budget(),
         );
-        let pool = &self.services.pool;
-        let lease_s = settings.extraction_run_lease_s.as_secs_f64();
-        let renew = || leases::renew_extraction_lease(pool, id, token, lease_s);
-        let health = &self.services.health;
-        hold(work, settings.heartbeat_interval_s.get(), health, renew).await
+        self.services.hold_claim(STAGE, (id, token), work).await
     }
 
     /// Makes an attempt's outcome durable: success, deferral, retry or failure.
@@ -208,8 +199,8 @@ impl ExtractionWorker {
         // revive the job before its result had a chance to arrive.
         let deadline_s = deadline
             .as_secs_f64()
-            .max(services.settings.extraction_run_lease_s.as_secs_f64());
-        let held = leases::renew_extraction_lease(&services.pool, id, token, deadline_s)
+            .max(services.stage(STAGE).lease.as_secs_f64());
+        let held = leases::renew(&services.pool, STAGE, id, token, deadline_s)
             .await
             .map_err(transient)?;
         match held {
@@ -234,7 +225,7 @@ impl ExtractionWorker {
                     true => {
                         tracing::debug!(%id, token, "deferred result arrived before the deferral")
                     }
-                    false => services.stale(Stage::Extraction, id, token, "completion"),
+                    false => services.stale(STAGE, id, token, "completion"),
                 }
                 Ok(answered)
             }
@@ -257,7 +248,7 @@ impl ExtractionWorker {
     /// instead of waiting for the lease, and the record is left undelivered
     /// (not committed). Like a crash, the claim counts as an attempt.
     async fn release(&self, id: Uuid, token: i32) -> Result<(), HandlerError> {
-        let released = leases::release_extraction_lease(&self.services.pool, id, token).await;
+        let released = leases::release(&self.services.pool, STAGE, id, token).await;
         if let Err(e) = released {
             tracing::warn!(%id, token, error = %e, "claim not released; it ends with its lease");
         }
@@ -281,8 +272,8 @@ impl ExtractionWorker {
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
         let settings = &self.services.settings;
-        let give_up =
-            tokio::time::Instant::now() + settings.post_processing_pending_orphan_threshold_s.get();
+        let threshold = self.services.stage(Stage::BboxRefinement).orphan_after;
+        let give_up = tokio::time::Instant::now() + threshold;
         loop {
             let row = store::get(&self.services.pool, id)
                 .await
@@ -330,49 +321,19 @@ async fn within_drain<T>(
 }
 
 impl RecordHandler for ExtractionWorker {
+    /// Claims the job and runs its attempt, inside the job's span; a delivery
+    /// that did not claim makes sure the job's follow-up is durable.
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
-        let (event, id) = decode_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
-        let span = trace::job_span(id, record.traceparent().as_ref());
-        self.work(event, id, stop).instrument(span).await
-    }
-}
-
-impl ExtractionWorker {
-    /// Claims job `id` and runs its attempt, inside the job's span.
-    async fn work(
-        &self,
-        event: ExtractionSubmitted,
-        id: Uuid,
-        stop: &CancellationToken,
-    ) -> Result<(), HandlerError> {
-        let services = &self.services;
-        let try_claim = || services.batched.claim.run(id);
-        let Some(claim) = services
-            .claim_or_wait(Stage::Extraction, id, stop, try_claim)
-            .await?
-        else {
-            tracing::debug!(reason = ?event.reason, "not claimed (finished, or another holder's)");
-            return self.finish_follow_up(id, event.reason, stop).await;
-        };
-        tracing::debug!(token = claim.token, reason = ?event.reason, "claimed");
-        // The claim's event is acknowledged while the work runs: joined, so it
-        // is queued (in order) before anything the work publishes, and the
-        // record is delivered only once both are done.
-        let token = Some(claim.token);
-        let (emitted, ran) = tokio::join!(
-            services.emit(
-                Transition::MarkRunning,
-                &claim.extraction,
-                token,
-                event.reason
-            ),
-            self.run_claim(claim, event.reason, stop),
-        );
-        emitted?;
-        tracing::debug!(
-            outcome = if ran.is_ok() { "done" } else { "failed" },
-            "attempt ended"
-        );
-        ran
+        let (event, id, span) = job_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
+        let reason = event.reason;
+        let run = |claim| self.run_claim(claim, reason, stop);
+        let claimed = self.services.run_claimed(STAGE, id, reason, stop, run);
+        match claimed.instrument(span.clone()).await? {
+            true => Ok(()),
+            false => {
+                let follow_up = self.finish_follow_up(id, reason, stop);
+                follow_up.instrument(span).await
+            }
+        }
     }
 }

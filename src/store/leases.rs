@@ -6,6 +6,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::domain::Stage;
 
 /// What the holder learns from a renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,55 +15,44 @@ pub struct Renewed {
     pub cancel_requested: bool,
 }
 
-const RENEW_EXTRACTION: &str = "UPDATE extractions
-        SET lease_expires_at = now() + make_interval(secs => $3)
-      WHERE id = $1 AND status = 'running' AND attempts = $2
-  RETURNING cancel_requested_at IS NOT NULL";
+/// A stage's lease statements: the renewal (`$1` id, `$2` token, `$3`
+/// seconds), which also says whether a cancel was requested (the bbox
+/// refinement has no cancel of its own), and whether a live lease holds it.
+struct Statements {
+    renew: &'static str,
+    is_live: &'static str,
+}
 
-const RENEW_BBOX: &str = "UPDATE extractions
-        SET bbox_lease_expires_at = now() + make_interval(secs => $3)
-      WHERE id = $1 AND bbox_status = 'running' AND bbox_attempts = $2
-  RETURNING false";
+fn statements(stage: Stage) -> Statements {
+    match stage {
+        Stage::Extraction => Statements {
+            renew: "UPDATE extractions
+                       SET lease_expires_at = now() + make_interval(secs => $3)
+                     WHERE id = $1 AND status = 'running' AND attempts = $2
+                 RETURNING cancel_requested_at IS NOT NULL",
+            is_live: "SELECT COALESCE(status = 'running' AND lease_expires_at >= now(), false)
+                        FROM extractions WHERE id = $1",
+        },
+        Stage::BboxRefinement => Statements {
+            renew: "UPDATE extractions
+                       SET bbox_lease_expires_at = now() + make_interval(secs => $3)
+                     WHERE id = $1 AND bbox_status = 'running' AND bbox_attempts = $2
+                 RETURNING false",
+            is_live: "SELECT COALESCE(bbox_status = 'running' AND bbox_lease_expires_at >= now(), false)
+                        FROM extractions WHERE id = $1",
+        },
+    }
+}
 
-/// Extends claim `token` on extraction `id` to `lease_s` seconds from now.
-pub async fn renew_extraction_lease<'e>(
+/// Extends claim `token` of `stage` on job `id` to `lease_s` seconds from now.
+pub async fn renew<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
     token: i32,
     lease_s: f64,
 ) -> Result<Option<Renewed>, StoreError> {
-    renew(executor, RENEW_EXTRACTION, id, token, lease_s).await
-}
-
-/// Ends claim `token` on extraction `id` now, without a transition: its holder
-/// gives the work up (a drain ran out) and the next claim need not wait for the
-/// lease. `None` when the claim was no longer held.
-pub async fn release_extraction_lease<'e>(
-    executor: impl PgExecutor<'e>,
-    id: Uuid,
-    token: i32,
-) -> Result<Option<Renewed>, StoreError> {
-    renew(executor, RENEW_EXTRACTION, id, token, 0.0).await
-}
-
-/// Extends bbox claim `token` on extraction `id` to `lease_s` seconds from now.
-pub async fn renew_bbox_lease<'e>(
-    executor: impl PgExecutor<'e>,
-    id: Uuid,
-    token: i32,
-    lease_s: f64,
-) -> Result<Option<Renewed>, StoreError> {
-    renew(executor, RENEW_BBOX, id, token, lease_s).await
-}
-
-async fn renew<'e>(
-    executor: impl PgExecutor<'e>,
-    sql: &'static str,
-    id: Uuid,
-    token: i32,
-    lease_s: f64,
-) -> Result<Option<Renewed>, StoreError> {
-    let cancel_requested: Option<bool> = sqlx::query_scalar(sql)
+    let cancel_requested: Option<bool> = sqlx::query_scalar(statements(stage).renew)
         .bind(id)
         .bind(token)
         .bind(lease_s)
@@ -71,33 +61,28 @@ async fn renew<'e>(
     Ok(cancel_requested.map(|cancel_requested| Renewed { cancel_requested }))
 }
 
-/// Whether job `id`'s extraction is held under a live lease right now (database
-/// clock); `None` when the job does not exist.
-pub async fn extraction_claim_is_live<'e>(
+/// Ends claim `token` of `stage` on job `id` now, without a transition: its
+/// holder gives the work up (a drain ran out) and the next claim need not wait
+/// for the lease. `None` when the claim was no longer held.
+pub async fn release<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
-) -> Result<Option<bool>, StoreError> {
-    let live = sqlx::query_scalar(
-        "SELECT COALESCE(status = 'running' AND lease_expires_at >= now(), false)
-           FROM extractions WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(executor)
-    .await?;
-    Ok(live)
+    token: i32,
+) -> Result<Option<Renewed>, StoreError> {
+    renew(executor, stage, id, token, 0.0).await
 }
 
-/// Whether job `id`'s bbox refinement is held under a live lease right now.
-pub async fn bbox_claim_is_live<'e>(
+/// Whether job `id`'s `stage` is held under a live lease right now (database
+/// clock); `None` when the job does not exist.
+pub async fn claim_is_live<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
 ) -> Result<Option<bool>, StoreError> {
-    let live = sqlx::query_scalar(
-        "SELECT COALESCE(bbox_status = 'running' AND bbox_lease_expires_at >= now(), false)
-           FROM extractions WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(executor)
-    .await?;
+    let live = sqlx::query_scalar(statements(stage).is_live)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
     Ok(live)
 }

@@ -13,24 +13,13 @@ pub mod held;
 pub mod leases;
 pub mod orphans;
 mod row;
-mod submit;
+pub(crate) mod submit;
 pub mod tenants;
 pub mod transitions;
 pub mod webhooks;
 
 pub use row::{BboxRefinement, Claim, Extraction};
 
-/// The statements of a job's life in the store, as the benchmark's Postgres
-/// ceiling runs them: insert (`$1` ids, `$2` keys, `$3` hashes, `$4` requests
-/// as JSON text, `$5` whether each names a webhook, `$6` tenants, `$7` their
-/// caps on open jobs or NULL), claim (`$1` ids, `$2`
-/// lease seconds), complete (`$1` ids, `$2` tokens, `$3` results as JSON
-/// text). Each takes arrays: one row per statement or many. Public so the
-/// benchmark measures the statements the pipeline runs, not a copy of them.
-pub mod lifecycle {
-    pub use super::submit::INSERT;
-    pub use super::transitions::{MARK_RUNNING as CLAIM, MARK_SUCCEEDED as COMPLETE};
-}
 pub use submit::{
     by_keys, insert_each, insert_many, request_hash, submit, submit_with, Insert, NewExtraction,
     Refusal, SubmitError, Submitted,

@@ -3,21 +3,22 @@
 //!
 //! An event that the broker acknowledged is not lost: the consumer groups commit
 //! offsets only after delivery, so it will be consumed. Each publisher therefore
-//! stamps the row once its event is acknowledged ([`record_published`],
-//! [`record_bbox_request_published`]; a new job's stamp is written late and
-//! in bulk, see `pipeline::stamps`), and a queued job or pending bbox
-//! refinement without that stamp, past its threshold, is an orphan (classes 1,
-//! 3, 4). A job that waits in a legitimate backlog has its stamp and is left
-//! alone. A running claim is an orphan once its lease expired (classes 2, 5).
+//! stamps the row once its event is acknowledged ([`record_published`]; a new
+//! job's stamp is written late and in bulk, see `pipeline::stamps`), and a
+//! queued job or pending bbox refinement without that stamp, past its
+//! threshold, is an orphan (classes 1, 3, 4). A job that waits in a legitimate
+//! backlog has its stamp and is left alone. A running claim is an orphan once
+//! its lease expired (classes 2, 5).
 //!
-//! The reapers call [`take_extraction_orphans`] and [`take_bbox_orphans`]: one
-//! statement each that finds the orphans, stamps them as republished, and returns
-//! them, so a row is handed out at most once per threshold however many reapers
-//! sweep (rows locked by a concurrent sweep are skipped). The stamp also records
-//! since when the row was an orphan; the claim that recovers it turns that into
-//! the recovery time.
+//! The reapers call [`take`], one stage each: one statement that finds the
+//! orphans, stamps them as republished, and returns them, so a row is handed
+//! out at most once per threshold however many reapers sweep (rows locked by
+//! a concurrent sweep are skipped). The stamp also records since when the row
+//! was an orphan; the claim that recovers it turns that into the recovery
+//! time.
 
 use crate::config::Settings;
+use crate::domain::Stage;
 use serde::Serialize;
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -46,14 +47,22 @@ pub struct Thresholds {
 impl Thresholds {
     /// The thresholds `settings` give, as the reapers and `docstream orphans` use them.
     pub fn of(settings: &Settings) -> Self {
+        let extraction = settings.stage(Stage::Extraction);
+        let bbox = settings.stage(Stage::BboxRefinement);
         Self {
-            queued_s: settings.queued_orphan_threshold_s.as_secs_f64(),
-            run_lease_s: settings.extraction_run_lease_s.as_secs_f64(),
-            post_processing_pending_s: settings
-                .post_processing_pending_orphan_threshold_s
-                .as_secs_f64(),
-            bbox_lease_s: settings.bbox_refinement_lease_s.as_secs_f64(),
+            queued_s: extraction.orphan_after.as_secs_f64(),
+            run_lease_s: extraction.lease.as_secs_f64(),
+            post_processing_pending_s: bbox.orphan_after.as_secs_f64(),
+            bbox_lease_s: bbox.lease.as_secs_f64(),
             webhook_pending_s: settings.webhook_orphan_threshold_s.as_secs_f64(),
+        }
+    }
+
+    /// `stage`'s pending threshold and lease, in seconds.
+    fn of_stage(self, stage: Stage) -> (f64, f64) {
+        match stage {
+            Stage::Extraction => (self.queued_s, self.run_lease_s),
+            Stage::BboxRefinement => (self.post_processing_pending_s, self.bbox_lease_s),
         }
     }
 }
@@ -191,41 +200,35 @@ macro_rules! bbox_orphans {
     };
 }
 
-// A take skips the rows republished within their class's threshold, and
-// stamps those it takes.
-const TAKE_EXTRACTION_ORPHANS: &str = concat!(
-    "WITH found AS (",
-    extraction_orphans!("$1"),
-    "
-       AND (republished_at IS NULL
-            OR republished_at < now() - make_interval(secs =>
-                   CASE WHEN status = 'running' THEN $2 ELSE $1 END))
+/// A stage's take: its orphans (`$found`, over `$1` the pending threshold)
+/// less the rows republished within their class's threshold (`$2` the lease
+/// for a running claim), up to `$3`; it stamps those it takes. `$prefix` is
+/// the stage's column prefix (`bbox_` for the bbox refinement).
+macro_rules! take_orphans {
+    ($found:expr, $prefix:literal) => {
+        concat!(
+            "WITH found AS (",
+            $found,
+            "
+       AND (", $prefix, "republished_at IS NULL
+            OR ", $prefix, "republished_at < now() - make_interval(secs =>
+                   CASE WHEN ", $prefix, "status = 'running' THEN $2 ELSE $1 END))
      ORDER BY since
      LIMIT $3
        FOR UPDATE SKIP LOCKED)
 UPDATE extractions e
-   SET republished_at = now(), orphaned_at = COALESCE(e.orphaned_at, found.since)
+   SET ", $prefix, "republished_at = now(),
+       ", $prefix, "orphaned_at = COALESCE(e.", $prefix, "orphaned_at, found.since)
   FROM found
  WHERE e.id = found.id
 RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
-);
+        )
+    };
+}
 
-const TAKE_BBOX_ORPHANS: &str = concat!(
-    "WITH found AS (",
-    bbox_orphans!("$1"),
-    "
-       AND (bbox_republished_at IS NULL
-            OR bbox_republished_at < now() - make_interval(secs =>
-                   CASE WHEN bbox_status = 'running' THEN $2 ELSE $1 END))
-     ORDER BY since
-     LIMIT $3
-       FOR UPDATE SKIP LOCKED)
-UPDATE extractions e
-   SET bbox_republished_at = now(), bbox_orphaned_at = COALESCE(e.bbox_orphaned_at, found.since)
-  FROM found
- WHERE e.id = found.id
-RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
-);
+const TAKE_EXTRACTION_ORPHANS: &str = take_orphans!(extraction_orphans!("$1"), "");
+
+const TAKE_BBOX_ORPHANS: &str = take_orphans!(bbox_orphans!("$1"), "bbox_");
 
 /// Every orphan of the six classes with since when it is one: `$1`, `$2` and
 /// `$3` are the queued, post-processing and webhook thresholds.
@@ -266,30 +269,22 @@ const COUNT_ORPHANS: &str = concat!(
  ORDER BY class"
 );
 
-/// Takes up to `limit` extraction orphans (classes 1–3) for republishing.
-pub async fn take_extraction_orphans<'e>(
+/// Takes up to `limit` orphans of `stage` (classes 1–3 of the extraction,
+/// 4–5 of the bbox refinement) for republishing.
+pub async fn take<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     thresholds: Thresholds,
     limit: i64,
 ) -> Result<Vec<Orphan>, StoreError> {
-    let rows = sqlx::query_as::<_, Orphan>(TAKE_EXTRACTION_ORPHANS)
-        .bind(thresholds.queued_s)
-        .bind(thresholds.run_lease_s)
-        .bind(limit)
-        .fetch_all(executor)
-        .await?;
-    Ok(rows)
-}
-
-/// Takes up to `limit` bbox orphans (classes 4–5) for republishing.
-pub async fn take_bbox_orphans<'e>(
-    executor: impl PgExecutor<'e>,
-    thresholds: Thresholds,
-    limit: i64,
-) -> Result<Vec<Orphan>, StoreError> {
-    let rows = sqlx::query_as::<_, Orphan>(TAKE_BBOX_ORPHANS)
-        .bind(thresholds.post_processing_pending_s)
-        .bind(thresholds.bbox_lease_s)
+    let (pending_s, lease_s) = thresholds.of_stage(stage);
+    let take = match stage {
+        Stage::Extraction => TAKE_EXTRACTION_ORPHANS,
+        Stage::BboxRefinement => TAKE_BBOX_ORPHANS,
+    };
+    let rows = sqlx::query_as::<_, Orphan>(take)
+        .bind(pending_s)
+        .bind(lease_s)
         .bind(limit)
         .fetch_all(executor)
         .await?;
@@ -341,7 +336,9 @@ pub async fn count_open<'e>(
     Ok(rows)
 }
 
-/// Records that the event of queued job `id`'s current attempt was acknowledged.
+/// Records that the event handing job `id`'s `stage` to its workers was
+/// acknowledged: `extraction.submitted` of a queued job's current attempt, or
+/// the bbox refinement's request.
 ///
 /// A stamp never waits for a row another transaction holds: that holder is
 /// almost always the claim the acknowledged event just caused, after which the
@@ -351,17 +348,27 @@ pub async fn count_open<'e>(
 /// behind the claims of its batch (and the claims behind the stamps).
 pub async fn record_published<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
 ) -> Result<(), StoreError> {
-    record_published_many(executor, &[id]).await
+    record_published_many(executor, stage, &[id]).await
 }
 
-/// [`record_published`] for many jobs in one statement.
+/// [`record_published`] for many jobs in one statement, in lock order.
 pub async fn record_published_many<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     ids: &[Uuid],
 ) -> Result<(), StoreError> {
-    stamp(executor, STAMP_PUBLISHED, ids).await
+    let stamp = match stage {
+        Stage::Extraction => STAMP_PUBLISHED,
+        Stage::BboxRefinement => STAMP_BBOX_REQUEST_PUBLISHED,
+    };
+    sqlx::query(stamp)
+        .bind(transitions::in_lock_order(ids))
+        .execute(executor)
+        .await?;
+    Ok(())
 }
 
 const STAMP_PUBLISHED: &str = "WITH unstamped AS (
@@ -380,44 +387,6 @@ const STAMP_BBOX_REQUEST_PUBLISHED: &str = "WITH unstamped AS (
      UPDATE extractions SET bbox_published_at = now()
        FROM unstamped WHERE extractions.id = unstamped.id";
 
-/// Runs one of the stamps over `ids`, in lock order.
-async fn stamp<'e>(
-    executor: impl PgExecutor<'e>,
-    sql: &'static str,
-    ids: &[Uuid],
-) -> Result<(), StoreError> {
-    sqlx::query(sql)
-        .bind(transitions::in_lock_order(ids))
-        .execute(executor)
-        .await?;
-    Ok(())
-}
-
-/// Records that the bbox refinement request of job `id` was acknowledged.
-pub async fn record_bbox_request_published<'e>(
-    executor: impl PgExecutor<'e>,
-    id: Uuid,
-) -> Result<(), StoreError> {
-    record_bbox_request_published_many(executor, &[id]).await
-}
-
-/// [`record_bbox_request_published`] for many jobs in one statement.
-pub async fn record_bbox_request_published_many<'e>(
-    executor: impl PgExecutor<'e>,
-    ids: &[Uuid],
-) -> Result<(), StoreError> {
-    stamp(executor, STAMP_BBOX_REQUEST_PUBLISHED, ids).await
-}
-
-/// Which stage an operator's reclaim handed back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reclaimed {
-    /// The extraction is claimable now; publish `extraction.submitted`.
-    Extraction,
-    /// The bbox refinement is claimable now; publish the post-processing request.
-    BboxRefinement,
-}
-
 // Expires a live lease (the holder is fenced out by its token) and makes a
 // delayed retry due now, so the next event for the job is claimed at once.
 const RECLAIM: &str = "
@@ -432,18 +401,18 @@ UPDATE extractions
    AND (status IN ('queued', 'running') OR bbox_status IN ('pending', 'running'))
 RETURNING status";
 
-/// Makes job `id` claimable now, whatever holds it; `None` when it has nothing
-/// left to do (terminal, or unknown).
+/// Makes job `id` claimable now, whatever holds it, and says which stage to
+/// hand it to; `None` when it has nothing left to do (terminal, or unknown).
 pub async fn reclaim<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
-) -> Result<Option<Reclaimed>, StoreError> {
+) -> Result<Option<Stage>, StoreError> {
     let status: Option<String> = sqlx::query_scalar(RECLAIM)
         .bind(id)
         .fetch_optional(executor)
         .await?;
     Ok(status.map(|s| match s.as_str() {
-        "succeeded" => Reclaimed::BboxRefinement,
-        _ => Reclaimed::Extraction,
+        "succeeded" => Stage::BboxRefinement,
+        _ => Stage::Extraction,
     }))
 }

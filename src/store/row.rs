@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus};
+use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus, Stage};
 
 /// One job: the row of `extractions`, with the columns of its side tables
 /// (`extraction_requests`, `extraction_results`) when the statement that read
@@ -124,6 +124,15 @@ impl Extraction {
     /// The submitted request, when the statement that read the row returned it.
     pub fn request(&self) -> Option<&ExtractionRequest> {
         self.request.as_ref().map(|r| &r.0)
+    }
+
+    /// Seconds from when `stage` was orphaned (or its lease expired) to the
+    /// claim that read this row, when that claim recovered it.
+    pub fn recovery_s(&self, stage: Stage) -> Option<f64> {
+        match stage {
+            Stage::Extraction => self.last_recovery_s,
+            Stage::BboxRefinement => self.bbox_last_recovery_s,
+        }
     }
 
     /// The bbox refinement sub-state, once the extraction succeeded; a value

@@ -372,16 +372,3 @@ pub async fn set_quota(
     .await?
     .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
 }
-
-/// A new key with the default scopes for tenant `name`, made first if it does
-/// not exist: how the demo and the benchmark get a key with nothing from the
-/// user.
-pub async fn create_tenant_or_key(
-    pool: &PgPool,
-    name: &str,
-) -> Result<CreatedKey, TenantStoreError> {
-    match create_tenant(pool, name).await {
-        Err(TenantStoreError::Exists(_)) => create_key(pool, name, &Scope::DEFAULT).await,
-        created => Ok(created?.key),
-    }
-}

@@ -21,6 +21,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::{Claim, Extraction, StoreError};
+use crate::domain::Stage;
 
 /// Builds the statement: the update (`moved`), the log row of the transition it
 /// won, and the final `SELECT` of the job row (its `extractions` columns only,
@@ -123,7 +124,7 @@ macro_rules! store_result {
 
 /// SET expressions read the row as it was, so the recovery time is measured from
 /// the expired lease (class 2) or from when a reaper judged the job orphaned.
-pub const MARK_RUNNING: &str = logged!(
+pub(crate) const MARK_RUNNING: &str = logged!(
     "mark_running",
     token = "attempts",
     with_request,
@@ -144,7 +145,7 @@ pub const MARK_RUNNING: &str = logged!(
 /// Two transitions in one statement: the success, and the bbox request it
 /// leads to (pending, requested now). Both are logged, in that order, and the
 /// result is written to its own row.
-pub const MARK_SUCCEEDED: &str = concat!(
+pub(crate) const MARK_SUCCEEDED: &str = concat!(
     "WITH moved AS (
     UPDATE extractions
        SET status = 'succeeded', error = NULL, finished_at = now(), lease_expires_at = NULL,
@@ -277,71 +278,114 @@ const REQUEUE_BBOX_REFINEMENT: &str = logged!(
       WHERE id = $1 AND status = 'succeeded' AND bbox_status IN ('pending', 'running')"
 );
 
-/// Claims a queued job, or one whose holder's lease ran out, for `lease_s` seconds.
-pub async fn mark_running<'e>(
+/// The statements that differ between the stages; the rest of a stage's
+/// transitions are its own (the extraction's retry and cancel).
+struct Statements {
+    /// Claims a pending stage, or one whose holder's lease ran out.
+    claim: &'static str,
+    /// Completes a claim with its result.
+    succeed: &'static str,
+    /// Ends a claim as failed for good.
+    fail: &'static str,
+}
+
+fn statements(stage: Stage) -> Statements {
+    match stage {
+        Stage::Extraction => Statements {
+            claim: MARK_RUNNING,
+            succeed: MARK_SUCCEEDED,
+            fail: MARK_FAILED,
+        },
+        Stage::BboxRefinement => Statements {
+            claim: MARK_BBOX_REFINEMENT_RUNNING,
+            succeed: MARK_BBOX_REFINEMENT_SUCCEEDED,
+            fail: MARK_BBOX_REFINEMENT_FAILED,
+        },
+    }
+}
+
+/// The fencing token of `row`'s claim of `stage`.
+fn token_of(stage: Stage, row: &Extraction) -> i32 {
+    match stage {
+        Stage::Extraction => row.attempts,
+        Stage::BboxRefinement => row.bbox_attempts,
+    }
+}
+
+/// Claims `stage` of job `id` for `lease_s` seconds: `mark_running` (a queued
+/// job, or one whose holder's lease ran out) or `mark_bbox_refinement_running`.
+pub async fn claim<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
     lease_s: f64,
 ) -> Result<Option<Claim>, StoreError> {
-    Ok(mark_running_many(executor, &[id], lease_s)
-        .await?
-        .pop()
-        .flatten())
+    let claimed = claim_many(executor, stage, &[id], lease_s).await?;
+    Ok(claimed.into_iter().next().flatten())
 }
 
-/// [`mark_running`] for many jobs in one statement; one answer per id, in order.
-pub async fn mark_running_many<'e>(
+/// [`claim`] for many jobs in one statement; one answer per id, in order.
+pub async fn claim_many<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     ids: &[Uuid],
     lease_s: f64,
 ) -> Result<Vec<Option<Claim>>, StoreError> {
-    let rows = sqlx::query_as::<_, Extraction>(MARK_RUNNING)
+    let rows = sqlx::query_as::<_, Extraction>(statements(stage).claim)
         .bind(in_lock_order(ids))
         .bind(lease_s)
         .fetch_all(executor)
         .await?;
     let claims = rows.into_iter().map(|extraction| Claim {
-        token: extraction.attempts,
+        token: token_of(stage, &extraction),
         extraction,
     });
     Ok(align(ids.iter().copied(), claims, |c| c.extraction.id))
 }
 
-/// Completes the claim `token` with `result`, and requests the bbox
-/// refinement (pending): two logged transitions, one statement.
-pub async fn mark_succeeded<'e>(
+/// Completes claim `token` of `stage` with `result`. The extraction's success
+/// also requests the bbox refinement (pending): two logged transitions, one
+/// statement.
+pub async fn succeed<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
     token: i32,
     result: &serde_json::Value,
 ) -> Result<Option<Extraction>, StoreError> {
-    let done = [Completion {
-        id,
-        token,
-        result: result.clone(),
-    }];
-    Ok(mark_succeeded_many(executor, &done).await?.pop().flatten())
+    let result = result.clone();
+    let done = [Completion { id, token, result }];
+    let succeeded = succeed_many(executor, stage, &done).await?;
+    Ok(succeeded.into_iter().next().flatten())
 }
 
-/// [`mark_succeeded`] for many claims in one statement; one answer per claim.
-pub async fn mark_succeeded_many<'e>(
+/// [`succeed`] for many claims in one statement; one answer per claim.
+pub async fn succeed_many<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     done: &[Completion],
 ) -> Result<Vec<Option<Extraction>>, StoreError> {
-    let rows = completing(executor, MARK_SUCCEEDED, done).await?;
+    let rows = completing(executor, statements(stage).succeed, done).await?;
     Ok(align(done.iter().map(Completion::key), rows, |row| {
-        (row.id, row.attempts)
+        (row.id, token_of(stage, row))
     }))
 }
 
-/// Ends the claim `token` as failed with `error`.
-pub async fn mark_failed<'e>(
+/// Ends claim `token` of `stage` as failed with `error`.
+pub async fn fail<'e>(
     executor: impl PgExecutor<'e>,
+    stage: Stage,
     id: Uuid,
     token: i32,
     error: &str,
 ) -> Result<Option<Extraction>, StoreError> {
-    fenced_with_text(executor, MARK_FAILED, id, token, error).await
+    let row = sqlx::query_as::<_, Extraction>(statements(stage).fail)
+        .bind(id)
+        .bind(token)
+        .bind(error)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row)
 }
 
 /// Gives the claim `token` back to the queue, keeping `error` as the reason; the
@@ -408,75 +452,6 @@ pub async fn start_bbox_refinement_many<'e>(
         .fetch_all(executor)
         .await?;
     Ok(align(ids.iter().copied(), rows, |row| row.id))
-}
-
-/// Claims the bbox refinement of `id` for `lease_s` seconds.
-pub async fn mark_bbox_refinement_running<'e>(
-    executor: impl PgExecutor<'e>,
-    id: Uuid,
-    lease_s: f64,
-) -> Result<Option<Claim>, StoreError> {
-    Ok(mark_bbox_refinement_running_many(executor, &[id], lease_s)
-        .await?
-        .pop()
-        .flatten())
-}
-
-/// [`mark_bbox_refinement_running`] for many jobs in one statement.
-pub async fn mark_bbox_refinement_running_many<'e>(
-    executor: impl PgExecutor<'e>,
-    ids: &[Uuid],
-    lease_s: f64,
-) -> Result<Vec<Option<Claim>>, StoreError> {
-    let rows = sqlx::query_as::<_, Extraction>(MARK_BBOX_REFINEMENT_RUNNING)
-        .bind(in_lock_order(ids))
-        .bind(lease_s)
-        .fetch_all(executor)
-        .await?;
-    let claims = rows.into_iter().map(|extraction| Claim {
-        token: extraction.bbox_attempts,
-        extraction,
-    });
-    Ok(align(ids.iter().copied(), claims, |c| c.extraction.id))
-}
-
-/// Completes the bbox claim `token` with the grounded boxes.
-pub async fn mark_bbox_refinement_succeeded<'e>(
-    executor: impl PgExecutor<'e>,
-    id: Uuid,
-    token: i32,
-    result: &serde_json::Value,
-) -> Result<Option<Extraction>, StoreError> {
-    let done = [Completion {
-        id,
-        token,
-        result: result.clone(),
-    }];
-    Ok(mark_bbox_refinement_succeeded_many(executor, &done)
-        .await?
-        .pop()
-        .flatten())
-}
-
-/// [`mark_bbox_refinement_succeeded`] for many claims in one statement.
-pub async fn mark_bbox_refinement_succeeded_many<'e>(
-    executor: impl PgExecutor<'e>,
-    done: &[Completion],
-) -> Result<Vec<Option<Extraction>>, StoreError> {
-    let rows = completing(executor, MARK_BBOX_REFINEMENT_SUCCEEDED, done).await?;
-    Ok(align(done.iter().map(Completion::key), rows, |row| {
-        (row.id, row.bbox_attempts)
-    }))
-}
-
-/// Ends the bbox claim `token` as failed with `error`.
-pub async fn mark_bbox_refinement_failed<'e>(
-    executor: impl PgExecutor<'e>,
-    id: Uuid,
-    token: i32,
-    error: &str,
-) -> Result<Option<Extraction>, StoreError> {
-    fenced_with_text(executor, MARK_BBOX_REFINEMENT_FAILED, id, token, error).await
 }
 
 /// Puts a pending or running bbox refinement back to pending.
@@ -554,22 +529,6 @@ async fn by_id<'e>(
 ) -> Result<Option<Extraction>, StoreError> {
     let row = sqlx::query_as::<_, Extraction>(sql)
         .bind(id)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row)
-}
-
-async fn fenced_with_text<'e>(
-    executor: impl PgExecutor<'e>,
-    sql: &'static str,
-    id: Uuid,
-    token: i32,
-    text: &str,
-) -> Result<Option<Extraction>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>(sql)
-        .bind(id)
-        .bind(token)
-        .bind(text)
         .fetch_optional(executor)
         .await?;
     Ok(row)

@@ -106,17 +106,12 @@ impl Reaper {
     ) -> Result<Sweep, StoreError> {
         let settings = &self.services.settings;
         let (thresholds, batch) = (Thresholds::of(settings), settings.reaper_batch_size);
-        let (stage, taken) = match self.kind {
+        let stage = match self.kind {
             Kind::Webhook => return self.wake_unsent(conn).await,
-            Kind::Extraction => (
-                Stage::Extraction,
-                orphans::take_extraction_orphans(&mut **conn, thresholds, batch).await?,
-            ),
-            Kind::Bbox => (
-                Stage::BboxRefinement,
-                orphans::take_bbox_orphans(&mut **conn, thresholds, batch).await?,
-            ),
+            Kind::Extraction => Stage::Extraction,
+            Kind::Bbox => Stage::BboxRefinement,
         };
+        let taken = orphans::take(&mut **conn, stage, thresholds, batch).await?;
         let revive =
             |orphan: Orphan| async move { republish(&self.services, stage, &orphan).await };
         Ok(revive_each(self, &taken, revive).await)
