@@ -74,11 +74,12 @@ pub async fn reclaim(
         anyhow::bail!("extraction {id} is unknown or has nothing left to do");
     };
     services
+        .jobs
         .republish(stage, id, PublishReason::Operator)
         .await?;
     let (what, topic) = match stage {
-        Stage::Extraction => ("", &services.stage(stage).topic),
-        Stage::BboxRefinement => ("bbox refinement ", &services.stage(stage).topic),
+        Stage::Extraction => ("", &services.jobs.stage(stage).topic),
+        Stage::BboxRefinement => ("bbox refinement ", &services.jobs.stage(stage).topic),
     };
     Ok(format!(
         "extraction {id}: {what}lease expired, republished to {topic}\n"

@@ -3,8 +3,8 @@
 
 mod common;
 
-use docstream::domain::Stage;
 use docstream::domain::BboxStatus;
+use docstream::domain::Stage;
 use docstream::store;
 use serde_json::{json, Value};
 use sqlx::migrate::Migrator;

@@ -215,7 +215,9 @@ async fn completions_win_with_the_right_token_only_once(pool: &PgPool, ids: &[Uu
         completion(ids[0], 1),
         completion(taken, 1),
     ];
-    let outcomes = transitions::succeed_many(pool, Stage::Extraction, &done).await.unwrap();
+    let outcomes = transitions::succeed_many(pool, Stage::Extraction, &done)
+        .await
+        .unwrap();
     let won: Vec<bool> = outcomes.iter().map(Option::is_some).collect();
     assert_eq!(won, [true, false, false, true]);
     assert_eq!(wins_of(pool, ids[0], "mark_succeeded").await, 1);
@@ -320,10 +322,12 @@ async fn illegal_transitions_return_none_and_change_nothing(pool: PgPool) {
 async fn from_queued_nothing_that_needs_a_claim_or_a_success_happens(pool: &PgPool, id: Uuid) {
     let result = serde_json::json!({"fields": {}});
     let before = snapshot(pool, id).await;
-    assert!(transitions::succeed(pool, Stage::Extraction, id, 0, &result)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        transitions::succeed(pool, Stage::Extraction, id, 0, &result)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(transitions::fail(pool, Stage::Extraction, id, 0, "x")
         .await
         .unwrap()
@@ -370,10 +374,12 @@ async fn under_a_live_lease_no_second_claim_no_cancel_no_stale_success(
         .await
         .unwrap()
         .is_none());
-    assert!(transitions::succeed(pool, Stage::Extraction, id, token + 1, &result)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        transitions::succeed(pool, Stage::Extraction, id, token + 1, &result)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(snapshot(pool, id).await, before);
 }
 
@@ -462,18 +468,24 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired(pool: PgPool) {
         "recovery measured from lease expiry: {recovery}"
     );
     let result = serde_json::json!({"fields": {}});
-    assert!(transitions::succeed(pool, Stage::Extraction, id, stale_token, &result)
-        .await
-        .unwrap()
-        .is_none());
-    assert!(transitions::fail(pool, Stage::Extraction, id, stale_token, "late")
-        .await
-        .unwrap()
-        .is_none());
-    assert!(transitions::succeed(pool, Stage::Extraction, id, fresh.token, &result)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(
+        transitions::succeed(pool, Stage::Extraction, id, stale_token, &result)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        transitions::fail(pool, Stage::Extraction, id, stale_token, "late")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        transitions::succeed(pool, Stage::Extraction, id, fresh.token, &result)
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
 }
 
@@ -649,8 +661,12 @@ async fn the_old_and_the_retried_are_orphans_of_their_tenant_only(
 
 /// Records both jobs' events as published (acknowledged by the broker).
 async fn their_events_are_acknowledged(pool: &PgPool, jobs: &PastThreshold) {
-    orphans::record_published(pool, Stage::Extraction, jobs.old).await.unwrap();
-    orphans::record_published(pool, Stage::Extraction, jobs.retried).await.unwrap();
+    orphans::record_published(pool, Stage::Extraction, jobs.old)
+        .await
+        .unwrap();
+    orphans::record_published(pool, Stage::Extraction, jobs.retried)
+        .await
+        .unwrap();
 }
 
 /// An acknowledged event is waiting in a backlog, not lost: no orphan is
@@ -710,10 +726,12 @@ async fn only_the_current_token_renews_the_lease(pool: &PgPool, id: Uuid, token:
             cancel_requested: false
         })
     );
-    assert!(leases::renew(pool, Stage::Extraction, id, token + 1, LEASE_S)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        leases::renew(pool, Stage::Extraction, id, token + 1, LEASE_S)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 /// Not asked to, the holder cannot cancel the job.
@@ -773,14 +791,18 @@ async fn only_the_current_token_renews_the_bbox_lease(
     id: Uuid,
     claim: &store::Claim,
 ) {
-    assert!(leases::renew(pool, Stage::BboxRefinement, id, claim.token, LEASE_S)
-        .await
-        .unwrap()
-        .is_some());
-    assert!(leases::renew(pool, Stage::BboxRefinement, id, claim.token + 1, LEASE_S)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        leases::renew(pool, Stage::BboxRefinement, id, claim.token, LEASE_S)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        leases::renew(pool, Stage::BboxRefinement, id, claim.token + 1, LEASE_S)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[sqlx::test]

@@ -9,6 +9,7 @@ use axum::Json;
 
 use crate::auth::AuthError;
 use crate::domain::{RequestError, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::pipeline::JobError;
 use crate::store::{Refusal, StoreError, SubmitError};
 
 /// Why a request was not served.
@@ -145,6 +146,21 @@ impl From<StoreError> for ApiError {
                 Self::Unavailable("the database is unavailable; retry shortly".into())
             }
             false => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+/// A step of the job lifecycle that did not happen: the database's errors
+/// as the store's, a broker that did not acknowledge as a dependency away.
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::Store(e) => e.into(),
+            JobError::MissingRow(id) => Self::NotFound(id.to_string()),
+            JobError::Publish(_) | JobError::Failpoint(_) | JobError::StoppedWhileHeld(_) => {
+                tracing::warn!(error = %e, "request answered 503: a step of the job did not happen");
+                Self::Unavailable(format!("{e}; retry shortly"))
+            }
         }
     }
 }

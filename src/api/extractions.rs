@@ -215,6 +215,7 @@ async fn cancel(
             .webhooks
             .wake(row.webhook_id.as_deref(), row.tenant_id);
         if let Err(e) = services
+            .jobs
             .emit(Transition::MarkCancelled, &row, None, PublishReason::Submit)
             .await
         {

@@ -22,8 +22,8 @@ use crate::events::PublishReason;
 use crate::extract::{
     check_required, deferred, protocol, ExtractError, ExtractionOutput, ResultSize,
 };
-use crate::kafka::HandlerError;
-use crate::pipeline::Services;
+
+use crate::pipeline::{JobError, Services};
 use crate::store;
 
 pub(super) fn router() -> Router<Services> {
@@ -75,6 +75,7 @@ async fn post_result(
     let claim = (id, attempt);
     if row.cancel_requested_at.is_some() {
         services
+            .jobs
             .cancel_running_extraction(claim, REASON)
             .await
             .map_err(unavailable)?;
@@ -157,11 +158,15 @@ async fn end(
     let limits = services.extractors.result_limits();
     let (won, status) = match read_ending(request, body, limits)? {
         Ending::Succeed(output) => (
-            services.succeed_extraction(claim, &output, REASON).await,
+            services
+                .jobs
+                .succeed_extraction(claim, &output, REASON)
+                .await,
             "succeeded",
         ),
         Ending::Retry(error) => (
             services
+                .jobs
                 .retry_or_fail_extraction(claim, &error, REASON)
                 .await,
             // The last attempt's failure fails the job instead.
@@ -171,7 +176,7 @@ async fn end(
             },
         ),
         Ending::Fail(error) => (
-            services.fail_extraction(claim, &error, REASON).await,
+            services.jobs.fail_extraction(claim, &error, REASON).await,
             "failed",
         ),
     };
@@ -187,7 +192,9 @@ async fn end(
     }
 }
 
-fn unavailable(e: HandlerError) -> ApiError {
+/// A deferred result that was not recorded: whatever the cause, the
+/// provider posts it again.
+fn unavailable(e: JobError) -> ApiError {
     tracing::warn!(error = %e, "deferred result not recorded");
     ApiError::Unavailable("the result could not be recorded now; post it again".into())
 }

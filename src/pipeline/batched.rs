@@ -10,7 +10,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::persist::persist;
+use super::jobs::persist;
 use crate::admission::Admission;
 use crate::config::{Settings, StageSettings};
 use crate::domain::{PerStage, Stage};

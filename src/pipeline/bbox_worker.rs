@@ -8,7 +8,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::lease::Held;
-use super::{job_record, transient, Services};
+use super::{job_record, JobError, Services};
 use crate::domain::{ExtractionRequest, Stage};
 use crate::events::{PostProcessingRequested, PublishReason};
 use crate::extract::{ground, ExtractionOutput};
@@ -63,20 +63,21 @@ impl BboxWorker {
         claim: (Uuid, i32),
         grounded: Result<serde_json::Value, String>,
         reason: PublishReason,
-    ) -> Result<(), HandlerError> {
+    ) -> Result<(), JobError> {
         let services = &self.services;
         let (id, token) = claim;
         match grounded {
             Ok(result) => {
                 let completion = Completion { id, token, result };
-                let succeeded = services.batched.succeed[STAGE].run(completion).await;
+                let row = services.batched.succeed[STAGE].run(completion).await?;
                 let transition = STAGE.success_transition();
-                let row = succeeded.map_err(transient)?;
-                let concluded = services.conclude(STAGE, transition, claim, row, reason);
+                let concluded = services
+                    .jobs
+                    .conclude(STAGE, transition, claim, row, reason);
                 concluded.await.map(drop)
             }
             Err(error) => {
-                let failed = services.fail_claim(STAGE, claim, &error, reason);
+                let failed = services.jobs.fail_claim(STAGE, claim, &error, reason);
                 failed.await.map(drop)
             }
         }
@@ -86,17 +87,19 @@ impl BboxWorker {
         &self,
         mut claim: Claim,
         reason: PublishReason,
-    ) -> Result<(), HandlerError> {
+    ) -> Result<(), JobError> {
         let services = &self.services;
         let claimed = (claim.extraction.id, claim.token);
         let started = Instant::now();
         let request = claim.extraction.request.take().map(|json| json.0);
         let work = Self::grounding(services, &claim, request);
-        let grounded = match services.hold_claim(STAGE, claimed, work).await {
+        let grounded = match services.jobs.hold_claim(STAGE, claimed, work).await {
             Held::Done(grounded) => grounded,
             // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
             Held::Lost | Held::CancelRequested => {
-                services.stale(STAGE, claimed.0, claimed.1, "heartbeat");
+                services
+                    .jobs
+                    .stale(STAGE, claimed.0, claimed.1, "heartbeat");
                 return Ok(());
             }
         };
@@ -112,10 +115,15 @@ impl BboxWorker {
 impl RecordHandler for BboxWorker {
     /// Claims the job's bbox refinement and grounds it, inside the job's span.
     async fn handle(&self, record: &Record, stop: &CancellationToken) -> Result<(), HandlerError> {
-        let (event, id, span) = job_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
+        let (event, id, span) =
+            job_record::<PostProcessingRequested>(record, |e| &e.extraction_id)?;
         let reason = event.reason;
         let ground = |claim| self.ground_and_complete(claim, reason);
-        let ran = self.services.run_claimed(STAGE, id, reason, stop, ground);
-        ran.instrument(span).await.map(drop)
+        let ran = self
+            .services
+            .jobs
+            .run_claimed(STAGE, id, reason, stop, ground);
+        let ran: Result<bool, JobError> = ran.instrument(span).await;
+        Ok(ran.map(drop)?)
     }
 }

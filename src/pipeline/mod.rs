@@ -1,10 +1,10 @@
 //! Everything a job's records go through, behind the consumer roles that
 //! drive it: the Kafka intake (`intake`), the submit path shared with the API
 //! (`submit`, `stamps`), the two stages' workers (`worker`, `bbox_worker`)
-//! over what both do the same way (`stage`: claim, hold, fail, hand over),
-//! how an extraction attempt ends (`complete`), the batched statements of the
-//! hot path (`batched`, `persist`), the reapers that revive orphans
-//! (`reaper`) and the queue census (`census`). Each role is a
+//! over the job lifecycle (`jobs`: claim, hold, end and hand over a stage,
+//! with each transition's event), the batched statements of the hot path
+//! (`batched`), the reapers that revive orphans (`reaper`) and the queue
+//! census (`census`). Each role is a
 //! [`RecordHandler`](crate::kafka::RecordHandler) run by the consumer
 //! runtime, on the [`Services`] its process assembled.
 //!
@@ -16,12 +16,10 @@
 mod batched;
 mod bbox_worker;
 pub mod census;
-mod complete;
 mod intake;
+pub mod jobs;
 pub mod lease;
-mod persist;
 pub mod reaper;
-mod stage;
 mod stamps;
 pub(crate) mod submit;
 mod worker;
@@ -29,13 +27,12 @@ mod worker;
 pub use batched::Batched;
 pub use bbox_worker::BboxWorker;
 pub use intake::{release_held, Holding, Intake, API_KEY_HEADER, TENANT_HEADER};
+pub use jobs::{JobError, Jobs, RepublishError};
 pub use reaper::{Kind as ReaperKind, Reaper, Sweep};
-pub use stage::RepublishError;
 pub use stamps::Stamps;
 pub use submit::{submit, submit_durably, DurableSubmitError};
 pub use worker::ExtractionWorker;
 
-use std::future::Future;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -45,18 +42,16 @@ use uuid::Uuid;
 
 use crate::admission::{Admission, AdmissionSettings};
 use crate::auth::Authenticator;
-use crate::config::{Settings, StageSettings};
+use crate::config::Settings;
 pub use crate::domain::Stage;
-use crate::domain::{pattern, ExtractionRequest, PerStage, Transition};
-use crate::events::{decode, Event, ExtractionEvent, PublishReason};
+use crate::domain::{pattern, ExtractionRequest, PerStage};
+use crate::events::{decode, Event};
 use crate::extract::{CpuPool, Deadline, Extractors};
-use crate::failpoints;
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::quota::{FailedAuthentications, SubmitRates};
-use crate::store::{Extraction, StoreError};
 use crate::webhook::Webhooks;
 
 /// What every role shares: a handle on one [`Parts`]. Each request, record
@@ -76,8 +71,6 @@ impl Deref for Services {
 pub struct Parts {
     /// Settings of this process.
     pub settings: Arc<Settings>,
-    /// Each stage's settings (`Settings::stage`).
-    pub stages: PerStage<StageSettings>,
     /// Postgres pool.
     pub pool: PgPool,
     /// The process's producer.
@@ -86,6 +79,8 @@ pub struct Parts {
     pub metrics: Metrics,
     /// The hot-path transitions, grouped across concurrent records.
     pub batched: Batched,
+    /// The job lifecycle: claims, completions and their events.
+    pub jobs: Jobs,
     /// This process's webhook dispatcher.
     pub webhooks: Webhooks,
     /// The extractors the worker can run, with their per-process limits.
@@ -124,6 +119,15 @@ impl Services {
         let batched = Batched::new(&settings, &stages, &pool, &health, &metrics, &admission);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
         let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
+        let jobs = Jobs::new(
+            &settings,
+            pool.clone(),
+            publisher.clone(),
+            metrics.clone(),
+            health.clone(),
+            batched.clone(),
+            webhooks.clone(),
+        );
         let cpu = CpuPool::new(settings.extraction_threads);
         let extractors = Extractors::new(&settings, &metrics, cpu.clone())?;
         let key_cache = settings.api_key_cache_s.get();
@@ -131,11 +135,11 @@ impl Services {
         let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
         Ok(Self(Arc::new(Parts {
             settings: Arc::new(settings),
-            stages,
             pool,
             publisher,
             metrics,
             batched,
+            jobs,
             webhooks,
             extractors,
             cpu,
@@ -174,69 +178,6 @@ impl Services {
         // what is still unknown.
         let budget = self.settings.http_answer_timeout_s.get();
         let _ = self.compiler.run(budget, usize::MAX, learn).await;
-    }
-
-    /// Publishes the `ExtractionEvent` of a won transition and waits for its ack.
-    /// The event is built at once, so the future does not hold on to `row`
-    /// (which may carry a whole document) while it waits.
-    pub fn emit<'s>(
-        &'s self,
-        transition: Transition,
-        row: &Extraction,
-        token: Option<i32>,
-        reason: PublishReason,
-    ) -> impl Future<Output = Result<(), HandlerError>> + use<'s> {
-        let event = ExtractionEvent::of(transition, row, token, reason);
-        let id = row.id;
-        let topic = self.settings.topic(&self.settings.topic_events);
-        async move {
-            self.publisher
-                .publish_job(&topic, id, &event)
-                .await
-                .map_err(|e| HandlerError::Transient(e.to_string()))
-        }
-    }
-
-    /// Concludes a completing transition of claim `token`: publishes its event
-    /// when it won; when it lost, the claim was taken over, so the work is
-    /// dropped without side effects and counted as a stale completion.
-    async fn conclude(
-        &self,
-        stage: Stage,
-        transition: Transition,
-        (id, token): (Uuid, i32),
-        row: Option<Extraction>,
-        reason: PublishReason,
-    ) -> Result<Option<Extraction>, HandlerError> {
-        self.metrics.transition(transition, &row);
-        match row {
-            Some(row) => {
-                if row.webhook_id.is_some() {
-                    // The delivery is durable with the state change; a crash
-                    // here leaves it to the webhook reaper (orphan class 6).
-                    failpoints::hit("webhook.after_state_change")
-                        .await
-                        .map_err(transient)?;
-                    self.webhooks.wake(row.webhook_id.as_deref(), row.tenant_id);
-                }
-                self.emit(transition, &row, Some(token), reason).await?;
-                Ok(Some(row))
-            }
-            None => {
-                self.stale(stage, id, token, "completion");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Runs a completing `statement` until the database answers (see `persist`).
-    async fn persist<T, F, Fut>(&self, name: &'static str, statement: F) -> Result<T, HandlerError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
-    {
-        let persisted = persist::persist(&self.health, &self.metrics, name, statement);
-        persisted.await.map_err(transient)
     }
 
     /// Runs `handler` on `topic` as a member of `group` until `shutdown`.
@@ -313,8 +254,4 @@ fn decode_record<E: Event>(
         reason: format!("extraction_id is not a UUID: {e}"),
     })?;
     Ok((event, id))
-}
-
-fn transient(e: impl std::fmt::Display) -> HandlerError {
-    HandlerError::Transient(e.to_string())
 }

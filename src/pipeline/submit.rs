@@ -148,7 +148,9 @@ fn known_extractor(services: &Services, name: &str) -> Result<(), SubmitError> {
 pub async fn publish_created(services: &Services, row: &Extraction) -> Result<(), PublishError> {
     let (published, emitted) = tokio::join!(
         publish_job(services, row),
-        services.emit(Transition::Submit, row, None, PublishReason::Submit),
+        services
+            .jobs
+            .emit(Transition::Submit, row, None, PublishReason::Submit),
     );
     if let Err(e) = emitted {
         tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::lease::Held;
-use super::{job_record, transient, Services};
+use super::{job_record, JobError, Services};
 use crate::domain::{BboxStatus, ExtractionStatus, Stage};
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::extract::deferred::Callback;
@@ -84,34 +84,41 @@ impl ExtractionWorker {
     ) -> Result<(), HandlerError> {
         let (id, token) = (claim.extraction.id, claim.token);
         if claim.extraction.cancel_requested_at.is_some() {
-            return self.cancel(id, token, reason).await;
+            return Ok(self.cancel(id, token, reason).await?);
         }
         failpoints::hit("worker.after_claim")
             .await
-            .map_err(transient)?;
+            .map_err(JobError::from)?;
         let max_attempts = self.services.settings.max_attempts;
         if token > max_attempts {
             // Only a revived claim gets here (a worker that died, a deferred
             // result that never came): the attempts are spent all the same.
             let error =
                 format!("gave up after {max_attempts} attempts (the last ended without a result)");
-            let failed = self.services.fail_extraction((id, token), &error, reason);
-            return failed.await.map(drop);
+            let failed = self
+                .services
+                .jobs
+                .fail_extraction((id, token), &error, reason);
+            return Ok(failed.await.map(drop)?);
         }
         let request = claim
             .extraction
             .request
             .take()
             .map(|json| std::sync::Arc::new(json.0))
-            .ok_or_else(|| transient("the claim returned no request (a bug in its statement)"))?;
+            .ok_or_else(|| {
+                HandlerError::Transient(
+                    "the claim returned no request (a bug in its statement)".into(),
+                )
+            })?;
         let started = Instant::now();
         let attempt = match self.extract_held(id, token, &request, stop).await {
             Held::Lost => {
-                self.services.stale(STAGE, id, token, "heartbeat");
+                self.services.jobs.stale(STAGE, id, token, "heartbeat");
                 return Ok(());
             }
             // Dropping the work closed its call: the provider sees the close.
-            Held::CancelRequested => return self.cancel(id, token, reason).await,
+            Held::CancelRequested => return Ok(self.cancel(id, token, reason).await?),
             Held::Done(None | Some(Err(ExtractError::Interrupted))) => {
                 return self.release(id, token).await
             }
@@ -122,7 +129,7 @@ impl ExtractionWorker {
         durations
             .with_label_values(&[attempt.label()])
             .observe(elapsed);
-        self.settle((id, token), attempt, reason).await
+        Ok(self.settle((id, token), attempt, reason).await?)
     }
 
     /// Runs the job's extractor while the claim's lease is renewed: until it
@@ -150,7 +157,10 @@ impl ExtractionWorker {
             stop,
             settings.extraction_drain_budget(),
         );
-        self.services.hold_claim(STAGE, (id, token), work).await
+        self.services
+            .jobs
+            .hold_claim(STAGE, (id, token), work)
+            .await
     }
 
     /// Makes an attempt's outcome durable: success, deferral, retry or failure.
@@ -159,16 +169,23 @@ impl ExtractionWorker {
         claim: (Uuid, i32),
         attempt: Attempt,
         reason: PublishReason,
-    ) -> Result<(), HandlerError> {
+    ) -> Result<(), JobError> {
         let services = &self.services;
         match attempt {
-            Attempt::Extracted(output) => services.succeed_extraction(claim, &output, reason).await,
+            Attempt::Extracted(output) => {
+                services
+                    .jobs
+                    .succeed_extraction(claim, &output, reason)
+                    .await
+            }
             Attempt::Deferred(deadline) => self.defer(claim, deadline).await,
             Attempt::Retryable(error) => {
-                let retried = services.retry_or_fail_extraction(claim, &error, reason);
+                let retried = services
+                    .jobs
+                    .retry_or_fail_extraction(claim, &error, reason);
                 retried.await
             }
-            Attempt::Failed(error) => services.fail_extraction(claim, &error, reason).await,
+            Attempt::Failed(error) => services.jobs.fail_extraction(claim, &error, reason).await,
         }
         .map(drop)
     }
@@ -189,26 +206,21 @@ impl ExtractionWorker {
     /// (no heartbeats meanwhile) and the record is delivered, so a long
     /// extraction holds no worker slot. A result that never comes leaves a job
     /// running past its lease, which the reaper revives (orphan class 2).
-    async fn defer(
-        &self,
-        (id, token): (Uuid, i32),
-        deadline: Duration,
-    ) -> Result<bool, HandlerError> {
+    async fn defer(&self, (id, token): (Uuid, i32), deadline: Duration) -> Result<bool, JobError> {
         let services = &self.services;
         // Never shorter than a lease: a provider cannot make the reaper
         // revive the job before its result had a chance to arrive.
         let deadline_s = deadline
             .as_secs_f64()
-            .max(services.stage(STAGE).lease.as_secs_f64());
-        let held = leases::renew(&services.pool, STAGE, id, token, deadline_s)
-            .await
-            .map_err(transient)?;
+            .max(services.jobs.stage(STAGE).lease.as_secs_f64());
+        let held = leases::renew(&services.pool, STAGE, id, token, deadline_s).await?;
         match held {
             Some(Renewed {
                 cancel_requested: true,
             }) => {
-                let cancelled =
-                    services.cancel_running_extraction((id, token), PublishReason::Submit);
+                let cancelled = services
+                    .jobs
+                    .cancel_running_extraction((id, token), PublishReason::Submit);
                 cancelled.await
             }
             Some(_) => {
@@ -218,27 +230,25 @@ impl ExtractionWorker {
             // A fast provider may have posted the result already; otherwise
             // the claim was taken over.
             None => {
-                let row = store::get(&services.pool, id).await.map_err(transient)?;
+                let row = store::get(&services.pool, id).await?;
                 let answered = row
                     .is_some_and(|r| r.attempts == token && r.status != ExtractionStatus::Running);
                 match answered {
                     true => {
                         tracing::debug!(%id, token, "deferred result arrived before the deferral")
                     }
-                    false => services.stale(STAGE, id, token, "completion"),
+                    false => services.jobs.stale(STAGE, id, token, "completion"),
                 }
                 Ok(answered)
             }
         }
     }
 
-    async fn cancel(
-        &self,
-        id: Uuid,
-        token: i32,
-        reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let cancelled = self.services.cancel_running_extraction((id, token), reason);
+    async fn cancel(&self, id: Uuid, token: i32, reason: PublishReason) -> Result<(), JobError> {
+        let cancelled = self
+            .services
+            .jobs
+            .cancel_running_extraction((id, token), reason);
         cancelled.await.map(drop)
     }
 
@@ -272,12 +282,12 @@ impl ExtractionWorker {
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
         let settings = &self.services.settings;
-        let threshold = self.services.stage(Stage::BboxRefinement).orphan_after;
+        let threshold = self.services.jobs.stage(Stage::BboxRefinement).orphan_after;
         let give_up = tokio::time::Instant::now() + threshold;
         loop {
             let row = store::get(&self.services.pool, id)
                 .await
-                .map_err(transient)?;
+                .map_err(JobError::from)?;
             let owes_request = row.as_ref().is_some_and(|row| {
                 row.status == ExtractionStatus::Succeeded
                     && row.bbox_refinement().is_some_and(|b| {
@@ -288,13 +298,14 @@ impl ExtractionWorker {
                 return Ok(());
             }
             if stop.is_cancelled() {
-                return Err(transient(format!(
+                return Err(HandlerError::Transient(format!(
                     "stopped while {id}'s follow-up was unacknowledged"
                 )));
             }
             if tokio::time::Instant::now() >= give_up {
                 tracing::info!(%id, "completing a follow-up its holder never acknowledged");
-                return self.services.request_bbox_refinement(id, reason).await;
+                let requested = self.services.jobs.request_bbox_refinement(id, reason);
+                return Ok(requested.await?);
             }
             tokio::select! {
                 _ = stop.cancelled() => {}
@@ -327,7 +338,7 @@ impl RecordHandler for ExtractionWorker {
         let (event, id, span) = job_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
         let reason = event.reason;
         let run = |claim| self.run_claim(claim, reason, stop);
-        let claimed = self.services.run_claimed(STAGE, id, reason, stop, run);
+        let claimed = self.services.jobs.run_claimed(STAGE, id, reason, stop, run);
         match claimed.instrument(span.clone()).await? {
             true => Ok(()),
             false => {

@@ -38,7 +38,8 @@ fn statements(stage: Stage) -> Statements {
                        SET bbox_lease_expires_at = now() + make_interval(secs => $3)
                      WHERE id = $1 AND bbox_status = 'running' AND bbox_attempts = $2
                  RETURNING false",
-            is_live: "SELECT COALESCE(bbox_status = 'running' AND bbox_lease_expires_at >= now(), false)
+            is_live:
+                "SELECT COALESCE(bbox_status = 'running' AND bbox_lease_expires_at >= now(), false)
                         FROM extractions WHERE id = $1",
         },
     }

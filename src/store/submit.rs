@@ -28,7 +28,8 @@ use crate::domain::{
 /// `$3` hashes, `$4` requests as JSON text, `$5` whether each names a
 /// webhook, `$6` tenants, `$7` their caps or NULL. Each created job's row
 /// comes back, without its request (the caller has it).
-pub(crate) const INSERT: &str = "SELECT * FROM submit_jobs($1::uuid[], $2::text[], $3::text[], $4::text[],
+pub(crate) const INSERT: &str =
+    "SELECT * FROM submit_jobs($1::uuid[], $2::text[], $3::text[], $4::text[],
                                     $5::bool[], $6::uuid[], $7::int8[])";
 
 /// The jobs of `$1` tenants' `$2` keys, pairwise.

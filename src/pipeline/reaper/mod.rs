@@ -249,6 +249,7 @@ where
 /// acknowledged it. A failure is retried at the orphan's next threshold.
 async fn republish(services: &Services, stage: Stage, orphan: &Orphan) -> bool {
     match services
+        .jobs
         .republish(stage, orphan.id, PublishReason::Reaper)
         .await
     {

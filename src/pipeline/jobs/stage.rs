@@ -10,50 +10,56 @@ use std::future::Future;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::lease::{hold, Held};
-use super::{transient, Services};
-use crate::config::StageSettings;
+use super::{JobError, Jobs, Parts};
 use crate::domain::Stage;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use crate::kafka::{HandlerError, PublishError};
+use crate::kafka::PublishError;
+use crate::pipeline::lease::{hold, Held};
 use crate::store::{leases, orphans, transitions, Claim, StoreError};
 
-impl Services {
-    /// `stage`'s settings.
-    pub fn stage(&self, stage: Stage) -> &StageSettings {
-        &self.stages[stage]
-    }
-
+impl Jobs {
     /// Claims `stage` of job `id` and runs `work` on the claim. The claim's
     /// event is acknowledged while the work runs: joined, so it is queued (in
     /// order) before anything the work publishes, and the record is
     /// delivered only once both are done. `false` when the delivery did not
     /// claim (the stage finished, or another holder has it).
-    pub(super) async fn run_claimed<W, Fut>(
+    pub async fn run_claimed<W, Fut, E>(
         &self,
         stage: Stage,
         id: Uuid,
         reason: PublishReason,
         stop: &CancellationToken,
         work: W,
-    ) -> Result<bool, HandlerError>
+    ) -> Result<bool, E>
     where
         W: FnOnce(Claim) -> Fut,
-        Fut: Future<Output = Result<(), HandlerError>>,
+        Fut: Future<Output = Result<(), E>>,
+        E: From<JobError>,
     {
         let stage_name = stage.as_str();
         let Some(claim) = self.claim_or_wait(stage, id, stop).await? else {
-            tracing::debug!(stage = stage_name, ?reason, "not claimed (finished, or another holder's)");
+            tracing::debug!(
+                stage = stage_name,
+                ?reason,
+                "not claimed (finished, or another holder's)"
+            );
             return Ok(false);
         };
         let token = claim.token;
         tracing::debug!(stage = stage_name, token, ?reason, "claimed");
         if let Some(recovery) = claim.extraction.recovery_s(stage) {
-            let recoveries = &self.metrics.jobs.recovery;
-            recoveries.with_label_values(&[stage_name]).observe(recovery);
+            let recoveries = &self.0.metrics.jobs.recovery;
+            recoveries
+                .with_label_values(&[stage_name])
+                .observe(recovery);
         }
         let (emitted, ran) = tokio::join!(
-            self.emit(stage.claim_transition(), &claim.extraction, Some(token), reason),
+            self.emit(
+                stage.claim_transition(),
+                &claim.extraction,
+                Some(token),
+                reason
+            ),
             work(claim),
         );
         emitted?;
@@ -64,46 +70,34 @@ impl Services {
 
     /// Runs `work` while claim `token` of `stage` on job `id` is renewed
     /// every heartbeat (see `lease::hold`).
-    pub(super) async fn hold_claim<T>(
+    pub async fn hold_claim<T>(
         &self,
         stage: Stage,
         (id, token): (Uuid, i32),
         work: impl Future<Output = T>,
     ) -> Held<T> {
         let lease_s = self.stage(stage).lease.as_secs_f64();
-        let renew = || leases::renew(&self.pool, stage, id, token, lease_s);
-        let heartbeat = self.settings.heartbeat_interval_s.get();
-        hold(work, heartbeat, &self.health, renew).await
+        let renew = || leases::renew(&self.0.pool, stage, id, token, lease_s);
+        let heartbeat = self.0.settings.heartbeat;
+        hold(work, heartbeat, &self.0.health, renew).await
     }
 
     /// Ends claim `token` of `stage` as failed for good with `error`, and
     /// publishes its event; `false` when the claim was no longer held.
-    pub(super) async fn fail_claim(
+    pub async fn fail_claim(
         &self,
         stage: Stage,
         (id, token): (Uuid, i32),
         error: &str,
         reason: PublishReason,
-    ) -> Result<bool, HandlerError> {
-        let failed = || transitions::fail(&self.pool, stage, id, token, error);
+    ) -> Result<bool, JobError> {
+        let failed = || transitions::fail(&self.0.pool, stage, id, token, error);
         let transition = stage.failure_transition();
         let row = self.persist(transition.as_str(), failed).await?;
         let row = self
             .conclude(stage, transition, (id, token), row, reason)
             .await?;
         Ok(row.is_some())
-    }
-
-    /// Work under a claim that is no longer ours, found at a heartbeat or at
-    /// completion: dropped and counted.
-    pub(super) fn stale(&self, stage: Stage, id: Uuid, token: i32, at: &'static str) {
-        let labels = [stage.as_str(), at];
-        self.metrics
-            .jobs
-            .stale_completions
-            .with_label_values(&labels)
-            .inc();
-        tracing::warn!(%id, token, stage = stage.as_str(), at, "stale holder: the claim was taken over; work dropped");
     }
 
     /// Claims `stage` of job `id`. When another holder's lease is live, waits
@@ -118,31 +112,27 @@ impl Services {
         stage: Stage,
         id: Uuid,
         stop: &CancellationToken,
-    ) -> Result<Option<Claim>, HandlerError> {
-        let heartbeat = self.settings.heartbeat_interval_s.get();
+    ) -> Result<Option<Claim>, JobError> {
+        let Parts {
+            pool,
+            metrics,
+            batched,
+            ..
+        } = &*self.0;
+        let heartbeat = self.0.settings.heartbeat;
         let give_up = tokio::time::Instant::now() + self.stage(stage).lease * 2;
         loop {
-            let claim = self.batched.claim[stage].run(id).await.map_err(transient)?;
+            let claim = batched.claim[stage].run(id).await?;
             if claim.is_some() {
-                self.metrics.transition(stage.claim_transition(), &claim);
+                metrics.transition(stage.claim_transition(), &claim);
                 return Ok(claim);
             }
-            let live = leases::claim_is_live(&self.pool, stage, id).await;
-            match live.map_err(transient)? {
-                None => {
-                    return Err(HandlerError::Poison {
-                        kind: "missing_row",
-                        reason: format!("no extraction {id}"),
-                    })
-                }
+            match leases::claim_is_live(pool, stage, id).await? {
+                None => return Err(JobError::MissingRow(id)),
                 // Stopping (revoke or shutdown) ends the wait undelivered: the
                 // record is not committed, and the partition's next owner waits
                 // for the lease in our place (its holder may be dead).
-                Some(true) if stop.is_cancelled() => {
-                    return Err(HandlerError::Transient(format!(
-                        "stopped while {id} was held under a live lease; left for the next owner"
-                    )));
-                }
+                Some(true) if stop.is_cancelled() => return Err(JobError::StoppedWhileHeld(id)),
                 Some(true) if tokio::time::Instant::now() < give_up => {
                     tokio::select! {
                         _ = stop.cancelled() => {}
@@ -152,8 +142,8 @@ impl Services {
                 // The holder has kept its lease for two leases: it is alive and
                 // owns the job; this delivery is a duplicate.
                 Some(_) => {
-                    self.metrics.transition(stage.claim_transition(), &claim);
-                    self.metrics
+                    metrics.transition(stage.claim_transition(), &claim);
+                    metrics
                         .jobs
                         .claim_losers
                         .with_label_values(&[stage.as_str()])
@@ -176,13 +166,13 @@ impl Services {
         reason: PublishReason,
     ) -> Result<(), RepublishError> {
         self.hand_over(stage, id, reason).await?;
-        orphans::record_published(&self.pool, stage, id).await?;
+        orphans::record_published(&self.0.pool, stage, id).await?;
         Ok(())
     }
 
     /// Publishes the event that hands job `id`'s `stage` to its workers, and
     /// waits for the broker's acknowledgement.
-    pub(super) async fn hand_over(
+    pub async fn hand_over(
         &self,
         stage: Stage,
         id: Uuid,
@@ -192,11 +182,11 @@ impl Services {
         match stage {
             Stage::Extraction => {
                 let event = ExtractionSubmitted::new(id, reason);
-                self.publisher.publish_job(topic, id, &event).await
+                self.0.publisher.publish_job(topic, id, &event).await
             }
             Stage::BboxRefinement => {
                 let event = PostProcessingRequested::bbox_refinement(id, reason);
-                self.publisher.publish_job(topic, id, &event).await
+                self.0.publisher.publish_job(topic, id, &event).await
             }
         }
     }

@@ -8,16 +8,15 @@
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::{transient, Services, Stage};
-use crate::domain::{Backoff, Transition};
+use super::{JobError, Jobs};
+use crate::domain::{Stage, Transition};
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::failpoints;
-use crate::kafka::HandlerError;
 use crate::store::transitions::{self, Completion};
 use crate::store::{orphans, Extraction};
 
-impl Services {
+impl Jobs {
     /// Marks attempt `token` succeeded with `output` and requests its bbox
     /// refinement, in one commit; then publishes both events and the request.
     pub async fn succeed_extraction(
@@ -25,18 +24,16 @@ impl Services {
         (id, token): (Uuid, i32),
         output: &ExtractionOutput,
         reason: PublishReason,
-    ) -> Result<bool, HandlerError> {
+    ) -> Result<bool, JobError> {
         let result = serde_json::to_value(output).expect("extraction output serialises");
         let completion = Completion { id, token, result };
-        let succeeded = self.batched.succeed[Stage::Extraction]
+        let succeeded = self.0.batched.succeed[Stage::Extraction]
             .run(completion)
-            .await
-            .map_err(transient)?;
+            .await?;
         // One statement made both transitions: they win or lose together.
-        self.metrics
-            .transition(Transition::MarkSucceeded, &succeeded);
-        self.metrics
-            .transition(Transition::StartBboxRefinement, &succeeded);
+        let metrics = &self.0.metrics;
+        metrics.transition(Transition::MarkSucceeded, &succeeded);
+        metrics.transition(Transition::StartBboxRefinement, &succeeded);
         let Some(succeeded) = succeeded else {
             self.stale(Stage::Extraction, id, token, "completion");
             return Ok(false);
@@ -58,10 +55,8 @@ impl Services {
         id: Uuid,
         requested: &Extraction,
         reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        failpoints::hit("worker.after_mark_succeeded")
-            .await
-            .map_err(transient)?;
+    ) -> Result<(), JobError> {
+        failpoints::hit("worker.after_mark_succeeded").await?;
         let (requested_published, emitted) = tokio::join!(
             self.request_bbox_refinement(id, reason),
             self.emit(Transition::StartBboxRefinement, requested, None, reason),
@@ -71,24 +66,23 @@ impl Services {
     }
 
     /// Publishes the bbox refinement request and, once acknowledged, stamps it.
-    pub(super) async fn request_bbox_refinement(
+    pub async fn request_bbox_refinement(
         &self,
         id: Uuid,
         reason: PublishReason,
-    ) -> Result<(), HandlerError> {
-        let handed_over = self.hand_over(Stage::BboxRefinement, id, reason).await;
-        handed_over.map_err(transient)?;
-        self.batched.bbox_requested.run(id).await.map_err(transient)
+    ) -> Result<(), JobError> {
+        self.hand_over(Stage::BboxRefinement, id, reason).await?;
+        Ok(self.0.batched.bbox_requested.run(id).await?)
     }
 
-    /// Marks attempt `token` failed for good with `error`.
+    /// Marks attempt `claim` failed for good with `error`.
     pub async fn fail_extraction(
         &self,
-        (id, token): (Uuid, i32),
+        claim: (Uuid, i32),
         error: &str,
         reason: PublishReason,
-    ) -> Result<bool, HandlerError> {
-        self.fail_claim(Stage::Extraction, (id, token), error, reason)
+    ) -> Result<bool, JobError> {
+        self.fail_claim(Stage::Extraction, claim, error, reason)
             .await
     }
 
@@ -99,18 +93,15 @@ impl Services {
         (id, token): (Uuid, i32),
         error: &str,
         reason: PublishReason,
-    ) -> Result<bool, HandlerError> {
-        let settings = &self.settings;
+    ) -> Result<bool, JobError> {
+        let settings = &self.0.settings;
         if token >= settings.max_attempts {
             let error = format!("{error} (gave up after {token} attempts)");
             return self.fail_extraction((id, token), &error, reason).await;
         }
-        let backoff = Backoff {
-            base: settings.retry_base_delay_s.get(),
-            max: settings.retry_max_delay_s.get(),
-        };
-        let delay_s = backoff.after(token).as_secs_f64();
-        let requeued = || transitions::requeue_for_retry(&self.pool, id, token, error, delay_s);
+        let delay_s = settings.backoff.after(token).as_secs_f64();
+        let pool = &self.0.pool;
+        let requeued = || transitions::requeue_for_retry(pool, id, token, error, delay_s);
         let row = self.persist("requeue_for_retry", requeued).await?;
         let transition = Transition::RequeueForRetry;
         let Some(row) = self
@@ -119,7 +110,8 @@ impl Services {
         else {
             return Ok(false);
         };
-        self.metrics
+        self.0
+            .metrics
             .jobs
             .retries_scheduled
             .with_label_values(&["extraction"])
@@ -134,8 +126,8 @@ impl Services {
         &self,
         (id, token): (Uuid, i32),
         reason: PublishReason,
-    ) -> Result<bool, HandlerError> {
-        let cancelled = || transitions::mark_cancelled(&self.pool, id, Some(token));
+    ) -> Result<bool, JobError> {
+        let cancelled = || transitions::mark_cancelled(&self.0.pool, id, Some(token));
         let row = self.persist("mark_cancelled", cancelled).await?;
         let transition = Transition::MarkCancelled;
         let cancelled = self
@@ -150,7 +142,7 @@ impl Services {
 
 /// The delayed publish of a retry. Losing it (the process dies first) is safe:
 /// the due time is in the row, and the reaper republishes a class-3 orphan.
-async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
+async fn publish_when_due(jobs: Jobs, id: Uuid, delay_s: f64) {
     tokio::time::sleep(std::time::Duration::from_secs_f64(delay_s)).await;
     if failpoints::hit("worker.before_retry_publish")
         .await
@@ -159,11 +151,11 @@ async fn publish_when_due(services: Services, id: Uuid, delay_s: f64) {
         return;
     }
     let stage = Stage::Extraction;
-    if let Err(e) = services.hand_over(stage, id, PublishReason::Retry).await {
+    if let Err(e) = jobs.hand_over(stage, id, PublishReason::Retry).await {
         tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
         return;
     }
-    if let Err(e) = orphans::record_published(&services.pool, stage, id).await {
+    if let Err(e) = orphans::record_published(&jobs.0.pool, stage, id).await {
         tracing::warn!(%id, error = %e, "retry publish not recorded; the reaper may republish it");
     }
 }
