@@ -23,6 +23,26 @@ use crate::store::{self, orphans, Claim, Extraction, Insert, StoreError};
 /// Submit INSERTs in flight at once, whatever `db_batch_concurrency` says.
 const SUBMIT_CONCURRENCY: usize = 2;
 
+/// How the batchers group: at most `max` inputs per statement, and
+/// `concurrency` statements of one kind in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    /// Inputs per statement, at most.
+    pub max: usize,
+    /// Statements of one kind in flight at once.
+    pub concurrency: usize,
+}
+
+impl BatchLimits {
+    /// The limits of `settings`.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            max: settings.db_batch_max,
+            concurrency: settings.db_batch_concurrency,
+        }
+    }
+}
+
 /// The grouped statements; clones share the batchers.
 #[derive(Clone)]
 pub struct Batched {
@@ -48,14 +68,14 @@ impl Batched {
     /// Each submit INSERT's duration goes to `admission`, whose target
     /// latency follows the database's pace.
     pub fn new(
-        settings: &Settings,
+        limits: BatchLimits,
         stages: &PerStage<StageSettings>,
         pool: &PgPool,
         health: &Health,
         metrics: &Metrics,
         admission: &Admission,
     ) -> Self {
-        let (max, concurrency) = (settings.db_batch_max, settings.db_batch_concurrency);
+        let BatchLimits { max, concurrency } = limits;
         macro_rules! batcher {
             (|$pool:ident, $inputs:ident| $statement:expr) => {{
                 let $pool = pool.clone();

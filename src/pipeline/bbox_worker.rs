@@ -24,18 +24,21 @@ const STAGE: Stage = Stage::BboxRefinement;
 /// The bbox worker's record handler.
 pub struct BboxWorker {
     services: Services,
+    /// How long one grounding may take.
+    budget: std::time::Duration,
 }
 
 impl BboxWorker {
     /// A bbox worker on `services`.
     pub fn new(services: Services) -> Self {
-        Self { services }
+        let budget = services.settings.bbox_refine_timeout_s.get();
+        Self { services, budget }
     }
 
     /// Grounds the claimed job on the CPU pool, within its deadline: the
     /// values' boxes, or why there are none.
     async fn grounding(
-        services: &Services,
+        &self,
         claim: &Claim,
         request: Option<ExtractionRequest>,
     ) -> Result<serde_json::Value, String> {
@@ -47,9 +50,8 @@ impl BboxWorker {
             serde_json::from_value(row.result.clone().unwrap_or_default())
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
         let request = request.ok_or("the claim returned no request")?;
-        let budget = services.settings.bbox_refine_timeout_s.get();
         let size = request.document.text_bytes() * output.fields.len().max(1);
-        let grounded = services.cpu.run(budget, size, move |_| {
+        let grounded = self.services.cpu.run(self.budget, size, move |_| {
             let grounding = ground(&request.document, &output);
             Ok(serde_json::to_value(grounding).expect("grounding serialises"))
         });
@@ -92,7 +94,7 @@ impl BboxWorker {
         let claimed = (claim.extraction.id, claim.token);
         let started = Instant::now();
         let request = claim.extraction.request.take().map(|json| json.0);
-        let work = Self::grounding(services, &claim, request);
+        let work = self.grounding(&claim, request);
         let grounded = match services.jobs.hold_claim(STAGE, claimed, work).await {
             Held::Done(grounded) => grounded,
             // Bbox refinement has no cancel of its own; a lost claim is someone else's now.

@@ -5,17 +5,21 @@
 //! turn reports, and a process whose turn it was not clears its own series, so
 //! each series has a single source (dashboards take `max` over processes).
 
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
 
 use super::Services;
 use crate::health::Dependency;
 use crate::metrics::CensusMetrics;
-use crate::store::{census, orphans, StoreError};
+use crate::store::orphans::{self, Thresholds};
+use crate::store::{census, StoreError};
 
 /// Runs the census until `shutdown`; a failed tick is counted and logged, and
 /// the next one tries again.
 pub async fn run(services: Services, shutdown: CancellationToken) {
     let interval = services.settings.census_interval_s.get();
+    let thresholds = Thresholds::of(&services.settings);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let metrics = &services.metrics.census;
@@ -26,7 +30,8 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
         }
         // Bounded, so a census stuck on an unanswering database does not
         // keep the turn's series frozen: they are cleared instead.
-        let tick = tokio::time::timeout(interval, take(&services, metrics)).await;
+        let took = take(&services, metrics, interval, thresholds);
+        let tick = tokio::time::timeout(interval, took).await;
         let outcome = match tick {
             Ok(Ok(true)) => "taken",
             Ok(Ok(false)) => "skipped",
@@ -50,15 +55,19 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
 
 /// One tick: takes the census if it is this process's turn (true), else
 /// clears this process's census series (false).
-async fn take(services: &Services, metrics: &CensusMetrics) -> Result<bool, StoreError> {
-    let settings = &services.settings;
+async fn take(
+    services: &Services,
+    metrics: &CensusMetrics,
+    interval: Duration,
+    thresholds: Thresholds,
+) -> Result<bool, StoreError> {
     let pool = &services.pool;
-    if !census::take_turn(pool, settings.census_interval_s.as_secs_f64()).await? {
+    if !census::take_turn(pool, interval.as_secs_f64()).await? {
         metrics.clear();
         return Ok(false);
     }
     let counts = census::count(pool).await?;
-    let open = orphans::count_open(pool, orphans::Thresholds::of(settings)).await?;
+    let open = orphans::count_open(pool, thresholds).await?;
     let jobs = [
         (
             "extraction",

@@ -24,7 +24,7 @@ mod stamps;
 pub(crate) mod submit;
 mod worker;
 
-pub use batched::Batched;
+pub use batched::{BatchLimits, Batched};
 pub use bbox_worker::BboxWorker;
 pub use intake::{release_held, Holding, Intake, API_KEY_HEADER, TENANT_HEADER};
 pub use jobs::{JobError, Jobs, RepublishError};
@@ -52,7 +52,7 @@ use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::quota::{FailedAuthentications, SubmitRates};
-use crate::webhook::Webhooks;
+use crate::webhook::{WebhookSettings, Webhooks};
 
 /// What every role shares: a handle on one [`Parts`]. Each request, record
 /// and spawned task holds one, so a clone is one reference count.
@@ -116,9 +116,14 @@ impl Services {
     ) -> Result<Self, reqwest::Error> {
         let admission = Admission::new(AdmissionSettings::of(&settings));
         let stages = PerStage::new(|stage| settings.stage(stage));
-        let batched = Batched::new(&settings, &stages, &pool, &health, &metrics, &admission);
+        let limits = BatchLimits::of(&settings);
+        let batched = Batched::new(limits, &stages, &pool, &health, &metrics, &admission);
         let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
-        let webhooks = Webhooks::start(&settings, pool.clone(), metrics.clone());
+        let webhooks = Webhooks::start(
+            WebhookSettings::of(&settings),
+            pool.clone(),
+            metrics.clone(),
+        );
         let jobs = Jobs::new(
             &settings,
             pool.clone(),

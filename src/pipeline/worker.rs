@@ -37,6 +37,19 @@ const STAGE: Stage = Stage::Extraction;
 /// The extraction worker's record handler.
 pub struct ExtractionWorker {
     services: Services,
+    settings: WorkerSettings,
+}
+
+/// What the extraction worker reads of the settings.
+struct WorkerSettings {
+    /// Attempts before a job fails for good.
+    max_attempts: i32,
+    /// How long a running extraction may go on once its consumer stopped.
+    drain_budget: Duration,
+    /// Where a deferred result is posted, and the key of its token.
+    deferred: Option<(String, String)>,
+    /// How often a delivery that lost its claim looks at the job again.
+    heartbeat: Duration,
 }
 
 /// What the attempt came to, before it is made durable.
@@ -73,7 +86,15 @@ impl Attempt {
 impl ExtractionWorker {
     /// A worker that runs each job's extractor from `services.extractors`.
     pub fn new(services: Services) -> Self {
-        Self { services }
+        let settings = &services.settings;
+        let deferred = settings.deferred_results();
+        let settings = WorkerSettings {
+            max_attempts: settings.max_attempts,
+            drain_budget: settings.extraction_drain_budget(),
+            deferred: deferred.map(|(url, secret)| (url.to_owned(), secret.to_owned())),
+            heartbeat: settings.heartbeat_interval_s.get(),
+        };
+        Self { services, settings }
     }
 
     async fn run_claim(
@@ -89,7 +110,7 @@ impl ExtractionWorker {
         failpoints::hit("worker.after_claim")
             .await
             .map_err(JobError::from)?;
-        let max_attempts = self.services.settings.max_attempts;
+        let max_attempts = self.settings.max_attempts;
         if token > max_attempts {
             // Only a revived claim gets here (a worker that died, a deferred
             // result that never came): the attempts are spent all the same.
@@ -142,21 +163,16 @@ impl ExtractionWorker {
         request: &std::sync::Arc<crate::domain::ExtractionRequest>,
         stop: &CancellationToken,
     ) -> Held<Option<Result<Extracted, ExtractError>>> {
-        let settings = &self.services.settings;
-        let callback = settings
-            .deferred_results()
-            .map(|(url, secret)| Callback::new(url, secret, id, token));
+        let settings = &self.settings;
+        let callback =
+            (settings.deferred.as_ref()).map(|(url, secret)| Callback::new(url, secret, id, token));
         let job = Job {
             id,
             attempt: token,
             request,
             callback: callback.as_ref(),
         };
-        let work = within_drain(
-            self.extract(&job, stop),
-            stop,
-            settings.extraction_drain_budget(),
-        );
+        let work = within_drain(self.extract(&job, stop), stop, settings.drain_budget);
         self.services
             .jobs
             .hold_claim(STAGE, (id, token), work)
@@ -281,7 +297,6 @@ impl ExtractionWorker {
         reason: PublishReason,
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
-        let settings = &self.services.settings;
         let threshold = self.services.jobs.stage(Stage::BboxRefinement).orphan_after;
         let give_up = tokio::time::Instant::now() + threshold;
         loop {
@@ -309,7 +324,7 @@ impl ExtractionWorker {
             }
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(settings.heartbeat_interval_s.get()) => {}
+                _ = tokio::time::sleep(self.settings.heartbeat) => {}
             }
         }
     }

@@ -47,6 +47,46 @@ use crate::store::webhooks::{self as outbox, Delivery, Final};
 use crate::trace;
 use fair::Shares;
 
+/// What the dispatcher is configured with.
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// Whether jobs may name a `webhook_url` at all.
+    pub enabled: bool,
+    /// The addresses a webhook may reach beyond the public ones.
+    pub allow: AllowList,
+    /// How long one attempt may take.
+    pub timeout: Duration,
+    /// Attempts under way at once in this process.
+    pub concurrency: usize,
+    /// Of those, at most this many for one tenant.
+    pub concurrency_per_tenant: usize,
+    /// A pending delivery held by nobody this long is an orphan (class 6).
+    pub orphan_after: Duration,
+    /// Attempts before a delivery fails for good.
+    pub max_attempts: i32,
+    /// The delay before each retry.
+    pub backoff: Backoff,
+}
+
+impl WebhookSettings {
+    /// The dispatcher's settings of `settings`.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            enabled: settings.webhooks_enabled,
+            allow: settings.webhook_allow.clone(),
+            timeout: settings.webhook_timeout_s.get(),
+            concurrency: settings.webhook_concurrency,
+            concurrency_per_tenant: settings.webhook_concurrency_per_tenant,
+            orphan_after: settings.webhook_orphan_threshold_s.get(),
+            max_attempts: settings.webhook_max_attempts,
+            backoff: Backoff {
+                base: settings.webhook_retry_base_delay_s.get(),
+                max: settings.webhook_retry_max_delay_s.get(),
+            },
+        }
+    }
+}
+
 /// A process's webhook dispatcher: wake it with a delivery's id and it makes
 /// the attempts that are due.
 #[derive(Clone)]
@@ -60,32 +100,26 @@ pub struct Webhooks {
 impl Webhooks {
     /// Starts this process's dispatcher (a task that lives as long as the
     /// process; deliveries it leaves unfinished are orphans the reaper revives).
-    pub fn start(settings: &Settings, pool: PgPool, metrics: Metrics) -> Self {
-        let guard = Guard::new(settings.webhook_allow.clone());
-        let timeout = settings.webhook_timeout_s.get();
-        let client = http_client(&guard, timeout);
+    pub fn start(settings: WebhookSettings, pool: PgPool, metrics: Metrics) -> Self {
+        let guard = Guard::new(settings.allow);
+        let client = http_client(&guard, settings.timeout);
         let (wake, woken) = mpsc::channel(WAKE_QUEUE);
-        let enabled = settings.webhooks_enabled;
+        let enabled = settings.enabled;
         let dispatcher = Dispatcher {
             pool,
             metrics: metrics.clone(),
             client,
             guard: guard.clone(),
             wake: wake.clone(),
-            shares: Shares::new(settings.webhook_concurrency_per_tenant, WAKE_QUEUE),
+            shares: Shares::new(settings.concurrency_per_tenant, WAKE_QUEUE),
             // The lease outlives an attempt (its lookup, then its request),
             // so only a dead dispatcher's attempt is ever taken over.
-            lease_s: (settings.webhook_timeout_s.get()
-                + guard::LOOKUP_TIMEOUT
-                + settings.webhook_orphan_threshold_s.get())
-            .as_secs_f64(),
-            max_attempts: settings.webhook_max_attempts,
-            backoff: Backoff {
-                base: settings.webhook_retry_base_delay_s.get(),
-                max: settings.webhook_retry_max_delay_s.get(),
-            },
+            lease_s: (settings.timeout + guard::LOOKUP_TIMEOUT + settings.orphan_after)
+                .as_secs_f64(),
+            max_attempts: settings.max_attempts,
+            backoff: settings.backoff,
         };
-        tokio::spawn(Arc::new(dispatcher).run(woken, settings.webhook_concurrency));
+        tokio::spawn(Arc::new(dispatcher).run(woken, settings.concurrency));
         Self {
             wake,
             guard,

@@ -81,12 +81,34 @@ impl Kind {
 pub struct Reaper {
     services: Services,
     kind: Kind,
+    settings: ReaperSettings,
+}
+
+/// What a reaper reads of the settings.
+#[derive(Debug, Clone, Copy)]
+struct ReaperSettings {
+    /// Time between two sweeps.
+    sweep_interval: std::time::Duration,
+    /// Orphans taken per sweep, at most.
+    batch: i64,
+    /// The windows that tell an orphan from slow work.
+    thresholds: Thresholds,
 }
 
 impl Reaper {
     /// A reaper of `kind` on `services`.
     pub fn new(services: Services, kind: Kind) -> Self {
-        Self { services, kind }
+        let settings = &services.settings;
+        let settings = ReaperSettings {
+            sweep_interval: settings.reaper_sweep_interval_s.get(),
+            batch: settings.reaper_batch_size,
+            thresholds: Thresholds::of(settings),
+        };
+        Self {
+            services,
+            kind,
+            settings,
+        }
     }
 
     /// Sweeps every sweep interval until `shutdown`.
@@ -104,8 +126,9 @@ impl Reaper {
         &self,
         conn: &mut PoolConnection<Postgres>,
     ) -> Result<Sweep, StoreError> {
-        let settings = &self.services.settings;
-        let (thresholds, batch) = (Thresholds::of(settings), settings.reaper_batch_size);
+        let ReaperSettings {
+            thresholds, batch, ..
+        } = self.settings;
         let stage = match self.kind {
             Kind::Webhook => return self.wake_unsent(conn).await,
             Kind::Extraction => Stage::Extraction,
@@ -121,10 +144,11 @@ impl Reaper {
     /// dispatcher (which claims it, so a second hand-out is harmless).
     async fn wake_unsent(&self, conn: &mut PoolConnection<Postgres>) -> Result<Sweep, StoreError> {
         let services = &self.services;
-        let settings = &services.settings;
-        let threshold_s = settings.webhook_orphan_threshold_s.as_secs_f64();
-        let taken =
-            webhooks::take_orphans(&mut **conn, threshold_s, settings.reaper_batch_size).await?;
+        let (threshold_s, batch) = (
+            self.settings.thresholds.webhook_pending_s,
+            self.settings.batch,
+        );
+        let taken = webhooks::take_orphans(&mut **conn, threshold_s, batch).await?;
         let label = [OrphanClass::WebhookUnsent.label()];
         let reapers = &services.metrics.reapers;
         for (id, tenant, age_s) in &taken {
@@ -151,7 +175,7 @@ impl Reaper {
 /// counted and the next one tries again; a reaper never gives up.
 async fn run_sweeps(reaper: &Reaper, shutdown: CancellationToken) {
     let services = &reaper.services;
-    let mut ticker = tokio::time::interval(services.settings.reaper_sweep_interval_s.get());
+    let mut ticker = tokio::time::interval(reaper.settings.sweep_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
