@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -18,9 +19,10 @@ use crate::admission::Permit;
 use crate::auth::Caller;
 use crate::domain::{ExtractionRequest, ExtractionStatus, Scope, Transition};
 use crate::events::PublishReason;
+use crate::extract::ExtractionOutput;
 use crate::pipeline;
 use crate::pipeline::Services;
-use crate::store::{self, transitions, Extraction, NewExtraction};
+use crate::store::{self, transitions, BboxRefinement, Extraction, NewExtraction};
 
 /// Submit, read and cancel. A submit passes the process's admission limit
 /// first (`admission`), before its key is looked up or its body read.
@@ -33,42 +35,56 @@ pub(super) fn router(services: &Services) -> Router<Services> {
 }
 
 /// The answer to a submit.
-#[derive(Serialize)]
-struct Accepted {
+#[derive(Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct Accepted {
     id: Uuid,
+    /// `queued` for a new job; a repeated key answers its job's status.
     status: ExtractionStatus,
 }
 
-/// An extraction as the API shows it (the document itself is not echoed).
-#[derive(Serialize)]
-struct ExtractionView {
+/// A job as `GET /v1/extractions/{id}` answers it (the document itself is
+/// not echoed).
+#[derive(Serialize, JsonSchema)]
+#[schemars(rename = "Extraction", deny_unknown_fields)]
+pub(super) struct ExtractionView {
     id: Uuid,
     status: ExtractionStatus,
+    /// Claims so far.
+    #[schemars(range(min = 0))]
     attempts: i32,
     idempotency_key: Option<String>,
     submitted_at: DateTime<Utc>,
     started_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
+    /// The extracted values once the job succeeded, else null.
+    #[schemars(with = "Option<ExtractionOutput>")]
     result: Option<serde_json::Value>,
+    /// Why the job failed or was retried.
     error: Option<String>,
     next_attempt_at: Option<DateTime<Utc>>,
     cancel_requested_at: Option<DateTime<Utc>>,
-    post_processing: serde_json::Value,
+    /// `bbox_refinement` once the extraction succeeded, else empty.
+    post_processing: PostProcessing,
     webhook_url: Option<String>,
+    /// The request's `metadata`, unchanged (null without one).
     metadata: Option<serde_json::Value>,
 }
 
-/// `{"bbox_refinement": {...}}` once the extraction succeeded, else `{}`.
-fn post_processing(row: &Extraction) -> serde_json::Value {
-    match row.bbox_refinement() {
-        Some(bbox) => serde_json::json!({ "bbox_refinement": bbox }),
-        None => serde_json::json!({}),
-    }
+/// The steps after the extraction: its bbox refinement once it succeeded.
+#[derive(Serialize, JsonSchema)]
+#[schemars(inline, deny_unknown_fields)]
+struct PostProcessing {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "BboxRefinement")]
+    bbox_refinement: Option<BboxRefinement>,
 }
 
 impl From<Extraction> for ExtractionView {
     fn from(row: Extraction) -> Self {
-        let post_processing = post_processing(&row);
+        let post_processing = PostProcessing {
+            bbox_refinement: row.bbox_refinement(),
+        };
         let (webhook_url, metadata) = row
             .request
             .map(|r| (r.0.webhook_url, r.0.metadata))

@@ -30,6 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use futures::{SinkExt, StreamExt};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
@@ -39,7 +40,7 @@ use uuid::Uuid;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
-use crate::domain::{ExtractionRequest, RequestError, Scope};
+use crate::domain::{schema, ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::{self, Services};
 use crate::store::NewExtraction;
 
@@ -53,13 +54,18 @@ pub(super) fn router() -> Router<Services> {
     Router::new().route("/v1/import", get(upgrade))
 }
 
-/// One submission on the socket.
-#[derive(Deserialize)]
+/// A client frame of the import stream: one submission.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct Frame {
-    /// The client's reference, echoed in the answer.
+#[schemars(rename = "ImportFrame")]
+pub(super) struct Frame {
+    /// Anything; echoed in the answer.
     #[serde(rename = "ref", default)]
     reference: serde_json::Value,
+    #[schemars(
+        length(min = 1, max = MAX_IDEMPOTENCY_KEY_LEN),
+        pattern(schema::VISIBLE_ASCII)
+    )]
     idempotency_key: Option<String>,
     request: ExtractionRequest,
 }

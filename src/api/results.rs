@@ -30,10 +30,12 @@ pub(super) fn router() -> Router<Services> {
     Router::new().route("/v1/extractions/{id}/result", post(post_result))
 }
 
-/// What the result did to the job.
-#[derive(Serialize)]
-struct Ended {
+/// What a deferred result did to the job.
+#[derive(Serialize, schemars::JsonSchema)]
+#[schemars(rename = "ResultRecorded", deny_unknown_fields)]
+pub(super) struct Recorded {
     id: Uuid,
+    #[schemars(extend("enum" = ["succeeded", "retried", "failed"]))]
     status: &'static str,
 }
 
@@ -54,7 +56,7 @@ async fn post_result(
     id: Result<Path<Uuid>, PathRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Ended>, ApiError> {
+) -> Result<Json<Recorded>, ApiError> {
     let Path(id) = id?;
     // The token first: a caller without one is not worth reading a body of
     // up to the limit for.
@@ -154,7 +156,7 @@ async fn end(
     claim: (Uuid, i32),
     request: &ExtractionRequest,
     body: &[u8],
-) -> Result<Json<Ended>, ApiError> {
+) -> Result<Json<Recorded>, ApiError> {
     let limits = services.extractors.result_limits();
     let (won, status) = match read_ending(request, body, limits)? {
         Ending::Succeed(output) => (
@@ -181,7 +183,7 @@ async fn end(
         ),
     };
     match won.map_err(unavailable)? {
-        true => Ok(Json(Ended {
+        true => Ok(Json(Recorded {
             id: claim.0,
             status,
         })),

@@ -7,6 +7,7 @@ mod limits;
 pub mod pattern;
 mod request;
 mod retry;
+pub mod schema;
 mod stage;
 mod state;
 mod tenant;

@@ -4,9 +4,10 @@
 
 use std::collections::HashSet;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::RequestLimits;
+use super::{schema, RequestLimits};
 
 /// Longest idempotency key accepted, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -22,23 +23,37 @@ pub fn idempotency_key_is_valid(key: &str) -> bool {
 /// serde_json's own nesting limit: JSON deeper than this does not parse.
 const PARSER_DEPTH: usize = 128;
 
-/// One extraction job as submitted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One extraction job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtractionRequest {
     /// The document to read.
     pub document: Document,
-    /// The fields to extract, in the order they are reported.
+    /// What to extract, in the order it is reported. Names are unique
+    /// within a request (else 422).
+    #[schemars(length(min = 1), extend("x-limit" = "max_fields"))]
     pub fields: Vec<FieldSpec>,
-    /// Where to report the terminal state; delivered by a later stage.
+    /// Where the terminal state is reported: an absolute http or https URL
+    /// with a host, at most {max_url_bytes} bytes. A host that is, or
+    /// resolves to, an address webhooks may not reach (loopback, private,
+    /// link-local and other special-use addresses, unless
+    /// `DOCSTREAM_WEBHOOK_ALLOW` admits it) gets 422; a name that does not
+    /// resolve yet is accepted, and judged again before each delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(url, pattern(schema::HTTP_URL), extend("x-limit" = "max_url_bytes"))]
     pub webhook_url: Option<String>,
-    /// Opaque client data, echoed back unchanged.
+    /// Opaque client data, echoed in every answer and event: at most
+    /// {max_metadata_bytes} bytes as compact JSON, nested at most
+    /// {max_json_depth} levels deep (else 422).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "schema::JsonValue")]
     pub metadata: Option<serde_json::Value>,
-    /// The extractor to run: `rules` (the built-in one, the default) or the
-    /// name of an extractor in the settings.
+    /// Who extracts: `rules` (the default) is the built-in rule extractor,
+    /// which needs a `pattern` or an `anchor` in every field; any other is an
+    /// external extractor of the settings, for which both are hints. An
+    /// unknown name gets 422. Names are 1 to 64 of a-z, 0-9, `-` and `_`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_EXTRACTOR_NAME_LEN))]
     pub extractor: Option<String>,
 }
 
@@ -59,7 +74,8 @@ pub fn extractor_name_is_valid(name: &str) -> bool {
 }
 
 /// A document either as plain text or as pages of OCR words with geometry.
-/// Exactly one of the two is present.
+/// Exactly one of the two is present (its schema says so: a
+/// [`TextDocument`] or a [`PagesDocument`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Document {
@@ -71,51 +87,120 @@ pub struct Document {
     pub pages: Option<Vec<Page>>,
 }
 
+impl JsonSchema for Document {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Document".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Exactly one of `text` and `pages`.",
+            "oneOf": [
+                generator.subschema_for::<TextDocument>(),
+                generator.subschema_for::<PagesDocument>(),
+            ],
+        })
+    }
+}
+
+/// A document of plain text (the schema of a `Document` with `text`).
+#[derive(JsonSchema)]
+#[schemars(deny_unknown_fields)]
+#[allow(dead_code)]
+struct TextDocument {
+    /// Plain text, not blank, of at most {max_text_words} words (runs of
+    /// non-whitespace; more is refused 422 `limit_exceeded`); values found
+    /// in it have no boxes.
+    #[schemars(pattern(schema::NOT_BLANK))]
+    text: String,
+    #[schemars(default, with = "()")]
+    pages: (),
+}
+
+/// A document of pages of positioned words (the schema of a `Document`
+/// with `pages`).
+#[derive(JsonSchema)]
+#[schemars(deny_unknown_fields)]
+#[allow(dead_code)]
+struct PagesDocument {
+    /// Pages of positioned words, in reading order; at least one page has a
+    /// word.
+    #[schemars(
+        length(min = 1),
+        extend("x-limit" = "max_pages"),
+        extend("contains" = {"type": "object", "properties": {"words": {"minItems": 1}}})
+    )]
+    pages: Vec<Page>,
+    #[schemars(default, with = "()")]
+    text: (),
+}
+
 /// One page of positioned words.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Page {
     /// Page width in the unit of the boxes (points, pixels: the client's choice).
+    #[schemars(range(min = -schema::FINITE, max = schema::FINITE))]
     pub width: f64,
     /// Page height in the same unit.
+    #[schemars(range(min = -schema::FINITE, max = schema::FINITE))]
     pub height: f64,
     /// Words in reading order.
+    #[schemars(extend("x-limit" = "max_words_per_page"))]
     pub words: Vec<Word>,
 }
 
-/// A word and its box `[x0, y0, x1, y1]` (top-left origin).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A word and its box.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Word {
     /// The word's text, without surrounding whitespace.
+    #[schemars(pattern(schema::NO_NUL))]
     pub text: String,
-    /// Bounding box `[x0, y0, x1, y1]`.
+    /// `[x0, y0, x1, y1]`, top-left origin, with x0 <= x1 and y0 <= y1
+    /// (else 422).
+    #[schemars(inner(range(min = -schema::FINITE, max = schema::FINITE)))]
     pub bbox: [f64; 4],
 }
 
-/// What to extract and how to find it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One field to extract, and how to find it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FieldSpec {
-    /// Key of the value in the result; unique within a request.
+    /// The value's key in the result: not blank, at most
+    /// {max_field_name_bytes} bytes, unique within the request.
+    #[schemars(
+        length(min = 1),
+        pattern(schema::NOT_BLANK),
+        extend("x-limit" = "max_field_name_bytes")
+    )]
     pub name: String,
     /// How the value is recognised and normalised.
     #[serde(rename = "type", default)]
     pub field_type: FieldType,
-    /// A regular expression; capture group 1, if any, is the value.
+    /// A regular expression (Rust `regex` syntax); capture group 1, if any,
+    /// is the value. At most {max_pattern_bytes} bytes; one that does not
+    /// compile, or compiles to more than {max_pattern_program_bytes} bytes,
+    /// gets 422.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        pattern(schema::NO_NUL),
+        extend("format" = "rust-regex", "x-limit" = "max_pattern_bytes")
+    )]
     pub pattern: Option<String>,
-    /// Words that precede the value ("Invoice number", "Total"); the value is the
-    /// first match after them.
+    /// The words that come before the value ("Invoice number", "Total"); the
+    /// value is the first match after them. At most {max_anchor_bytes}
+    /// bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(schema::NO_NUL), extend("x-limit" = "max_anchor_bytes"))]
     pub anchor: Option<String>,
-    /// When true, a document without this field fails the extraction.
+    /// When true, a document without this field fails the job.
     #[serde(default)]
     pub required: bool,
 }
 
-/// The kinds of value the rule extractor recognises.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How a value is recognised and normalised.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FieldType {
     /// One word, or the pattern's match.

@@ -8,6 +8,7 @@ mod codec;
 
 pub use codec::{decode, encode, CodecError, SINGLE_OBJECT_MAGIC};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -15,7 +16,7 @@ use crate::domain::Transition;
 use crate::store::Extraction;
 
 /// Why an event was published: first submit, a retry, or a reaper revival.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PublishReason {
     /// Published by the submit path.
@@ -83,15 +84,18 @@ pub struct PostProcessingRequested {
 }
 
 /// `extraction.events`: one per won transition.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExtractionEvent {
     /// The job.
+    #[schemars(with = "uuid::Uuid")]
     pub extraction_id: String,
     /// The transition that won.
     pub transition: String,
     /// Status after it.
+    #[schemars(with = "crate::domain::ExtractionStatus")]
     pub status: String,
     /// Bbox sub-state after it, if there is one.
+    #[schemars(with = "Option<crate::domain::BboxStatus>")]
     pub bbox_status: Option<String>,
     /// Fencing token it ran under.
     pub token: Option<i32>,
@@ -101,8 +105,9 @@ pub struct ExtractionEvent {
     pub reason: PublishReason,
     /// Publish time, ms since the epoch.
     pub published_at_ms: i64,
-    /// The job's tenant; `None` in events written before tenants existed
+    /// The job's tenant; null in events written before tenants existed
     /// (schema version 1), whose jobs belong to the tenant `default`.
+    #[schemars(with = "Option<uuid::Uuid>")]
     pub tenant_id: Option<String>,
 }
 

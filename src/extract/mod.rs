@@ -33,24 +33,27 @@ use uuid::Uuid;
 
 use crate::domain::{ExtractionRequest, ResultLimits};
 
-/// One extracted value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One value found, and where.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ExtractedValue {
     /// Normalised value: `1234.50` for money, `2026-11-30` for dates.
     pub value: String,
     /// The text as it appears in the document, when the extractor knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub raw: Option<String>,
     /// First and last index (inclusive) of the words it spans, in reading
     /// order, when the extractor knows them; bbox grounding needs them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "[usize; 2]")]
     pub words: Option<[usize; 2]>,
 }
 
 /// What an extractor returns: each requested field, found or not (`null`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "ExtractionResult")]
 pub struct ExtractionOutput {
-    /// Values by field name.
+    /// Each requested field by name: its value, or null when it was not found.
     pub fields: BTreeMap<String, Option<ExtractedValue>>,
 }
 

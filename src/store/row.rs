@@ -94,11 +94,13 @@ pub struct Extraction {
 
 /// The bbox refinement sub-state, as the API shows it under
 /// `post_processing.bbox_refinement`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct BboxRefinement {
     /// Sub-state.
     pub status: BboxStatus,
     /// Claims so far; the current holder's fencing token.
+    #[schemars(range(min = 0))]
     pub attempts: i32,
     /// When the bbox refinement was requested.
     pub requested_at: Option<DateTime<Utc>>,
@@ -110,7 +112,7 @@ pub struct BboxRefinement {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// When grounding finished.
     pub finished_at: Option<DateTime<Utc>>,
-    /// Grounded boxes per field, when the statement that read the row joined them.
+    /// Grounded boxes per field, once grounding finished (else null).
     pub result: Option<serde_json::Value>,
     /// Why grounding failed.
     pub error: Option<String>,

@@ -1,0 +1,593 @@
+//! The route table of the document: each operation, its parameters and
+//! answers, and the error answers they share. The bodies they name are in
+//! [`super::schemas`].
+
+use serde_json::{json, Value};
+
+use super::{response, schema, PATH};
+use crate::api::export::MAX_GROUP_LEN;
+use crate::config::Settings;
+use crate::domain::{Scope, MAX_IDEMPOTENCY_KEY_LEN};
+
+/// The document's `info`, with the limits every route shares.
+pub(super) fn info(settings: &Settings) -> Value {
+    let description = format!(
+        "docstream's HTTP API. Every route but the probes and this document needs \
+         `Authorization: Bearer <key>` with the route's scope (scopes: {scopes}); the \
+         deferred-result route takes the extraction service's token instead. An address \
+         that keeps presenting keys that are not valid gets 429 for a key this server \
+         does not know yet ({failures}/s, ten seconds' worth at once; \
+         `DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S`); keys it knows pass.\n\n\
+         Every failure answers `{{\"error\": {{\"code\", \"message\"}}}}` with its status \
+         (a 429 adds `retry_after_s`). A 401 carries `WWW-Authenticate: Bearer`; a 429 and \
+         a 503 carry `Retry-After`. A REST request is answered within \
+         {answer_s} s (`DOCSTREAM_HTTP_ANSWER_TIMEOUT_S`), with 503 when a dependency \
+         did not answer in time, or at once with code `overloaded` when the server has \
+         no room for another submit: repeat a submit that got a 503, or no answer, with \
+         the same `Idempotency-Key`. A 500 is a bug.\n\n\
+         Request bodies are at most {body} bytes (`DOCSTREAM_HTTP_BODY_LIMIT_BYTES`); a \
+         larger one gets 413. String limits are in UTF-8 bytes, which `maxLength` (in \
+         characters) states exactly for ASCII text only.\n\n\
+         The WebSocket streams (`GET /v1/import`, `GET /v1/export`) are described \
+         under `x-websockets`, not `paths`: their success is `101 Switching Protocols`, \
+         after which the connection speaks WebSocket.\n\n\
+         This document is rendered from the server's settings, so the limits it states \
+         are the ones it enforces.",
+        scopes = Scope::ALL.map(Scope::as_str).join(", "),
+        answer_s = settings.http_answer_timeout_s,
+        body = settings.http_body_limit_bytes,
+        failures = settings.auth_failures_per_peer_per_s,
+    );
+    json!({
+        "title": "docstream",
+        "version": env!("CARGO_PKG_VERSION"),
+        "description": description,
+        "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+    })
+}
+
+/// The WebSocket routes, in an extension of their own: OpenAPI has no
+/// words for a WebSocket, and in `paths` they read as HTTP operations whose
+/// success is `101 Switching Protocols`, which HTTP clients generated from
+/// the document and generic fuzzers take for a broken answer (and then send
+/// their next request on a connection that speaks WebSocket). Each is
+/// described as an operation all the same: its query, its upgrade answer,
+/// its refusals.
+pub(super) fn websockets(settings: &Settings) -> Value {
+    json!({
+        "/v1/import": {"get": import()},
+        "/v1/export": {"get": export(settings)},
+    })
+}
+
+/// The HTTP routes.
+pub(super) fn paths(settings: &Settings) -> Value {
+    json!({
+        "/v1/extractions": {"post": submit(settings)},
+        "/v1/extractions/{id}": {"get": read()},
+        "/v1/extractions/{id}/cancel": {"post": cancel()},
+        "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
+        "/healthz": {"get": healthz()},
+        "/readyz": {"get": readyz()},
+        PATH: {"get": openapi()},
+    })
+}
+
+/// The path parameter `id`.
+fn id_parameter() -> Value {
+    json!({
+        "name": "id",
+        "in": "path",
+        "required": true,
+        "description": "The extraction's id (a UUID); anything else gets 400.",
+        "schema": {"type": "string", "format": "uuid"},
+    })
+}
+
+/// Links from an answer carrying an extraction's `id` to the routes that take it.
+fn links(to: &[(&str, &str)]) -> Value {
+    let links: serde_json::Map<String, Value> = to
+        .iter()
+        .map(|(name, operation)| {
+            let link = json!({
+                "operationId": operation,
+                "parameters": {"id": "$response.body#/id"},
+            });
+            (name.to_string(), link)
+        })
+        .collect();
+    Value::Object(links)
+}
+
+/// The submit's optional `Idempotency-Key` header.
+fn idempotency_key_header() -> Value {
+    json!({
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": false,
+        "description": format!(
+            "Makes the submit safe to repeat: 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible \
+             ASCII characters (spaces allowed inside; HTTP drops them at either end). \
+             Anything else gets 400."
+        ),
+        "schema": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+            "pattern": "^[\\u0021-\\u007e]([\\u0020-\\u007e]*[\\u0021-\\u007e])?$",
+        },
+    })
+}
+
+fn submit(settings: &Settings) -> Value {
+    let description = format!(
+        "Submits one extraction job (scope `submit`). It is answered 202 once the job's \
+         row is committed; the job's event follows (the reaper republishes it if the \
+         broker was away). With an `Idempotency-Key`, a repeat of the same request answers \
+         the first job (with its current status) instead of making a second one; the \
+         same key with another request gets 422. Keys are unique within a tenant.\n\n\
+         Past the tenant's submit rate or its cap on open jobs the answer is 429 with \
+         `Retry-After`, and nothing is written. The body is at most {body} bytes.",
+        body = settings.http_body_limit_bytes,
+    );
+    json!({
+        "operationId": "submitExtraction",
+        "tags": ["extractions"],
+        "summary": "Submit an extraction",
+        "description": description,
+        "parameters": [idempotency_key_header()],
+        "requestBody": {
+            "required": true,
+            "description": "The job. A body that is not JSON gets 400, one without \
+                            `Content-Type: application/json` 415, one that does not \
+                            describe a valid request 422.",
+            "content": {"application/json": {"schema": schema("ExtractionRequest")}},
+        },
+        "responses": {
+            "202": {
+                "description": "Accepted: the job is durable. `Location` names it.",
+                "headers": {
+                    "Location": {
+                        "required": true,
+                        "description": "`/v1/extractions/{id}`.",
+                        "schema": {"type": "string", "pattern": "^/v1/extractions/[0-9a-f-]{36}$"},
+                    },
+                },
+                "content": {"application/json": {"schema": schema("Accepted")}},
+                "links": links(&[("GetExtraction", "getExtraction"), ("CancelExtraction", "cancelExtraction")]),
+            },
+            "400": response("BadRequest"),
+            "401": response("Unauthorized"),
+            "403": response("Forbidden"),
+            "413": response("PayloadTooLarge"),
+            "415": response("UnsupportedMediaType"),
+            "422": response("Unprocessable"),
+            "429": response("TooManyRequests"),
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+fn read() -> Value {
+    json!({
+        "operationId": "getExtraction",
+        "tags": ["extractions"],
+        "summary": "Read an extraction",
+        "description": "The job (scope `read`): its status, attempts, timestamps, result, \
+                        error and bbox refinement. The document itself is not echoed. \
+                        Another tenant's job is not found, exactly like one that does not exist.",
+        "parameters": [id_parameter()],
+        "responses": {
+            "200": {
+                "description": "The job.",
+                "content": {"application/json": {"schema": schema("Extraction")}},
+                "links": links(&[("CancelExtraction", "cancelExtraction")]),
+            },
+            "400": response("BadRequest"),
+            "401": response("Unauthorized"),
+            "403": response("Forbidden"),
+            "404": response("NotFound"),
+            "429": response("TooManyRequests"),
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+fn cancel() -> Value {
+    json!({
+        "operationId": "cancelExtraction",
+        "tags": ["extractions"],
+        "summary": "Cancel an extraction",
+        "description": "Cancels a job (scope `cancel`). A queued job is cancelled at once \
+                        (200); a running one is asked to stop, and its holder cancels it at \
+                        its next heartbeat (202). A finished job answers 409.",
+        "parameters": [id_parameter()],
+        "responses": {
+            "200": {
+                "description": "Cancelled: the job as it is now.",
+                "content": {"application/json": {"schema": schema("Extraction")}},
+                "links": links(&[("GetExtraction", "getExtraction")]),
+            },
+            "202": {
+                "description": "Running: cancellation requested (`cancel_requested_at`).",
+                "content": {"application/json": {"schema": schema("Extraction")}},
+                "links": links(&[("GetExtraction", "getExtraction")]),
+            },
+            "400": response("BadRequest"),
+            "401": response("Unauthorized"),
+            "403": response("Forbidden"),
+            "404": response("NotFound"),
+            "429": response("TooManyRequests"),
+            "409": response("Conflict"),
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+fn deferred_result(settings: &Settings) -> Value {
+    let description = format!(
+        "Where an extraction service that answered a call with 202 posts the result \
+         later, with the bearer token it got with the call (it names the job and the \
+         attempt; API keys are not accepted here). The body is the extractor protocol's \
+         200 answer, `{{\"fields\": {{…}}}}`, or a failure, `{{\"error\": \"…\", \
+         \"retryable\": false}}`; it is read as JSON whatever its `Content-Type`, and is \
+         at most {body} bytes. A result for an attempt that no longer holds the job (it \
+         finished, was retried or cancelled) gets 409 and changes nothing. When \
+         deferred results are off (`DOCSTREAM_PUBLIC_URL` or `DOCSTREAM_CALLBACK_SECRET` \
+         unset) every call gets 401.",
+        body = settings.http_body_limit_bytes,
+    );
+    json!({
+        "operationId": "postExtractionResult",
+        "tags": ["extractors"],
+        "summary": "Post a deferred result",
+        "description": description,
+        "security": [{"ResultToken": []}],
+        "parameters": [id_parameter()],
+        "requestBody": {
+            "required": true,
+            "content": {"application/json": {"schema": schema("DeferredResult")}},
+        },
+        "responses": {
+            "200": {
+                "description": "What the result did to the job.",
+                "content": {"application/json": {"schema": schema("ResultRecorded")}},
+            },
+            "400": response("BadRequest"),
+            "401": response("Unauthorized"),
+            "404": response("NotFound"),
+            "409": response("Conflict"),
+            "413": response("PayloadTooLarge"),
+            "422": response("Unprocessable"),
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+/// The headers of a WebSocket upgrade (RFC 6455) that the server checks; a
+/// request without them gets 400.
+fn upgrade_headers() -> Value {
+    let header = |name: &str, description: &str, schema: Value| {
+        json!({
+            "name": name,
+            "in": "header",
+            "required": true,
+            "description": description,
+            "schema": schema,
+        })
+    };
+    json!([
+        header(
+            "Connection",
+            "A list of tokens that has `Upgrade` (any case).",
+            json!({
+                "type": "string",
+                "pattern": "^([^,]*,)*[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,.*)?$",
+            }),
+        ),
+        header(
+            "Upgrade",
+            "`websocket` (any case).",
+            json!({"type": "string", "pattern": "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$"}),
+        ),
+        header(
+            "Sec-WebSocket-Version",
+            "`13`.",
+            json!({"type": "string", "const": "13"}),
+        ),
+        header(
+            "Sec-WebSocket-Key",
+            "The client's nonce, the base64 of 16 random bytes; the server answers its \
+             digest in `Sec-WebSocket-Accept`.",
+            json!({"type": "string"}),
+        ),
+    ])
+}
+
+/// The answers of a WebSocket upgrade.
+fn upgrade_responses(protocol: &str) -> Value {
+    json!({
+        "101": {
+            "description": format!("Switching Protocols: the WebSocket. {protocol}"),
+            "headers": {
+                "Upgrade": {"required": true, "schema": {"type": "string", "const": "websocket"}},
+                "Sec-WebSocket-Accept": {"required": true, "schema": {"type": "string"}},
+            },
+        },
+        "400": response("BadRequest"),
+        "401": response("Unauthorized"),
+        "403": response("Forbidden"),
+        "429": response("TooManyRequests"),
+        "503": response("Unavailable"),
+    })
+}
+
+fn import() -> Value {
+    let protocol = "Each text frame from the client is one submission, an `ImportFrame`: \
+        `{\"ref\": any, \"idempotency_key\": \"…\" (optional), \"request\": {…}}`, where \
+        `request` is the body `POST /v1/extractions` takes. It takes the submit path of \
+        the REST API (the same checks, quotas, idempotency and answers) and is answered on \
+        the socket, in completion order, with an `ImportAnswer`: `{\"ref\", \"id\", \
+        \"status\"}` or `{\"ref\", \"error\": {\"code\", \"message\"}}` with the REST API's \
+        codes. A binary frame is answered with `bad_request`. At most 64 submissions of a \
+        socket are in progress; the next frame is read only when one finishes, so a fast \
+        client is slowed down, never dropped. When the client closes, reading stops and \
+        every frame already read is still written, published and answered. When the \
+        server shuts down it stops reading, answers every frame it read, and closes with \
+        1000; a client should read until the server's close.";
+    json!({
+        "operationId": "importStream",
+        "tags": ["streams"],
+        "summary": "Import stream (WebSocket)",
+        "description": format!(
+            "Upgrades to a WebSocket on which a client streams submissions (scope \
+             `submit`). A request that is not a WebSocket upgrade gets 400.\n\n{protocol}"
+        ),
+        "parameters": upgrade_headers(),
+        "responses": upgrade_responses(protocol),
+    })
+}
+
+/// What the export stream's frames are and when it closes, with the
+/// settings' limits; both the operation and its 101 answer say it.
+fn export_protocol(settings: &Settings) -> String {
+    format!(
+        "The server sends the caller's tenant's `extraction.events` as `ExportFrame`s, \
+         `{{\"seq\", \"partition\", \"offset\", \"event\": {{…}}}}`, in offset order within \
+         a partition (so a job's events in the order they happened). The client answers \
+         `{{\"ack\": N}}` (an `ExportAck`), which acknowledges every event up to `seq` N; \
+         at most {unacked} events are sent and not yet acknowledged \
+         (`DOCSTREAM_EXPORT_MAX_UNACKED`). An event's offset is committed only once it is \
+         acknowledged (or dropped by a drop strategy), so a group that reconnects resumes \
+         after the last event it acknowledged. A malformed client frame is answered \
+         `{{\"error\": {{\"code\": \"bad_request\", \"message\"}}}}`; \
+         {errors} in a row (`DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS`), an event left \
+         unacknowledged for {ack_s} s (`DOCSTREAM_EXPORT_ACK_TIMEOUT_S`), a client that \
+         stops reading, or a Kafka failure close the stream with 1011. On shutdown the \
+         server stops consuming, sends what was queued, waits up to {drain_s} s for every \
+         event sent to be acknowledged, commits, and closes with 1000.",
+        unacked = settings.export_max_unacked,
+        errors = settings.export_max_consecutive_errors,
+        ack_s = settings.export_ack_timeout_s,
+        drain_s = settings.export_drain_timeout_s,
+    )
+}
+
+/// A parameter of the query string.
+fn query_parameter(name: &str, required: bool, description: &str, schema: Value) -> Value {
+    json!({
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": description,
+        "schema": schema,
+    })
+}
+
+/// The export stream's query parameters: its group and what it streams.
+fn export_query(settings: &Settings) -> Value {
+    json!([
+        query_parameter(
+            "group",
+            true,
+            "The stream's name: a consumer group of the caller's tenant of its own, so \
+             a client that reconnects with the same name resumes where it left off.",
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_GROUP_LEN,
+                "pattern": "^[A-Za-z0-9._-]+$",
+            }),
+        ),
+        query_parameter(
+            "strategy",
+            false,
+            &format!(
+                "What happens to an event when the stream's queue \
+                 (`DOCSTREAM_EXPORT_MAX_QUEUE_SIZE`, {}) is full: `block` waits (nothing \
+                 is skipped), `drop_oldest` and `drop_new` drop and count. The default is \
+                 `DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY` ({}).",
+                settings.export_max_queue_size, settings.export_backpressure_strategy
+            ),
+            json!({"type": "string", "enum": ["block", "drop_oldest", "drop_new"]}),
+        ),
+        query_parameter(
+            "ack",
+            false,
+            "`client` (the default): the client acknowledges; `auto`: an event counts as \
+             received once the socket took it.",
+            json!({"type": "string", "enum": ["client", "auto"], "default": "client"}),
+        ),
+        query_parameter(
+            "status",
+            false,
+            "Comma-separated statuses: only events whose job has one of them.",
+            json!({"type": "string"}),
+        ),
+        query_parameter(
+            "transition",
+            false,
+            "Comma-separated transitions: only events of one of them.",
+            json!({"type": "string"}),
+        ),
+        query_parameter(
+            "from",
+            false,
+            "Where a group with nothing committed yet starts: `latest` (events from now \
+             on) or `earliest` (what the topic still holds). A group that committed \
+             resumes where it was.",
+            json!({"type": "string", "enum": ["latest", "earliest"], "default": "latest"}),
+        ),
+    ])
+}
+
+fn export(settings: &Settings) -> Value {
+    let protocol = export_protocol(settings);
+    let parameters = upgrade_headers()
+        .as_array()
+        .expect("a list")
+        .iter()
+        .chain(export_query(settings).as_array().expect("a list"))
+        .cloned()
+        .collect::<Vec<_>>();
+    json!({
+        "operationId": "exportStream",
+        "tags": ["streams"],
+        "summary": "Export stream (WebSocket)",
+        "description": format!(
+            "Upgrades to a WebSocket that streams the caller's tenant's events (scope \
+             `export`). A request that is not a WebSocket upgrade, or has a missing, \
+             malformed or unknown query parameter, gets 400.\n\n{protocol}"
+        ),
+        "parameters": parameters,
+        "responses": upgrade_responses(&protocol),
+    })
+}
+
+fn healthz() -> Value {
+    json!({
+        "operationId": "healthz",
+        "tags": ["probes"],
+        "summary": "Liveness",
+        "description": "`ok` while the process serves requests.",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "Alive.",
+                "content": {"text/plain": {"schema": {"type": "string", "const": "ok"}}},
+            },
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+fn readyz() -> Value {
+    json!({
+        "operationId": "readyz",
+        "tags": ["probes"],
+        "summary": "Readiness",
+        "description": "`ready` when Postgres and the broker answered the last probes and \
+                        the process is not draining; else 503.",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "Ready for traffic.",
+                "content": {"text/plain": {"schema": {"type": "string", "const": "ready"}}},
+            },
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+fn openapi() -> Value {
+    json!({
+        "operationId": "getOpenApi",
+        "tags": ["probes"],
+        "summary": "This document",
+        "description": "The OpenAPI document of this server, with the limits its settings set.",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "The document.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+/// Security schemes, schemas and shared answers.
+pub(super) fn components(settings: &Settings) -> Value {
+    json!({
+        "securitySchemes": {
+            "ApiKey": {
+                "type": "http",
+                "scheme": "bearer",
+                "bearerFormat": "dsk_…",
+                "description": "An API key of a tenant (`docstream tenants create`, \
+                                `docstream keys create`). A missing, malformed, unknown or \
+                                revoked key gets 401; a key without the route's scope 403.",
+            },
+            "ResultToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The token an extraction service got with the call it \
+                                answered 202; it names the job and the attempt.",
+            },
+        },
+        "schemas": super::schemas::schemas(settings),
+        "responses": error_responses(),
+    })
+}
+
+/// The error answers every route shares.
+fn error_responses() -> Value {
+    let plain = |description: &str| {
+        json!({
+            "description": description,
+            "content": {"application/json": {"schema": schema("Error")}},
+        })
+    };
+    let retry_after = json!({
+        "required": true,
+        "description": "Seconds to wait before a retry.",
+        "schema": {"type": "integer", "minimum": 1},
+    });
+    json!({
+        "BadRequest": plain(
+            "Malformed: the body is not JSON, a header, the id or a query parameter is \
+             invalid, or a WebSocket route was called without an upgrade."
+        ),
+        "Unauthorized": {
+            "description": "The key (or result token) is missing, malformed, unknown or revoked.",
+            "headers": {
+                "WWW-Authenticate": {
+                    "required": true,
+                    "schema": {"type": "string", "const": "Bearer"},
+                },
+            },
+            "content": {"application/json": {"schema": schema("Error")}},
+        },
+        "Forbidden": plain("The key does not have the route's scope."),
+        "NotFound": plain("No such extraction (or another tenant's)."),
+        "Conflict": plain("The job's state does not allow it (e.g. it finished)."),
+        "PayloadTooLarge": plain("The body is larger than the limit."),
+        "UnsupportedMediaType": plain("The body is not declared as `application/json`."),
+        "Unprocessable": plain(
+            "The JSON does not describe a valid request, or the `Idempotency-Key` names \
+             a job with another request."
+        ),
+        "TooManyRequests": {
+            "description": "Past a quota of the tenant (submit rate, open jobs, sockets).",
+            "headers": {"Retry-After": retry_after.clone()},
+            "content": {"application/json": {"schema": schema("RetryError")}},
+        },
+        "Unavailable": {
+            "description": "A dependency is away or did not answer in time, or the server \
+                            is shutting down (or at its socket limit): retry after \
+                            `Retry-After`.",
+            "headers": {"Retry-After": retry_after},
+            "content": {"application/json": {"schema": schema("Error")}},
+        },
+    })
+}
