@@ -94,6 +94,38 @@ pub(super) fn router() -> Router<Services> {
     Router::new().route("/v1/export", get(upgrade))
 }
 
+/// What a stream reads of the settings, for its queue and its socket loop.
+/// (Its consumer's group and topic are named by the process's Kafka
+/// settings, through `Services`.)
+#[derive(Debug, Clone, Copy)]
+struct ExportSettings {
+    /// Events queued for the socket, at most (`export_max_queue_size`).
+    max_queue_size: usize,
+    /// Events sent and not acknowledged, at most (`export_max_unacked`).
+    max_unacked: usize,
+    /// How long an event may stay unacknowledged.
+    ack_timeout: std::time::Duration,
+    /// How long a drain (and any one send) may take.
+    drain_timeout: std::time::Duration,
+    /// Malformed client frames in a row that close the stream.
+    max_consecutive_errors: u32,
+    /// How often the socket is pinged.
+    ping_interval: std::time::Duration,
+}
+
+impl ExportSettings {
+    fn of(settings: &crate::config::Settings) -> Self {
+        ExportSettings {
+            max_queue_size: settings.export_max_queue_size,
+            max_unacked: settings.export_max_unacked,
+            ack_timeout: settings.export_ack_timeout_s.get(),
+            drain_timeout: settings.export_drain_timeout_s.get(),
+            max_consecutive_errors: settings.export_max_consecutive_errors,
+            ping_interval: settings.ws_ping_interval_s.get(),
+        }
+    }
+}
+
 async fn upgrade(
     caller: Caller,
     State(services): State<Services>,

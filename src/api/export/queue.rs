@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use prometheus::{IntCounter, IntGauge};
 use tokio::sync::{oneshot, Notify};
 
-use crate::config::{Backpressure, Settings};
+use crate::config::Backpressure;
 use crate::events::ExtractionEvent;
 use crate::metrics::Metrics;
 
@@ -49,13 +49,14 @@ pub(super) enum Offered {
 }
 
 impl Outbound {
-    pub(super) fn new(settings: &Settings, metrics: &Metrics, strategy: Backpressure) -> Self {
+    /// A queue of at most `capacity` events.
+    pub(super) fn new(capacity: usize, metrics: &Metrics, strategy: Backpressure) -> Self {
         Outbound {
             queue: Mutex::new(Queue::default()),
             ready: Notify::new(),
             room: Notify::new(),
             strategy,
-            capacity: settings.export_max_queue_size,
+            capacity,
             depth: metrics.streams.queue_depth.with_label_values(&[STREAM]),
             dropped: metrics
                 .streams

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{ws, ApiError};
 use crate::auth::{Authenticator, Caller};
-use crate::config::{Backpressure, Settings};
+use crate::config::Backpressure;
 use crate::domain::Scope;
 use crate::kafka::consumer::ConsumerError;
 use crate::kafka::groups::Carried;
@@ -28,7 +28,7 @@ use crate::pipeline::Services;
 use super::handler::Exporter;
 use super::query::{GroupName, Options};
 use super::queue::{Outbound, Outgoing};
-use super::STREAM;
+use super::{ExportSettings, STREAM};
 
 /// How a stream ended.
 #[derive(Debug)]
@@ -69,7 +69,7 @@ struct ExportStream {
     /// Who opened it, and where its key is checked again.
     caller: Caller,
     auth: Authenticator,
-    settings: Arc<Settings>,
+    settings: ExportSettings,
     metrics: Metrics,
     group: String,
     auto_ack: bool,
@@ -97,16 +97,17 @@ impl ExportStream {
         services: &Services,
         options: Options,
     ) -> Option<(Self, Consuming)> {
-        let settings = services.settings.clone();
+        let settings = ExportSettings::of(&services.settings);
         let metrics = services.metrics.clone();
-        let outbound = Arc::new(Outbound::new(&settings, &metrics, options.strategy));
-        let group = options.group.kafka(&settings.export_group_prefix);
+        let outbound = Outbound::new(settings.max_queue_size, &metrics, options.strategy);
+        let outbound = Arc::new(outbound);
+        let group = options.group.kafka(&services.settings.export_group_prefix);
         if let Err(e) = carry_legacy_group(services, &options.group).await {
             tracing::error!(%group, error = %e, "export stream: the old group's commits not carried over");
             let why = "group unavailable; retry shortly";
             return refuse_open(sink, &metrics, close_code::AGAIN, why).await;
         }
-        let spec = consumer_spec(services, &group, &options);
+        let spec = consumer_spec(services, &settings, &group, &options);
         let draining = Arc::new(AtomicBool::new(false));
         let exporter = Exporter::new(outbound.clone(), options.filter, draining.clone());
         let consume = CancellationToken::new();
@@ -123,7 +124,7 @@ impl ExportStream {
         let stream = ExportStream {
             sink,
             sent: metrics.streams.frames.with_label_values(&[STREAM, "sent"]),
-            send_timeout: settings.export_drain_timeout_s.get(),
+            send_timeout: settings.drain_timeout,
             settings,
             metrics,
             group,
@@ -149,15 +150,15 @@ impl ExportStream {
         closing: CancellationToken,
     ) {
         let outbound = self.outbound.clone();
-        let ack_timeout = self.settings.export_ack_timeout_s.get();
-        let mut liveness = ws::Liveness::new(self.settings.ws_ping_interval_s.get());
+        let ack_timeout = self.settings.ack_timeout;
+        let mut liveness = ws::Liveness::new(self.settings.ping_interval);
         let mut consumer_done = false;
         let ended = loop {
-            if self.errors >= self.settings.export_max_consecutive_errors {
+            if self.errors >= self.settings.max_consecutive_errors {
                 break Ended::Forced(format!("{} consecutive errors", self.errors));
             }
             let window_open =
-                self.auto_ack || self.unacked.len() < self.settings.export_max_unacked;
+                self.auto_ack || self.unacked.len() < self.settings.max_unacked;
             // The oldest unacknowledged event's deadline; far away when there is none.
             let oldest = self.unacked.first_key_value().map(|(_, (_, at))| *at);
             let ack_deadline = oldest.map_or_else(far_future, |at| at + ack_timeout);
@@ -379,17 +380,22 @@ const CARRY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The stream's consumer: a member of `group` on the events topic, with room
 /// for every event the stream may hold.
-fn consumer_spec(services: &Services, group: &str, options: &Options) -> ConsumerSpec {
+fn consumer_spec(
+    services: &Services,
+    stream: &ExportSettings,
+    group: &str,
+    options: &Options,
+) -> ConsumerSpec {
     let settings = &services.settings;
     let mut spec = services.consumer_spec(group, &settings.topic_events);
     // Every event in the queue or the unacknowledged window is a record in
     // flight. The drop strategies read on past a full queue (that is what
     // makes them drop), as many records ahead as a pipeline consumer would.
-    spec.max_in_flight = settings.export_max_queue_size + settings.export_max_unacked;
+    spec.max_in_flight = stream.max_queue_size + stream.max_unacked;
     if options.strategy != Backpressure::Block {
         spec.max_in_flight += settings.consumer_max_in_flight;
     }
-    spec.drain_timeout = settings.export_drain_timeout_s.get();
+    spec.drain_timeout = stream.drain_timeout;
     spec.from_earliest = options.from_earliest;
     spec
 }
