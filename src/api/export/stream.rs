@@ -157,8 +157,7 @@ impl ExportStream {
             if self.errors >= self.settings.max_consecutive_errors {
                 break Ended::Forced(format!("{} consecutive errors", self.errors));
             }
-            let window_open =
-                self.auto_ack || self.unacked.len() < self.settings.max_unacked;
+            let window_open = self.auto_ack || self.unacked.len() < self.settings.max_unacked;
             // The oldest unacknowledged event's deadline; far away when there is none.
             let oldest = self.unacked.first_key_value().map(|(_, (_, at))| *at);
             let ack_deadline = oldest.map_or_else(far_future, |at| at + ack_timeout);

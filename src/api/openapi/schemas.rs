@@ -107,7 +107,9 @@ fn bound(value: &mut Value, request_limits: &RequestLimits) {
     let limits = limits(request_limits);
     let limit = |name: &str| {
         let found = limits.iter().find(|(known, _)| *known == name);
-        found.unwrap_or_else(|| panic!("x-limit names an unknown setting {name}")).1
+        found
+            .unwrap_or_else(|| panic!("x-limit names an unknown setting {name}"))
+            .1
     };
     match value {
         Value::Object(map) => {
