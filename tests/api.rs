@@ -146,6 +146,100 @@ async fn fifty_concurrent_posts_with_one_key_answer_one_id() {
     assert_eq!(api.rows().await, 1);
 }
 
+/// Submits sample `i` tagged `batch` in its metadata, under key `list-{i}`;
+/// its id.
+async fn submit_tagged(api: &Api, i: usize, batch: &str) -> String {
+    let mut body = sample_body(i);
+    body["metadata"] = json!({"batch": batch, "n": i});
+    let key = format!("list-{i}");
+    let (status, answer) = api.post("/v1/extractions", &body, Some(&key)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    answer["id"].as_str().unwrap().to_owned()
+}
+
+/// Every page of `query`, following `next_cursor` to the end: the ids in
+/// the order listed, and how many pages it took.
+async fn walk(api: &Api, query: &str) -> (Vec<String>, usize) {
+    let (mut ids, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
+    loop {
+        let path = match &cursor {
+            None => format!("/v1/extractions?{query}"),
+            Some(c) => format!("/v1/extractions?{query}&cursor={c}"),
+        };
+        let (status, page) = api.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {page}");
+        pages += 1;
+        for item in page["items"].as_array().unwrap() {
+            assert!(item["result"].is_null() || query.contains("include=result"));
+            ids.push(item["id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return (ids, pages),
+        }
+    }
+}
+
+/// 120 jobs, then a walk of pages of 7 while 100 more are submitted: each of
+/// the 120 is listed exactly once, no job twice, newest first. Filters by
+/// metadata, key and state list exactly their jobs; another tenant lists none.
+#[tokio::test]
+async fn the_list_walks_every_job_once_while_more_are_submitted() {
+    let api = Api::start("api_list").await;
+    let mut before = Vec::new();
+    for i in 0..120 {
+        let batch = if i % 4 == 0 { "tagged" } else { "other" };
+        before.push(submit_tagged(&api, i, batch).await);
+    }
+    let more = async {
+        for i in 120..220 {
+            submit_tagged(&api, i, "later").await;
+        }
+    };
+    let ((listed, pages), ()) = tokio::join!(walk(&api, "limit=7"), more);
+    let unique: HashSet<&String> = listed.iter().collect();
+    assert_eq!(unique.len(), listed.len(), "a job on two pages");
+    for id in &before {
+        assert!(unique.contains(id), "{id} skipped");
+    }
+    let mut newest_first = listed.clone();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    assert_eq!(listed, newest_first);
+    assert!(pages >= 120 / 7, "{pages} pages");
+
+    let (tagged, _) = walk(&api, "metadata.batch=tagged&limit=50").await;
+    let expected: Vec<String> = before.iter().step_by(4).rev().cloned().collect();
+    assert_eq!(tagged, expected);
+    let (keyed, _) = walk(&api, "idempotency_key=list-5").await;
+    assert_eq!(keyed, vec![before[5].clone()]);
+    let (queued, _) = walk(&api, "status=queued,failed&limit=200").await;
+    assert_eq!(queued.len(), 220, "no worker runs: every job waits");
+    let (failed, _) = walk(&api, "status=failed").await;
+    assert!(failed.is_empty());
+    let (oldest, _) = walk(&api, "order=asc&limit=200&metadata.batch=other").await;
+    let expected: Vec<String> = (0..120)
+        .filter(|i| i % 4 != 0)
+        .map(|i| before[i].clone())
+        .collect();
+    assert_eq!(oldest, expected);
+
+    let other = docstream::store::tenants::create_tenant(&api.env.pool, "list-other")
+        .await
+        .unwrap()
+        .key;
+    let (status, page) = answer(
+        api.client
+            .get(format!("{}/v1/extractions?limit=200", api.base))
+            .header("authorization", format!("Bearer {}", other.api_key))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["items"], json!([]), "another tenant's jobs listed");
+}
+
 #[tokio::test]
 async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     let api = Api::start("api_bad_input").await;

@@ -1166,8 +1166,10 @@ impl Run {
         let roll = self.rng.random_range(0..100);
         if roll < 35 {
             self.submit(callers, i, tenant).await
-        } else if roll < 60 {
+        } else if roll < 55 {
             self.read(callers, i, tenant).await
+        } else if roll < 60 {
+            self.list(callers, i, tenant).await
         } else if roll < 80 {
             self.cancel(callers, i, tenant).await
         } else if roll < 90 {
@@ -1294,6 +1296,46 @@ impl Run {
         Answer {
             op: "read",
             expected: if mine { 200 } else { 404 },
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// List: the newest page, or the job of a key from the pool both
+    /// tenants use, with the reader; every job listed must be the caller's
+    /// own, and a key's job the one the model has for it.
+    async fn list(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let key = format!("k-{}", self.rng.random_range(0..40));
+        let by_key = self.rng.random_bool(0.5);
+        let path = match by_key {
+            true => format!("/v1/extractions?idempotency_key={key}"),
+            false => "/v1/extractions?limit=20".to_owned(),
+        };
+        let (status, body) = call(callers.api.get(&path, &callers.readers[tenant])).await;
+        let listed: Vec<Uuid> = body["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| item["id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        for id in &listed {
+            if self.model.jobs.get(id).is_none_or(|j| j.0 != tenant) {
+                self.crossings
+                    .push(format!("{i}: listed job {id}, not its own"));
+            }
+        }
+        let keyed = self.model.keys.get(&(tenant, key.clone()));
+        if by_key
+            && status == StatusCode::OK
+            && listed != keyed.map(|(id, _)| *id).into_iter().collect::<Vec<_>>()
+        {
+            self.crossings.push(format!(
+                "{i}: key {key} listed {listed:?}, expected {keyed:?}"
+            ));
+        }
+        Answer {
+            op: "list",
+            expected: 200,
             status: status.as_u16(),
             body,
         }

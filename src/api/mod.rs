@@ -9,6 +9,7 @@ mod export;
 mod extractions;
 mod gate;
 mod import;
+mod list;
 mod listener;
 mod openapi;
 mod results;
@@ -41,6 +42,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     let bound = services.settings.http_answer_timeout_s.get() + REST_MARGIN;
     let rest = Router::new()
         .merge(extractions::router(&services))
+        .merge(list::router())
         .merge(results::router())
         .layer(middleware::from_fn_with_state(bound, answer_within));
     Router::new()

@@ -23,6 +23,15 @@ pub enum ExtractionStatus {
 }
 
 impl ExtractionStatus {
+    /// Every state, in the order of a job's life.
+    pub const ALL: [Self; 5] = [
+        Self::Queued,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
     /// The spelling stored in the `status` column and shown by the API.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -11,6 +11,7 @@ pub mod census;
 pub mod coalesce;
 pub mod held;
 pub mod leases;
+pub mod list;
 pub mod orphans;
 mod row;
 pub(crate) mod submit;

@@ -123,6 +123,7 @@ mod tests {
             ("/openapi.json", "get"),
             ("/readyz", "get"),
             ("/v1/export", "get"),
+            ("/v1/extractions", "get"),
             ("/v1/extractions", "post"),
             ("/v1/extractions/{id}", "get"),
             ("/v1/extractions/{id}/cancel", "post"),

@@ -6,8 +6,10 @@ use serde_json::{json, Value};
 
 use super::{response, schema, PATH};
 use crate::api::export::MAX_GROUP_LEN;
+use crate::api::list::{DEFAULT_PAGE, MAX_METADATA_KEYS};
 use crate::config::Settings;
-use crate::domain::{Scope, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::domain::{ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::store::list::{MAX_PAGE, SCAN_BUDGET};
 
 /// The document's `info`, with the limits every route shares.
 pub(super) fn info(settings: &Settings) -> Value {
@@ -63,7 +65,7 @@ pub(super) fn websockets(settings: &Settings) -> Value {
 /// The HTTP routes.
 pub(super) fn paths(settings: &Settings) -> Value {
     json!({
-        "/v1/extractions": {"post": submit(settings)},
+        "/v1/extractions": {"get": list(), "post": submit(settings)},
         "/v1/extractions/{id}": {"get": read()},
         "/v1/extractions/{id}/cancel": {"post": cancel()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
@@ -162,6 +164,91 @@ fn submit(settings: &Settings) -> Value {
             "413": response("PayloadTooLarge"),
             "415": response("UnsupportedMediaType"),
             "422": response("Unprocessable"),
+            "429": response("TooManyRequests"),
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+/// A comma-separated list of `names`, as a pattern.
+fn names_pattern(names: &[&str]) -> String {
+    let one = names.join("|");
+    format!("^({one})(,({one}))*$")
+}
+
+fn list() -> Value {
+    let statuses: Vec<&str> = ExtractionStatus::ALL.map(ExtractionStatus::as_str).to_vec();
+    let bbox_statuses = ["pending", "running", "succeeded", "failed"];
+    let time = |name: &str, description: &str| {
+        query_parameter(
+            name,
+            false,
+            description,
+            json!({"type": "string", "format": "date-time"}),
+        )
+    };
+    json!({
+        "operationId": "listExtractions",
+        "tags": ["extractions"],
+        "summary": "List extractions",
+        "description": format!(
+            "The caller's tenant's jobs a page at a time (scope `read`), newest first by \
+             id (a UUIDv7, so submit order to the millisecond), narrowed by the \
+             parameters; another tenant's jobs never appear. Follow `next_cursor` until \
+             it is null: a page continues strictly after the previous one, so no job is \
+             on two pages and none that existed when the walk began is skipped, however \
+             many are submitted meanwhile (new jobs land before the first page).\n\n\
+             `metadata.KEY=VALUE` (up to {MAX_METADATA_KEYS} of them) keeps the jobs whose \
+             `metadata` has the top-level KEY with that value, compared as text (`7` \
+             matches the number and the string). Each job is the `Extraction` that `GET \
+             /v1/extractions/{{id}}` answers, but its `result` is null unless \
+             `include=result`.\n\n\
+             A page of statuses and an idempotency key reads only the jobs it returns. \
+             The other filters are checked job by job, over at most {budget} jobs per \
+             page: such a page may return fewer than `limit` jobs (even none) and a \
+             `next_cursor` to go on. A parameter given twice, unknown, or not of its \
+             form gets 400.",
+            budget = SCAN_BUDGET,
+        ),
+        "parameters": [
+            query_parameter("status", false, "Comma-separated job states: jobs in one of them.",
+                json!({"type": "string", "pattern": names_pattern(&statuses)})),
+            query_parameter("bbox_status", false,
+                "Comma-separated bbox refinement states: jobs whose refinement is in one of them.",
+                json!({"type": "string", "pattern": names_pattern(&bbox_statuses)})),
+            query_parameter("extractor", false,
+                "Jobs of this extractor (`rules` includes the requests that named none).",
+                json!({"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"})),
+            time("submitted_after", "Jobs submitted at or after this time (RFC 3339)."),
+            time("submitted_before", "Jobs submitted before this time."),
+            time("finished_after", "Jobs finished at or after this time."),
+            time("finished_before", "Jobs finished before this time."),
+            query_parameter("idempotency_key", false, "The job submitted with this key.",
+                json!({
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+                    "pattern": "^[\\u0020-\\u007e]+$",
+                })),
+            query_parameter("error_prefix", false, "Jobs whose `error` starts with this text.",
+                json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[^\\u0000]+$"})),
+            query_parameter("limit", false, "Jobs per page.",
+                json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE})),
+            query_parameter("cursor", false, "The previous page's `next_cursor`.",
+                json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{21}[AQgw]$"})),
+            query_parameter("order", false, "`desc` (newest first) or `asc`.",
+                json!({"type": "string", "enum": ["desc", "asc"], "default": "desc"})),
+            query_parameter("include", false, "`result`: each job with its result.",
+                json!({"type": "string", "enum": ["result"]})),
+        ],
+        "responses": {
+            "200": {
+                "description": "A page of jobs.",
+                "content": {"application/json": {"schema": schema("ExtractionPage")}},
+            },
+            "400": response("BadRequest"),
+            "401": response("Unauthorized"),
+            "403": response("Forbidden"),
             "429": response("TooManyRequests"),
             "503": response("Unavailable"),
         },

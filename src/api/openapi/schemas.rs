@@ -26,6 +26,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     let mut answers = generator(SchemaSettings::draft2020_12().for_serialize());
     answers.subschema_for::<crate::api::extractions::Accepted>();
     answers.subschema_for::<crate::api::extractions::ExtractionView>();
+    answers.subschema_for::<crate::api::list::JobPage>();
     answers.subschema_for::<crate::api::results::Recorded>();
     answers.subschema_for::<crate::events::ExtractionEvent>();
     let mut schemas = requests.take_definitions(true);

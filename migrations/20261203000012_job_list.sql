@@ -1,0 +1,11 @@
+-- Listing a tenant's jobs a page at a time (GET /v1/extractions), newest
+-- first by id (a UUIDv7: creation time to the millisecond). A page walks
+-- this index from its cursor once per status it lists (all five when it
+-- names none), merges the walks in id order, and reads only the rows it
+-- returns (or, with filters no index answers, at most its scan budget).
+--
+-- Its cost is an index tuple per version of a job's row, as for the other
+-- indexes of `extractions` (a status change is never a HOT update).
+-- (Built without CONCURRENTLY, as migrations run in a transaction: on a
+-- large table, apply this migration while submits can wait.)
+CREATE INDEX ix_extractions_status_tenant_id ON extractions (status, tenant_id, id);

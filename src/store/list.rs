@@ -1,0 +1,341 @@
+//! A tenant's jobs a page at a time, newest (or oldest) first, narrowed by a
+//! [`JobFilter`]: what `GET /v1/extractions` answers.
+//!
+//! **Order.** By id, which is a UUIDv7: creation time to the millisecond,
+//! then random bits, so a total order that inserts cannot reshuffle. A page
+//! continues strictly after its cursor (the last id the previous page
+//! returned, or scanned), so a job is never on two pages, and a job that
+//! existed when the walk began is never skipped: a job inserted meanwhile
+//! lands at the newest end, before the first page.
+//!
+//! **Cost.** A page walks `(status, tenant_id, id)` once per status it lists
+//! (all five when it names none) from its cursor, and merges the walks in id
+//! order (a `UNION ALL` of ordered, limited scans); it reads the rows of at
+//! most `limit` ids, never the finished rows it does not return. An
+//! idempotency key walks its own unique index. The other filters (bbox
+//! status, extractor, times, metadata, error prefix) no index answers: such
+//! a page scans at most [`SCAN_BUDGET`] ids and may return fewer than
+//! `limit` jobs with a cursor to go on from, so that no page costs more than
+//! a budget whatever the filter matches.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgExecutor, Postgres, QueryBuilder, Row};
+use uuid::Uuid;
+
+use super::{Extraction, StoreError};
+use crate::domain::{BboxStatus, ExtractionStatus};
+
+/// Ids a page with filters no index answers may scan.
+pub const SCAN_BUDGET: i64 = 1_000;
+
+/// The most jobs one page returns.
+pub const MAX_PAGE: i64 = 200;
+
+/// How far a job's id time (the submitting process's clock) may be from its
+/// `submitted_at` (the database's), so that a time range can bound the ids
+/// it walks without missing a job of the range.
+const CLOCK_MARGIN_MS: i64 = 60_000;
+
+/// Which of a tenant's jobs to list; every part narrows, an empty one does
+/// not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobFilter {
+    /// Jobs in one of these states.
+    pub statuses: Vec<ExtractionStatus>,
+    /// Jobs whose bbox refinement is in one of these states.
+    pub bbox_statuses: Vec<BboxStatus>,
+    /// Jobs of this extractor (`rules` also matches a request that named none).
+    pub extractor: Option<String>,
+    /// Submitted at or after.
+    pub submitted_after: Option<DateTime<Utc>>,
+    /// Submitted before.
+    pub submitted_before: Option<DateTime<Utc>>,
+    /// Finished at or after.
+    pub finished_after: Option<DateTime<Utc>>,
+    /// Finished before.
+    pub finished_before: Option<DateTime<Utc>>,
+    /// Jobs whose `metadata` has each key with this value (as text: `7`
+    /// matches the number 7 and the string "7").
+    pub metadata: Vec<(String, String)>,
+    /// The job submitted with this idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Jobs whose error starts with this.
+    pub error_prefix: Option<String>,
+}
+
+impl JobFilter {
+    /// Whether a filter no index answers is set: then a page has a scan budget.
+    fn scans(&self) -> bool {
+        !self.bbox_statuses.is_empty()
+            || self.extractor.is_some()
+            || self.submitted_after.is_some()
+            || self.submitted_before.is_some()
+            || self.finished_after.is_some()
+            || self.finished_before.is_some()
+            || !self.metadata.is_empty()
+            || self.error_prefix.is_some()
+    }
+}
+
+/// Newest first (the default) or oldest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Order {
+    /// Descending ids.
+    #[default]
+    NewestFirst,
+    /// Ascending ids.
+    OldestFirst,
+}
+
+impl Order {
+    fn sql(self) -> &'static str {
+        match self {
+            Self::NewestFirst => "DESC",
+            Self::OldestFirst => "ASC",
+        }
+    }
+
+    /// The comparison that continues after a cursor.
+    fn after(self) -> &'static str {
+        match self {
+            Self::NewestFirst => "<",
+            Self::OldestFirst => ">",
+        }
+    }
+}
+
+/// Where a page starts and how much it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRequest {
+    /// The id to continue after; `None` for the first page.
+    pub after: Option<Uuid>,
+    /// The most jobs to return, 1 to [`MAX_PAGE`].
+    pub limit: i64,
+    /// The order.
+    pub order: Order,
+    /// Whether each job's results are read too.
+    pub with_results: bool,
+}
+
+/// A page of jobs.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The jobs, in the page's order, each with its request (and its results
+    /// when they were asked for).
+    pub jobs: Vec<Extraction>,
+    /// The id to continue after, while there may be more.
+    pub next: Option<Uuid>,
+}
+
+/// A page of tenant `tenant_id`'s jobs that `filter` admits.
+pub async fn list<'e>(
+    executor: impl PgExecutor<'e>,
+    tenant_id: Uuid,
+    filter: &JobFilter,
+    page: PageRequest,
+) -> Result<Page, StoreError> {
+    let limit = page.limit.clamp(1, MAX_PAGE);
+    let budget = if filter.scans() {
+        SCAN_BUDGET.max(limit)
+    } else {
+        limit
+    };
+    let mut sql = QueryBuilder::<Postgres>::new("WITH scanned AS (");
+    scanned(&mut sql, tenant_id, filter, page, budget);
+    sql.push("), page AS (");
+    matched(&mut sql, filter, page, limit);
+    // One row at least (the scan's summary), with the page's jobs beside it.
+    let (first, last) = match page.order {
+        Order::NewestFirst => ("ASC", "DESC"),
+        Order::OldestFirst => ("DESC", "ASC"),
+    };
+    sql.push(format_args!(
+        ") SELECT page.*,
+                  (SELECT count(*) FROM scanned) AS scanned_n,
+                  (SELECT id FROM scanned ORDER BY id {first} LIMIT 1) AS scanned_end
+             FROM (SELECT 1) AS one LEFT JOIN page ON true
+            ORDER BY page.id {last}"
+    ));
+    let rows: Vec<PgRow> = sql.build().fetch_all(executor).await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    let (mut scanned_n, mut scanned_end) = (0_i64, None);
+    for row in &rows {
+        scanned_n = row.try_get("scanned_n")?;
+        scanned_end = row.try_get("scanned_end")?;
+        if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
+            jobs.push(Extraction::from_row(row)?);
+        }
+    }
+    let next = match jobs.last() {
+        Some(last) if jobs.len() as i64 == limit => Some(last.id),
+        // A full scan that matched less than a page: there may be more
+        // past what it scanned.
+        _ if scanned_n == budget => scanned_end,
+        _ => None,
+    };
+    Ok(Page { jobs, next })
+}
+
+/// The ids a page looks at, in its order, at most `budget`: per status, a
+/// walk of `(status, tenant_id, id)` from the cursor, merged.
+fn scanned(
+    sql: &mut QueryBuilder<Postgres>,
+    tenant_id: Uuid,
+    filter: &JobFilter,
+    page: PageRequest,
+    budget: i64,
+) {
+    let (order, after) = (page.order.sql(), page.order.after());
+    if let Some(key) = &filter.idempotency_key {
+        sql.push("SELECT id FROM extraction_requests WHERE tenant_id = ")
+            .push_bind(tenant_id)
+            .push(" AND idempotency_key = ")
+            .push_bind(key.clone());
+        if let Some(cursor) = page.after {
+            sql.push(format_args!(" AND id {after} ")).push_bind(cursor);
+        }
+        return;
+    }
+    let statuses: Vec<ExtractionStatus> = match filter.statuses.is_empty() {
+        true => ExtractionStatus::ALL.to_vec(),
+        false => filter.statuses.clone(),
+    };
+    let (low, high) = id_range(filter);
+    sql.push("SELECT id FROM (");
+    for (i, status) in statuses.iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push("(SELECT id FROM extractions WHERE status = ")
+            .push_bind(status.as_str())
+            .push(" AND tenant_id = ")
+            .push_bind(tenant_id);
+        if let Some(cursor) = page.after {
+            sql.push(format_args!(" AND id {after} ")).push_bind(cursor);
+        }
+        if let Some(low) = low {
+            sql.push(" AND id >= ").push_bind(low);
+        }
+        if let Some(high) = high {
+            sql.push(" AND id < ").push_bind(high);
+        }
+        sql.push(format_args!(" ORDER BY id {order} LIMIT "))
+            .push_bind(budget)
+            .push(")");
+    }
+    sql.push(format_args!(") AS walks ORDER BY id {order} LIMIT "))
+        .push_bind(budget);
+}
+
+/// The jobs of the scanned ids that every filter admits, at most `limit`.
+fn matched(sql: &mut QueryBuilder<Postgres>, filter: &JobFilter, page: PageRequest, limit: i64) {
+    sql.push("SELECT e.*, q.idempotency_key, q.request");
+    if page.with_results {
+        sql.push(", r.result, b.result AS bbox_result");
+    }
+    sql.push(
+        " FROM scanned s
+          JOIN extractions e ON e.id = s.id
+          JOIN extraction_requests q ON q.id = s.id",
+    );
+    if page.with_results {
+        sql.push(
+            " LEFT JOIN extraction_results r ON r.id = e.id AND r.stage = 'extraction'
+              LEFT JOIN extraction_results b ON b.id = e.id AND b.stage = 'bbox_refinement'",
+        );
+    }
+    sql.push(" WHERE true");
+    if !filter.bbox_statuses.is_empty() {
+        let names: Vec<&str> = filter.bbox_statuses.iter().map(|s| s.as_str()).collect();
+        sql.push(" AND e.bbox_status = ANY(")
+            .push_bind(names)
+            .push(")");
+    }
+    if let Some(extractor) = &filter.extractor {
+        sql.push(" AND COALESCE(q.request->>'extractor', 'rules') = ")
+            .push_bind(extractor.clone());
+    }
+    if let Some(at) = filter.submitted_after {
+        sql.push(" AND e.submitted_at >= ").push_bind(at);
+    }
+    if let Some(at) = filter.submitted_before {
+        sql.push(" AND e.submitted_at < ").push_bind(at);
+    }
+    if let Some(at) = filter.finished_after {
+        sql.push(" AND e.finished_at >= ").push_bind(at);
+    }
+    if let Some(at) = filter.finished_before {
+        sql.push(" AND e.finished_at < ").push_bind(at);
+    }
+    for (key, value) in &filter.metadata {
+        sql.push(" AND q.request->'metadata'->>")
+            .push_bind(key.clone())
+            .push(" = ")
+            .push_bind(value.clone());
+    }
+    if let Some(prefix) = &filter.error_prefix {
+        // starts_with, not LIKE: a prefix's `%` and `_` are its own letters.
+        sql.push(" AND starts_with(e.error, ")
+            .push_bind(prefix.clone())
+            .push(")");
+    }
+    sql.push(format_args!(" ORDER BY e.id {} LIMIT ", page.order.sql()))
+        .push_bind(limit);
+}
+
+/// The ids a submitted-time range can hold, widened by the clock margin: a
+/// UUIDv7 starts with its creation time in milliseconds.
+fn id_range(filter: &JobFilter) -> (Option<Uuid>, Option<Uuid>) {
+    let floor = |at: DateTime<Utc>, shift_ms: i64| {
+        let ms = (at.timestamp_millis() + shift_ms).max(0) as u64;
+        let mut bytes = [0_u8; 16];
+        bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+        bytes[6] = 0x70;
+        Uuid::from_bytes(bytes)
+    };
+    let low = filter.submitted_after.map(|at| floor(at, -CLOCK_MARGIN_MS));
+    let high = filter.submitted_before.map(|at| floor(at, CLOCK_MARGIN_MS));
+    (low, high)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_bounds_the_ids_of_that_millisecond_widened_by_the_margin() {
+        let at = DateTime::from_timestamp_millis(1_800_000_000_000).unwrap();
+        let filter = JobFilter {
+            submitted_after: Some(at),
+            submitted_before: Some(at),
+            ..JobFilter::default()
+        };
+        let (low, high) = id_range(&filter);
+        let ms = |id: Uuid| id.get_timestamp().unwrap().to_unix();
+        let (low, high) = (low.unwrap(), high.unwrap());
+        assert_eq!(ms(low), (1_800_000_000 - 60, 0));
+        assert_eq!(ms(high), (1_800_000_000 + 60, 0));
+        let made_then = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            1_800_000_000,
+            0,
+        ));
+        assert!(low < made_then && made_then < high);
+    }
+
+    #[test]
+    fn only_filters_no_index_answers_bring_a_scan_budget() {
+        let indexed = JobFilter {
+            statuses: vec![ExtractionStatus::Failed],
+            idempotency_key: Some("k".into()),
+            ..JobFilter::default()
+        };
+        assert!(!indexed.scans());
+        let scanned = JobFilter {
+            error_prefix: Some("timeout".into()),
+            ..indexed
+        };
+        assert!(scanned.scans());
+    }
+}
