@@ -26,6 +26,16 @@ pub(super) const DEFAULT_PAGE: i64 = 50;
 /// Longest metadata key or value, error prefix, or cursor a query may hold.
 const MAX_QUERY_TEXT: usize = 256;
 
+/// Longest error prefix, in characters.
+pub(super) const MAX_ERROR_PREFIX_CHARS: usize = 64;
+
+/// Whether `prefix` can start an error: 1 to [`MAX_ERROR_PREFIX_CHARS`]
+/// characters, none a NUL (which no stored text holds).
+fn error_prefix_is_valid(prefix: &str) -> bool {
+    let chars = prefix.chars().count();
+    (1..=MAX_ERROR_PREFIX_CHARS).contains(&chars) && !prefix.contains('\0')
+}
+
 /// Most `metadata.KEY` parameters of one query.
 pub(super) const MAX_METADATA_KEYS: usize = 8;
 
@@ -96,10 +106,14 @@ fn parse(query: &str) -> Result<(JobFilter, PageRequest), ApiError> {
                 filter.idempotency_key = Some(value.into_owned())
             }
             "idempotency_key" => return Err(bad("not an idempotency key")),
-            "error_prefix" if !value.is_empty() && !value.contains('\0') => {
+            "error_prefix" if error_prefix_is_valid(&value) => {
                 filter.error_prefix = Some(value.into_owned())
             }
-            "error_prefix" => return Err(bad("empty, or holds a NUL")),
+            "error_prefix" => {
+                return Err(bad(&format!(
+                    "1 to {MAX_ERROR_PREFIX_CHARS} characters, none a NUL"
+                )))
+            }
             "limit" => match value.parse::<i64>() {
                 Ok(n) if (1..=MAX_PAGE).contains(&n) => page.limit = n,
                 _ => return Err(bad(&format!("not a whole number from 1 to {MAX_PAGE}"))),
@@ -203,6 +217,8 @@ mod tests {
         assert!(refused("submitted_after=yesterday").contains("RFC 3339"));
         assert!(refused("metadata.=x").contains("`metadata.`"));
         assert!(refused("extractor=OCR!").contains("`extractor`"));
+        assert!(refused(&format!("error_prefix={}", "0".repeat(65))).contains("`error_prefix`"));
+        assert!(parse(&format!("error_prefix={}", "é".repeat(64))).is_ok());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::{response, schema, PATH};
 use crate::api::export::MAX_GROUP_LEN;
-use crate::api::list::{DEFAULT_PAGE, MAX_METADATA_KEYS};
+use crate::api::list::{DEFAULT_PAGE, MAX_ERROR_PREFIX_CHARS, MAX_METADATA_KEYS};
 use crate::config::Settings;
 use crate::domain::{ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::store::list::{MAX_PAGE, SCAN_BUDGET};
@@ -231,7 +231,12 @@ fn list() -> Value {
                     "pattern": "^[\\u0020-\\u007e]+$",
                 })),
             query_parameter("error_prefix", false, "Jobs whose `error` starts with this text.",
-                json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[^\\u0000]+$"})),
+                json!({
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": MAX_ERROR_PREFIX_CHARS,
+                    "pattern": "^[^\\u0000]+$",
+                })),
             query_parameter("limit", false, "Jobs per page.",
                 json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE})),
             query_parameter("cursor", false, "The previous page's `next_cursor`.",
