@@ -19,6 +19,7 @@ use crate::auth::Caller;
 use crate::domain::{extractor_name_is_valid, idempotency_key_is_valid, Scope};
 use crate::pipeline::Services;
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
+use crate::store::StoreError;
 
 /// Jobs a page holds when the query does not say.
 pub(super) const DEFAULT_PAGE: i64 = 50;
@@ -64,7 +65,8 @@ async fn list_jobs(
 ) -> Result<Json<JobPage>, ApiError> {
     caller.require(Scope::Read)?;
     let (filter, page) = parse(query.as_deref().unwrap_or_default())?;
-    let listed = list::list(&services.pool, caller.tenant_id, &filter, page).await?;
+    let mut connection = services.pool.acquire().await.map_err(StoreError::from)?;
+    let listed = list::list(&mut connection, caller.tenant_id, &filter, page).await?;
     let items = listed.jobs.into_iter().map(ExtractionView::from).collect();
     let next_cursor = listed.next.map(|id| URL_SAFE_NO_PAD.encode(id.as_bytes()));
     Ok(Json(JobPage { items, next_cursor }))

@@ -20,7 +20,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{FromRow, PgExecutor, Postgres, QueryBuilder, Row};
+use sqlx::{FromRow, PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::{Extraction, StoreError};
@@ -129,8 +129,8 @@ pub struct Page {
 }
 
 /// A page of tenant `tenant_id`'s jobs that `filter` admits.
-pub async fn list<'e>(
-    executor: impl PgExecutor<'e>,
+pub async fn list(
+    executor: &mut PgConnection,
     tenant_id: Uuid,
     filter: &JobFilter,
     page: PageRequest,
@@ -141,39 +141,38 @@ pub async fn list<'e>(
     } else {
         limit
     };
-    let mut sql = QueryBuilder::<Postgres>::new("WITH scanned AS (");
-    scanned(&mut sql, tenant_id, filter, page, budget);
-    sql.push("), page AS (");
-    matched(&mut sql, filter, page, limit);
-    // One row at least (the scan's summary), with the page's jobs beside it.
-    let (first, last) = match page.order {
-        Order::NewestFirst => ("ASC", "DESC"),
-        Order::OldestFirst => ("DESC", "ASC"),
-    };
-    sql.push(format_args!(
-        ") SELECT page.*,
-                  (SELECT count(*) FROM scanned) AS scanned_n,
-                  (SELECT id FROM scanned ORDER BY id {first} LIMIT 1) AS scanned_end
-             FROM (SELECT 1) AS one LEFT JOIN page ON true
-            ORDER BY page.id {last}"
-    ));
-    let rows: Vec<PgRow> = sql.build().fetch_all(executor).await?;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let (mut scanned_n, mut scanned_end) = (0_i64, None);
-    for row in &rows {
-        scanned_n = row.try_get("scanned_n")?;
-        scanned_end = row.try_get("scanned_end")?;
-        if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
-            jobs.push(Extraction::from_row(row)?);
-        }
+    // The page: the walk's ids in order, each joined to its row and kept if
+    // the filters admit it, until `limit` are kept (the joins preserve the
+    // walk's order, so the walk stops there, short of its budget).
+    let mut sql = QueryBuilder::<Postgres>::new("");
+    matched(&mut sql, tenant_id, filter, page, budget, limit);
+    let rows: Vec<PgRow> = sql.build().fetch_all(&mut *executor).await?;
+    let jobs = rows
+        .iter()
+        .map(Extraction::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(last) = jobs.last().filter(|_| jobs.len() as i64 == limit) {
+        return Ok(Page {
+            next: Some(last.id),
+            jobs,
+        });
     }
-    let next = match jobs.last() {
-        Some(last) if jobs.len() as i64 == limit => Some(last.id),
-        // A full scan that matched less than a page: there may be more
-        // past what it scanned.
-        _ if scanned_n == budget => scanned_end,
-        _ => None,
+    if !filter.scans() {
+        // Every id walked was kept: a short page is the last.
+        return Ok(Page { jobs, next: None });
+    }
+    // A short page of a scanning filter: if the walk used its whole budget,
+    // there may be more past where it ended.
+    let last = match page.order {
+        Order::NewestFirst => "min",
+        Order::OldestFirst => "max",
     };
+    let mut sql =
+        QueryBuilder::<Postgres>::new(format!("SELECT count(*), {last}(id::text)::uuid FROM ("));
+    scanned(&mut sql, tenant_id, filter, page, budget);
+    sql.push(") AS walked");
+    let (walked, end): (i64, Option<Uuid>) = sql.build_query_as().fetch_one(&mut *executor).await?;
+    let next = (walked == budget).then_some(end).flatten();
     Ok(Page { jobs, next })
 }
 
@@ -228,14 +227,23 @@ fn scanned(
         .push_bind(budget);
 }
 
-/// The jobs of the scanned ids that every filter admits, at most `limit`.
-fn matched(sql: &mut QueryBuilder<Postgres>, filter: &JobFilter, page: PageRequest, limit: i64) {
+/// The jobs of the walk's ids that every filter admits, at most `limit`.
+fn matched(
+    sql: &mut QueryBuilder<Postgres>,
+    tenant_id: Uuid,
+    filter: &JobFilter,
+    page: PageRequest,
+    budget: i64,
+    limit: i64,
+) {
     sql.push("SELECT e.*, q.idempotency_key, q.request");
     if page.with_results {
         sql.push(", r.result, b.result AS bbox_result");
     }
+    sql.push(" FROM (");
+    scanned(sql, tenant_id, filter, page, budget);
     sql.push(
-        " FROM scanned s
+        ") AS s
           JOIN extractions e ON e.id = s.id
           JOIN extraction_requests q ON q.id = s.id",
     );
@@ -280,7 +288,7 @@ fn matched(sql: &mut QueryBuilder<Postgres>, filter: &JobFilter, page: PageReque
             .push_bind(prefix.clone())
             .push(")");
     }
-    sql.push(format_args!(" ORDER BY e.id {} LIMIT ", page.order.sql()))
+    sql.push(format_args!(" ORDER BY s.id {} LIMIT ", page.order.sql()))
         .push_bind(limit);
 }
 
