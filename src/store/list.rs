@@ -8,9 +8,9 @@
 //! existed when the walk began is never skipped: a job inserted meanwhile
 //! lands at the newest end, before the first page.
 //!
-//! **Cost.** A page walks `(status, tenant_id, id)` once per status it lists
-//! (all five when it names none) from its cursor, and merges the walks in id
-//! order (a `UNION ALL` of ordered, limited scans); it reads the rows of at
+//! **Cost.** A page walks `(tenant_id, status, id)` (two partial indexes:
+//! open and finished jobs) once per status it lists (all five when it names
+//! none) from its cursor, and merges the walks in id order (a `UNION ALL` of ordered, limited scans); it reads the rows of at
 //! most `limit` ids, never the finished rows it does not return. An
 //! idempotency key walks its own unique index. The other filters (bbox
 //! status, extractor, times, metadata, error prefix) no index answers: such
@@ -177,7 +177,7 @@ pub async fn list(
 }
 
 /// The ids a page looks at, in its order, at most `budget`: per status, a
-/// walk of `(status, tenant_id, id)` from the cursor, merged.
+/// walk of `(tenant_id, status, id)` from the cursor, merged.
 fn scanned(
     sql: &mut QueryBuilder<Postgres>,
     tenant_id: Uuid,
