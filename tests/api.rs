@@ -240,6 +240,61 @@ async fn the_list_walks_every_job_once_while_more_are_submitted() {
     assert_eq!(page["items"], json!([]), "another tenant's jobs listed");
 }
 
+/// A failed job retried through the API is queued again and handed to the
+/// workers a second time; a job that is not failed answers 409, another
+/// tenant's 404.
+#[tokio::test]
+async fn a_failed_job_is_retried_once_and_published_again() {
+    use docstream::domain::Stage;
+    use docstream::store::transitions;
+    let api = Api::start("api_retry").await;
+    let id = submit_tagged(&api, 0, "retry").await;
+    let retry = format!("/v1/extractions/{id}/retry");
+    let (status, body) = api.post(&retry, &json!(null), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let pool = &api.env.pool;
+    let uuid: uuid::Uuid = id.parse().unwrap();
+    let claim = transitions::claim(pool, Stage::Extraction, uuid, 30.0)
+        .await
+        .unwrap()
+        .unwrap();
+    transitions::fail(pool, Stage::Extraction, uuid, claim.token, "extractor down")
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, job) = api.post(&retry, &json!(null), None).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    assert_eq!(
+        (job["status"].as_str(), job["attempts"].as_i64()),
+        (Some("queued"), Some(1))
+    );
+    assert_eq!(job["metadata"]["batch"], "retry");
+    let (status, _) = api.post(&retry, &json!(null), None).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a second retry finds it queued"
+    );
+    let submitted = api.env.read_topic("extraction.submitted");
+    let handed: Vec<_> = submitted
+        .iter()
+        .filter(|(key, _)| key.as_deref() == Some(id.as_bytes()))
+        .collect();
+    assert_eq!(handed.len(), 2, "the submit's and the retry's");
+    let other = docstream::store::tenants::create_tenant(pool, "retry-other")
+        .await
+        .unwrap()
+        .key;
+    let answer = api
+        .client
+        .post(format!("{}{retry}", api.base))
+        .header("authorization", format!("Bearer {}", other.api_key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+}
+
 #[tokio::test]
 async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     let api = Api::start("api_bad_input").await;

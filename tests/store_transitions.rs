@@ -489,6 +489,44 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired(pool: PgPool) {
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
 }
 
+/// A failed job goes back to the queue on request with a fresh budget: the
+/// run starts at the claims it had and the token keeps counting, so the
+/// holder of an attempt before the retry is fenced out. A job that is not
+/// failed is left as it is; each retry is logged once.
+#[sqlx::test]
+async fn a_failed_job_retried_on_request_runs_again_and_fences_its_old_holder(pool: PgPool) {
+    let pool = &pool;
+    let (id, token) = running(pool).await;
+    let retried = transitions::retry_failed(pool, id).await.unwrap();
+    assert!(retried.is_none(), "a running job is not retried");
+    transitions::fail(pool, Stage::Extraction, id, token, "extractor down")
+        .await
+        .unwrap()
+        .unwrap();
+    let row = transitions::retry_failed(pool, id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.attempts, row.attempts_base),
+        ("queued", 1, 1)
+    );
+    assert!(row.finished_at.is_none() && row.published_at.is_none());
+    let again = transitions::retry_failed(pool, id).await.unwrap();
+    assert!(again.is_none(), "a queued job is not retried");
+    let claim = transitions::claim(pool, Stage::Extraction, id, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claim.token, 2);
+    let result = serde_json::json!({"fields": {}});
+    let stale = transitions::succeed(pool, Stage::Extraction, id, token, &result)
+        .await
+        .unwrap();
+    assert!(stale.is_none(), "attempt 1's holder ended attempt 2's run");
+    assert_eq!(wins_of(pool, id, "retry_failed").await, 1);
+    let done = succeeded(pool).await;
+    let retried = transitions::retry_failed(pool, done).await.unwrap();
+    assert!(retried.is_none(), "a succeeded job is not retried");
+}
+
 #[sqlx::test]
 async fn retry_and_bbox_requeue_return_work_to_pending(pool: PgPool) {
     let pool = &pool;

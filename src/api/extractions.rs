@@ -32,6 +32,7 @@ pub(super) fn router(services: &Services) -> Router<Services> {
         .route("/v1/extractions", post(submit).route_layer(admit))
         .route("/v1/extractions/{id}", get(read))
         .route("/v1/extractions/{id}/cancel", post(cancel))
+        .route("/v1/extractions/{id}/retry", post(retry))
 }
 
 /// The answer to a submit.
@@ -209,6 +210,26 @@ async fn owned(services: &Services, caller: &Caller, id: Uuid) -> Result<Extract
     store::get_for_tenant(&services.pool, caller.tenant_id, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))
+}
+
+/// Sends a failed job back to the queue with a fresh attempt budget (200,
+/// the job as it is now); a job that is not failed answers 409.
+async fn retry(
+    caller: Caller,
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<ExtractionView>, ApiError> {
+    caller.require(Scope::Cancel)?;
+    let Path(id) = id?;
+    // A job never changes tenant, so checking its owner first is race-free.
+    let job = owned(&services, &caller, id).await?;
+    if services.jobs.retry_failed(id).await?.is_none() {
+        return Err(ApiError::Conflict(format!(
+            "only a failed job can be retried; this one is {}",
+            job.status
+        )));
+    }
+    Ok(Json(owned(&services, &caller, id).await?.into()))
 }
 
 /// Cancels a queued job at once (200). A running job is asked to stop: its

@@ -86,7 +86,7 @@ async fn post_result(
     let request = row
         .request()
         .ok_or_else(|| ApiError::Internal("the row was read without its request".into()))?;
-    end(&services, claim, request, &body).await
+    end(&services, claim, row.attempts_base, request, &body).await
 }
 
 /// The attempt the bearer token was issued for, if it is this job's.
@@ -150,10 +150,11 @@ fn read_ending(
     })
 }
 
-/// Ends attempt `claim` with what `body` says.
+/// Ends attempt `claim` (of the job's run since `base`) with what `body` says.
 async fn end(
     services: &Services,
     claim: (Uuid, i32),
+    base: i32,
     request: &ExtractionRequest,
     body: &[u8],
 ) -> Result<Json<Recorded>, ApiError> {
@@ -172,7 +173,7 @@ async fn end(
                 .retry_or_fail_extraction(claim, &error, REASON)
                 .await,
             // The last attempt's failure fails the job instead.
-            match claim.1 >= services.settings.max_attempts {
+            match claim.1 - base >= services.settings.max_attempts {
                 true => "failed",
                 false => "retried",
             },

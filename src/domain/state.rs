@@ -144,6 +144,8 @@ pub enum Transition {
     MarkBboxRefinementFailed,
     /// bbox pending or running → bbox pending.
     RequeueBboxRefinement,
+    /// failed → queued, on request, with a fresh attempt budget.
+    RetryFailed,
 }
 
 impl Transition {
@@ -162,6 +164,7 @@ impl Transition {
             Self::MarkBboxRefinementSucceeded => "mark_bbox_refinement_succeeded",
             Self::MarkBboxRefinementFailed => "mark_bbox_refinement_failed",
             Self::RequeueBboxRefinement => "requeue_bbox_refinement",
+            Self::RetryFailed => "retry_failed",
         }
     }
 }

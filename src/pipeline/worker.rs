@@ -111,7 +111,7 @@ impl ExtractionWorker {
             .await
             .map_err(JobError::from)?;
         let max_attempts = self.settings.max_attempts;
-        if token > max_attempts {
+        if token - claim.extraction.attempts_base > max_attempts {
             // Only a revived claim gets here (a worker that died, a deferred
             // result that never came): the attempts are spent all the same.
             let error =

@@ -42,6 +42,10 @@ pub struct Extraction {
     pub error: Option<String>,
     /// Claims so far; the current holder's fencing token.
     pub attempts: i32,
+    /// Claims before the job's last retry on request: its current run's
+    /// attempts are `attempts - attempts_base`.
+    #[sqlx(default)]
+    pub attempts_base: i32,
     /// End of the current claim's lease (database clock).
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// When the row was inserted.

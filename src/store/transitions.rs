@@ -185,6 +185,18 @@ const REQUEUE_FOR_RETRY: &str = logged!(
       WHERE id = $1 AND status = 'running' AND attempts = $2"
 );
 
+// A failed job back to the queue on request, with a fresh attempt budget:
+// the token (attempts) keeps counting, the run's budget starts where it is.
+const RETRY_FAILED: &str = logged!(
+    "retry_failed",
+    token = "NULL::int",
+    "UPDATE extractions
+        SET status = 'queued', attempts_base = attempts, finished_at = NULL,
+            lease_expires_at = NULL, published_at = NULL, next_attempt_at = NULL,
+            cancel_requested_at = NULL, republished_at = NULL, orphaned_at = NULL
+      WHERE id = $1 AND status = 'failed'"
+);
+
 // A queued job is cancelled by anyone; a running one only by its holder ($2),
 // after a cancel was requested (cooperative cancel).
 const MARK_CANCELLED: &str = logged!(
@@ -405,6 +417,29 @@ pub async fn requeue_for_retry<'e>(
         .fetch_optional(executor)
         .await?;
     Ok(row)
+}
+
+/// Sends failed job `id` back to the queue with a fresh attempt budget;
+/// `None` when it is not failed.
+pub async fn retry_failed<'e>(
+    executor: impl PgExecutor<'e>,
+    id: Uuid,
+) -> Result<Option<Extraction>, StoreError> {
+    let row = sqlx::query_as::<_, Extraction>(RETRY_FAILED)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row)
+}
+
+/// The claims job `id` had before its last retry on request (0 if none).
+pub async fn attempts_base<'e>(executor: impl PgExecutor<'e>, id: Uuid) -> Result<i32, StoreError> {
+    let base: Option<i32> =
+        sqlx::query_scalar("SELECT attempts_base FROM extractions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(executor)
+            .await?;
+    Ok(base.unwrap_or(0))
 }
 
 /// Cancels a queued job (`holder: None`), or, as the holder of claim `token`, a

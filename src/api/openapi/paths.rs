@@ -68,6 +68,7 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions": {"get": list(), "post": submit(settings)},
         "/v1/extractions/{id}": {"get": read()},
         "/v1/extractions/{id}/cancel": {"post": cancel()},
+        "/v1/extractions/{id}/retry": {"post": retry()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
         "/healthz": {"get": healthz()},
         "/readyz": {"get": readyz()},
@@ -88,12 +89,18 @@ fn id_parameter() -> Value {
 
 /// Links from an answer carrying an extraction's `id` to the routes that take it.
 fn links(to: &[(&str, &str)]) -> Value {
+    links_from("$response.body#/id", to)
+}
+
+/// Links from the extraction id at `id` (a runtime expression) of an answer
+/// to the routes that take it.
+fn links_from(id: &str, to: &[(&str, &str)]) -> Value {
     let links: serde_json::Map<String, Value> = to
         .iter()
         .map(|(name, operation)| {
             let link = json!({
                 "operationId": operation,
-                "parameters": {"id": "$response.body#/id"},
+                "parameters": {"id": id},
             });
             (name.to_string(), link)
         })
@@ -250,6 +257,10 @@ fn list() -> Value {
             "200": {
                 "description": "A page of jobs.",
                 "content": {"application/json": {"schema": schema("ExtractionPage")}},
+                "links": links_from("$response.body#/items/0/id", &[
+                    ("GetFirstExtraction", "getExtraction"),
+                    ("RetryFirstExtraction", "retryExtraction"),
+                ]),
             },
             "400": response("BadRequest"),
             "401": response("Unauthorized"),
@@ -311,6 +322,34 @@ fn cancel() -> Value {
             "404": response("NotFound"),
             "429": response("TooManyRequests"),
             "409": response("Conflict"),
+            "503": response("Unavailable"),
+        },
+    })
+}
+
+fn retry() -> Value {
+    json!({
+        "operationId": "retryExtraction",
+        "tags": ["extractions"],
+        "summary": "Retry a failed extraction",
+        "description": "Sends a failed job back to the queue (scope `cancel`), with a fresh \
+                        budget of attempts: it runs again as if just submitted, and its \
+                        `attempts` keep counting. The retry is logged as the transition \
+                        `retry_failed` and published as every transition is. A job that is \
+                        not failed answers 409 and is left as it is.",
+        "parameters": [id_parameter()],
+        "responses": {
+            "200": {
+                "description": "Retried: the job as it is now (queued).",
+                "content": {"application/json": {"schema": schema("Extraction")}},
+                "links": links(&[("GetExtraction", "getExtraction")]),
+            },
+            "400": response("BadRequest"),
+            "401": response("Unauthorized"),
+            "403": response("Forbidden"),
+            "404": response("NotFound"),
+            "409": response("Conflict"),
+            "429": response("TooManyRequests"),
             "503": response("Unavailable"),
         },
     })

@@ -86,8 +86,8 @@ impl Jobs {
             .await
     }
 
-    /// Requeues attempt `token` with a backoff, or fails the job once it has
-    /// had its `max_attempts`.
+    /// Requeues attempt `token` with a backoff, or fails the job once its
+    /// current run (since its last retry on request) had its `max_attempts`.
     pub async fn retry_or_fail_extraction(
         &self,
         (id, token): (Uuid, i32),
@@ -95,12 +95,16 @@ impl Jobs {
         reason: PublishReason,
     ) -> Result<bool, JobError> {
         let settings = &self.0.settings;
-        if token >= settings.max_attempts {
-            let error = format!("{error} (gave up after {token} attempts)");
+        let pool = &self.0.pool;
+        let base = self
+            .persist("attempts_base", || transitions::attempts_base(pool, id))
+            .await?;
+        let run = token - base;
+        if run >= settings.max_attempts {
+            let error = format!("{error} (gave up after {run} attempts)");
             return self.fail_extraction((id, token), &error, reason).await;
         }
-        let delay_s = settings.backoff.after(token).as_secs_f64();
-        let pool = &self.0.pool;
+        let delay_s = settings.backoff.after(run).as_secs_f64();
         let requeued = || transitions::requeue_for_retry(pool, id, token, error, delay_s);
         let row = self.persist("requeue_for_retry", requeued).await?;
         let transition = Transition::RequeueForRetry;
@@ -119,6 +123,31 @@ impl Jobs {
         tracing::info!(%id, attempt = token, delay_s, %error, next_attempt_at = ?row.next_attempt_at, "attempt failed; retry scheduled");
         tokio::spawn(publish_when_due(self.clone(), id, delay_s).in_current_span());
         Ok(true)
+    }
+
+    /// Sends failed job `id` back to the queue at its client's request, with
+    /// a fresh attempt budget, and hands it to the workers; `None` when the
+    /// job is not failed. Once the row is queued the retry has happened: an
+    /// event or a hand-over that the broker does not take is logged, and the
+    /// reaper publishes the job later (it is queued and unpublished).
+    pub async fn retry_failed(&self, id: Uuid) -> Result<Option<Extraction>, JobError> {
+        let pool = &self.0.pool;
+        let row = self
+            .persist("retry_failed", || transitions::retry_failed(pool, id))
+            .await?;
+        self.0.metrics.transition(Transition::RetryFailed, &row);
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let reason = PublishReason::Retry;
+        if let Err(e) = self.emit(Transition::RetryFailed, &row, None, reason).await {
+            tracing::warn!(%id, error = %e, "lifecycle event not published");
+        }
+        if let Err(e) = self.republish(Stage::Extraction, id, reason).await {
+            tracing::warn!(%id, error = %e, "retried job not published; the reaper will");
+        }
+        tracing::info!(%id, attempts = row.attempts, "failed job retried on request");
+        Ok(Some(row))
     }
 
     /// Cancels the job of running attempt `token`, at its client's request.
