@@ -76,6 +76,32 @@ pub(super) fn paths(settings: &Settings) -> Value {
     })
 }
 
+/// An operation's answers: `success` (its own, by status) and the shared
+/// error answers of `refusals`.
+fn answers(success: Value, refusals: &[u16]) -> Value {
+    let mut answers = match success {
+        Value::Object(map) => map,
+        _ => unreachable!("answers by status"),
+    };
+    for status in refusals {
+        let name = match status {
+            400 => "BadRequest",
+            401 => "Unauthorized",
+            403 => "Forbidden",
+            404 => "NotFound",
+            409 => "Conflict",
+            413 => "PayloadTooLarge",
+            415 => "UnsupportedMediaType",
+            422 => "Unprocessable",
+            429 => "TooManyRequests",
+            503 => "Unavailable",
+            other => unreachable!("no shared answer for {other}"),
+        };
+        answers.insert(status.to_string(), response(name));
+    }
+    Value::Object(answers)
+}
+
 /// The path parameter `id`.
 fn id_parameter() -> Value {
     json!({
@@ -152,7 +178,7 @@ fn submit(settings: &Settings) -> Value {
                             describe a valid request 422.",
             "content": {"application/json": {"schema": schema("ExtractionRequest")}},
         },
-        "responses": {
+        "responses": answers(json!({
             "202": {
                 "description": "Accepted: the job is durable. `Location` names it.",
                 "headers": {
@@ -165,15 +191,7 @@ fn submit(settings: &Settings) -> Value {
                 "content": {"application/json": {"schema": schema("Accepted")}},
                 "links": links(&[("GetExtraction", "getExtraction"), ("CancelExtraction", "cancelExtraction")]),
             },
-            "400": response("BadRequest"),
-            "401": response("Unauthorized"),
-            "403": response("Forbidden"),
-            "413": response("PayloadTooLarge"),
-            "415": response("UnsupportedMediaType"),
-            "422": response("Unprocessable"),
-            "429": response("TooManyRequests"),
-            "503": response("Unavailable"),
-        },
+        }), &[400, 401, 403, 413, 415, 422, 429, 503]),
     })
 }
 
@@ -253,7 +271,7 @@ fn list() -> Value {
             query_parameter("include", false, "`result`: each job with its result.",
                 json!({"type": "string", "enum": ["result"]})),
         ],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "A page of jobs.",
                 "content": {"application/json": {"schema": schema("ExtractionPage")}},
@@ -262,12 +280,7 @@ fn list() -> Value {
                     ("RetryFirstExtraction", "retryExtraction"),
                 ]),
             },
-            "400": response("BadRequest"),
-            "401": response("Unauthorized"),
-            "403": response("Forbidden"),
-            "429": response("TooManyRequests"),
-            "503": response("Unavailable"),
-        },
+        }), &[400, 401, 403, 429, 503]),
     })
 }
 
@@ -280,19 +293,13 @@ fn read() -> Value {
                         error and bbox refinement. The document itself is not echoed. \
                         Another tenant's job is not found, exactly like one that does not exist.",
         "parameters": [id_parameter()],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "The job.",
                 "content": {"application/json": {"schema": schema("Extraction")}},
                 "links": links(&[("CancelExtraction", "cancelExtraction")]),
             },
-            "400": response("BadRequest"),
-            "401": response("Unauthorized"),
-            "403": response("Forbidden"),
-            "404": response("NotFound"),
-            "429": response("TooManyRequests"),
-            "503": response("Unavailable"),
-        },
+        }), &[400, 401, 403, 404, 429, 503]),
     })
 }
 
@@ -305,7 +312,7 @@ fn cancel() -> Value {
                         (200); a running one is asked to stop, and its holder cancels it at \
                         its next heartbeat (202). A finished job answers 409.",
         "parameters": [id_parameter()],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "Cancelled: the job as it is now.",
                 "content": {"application/json": {"schema": schema("Extraction")}},
@@ -316,14 +323,7 @@ fn cancel() -> Value {
                 "content": {"application/json": {"schema": schema("Extraction")}},
                 "links": links(&[("GetExtraction", "getExtraction")]),
             },
-            "400": response("BadRequest"),
-            "401": response("Unauthorized"),
-            "403": response("Forbidden"),
-            "404": response("NotFound"),
-            "429": response("TooManyRequests"),
-            "409": response("Conflict"),
-            "503": response("Unavailable"),
-        },
+        }), &[400, 401, 403, 404, 429, 409, 503]),
     })
 }
 
@@ -338,20 +338,13 @@ fn retry() -> Value {
                         `retry_failed` and published as every transition is. A job that is \
                         not failed answers 409 and is left as it is.",
         "parameters": [id_parameter()],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "Retried: the job as it is now (queued).",
                 "content": {"application/json": {"schema": schema("Extraction")}},
                 "links": links(&[("GetExtraction", "getExtraction")]),
             },
-            "400": response("BadRequest"),
-            "401": response("Unauthorized"),
-            "403": response("Forbidden"),
-            "404": response("NotFound"),
-            "409": response("Conflict"),
-            "429": response("TooManyRequests"),
-            "503": response("Unavailable"),
-        },
+        }), &[400, 401, 403, 404, 409, 429, 503]),
     })
 }
 
@@ -379,19 +372,12 @@ fn deferred_result(settings: &Settings) -> Value {
             "required": true,
             "content": {"application/json": {"schema": schema("DeferredResult")}},
         },
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "What the result did to the job.",
                 "content": {"application/json": {"schema": schema("ResultRecorded")}},
             },
-            "400": response("BadRequest"),
-            "401": response("Unauthorized"),
-            "404": response("NotFound"),
-            "409": response("Conflict"),
-            "413": response("PayloadTooLarge"),
-            "422": response("Unprocessable"),
-            "503": response("Unavailable"),
-        },
+        }), &[400, 401, 404, 409, 413, 422, 503]),
     })
 }
 
@@ -437,7 +423,7 @@ fn upgrade_headers() -> Value {
 
 /// The answers of a WebSocket upgrade.
 fn upgrade_responses(protocol: &str) -> Value {
-    json!({
+    let upgraded = json!({
         "101": {
             "description": format!("Switching Protocols: the WebSocket. {protocol}"),
             "headers": {
@@ -445,12 +431,8 @@ fn upgrade_responses(protocol: &str) -> Value {
                 "Sec-WebSocket-Accept": {"required": true, "schema": {"type": "string"}},
             },
         },
-        "400": response("BadRequest"),
-        "401": response("Unauthorized"),
-        "403": response("Forbidden"),
-        "429": response("TooManyRequests"),
-        "503": response("Unavailable"),
-    })
+    });
+    answers(upgraded, &[400, 401, 403, 429, 503])
 }
 
 fn import() -> Value {
@@ -602,13 +584,12 @@ fn healthz() -> Value {
         "summary": "Liveness",
         "description": "`ok` while the process serves requests.",
         "security": [],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "Alive.",
                 "content": {"text/plain": {"schema": {"type": "string", "const": "ok"}}},
             },
-            "503": response("Unavailable"),
-        },
+        }), &[503]),
     })
 }
 
@@ -620,13 +601,12 @@ fn readyz() -> Value {
         "description": "`ready` when Postgres and the broker answered the last probes and \
                         the process is not draining; else 503.",
         "security": [],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "Ready for traffic.",
                 "content": {"text/plain": {"schema": {"type": "string", "const": "ready"}}},
             },
-            "503": response("Unavailable"),
-        },
+        }), &[503]),
     })
 }
 
@@ -637,13 +617,12 @@ fn openapi() -> Value {
         "summary": "This document",
         "description": "The OpenAPI document of this server, with the limits its settings set.",
         "security": [],
-        "responses": {
+        "responses": answers(json!({
             "200": {
                 "description": "The document.",
                 "content": {"application/json": {"schema": {"type": "object"}}},
             },
-            "503": response("Unavailable"),
-        },
+        }), &[503]),
     })
 }
 
