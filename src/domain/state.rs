@@ -59,6 +59,9 @@ pub enum BboxStatus {
 }
 
 impl BboxStatus {
+    /// Every bbox refinement state, in the order of its life.
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Running, Self::Succeeded, Self::Failed];
+
     /// The spelling stored in `bbox_status` and shown by the API.
     pub fn as_str(self) -> &'static str {
         match self {

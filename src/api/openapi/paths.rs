@@ -8,7 +8,7 @@ use super::{response, schema, PATH};
 use crate::api::export::MAX_GROUP_LEN;
 use crate::api::list::{DEFAULT_PAGE, MAX_ERROR_PREFIX_CHARS, MAX_METADATA_KEYS};
 use crate::config::Settings;
-use crate::domain::{ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::domain::{BboxStatus, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::store::list::{MAX_PAGE, SCAN_BUDGET};
 
 /// The document's `info`, with the limits every route shares.
@@ -203,7 +203,7 @@ fn names_pattern(names: &[&str]) -> String {
 
 fn list() -> Value {
     let statuses: Vec<&str> = ExtractionStatus::ALL.map(ExtractionStatus::as_str).to_vec();
-    let bbox_statuses = ["pending", "running", "succeeded", "failed"];
+    let bbox_statuses: Vec<&str> = BboxStatus::ALL.map(BboxStatus::as_str).to_vec();
     let time = |name: &str, description: &str| {
         query_parameter(
             name,
