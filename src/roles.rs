@@ -20,7 +20,7 @@ use crate::health::{Dependency, Health};
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    release_held, BboxWorker, ExtractionWorker, Holding, Intake, Reaper, ReaperKind, Services,
+    bulk, release_held, BboxWorker, ExtractionWorker, Holding, Intake, Reaper, ReaperKind, Services,
 };
 use crate::store;
 
@@ -133,6 +133,7 @@ pub async fn serve(
     let router = api::app(services.clone(), gate.clone());
     let limits = api::ConnectionLimits::of(&services.settings);
     let mut server = tokio::spawn(api::serve(listener, router, limits, close_listener.clone()));
+    let bulk = tokio::spawn(bulk::resume_abandoned(services.clone(), shutdown.clone()));
     tokio::select! {
         _ = shutdown.cancelled() => {}
         ended = &mut server => {
@@ -151,6 +152,7 @@ pub async fn serve(
     services.stamps.flush().await;
     close_listener.cancel();
     server.await??;
+    bulk.abort();
     let drain_ms = started.elapsed().as_millis() as u64;
     if requests_drained && queue_drained {
         tracing::info!(

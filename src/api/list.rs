@@ -8,7 +8,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
@@ -16,7 +15,7 @@ use uuid::Uuid;
 use super::extractions::ExtractionView;
 use super::ApiError;
 use crate::auth::Caller;
-use crate::domain::{extractor_name_is_valid, idempotency_key_is_valid, Scope};
+use crate::domain::Scope;
 use crate::pipeline::Services;
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
 use crate::store::StoreError;
@@ -25,20 +24,7 @@ use crate::store::StoreError;
 pub(super) const DEFAULT_PAGE: i64 = 50;
 
 /// Longest metadata key or value, error prefix, or cursor a query may hold.
-const MAX_QUERY_TEXT: usize = 256;
-
-/// Longest error prefix, in characters.
-pub(super) const MAX_ERROR_PREFIX_CHARS: usize = 64;
-
-/// Whether `prefix` can start an error: 1 to [`MAX_ERROR_PREFIX_CHARS`]
-/// characters, none a NUL (which no stored text holds).
-fn error_prefix_is_valid(prefix: &str) -> bool {
-    let chars = prefix.chars().count();
-    (1..=MAX_ERROR_PREFIX_CHARS).contains(&chars) && !prefix.contains('\0')
-}
-
-/// Most `metadata.KEY` parameters of one query.
-pub(super) const MAX_METADATA_KEYS: usize = 8;
+pub(super) const MAX_QUERY_TEXT: usize = 256;
 
 pub(super) fn router() -> axum::Router<Services> {
     Router::new().route("/v1/extractions", get(list_jobs))
@@ -92,30 +78,6 @@ fn parse(query: &str) -> Result<(JobFilter, PageRequest), ApiError> {
             return Err(bad(&format!("longer than {MAX_QUERY_TEXT} bytes")));
         }
         match name.as_ref() {
-            "status" => filter.statuses = names(&value).map_err(|e| bad(&e))?,
-            "bbox_status" => filter.bbox_statuses = names(&value).map_err(|e| bad(&e))?,
-            "extractor" if extractor_name_is_valid(&value) => {
-                filter.extractor = Some(value.into_owned())
-            }
-            "extractor" => return Err(bad("not an extractor name")),
-            "submitted_after" => filter.submitted_after = Some(time(&value).map_err(|e| bad(&e))?),
-            "submitted_before" => {
-                filter.submitted_before = Some(time(&value).map_err(|e| bad(&e))?)
-            }
-            "finished_after" => filter.finished_after = Some(time(&value).map_err(|e| bad(&e))?),
-            "finished_before" => filter.finished_before = Some(time(&value).map_err(|e| bad(&e))?),
-            "idempotency_key" if idempotency_key_is_valid(&value) => {
-                filter.idempotency_key = Some(value.into_owned())
-            }
-            "idempotency_key" => return Err(bad("not an idempotency key")),
-            "error_prefix" if error_prefix_is_valid(&value) => {
-                filter.error_prefix = Some(value.into_owned())
-            }
-            "error_prefix" => {
-                return Err(bad(&format!(
-                    "1 to {MAX_ERROR_PREFIX_CHARS} characters, none a NUL"
-                )))
-            }
             "limit" => match value.parse::<i64>() {
                 Ok(n) if (1..=MAX_PAGE).contains(&n) => page.limit = n,
                 _ => return Err(bad(&format!("not a whole number from 1 to {MAX_PAGE}"))),
@@ -130,40 +92,10 @@ fn parse(query: &str) -> Result<(JobFilter, PageRequest), ApiError> {
                 "result" => page.with_results = true,
                 _ => return Err(bad("only `result`")),
             },
-            other => match other.strip_prefix("metadata.") {
-                Some(key) if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {
-                    if filter.metadata.len() == MAX_METADATA_KEYS {
-                        return Err(bad(&format!("more than {MAX_METADATA_KEYS} metadata keys")));
-                    }
-                    filter.metadata.push((key.to_owned(), value.into_owned()));
-                }
-                Some(_) => return Err(bad("an empty key, or a NUL")),
-                None => return Err(bad("unknown")),
-            },
+            _ => filter.set(&name, &value).map_err(|e| bad(&e))?,
         }
     }
     Ok((filter, page))
-}
-
-/// Comma-separated state names, each known, each once.
-fn names<T: std::str::FromStr + PartialEq>(value: &str) -> Result<Vec<T>, String> {
-    let mut states: Vec<T> = Vec::new();
-    for name in value.split(',') {
-        let state = name
-            .parse()
-            .map_err(|_| format!("`{name}` is not a state"))?;
-        if !states.contains(&state) {
-            states.push(state);
-        }
-    }
-    Ok(states)
-}
-
-/// An RFC 3339 time.
-fn time(value: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(value)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|_| "not an RFC 3339 time (2026-12-03T10:00:00Z)".to_owned())
 }
 
 /// A cursor this route gave out.

@@ -4,6 +4,7 @@
 //! API key (`auth`).
 
 mod auth;
+mod bulk;
 mod error;
 mod export;
 mod extractions;
@@ -43,6 +44,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     let rest = Router::new()
         .merge(extractions::router(&services))
         .merge(list::router())
+        .merge(bulk::router())
         .merge(results::router())
         .layer(middleware::from_fn_with_state(bound, answer_within));
     Router::new()

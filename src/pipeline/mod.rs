@@ -15,6 +15,7 @@
 
 mod batched;
 mod bbox_worker;
+pub mod bulk;
 pub mod census;
 mod intake;
 pub mod jobs;

@@ -20,11 +20,13 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{FromRow, PgConnection, Postgres, QueryBuilder};
+use sqlx::{FromRow, PgConnection, Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
 use super::{Extraction, StoreError};
-use crate::domain::{BboxStatus, ExtractionStatus};
+use crate::domain::{
+    extractor_name_is_valid, idempotency_key_is_valid, BboxStatus, ExtractionStatus,
+};
 
 /// Ids a page with filters no index answers may scan.
 pub const SCAN_BUDGET: i64 = 1_000;
@@ -64,7 +66,68 @@ pub struct JobFilter {
     pub error_prefix: Option<String>,
 }
 
+/// Longest error prefix, in characters.
+pub const MAX_ERROR_PREFIX_CHARS: usize = 64;
+
+/// Most `metadata.KEY` parameters of one filter.
+pub const MAX_METADATA_KEYS: usize = 8;
+
 impl JobFilter {
+    /// The filter a list of parameters names, as a query or a bulk action
+    /// gives them (`status=failed,cancelled`, `metadata.customer=acme`, …).
+    pub fn of<'a>(
+        params: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, FilterError> {
+        let mut filter = Self::default();
+        for (name, value) in params {
+            filter.set(name, value).map_err(|why| FilterError {
+                name: name.to_owned(),
+                why,
+            })?;
+        }
+        Ok(filter)
+    }
+
+    /// Narrows the filter by parameter `name`; why not, when the name is
+    /// unknown or the value cannot mean what the name says.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        match name {
+            "status" => self.statuses = names(value)?,
+            "bbox_status" => self.bbox_statuses = names(value)?,
+            "extractor" if extractor_name_is_valid(value) => {
+                self.extractor = Some(value.to_owned())
+            }
+            "extractor" => return Err("not an extractor name".into()),
+            "submitted_after" => self.submitted_after = Some(time(value)?),
+            "submitted_before" => self.submitted_before = Some(time(value)?),
+            "finished_after" => self.finished_after = Some(time(value)?),
+            "finished_before" => self.finished_before = Some(time(value)?),
+            "idempotency_key" if idempotency_key_is_valid(value) => {
+                self.idempotency_key = Some(value.to_owned())
+            }
+            "idempotency_key" => return Err("not an idempotency key".into()),
+            "error_prefix" if error_prefix_is_valid(value) => {
+                self.error_prefix = Some(value.to_owned())
+            }
+            "error_prefix" => {
+                return Err(format!(
+                    "1 to {MAX_ERROR_PREFIX_CHARS} characters, none a NUL"
+                ))
+            }
+            other => match other.strip_prefix("metadata.") {
+                Some(key) if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {
+                    if self.metadata.len() == MAX_METADATA_KEYS {
+                        return Err(format!("more than {MAX_METADATA_KEYS} metadata keys"));
+                    }
+                    self.metadata.push((key.to_owned(), value.to_owned()));
+                }
+                Some(_) => return Err("an empty key, or a NUL".into()),
+                None => return Err("unknown".into()),
+            },
+        }
+        Ok(())
+    }
+
     /// Whether a filter no index answers is set: then a page has a scan budget.
     fn scans(&self) -> bool {
         !self.bbox_statuses.is_empty()
@@ -76,6 +139,44 @@ impl JobFilter {
             || !self.metadata.is_empty()
             || self.error_prefix.is_some()
     }
+}
+
+/// A filter parameter that was refused, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{name}`: {why}")]
+pub struct FilterError {
+    /// The parameter.
+    pub name: String,
+    /// Why it was refused.
+    pub why: String,
+}
+
+/// Whether `prefix` can start an error: 1 to [`MAX_ERROR_PREFIX_CHARS`]
+/// characters, none a NUL (which no stored text holds).
+fn error_prefix_is_valid(prefix: &str) -> bool {
+    let chars = prefix.chars().count();
+    (1..=MAX_ERROR_PREFIX_CHARS).contains(&chars) && !prefix.contains('\0')
+}
+
+/// Comma-separated state names, each known, each once.
+fn names<T: std::str::FromStr + PartialEq>(value: &str) -> Result<Vec<T>, String> {
+    let mut states: Vec<T> = Vec::new();
+    for name in value.split(',') {
+        let state = name
+            .parse()
+            .map_err(|_| format!("`{name}` is not a state"))?;
+        if !states.contains(&state) {
+            states.push(state);
+        }
+    }
+    Ok(states)
+}
+
+/// An RFC 3339 time.
+fn time(value: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| "not an RFC 3339 time (2026-12-03T10:00:00Z)".to_owned())
 }
 
 /// Newest first (the default) or oldest first.
@@ -135,6 +236,48 @@ pub async fn list(
     filter: &JobFilter,
     page: PageRequest,
 ) -> Result<Page, StoreError> {
+    let (rows, next) = walk(executor, tenant_id, filter, page, Columns::Jobs).await?;
+    let jobs = rows
+        .iter()
+        .map(Extraction::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Page { jobs, next })
+}
+
+/// The ids of a page of tenant `tenant_id`'s jobs that `filter` admits, and
+/// where the next page starts: what a bulk action walks (no job's request
+/// or result is read, unless a filter looks into it).
+pub async fn list_ids(
+    executor: &mut PgConnection,
+    tenant_id: Uuid,
+    filter: &JobFilter,
+    page: PageRequest,
+) -> Result<(Vec<Uuid>, Option<Uuid>), StoreError> {
+    let (rows, next) = walk(executor, tenant_id, filter, page, Columns::Ids).await?;
+    let ids = rows
+        .iter()
+        .map(|row| row.try_get("id"))
+        .collect::<Result<Vec<Uuid>, _>>()?;
+    Ok((ids, next))
+}
+
+/// What a page reads of each job it keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Columns {
+    /// The job row with its request (and results, when asked for).
+    Jobs,
+    /// Only the id.
+    Ids,
+}
+
+/// A page's rows, and the id to continue after while there may be more.
+async fn walk(
+    executor: &mut PgConnection,
+    tenant_id: Uuid,
+    filter: &JobFilter,
+    page: PageRequest,
+    columns: Columns,
+) -> Result<(Vec<PgRow>, Option<Uuid>), StoreError> {
     let limit = page.limit.clamp(1, MAX_PAGE);
     let budget = if filter.scans() {
         SCAN_BUDGET.max(limit)
@@ -145,21 +288,15 @@ pub async fn list(
     // the filters admit it, until `limit` are kept (the joins preserve the
     // walk's order, so the walk stops there, short of its budget).
     let mut sql = QueryBuilder::<Postgres>::new("");
-    matched(&mut sql, tenant_id, filter, page, budget, limit);
+    matched(&mut sql, tenant_id, filter, page, columns, (budget, limit));
     let rows: Vec<PgRow> = sql.build().fetch_all(&mut *executor).await?;
-    let jobs = rows
-        .iter()
-        .map(Extraction::from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    if let Some(last) = jobs.last().filter(|_| jobs.len() as i64 == limit) {
-        return Ok(Page {
-            next: Some(last.id),
-            jobs,
-        });
+    let last: Option<Uuid> = rows.last().map(|row| row.try_get("id")).transpose()?;
+    if let Some(last) = last.filter(|_| rows.len() as i64 == limit) {
+        return Ok((rows, Some(last)));
     }
     if !filter.scans() {
         // Every id walked was kept: a short page is the last.
-        return Ok(Page { jobs, next: None });
+        return Ok((rows, None));
     }
     // A short page of a scanning filter: if the walk used its whole budget,
     // there may be more past where it ended.
@@ -173,7 +310,7 @@ pub async fn list(
     sql.push(") AS walked");
     let (walked, end): (i64, Option<Uuid>) = sql.build_query_as().fetch_one(&mut *executor).await?;
     let next = (walked == budget).then_some(end).flatten();
-    Ok(Page { jobs, next })
+    Ok((rows, next))
 }
 
 /// The ids a page looks at, in its order, at most `budget`: per status, a
@@ -233,11 +370,15 @@ fn matched(
     tenant_id: Uuid,
     filter: &JobFilter,
     page: PageRequest,
-    budget: i64,
-    limit: i64,
+    columns: Columns,
+    (budget, limit): (i64, i64),
 ) {
-    sql.push("SELECT e.*, q.idempotency_key, q.request");
-    if page.with_results {
+    let with_results = page.with_results && columns == Columns::Jobs;
+    match columns {
+        Columns::Jobs => sql.push("SELECT e.*, q.idempotency_key, q.request"),
+        Columns::Ids => sql.push("SELECT e.id"),
+    };
+    if with_results {
         sql.push(", r.result, b.result AS bbox_result");
     }
     sql.push(" FROM (");
@@ -247,7 +388,7 @@ fn matched(
           JOIN extractions e ON e.id = s.id
           JOIN extraction_requests q ON q.id = s.id",
     );
-    if page.with_results {
+    if with_results {
         sql.push(
             " LEFT JOIN extraction_results r ON r.id = e.id AND r.stage = 'extraction'
               LEFT JOIN extraction_results b ON b.id = e.id AND b.stage = 'bbox_refinement'",

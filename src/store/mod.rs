@@ -7,6 +7,7 @@
 //! statement. Submits are idempotent per `Idempotency-Key` (`submit`).
 //! Lease arithmetic always uses the database clock (`now()`), never the caller's.
 
+pub mod bulk;
 pub mod census;
 pub mod coalesce;
 pub mod held;

@@ -194,7 +194,8 @@ const RETRY_FAILED: &str = logged!(
         SET status = 'queued', attempts_base = attempts, finished_at = NULL,
             lease_expires_at = NULL, published_at = NULL, next_attempt_at = NULL,
             cancel_requested_at = NULL, republished_at = NULL, orphaned_at = NULL
-      WHERE id = $1 AND status = 'failed'"
+       FROM unnest($1::uuid[]) AS batch(id)
+      WHERE extractions.id = batch.id AND status = 'failed'"
 );
 
 // A queued job is cancelled by anyone; a running one only by its holder ($2),
@@ -206,7 +207,8 @@ const MARK_CANCELLED: &str = logged!(
     bbox = "NULL::jsonb",
     "UPDATE extractions
         SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
-      WHERE id = $1
+       FROM unnest($1::uuid[]) AS batch(id)
+      WHERE extractions.id = batch.id
         AND (status = 'queued'
              OR (status = 'running' AND attempts = $2 AND cancel_requested_at IS NOT NULL))"
 );
@@ -216,7 +218,8 @@ const REQUEST_CANCEL: &str = logged!(
     token = "attempts",
     "UPDATE extractions
         SET cancel_requested_at = now()
-      WHERE id = $1 AND status = 'running' AND cancel_requested_at IS NULL"
+       FROM unnest($1::uuid[]) AS batch(id)
+      WHERE extractions.id = batch.id AND status = 'running' AND cancel_requested_at IS NULL"
 );
 
 // On its own only where a success's bbox request is made again (see
@@ -425,11 +428,20 @@ pub async fn retry_failed<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
 ) -> Result<Option<Extraction>, StoreError> {
-    let row = sqlx::query_as::<_, Extraction>(RETRY_FAILED)
-        .bind(id)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row)
+    Ok(retry_failed_many(executor, &[id]).await?.pop().flatten())
+}
+
+/// [`retry_failed`] for many jobs in one statement; one answer per id, in order.
+pub async fn retry_failed_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let query = sqlx::query_as(RETRY_FAILED).bind(in_lock_order(ids));
+    Ok(align(
+        ids.iter().copied(),
+        query.fetch_all(executor).await?,
+        |row: &Extraction| row.id,
+    ))
 }
 
 /// The claims job `id` had before its last retry on request (0 if none).
@@ -450,11 +462,22 @@ pub async fn mark_cancelled<'e>(
     holder: Option<i32>,
 ) -> Result<Option<Extraction>, StoreError> {
     let row = sqlx::query_as::<_, Extraction>(MARK_CANCELLED)
-        .bind(id)
+        .bind([id].as_slice())
         .bind(holder)
         .fetch_optional(executor)
         .await?;
     Ok(row)
+}
+
+/// Cancels those of `ids` that are queued, in one statement; one answer per
+/// id, in order.
+pub async fn cancel_queued_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let query = sqlx::query_as(MARK_CANCELLED).bind(in_lock_order(ids));
+    let rows = query.bind(None::<i32>).fetch_all(executor).await?;
+    Ok(align(ids.iter().copied(), rows, |row: &Extraction| row.id))
 }
 
 /// Asks the holder of a running job to cancel it; it learns at its next heartbeat.
@@ -462,7 +485,20 @@ pub async fn request_cancel<'e>(
     executor: impl PgExecutor<'e>,
     id: Uuid,
 ) -> Result<Option<Extraction>, StoreError> {
-    by_id(executor, REQUEST_CANCEL, id).await
+    Ok(request_cancel_many(executor, &[id]).await?.pop().flatten())
+}
+
+/// [`request_cancel`] for many jobs in one statement; one answer per id, in order.
+pub async fn request_cancel_many<'e>(
+    executor: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let query = sqlx::query_as(REQUEST_CANCEL).bind(in_lock_order(ids));
+    Ok(align(
+        ids.iter().copied(),
+        query.fetch_all(executor).await?,
+        |row: &Extraction| row.id,
+    ))
 }
 
 /// Stamps the pending bbox refinement as requested again, just before its

@@ -125,6 +125,8 @@ mod tests {
             ("/v1/export", "get"),
             ("/v1/extractions", "get"),
             ("/v1/extractions", "post"),
+            ("/v1/extractions/actions", "post"),
+            ("/v1/extractions/actions/{id}", "get"),
             ("/v1/extractions/{id}", "get"),
             ("/v1/extractions/{id}/cancel", "post"),
             ("/v1/extractions/{id}/result", "post"),

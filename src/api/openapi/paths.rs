@@ -6,10 +6,10 @@ use serde_json::{json, Value};
 
 use super::{response, schema, PATH};
 use crate::api::export::MAX_GROUP_LEN;
-use crate::api::list::{DEFAULT_PAGE, MAX_ERROR_PREFIX_CHARS, MAX_METADATA_KEYS};
+use crate::api::list::DEFAULT_PAGE;
 use crate::config::Settings;
 use crate::domain::{BboxStatus, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
-use crate::store::list::{MAX_PAGE, SCAN_BUDGET};
+use crate::store::list::{MAX_ERROR_PREFIX_CHARS, MAX_METADATA_KEYS, MAX_PAGE, SCAN_BUDGET};
 
 /// The document's `info`, with the limits every route shares.
 pub(super) fn info(settings: &Settings) -> Value {
@@ -70,6 +70,8 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/{id}/cancel": {"post": cancel()},
         "/v1/extractions/{id}/retry": {"post": retry()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
+        "/v1/extractions/actions": {"post": bulk_action()},
+        "/v1/extractions/actions/{id}": {"get": bulk_operation()},
         "/healthz": {"get": healthz()},
         "/readyz": {"get": readyz()},
         PATH: {"get": openapi()},
@@ -134,14 +136,14 @@ fn links_from(id: &str, to: &[(&str, &str)]) -> Value {
     Value::Object(links)
 }
 
-/// The submit's optional `Idempotency-Key` header.
-fn idempotency_key_header() -> Value {
+/// The optional `Idempotency-Key` header of a `what` (a submit, a bulk action).
+fn idempotency_key_header(what: &str) -> Value {
     json!({
         "name": "Idempotency-Key",
         "in": "header",
         "required": false,
         "description": format!(
-            "Makes the submit safe to repeat: 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible \
+            "Makes the {what} safe to repeat: 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible \
              ASCII characters (spaces allowed inside; HTTP drops them at either end). \
              Anything else gets 400."
         ),
@@ -170,7 +172,7 @@ fn submit(settings: &Settings) -> Value {
         "tags": ["extractions"],
         "summary": "Submit an extraction",
         "description": description,
-        "parameters": [idempotency_key_header()],
+        "parameters": [idempotency_key_header("submit")],
         "requestBody": {
             "required": true,
             "description": "The job. A body that is not JSON gets 400, one without \
@@ -345,6 +347,85 @@ fn retry() -> Value {
                 "links": links(&[("GetExtraction", "getExtraction")]),
             },
         }), &[400, 401, 403, 404, 409, 429, 503]),
+    })
+}
+
+fn bulk_action() -> Value {
+    let operation = json!({
+        "description": "The operation: its counts so far and the first page of its outcomes.",
+        "headers": {
+            "Location": {
+                "required": true,
+                "description": "`/v1/extractions/actions/{id}`: follow the operation there.",
+                "schema": {"type": "string", "pattern": "^/v1/extractions/actions/[0-9a-f-]{36}$"},
+            },
+        },
+        "content": {"application/json": {"schema": schema("BulkOperation")}},
+        "links": links(&[("GetBulkOperation", "getBulkOperation")]),
+    });
+    json!({
+        "operationId": "startBulkAction",
+        "tags": ["extractions"],
+        "summary": "Cancel or retry many extractions",
+        "description": format!(
+            "Cancels or retries many of the caller's tenant's jobs (scope `cancel`), named \
+             by `ids` (up to {max_ids}) or by `filter`, the parameters of `GET \
+             /v1/extractions` (the jobs it admits when the action begins; jobs submitted \
+             later are not acted on). Each job is treated as its own route treats it: a \
+             cancel cancels a queued job and asks a running one to stop; a retry sends a \
+             failed job back to the queue with a fresh budget of attempts. A job the \
+             action does not apply to is `refused` with the reason, and the rest go on; an \
+             id that is none of the caller's jobs is `not_found`.\n\n\
+             The action runs in batches of {batch} jobs, each its own short transaction, so \
+             that no lock is held for its length; the answer waits briefly, then gives the \
+             operation as it is: 200 when it finished, 202 while it runs (follow \
+             `Location`). If the server running it stops, another resumes it from its last \
+             batch. With an `Idempotency-Key`, a repeat answers the first operation and \
+             does nothing; the same key with another action gets 422.",
+            max_ids = crate::pipeline::bulk::MAX_IDS,
+            batch = crate::pipeline::bulk::BATCH,
+        ),
+        "parameters": [idempotency_key_header("bulk action")],
+        "requestBody": {
+            "required": true,
+            "description": "The action and its jobs. A body that is not JSON gets 400, one \
+                            that does not describe an action 422.",
+            "content": {"application/json": {"schema": schema("BulkAction")}},
+        },
+        "responses": answers(json!({"200": operation, "202": operation}),
+            &[400, 401, 403, 413, 415, 422, 429, 503]),
+    })
+}
+
+fn bulk_operation() -> Value {
+    json!({
+        "operationId": "getBulkOperation",
+        "tags": ["extractions"],
+        "summary": "Follow a bulk action",
+        "description": "A bulk operation of the caller's tenant (scope `read`): its state, \
+                        its counts, and a page of its outcomes, newest job first. Follow \
+                        `next_cursor` for the rest; `outcome` keeps one kind.",
+        "parameters": [
+            {
+                "name": "id",
+                "in": "path",
+                "required": true,
+                "description": "The operation's id (a UUID); anything else gets 400.",
+                "schema": {"type": "string", "format": "uuid"},
+            },
+            query_parameter("outcome", false, "Only the outcomes of this kind.",
+                json!({"type": "string", "enum": ["done", "refused", "not_found"]})),
+            query_parameter("limit", false, "Outcomes per page.",
+                json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": crate::api::bulk::DEFAULT_OUTCOMES})),
+            query_parameter("cursor", false, "The previous page's `next_cursor`.",
+                json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{21}[AQgw]$"})),
+        ],
+        "responses": answers(json!({
+            "200": {
+                "description": "The operation.",
+                "content": {"application/json": {"schema": schema("BulkOperation")}},
+            },
+        }), &[400, 401, 403, 404, 429, 503]),
     })
 }
 

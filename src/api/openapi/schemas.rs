@@ -23,10 +23,12 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     let mut requests = generator(SchemaSettings::draft2020_12().for_deserialize());
     requests.subschema_for::<ExtractionRequest>();
     requests.subschema_for::<crate::api::import::Frame>();
+    requests.subschema_for::<crate::api::bulk::BulkRequest>();
     let mut answers = generator(SchemaSettings::draft2020_12().for_serialize());
     answers.subschema_for::<crate::api::extractions::Accepted>();
     answers.subschema_for::<crate::api::extractions::ExtractionView>();
     answers.subschema_for::<crate::api::list::JobPage>();
+    answers.subschema_for::<crate::api::bulk::OperationView>();
     answers.subschema_for::<crate::api::results::Recorded>();
     answers.subschema_for::<crate::events::ExtractionEvent>();
     let mut schemas = requests.take_definitions(true);

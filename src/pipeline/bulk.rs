@@ -1,0 +1,234 @@
+//! Runs bulk operations ([`store::bulk`]): walks an operation's jobs a
+//! batch at a time, commits each batch's transitions and outcomes, then owes
+//! what each transition owes (its event, its webhook, a retried job's
+//! hand-over to the workers) as the single-job routes do.
+//!
+//! The process that accepted an operation runs it at once; every serving
+//! process also resumes operations whose runner stopped answering
+//! ([`resume_abandoned`]). A runner that was overtaken (its lease ran out
+//! and another took over) finds the cursor moved at its next batch and
+//! stops, so a batch is applied once.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::Services;
+use crate::domain::{Stage, Transition};
+use crate::events::PublishReason;
+use crate::store::bulk::{self, Action, Applied, Operation, Selection};
+use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
+use crate::store::{orphans, StoreError};
+
+/// How long a runner holds its operation past each batch. A runner that
+/// makes no batch for this long is taken for dead.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// Jobs per batch (and per transaction).
+pub const BATCH: i64 = MAX_PAGE;
+
+/// Most ids one operation may name.
+pub const MAX_IDS: usize = 1_000;
+
+/// How often a serving process looks for abandoned operations.
+const SWEEP: Duration = Duration::from_secs(5);
+
+/// Tries of one batch while the database does not answer, before the
+/// runner leaves the operation to a sweep.
+const TRIES: u32 = 4;
+
+/// Makes the operation of `key` (or finds the one a first call with that key
+/// made: then `false`). A filter's operation acts on the jobs submitted up
+/// to now.
+pub async fn create(
+    services: &Services,
+    owner: (Uuid, &str),
+    action: Action,
+    selection: &Selection,
+) -> Result<(Operation, bool), StoreError> {
+    let start = match selection {
+        Selection::Ids(_) => None,
+        Selection::Filter(_) => Some(crate::domain::new_job_id()),
+    };
+    bulk::create(&services.pool, owner, action, selection, start, LEASE).await
+}
+
+/// Runs `operation` to its end, or until another runner overtakes it or
+/// the database stays away (a sweep resumes it then).
+pub async fn run(services: Services, mut operation: Operation) {
+    let id = operation.id;
+    loop {
+        let mut tries = 0;
+        let step = loop {
+            match step(&services, &operation).await {
+                Err(e) if tries + 1 < TRIES => {
+                    tries += 1;
+                    tracing::warn!(operation = %id, error = %e, "bulk batch failed; trying again");
+                    tokio::time::sleep(Duration::from_secs(1 << tries)).await;
+                }
+                ended => break ended,
+            }
+        };
+        match step {
+            Ok(Some(next)) if next.is_some() => operation.cursor = next,
+            Ok(Some(_)) => {
+                tracing::info!(operation = %id, action = operation.action().as_str(), "bulk operation finished");
+                return;
+            }
+            Ok(None) => {
+                tracing::info!(operation = %id, "bulk operation taken over by another runner");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(operation = %id, error = %e, "bulk operation paused; a sweep resumes it");
+                return;
+            }
+        }
+    }
+}
+
+/// Resumes, until `shutdown`, the operations whose runner's lease ran out.
+pub async fn resume_abandoned(services: Services, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP) => {}
+        }
+        match bulk::take_abandoned(&services.pool, LEASE, 8).await {
+            Ok(taken) => {
+                for operation in taken {
+                    tracing::info!(operation = %operation.id, "resuming an abandoned bulk operation");
+                    tokio::spawn(run(services.clone(), operation));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "bulk sweep failed"),
+        }
+    }
+}
+
+/// One batch: `Some(next cursor)` (`Some(None)`: the walk is over), or `None`
+/// when another runner moved the cursor first.
+async fn step(
+    services: &Services,
+    operation: &Operation,
+) -> Result<Option<Option<Uuid>>, StoreError> {
+    let (ids, next) = batch(services, operation).await?;
+    let Some(applied) = bulk::apply(&services.pool, operation, &ids, next, LEASE).await? else {
+        return Ok(None);
+    };
+    effects(services, applied).await;
+    Ok(Some(next))
+}
+
+/// The ids of the next batch, and where the walk goes on after it.
+async fn batch(
+    services: &Services,
+    operation: &Operation,
+) -> Result<(Vec<Uuid>, Option<Uuid>), StoreError> {
+    match operation.selection() {
+        Selection::Ids(ids) => Ok(ids_batch(ids, operation.cursor)),
+        Selection::Filter(params) => {
+            let params = params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let Ok(filter) = JobFilter::of(params) else {
+                // Checked when the operation was made; a filter that no
+                // longer parses (a renamed state) acts on nothing.
+                tracing::error!(operation = %operation.id, "bulk filter no longer parses; finishing");
+                return Ok((Vec::new(), None));
+            };
+            let page = PageRequest {
+                after: operation.cursor,
+                limit: BATCH,
+                order: Order::NewestFirst,
+                with_results: false,
+            };
+            let mut connection = services.pool.acquire().await?;
+            list::list_ids(&mut connection, operation.tenant_id, &filter, page).await
+        }
+    }
+}
+
+/// The next batch of `ids` below `cursor`, newest first.
+fn ids_batch(ids: &[Uuid], cursor: Option<Uuid>) -> (Vec<Uuid>, Option<Uuid>) {
+    let mut below: Vec<Uuid> = (ids.iter().copied())
+        .filter(|id| cursor.is_none_or(|c| *id < c))
+        .collect();
+    below.sort_unstable_by(|a, b| b.cmp(a));
+    below.dedup();
+    let more = below.len() > BATCH as usize;
+    below.truncate(BATCH as usize);
+    let next = more.then(|| below.last().copied()).flatten();
+    (below, next)
+}
+
+/// What a committed batch's transitions owe, as the single-job routes owe
+/// it: the event of each, the webhook of each cancel, and a retried job's
+/// hand-over (stamped once acknowledged). A lost event is logged; a lost
+/// hand-over leaves the job queued and unstamped, which the reaper revives.
+async fn effects(services: &Services, applied: Applied) {
+    let (jobs, metrics) = (&services.jobs, &services.metrics);
+    for row in &applied.cancel_requested {
+        metrics.transition(Transition::RequestCancel, &Some(row));
+    }
+    let cancelled = applied.cancelled.iter().map(|row| async move {
+        metrics.transition(Transition::MarkCancelled, &Some(row));
+        services
+            .webhooks
+            .wake(row.webhook_id.as_deref(), row.tenant_id);
+        let emitted = jobs.emit(Transition::MarkCancelled, row, None, PublishReason::Submit);
+        if let Err(e) = emitted.await {
+            tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
+        }
+    });
+    let retried = applied.retried.iter().map(|row| async move {
+        metrics.transition(Transition::RetryFailed, &Some(row));
+        let reason = PublishReason::Retry;
+        let emitted = jobs.emit(Transition::RetryFailed, row, None, reason);
+        if let Err(e) = emitted.await {
+            tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
+        }
+        match jobs.hand_over(Stage::Extraction, row.id, reason).await {
+            Ok(()) => Some(row.id),
+            Err(e) => {
+                tracing::warn!(id = %row.id, error = %e, "retried job not published; the reaper will");
+                None
+            }
+        }
+    });
+    let (_, handed) = tokio::join!(join_all(cancelled), join_all(retried));
+    let handed: Vec<Uuid> = handed.into_iter().flatten().collect();
+    if !handed.is_empty() {
+        if let Err(e) =
+            orphans::record_published_many(&services.pool, Stage::Extraction, &handed).await
+        {
+            tracing::warn!(error = %e, "retried jobs' publish not recorded; the reaper may republish them");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ids_walk_goes_down_the_sorted_ids_once_each() {
+        let mut ids: Vec<Uuid> = (0..450).map(|_| crate::domain::new_job_id()).collect();
+        ids.push(ids[3]);
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let (batch, next) = ids_batch(&ids, cursor);
+            assert!(batch.len() <= BATCH as usize);
+            seen.extend(batch);
+            match next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let mut expected = ids.clone();
+        expected.sort_unstable_by(|a, b| b.cmp(a));
+        expected.dedup();
+        assert_eq!(seen, expected);
+    }
+}
