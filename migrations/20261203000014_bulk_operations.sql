@@ -17,7 +17,7 @@ CREATE TABLE bulk_operations (
     action        text        NOT NULL CHECK (action IN ('cancel', 'retry')),
     -- As the client gave it: {"ids": [...]} or {"filter": {"status": "failed", ...}}.
     selection     jsonb       NOT NULL,
-    -- The walk goes on below this id; NULL once finished.
+    -- The walk goes on below this id (NULL: from the top).
     cursor        uuid,
     done          bigint      NOT NULL DEFAULT 0,
     refused       bigint      NOT NULL DEFAULT 0,

@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{sample_body, topic_size, TestEnv};
 use docstream::events::{decode, ExtractionSubmitted};
@@ -20,32 +21,35 @@ struct Api {
     /// The internal listener (`/metrics`).
     metrics: String,
     client: reqwest::Client,
-    _stop: tokio_util::sync::DropGuard,
+    _stop: (tokio_util::sync::DropGuard, tokio_util::sync::DropGuard),
 }
 
 impl Api {
     async fn start(name: &str) -> Self {
+        Self::start_with(name, |_| {}).await
+    }
+
+    /// [`Api::start`] with settings `adjust` changes.
+    async fn start_with(name: &str, adjust: impl FnOnce(&mut docstream::config::Settings)) -> Self {
         let metrics = format!("127.0.0.1:{}", common::free_port());
         let env = TestEnv::with_settings(name, |s| {
             s.http_body_limit_bytes = 64 * 1024;
             s.metrics_addr = metrics.parse().unwrap();
+            adjust(s);
         })
         .await;
         let services = env.services().await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
         let stop = CancellationToken::new();
         let internal = docstream::roles::metrics_endpoint(services.clone(), stop.clone());
         tokio::spawn(internal);
-        tokio::spawn(docstream::roles::serve(services, listener, stop.clone()));
-        common::wait_healthy(&base).await;
+        let (base, serving) = env.serve_here(services).await;
         common::wait_healthy(&format!("http://{metrics}")).await;
         Self {
             client: env.client(),
             env,
             base,
             metrics,
-            _stop: stop.drop_guard(),
+            _stop: (stop.drop_guard(), serving),
         }
     }
 
@@ -449,4 +453,407 @@ async fn metrics_are_exposed_on_the_internal_listener_only() {
         text.contains("docstream_http_requests_total{route=\"/v1/extractions\",status=\"202\"} 1"),
         "{text}"
     );
+}
+
+/// Fails job `id` as its first attempt would.
+async fn fail_job(api: &Api, id: &str) {
+    use docstream::domain::Stage;
+    use docstream::store::transitions;
+    let (pool, id) = (&api.env.pool, id.parse().unwrap());
+    let claim = transitions::claim(pool, Stage::Extraction, id, 30.0)
+        .await
+        .unwrap()
+        .unwrap();
+    transitions::fail(pool, Stage::Extraction, id, claim.token, "extractor down")
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// Posts bulk action `body` under `key`, and follows the operation until it
+/// finished: the operation with every outcome.
+async fn bulk(api: &Api, body: &Value, key: &str) -> Value {
+    let (status, mut operation) = api.post("/v1/extractions/actions", body, Some(key)).await;
+    assert!(
+        status == StatusCode::OK || status == StatusCode::ACCEPTED,
+        "{status}: {operation}"
+    );
+    let path = format!(
+        "/v1/extractions/actions/{}",
+        operation["id"].as_str().unwrap()
+    );
+    common::wait_for(
+        "the bulk action to finish",
+        std::time::Duration::from_secs(120),
+        || async {
+            let (_, now) = api.get(&path).await;
+            match now["state"] == "finished" {
+                true => Ok(()),
+                false => Err(format!("{now}")),
+            }
+        },
+    )
+    .await;
+    let (mut outcomes, mut cursor) = (Vec::new(), String::new());
+    loop {
+        let (status, page) = api.get(&format!("{path}?limit=200{cursor}")).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        outcomes.extend(page["outcomes"].as_array().unwrap().iter().cloned());
+        operation = page;
+        match operation["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => break,
+        }
+    }
+    operation["outcomes"] = Value::Array(outcomes);
+    operation
+}
+
+/// Each outcome by job id.
+fn outcomes_by_id(operation: &Value) -> std::collections::HashMap<String, Value> {
+    let outcomes = operation["outcomes"].as_array().unwrap();
+    let by_id: std::collections::HashMap<String, Value> = outcomes
+        .iter()
+        .map(|o| (o["id"].as_str().unwrap().to_owned(), o.clone()))
+        .collect();
+    assert_eq!(by_id.len(), outcomes.len(), "a job reported twice");
+    by_id
+}
+
+/// A retry by ids answers for each job: the failed ones retried, the others
+/// refused with their state, another tenant's and an unknown id not found.
+/// The same key again is the same operation and changes nothing; with
+/// another action it is refused. A cancel by filter acts on the caller's
+/// matching jobs only.
+#[tokio::test]
+async fn a_bulk_action_answers_for_each_job_and_a_repeat_changes_nothing() {
+    let api = Api::start("api_bulk").await;
+    let ids: Vec<String> = join_all((0..4).map(|i| submit_tagged(&api, i, "bulk"))).await;
+    let (failed, queued, running) = (&ids[..2], &ids[2], &ids[3]);
+    for id in failed {
+        fail_job(&api, id).await;
+    }
+    let claim = docstream::store::transitions::claim(
+        &api.env.pool,
+        docstream::domain::Stage::Extraction,
+        running.parse().unwrap(),
+        30.0,
+    );
+    claim.await.unwrap().unwrap();
+    let pool = &api.env.pool;
+    let other = docstream::store::tenants::create_tenant(pool, "bulk-other")
+        .await
+        .unwrap()
+        .key;
+    let theirs = api
+        .client
+        .post(format!("{}/v1/extractions", api.base))
+        .header("authorization", format!("Bearer {}", other.api_key))
+        .json(&sample_body(9))
+        .send()
+        .await
+        .unwrap();
+    let theirs = answer(theirs).await.1["id"].as_str().unwrap().to_owned();
+    let unknown = docstream::domain::new_job_id().to_string();
+    let named: Vec<&String> = ids.iter().chain([&theirs, &unknown]).collect();
+    let retry = json!({"action": "retry", "ids": named});
+
+    let operation = bulk(&api, &retry, "retry-1").await;
+    let counts = |op: &Value| {
+        (
+            op["done"].clone(),
+            op["refused"].clone(),
+            op["not_found"].clone(),
+        )
+    };
+    assert_eq!(
+        counts(&operation),
+        (json!(2), json!(2), json!(2)),
+        "{operation}"
+    );
+    let outcomes = outcomes_by_id(&operation);
+    for id in failed {
+        assert_eq!(
+            (&outcomes[id]["outcome"], &outcomes[id]["status"]),
+            (&json!("done"), &json!("queued"))
+        );
+    }
+    let refused = &outcomes[queued];
+    assert_eq!(refused["outcome"], "refused");
+    assert!(
+        refused["reason"].as_str().unwrap().contains("queued"),
+        "{refused}"
+    );
+    assert_eq!(
+        outcomes[running]["reason"]
+            .as_str()
+            .map(|r| r.contains("running")),
+        Some(true)
+    );
+    for id in [&theirs, &unknown] {
+        assert_eq!(
+            (&outcomes[id]["outcome"], &outcomes[id]["status"]),
+            (&json!("not_found"), &Value::Null)
+        );
+    }
+
+    let again = bulk(&api, &retry, "retry-1").await;
+    assert_eq!(
+        (&again["id"], counts(&again)),
+        (&operation["id"], counts(&operation))
+    );
+    let retried = common::wins(pool, "retry_failed").await;
+    let failed_ids: Vec<uuid::Uuid> = failed.iter().map(|id| id.parse().unwrap()).collect();
+    common::assert_exactly_once(&retried, &failed_ids, "retry_failed");
+    let (status, body) = api
+        .post(
+            "/v1/extractions/actions",
+            &json!({"action": "cancel", "ids": [queued]}),
+            Some("retry-1"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    let cancel = json!({"action": "cancel", "filter": {"metadata": {"batch": "bulk"}}});
+    let operation = bulk(&api, &cancel, "cancel-1").await;
+    assert_eq!(
+        counts(&operation),
+        (json!(4), json!(0), json!(0)),
+        "{operation}"
+    );
+    let outcomes = outcomes_by_id(&operation);
+    assert_eq!(outcomes[running]["status"], "running", "asked to stop");
+    let (_, job) = api.get(&format!("/v1/extractions/{running}")).await;
+    assert!(job["cancel_requested_at"].is_string(), "{job}");
+    let status: String = sqlx::query_scalar("SELECT status FROM extractions WHERE id = $1::uuid")
+        .bind(&theirs)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "queued", "another tenant's job is never acted on");
+    let (status, _) = api
+        .client
+        .get(format!(
+            "{}/v1/extractions/actions/{}",
+            api.base,
+            operation["id"].as_str().unwrap()
+        ))
+        .header("authorization", format!("Bearer {}", other.api_key))
+        .send()
+        .await
+        .map(|r| (r.status(), ()))
+        .unwrap();
+    assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's operation");
+}
+
+/// What a bulk action cannot mean gets 422 (400 for a body that is not
+/// JSON), and makes no operation.
+#[tokio::test]
+async fn a_bulk_action_that_cannot_be_done_is_refused_whole() {
+    let api = Api::start("api_bulk_refused").await;
+    let too_many: Vec<String> = (0..1001).map(|_| uuid::Uuid::nil().to_string()).collect();
+    for body in [
+        json!({"action": "retry"}),
+        json!({"action": "retry", "ids": [], }),
+        json!({"action": "retry", "ids": too_many}),
+        json!({"action": "delete", "ids": [uuid::Uuid::nil()]}),
+        json!({"action": "retry", "ids": [uuid::Uuid::nil()], "filter": {}}),
+        json!({"action": "retry", "filter": {"status": "done"}}),
+        json!({"action": "retry", "filter": {"limit": "5"}}),
+        json!({"action": "retry", "filter": {"error_prefix": "x".repeat(65)}}),
+    ] {
+        let (status, answer) = api.post("/v1/extractions/actions", &body, None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().len() > 5);
+    }
+    let response = api
+        .client
+        .post(format!("{}/v1/extractions/actions", api.base))
+        .header("content-type", "application/json")
+        .body("{\"action\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let operations: i64 = sqlx::query_scalar("SELECT count(*) FROM bulk_operations")
+        .fetch_one(&api.env.pool)
+        .await
+        .unwrap();
+    assert_eq!(operations, 0);
+}
+
+/// An operation whose runner died after its first batch (its lease ran out,
+/// its cursor mid-walk) is resumed by a serving process: every job is
+/// cancelled once, and every outcome is written once.
+#[tokio::test]
+async fn an_abandoned_bulk_action_is_resumed_where_it_stopped() {
+    use docstream::store::bulk::{self as store_bulk, Action, Selection};
+    use docstream::store::list::{self, JobFilter, Order, PageRequest};
+    let api = Api::start("api_bulk_resume").await;
+    let pool = &api.env.pool;
+    let ids = insert_queued(pool, 450, "resume").await;
+    let params = [("metadata.batch".to_owned(), "resume".to_owned())];
+    let selection = Selection::Filter(params.clone().into_iter().collect());
+    let owner = (docstream::store::tenants::DEFAULT_TENANT_ID, "resume-1");
+    let lease = std::time::Duration::ZERO;
+    let (operation, _) = store_bulk::create(pool, owner, Action::Cancel, &selection, lease)
+        .await
+        .unwrap();
+    let filter = JobFilter::of(params.iter().map(|(k, v)| (k.as_str(), v.as_str()))).unwrap();
+    let page = PageRequest {
+        after: None,
+        limit: 200,
+        order: Order::NewestFirst,
+        with_results: false,
+    };
+    let mut connection = pool.acquire().await.unwrap();
+    let tenant = docstream::store::tenants::DEFAULT_TENANT_ID;
+    let (first, next) = list::list_ids(&mut connection, tenant, &filter, page)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 200);
+    store_bulk::apply(pool, &operation, &first, next, lease)
+        .await
+        .unwrap()
+        .expect("the first batch");
+    // The runner "died" here; a serving process's sweep takes it over.
+    let path = format!("/v1/extractions/actions/{}", operation.id);
+    common::wait_for(
+        "the sweep to resume it",
+        std::time::Duration::from_secs(60),
+        || async {
+            let (_, now) = api.get(&path).await;
+            match now["state"] == "finished" {
+                true => Ok(()),
+                false => Err(format!("{now}")),
+            }
+        },
+    )
+    .await;
+    let (_, finished) = api.get(&path).await;
+    assert_eq!(finished["done"], 450, "{finished}");
+    let outcomes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM bulk_outcomes WHERE operation_id = $1")
+            .bind(operation.id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(outcomes, 450);
+    let cancelled = common::wins(pool, "mark_cancelled").await;
+    common::assert_exactly_once(&cancelled, &ids, "mark_cancelled");
+}
+
+/// Inserts `n` queued jobs tagged `batch` straight into the store (no
+/// events: nothing consumes them here); their ids.
+async fn insert_queued(pool: &sqlx::PgPool, n: usize, batch: &str) -> Vec<uuid::Uuid> {
+    use docstream::store::{insert_many, Insert, NewExtraction};
+    let mut ids = Vec::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let inserts: Vec<Insert> = chunk
+            .iter()
+            .map(|i| {
+                let mut body = sample_body(*i);
+                body["metadata"] = json!({"batch": batch, "n": i});
+                Insert::new(NewExtraction {
+                    id: docstream::domain::new_job_id(),
+                    tenant_id: docstream::store::tenants::DEFAULT_TENANT_ID,
+                    max_open_jobs: None,
+                    idempotency_key: None,
+                    request: serde_json::from_value(body).unwrap(),
+                })
+            })
+            .collect();
+        let rows = insert_many(pool, &inserts).await.unwrap();
+        ids.extend(rows.into_iter().map(|row| row.unwrap().id));
+    }
+    ids
+}
+
+/// A cancel by a filter that matches 20,000 queued jobs runs in short
+/// batches while submits go on: every job is cancelled once, and every
+/// submit made meanwhile is answered 202. The submits' latencies alone
+/// before it and beside it are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_cancel_of_twenty_thousand_jobs_leaves_submits_alone() {
+    const JOBS: usize = 20_000;
+    // Room for the 20,000 and the submits beside them under the cap on open jobs.
+    let api = Api::start_with("api_bulk_mass", |s| s.tenant_max_open_jobs = 100_000).await;
+    let ids = insert_queued(&api.env.pool, JOBS, "mass").await;
+    let cancel =
+        json!({"action": "cancel", "filter": {"status": "queued", "metadata": {"batch": "mass"}}});
+    let (api, alone, done) = (&api, &AtomicBool::new(false), &AtomicBool::new(false));
+    let (before, _) = tokio::join!(submits_until(api, alone), async {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        alone.store(true, Ordering::Relaxed);
+    });
+    let started = std::time::Instant::now();
+    let cancelled = async move {
+        let operation = bulk(api, &cancel, "mass-1").await;
+        done.store(true, Ordering::Relaxed);
+        operation
+    };
+    let (operation, during) = tokio::join!(cancelled, submits_until(api, done));
+    let took = started.elapsed();
+    assert_eq!(operation["done"], JOBS, "{}", operation["done"]);
+    eprintln!(
+        "bulk cancel of {JOBS} jobs: {:.1} s ({:.0} jobs/s); submits alone before it: {}; beside it: {}",
+        took.as_secs_f64(),
+        JOBS as f64 / took.as_secs_f64(),
+        percentiles(&before),
+        percentiles(&during),
+    );
+    let wins = common::wins(&api.env.pool, "mark_cancelled").await;
+    common::assert_exactly_once(&wins, &ids, "mark_cancelled");
+    let queued: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM extractions e JOIN extraction_requests q USING (id)
+          WHERE q.request->'metadata'->>'batch' = 'beside' AND e.status = 'queued'",
+    )
+    .fetch_one(&api.env.pool)
+    .await
+    .unwrap();
+    let submitted = before.len() + during.len();
+    assert_eq!(
+        queued as usize, submitted,
+        "the submits beside it are not its jobs"
+    );
+}
+
+/// Submits in bursts of four at once until `stop`, each answered 202; their
+/// latencies.
+async fn submits_until(api: &Api, stop: &AtomicBool) -> Vec<std::time::Duration> {
+    let mut latencies = Vec::new();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let burst = (0..4).map(|k| {
+            let mut body = sample_body(i + k);
+            body["metadata"] = json!({"batch": "beside"});
+            async move {
+                let sent = std::time::Instant::now();
+                let (status, answer) = api.post("/v1/extractions", &body, None).await;
+                assert_eq!(
+                    status,
+                    StatusCode::ACCEPTED,
+                    "a submit beside the cancel: {answer}"
+                );
+                sent.elapsed()
+            }
+        });
+        latencies.extend(join_all(burst).await);
+        i += 4;
+    }
+    latencies
+}
+
+/// "n submits, p50 …, p99 …, max …".
+fn percentiles(latencies: &[std::time::Duration]) -> String {
+    let mut sorted = latencies.to_vec();
+    sorted.sort();
+    let n = sorted.len();
+    let p = |q: f64| sorted[((n as f64 * q) as usize).min(n - 1)];
+    format!(
+        "{n} submits, p50 {:?}, p99 {:?}, max {:?}",
+        p(0.5),
+        p(0.99),
+        p(1.0)
+    )
 }

@@ -61,8 +61,8 @@ pub(super) struct BulkRequest {
     #[serde(default)]
     #[schemars(with = "Vec<Uuid>", length(min = 1, max = 1000))]
     ids: Option<Vec<Uuid>>,
-    /// The jobs `GET /v1/extractions` lists with these parameters, as they
-    /// were when the action began (jobs submitted later are not acted on).
+    /// The jobs `GET /v1/extractions` lists with these parameters (jobs
+    /// submitted after the action began are not acted on).
     #[serde(default)]
     #[schemars(with = "FilterBody")]
     filter: Option<FilterBody>,

@@ -40,19 +40,14 @@ const SWEEP: Duration = Duration::from_secs(5);
 const TRIES: u32 = 4;
 
 /// Makes the operation of `key` (or finds the one a first call with that key
-/// made: then `false`). A filter's operation acts on the jobs submitted up
-/// to now.
+/// made: then `false`).
 pub async fn create(
     services: &Services,
     owner: (Uuid, &str),
     action: Action,
     selection: &Selection,
 ) -> Result<(Operation, bool), StoreError> {
-    let start = match selection {
-        Selection::Ids(_) => None,
-        Selection::Filter(_) => Some(crate::domain::new_job_id()),
-    };
-    bulk::create(&services.pool, owner, action, selection, start, LEASE).await
+    bulk::create(&services.pool, owner, action, selection, LEASE).await
 }
 
 /// Runs `operation` to its end, or until another runner overtakes it or

@@ -11,9 +11,10 @@
 //! and a serving process takes the operation over once its lease ran out
 //! ([`take_abandoned`]).
 //!
-//! **The walk** goes newest first. A filter's walk starts below the id of
-//! the moment the operation was made: jobs submitted afterwards are not
-//! its jobs. An ids walk goes down the sorted ids.
+//! **The walk** goes newest first, by id: a filter's down the list's walk,
+//! an ids walk down the sorted ids. Its first batch is taken as the
+//! operation starts; jobs submitted later have larger ids (UUIDv7) than
+//! its cursor, so they are not its jobs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -158,19 +159,18 @@ pub struct Applied {
 }
 
 /// Makes the operation of `key`, or finds the one a first call made (then
-/// `false`: a repeat changes nothing). `start` is where its walk begins.
+/// `false`: a repeat changes nothing).
 pub async fn create(
     pool: &PgPool,
     (tenant_id, key): (Uuid, &str),
     action: Action,
     selection: &Selection,
-    start: Option<Uuid>,
     lease: Duration,
 ) -> Result<(Operation, bool), StoreError> {
     let made: Option<Operation> = sqlx::query_as(
         "INSERT INTO bulk_operations
-             (id, tenant_id, operation_key, action, selection, cursor, lease_until)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+             (id, tenant_id, operation_key, action, selection, lease_until)
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
          ON CONFLICT (tenant_id, operation_key) DO NOTHING
          RETURNING *",
     )
@@ -179,7 +179,6 @@ pub async fn create(
     .bind(key)
     .bind(action.as_str())
     .bind(Json(selection))
-    .bind(start)
     .bind(lease.as_secs_f64())
     .fetch_optional(pool)
     .await?;

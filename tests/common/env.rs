@@ -142,6 +142,22 @@ impl TestEnv {
             .expect("services")
     }
 
+    /// `serve` on `services` in this process, on a free loopback port: its
+    /// base URL, and a guard that stops it when dropped.
+    pub async fn serve_here(
+        &self,
+        services: docstream::pipeline::Services,
+    ) -> (String, tokio_util::sync::DropGuard) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let base = format!("http://{}", listener.local_addr().expect("an address"));
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(docstream::roles::serve(services, listener, stop.clone()));
+        super::wait_healthy(&base).await;
+        (base, stop.drop_guard())
+    }
+
     /// Full name of a topic of this test.
     pub fn topic(&self, name: &str) -> String {
         self.settings.topic(name)

@@ -370,8 +370,8 @@ fn bulk_action() -> Value {
         "description": format!(
             "Cancels or retries many of the caller's tenant's jobs (scope `cancel`), named \
              by `ids` (up to {max_ids}) or by `filter`, the parameters of `GET \
-             /v1/extractions` (the jobs it admits when the action begins; jobs submitted \
-             later are not acted on). Each job is treated as its own route treats it: a \
+             /v1/extractions` (the jobs it admits as the walk reaches them, newest first; \
+             jobs submitted after the action began are not acted on). Each job is treated as its own route treats it: a \
              cancel cancels a queued job and asks a running one to stop; a retry sends a \
              failed job back to the queue with a fresh budget of attempts. A job the \
              action does not apply to is `refused` with the reason, and the rest go on; an \
