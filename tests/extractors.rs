@@ -1714,3 +1714,117 @@ async fn each_job_ended_as_its_case_says(s: &Deferred, ids: &[Uuid], cases: &Cas
     let error = rows.always.error.unwrap_or_default();
     assert!(error.contains("gave up after 2 attempts"), "{error}");
 }
+
+/// A bad extractor deploy fails 300 jobs for good (the provider refuses
+/// them: 422); once it is fixed, one bulk retry by filter runs each of them
+/// again: 300 successes, each job retried once and succeeded once, two
+/// calls each. The same retry repeated (same key) does nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_jobs_failed_by_a_bad_deploy_succeed_once_each_after_a_bulk_retry() {
+    const JOBS: usize = 300;
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let deployed = fixed.clone();
+    let provider =
+        FakeProvider::start(
+            move |_, _| match deployed.load(std::sync::atomic::Ordering::SeqCst) {
+                true => Plan::ok(Duration::ZERO),
+                false => Plan::status(422, r#"{"error": "model v2 cannot read this layout"}"#),
+            },
+        )
+        .await;
+    let env = TestEnv::with_settings("extractor_bulk_retry", |s| {
+        add_extractor(s, "model", &provider.url(), |e| e.max_concurrency = 32);
+    })
+    .await;
+    let services = env.services().await;
+    let mut worker = env.spawn("worker", &[], "extractor-bulk-retry-worker");
+    let ids = submit_for(
+        &services,
+        JOBS,
+        "model",
+        serde_json::json!({"batch": "invoices"}),
+    )
+    .await;
+    let failed = "SELECT count(*) FROM extractions WHERE status = 'failed'";
+    wait_count(
+        &env.pool,
+        "the bad deploy to fail every job",
+        failed,
+        JOBS as i64,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(
+        provider.calls().len(),
+        JOBS,
+        "one call each: a refusal is not retried"
+    );
+
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (base, _serving) = env.serve_here(services.clone()).await;
+    let client = env.client();
+    let retry = serde_json::json!({
+        "action": "retry",
+        "filter": {"status": "failed", "extractor": "model", "error_prefix": "extractor \"model\" refused"},
+    });
+    let post = || {
+        client
+            .post(format!("{base}/v1/extractions/actions"))
+            .header("Idempotency-Key", "after-the-fix")
+            .json(&retry)
+            .send()
+    };
+    let first: serde_json::Value = post().await.unwrap().json().await.unwrap();
+    let operation = format!(
+        "{base}/v1/extractions/actions/{}",
+        first["id"].as_str().unwrap()
+    );
+    wait_for(
+        "the bulk retry to finish",
+        Duration::from_secs(60),
+        || async {
+            let now: serde_json::Value = client
+                .get(&operation)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            match now["state"] == "finished" {
+                true => Ok(()),
+                false => Err(now.to_string()),
+            }
+        },
+    )
+    .await;
+    wait_succeeded(&env, JOBS as i64, 120).await;
+    let again: serde_json::Value = post().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (&again["id"], &again["done"], &again["refused"]),
+        (
+            &first["id"],
+            &serde_json::json!(JOBS),
+            &serde_json::json!(0)
+        ),
+        "{again}"
+    );
+
+    common::assert_exactly_once(&wins(&env.pool, "retry_failed").await, &ids, "retry_failed");
+    common::assert_exactly_once(
+        &wins(&env.pool, "mark_succeeded").await,
+        &ids,
+        "mark_succeeded",
+    );
+    let calls = calls_by_job(&provider.calls());
+    assert_eq!(calls.len(), JOBS);
+    for (id, calls) in &calls {
+        let attempts: Vec<i64> = calls.iter().map(|c| c.attempt).collect();
+        assert_eq!(
+            attempts,
+            [1, 2],
+            "{id}: the refused attempt, then the retried one"
+        );
+    }
+    stop([&mut worker]).await;
+}
