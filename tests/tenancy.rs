@@ -1170,6 +1170,8 @@ impl Run {
             self.read(callers, i, tenant).await
         } else if roll < 60 {
             self.list(callers, i, tenant).await
+        } else if roll < 65 {
+            self.bulk_cancel(callers, i, tenant).await
         } else if roll < 80 {
             self.cancel(callers, i, tenant).await
         } else if roll < 90 {
@@ -1366,6 +1368,76 @@ impl Run {
         }
     }
 
+    /// Bulk cancel, by three drawn ids (own, the other's or nobody's) or by
+    /// a filter on a key from the pool both tenants use: an own job not yet
+    /// cancelled is done, an own cancelled one refused, and any other id not
+    /// found; no outcome may name a job of the other tenant.
+    async fn bulk_cancel(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let key = format!("k-{}", self.rng.random_range(0..40));
+        let named: Vec<Uuid> = match self.rng.random_bool(0.5) {
+            true => (0..3).map(|_| self.draw_job_id(tenant)).collect(),
+            false => Vec::new(),
+        };
+        let body = match named.is_empty() {
+            true => json!({"action": "cancel", "filter": {"idempotency_key": key}}),
+            false => json!({"action": "cancel", "ids": named}),
+        };
+        let request = callers
+            .api
+            .post("/v1/extractions/actions", Some(&callers.keys[tenant]));
+        let (status, mut body) = call(request.json(&body)).await;
+        if status == StatusCode::ACCEPTED {
+            body = finished_operation(callers, &callers.keys[tenant], &body).await;
+        }
+        let keyed = self.model.keys.get(&(tenant, key)).map(|(id, _)| *id);
+        let expected: Vec<Uuid> = match named.is_empty() {
+            true => keyed.into_iter().collect(),
+            false => named,
+        };
+        let outcomes: HashMap<Uuid, String> = body["outcomes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                (
+                    o["id"].as_str().unwrap().parse().unwrap(),
+                    o["outcome"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        for id in &expected {
+            let want = match self.model.jobs.get_mut(id) {
+                Some(job) if job.0 == tenant && !job.3 => {
+                    job.3 = true;
+                    "done"
+                }
+                Some(job) if job.0 == tenant => "refused",
+                _ => "not_found",
+            };
+            let got = outcomes.get(id).map(String::as_str);
+            if status.is_success() && got != Some(want) {
+                self.crossings.push(format!(
+                    "{i}: bulk cancel of {id} was {got:?}, expected {want}"
+                ));
+            }
+        }
+        if outcomes.len() > expected.iter().collect::<HashSet<_>>().len() {
+            self.crossings.push(format!(
+                "{i}: bulk cancel acted on jobs it was not given: {body}"
+            ));
+        }
+        Answer {
+            op: "bulk cancel",
+            expected: if status == StatusCode::ACCEPTED {
+                202
+            } else {
+                200
+            },
+            status: status.as_u16(),
+            body,
+        }
+    }
+
     /// Refused callers: no key, a key without the scope, a key that is not one.
     async fn refused_caller(&mut self, callers: &Callers, tenant: usize) -> Answer {
         let (request, expected) = match self.rng.random_range(0..3) {
@@ -1448,6 +1520,22 @@ impl Run {
             "seed {seed}: {:?}",
             &crossings[..crossings.len().min(10)]
         );
+    }
+}
+
+/// Follows bulk operation `started` with `key` until it finished.
+async fn finished_operation(callers: &Callers, key: &str, started: &Value) -> Value {
+    let path = format!(
+        "/v1/extractions/actions/{}",
+        started["id"].as_str().unwrap()
+    );
+    loop {
+        let (status, now) = call(callers.api.get(&path, key)).await;
+        assert_eq!(status, StatusCode::OK, "{now}");
+        if now["state"] == "finished" {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
