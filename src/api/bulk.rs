@@ -58,14 +58,26 @@ pub(super) struct BulkRequest {
     action: Action,
     /// The jobs, by id; an id that is none of the caller's jobs is
     /// reported `not_found`.
-    #[serde(default)]
-    #[schemars(with = "Vec<Uuid>", length(min = 1, max = 1000))]
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Vec<Uuid>", length(min = 1, max = 1000), transform = no_default)]
     ids: Option<Vec<Uuid>>,
     /// The jobs `GET /v1/extractions` lists with these parameters (jobs
     /// submitted after the action began are not acted on).
-    #[serde(default)]
-    #[schemars(with = "FilterBody")]
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "FilterBody", transform = no_default)]
     filter: Option<FilterBody>,
+}
+
+/// A field that may be left out, but is not null when it is there.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+/// A field left out has no value (not the `null` its default would say).
+fn no_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
 }
 
 /// The list's filter as a JSON object: each field is the query parameter

@@ -31,6 +31,7 @@ use crate::domain::ExtractionStatus;
 /// What an operation does to each of its jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "BulkActionName")]
 pub enum Action {
     /// As `POST /v1/extractions/{id}/cancel`: a queued job is cancelled, a
     /// running one asked to stop.
@@ -106,6 +107,7 @@ impl Operation {
 /// What an action did to one job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "BulkOutcomeKind")]
 pub enum Verdict {
     /// The action applied.
     Done,
