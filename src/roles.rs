@@ -227,6 +227,12 @@ pub async fn census(services: Services, shutdown: CancellationToken) -> RoleResu
     Ok(())
 }
 
+/// The retention purge (`pipeline::retention`) until `shutdown`, in every process.
+pub async fn retention(services: Services, shutdown: CancellationToken) -> RoleResult {
+    crate::pipeline::retention::run(services, shutdown).await;
+    Ok(())
+}
+
 /// `/metrics`, `/healthz` and `/readyz` on `metrics_addr`, in every process.
 pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
     let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
@@ -276,6 +282,10 @@ pub async fn run(
         Box::pin(metrics_endpoint(services.clone(), stop.clone())),
     ));
     roles.push(("census", Box::pin(census(services.clone(), stop.clone()))));
+    roles.push((
+        "retention",
+        Box::pin(retention(services.clone(), stop.clone())),
+    ));
     for _ in 0..mix.intakes {
         roles.push(("intake", Box::pin(intake(services.clone(), stop.clone()))));
     }

@@ -1067,3 +1067,139 @@ async fn a_410_disables_an_endpoint_for_its_tenant_only(pool: PgPool) {
         "another tenant"
     );
 }
+
+/// A job of `tenant` submitted `age_days` ago (its id and `submitted_at`
+/// say so), in the state `finish` leaves it; `finished_days` ago, if it
+/// finished.
+async fn aged(
+    pool: &PgPool,
+    tenant: Uuid,
+    age_days: u64,
+    state: &str,
+    finished_days: Option<f64>,
+) -> Uuid {
+    let submitted =
+        std::time::SystemTime::now() - std::time::Duration::from_secs(age_days * 86_400);
+    let since = submitted.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let id = Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        since.as_secs(),
+        since.subsec_nanos(),
+    ));
+    let new = NewExtraction {
+        id,
+        tenant_id: tenant,
+        max_open_jobs: None,
+        idempotency_key: None,
+        request: request(),
+    };
+    store::submit(pool, new).await.unwrap();
+    let status = match state {
+        "bbox_pending" => "succeeded",
+        other => other,
+    };
+    let bbox = (state == "bbox_pending").then_some("pending");
+    sqlx::query(
+        "UPDATE extractions SET status = $2, bbox_status = $3,
+                submitted_at = now() - make_interval(days => $4),
+                finished_at = now() - make_interval(secs => $5 * 86400)
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(status)
+    .bind(bbox)
+    .bind(age_days as i32)
+    .bind(finished_days)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO extraction_results (id, stage, result) VALUES ($1, 'extraction', '{}')",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// The purge takes exactly the finished jobs past their tenant's retention
+/// (1 day for one tenant, the default 30 for another, for ever for a third),
+/// every row of theirs in every table, and nothing open, nothing refining
+/// its boxes, nothing recent; a second pass finds nothing.
+#[sqlx::test]
+async fn retention_purges_exactly_the_expired_finished_jobs(pool: PgPool) {
+    use docstream::store::{retention, tenants};
+    let short = tenants::create_tenant(&pool, "short")
+        .await
+        .unwrap()
+        .key
+        .tenant_id;
+    let forever = tenants::create_tenant(&pool, "forever")
+        .await
+        .unwrap()
+        .key
+        .tenant_id;
+    tenants::set_retention(&pool, "short", Some(1))
+        .await
+        .unwrap();
+    tenants::set_retention(&pool, "forever", Some(0))
+        .await
+        .unwrap();
+    let default = DEFAULT_TENANT_ID;
+
+    let expired = vec![
+        aged(&pool, short, 3, "succeeded", Some(2.0)).await,
+        aged(&pool, short, 3, "failed", Some(1.5)).await,
+        aged(&pool, short, 2, "cancelled", Some(1.1)).await,
+        aged(&pool, default, 45, "succeeded", Some(40.0)).await,
+    ];
+    let kept = vec![
+        aged(&pool, short, 3, "succeeded", Some(0.2)).await,
+        aged(&pool, short, 3, "running", None).await,
+        aged(&pool, short, 3, "queued", None).await,
+        aged(&pool, short, 3, "bbox_pending", Some(2.0)).await,
+        aged(&pool, short, 0, "succeeded", Some(0.0)).await,
+        aged(&pool, default, 45, "failed", Some(10.0)).await,
+        aged(&pool, forever, 400, "succeeded", Some(399.0)).await,
+    ];
+    let thirty_days = std::time::Duration::from_secs(30 * 86_400);
+    let purged = retention::purge_expired(&pool, thirty_days, 2)
+        .await
+        .unwrap();
+    assert_eq!(purged, 2, "a batch is at most its size");
+    let purged = purged
+        + retention::purge_expired(&pool, thirty_days, 500)
+            .await
+            .unwrap();
+    assert_eq!(purged, expired.len() as u64);
+    assert_eq!(
+        retention::purge_expired(&pool, thirty_days, 500)
+            .await
+            .unwrap(),
+        0
+    );
+
+    for table in [
+        "SELECT count(*) FROM extractions WHERE id = ANY($1)",
+        "SELECT count(*) FROM extraction_requests WHERE id = ANY($1)",
+        "SELECT count(*) FROM extraction_results WHERE id = ANY($1)",
+        "SELECT count(*) FROM extraction_transitions WHERE extraction_id = ANY($1)",
+        "SELECT count(*) FROM webhook_deliveries WHERE extraction_id = ANY($1)",
+    ] {
+        let left: i64 = sqlx::query_scalar(table)
+            .bind(&expired)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "{table}: rows of purged jobs");
+        let there: i64 = sqlx::query_scalar(table)
+            .bind(&kept)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if table.contains("extractions WHERE") || table.contains("requests") {
+            assert_eq!(there, kept.len() as i64, "{table}: the kept jobs are whole");
+        }
+    }
+}

@@ -43,6 +43,9 @@ pub enum ApiError {
     /// The request conflicts with the job's state.
     #[error("{0}")]
     Conflict(String),
+    /// The job's content was erased on request.
+    #[error("{0}")]
+    Gone(String),
     /// The tenant is past a quota: retry after `retry_after_s`.
     #[error("{message}")]
     TooManyRequests {
@@ -93,6 +96,7 @@ impl ApiError {
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Self::Gone(_) => (StatusCode::GONE, "gone"),
             Self::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             Self::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Self::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
@@ -185,6 +189,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::KeyReused
             | SubmitError::WebhookRefused(_)
             | SubmitError::UnknownExtractor(_) => Self::Unprocessable(e.to_string()),
+            SubmitError::Erased(_) => Self::Gone(e.to_string()),
             SubmitError::Store(e) => e.into(),
             SubmitError::TooManyOpenJobs(_) => Self::TooManyRequests {
                 message: e.to_string(),

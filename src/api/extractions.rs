@@ -22,6 +22,7 @@ use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::pipeline;
 use crate::pipeline::Services;
+use crate::store::retention::{self, Erased};
 use crate::store::{self, transitions, BboxRefinement, Extraction, NewExtraction};
 
 /// Submit, read and cancel. A submit passes the process's admission limit
@@ -30,7 +31,7 @@ pub(super) fn router(services: &Services) -> Router<Services> {
     let admit = middleware::from_fn_with_state(services.clone(), admit);
     Router::new()
         .route("/v1/extractions", post(submit).route_layer(admit))
-        .route("/v1/extractions/{id}", get(read))
+        .route("/v1/extractions/{id}", get(read).delete(erase))
         .route("/v1/extractions/{id}/cancel", post(cancel))
         .route("/v1/extractions/{id}/retry", post(retry))
 }
@@ -70,6 +71,9 @@ pub(super) struct ExtractionView {
     webhook_url: Option<String>,
     /// The request's `metadata`, unchanged (null without one).
     metadata: Option<serde_json::Value>,
+    /// When the job's content was erased (`DELETE`): a tombstone since,
+    /// without result, error or metadata. Null for a job that was not.
+    erased_at: Option<DateTime<Utc>>,
 }
 
 /// The steps after the extraction: its bbox refinement once it succeeded.
@@ -105,6 +109,7 @@ impl From<Extraction> for ExtractionView {
             post_processing,
             webhook_url,
             metadata,
+            erased_at: row.erased_at,
         }
     }
 }
@@ -201,7 +206,51 @@ async fn read(
     caller.require(Scope::Read)?;
     let Path(id) = id?;
     let row = owned(&services, &caller, id).await?;
+    if let Some(at) = row.erased_at {
+        return Err(ApiError::Gone(format!(
+            "extraction {id} was erased at {at}"
+        )));
+    }
     Ok(Json(row.into()))
+}
+
+/// Erases a finished job's request and results now (204); the job stays as
+/// a tombstone without content, which `GET` and a replay of its key answer
+/// 410. A job still queued or running (or whose bbox refinement is still to
+/// run) answers 409: cancel it, or wait for it, first. Erasing again
+/// answers 204 again.
+async fn erase(
+    caller: Caller,
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Scope::Delete)?;
+    let Path(id) = id?;
+    match retention::erase(&services.pool, caller.tenant_id, id).await? {
+        Erased::Now(row) => {
+            services.metrics.transition(Transition::Erase, &Some(&row));
+            let emitted = services
+                .jobs
+                .emit(Transition::Erase, &row, None, PublishReason::Submit);
+            if let Err(e) = emitted.await {
+                tracing::warn!(%id, error = %e, "lifecycle event not published");
+            }
+            tracing::info!(%id, "job content erased on request");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Erased::Already => Ok(StatusCode::NO_CONTENT),
+        Erased::NotFinished(row) => {
+            let bbox = row
+                .bbox_status
+                .map(|b| format!(", its bbox refinement {b}"));
+            Err(ApiError::Conflict(format!(
+                "the job is {}{}; cancel it or wait for it to finish, then erase it",
+                row.status,
+                bbox.unwrap_or_default()
+            )))
+        }
+        Erased::NotFound => Err(ApiError::NotFound(id.to_string())),
+    }
 }
 
 /// The caller's tenant's job `id`; another tenant's job is not found, so its
@@ -223,6 +272,9 @@ async fn retry(
     let Path(id) = id?;
     // A job never changes tenant, so checking its owner first is race-free.
     let job = owned(&services, &caller, id).await?;
+    if let Some(at) = job.erased_at {
+        return Err(ApiError::Gone(format!("extraction {id} was erased at {at}")));
+    }
     if services.jobs.retry_failed(id).await?.is_none() {
         return Err(ApiError::Conflict(format!(
             "only a failed job can be retried; this one is {}",

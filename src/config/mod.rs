@@ -387,6 +387,15 @@ settings! {
     /// whichever comes first; the others skip. 15 s is a dashboard's scrape
     /// resolution, and the census is a handful of indexed counts.
     census_interval_s: Seconds = Seconds::new(15), env "DOCSTREAM_CENSUS_INTERVAL_S", positive;
+    /// How long finished jobs are kept (days), unless their tenant has its
+    /// own retention (`tenants set-retention`); then every row of theirs is
+    /// purged, and their idempotency keys may name new jobs. 30 days covers
+    /// a month's reconciliation; 0 keeps them for ever.
+    retention_days: u32 = 30_u32, env "DOCSTREAM_RETENTION_DAYS";
+    /// How often each process purges the finished jobs past their
+    /// retention, in batches of 500 (each its own short transaction) until
+    /// none is left; processes skip the rows another one is purging.
+    retention_purge_interval_s: Seconds = Seconds::new(60), env "DOCSTREAM_RETENTION_PURGE_INTERVAL_S", positive;
     /// How often librdkafka reports its statistics (consumer lag, committed
     /// offsets, the producer's queue); 0 turns them off. 5 s is under a
     /// typical scrape interval; each report is a JSON document parsed off

@@ -149,6 +149,8 @@ pub enum Transition {
     RequeueBboxRefinement,
     /// failed → queued, on request, with a fresh attempt budget.
     RetryFailed,
+    /// A finished job's content erased on request; the state stays.
+    Erase,
 }
 
 impl Transition {
@@ -168,6 +170,7 @@ impl Transition {
             Self::MarkBboxRefinementFailed => "mark_bbox_refinement_failed",
             Self::RequeueBboxRefinement => "requeue_bbox_refinement",
             Self::RetryFailed => "retry_failed",
+            Self::Erase => "erase",
         }
     }
 }

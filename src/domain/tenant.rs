@@ -21,19 +21,23 @@ pub enum Scope {
     Export,
     /// The tenant's own administration (webhook secrets).
     Admin,
+    /// `DELETE /v1/extractions/{id}`: erasing a job's content.
+    Delete,
 }
 
 impl Scope {
     /// Every scope, in the order they are listed.
-    pub const ALL: [Scope; 5] = [
+    pub const ALL: [Scope; 6] = [
         Self::Submit,
         Self::Read,
         Self::Cancel,
         Self::Export,
         Self::Admin,
+        Self::Delete,
     ];
 
-    /// What `tenants create` gives its first key: everything but `admin`.
+    /// What `tenants create` gives its first key: everything but `admin` and
+    /// `delete`, which a key is given on purpose.
     pub const DEFAULT: [Scope; 4] = [Self::Submit, Self::Read, Self::Cancel, Self::Export];
 
     /// The name, as stored (`api_scope`) and as the CLI takes it.
@@ -44,6 +48,7 @@ impl Scope {
             Self::Cancel => "cancel",
             Self::Export => "export",
             Self::Admin => "admin",
+            Self::Delete => "delete",
         }
     }
 

@@ -31,6 +31,9 @@ pub struct JobMetrics {
     /// `docstream_recovery_seconds{claim}`: from lease expiry or orphaning to the
     /// claim that recovered the job.
     pub recovery: HistogramVec,
+    /// `docstream_purged_total{what="jobs|bulk_operations"}`: rows past their
+    /// retention, purged.
+    pub purged: IntCounterVec,
 }
 
 impl JobMetrics {
@@ -47,6 +50,12 @@ impl JobMetrics {
                 "docstream_claim_losers_total",
                 "Deliveries whose claim was lost to another holder or a finished job.",
                 &["claim"],
+            ),
+            purged: counter_vec(
+                registry,
+                "docstream_purged_total",
+                "Finished jobs and bulk operations purged past their retention.",
+                &["what"],
             ),
             stale_completions: counter_vec(
                 registry,

@@ -51,11 +51,32 @@ pub enum TenantsCommand {
         #[arg(long, value_parser = quota_value::<i32>)]
         max_open_jobs: Option<Setting<i32>>,
     },
+    /// Set how long a tenant's finished jobs are kept before they are
+    /// purged; prints it. Days (0: for ever) or `default` (the deployment's
+    /// DOCSTREAM_RETENTION_DAYS).
+    SetRetention {
+        /// The tenant's name.
+        name: String,
+        /// Days, or `default`.
+        #[arg(long, value_parser = quota_value::<u32>)]
+        days: Setting<u32>,
+    },
     /// Delete a tenant: its keys stop working within DOCSTREAM_API_KEY_CACHE_S
-    /// on every process; its jobs stay, and its name is never reused.
+    /// on every process, and its name is never reused. Its jobs stay unless
+    /// `--purge`.
     Delete {
         /// The tenant's name.
         name: String,
+        /// Also purge every job of the tenant: queued ones are cancelled,
+        /// running ones asked to stop (neither publishes an event), and each
+        /// is purged once finished (every row, in every table). Fails, with
+        /// the count left, if some are still running after `--wait-s`; run
+        /// it again then.
+        #[arg(long)]
+        purge: bool,
+        /// How long `--purge` waits for running jobs to stop.
+        #[arg(long, default_value_t = 120)]
+        wait_s: u64,
     },
 }
 
@@ -96,6 +117,62 @@ fn quota_value<T: std::str::FromStr>(text: &str) -> Result<Setting<T>, String> {
     }
 }
 
+/// What a tenant's purge did.
+struct Purged {
+    /// Jobs purged.
+    purged: u64,
+    /// Jobs still open (or refining their boxes) when the wait ran out.
+    left: i64,
+}
+
+/// Purges every job of tenant `tenant_id`: cancels the queued ones, asks
+/// the running ones to stop, and purges each finished one, in batches;
+/// waits up to `wait` for the running ones.
+async fn purge_jobs(
+    pool: &PgPool,
+    tenant_id: Uuid,
+    wait: std::time::Duration,
+) -> anyhow::Result<Purged> {
+    use crate::store::{retention, transitions};
+    const BATCH: i64 = 500;
+    let deadline = std::time::Instant::now() + wait;
+    let mut purged = 0;
+    loop {
+        loop {
+            let open: Vec<Uuid> = sqlx::query_scalar(
+                "SELECT id FROM extractions
+                  WHERE tenant_id = $1 AND status IN ('queued', 'running')
+                    AND cancel_requested_at IS NULL
+                  LIMIT $2",
+            )
+            .bind(tenant_id)
+            .bind(BATCH)
+            .fetch_all(pool)
+            .await?;
+            transitions::cancel_queued_many(pool, &open).await?;
+            transitions::request_cancel_many(pool, &open).await?;
+            if open.len() < BATCH as usize {
+                break;
+            }
+        }
+        loop {
+            let n = retention::purge_tenant(pool, tenant_id, BATCH).await?;
+            purged += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .fetch_one(pool)
+            .await?;
+        if left == 0 || std::time::Instant::now() >= deadline {
+            return Ok(Purged { purged, left });
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 fn json(value: &impl Serialize) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(value)? + "\n")
 }
@@ -119,7 +196,37 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<S
             );
             json(&tenants::set_quota(pool, &name, rate, burst, max_open).await?)
         }
-        TenantsCommand::Delete { name } => json(&tenants::delete_tenant(pool, &name).await?),
+        TenantsCommand::SetRetention {
+            name,
+            days: Setting(days),
+        } => json(&tenants::set_retention(pool, &name, days).await?),
+        TenantsCommand::Delete {
+            name,
+            purge,
+            wait_s,
+        } => {
+            let deleted = match tenants::delete_tenant(pool, &name).await {
+                // A purge may be run again on a tenant deleted before.
+                Err(tenants::TenantStoreError::NoSuchTenant(_)) if purge => {
+                    tenants::deleted_tenant(pool, &name).await?
+                }
+                deleted => deleted?,
+            };
+            if !purge {
+                return json(&deleted);
+            }
+            let wait = std::time::Duration::from_secs(wait_s);
+            let purged = purge_jobs(pool, deleted.tenant_id, wait).await?;
+            if purged.left > 0 {
+                anyhow::bail!(
+                    "tenant {name} deleted; {} jobs purged, {} still running after {wait_s} s \
+                     (are the workers up?): run the command again",
+                    purged.purged,
+                    purged.left
+                );
+            }
+            json(&serde_json::json!({"tenant": deleted, "purged_jobs": purged.purged}))
+        }
         TenantsCommand::RotateWebhookSecret {
             name,
             secret,

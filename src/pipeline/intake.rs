@@ -263,6 +263,10 @@ fn refusal(e: DurableSubmitError) -> HandlerError {
             kind: "key_reused",
             reason: e.to_string(),
         },
+        DurableSubmitError::Submit(e @ SubmitError::Erased(_)) => HandlerError::Poison {
+            kind: "erased",
+            reason: e.to_string(),
+        },
         DurableSubmitError::Submit(
             e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(_)),
         ) => HandlerError::Poison {

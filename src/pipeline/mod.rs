@@ -21,6 +21,7 @@ mod intake;
 pub mod jobs;
 pub mod lease;
 pub mod reaper;
+pub mod retention;
 mod stamps;
 pub(crate) mod submit;
 mod worker;

@@ -14,6 +14,7 @@ pub mod held;
 pub mod leases;
 pub mod list;
 pub mod orphans;
+pub mod retention;
 mod row;
 pub(crate) mod submit;
 pub mod tenants;

@@ -68,6 +68,9 @@ pub struct Extraction {
     pub last_recovery_s: Option<f64>,
     /// Whether the request named a `webhook_url`.
     pub webhook: bool,
+    /// When the job's content was erased on request (a tombstone since).
+    #[sqlx(default)]
+    pub erased_at: Option<DateTime<Utc>>,
     /// The bbox refinement sub-state, once the extraction succeeded.
     pub bbox_status: Option<String>,
     /// Bbox claims so far; the current bbox holder's fencing token.

@@ -115,6 +115,10 @@ pub enum SubmitError {
     /// The key belongs to a job with a different request body.
     #[error("idempotency key was already used with a different request")]
     KeyReused,
+    /// The key names a job whose content was erased on request: it is not
+    /// made again.
+    #[error("the job of this idempotency key ({0}) was erased")]
+    Erased(Uuid),
     /// The request's webhook URL was refused (SSRF guard, or webhooks are off);
     /// nothing was written.
     #[error("{0}")]
@@ -319,6 +323,9 @@ fn insert_statement(inserts: &[Insert]) -> InsertQuery<'_> {
 }
 
 fn replay(existing: Extraction, hash: &str) -> Result<Submitted, SubmitError> {
+    if existing.erased_at.is_some() {
+        return Err(SubmitError::Erased(existing.id));
+    }
     if existing.request_hash.as_deref() == Some(hash) {
         Ok(Submitted::Replayed(existing))
     } else {

@@ -105,6 +105,15 @@ pub struct TenantQuota {
     pub max_open_jobs: Option<i32>,
 }
 
+/// A tenant's retention of finished jobs (`None`: the deployment's).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TenantRetention {
+    /// The tenant's name.
+    pub tenant: String,
+    /// Days a finished job is kept; 0 for ever.
+    pub retention_days: Option<i64>,
+}
+
 /// A key just made: the only time its secret is seen.
 #[derive(Debug, Clone, Serialize)]
 pub struct CreatedKey {
@@ -259,6 +268,37 @@ pub async fn delete_tenant(pool: &PgPool, name: &str) -> Result<Tenant, TenantSt
     sqlx::query_as::<_, Tenant>(
         "UPDATE tenants SET deleted_at = now() WHERE name = $1 AND deleted_at IS NULL
          RETURNING id AS tenant_id, name AS tenant, created_at, deleted_at",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
+}
+
+/// Sets how many days tenant `name`'s finished jobs are kept (`None`: the
+/// deployment's `retention_days`; 0: for ever).
+pub async fn set_retention(
+    pool: &PgPool,
+    name: &str,
+    days: Option<u32>,
+) -> Result<TenantRetention, TenantStoreError> {
+    sqlx::query_as::<_, TenantRetention>(
+        "UPDATE tenants SET retention_s = $2 * 86400
+          WHERE name = $1 AND deleted_at IS NULL
+      RETURNING name AS tenant, retention_s / 86400 AS retention_days",
+    )
+    .bind(name)
+    .bind(days.map(i64::from))
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
+}
+
+/// Tenant `name`, deleted before.
+pub async fn deleted_tenant(pool: &PgPool, name: &str) -> Result<Tenant, TenantStoreError> {
+    sqlx::query_as::<_, Tenant>(
+        "SELECT id AS tenant_id, name AS tenant, created_at, deleted_at FROM tenants
+          WHERE name = $1 AND deleted_at IS NOT NULL",
     )
     .bind(name)
     .fetch_optional(pool)

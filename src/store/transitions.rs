@@ -195,7 +195,7 @@ const RETRY_FAILED: &str = logged!(
             lease_expires_at = NULL, published_at = NULL, next_attempt_at = NULL,
             cancel_requested_at = NULL, republished_at = NULL, orphaned_at = NULL
        FROM unnest($1::uuid[]) AS batch(id)
-      WHERE extractions.id = batch.id AND status = 'failed'"
+      WHERE extractions.id = batch.id AND status = 'failed' AND erased_at IS NULL"
 );
 
 // A queued job is cancelled by anyone; a running one only by its holder ($2),

@@ -78,8 +78,9 @@ mod tests {
     fn routes() -> Vec<(String, String)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
         let route =
-            regex::Regex::new(r#"\.route\(\s*("[^"]+"|PATH),\s*(get|post|put|patch|delete|any)\("#)
-                .expect("a regex");
+            regex::Regex::new(r#"\.route\(\s*("[^"]+"|PATH),\s*([^\n]*)"#).expect("a regex");
+        // The methods of a route's line: `get(read)`, `get(read).delete(erase)`.
+        let method = regex::Regex::new(r"\b(get|post|put|patch|delete|any)\(").expect("a regex");
         let mut routes = Vec::new();
         let mut folders = vec![dir];
         let mut files = Vec::new();
@@ -100,7 +101,9 @@ mod tests {
                     "PATH" => PATH.to_owned(),
                     quoted => quoted.trim_matches('"').to_owned(),
                 };
-                routes.push((path, found[2].to_owned()));
+                for name in method.captures_iter(&found[2]) {
+                    routes.push((path.clone(), name[1].to_owned()));
+                }
             }
         }
         routes
@@ -127,6 +130,7 @@ mod tests {
             ("/v1/extractions", "post"),
             ("/v1/extractions/actions", "post"),
             ("/v1/extractions/actions/{id}", "get"),
+            ("/v1/extractions/{id}", "delete"),
             ("/v1/extractions/{id}", "get"),
             ("/v1/extractions/{id}/cancel", "post"),
             ("/v1/extractions/{id}/result", "post"),

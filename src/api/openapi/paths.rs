@@ -66,7 +66,7 @@ pub(super) fn websockets(settings: &Settings) -> Value {
 pub(super) fn paths(settings: &Settings) -> Value {
     json!({
         "/v1/extractions": {"get": list(), "post": submit(settings)},
-        "/v1/extractions/{id}": {"get": read()},
+        "/v1/extractions/{id}": {"get": read(), "delete": erase()},
         "/v1/extractions/{id}/cancel": {"post": cancel()},
         "/v1/extractions/{id}/retry": {"post": retry()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
@@ -92,6 +92,7 @@ fn answers(success: Value, refusals: &[u16]) -> Value {
             403 => "Forbidden",
             404 => "NotFound",
             409 => "Conflict",
+            410 => "Gone",
             413 => "PayloadTooLarge",
             415 => "UnsupportedMediaType",
             422 => "Unprocessable",
@@ -162,7 +163,9 @@ fn submit(settings: &Settings) -> Value {
          row is committed; the job's event follows (the reaper republishes it if the \
          broker was away). With an `Idempotency-Key`, a repeat of the same request answers \
          the first job (with its current status) instead of making a second one; the \
-         same key with another request gets 422. Keys are unique within a tenant.\n\n\
+         same key with another request gets 422, and the key of a job that was erased \
+         410. Keys are unique within a tenant, and remembered until their job is purged \
+         (`DOCSTREAM_RETENTION_DAYS` after it finished).\n\n\
          Past the tenant's submit rate or its cap on open jobs the answer is 429 with \
          `Retry-After`, and nothing is written. The body is at most {body} bytes.",
         body = settings.http_body_limit_bytes,
@@ -193,7 +196,7 @@ fn submit(settings: &Settings) -> Value {
                 "content": {"application/json": {"schema": schema("Accepted")}},
                 "links": links(&[("GetExtraction", "getExtraction"), ("CancelExtraction", "cancelExtraction")]),
             },
-        }), &[400, 401, 403, 413, 415, 422, 429, 503]),
+        }), &[400, 401, 403, 410, 413, 415, 422, 429, 503]),
     })
 }
 
@@ -293,7 +296,8 @@ fn read() -> Value {
         "summary": "Read an extraction",
         "description": "The job (scope `read`): its status, attempts, timestamps, result, \
                         error and bbox refinement. The document itself is not echoed. \
-                        Another tenant's job is not found, exactly like one that does not exist.",
+                        Another tenant's job is not found, exactly like one that does not exist. \
+                        A job whose content was erased answers 410.",
         "parameters": [id_parameter()],
         "responses": answers(json!({
             "200": {
@@ -301,7 +305,30 @@ fn read() -> Value {
                 "content": {"application/json": {"schema": schema("Extraction")}},
                 "links": links(&[("CancelExtraction", "cancelExtraction")]),
             },
-        }), &[400, 401, 403, 404, 429, 503]),
+        }), &[400, 401, 403, 404, 410, 429, 503]),
+    })
+}
+
+fn erase() -> Value {
+    json!({
+        "operationId": "eraseExtraction",
+        "tags": ["extractions"],
+        "summary": "Erase an extraction",
+        "description": "Erases a finished job's content now (scope `delete`): its request \
+                        (document, fields, metadata, webhook URL), its results, its error \
+                        texts and its webhook deliveries. The job stays as a tombstone \
+                        without content: `GET` answers 410, the list shows it with \
+                        `erased_at`, and a submit that repeats its `Idempotency-Key` \
+                        answers 410 instead of making the job again. A job still queued or \
+                        running, or whose bbox refinement has yet to run, answers 409: \
+                        cancel it (or wait for it) first. Erasing an erased job answers \
+                        204 again. Copies on Kafka topics (events, which carry errors but \
+                        never documents or results, and dead letters' excerpts) expire \
+                        with the topics' retention.",
+        "parameters": [id_parameter()],
+        "responses": answers(json!({
+            "204": {"description": "Erased (now or before)."},
+        }), &[400, 401, 403, 404, 409, 429, 503]),
     })
 }
 
@@ -338,7 +365,7 @@ fn retry() -> Value {
                         budget of attempts: it runs again as if just submitted, and its \
                         `attempts` keep counting. The retry is logged as the transition \
                         `retry_failed` and published as every transition is. A job that is \
-                        not failed answers 409 and is left as it is.",
+                        not failed answers 409 and is left as it is; an erased one 410.",
         "parameters": [id_parameter()],
         "responses": answers(json!({
             "200": {
@@ -346,7 +373,7 @@ fn retry() -> Value {
                 "content": {"application/json": {"schema": schema("Extraction")}},
                 "links": links(&[("GetExtraction", "getExtraction")]),
             },
-        }), &[400, 401, 403, 404, 409, 429, 503]),
+        }), &[400, 401, 403, 404, 409, 410, 429, 503]),
     })
 }
 
@@ -762,6 +789,7 @@ fn error_responses() -> Value {
         "Forbidden": plain("The key does not have the route's scope."),
         "NotFound": plain("No such extraction (or another tenant's)."),
         "Conflict": plain("The job's state does not allow it (e.g. it finished)."),
+        "Gone": plain("The job's content was erased (`DELETE /v1/extractions/{id}`)."),
         "PayloadTooLarge": plain("The body is larger than the limit."),
         "UnsupportedMediaType": plain("The body is not declared as `application/json`."),
         "Unprocessable": plain(

@@ -1,0 +1,73 @@
+//! Retention: every `retention_purge_interval_s`, each process purges the
+//! finished jobs (and bulk operations) past their tenant's retention, a
+//! batch per transaction until none is left (`store::retention`). Every
+//! process runs it, so it goes on while any process lives; purgers skip the
+//! rows another is purging, so two never wait on each other.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Services;
+use crate::health::Dependency;
+use crate::store::{retention, StoreError};
+
+/// Jobs per purge statement (and transaction).
+pub const BATCH: i64 = 500;
+
+/// Runs the purge until `shutdown`; a failed pass is logged, and the next
+/// interval tries again.
+pub async fn run(services: Services, shutdown: CancellationToken) {
+    let settings = &services.settings;
+    let default = Duration::from_secs(u64::from(settings.retention_days) * 86_400);
+    let mut ticker = tokio::time::interval(settings.retention_purge_interval_s.get());
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if let Err(e) = purge(&services, default, &shutdown).await {
+            match e.is_unavailable() {
+                true => services.health.failed(Dependency::Postgres, &e),
+                false => {
+                    tracing::warn!(error = %e, "retention purge failed; retrying next interval")
+                }
+            }
+        }
+    }
+}
+
+/// Purges batches until a short one says nothing is left past its retention.
+async fn purge(
+    services: &Services,
+    default: Duration,
+    shutdown: &CancellationToken,
+) -> Result<(), StoreError> {
+    let purged = &services.metrics.jobs.purged;
+    let (mut jobs, mut operations) = (0, 0);
+    while !shutdown.is_cancelled() {
+        let n = retention::purge_expired(&services.pool, default, BATCH).await?;
+        purged.with_label_values(&["jobs"]).inc_by(n);
+        jobs += n;
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    while !shutdown.is_cancelled() {
+        let n = retention::purge_operations(&services.pool, default, BATCH).await?;
+        purged.with_label_values(&["bulk_operations"]).inc_by(n);
+        operations += n;
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    if jobs + operations > 0 {
+        tracing::info!(
+            jobs,
+            operations,
+            "retention: purged finished jobs past their retention"
+        );
+    }
+    Ok(())
+}
