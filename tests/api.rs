@@ -857,3 +857,160 @@ fn percentiles(latencies: &[std::time::Duration]) -> String {
         p(1.0)
     )
 }
+
+/// Rows of every table of the schema whose text (every column, as the row
+/// reads as text) holds `marker`, by table.
+async fn tables_holding(pool: &sqlx::PgPool, marker: &str) -> Vec<(String, i64)> {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT quote_ident(table_name) FROM information_schema.tables
+          WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(tables.len() > 10, "{tables:?}");
+    let mut holding = Vec::new();
+    for table in tables {
+        let sql = format!("SELECT count(*) FROM {table} t WHERE strpos(t::text, $1) > 0");
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(marker)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if n > 0 {
+            holding.push((table, n));
+        }
+    }
+    holding
+}
+
+/// A finished job's content (document, metadata, webhook URL, results,
+/// webhook payload, error text) is in four tables; DELETE leaves it in
+/// none, and the job a tombstone: GET, retry and a replay of its key get
+/// 410. An open job, and a key without the `delete` scope, are refused.
+#[tokio::test]
+async fn an_erased_job_leaves_no_request_or_result_text_in_any_table() {
+    use docstream::domain::{Scope, Stage};
+    use docstream::store::transitions;
+    let api = Api::start_with("api_erase", |s| {
+        s.webhook_allow = "127.0.0.0/8".parse().unwrap();
+    })
+    .await;
+    let pool = &api.env.pool;
+    let marker = format!("ERASE-ME-{}", uuid::Uuid::new_v4().simple());
+    let deleter =
+        docstream::store::tenants::create_key(pool, "default", &[Scope::Read, Scope::Delete])
+            .await
+            .unwrap()
+            .api_key;
+    let body = json!({
+        "document": {"text": format!("Invoice {marker} total 12.50")},
+        "fields": [{"name": "number", "anchor": "Invoice"}],
+        "metadata": {"customer": marker},
+        "webhook_url": format!("http://127.0.0.1:9/hooks/{marker}"),
+    });
+    let (status, answer) = api.post("/v1/extractions", &body, Some("erase-a")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let a: uuid::Uuid = answer["id"].as_str().unwrap().parse().unwrap();
+    let mut failing = body.clone();
+    failing["metadata"] = json!({"n": 2});
+    let (_, answer) = api.post("/v1/extractions", &failing, None).await;
+    let b: uuid::Uuid = answer["id"].as_str().unwrap().parse().unwrap();
+    let delete = |id: uuid::Uuid, key: &str| {
+        api.client
+            .delete(format!("{}/v1/extractions/{id}", api.base))
+            .header("authorization", format!("Bearer {key}"))
+            .send()
+    };
+    assert_eq!(
+        delete(a, &deleter).await.unwrap().status(),
+        StatusCode::CONFLICT,
+        "queued"
+    );
+
+    let claim = transitions::claim(pool, Stage::Extraction, a, 30.0)
+        .await
+        .unwrap()
+        .unwrap();
+    let found = json!({"number": {"value": marker, "raw": marker, "words": []}});
+    transitions::succeed(pool, Stage::Extraction, a, claim.token, &found)
+        .await
+        .unwrap()
+        .unwrap();
+    let bbox = transitions::claim(pool, Stage::BboxRefinement, a, 30.0)
+        .await
+        .unwrap()
+        .unwrap();
+    let boxes = json!({"number": {"text": marker, "bbox": [0, 0, 1, 1]}});
+    transitions::succeed(pool, Stage::BboxRefinement, a, bbox.token, &boxes)
+        .await
+        .unwrap()
+        .unwrap();
+    let claim = transitions::claim(pool, Stage::Extraction, b, 30.0)
+        .await
+        .unwrap()
+        .unwrap();
+    let error = format!("extractor \"model\" refused the document: {marker} is unreadable");
+    transitions::fail(pool, Stage::Extraction, b, claim.token, &error)
+        .await
+        .unwrap()
+        .unwrap();
+    let before: Vec<String> = tables_holding(pool, &marker)
+        .await
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    for table in [
+        "extraction_requests",
+        "extraction_results",
+        "extractions",
+        "webhook_deliveries",
+    ] {
+        assert!(
+            before.contains(&table.to_owned()),
+            "the content is in {table}: {before:?}"
+        );
+    }
+
+    let key = &api.env.api_key;
+    assert_eq!(
+        delete(a, key).await.unwrap().status(),
+        StatusCode::FORBIDDEN,
+        "no delete scope"
+    );
+    for id in [a, b, a] {
+        assert_eq!(
+            delete(id, &deleter).await.unwrap().status(),
+            StatusCode::NO_CONTENT
+        );
+    }
+    assert_eq!(
+        tables_holding(pool, &marker).await,
+        vec![],
+        "content left after the erasure"
+    );
+
+    let (status, gone) = api.get(&format!("/v1/extractions/{a}")).await;
+    assert_eq!(
+        (status, &gone["error"]["code"]),
+        (StatusCode::GONE, &json!("gone"))
+    );
+    let (status, _) = api
+        .post(&format!("/v1/extractions/{b}/retry"), &json!(null), None)
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::GONE,
+        "an erased failed job is not retried"
+    );
+    let (status, _) = api.post("/v1/extractions", &body, Some("erase-a")).await;
+    assert_eq!(status, StatusCode::GONE, "a replay of the erased job's key");
+    let (_, page) = api.get("/v1/extractions").await;
+    let listed: Vec<&Value> = page["items"].as_array().unwrap().iter().collect();
+    assert_eq!(listed.len(), 2);
+    assert!(listed
+        .iter()
+        .all(|job| job["erased_at"].is_string() && job["metadata"].is_null()));
+    let erasures = common::wins(pool, "erase").await;
+    common::assert_exactly_once(&erasures, &[a, b], "erase");
+}

@@ -111,7 +111,10 @@ fuzz_api() (
     "$bin" migrate >/dev/null
     "$bin" topics >/dev/null
     local key
-    key="$("$bin" tenants create fuzz | python3 -c 'import json, sys; print(json.load(sys.stdin)["api_key"])')"
+    "$bin" tenants create fuzz >/dev/null
+    # Every scope, so that every route is exercised past its scope check.
+    key="$("$bin" keys create fuzz --scopes submit,read,cancel,export,admin,delete |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["api_key"])')"
     # Quotas are not what this run is about: no 429 in the way of valid submits.
     "$bin" tenants set-quota fuzz --submit-rate-per-s 0 >/dev/null
 

@@ -273,7 +273,9 @@ async fn retry(
     // A job never changes tenant, so checking its owner first is race-free.
     let job = owned(&services, &caller, id).await?;
     if let Some(at) = job.erased_at {
-        return Err(ApiError::Gone(format!("extraction {id} was erased at {at}")));
+        return Err(ApiError::Gone(format!(
+            "extraction {id} was erased at {at}"
+        )));
     }
     if services.jobs.retry_failed(id).await?.is_none() {
         return Err(ApiError::Conflict(format!(

@@ -87,7 +87,7 @@ pub enum KeysCommand {
     Create {
         /// The tenant's name.
         tenant: String,
-        /// Comma-separated scopes: submit, read, cancel, export, admin.
+        /// Comma-separated scopes: submit, read, cancel, export, admin, delete.
         #[arg(long, default_value = "submit,read,cancel,export")]
         scopes: String,
     },
