@@ -66,6 +66,9 @@ enum Command {
     /// Manage a tenant's API keys (JSON output).
     #[command(subcommand)]
     Keys(ops::tenants::KeysCommand),
+    /// Read and replay the dead letters of extraction.dlq.
+    #[command(subcommand)]
+    Dlq(ops::dlq::DlqCommand),
     /// Run the pipeline on the shipped sample documents and print a summary.
     Demo(demo::DemoArgs),
     /// A reference extraction service (the extractor protocol, with the
@@ -141,6 +144,11 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Keys(command) => {
             let pool = store::connect(&settings.database_url, 2).await?;
             print!("{}", ops::tenants::keys(&pool, command).await?);
+            return Ok(());
+        }
+        Command::Dlq(command) => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::dlq::dlq(&settings, &pool, command).await?);
             return Ok(());
         }
         Command::Reclaim { id, tenant } => {

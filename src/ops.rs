@@ -1,6 +1,8 @@
-//! Operator recipes: list the current orphans, force a re-claim now, and
-//! manage tenants and their API keys (`tenants`).
+//! Operator recipes: list the current orphans, force a re-claim now,
+//! manage tenants and their API keys (`tenants`), and read and replay dead
+//! letters (`dlq`).
 
+pub mod dlq;
 pub mod tenants;
 
 use std::fmt::Write as _;

@@ -258,3 +258,129 @@ fn report(keys: &HashSet<String>, rows: &[(Uuid, String)], letters: &[DeadLetter
         letters.len()
     );
 }
+
+/// A record the intake refused (a request without fields) is a dead
+/// letter; the operator lists it, shows the original request, fixes it, and
+/// replays it to the intake: it becomes a job, once. A second replay is
+/// refused; a forced one makes no second job (the key names the first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_fixed_by_an_edit_and_replayed_becomes_a_job_exactly_once() {
+    let env = TestEnv::new("intake_dlq_replay").await;
+    let key = format!("fix-me-{}", Uuid::new_v4().simple());
+    let mut broken = sample_body(1);
+    broken["fields"] = serde_json::json!([]);
+    let record = Produced {
+        key: key.clone(),
+        requested: requested(&key, broken.to_string()),
+    };
+    produced_to_the_intake_topic(&env, &[record]).await;
+    let mut intake = env.spawn("intake", &[], "intake-dlq-replay");
+    let dlq = env.topic("extraction.dlq");
+    let brokers = env.settings.kafka_brokers.clone();
+    wait_for("the letter", Duration::from_secs(60), || {
+        let n = topic_size(&brokers, &dlq);
+        async move {
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(format!("{n} letters"))
+            }
+        }
+    })
+    .await;
+
+    let json = |output: std::process::Output| {
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+    let listed = json(
+        env.run_cli(&["dlq", "list", "--json", "--kind", "invalid_request"])
+            .await,
+    );
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    let letter = listed[0]["letter"].as_str().unwrap().to_owned();
+    let none = json(
+        env.run_cli(&["dlq", "list", "--json", "--kind", "missing_row"])
+            .await,
+    );
+    assert_eq!(none, serde_json::json!([]));
+    let shown = json(env.run_cli(&["dlq", "show", &letter]).await);
+    assert_eq!(shown["original_retained"], true, "{shown}");
+    let mut fixed = shown["original"].clone();
+    assert_eq!(fixed["idempotency_key"], key.as_str());
+    assert_eq!(fixed["request"]["fields"], serde_json::json!([]));
+    fixed["request"]["fields"] = sample_body(1)["fields"].clone();
+    let file = std::env::temp_dir().join(format!("{key}.json"));
+    std::fs::write(&file, fixed.to_string()).unwrap();
+    let edit = file.to_str().unwrap();
+
+    let replayed = json(
+        env.run_cli(&["dlq", "replay", &letter, "--edit", edit])
+            .await,
+    );
+    assert_eq!(
+        replayed["to"],
+        env.topic("extraction.requests"),
+        "{replayed}"
+    );
+    let jobs_of_key =
+        "SELECT count(*) FROM extraction_requests WHERE idempotency_key LIKE 'fix-me-%'";
+    wait_count(
+        &env.pool,
+        "the replayed job",
+        jobs_of_key,
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let again = env
+        .run_cli(&["dlq", "replay", &letter, "--edit", edit])
+        .await;
+    assert!(!again.status.success(), "a second replay without --force");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("replayed before"));
+    let forced = json(
+        env.run_cli(&["dlq", "replay", &letter, "--edit", edit, "--force"])
+            .await,
+    );
+    assert_eq!(forced["replay"], 2);
+    // The forced record is consumed behind the first: once the intake's
+    // group has committed past it, it was handled (as a repeat of the key).
+    let offset = forced["offset"].as_i64().unwrap();
+    let partition = forced["partition"].as_i64().unwrap() as i32;
+    let group = env.settings.group(&env.settings.intake_group);
+    wait_for(
+        "the intake to commit past the forced replay",
+        Duration::from_secs(60),
+        || {
+            let committed = env
+                .committed(&group, "extraction.requests")
+                .get(&partition)
+                .copied();
+            async move {
+                match committed {
+                    Some(next) if next > offset => Ok(()),
+                    other => Err(format!("committed {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        common::count(&env.pool, jobs_of_key).await,
+        1,
+        "one job, whatever the replays"
+    );
+    let shown = json(env.run_cli(&["dlq", "show", &letter]).await);
+    assert_eq!(shown["replays"].as_array().unwrap().len(), 2, "{shown}");
+    assert_eq!(
+        topic_size(&brokers, &dlq),
+        1,
+        "the fixed request was not dead-lettered again"
+    );
+    stop([&mut intake]).await;
+    let _ = std::fs::remove_file(file);
+}

@@ -27,12 +27,7 @@ const REVOCATION_BOUND: Duration = Duration::from_secs(5);
 
 /// Runs `docstream ARGS` on the test's database; its JSON output.
 async fn cli(env: &TestEnv, args: &[&str]) -> Value {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_docstream"))
-        .args(args)
-        .envs(env.child_env())
-        .output()
-        .await
-        .expect("run docstream");
+    let output = env.run_cli(args).await;
     assert!(
         output.status.success(),
         "docstream {args:?}: {}",

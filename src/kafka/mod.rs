@@ -8,6 +8,7 @@ pub mod context;
 pub mod groups;
 pub mod offsets;
 pub mod publisher;
+pub mod reader;
 
 pub use consumer::{ConsumerSpec, HandlerError, Record, RecordHandler};
 pub use publisher::{PublishError, Publisher};

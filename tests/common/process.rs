@@ -19,6 +19,17 @@ impl TestEnv {
         env
     }
 
+    /// Runs `docstream ARGS` (a command, not a role) on this test's
+    /// settings, to its end: its exit status and output.
+    pub async fn run_cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_docstream"))
+            .args(args)
+            .envs(self.child_env())
+            .output()
+            .await
+            .expect("run docstream")
+    }
+
     /// Starts `docstream <role>` as a separate OS process; its output goes to
     /// `target/tmp/test-logs/<log_name>.log`.
     pub fn spawn(&self, role: &str, extra_env: &[(&str, String)], log_name: &str) -> Child {
