@@ -66,6 +66,9 @@ enum Command {
     /// Manage a tenant's API keys (JSON output).
     #[command(subcommand)]
     Keys(ops::tenants::KeysCommand),
+    /// A tenant's jobs: list, show, retry and cancel them.
+    #[command(subcommand)]
+    Jobs(ops::jobs::JobsCommand),
     /// Read and replay the dead letters of extraction.dlq.
     #[command(subcommand)]
     Dlq(ops::dlq::DlqCommand),
@@ -144,6 +147,14 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Keys(command) => {
             let pool = store::connect(&settings.database_url, 2).await?;
             print!("{}", ops::tenants::keys(&pool, command).await?);
+            return Ok(());
+        }
+        Command::Jobs(command) => {
+            let services = roles::connect(settings).await?;
+            print!("{}", ops::jobs::jobs(&services, command).await?);
+            services
+                .publisher
+                .flush(std::time::Duration::from_secs(10))?;
             return Ok(());
         }
         Command::Dlq(command) => {

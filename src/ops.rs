@@ -3,6 +3,7 @@
 //! letters (`dlq`).
 
 pub mod dlq;
+pub mod jobs;
 pub mod tenants;
 
 use std::fmt::Write as _;

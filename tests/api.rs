@@ -1014,3 +1014,69 @@ async fn an_erased_job_leaves_no_request_or_result_text_in_any_table() {
     let erasures = common::wins(pool, "erase").await;
     common::assert_exactly_once(&erasures, &[a, b], "erase");
 }
+
+/// `docstream jobs` lists with the list's filters (JSON and a table), and
+/// retries by filter as a bulk operation: each failed job once, a repeat
+/// with the same key the same operation; a retry naming no jobs is refused.
+#[tokio::test]
+async fn the_jobs_command_lists_and_retries_with_the_lists_filters() {
+    let api = Api::start("api_jobs_cli").await;
+    let ids: Vec<String> = join_all((0..3).map(|i| submit_tagged(&api, i, "cli"))).await;
+    for id in &ids[..2] {
+        fail_job(&api, id).await;
+    }
+    let env = &api.env;
+    let json = |output: std::process::Output| {
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    };
+    let filters = ["--status", "failed", "--metadata", "batch=cli"];
+    let listed = json(
+        env.run_cli(&[&["jobs", "list", "--json"][..], &filters].concat())
+            .await,
+    );
+    let mut listed: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    listed.sort();
+    let mut failed: Vec<&str> = ids[..2].iter().map(String::as_str).collect();
+    failed.sort();
+    assert_eq!(listed, failed);
+    let table = env
+        .run_cli(&["jobs", "list", "--metadata", "batch=cli"])
+        .await;
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.starts_with("ID") && table.lines().count() == 4,
+        "{table}"
+    );
+
+    let retry = [&["jobs", "retry", "--key", "cli-1", "--json"][..], &filters].concat();
+    let first = json(env.run_cli(&retry).await);
+    assert_eq!(
+        (&first["done"], &first["refused"]),
+        (&json!(2), &json!(0)),
+        "{first}"
+    );
+    let again = json(env.run_cli(&retry).await);
+    assert_eq!(again["operation"], first["operation"]);
+    let failed_ids: Vec<uuid::Uuid> = ids[..2].iter().map(|id| id.parse().unwrap()).collect();
+    common::assert_exactly_once(
+        &common::wins(&env.pool, "retry_failed").await,
+        &failed_ids,
+        "retry_failed",
+    );
+    let nothing = env.run_cli(&["jobs", "cancel"]).await;
+    assert!(
+        !nothing.status.success(),
+        "a cancel of every job by omission"
+    );
+    assert!(String::from_utf8_lossy(&nothing.stderr).contains("name the jobs"));
+}
