@@ -289,6 +289,8 @@ async fn a_dead_letter_fixed_by_an_edit_and_replayed_becomes_a_job_exactly_once(
     })
     .await;
 
+    the_tenant_sees_its_letter_and_no_other_tenant_does(&env, &key).await;
+
     let json = |output: std::process::Output| {
         assert!(
             output.status.success(),
@@ -383,4 +385,31 @@ async fn a_dead_letter_fixed_by_an_edit_and_replayed_becomes_a_job_exactly_once(
     );
     stop([&mut intake]).await;
     let _ = std::fs::remove_file(file);
+}
+
+/// `GET /v1/dead-letters` shows the tenant whose key sent the refused
+/// record its letter (where, why, the key), and another tenant nothing.
+async fn the_tenant_sees_its_letter_and_no_other_tenant_does(env: &TestEnv, key: &str) {
+    let (base, _serving) = env.serve_here(env.services().await).await;
+    let other = docstream::store::tenants::create_tenant(&env.pool, "letters-other")
+        .await
+        .unwrap()
+        .key
+        .api_key;
+    let page = |api_key: String| {
+        let url = format!("{base}/v1/dead-letters");
+        async move {
+            let client = reqwest::Client::new();
+            let answer = client.get(url).bearer_auth(api_key).send().await.unwrap();
+            assert_eq!(answer.status(), reqwest::StatusCode::OK);
+            answer.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    let own = page(env.api_key.clone()).await;
+    let items = own["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{own}");
+    assert_eq!(items[0]["idempotency_key"], key);
+    assert_eq!(items[0]["error_kind"], "invalid_request");
+    assert_eq!(items[0]["source_topic"], env.topic("extraction.requests"));
+    assert_eq!(page(other).await["items"], serde_json::json!([]));
 }

@@ -10,6 +10,7 @@ mod export;
 mod extractions;
 mod gate;
 mod import;
+mod letters;
 mod list;
 mod listener;
 mod openapi;
@@ -45,6 +46,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .merge(extractions::router(&services))
         .merge(list::router())
         .merge(bulk::router())
+        .merge(letters::router())
         .merge(results::router())
         .layer(middleware::from_fn_with_state(bound, answer_within));
     Router::new()

@@ -46,6 +46,7 @@ use crate::events::{decode, ExtractionRequested};
 use crate::events::{DeadLetter, Source};
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::held::{self, Hold, Origin};
+use crate::store::letters;
 use crate::store::{NewExtraction, Refusal, SubmitError};
 
 /// The header that names a record's tenant.
@@ -233,6 +234,31 @@ fn refused(e: RequestError) -> HandlerError {
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
         let tenant = tenant_of(&self.services, record).await?;
+        match self.submit(record, tenant).await {
+            // The key named the tenant: the letter is the tenant's to see.
+            Err(HandlerError::Poison { kind, reason }) => {
+                let payload = record.payload.as_deref().unwrap_or_default();
+                let requested = decode::<ExtractionRequested>(payload).ok();
+                let key = requested.as_ref().map(|r| r.idempotency_key.as_str());
+                let source = (record.topic.as_str(), record.partition, record.offset);
+                let pool = &self.services.pool;
+                letters::record(pool, tenant.0, source, key, (kind, &reason))
+                    .await
+                    .map_err(transient)?;
+                Err(HandlerError::Poison { kind, reason })
+            }
+            handled => handled,
+        }
+    }
+}
+
+impl Intake {
+    /// Submits the request `record` carries for `tenant`, or holds it.
+    async fn submit(
+        &self,
+        record: &Record,
+        tenant: (Uuid, Option<i64>),
+    ) -> Result<(), HandlerError> {
         let settings = &self.services.settings;
         let (body_limit, limits) = (settings.http_body_limit_bytes, settings.request_limits());
         let parsed = parse(record, body_limit)?;
@@ -364,6 +390,21 @@ async fn dead_letter(
         key,
         payload: Some(&request),
     };
+    let origin = (
+        held.origin.topic.as_str(),
+        held.origin.partition,
+        held.origin.offset,
+    );
+    let key = held.new.idempotency_key.as_deref();
+    letters::record(
+        &services.pool,
+        held.new.tenant_id,
+        origin,
+        key,
+        (kind, reason),
+    )
+    .await
+    .map_err(|e| format!("dead letter not recorded for its tenant: {e}"))?;
     let settings = &services.settings;
     let letter = DeadLetter::new(source, kind, reason, settings.dlq_excerpt_bytes);
     let topic = settings.topic(&settings.topic_dlq);

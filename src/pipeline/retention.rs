@@ -1,5 +1,6 @@
 //! Retention: every `retention_purge_interval_s`, each process purges the
-//! finished jobs (and bulk operations) past their tenant's retention, a
+//! finished jobs (and bulk operations, and the tenants' dead-letter rows)
+//! past their tenant's retention, a
 //! batch per transaction until none is left (`store::retention`). Every
 //! process runs it, so it goes on while any process lives; purgers skip the
 //! rows another is purging, so two never wait on each other.
@@ -58,6 +59,13 @@ async fn purge(
         let n = retention::purge_operations(&services.pool, default, BATCH).await?;
         purged.with_label_values(&["bulk_operations"]).inc_by(n);
         operations += n;
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    while !shutdown.is_cancelled() {
+        let n = retention::purge_letters(&services.pool, default, BATCH).await?;
+        purged.with_label_values(&["dead_letters"]).inc_by(n);
         if n < BATCH as u64 {
             break;
         }

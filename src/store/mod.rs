@@ -12,6 +12,7 @@ pub mod census;
 pub mod coalesce;
 pub mod held;
 pub mod leases;
+pub mod letters;
 pub mod list;
 pub mod orphans;
 pub mod retention;

@@ -169,3 +169,24 @@ pub async fn purge_operations(
     .await?;
     Ok(purged.rows_affected())
 }
+
+/// Deletes up to `batch` of the tenants' dead-letter rows older than their
+/// retention; how many.
+pub async fn purge_letters(
+    pool: &PgPool,
+    default: Duration,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let purged = sqlx::query(
+        "DELETE FROM tenant_dead_letters WHERE id IN (
+             SELECT l.id FROM tenant_dead_letters l JOIN tenants t ON t.id = l.tenant_id
+              WHERE COALESCE(t.retention_s, $1) > 0
+                AND l.created_at < now() - make_interval(secs => COALESCE(t.retention_s, $1))
+              LIMIT $2 FOR UPDATE OF l SKIP LOCKED)",
+    )
+    .bind(default.as_secs() as i64)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(purged.rows_affected())
+}

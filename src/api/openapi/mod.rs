@@ -125,6 +125,7 @@ mod tests {
             ("/healthz", "get"),
             ("/openapi.json", "get"),
             ("/readyz", "get"),
+            ("/v1/dead-letters", "get"),
             ("/v1/export", "get"),
             ("/v1/extractions", "get"),
             ("/v1/extractions", "post"),

@@ -72,6 +72,7 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
         "/v1/extractions/actions": {"post": bulk_action()},
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
+        "/v1/dead-letters": {"get": dead_letters()},
         "/healthz": {"get": healthz()},
         "/readyz": {"get": readyz()},
         PATH: {"get": openapi()},
@@ -453,6 +454,33 @@ fn bulk_operation() -> Value {
                 "content": {"application/json": {"schema": schema("BulkOperation")}},
             },
         }), &[400, 401, 403, 404, 429, 503]),
+    })
+}
+
+fn dead_letters() -> Value {
+    json!({
+        "operationId": "listDeadLetters",
+        "tags": ["extractions"],
+        "summary": "List dead letters",
+        "description": "The caller's tenant's dead letters, newest first (scope `read`): the \
+                        records of the Kafka intake that were refused after their key named \
+                        the tenant (an invalid request, a reused key, a full queue), each \
+                        with where it was and why. Records refused before (no key, a wrong \
+                        one) belong to no tenant, and only operators see them. Follow \
+                        `next_cursor` until it is null.",
+        "parameters": [
+            query_parameter("limit", false, "Letters per page.",
+                json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE,
+                       "default": crate::api::letters::DEFAULT_LETTERS})),
+            query_parameter("cursor", false, "The previous page's `next_cursor`.",
+                json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{10}[AEIMQUYcgkosw048]$"})),
+        ],
+        "responses": answers(json!({
+            "200": {
+                "description": "A page of letters.",
+                "content": {"application/json": {"schema": schema("DeadLetterPage")}},
+            },
+        }), &[400, 401, 403, 429, 503]),
     })
 }
 

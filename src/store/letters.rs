@@ -1,0 +1,83 @@
+//! The dead letters that belong to a tenant (`tenant_dead_letters`): the
+//! intake records a row for each record it refused after the record's key
+//! named its tenant, so that the tenant can list its own letters
+//! (`GET /v1/dead-letters`) while operators read the topic itself.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// Where a refused record was, and why it was refused.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, schemars::JsonSchema)]
+#[schemars(rename = "DeadLetter", deny_unknown_fields)]
+pub struct TenantLetter {
+    /// The letter's place in the tenant's list (its cursor).
+    #[serde(skip)]
+    pub id: i64,
+    /// The topic the record was produced to.
+    pub source_topic: String,
+    /// Its partition.
+    pub source_partition: i32,
+    /// Its offset.
+    pub source_offset: i64,
+    /// The record's idempotency key, if it decoded far enough to tell.
+    pub idempotency_key: Option<String>,
+    /// Machine-readable class (`invalid_request`, `key_reused`, …).
+    pub error_kind: String,
+    /// Why it was refused.
+    pub error: String,
+    /// When it was refused.
+    pub created_at: DateTime<Utc>,
+}
+
+/// A refused record of tenant `tenant_id`, at `source` (topic, partition,
+/// offset); recorded once however often the record is handled.
+pub async fn record(
+    pool: &PgPool,
+    tenant_id: Uuid,
+    source: (&str, i32, i64),
+    idempotency_key: Option<&str>,
+    (kind, error): (&str, &str),
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO tenant_dead_letters
+             (tenant_id, source_topic, source_partition, source_offset, idempotency_key, error_kind, error)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (source_topic, source_partition, source_offset) DO NOTHING",
+    )
+    .bind(tenant_id)
+    .bind(source.0)
+    .bind(source.1)
+    .bind(source.2)
+    .bind(idempotency_key)
+    .bind(kind)
+    .bind(error)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A page of tenant `tenant_id`'s letters, newest first, below `before`.
+pub async fn list(
+    pool: &PgPool,
+    tenant_id: Uuid,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<TenantLetter>, StoreError> {
+    let letters = sqlx::query_as(
+        "SELECT id, source_topic, source_partition, source_offset, idempotency_key,
+                error_kind, error, created_at
+           FROM tenant_dead_letters
+          WHERE tenant_id = $1 AND ($2::bigint IS NULL OR id < $2)
+          ORDER BY id DESC LIMIT $3",
+    )
+    .bind(tenant_id)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(letters)
+}
