@@ -19,6 +19,7 @@
 mod cost;
 mod external;
 mod fairness;
+mod history;
 mod pipeline;
 mod postgres;
 mod procs;
@@ -118,8 +119,20 @@ pub struct BenchArgs {
     /// Fairness phase: A's cap on open jobs in the capped run.
     #[arg(long, default_value_t = 500)]
     pub flood_cap: i64,
+    /// History phase: the sizes (jobs) at which list pages are timed, each
+    /// a generated history on a scratch database (10,000,000 takes about
+    /// N minutes to generate here).
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    pub history_jobs: Vec<u64>,
+    /// History phase: rounds of jobs through a one-day retention (written,
+    /// purged, vacuumed).
+    #[arg(long, default_value_t = 4)]
+    pub churn_rounds: usize,
+    /// History phase: jobs per round (4 × 250,000: a million pass through).
+    #[arg(long, default_value_t = 250_000)]
+    pub churn_jobs: u64,
     /// Phases to leave out: postgres, kafka, peer, river, burndown, scaling,
-    /// steady, saturation, provider, fairness.
+    /// steady, saturation, provider, fairness, history.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -145,6 +158,9 @@ impl BenchArgs {
             self.kafka_records = 5_000;
             self.flood = 300;
             self.flood_cap = 50;
+            self.history_jobs = vec![5_000];
+            self.churn_rounds = 2;
+            self.churn_jobs = 2_000;
         }
         self
     }
@@ -171,7 +187,7 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 10] = [
+const PHASES: [&str; 11] = [
     "postgres",
     "kafka",
     "peer",
@@ -182,6 +198,7 @@ const PHASES: [&str; 10] = [
     "saturation",
     "provider",
     "fairness",
+    "history",
 ];
 
 /// The steady rate when neither `--rate` nor a burn-down gives one.
@@ -238,6 +255,14 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             let run = fairness_run(&settings, &args, stamp, cap, &logs).await?;
             report.fairness.push(run);
         }
+    }
+
+    if args.runs("history") {
+        let bar = phase_bar("history: list pages, purge through a short retention", 0);
+        let churn = (args.churn_rounds, args.churn_jobs);
+        let history = history::run(&settings, stamp, &args.history_jobs, churn).await;
+        bar.finish();
+        report.history = Some(history?);
     }
 
     report.finish();

@@ -92,6 +92,8 @@ pub struct Report {
     pub provider: Option<ProviderSteady>,
     /// One tenant's flood and another's steady jobs: without A's cap, then with it.
     pub fairness: Vec<Fairness>,
+    /// List pages on a large history, and the purge through a short retention.
+    pub history: Option<super::history::History>,
     /// Ratios and targets.
     pub checks: Vec<Check>,
 }
@@ -114,6 +116,7 @@ impl Report {
             saturation: None,
             provider: None,
             fairness: Vec::new(),
+            history: None,
             checks: Vec::new(),
         }
     }
@@ -369,6 +372,9 @@ impl fmt::Display for Report {
         }
         for run in &self.fairness {
             fairness(f, run)?;
+        }
+        if let Some(h) = &self.history {
+            history(f, h)?;
         }
         writeln!(f, "\nratios and targets")?;
         for c in &self.checks {
@@ -697,6 +703,35 @@ fn check(f: &mut fmt::Formatter<'_>, c: &Check) -> fmt::Result {
     )
 }
 
+/// The history section: list pages by size, then the retention rounds.
+fn history(f: &mut fmt::Formatter<'_>, h: &super::history::History) -> fmt::Result {
+    for size in &h.lists {
+        writeln!(
+            f,
+            "\nlist pages of 50 on {} jobs of one tenant ({:.0} MB of job tables; generated in {:.0} s)",
+            size.jobs, size.tables_mb, size.generate_s
+        )?;
+        for page in &size.pages {
+            writeln!(
+                f,
+                "  {:<36} p50 {:>7.2} ms   p95 {:>7.2} ms",
+                page.page, page.p50_ms, page.p95_ms
+            )?;
+        }
+    }
+    if !h.churn.is_empty() {
+        writeln!(f, "\njobs through a one-day retention (each round: written, purged 500 per statement, vacuumed)")?;
+        for r in &h.churn {
+            writeln!(
+                f,
+                "  round {}: {:>8} purged at {:>7.0} jobs/s; dead rows {:>8} after the purge, {:>6} after vacuum; job tables {:>7.1} MB",
+                r.round, r.purged, r.purged_per_s, r.dead_after_purge, r.dead_after_vacuum, r.tables_mb
+            )?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -827,6 +862,7 @@ mod tests {
                 steady: steady(147.0),
             }),
             fairness: vec![fairness(None, 900.0), fairness(Some(50), 300.0)],
+            history: None,
             checks: Vec::new(),
         };
         report.finish();

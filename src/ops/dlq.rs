@@ -224,7 +224,8 @@ fn original_of(record: &OwnedMessage, from_intake: bool) -> Value {
 
 /// The replays recorded for letter `id`.
 async fn replays(pool: &PgPool, dlq_topic: &str, id: LetterId) -> anyhow::Result<Vec<Value>> {
-    let rows: Vec<(i32, DateTime<Utc>, bool, String, Option<i32>, Option<i64>)> = sqlx::query_as(
+    type Row = (i32, DateTime<Utc>, bool, String, Option<i32>, Option<i64>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT replay, replayed_at, edited, target_topic, target_partition, target_offset
            FROM dead_letter_replays
           WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 ORDER BY replay",
