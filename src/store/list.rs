@@ -343,9 +343,16 @@ fn scanned(
         if i > 0 {
             sql.push(" UNION ALL ");
         }
-        sql.push("(SELECT id FROM extractions WHERE status = ")
-            .push_bind(status.as_str())
-            .push(" AND tenant_id = ")
+        // The state as a literal, not a parameter: only then does a generic
+        // plan (which a prepared statement gets after five runs) know that
+        // the walk is within one of the partial indexes; with `status = $1`
+        // it walked the primary key instead, filtering every job (450 ms
+        // rather than 3 at a million jobs). The names are the enum's own.
+        sql.push(format_args!(
+            "(SELECT id FROM extractions WHERE status = '{}'",
+            status.as_str()
+        ))
+        .push(" AND tenant_id = ")
             .push_bind(tenant_id);
         if let Some(cursor) = page.after {
             sql.push(format_args!(" AND id {after} ")).push_bind(cursor);
