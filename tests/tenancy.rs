@@ -1011,6 +1011,8 @@ struct Model {
     jobs: HashMap<Uuid, (usize, Option<String>, usize, bool)>,
     /// (tenant index, idempotency key) -> (job, body seed).
     keys: HashMap<(usize, String), (Uuid, usize)>,
+    /// Jobs whose content was erased.
+    erased: HashSet<Uuid>,
 }
 
 impl Model {
@@ -1023,11 +1025,13 @@ impl Model {
             .collect()
     }
 
-    /// The status a submission of body `seed_body` under `key` must get: 422
-    /// for a replay of the key with another body, else 202. The samples
+    /// The status a submission of body `seed_body` under `key` must get: 410
+    /// for the key of an erased job, 422 for a replay of the key with
+    /// another body, else 202. The samples
     /// repeat, so two seeds may be one body: compare bodies.
     fn expected_submit(&self, tenant: usize, key: Option<&String>, seed_body: usize) -> u16 {
         match key.and_then(|k| self.keys.get(&(tenant, k.clone()))) {
+            Some((job, _)) if self.erased.contains(job) => 410,
             Some((_, first)) if sample_body(*first) != sample_body(seed_body) => 422,
             _ => 202,
         }
@@ -1069,14 +1073,16 @@ impl Callers {
 /// no submit rate limit, and starts `serve`.
 async fn left_and_right_with_full_and_read_keys_and_no_submit_rate() -> Generated {
     let env = TestEnv::new("tenancy_generated").await;
-    let made: Vec<Value> = vec![
-        cli(&env, &["tenants", "create", "left"]).await,
-        cli(&env, &["tenants", "create", "right"]).await,
-    ];
-    let keys: Vec<String> = made
-        .iter()
-        .map(|t| t["api_key"].as_str().unwrap().to_owned())
-        .collect();
+    for name in ["left", "right"] {
+        cli(&env, &["tenants", "create", name]).await;
+    }
+    // Full keys: every scope but admin, `delete` too.
+    let mut keys = Vec::new();
+    for name in ["left", "right"] {
+        let scopes = "submit,read,cancel,export,delete";
+        let key = cli(&env, &["keys", "create", name, "--scopes", scopes]).await;
+        keys.push(key["api_key"].as_str().unwrap().to_owned());
+    }
     let readers: Vec<String> = {
         let mut readers = Vec::new();
         for name in ["left", "right"] {
@@ -1167,9 +1173,15 @@ impl Run {
             self.list(callers, i, tenant).await
         } else if roll < 65 {
             self.bulk_cancel(callers, i, tenant).await
-        } else if roll < 80 {
+        } else if roll < 75 {
             self.cancel(callers, i, tenant).await
-        } else if roll < 90 {
+        } else if roll < 78 {
+            self.retry(callers, i, tenant).await
+        } else if roll < 83 {
+            self.erase(callers, i, tenant).await
+        } else if roll < 85 {
+            self.dead_letters(callers, i, tenant).await
+        } else if roll < 92 {
             self.refused_caller(callers, tenant).await
         } else {
             self.bad_input(callers, tenant).await
@@ -1290,9 +1302,14 @@ impl Run {
             self.crossings
                 .push(format!("{i}: read another tenant's job {id}"));
         }
+        let expected = match (mine, self.model.erased.contains(&id)) {
+            (true, true) => 410,
+            (true, false) => 200,
+            (false, _) => 404,
+        };
         Answer {
             op: "read",
-            expected: if mine { 200 } else { 404 },
+            expected,
             status: status.as_u16(),
             body,
         }
@@ -1358,6 +1375,82 @@ impl Run {
         Answer {
             op: "cancel",
             expected,
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Retry: own (never failed here: 409, or 410 once erased), the other's
+    /// or nobody's (404).
+    async fn retry(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let id = self.draw_job_id(tenant);
+        let path = format!("/v1/extractions/{id}/retry");
+        let (status, body) = call(callers.api.post(&path, Some(&callers.keys[tenant]))).await;
+        let expected = match self.model.jobs.get(&id) {
+            Some(job) if job.0 == tenant && self.model.erased.contains(&id) => 410,
+            Some(job) if job.0 == tenant => 409,
+            _ => 404,
+        };
+        if status.is_success() {
+            self.crossings
+                .push(format!("{i}: retried job {id}, never failed"));
+        }
+        Answer {
+            op: "retry",
+            expected,
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Erase: an own cancelled job (204, again 204 once erased), an own
+    /// queued one (409), the other's or nobody's (404).
+    async fn erase(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let id = self.draw_job_id(tenant);
+        let request = callers
+            .api
+            .client
+            .delete(format!("{}/v1/extractions/{id}", callers.api.base))
+            .header("authorization", bearer(&callers.keys[tenant]));
+        let (status, body) = call(request).await;
+        let expected = match self.model.jobs.get(&id) {
+            Some(job) if job.0 == tenant && job.3 => {
+                if status == StatusCode::NO_CONTENT {
+                    self.model.erased.insert(id);
+                }
+                204
+            }
+            Some(job) if job.0 == tenant => 409,
+            _ => 404,
+        };
+        if status == StatusCode::NO_CONTENT && expected == 404 {
+            self.crossings
+                .push(format!("{i}: erased another tenant's job {id}"));
+        }
+        Answer {
+            op: "erase",
+            expected,
+            status: status.as_u16(),
+            body,
+        }
+    }
+
+    /// Dead letters, with the reader: none here (no intake runs), so any
+    /// letter listed crossed.
+    async fn dead_letters(&mut self, callers: &Callers, i: usize, tenant: usize) -> Answer {
+        let request = callers
+            .api
+            .get("/v1/dead-letters", &callers.readers[tenant]);
+        let (status, body) = call(request).await;
+        if body["items"]
+            .as_array()
+            .is_some_and(|items| !items.is_empty())
+        {
+            self.crossings.push(format!("{i}: letters listed: {body}"));
+        }
+        Answer {
+            op: "dead letters",
+            expected: 200,
             status: status.as_u16(),
             body,
         }

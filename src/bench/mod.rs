@@ -120,8 +120,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 500)]
     pub flood_cap: i64,
     /// History phase: the sizes (jobs) at which list pages are timed, each
-    /// a generated history on a scratch database (10,000,000 takes about
-    /// N minutes to generate here).
+    /// a generated history on a scratch database (1,000,000 took 21 s to
+    /// generate here, 10,000,000 three minutes and 8.7 GB).
     #[arg(long, value_delimiter = ',', default_value = "1000000")]
     pub history_jobs: Vec<u64>,
     /// History phase: rounds of jobs through a one-day retention (written,

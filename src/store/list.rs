@@ -353,7 +353,7 @@ fn scanned(
             status.as_str()
         ))
         .push(" AND tenant_id = ")
-            .push_bind(tenant_id);
+        .push_bind(tenant_id);
         if let Some(cursor) = page.after {
             sql.push(format_args!(" AND id {after} ")).push_bind(cursor);
         }
