@@ -482,18 +482,7 @@ async fn bulk(api: &Api, body: &Value, key: &str) -> Value {
         "/v1/extractions/actions/{}",
         operation["id"].as_str().unwrap()
     );
-    common::wait_for(
-        "the bulk action to finish",
-        std::time::Duration::from_secs(120),
-        || async {
-            let (_, now) = api.get(&path).await;
-            match now["state"] == "finished" {
-                true => Ok(()),
-                false => Err(format!("{now}")),
-            }
-        },
-    )
-    .await;
+    finished(api, &path, "the bulk action to finish").await;
     let (mut outcomes, mut cursor) = (Vec::new(), String::new());
     loop {
         let (status, page) = api.get(&format!("{path}?limit=200{cursor}")).await;
@@ -507,6 +496,18 @@ async fn bulk(api: &Api, body: &Value, key: &str) -> Value {
     }
     operation["outcomes"] = Value::Array(outcomes);
     operation
+}
+
+/// Waits (two minutes at most) until the operation at `path` finished.
+async fn finished(api: &Api, path: &str, what: &str) {
+    common::wait_for(what, std::time::Duration::from_secs(120), || async {
+        let (_, now) = api.get(path).await;
+        match now["state"] == "finished" {
+            true => Ok(()),
+            false => Err(format!("{now}")),
+        }
+    })
+    .await;
 }
 
 /// Each outcome by job id.
@@ -718,18 +719,7 @@ async fn an_abandoned_bulk_action_is_resumed_where_it_stopped() {
         .expect("the first batch");
     // The runner "died" here; a serving process's sweep takes it over.
     let path = format!("/v1/extractions/actions/{}", operation.id);
-    common::wait_for(
-        "the sweep to resume it",
-        std::time::Duration::from_secs(60),
-        || async {
-            let (_, now) = api.get(&path).await;
-            match now["state"] == "finished" {
-                true => Ok(()),
-                false => Err(format!("{now}")),
-            }
-        },
-    )
-    .await;
+    finished(&api, &path, "the sweep to resume it").await;
     let (_, finished) = api.get(&path).await;
     assert_eq!(finished["done"], 450, "{finished}");
     let outcomes: i64 =
@@ -1079,4 +1069,70 @@ async fn the_jobs_command_lists_and_retries_with_the_lists_filters() {
         "a cancel of every job by omission"
     );
     assert!(String::from_utf8_lossy(&nothing.stderr).contains("name the jobs"));
+}
+
+/// The purge loop every process runs: a finished job past its tenant's
+/// one-day retention disappears within a few purge intervals, a recent one
+/// and an open one stay.
+#[tokio::test]
+async fn the_purge_loop_takes_what_is_past_its_retention() {
+    let api = Api::start_with("api_purge_loop", |s| {
+        s.retention_purge_interval_s = common::secs(0.5);
+    })
+    .await;
+    // The loop every process runs beside its roles (`roles::run`).
+    let stop = CancellationToken::new();
+    let services = api.env.services().await;
+    tokio::spawn(docstream::roles::retention(services, stop.clone()));
+    let _stop = stop.drop_guard();
+    let pool = &api.env.pool;
+    docstream::store::tenants::set_retention(pool, "default", Some(1))
+        .await
+        .unwrap();
+    let ids = insert_queued(pool, 3, "purge").await;
+    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
+    let since = two_days_ago.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let old = uuid::Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        since.as_secs(),
+        0,
+    ));
+    // The first job, made two days old and finished as long ago.
+    for sql in [
+        "UPDATE extraction_requests SET id = $2 WHERE id = $1",
+        "UPDATE extractions SET id = $2, status = 'failed', submitted_at = now() - interval '2 days',
+                finished_at = now() - interval '2 days' WHERE id = $1",
+    ] {
+        sqlx::query(sql).bind(ids[0]).bind(old).execute(pool).await.unwrap();
+    }
+    sqlx::query("UPDATE extractions SET status = 'failed', finished_at = now() WHERE id = $1")
+        .bind(ids[1])
+        .execute(pool)
+        .await
+        .unwrap();
+    common::wait_for("the purge", std::time::Duration::from_secs(30), || async {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM extraction_requests WHERE id = $1")
+                .bind(old)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        match left {
+            0 => Ok(()),
+            n => Err(format!("{n} left")),
+        }
+    })
+    .await;
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions WHERE id = ANY($1)")
+        .bind(&ids[1..])
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 2, "the recent failure and the queued job stay");
+    let gone: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions WHERE id = $1")
+        .bind(old)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(gone, 0);
 }

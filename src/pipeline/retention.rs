@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Services;
 use crate::health::Dependency;
-use crate::store::{retention, StoreError};
+use crate::store::retention::{self, Aged};
+use crate::store::StoreError;
 
 /// Jobs per purge statement (and transaction).
 pub const BATCH: i64 = 500;
@@ -39,43 +40,35 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
     }
 }
 
-/// Purges batches until a short one says nothing is left past its retention.
+/// Purges batches of each kind until a short one says nothing is left past
+/// its retention.
 async fn purge(
     services: &Services,
     default: Duration,
     shutdown: &CancellationToken,
 ) -> Result<(), StoreError> {
-    let purged = &services.metrics.jobs.purged;
-    let (mut jobs, mut operations) = (0, 0);
-    while !shutdown.is_cancelled() {
-        let n = retention::purge_expired(&services.pool, default, BATCH).await?;
-        purged.with_label_values(&["jobs"]).inc_by(n);
-        jobs += n;
-        if n < BATCH as u64 {
-            break;
+    let (pool, purged) = (&services.pool, &services.metrics.jobs.purged);
+    for aged in [None, Some(Aged::BulkOperations), Some(Aged::DeadLetters)] {
+        let what = aged.map_or("jobs", Aged::as_str);
+        let mut total = 0;
+        while !shutdown.is_cancelled() {
+            let n = match aged {
+                None => retention::purge_expired(pool, default, BATCH).await?,
+                Some(aged) => retention::purge_aged(pool, aged, default, BATCH).await?,
+            };
+            purged.with_label_values(&[what]).inc_by(n);
+            total += n;
+            if n < BATCH as u64 {
+                break;
+            }
         }
-    }
-    while !shutdown.is_cancelled() {
-        let n = retention::purge_operations(&services.pool, default, BATCH).await?;
-        purged.with_label_values(&["bulk_operations"]).inc_by(n);
-        operations += n;
-        if n < BATCH as u64 {
-            break;
+        if total > 0 {
+            tracing::info!(
+                what,
+                purged = total,
+                "retention: purged what is past its retention"
+            );
         }
-    }
-    while !shutdown.is_cancelled() {
-        let n = retention::purge_letters(&services.pool, default, BATCH).await?;
-        purged.with_label_values(&["dead_letters"]).inc_by(n);
-        if n < BATCH as u64 {
-            break;
-        }
-    }
-    if jobs + operations > 0 {
-        tracing::info!(
-            jobs,
-            operations,
-            "retention: purged finished jobs past their retention"
-        );
     }
     Ok(())
 }

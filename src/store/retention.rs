@@ -149,44 +149,53 @@ pub async fn purge_tenant(pool: &PgPool, tenant_id: Uuid, batch: i64) -> Result<
     Ok(purged as u64)
 }
 
-/// Deletes up to `batch` finished bulk operations (and their outcomes) of
-/// the tenants whose retention they outlived; how many.
-pub async fn purge_operations(
-    pool: &PgPool,
-    default: Duration,
-    batch: i64,
-) -> Result<u64, StoreError> {
-    let purged = sqlx::query(
-        "DELETE FROM bulk_operations WHERE id IN (
-             SELECT o.id FROM bulk_operations o JOIN tenants t ON t.id = o.tenant_id
-              WHERE COALESCE(t.retention_s, $1) > 0
-                AND o.finished_at < now() - make_interval(secs => COALESCE(t.retention_s, $1))
-              LIMIT $2 FOR UPDATE OF o SKIP LOCKED)",
-    )
-    .bind(default.as_secs() as i64)
-    .bind(batch)
-    .execute(pool)
-    .await?;
-    Ok(purged.rows_affected())
+/// What a tenant keeps only for its retention, besides its jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aged {
+    /// Finished bulk operations, with their outcomes.
+    BulkOperations,
+    /// The rows of its dead letters (`store::letters`).
+    DeadLetters,
 }
 
-/// Deletes up to `batch` of the tenants' dead-letter rows older than their
-/// retention; how many.
-pub async fn purge_letters(
+impl Aged {
+    /// Its name, as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BulkOperations => "bulk_operations",
+            Self::DeadLetters => "dead_letters",
+        }
+    }
+}
+
+/// Deletes up to `batch` rows of `aged` that their tenant's retention
+/// (`default` where it has none; zero keeps them) has run out for; how many.
+pub async fn purge_aged(
     pool: &PgPool,
+    aged: Aged,
     default: Duration,
     batch: i64,
 ) -> Result<u64, StoreError> {
-    let purged = sqlx::query(
-        "DELETE FROM tenant_dead_letters WHERE id IN (
-             SELECT l.id FROM tenant_dead_letters l JOIN tenants t ON t.id = l.tenant_id
-              WHERE COALESCE(t.retention_s, $1) > 0
-                AND l.created_at < now() - make_interval(secs => COALESCE(t.retention_s, $1))
-              LIMIT $2 FOR UPDATE OF l SKIP LOCKED)",
-    )
-    .bind(default.as_secs() as i64)
-    .bind(batch)
-    .execute(pool)
-    .await?;
+    let sql = match aged {
+        Aged::BulkOperations => {
+            "DELETE FROM bulk_operations WHERE id IN (
+                 SELECT o.id FROM bulk_operations o JOIN tenants t ON t.id = o.tenant_id
+                  WHERE COALESCE(t.retention_s, $1) > 0
+                    AND o.finished_at < now() - make_interval(secs => COALESCE(t.retention_s, $1))
+                  LIMIT $2 FOR UPDATE OF o SKIP LOCKED)"
+        }
+        Aged::DeadLetters => {
+            "DELETE FROM tenant_dead_letters WHERE id IN (
+                 SELECT l.id FROM tenant_dead_letters l JOIN tenants t ON t.id = l.tenant_id
+                  WHERE COALESCE(t.retention_s, $1) > 0
+                    AND l.created_at < now() - make_interval(secs => COALESCE(t.retention_s, $1))
+                  LIMIT $2 FOR UPDATE OF l SKIP LOCKED)"
+        }
+    };
+    let purged = sqlx::query(sql)
+        .bind(default.as_secs() as i64)
+        .bind(batch)
+        .execute(pool)
+        .await?;
     Ok(purged.rows_affected())
 }
