@@ -3,7 +3,7 @@
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +34,7 @@ pub(super) fn router(services: &Services) -> Router<Services> {
         .route("/v1/extractions/{id}", get(read).delete(erase))
         .route("/v1/extractions/{id}/cancel", post(cancel))
         .route("/v1/extractions/{id}/retry", post(retry))
+        .route("/v1/extractions/{id}/transitions", get(transitions_of))
 }
 
 /// The answer to a submit.
@@ -74,6 +75,11 @@ pub(super) struct ExtractionView {
     /// When the job's content was erased (`DELETE`): a tombstone since,
     /// without result, error or metadata. Null for a job that was not.
     erased_at: Option<DateTime<Utc>>,
+    /// The request as it was submitted (its document, fields, metadata):
+    /// only with `include=request`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
+    request: Option<ExtractionRequest>,
 }
 
 /// The steps after the extraction: its bbox refinement once it succeeded.
@@ -110,6 +116,7 @@ impl From<Extraction> for ExtractionView {
             webhook_url,
             metadata,
             erased_at: row.erased_at,
+            request: None,
         }
     }
 }
@@ -202,16 +209,62 @@ async fn read(
     caller: Caller,
     State(services): State<Services>,
     id: Result<Path<Uuid>, PathRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<ExtractionView>, ApiError> {
     caller.require(Scope::Read)?;
     let Path(id) = id?;
+    let with_request = match query.as_deref().unwrap_or_default() {
+        "" => false,
+        "include=request" => true,
+        _ => {
+            return Err(ApiError::BadRequest(
+                "the only query parameter is include=request".into(),
+            ))
+        }
+    };
     let row = owned(&services, &caller, id).await?;
     if let Some(at) = row.erased_at {
         return Err(ApiError::Gone(format!(
             "extraction {id} was erased at {at}"
         )));
     }
-    Ok(Json(row.into()))
+    let request = with_request.then(|| row.request.clone().map(|r| r.0)).flatten();
+    let mut view = ExtractionView::from(row);
+    view.request = request;
+    Ok(Json(view))
+}
+
+/// One transition a job went through, as its log has it.
+#[derive(Serialize, JsonSchema, sqlx::FromRow)]
+#[schemars(rename = "TransitionLogEntry", deny_unknown_fields)]
+pub(super) struct Logged {
+    /// The transition's name (`mark_running`, `mark_succeeded`, …).
+    transition: String,
+    /// The fencing token (attempt) it ran under, if any.
+    token: Option<i32>,
+    /// When its transaction ran.
+    at: DateTime<Utc>,
+}
+
+/// `GET /v1/extractions/{id}/transitions`: the job's transition log, oldest
+/// first (who claimed it and when, each attempt and how it ended).
+async fn transitions_of(
+    caller: Caller,
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<Vec<Logged>>, ApiError> {
+    caller.require(Scope::Read)?;
+    let Path(id) = id?;
+    owned(&services, &caller, id).await?;
+    let log = sqlx::query_as::<_, Logged>(
+        "SELECT transition::text AS transition, token, at FROM extraction_transitions
+          WHERE extraction_id = $1 ORDER BY at, transition LIMIT 1000",
+    )
+    .bind(id)
+    .fetch_all(&services.pool)
+    .await
+    .map_err(store::StoreError::from)?;
+    Ok(Json(log))
 }
 
 /// Erases a finished job's request and results now (204); the job stays as

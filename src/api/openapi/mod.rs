@@ -136,6 +136,7 @@ mod tests {
             ("/v1/extractions/{id}/cancel", "post"),
             ("/v1/extractions/{id}/result", "post"),
             ("/v1/extractions/{id}/retry", "post"),
+            ("/v1/extractions/{id}/transitions", "get"),
             ("/v1/import", "get"),
         ]
         .iter()

@@ -69,6 +69,7 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/{id}": {"get": read(), "delete": erase()},
         "/v1/extractions/{id}/cancel": {"post": cancel()},
         "/v1/extractions/{id}/retry": {"post": retry()},
+        "/v1/extractions/{id}/transitions": {"get": transitions()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
         "/v1/extractions/actions": {"post": bulk_action()},
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
@@ -299,7 +300,12 @@ fn read() -> Value {
                         error and bbox refinement. The document itself is not echoed. \
                         Another tenant's job is not found, exactly like one that does not exist. \
                         A job whose content was erased answers 410.",
-        "parameters": [id_parameter()],
+        "parameters": [
+            id_parameter(),
+            query_parameter("include", false,
+                "`request`: the job with its request as submitted (document, fields, metadata).",
+                json!({"type": "string", "enum": ["request"]})),
+        ],
         "responses": answers(json!({
             "200": {
                 "description": "The job.",
@@ -307,6 +313,24 @@ fn read() -> Value {
                 "links": links(&[("CancelExtraction", "cancelExtraction")]),
             },
         }), &[400, 401, 403, 404, 410, 429, 503]),
+    })
+}
+
+fn transitions() -> Value {
+    json!({
+        "operationId": "getExtractionTransitions",
+        "tags": ["extractions"],
+        "summary": "Read an extraction's transition log",
+        "description": "Every transition the job went through, oldest first (scope `read`): \
+                        its submit, each claim with its attempt, each ending. At most 1,000.",
+        "parameters": [id_parameter()],
+        "responses": answers(json!({
+            "200": {
+                "description": "The log.",
+                "content": {"application/json": {"schema": {
+                    "type": "array", "items": schema("TransitionLogEntry")}}},
+            },
+        }), &[400, 401, 403, 404, 429, 503]),
     })
 }
 
