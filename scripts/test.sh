@@ -12,6 +12,8 @@
 # schemathesis (scripts/fuzz-api.sh; under a minute). Before both, cargo-deny
 # checks the dependency graph against deny.toml (licences, duplicate versions,
 # sources; seconds, after a one-time build of the tool of about 4 minutes).
+# The console's browser test (tests/console.rs) runs in Debian's chromium,
+# driven by Playwright for Python, both installed here once (about a minute).
 # The suite fails if any step does. With a test filter, only the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,11 +28,13 @@ source scripts/lib/toxiproxy.sh
 source scripts/lib/fuzz-api.sh
 source scripts/lib/promtool.sh
 source scripts/lib/deny.sh
+source scripts/lib/browser.sh
 prepare
 ensure_toxiproxy
 ensure_schemathesis
 ensure_promtool
 ensure_cargo_deny
+ensure_browser
 
 deps=skipped
 alerts=skipped

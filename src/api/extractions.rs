@@ -228,7 +228,9 @@ async fn read(
             "extraction {id} was erased at {at}"
         )));
     }
-    let request = with_request.then(|| row.request.clone().map(|r| r.0)).flatten();
+    let request = with_request
+        .then(|| row.request.clone().map(|r| r.0))
+        .flatten();
     let mut view = ExtractionView::from(row);
     view.request = request;
     Ok(Json(view))

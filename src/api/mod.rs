@@ -5,6 +5,7 @@
 
 mod auth;
 mod bulk;
+mod console;
 mod error;
 mod export;
 mod extractions;
@@ -56,6 +57,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .with_state(services.clone())
         .merge(probes_router(&services))
         .merge(openapi::router(&services.settings))
+        .merge(console::router())
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(gate.clone()))
         .layer(axum::Extension(sockets::Sockets::new(&services.settings)))
