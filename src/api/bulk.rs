@@ -17,20 +17,18 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::list::MAX_QUERY_TEXT;
+use super::list::{cursor, cursor_of, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{idempotency_key_is_valid, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::{bulk, Services};
 use crate::store::bulk::{Action, Operation, Outcome, Selection, Verdict};
-use crate::store::list::{JobFilter, MAX_METADATA_KEYS, MAX_PAGE};
+use crate::store::list::{JobFilter, MAX_METADATA_KEYS};
 use crate::store::{self, StoreError};
 
 /// How long the POST waits for its operation to finish before it answers
@@ -336,15 +334,8 @@ fn outcome_query(query: &str) -> Result<(Option<Verdict>, Option<Uuid>, i64), Ap
                 let parsed = serde_json::from_value(serde_json::Value::String(value.to_string()));
                 verdict = Some(parsed.map_err(|_| bad("`done`, `refused` or `not_found`"))?);
             }
-            "cursor" => {
-                let id = URL_SAFE_NO_PAD.decode(value.as_bytes()).ok();
-                let id = id.and_then(|bytes| Uuid::from_slice(&bytes).ok());
-                after = Some(id.ok_or_else(|| bad("not a cursor"))?);
-            }
-            "limit" => match value.parse::<i64>() {
-                Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
-                _ => return Err(bad(&format!("not a whole number from 1 to {MAX_PAGE}"))),
-            },
+            "cursor" => after = Some(cursor(&value).ok_or_else(|| bad("not a cursor"))?),
+            "limit" => limit = page_limit(&value).map_err(|e| bad(&e))?,
             _ => return Err(bad("unknown")),
         }
     }
@@ -363,8 +354,7 @@ async fn view(
     let mut outcomes = store::bulk::outcomes(pool, operation.id, verdict, after, limit + 1).await?;
     let more = outcomes.len() as i64 > limit;
     outcomes.truncate(limit as usize);
-    let next_cursor = (more.then(|| outcomes.last().map(|o| o.id)).flatten())
-        .map(|id| URL_SAFE_NO_PAD.encode(id.as_bytes()));
+    let next_cursor = (more.then(|| outcomes.last().map(|o| o.id)).flatten()).map(cursor_of);
     let (ids, filter) = match operation.selection() {
         Selection::Ids(ids) => (Some(ids.clone()), None),
         Selection::Filter(params) => (None, Some(FilterBody::of(params))),

@@ -16,7 +16,6 @@ use crate::auth::Caller;
 use crate::domain::Scope;
 use crate::pipeline::Services;
 use crate::store::letters::{self, TenantLetter};
-use crate::store::list::MAX_PAGE;
 
 /// Letters a page holds when the query does not say.
 pub(super) const DEFAULT_LETTERS: i64 = 50;
@@ -66,10 +65,7 @@ fn parse(query: &str) -> Result<(Option<i64>, i64), ApiError> {
                 let id = bytes.and_then(|b| <[u8; 8]>::try_from(b).ok());
                 before = Some(i64::from_be_bytes(id.ok_or_else(|| bad("not a cursor"))?));
             }
-            "limit" => match value.parse::<i64>() {
-                Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
-                _ => return Err(bad(&format!("not a whole number from 1 to {MAX_PAGE}"))),
-            },
+            "limit" => limit = super::list::page_limit(&value).map_err(|e| bad(&e))?,
             _ => return Err(bad("unknown")),
         }
     }

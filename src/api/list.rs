@@ -54,7 +54,7 @@ async fn list_jobs(
     let mut connection = services.pool.acquire().await.map_err(StoreError::from)?;
     let listed = list::list(&mut connection, caller.tenant_id, &filter, page).await?;
     let items = listed.jobs.into_iter().map(ExtractionView::from).collect();
-    let next_cursor = listed.next.map(|id| URL_SAFE_NO_PAD.encode(id.as_bytes()));
+    let next_cursor = listed.next.map(cursor_of);
     Ok(Json(JobPage { items, next_cursor }))
 }
 
@@ -78,10 +78,7 @@ fn parse(query: &str) -> Result<(JobFilter, PageRequest), ApiError> {
             return Err(bad(&format!("longer than {MAX_QUERY_TEXT} bytes")));
         }
         match name.as_ref() {
-            "limit" => match value.parse::<i64>() {
-                Ok(n) if (1..=MAX_PAGE).contains(&n) => page.limit = n,
-                _ => return Err(bad(&format!("not a whole number from 1 to {MAX_PAGE}"))),
-            },
+            "limit" => page.limit = page_limit(&value).map_err(|e| bad(&e))?,
             "cursor" => page.after = Some(cursor(&value).ok_or_else(|| bad("not a cursor"))?),
             "order" => match value.as_ref() {
                 "desc" => page.order = Order::NewestFirst,
@@ -98,8 +95,22 @@ fn parse(query: &str) -> Result<(JobFilter, PageRequest), ApiError> {
     Ok((filter, page))
 }
 
-/// A cursor this route gave out.
-fn cursor(value: &str) -> Option<Uuid> {
+/// A page size a query asks for: 1 to [`MAX_PAGE`] (the list's, an
+/// operation's outcomes, the dead letters).
+pub(super) fn page_limit(value: &str) -> Result<i64, String> {
+    match value.parse::<i64>() {
+        Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        _ => Err(format!("not a whole number from 1 to {MAX_PAGE}")),
+    }
+}
+
+/// The cursor of a page that continues after job `id`.
+pub(super) fn cursor_of(id: Uuid) -> String {
+    URL_SAFE_NO_PAD.encode(id.as_bytes())
+}
+
+/// A cursor [`cursor_of`] made.
+pub(super) fn cursor(value: &str) -> Option<Uuid> {
     let bytes = URL_SAFE_NO_PAD.decode(value).ok()?;
     Uuid::from_slice(&bytes).ok()
 }
