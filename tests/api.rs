@@ -1136,3 +1136,132 @@ async fn the_purge_loop_takes_what_is_past_its_retention() {
         .unwrap();
     assert_eq!(gone, 0);
 }
+
+/// A GET of `path` with `key`.
+async fn get_as(api: &Api, path: &str, key: &str) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .get(format!("{}{path}", api.base))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    answer(response).await
+}
+
+fn sum(samples: &Value, field: &str) -> i64 {
+    samples
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[field].as_i64().unwrap())
+        .sum()
+}
+
+/// The census samples a tenant's queue: the jobs it submitted, the ones
+/// that finished, and the ones still open, and nobody else's. The overview
+/// answers them with the open jobs counted now; the deployment's needs the
+/// `operator` scope; `GET /v1/tenant` answers quotas, use and keys.
+#[tokio::test]
+async fn the_overview_samples_a_tenants_queue_and_no_one_elses() {
+    use docstream::domain::Scope;
+    use docstream::store::tenants;
+    let api = Api::start_with("api_overview", |s| {
+        s.census_interval_s = common::secs(0.5);
+    })
+    .await;
+    let stop = CancellationToken::new();
+    let services = api.env.services().await;
+    tokio::spawn(docstream::pipeline::census::run(services, stop.clone()));
+    let _stop = stop.drop_guard();
+    let pool = &api.env.pool;
+    let other = tenants::create_tenant(pool, "overview-other")
+        .await
+        .unwrap();
+    let ids = insert_queued(pool, 5, "overview").await;
+    sqlx::query("UPDATE extractions SET status = 'failed', finished_at = now() WHERE id = ANY($1)")
+        .bind(&ids[..2])
+        .execute(pool)
+        .await
+        .unwrap();
+    let samples = common::wait_for(
+        "the samples",
+        std::time::Duration::from_secs(30),
+        || async {
+            let (status, overview) = api.get("/v1/overview").await;
+            assert_eq!(status, StatusCode::OK, "{overview}");
+            let samples = overview["samples"].clone();
+            let taken = samples.as_array().unwrap();
+            let last_queued = taken.last().map(|s| s["queued"].clone());
+            // Three turns at least: later turns count none of them again.
+            match (
+                sum(&samples, "submitted"),
+                sum(&samples, "finished"),
+                last_queued,
+            ) {
+                (5, 2, Some(q)) if q == 3 && taken.len() >= 3 => Ok(samples),
+                seen => Err(format!("submitted, finished, queued: {seen:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(samples
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["finished"].as_i64() <= Some(2)));
+    let (_, overview) = api.get("/v1/overview").await;
+    assert_eq!(overview["now"]["queued"], 3, "{overview}");
+    assert!(
+        overview.get("orphans").is_none(),
+        "only the operators' has orphans"
+    );
+    let (status, theirs) = get_as(&api, "/v1/overview", &other.key.api_key).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(theirs["now"]["queued"], 0, "{theirs}");
+    assert_eq!(sum(&theirs["samples"], "submitted"), 0, "{theirs}");
+    // The deployment's overview and the tenants are the operators'.
+    for path in [
+        "/v1/operator/overview",
+        "/v1/operator/tenants",
+        "/v1/tenant",
+    ] {
+        let (status, _) = api.get(path).await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{path} with the default scopes"
+        );
+    }
+    let operator = tenants::create_key(pool, "overview-other", &[Scope::Admin, Scope::Operator])
+        .await
+        .unwrap()
+        .api_key;
+    let (status, deployment) = get_as(&api, "/v1/operator/overview", &operator).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(sum(&deployment["samples"], "submitted"), 5, "{deployment}");
+    assert!(deployment["orphans"].is_object(), "{deployment}");
+    let (_, me) = get_as(&api, "/v1/me", &operator).await;
+    assert_eq!(
+        me,
+        json!({"tenant": "overview-other", "scopes": ["admin", "operator"]})
+    );
+    let (status, everyone) = get_as(&api, "/v1/operator/tenants", &operator).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = everyone["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["default", "overview-other"]);
+    assert_eq!(everyone["items"][0]["open_jobs"], 3);
+    let (_, own) = get_as(&api, "/v1/tenant", &operator).await;
+    assert_eq!(own["tenant"], "overview-other");
+    assert_eq!(own["open_jobs"], 0);
+    let keys = own["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "the first key and the operator's: {own}");
+    assert!(keys
+        .iter()
+        .all(|k| k.get("api_key").is_none() && k["prefix"].is_string()));
+    assert_eq!(own["retention_days"], 30);
+}

@@ -3,6 +3,7 @@
 //! process has ([`metrics_router`]). Every API route but the probes needs an
 //! API key (`auth`).
 
+mod account;
 mod auth;
 mod bulk;
 mod console;
@@ -15,6 +16,7 @@ mod letters;
 mod list;
 mod listener;
 mod openapi;
+mod overview;
 mod results;
 mod sockets;
 mod ws;
@@ -48,6 +50,8 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .merge(list::router())
         .merge(bulk::router())
         .merge(letters::router())
+        .merge(account::router())
+        .merge(overview::router())
         .merge(results::router())
         .layer(middleware::from_fn_with_state(bound, answer_within));
     Router::new()

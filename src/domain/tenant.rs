@@ -23,17 +23,22 @@ pub enum Scope {
     Admin,
     /// `DELETE /v1/extractions/{id}`: erasing a job's content.
     Delete,
+    /// The deployment's operators: every tenant's queue, quotas and keys
+    /// (`/v1/operator/…`). It crosses tenants, so no tenant's own key needs
+    /// it; give it to the keys of a tenant kept for operators.
+    Operator,
 }
 
 impl Scope {
     /// Every scope, in the order they are listed.
-    pub const ALL: [Scope; 6] = [
+    pub const ALL: [Scope; 7] = [
         Self::Submit,
         Self::Read,
         Self::Cancel,
         Self::Export,
         Self::Admin,
         Self::Delete,
+        Self::Operator,
     ];
 
     /// What `tenants create` gives its first key: everything but `admin` and
@@ -49,6 +54,7 @@ impl Scope {
             Self::Export => "export",
             Self::Admin => "admin",
             Self::Delete => "delete",
+            Self::Operator => "operator",
         }
     }
 

@@ -4,6 +4,7 @@
 //! census goes on while any process lives; each tick, the first to take the
 //! turn reports, and a process whose turn it was not clears its own series, so
 //! each series has a single source (dashboards take `max` over processes).
+//! The turn also keeps the samples the console's overview draws.
 
 use std::time::Duration;
 
@@ -113,5 +114,10 @@ async fn take(
             .with_label_values(&label)
             .set(oldest_s);
     }
+    let orphans: serde_json::Map<String, serde_json::Value> = open
+        .iter()
+        .map(|o| (o.class.label().to_owned(), o.open.into()))
+        .collect();
+    census::record_samples(pool, interval.as_secs_f64(), &orphans.into()).await?;
     Ok(true)
 }

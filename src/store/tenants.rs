@@ -57,7 +57,8 @@ pub struct Tenant {
 }
 
 /// A key, as `keys list` shows it: never the key itself.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, sqlx::FromRow, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ApiKey {
     /// The key's id, which `keys revoke` takes.
     pub key_id: Uuid,
@@ -411,4 +412,81 @@ pub async fn set_quota(
     .fetch_optional(pool)
     .await?
     .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
+}
+
+/// A live tenant as its administrators and the deployment's operators see
+/// it (`GET /v1/tenant`, `GET /v1/operator/tenants`): its own quotas (the
+/// caller applies the deployment's defaults), what it uses, its keys and the
+/// webhook endpoints its deliveries stopped going to.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Account {
+    /// The tenant's id.
+    pub tenant_id: Uuid,
+    /// The tenant's name.
+    pub tenant: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// Its own submit rate (`None`: the deployment's).
+    pub submit_rate_per_s: Option<f64>,
+    /// Its own burst.
+    pub submit_burst: Option<i32>,
+    /// Its own cap on open jobs.
+    pub max_open_jobs: Option<i32>,
+    /// Its own retention in seconds (`None`: the deployment's; 0: for ever).
+    pub retention_s: Option<i64>,
+    /// Jobs queued or running now (what `max_open_jobs` caps).
+    pub open_jobs: i64,
+    /// Every key it has had, oldest first.
+    pub keys: sqlx::types::Json<Vec<ApiKey>>,
+    /// Webhook endpoints disabled for it, most recent first.
+    pub disabled_endpoints: sqlx::types::Json<Vec<DisabledEndpoint>>,
+}
+
+impl Account {
+    /// The tenant's own quotas.
+    pub fn quota(&self) -> QuotaOverrides {
+        QuotaOverrides {
+            submit_rate_per_s: self.submit_rate_per_s,
+            submit_burst: self.submit_burst,
+            max_open_jobs: self.max_open_jobs,
+        }
+    }
+}
+
+/// A webhook endpoint that deliveries stopped going to.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct DisabledEndpoint {
+    /// The endpoint.
+    pub url: String,
+    /// When it was disabled.
+    pub disabled_at: DateTime<Utc>,
+    /// Why.
+    pub reason: String,
+}
+
+/// The account of live tenant `tenant_id`, or of every live tenant with
+/// `None` (by name).
+pub async fn accounts(pool: &PgPool, tenant_id: Option<Uuid>) -> Result<Vec<Account>, StoreError> {
+    Ok(sqlx::query_as::<_, Account>(
+        "SELECT t.id AS tenant_id, t.name AS tenant, t.created_at,
+                t.submit_rate_per_s, t.submit_burst, t.max_open_jobs, t.retention_s,
+                (SELECT count(*) FROM extractions e
+                  WHERE e.tenant_id = t.id AND e.status IN ('queued', 'running')) AS open_jobs,
+                (SELECT COALESCE(json_agg(json_build_object(
+                          'key_id', k.id, 'prefix', k.prefix, 'scopes', k.scopes,
+                          'created_at', k.created_at, 'revoked_at', k.revoked_at)
+                        ORDER BY k.created_at), '[]')
+                   FROM api_keys k WHERE k.tenant_id = t.id) AS keys,
+                (SELECT COALESCE(json_agg(json_build_object(
+                          'url', w.url, 'disabled_at', w.disabled_at, 'reason', w.reason)
+                        ORDER BY w.disabled_at DESC), '[]')
+                   FROM webhook_endpoints w WHERE w.tenant_id = t.id) AS disabled_endpoints
+           FROM tenants t
+          WHERE t.deleted_at IS NULL AND ($1::uuid IS NULL OR t.id = $1)
+          ORDER BY t.name",
+    )
+    .bind(tenant_id)
+    .fetch_all(pool)
+    .await?)
 }

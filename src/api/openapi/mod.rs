@@ -58,6 +58,8 @@ pub(crate) fn document(settings: &Settings) -> Value {
         "tags": [
             {"name": "extractions", "description": "Submit, read and cancel extraction jobs."},
             {"name": "streams", "description": "WebSocket streams: submissions in, events out."},
+            {"name": "tenant", "description": "The caller's tenant: who it is, its queue, quotas and keys."},
+            {"name": "operators", "description": "The whole deployment, for keys with the `operator` scope."},
             {"name": "extractors", "description": "Called by extraction services, not by clients."},
             {"name": "probes", "description": "Liveness, readiness and this document; no key needed."}
         ],
@@ -139,6 +141,11 @@ mod tests {
             ("/v1/extractions/{id}/retry", "post"),
             ("/v1/extractions/{id}/transitions", "get"),
             ("/v1/import", "get"),
+            ("/v1/me", "get"),
+            ("/v1/operator/overview", "get"),
+            ("/v1/operator/tenants", "get"),
+            ("/v1/overview", "get"),
+            ("/v1/tenant", "get"),
         ]
         .iter()
         .map(|(p, m)| (p.to_string(), m.to_string()))

@@ -74,6 +74,11 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/actions": {"post": bulk_action()},
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
         "/v1/dead-letters": {"get": dead_letters()},
+        "/v1/overview": {"get": overview(false)},
+        "/v1/me": {"get": me()},
+        "/v1/tenant": {"get": tenant()},
+        "/v1/operator/overview": {"get": overview(true)},
+        "/v1/operator/tenants": {"get": every_tenant()},
         "/healthz": {"get": healthz()},
         "/readyz": {"get": readyz()},
         PATH: {"get": openapi()},
@@ -505,6 +510,88 @@ fn dead_letters() -> Value {
                 "content": {"application/json": {"schema": schema("DeadLetterPage")}},
             },
         }), &[400, 401, 403, 429, 503]),
+    })
+}
+
+fn overview(deployment: bool) -> Value {
+    let (id, summary, description) = match deployment {
+        false => (
+            "getOverview",
+            "The tenant's queue at a glance",
+            "The caller's tenant's open jobs counted now (scope `read`), and the last \
+             hour's census samples: one per `census_interval_s`, each with the jobs \
+             open then, the oldest due job's wait, and the jobs submitted and finished \
+             since the sample before.",
+        ),
+        true => (
+            "getDeploymentOverview",
+            "The deployment's queue at a glance",
+            "The same for every tenant together (scope `operator`), with the open \
+             orphans by class as the latest census found them.",
+        ),
+    };
+    json!({
+        "operationId": id,
+        "tags": [if deployment { "operators" } else { "tenant" }],
+        "summary": summary,
+        "description": description,
+        "responses": answers(json!({
+            "200": {
+                "description": "The open jobs and the samples.",
+                "content": {"application/json": {"schema": schema("Overview")}},
+            },
+        }), &[401, 403, 429, 503]),
+    })
+}
+
+fn me() -> Value {
+    json!({
+        "operationId": "getMe",
+        "tags": ["tenant"],
+        "summary": "Who the key belongs to",
+        "description": "The key's tenant and its scopes (any key), so a client can tell \
+                        what it may offer.",
+        "responses": answers(json!({
+            "200": {
+                "description": "The caller.",
+                "content": {"application/json": {"schema": schema("Me")}},
+            },
+        }), &[401, 429, 503]),
+    })
+}
+
+fn tenant() -> Value {
+    json!({
+        "operationId": "getTenant",
+        "tags": ["tenant"],
+        "summary": "The tenant's quotas, keys and disabled webhook endpoints",
+        "description": "The caller's tenant (scope `admin`): its quotas in force (its own, \
+                        else the deployment's) and its open jobs against them, its \
+                        retention, every key it has had (prefix, scopes, created, revoked; \
+                        never the key), and the webhook endpoints its deliveries stopped \
+                        going to.",
+        "responses": answers(json!({
+            "200": {
+                "description": "The tenant.",
+                "content": {"application/json": {"schema": schema("Tenant")}},
+            },
+        }), &[401, 403, 429, 503]),
+    })
+}
+
+fn every_tenant() -> Value {
+    json!({
+        "operationId": "listTenants",
+        "tags": ["operators"],
+        "summary": "Every tenant's quotas, keys and disabled webhook endpoints",
+        "description": "What `GET /v1/tenant` answers, for every live tenant by name \
+                        (scope `operator`).",
+        "responses": answers(json!({
+            "200": {
+                "description": "The tenants.",
+                "content": {"application/json": {"schema": schema("TenantList")}},
+            },
+        }), &[401, 403, 429, 503]),
     })
 }
 

@@ -30,6 +30,10 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     answers.subschema_for::<crate::api::list::JobPage>();
     answers.subschema_for::<crate::api::bulk::OperationView>();
     answers.subschema_for::<crate::api::letters::LetterPage>();
+    answers.subschema_for::<crate::api::overview::Overview>();
+    answers.subschema_for::<crate::api::account::Me>();
+    answers.subschema_for::<crate::api::account::TenantView>();
+    answers.subschema_for::<crate::api::account::TenantList>();
     answers.subschema_for::<crate::api::extractions::Logged>();
     answers.subschema_for::<crate::api::results::Recorded>();
     answers.subschema_for::<crate::events::ExtractionEvent>();

@@ -1,0 +1,121 @@
+//! Who the caller is and what its tenant has: `GET /v1/me` (any key: the
+//! tenant and the key's scopes, so a client can tell what it may show),
+//! `GET /v1/tenant` (scope `admin`: the tenant's quotas in force and their
+//! use, its keys, its disabled webhook endpoints), and the same for every
+//! tenant at `GET /v1/operator/tenants` (scope `operator`).
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::ApiError;
+use crate::auth::Caller;
+use crate::domain::Scope;
+use crate::pipeline::Services;
+use crate::store::tenants::{self, Account, ApiKey, DisabledEndpoint};
+
+pub(super) fn router() -> Router<Services> {
+    Router::new()
+        .route("/v1/me", get(me))
+        .route("/v1/tenant", get(tenant))
+        .route("/v1/operator/tenants", get(every_tenant))
+}
+
+/// The caller: its tenant and what its key may do.
+#[derive(Serialize, JsonSchema)]
+#[schemars(rename = "Me", deny_unknown_fields)]
+pub(super) struct Me {
+    /// The tenant's name.
+    tenant: String,
+    /// The key's scopes.
+    scopes: Vec<&'static str>,
+}
+
+/// A tenant's quotas in force (its own, else the deployment's), its use, its
+/// keys and its disabled webhook endpoints.
+#[derive(Serialize, JsonSchema)]
+#[schemars(rename = "Tenant", deny_unknown_fields)]
+pub(super) struct TenantView {
+    /// The tenant's name.
+    tenant: String,
+    /// When it was created.
+    created_at: DateTime<Utc>,
+    /// Submits per second per `serve` process; null: no limit.
+    submit_rate_per_s: Option<f64>,
+    /// Submits at once before the rate applies.
+    submit_burst: u32,
+    /// Jobs queued or running at once; null: no cap.
+    max_open_jobs: Option<i64>,
+    /// Jobs queued or running now.
+    open_jobs: i64,
+    /// Days a finished job is kept; 0: for ever.
+    retention_days: i64,
+    /// Every key the tenant has had (never the key itself), oldest first.
+    keys: Vec<ApiKey>,
+    /// Webhook endpoints its deliveries stopped going to, latest first.
+    disabled_endpoints: Vec<DisabledEndpoint>,
+}
+
+/// Every live tenant, by name.
+#[derive(Serialize, JsonSchema)]
+#[schemars(rename = "TenantList", deny_unknown_fields)]
+pub(super) struct TenantList {
+    items: Vec<TenantView>,
+}
+
+impl TenantView {
+    fn of(account: Account, services: &Services) -> Self {
+        let quota = account.quota().over(services.settings.tenant_quota());
+        let retention_s = account
+            .retention_s
+            .unwrap_or(i64::from(services.settings.retention_days) * 86_400);
+        Self {
+            tenant: account.tenant,
+            created_at: account.created_at,
+            submit_rate_per_s: quota.submit_rate_per_s,
+            submit_burst: quota.submit_burst,
+            max_open_jobs: quota.max_open_jobs,
+            open_jobs: account.open_jobs,
+            retention_days: retention_s / 86_400,
+            keys: account.keys.0,
+            disabled_endpoints: account.disabled_endpoints.0,
+        }
+    }
+}
+
+async fn me(caller: Caller) -> Json<Me> {
+    Json(Me {
+        tenant: caller.tenant.clone(),
+        scopes: caller.scopes().iter().map(|s| s.as_str()).collect(),
+    })
+}
+
+async fn tenant(
+    caller: Caller,
+    State(services): State<Services>,
+) -> Result<Json<TenantView>, ApiError> {
+    caller.require(Scope::Admin)?;
+    let account = tenants::accounts(&services.pool, Some(caller.tenant_id))
+        .await?
+        .into_iter()
+        .next()
+        // The key was live a moment ago; its tenant was deleted since.
+        .ok_or_else(|| ApiError::Unauthorized("the key's tenant was deleted".into()))?;
+    Ok(Json(TenantView::of(account, &services)))
+}
+
+async fn every_tenant(
+    caller: Caller,
+    State(services): State<Services>,
+) -> Result<Json<TenantList>, ApiError> {
+    caller.require(Scope::Operator)?;
+    let accounts = tenants::accounts(&services.pool, None).await?;
+    let items = accounts
+        .into_iter()
+        .map(|a| TenantView::of(a, &services))
+        .collect();
+    Ok(Json(TenantList { items }))
+}

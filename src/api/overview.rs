@@ -1,0 +1,82 @@
+//! The queue at a glance: `GET /v1/overview` (scope `read`) for the caller's
+//! tenant and `GET /v1/operator/overview` (scope `operator`) for the whole
+//! deployment. Each answers the open jobs counted now and the last hour's
+//! census samples (one per `census_interval_s`, written by whichever process
+//! took the census turn: `store::census`); the deployment's also answers the
+//! open orphans by class.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::ApiError;
+use crate::auth::Caller;
+use crate::domain::Scope;
+use crate::pipeline::Services;
+use crate::store::census::{self, Census, Sample};
+
+pub(super) fn router() -> Router<Services> {
+    Router::new()
+        .route("/v1/overview", get(tenant_overview))
+        .route("/v1/operator/overview", get(deployment_overview))
+}
+
+/// The open jobs now, and the last hour's samples.
+#[derive(Serialize, JsonSchema)]
+#[schemars(rename = "Overview", deny_unknown_fields)]
+pub(super) struct Overview {
+    /// Seconds between samples (`census_interval_s`).
+    interval_s: f64,
+    /// The open jobs, counted as this answer was made.
+    now: Census,
+    /// The last hour's samples, oldest first.
+    samples: Vec<Sample>,
+    /// The deployment's open orphans by class, as the latest sample found
+    /// them (only in the operators' overview).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    orphans: Option<BTreeMap<String, i64>>,
+}
+
+async fn tenant_overview(
+    caller: Caller,
+    State(services): State<Services>,
+) -> Result<Json<Overview>, ApiError> {
+    caller.require(Scope::Read)?;
+    let pool = &services.pool;
+    let (now, samples) = tokio::try_join!(
+        census::count_tenant(pool, caller.tenant_id),
+        census::samples(pool, Some(caller.tenant_id)),
+    )?;
+    Ok(Json(Overview {
+        interval_s: services.settings.census_interval_s.get().as_secs_f64(),
+        now,
+        samples,
+        orphans: None,
+    }))
+}
+
+async fn deployment_overview(
+    caller: Caller,
+    State(services): State<Services>,
+) -> Result<Json<Overview>, ApiError> {
+    caller.require(Scope::Operator)?;
+    let pool = &services.pool;
+    let (now, samples, orphans) = tokio::try_join!(
+        census::count(pool),
+        census::samples(pool, None),
+        census::latest_orphans(pool),
+    )?;
+    let orphans = orphans
+        .and_then(|o| serde_json::from_value(o).ok())
+        .unwrap_or_default();
+    Ok(Json(Overview {
+        interval_s: services.settings.census_interval_s.get().as_secs_f64(),
+        now,
+        samples,
+        orphans: Some(orphans),
+    }))
+}
