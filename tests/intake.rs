@@ -383,6 +383,7 @@ async fn a_dead_letter_fixed_by_an_edit_and_replayed_becomes_a_job_exactly_once(
         1,
         "the fixed request was not dead-lettered again"
     );
+    the_tenant_replays_its_letter_once(&env).await;
     stop([&mut intake]).await;
     let _ = std::fs::remove_file(file);
 }
@@ -412,4 +413,72 @@ async fn the_tenant_sees_its_letter_and_no_other_tenant_does(env: &TestEnv, key:
     assert_eq!(items[0]["error_kind"], "invalid_request");
     assert_eq!(items[0]["source_topic"], env.topic("extraction.requests"));
     assert_eq!(page(other).await["items"], serde_json::json!([]));
+}
+
+/// `POST /v1/dead-letters/{id}/replay` produces the tenant's letter's
+/// original record to the intake again, once: unedited, the intake refuses
+/// the copy too, which is a second letter at the copy's offset. A second
+/// replay is 409, another tenant's is 404.
+async fn the_tenant_replays_its_letter_once(env: &TestEnv) {
+    let (base, _serving) = env.serve_here(env.services().await).await;
+    let client = reqwest::Client::new();
+    let letters = || {
+        let request = client
+            .get(format!("{base}/v1/dead-letters"))
+            .bearer_auth(&env.api_key);
+        async move {
+            request
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let page = letters().await;
+    let first = page["items"][0].clone();
+    assert_eq!(first["replayed_at"], serde_json::Value::Null, "{page}");
+    let replay = |key: String| {
+        let request = client
+            .post(format!("{base}/v1/dead-letters/{}/replay", first["id"]))
+            .bearer_auth(key);
+        async move {
+            let answer = request.send().await.unwrap();
+            let status = answer.status();
+            (
+                status,
+                answer.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let other = docstream::store::tenants::create_key(
+        &env.pool,
+        "letters-other",
+        &docstream::domain::Scope::DEFAULT,
+    )
+    .await
+    .unwrap()
+    .api_key;
+    assert_eq!(replay(other).await.0, reqwest::StatusCode::NOT_FOUND);
+    let (status, copy) = replay(env.api_key.clone()).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{copy}");
+    assert_eq!(copy["topic"], first["source_topic"]);
+    let (status, again) = replay(env.api_key.clone()).await;
+    assert_eq!(status, reqwest::StatusCode::CONFLICT, "{again}");
+    let page = wait_for("the copy's letter", Duration::from_secs(60), || async {
+        let page = letters().await;
+        match page["items"].as_array().unwrap().len() {
+            2 => Ok(page),
+            n => Err(format!("{n} letters")),
+        }
+    })
+    .await;
+    let newest = &page["items"][0];
+    assert_eq!(
+        (&newest["source_partition"], &newest["source_offset"]),
+        (&copy["partition"], &copy["offset"]),
+        "{page}"
+    );
+    assert!(page["items"][1]["replayed_at"].is_string(), "{page}");
 }

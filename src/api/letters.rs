@@ -2,9 +2,14 @@
 //! first: the Kafka intake records refused after their key named the
 //! tenant, with why (see [`crate::store::letters`]). Operators see every
 //! letter on the topic itself (`docstream dlq`).
+//!
+//! `POST /v1/dead-letters/{id}/replay` produces a letter's original record
+//! to the intake again, once (after a full queue emptied, a key's scope
+//! was fixed, …): the same bytes, key and headers, so its idempotency key
+//! still makes a second arrival the same job.
 
-use axum::extract::{RawQuery, State};
-use axum::routing::get;
+use axum::extract::{Path, RawQuery, State};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -14,14 +19,119 @@ use serde::Serialize;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
+use crate::kafka::reader::{produce_copy, TopicReader};
 use crate::pipeline::Services;
-use crate::store::letters::{self, TenantLetter};
+use crate::store::letters::{self, ReplayRefused, TenantLetter};
 
 /// Letters a page holds when the query does not say.
 pub(super) const DEFAULT_LETTERS: i64 = 50;
 
 pub(super) fn router() -> Router<Services> {
     Router::new().route("/v1/dead-letters", get(list_letters))
+}
+
+/// The replay, outside the REST answer bound: reading the original and
+/// producing its copy may take the broker's time (30 s at most each).
+pub(super) fn replay_router() -> Router<Services> {
+    Router::new().route("/v1/dead-letters/{id}/replay", post(replay_letter))
+}
+
+/// Where a replayed letter's record went.
+#[derive(Serialize, JsonSchema)]
+#[schemars(rename = "Replayed", deny_unknown_fields)]
+pub(super) struct Replayed {
+    /// The letter.
+    id: i64,
+    /// The topic the copy was produced to (the original's).
+    topic: String,
+    /// Its partition.
+    partition: i32,
+    /// Its offset.
+    offset: i64,
+}
+
+async fn replay_letter(
+    caller: Caller,
+    State(services): State<Services>,
+    Path(id): Path<String>,
+) -> Result<Json<Replayed>, ApiError> {
+    // A replay submits the record again.
+    caller.require(Scope::Submit)?;
+    let id: i64 = id
+        .parse()
+        .map_err(|_| ApiError::BadRequest(format!("{id:?} is not a dead letter's id")))?;
+    let pool = &services.pool;
+    let (topic, partition, offset) = match letters::claim_replay(pool, caller.tenant_id, id).await {
+        Ok(source) => source,
+        Err(ReplayRefused::NotFound(_)) => {
+            return Err(ApiError::NotFound(format!("no dead letter {id}")))
+        }
+        Err(e @ ReplayRefused::Replayed(..)) => return Err(ApiError::Conflict(e.to_string())),
+        Err(ReplayRefused::Store(e)) => return Err(e.into()),
+    };
+    // Detached: once claimed, the replay ends (produced, or the claim given
+    // back) even if the caller goes away.
+    let replay = tokio::spawn(replay_claimed(
+        services.clone(),
+        id,
+        (topic, partition, offset),
+    ));
+    replay
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("the replay stopped: {e}")))?
+}
+
+/// Replays claimed letter `id`, whose original is at `source`.
+async fn replay_claimed(
+    services: Services,
+    id: i64,
+    (topic, partition, offset): (String, i32, i64),
+) -> Result<Json<Replayed>, ApiError> {
+    let pool = &services.pool;
+    let brokers = services.settings.kafka_brokers.clone();
+    let read = {
+        let topic = topic.clone();
+        tokio::task::spawn_blocking(move || {
+            TopicReader::new(&brokers)?
+                .read_one(&topic, partition, offset)
+                .map_err(anyhow::Error::from)
+        })
+    };
+    let original = match read.await.map_err(anyhow::Error::from).and_then(|r| r) {
+        Ok(Some(original)) => original,
+        Ok(None) => {
+            letters::finish_replay(pool, id, None).await?;
+            return Err(ApiError::Gone(format!(
+                "dead letter {id}'s record ({topic}/{partition}/{offset}) is no longer retained"
+            )));
+        }
+        Err(e) => {
+            letters::finish_replay(pool, id, None).await?;
+            return Err(ApiError::Unavailable(format!(
+                "the broker did not answer: {e}"
+            )));
+        }
+    };
+    let value = rdkafka::Message::payload(&original)
+        .unwrap_or_default()
+        .to_vec();
+    match produce_copy(&services.settings.kafka_brokers, &topic, &original, &value).await {
+        Ok(place) => {
+            letters::finish_replay(pool, id, Some(place)).await?;
+            Ok(Json(Replayed {
+                id,
+                topic,
+                partition: place.0,
+                offset: place.1,
+            }))
+        }
+        Err(e) => {
+            letters::finish_replay(pool, id, None).await?;
+            Err(ApiError::Unavailable(format!(
+                "the broker did not take the record: {e}"
+            )))
+        }
+    }
 }
 
 /// A page of the caller's tenant's dead letters.

@@ -56,6 +56,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .layer(middleware::from_fn_with_state(bound, answer_within));
     Router::new()
         .merge(rest)
+        .merge(letters::replay_router())
         .merge(import::router())
         .merge(export::router())
         .with_state(services.clone())

@@ -1,7 +1,8 @@
 //! Reading a topic the way an operator does: every record from its oldest
 //! retained one to where it ends now, or the one record at a place. No
 //! consumer group is joined and no offset is committed, so reading moves
-//! nothing for the consumers of the topic.
+//! nothing for the consumers of the topic. A record read may be produced
+//! again ([`produce_copy`]): a dead letter's replay.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 /// How long a read waits for the broker before it gives up.
@@ -113,4 +115,29 @@ impl TopicReader {
         }
         Ok(records)
     }
+}
+
+/// Produces a copy of `original` (its key and headers) with `value` to
+/// `topic` on `brokers`; where it went. A producer of its own, idempotent:
+/// replays are rare, and this keeps them out of the pipeline's producers.
+pub async fn produce_copy(
+    brokers: &str,
+    topic: &str,
+    original: &OwnedMessage,
+    value: &[u8],
+) -> Result<(i32, i64), KafkaError> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .create()?;
+    let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(value);
+    if let Some(key) = original.key() {
+        record = record.key(key);
+    }
+    if let Some(headers) = original.headers() {
+        record = record.headers(headers.clone());
+    }
+    let delivered = producer.send(record, PATIENCE).await;
+    let delivery = delivered.map_err(|(e, _)| e)?;
+    Ok((delivery.partition, delivery.offset))
 }

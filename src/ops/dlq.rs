@@ -11,22 +11,19 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
-use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+use rdkafka::message::{Message, OwnedMessage};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::config::Settings;
 use crate::events::{decode, encode, now_ms, DeadLetter, ExtractionRequested};
-use crate::kafka::reader::TopicReader;
+use crate::kafka::reader::{produce_copy, TopicReader};
 
 /// `docstream dlq …`
 #[derive(Debug, Subcommand)]
@@ -300,7 +297,7 @@ async fn replay(
     if claimed.rows_affected() == 0 {
         anyhow::bail!("letter {id} is being replayed by someone else right now");
     }
-    let produced = produce(settings, &topic, original.key(), original.headers(), &value).await;
+    let produced = produce_copy(&settings.kafka_brokers, &topic, &original, &value).await;
     let release = || async {
         sqlx::query(
             "DELETE FROM dead_letter_replays
@@ -359,30 +356,6 @@ fn edited_request(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
         requested_at_ms: now_ms(),
     };
     Ok(encode(&requested)?)
-}
-
-/// Produces `value` to `topic` with `key` and `headers`; where it went.
-async fn produce(
-    settings: &Settings,
-    topic: &str,
-    key: Option<&[u8]>,
-    headers: Option<&OwnedHeaders>,
-    value: &[u8],
-) -> anyhow::Result<(i32, i64)> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &settings.kafka_brokers)
-        .set("enable.idempotence", "true")
-        .create()?;
-    let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(value);
-    if let Some(key) = key {
-        record = record.key(key);
-    }
-    if let Some(headers) = headers {
-        record = record.headers(headers.clone());
-    }
-    let delivered = producer.send(record, Duration::from_secs(30)).await;
-    let delivery = delivered.map_err(|(e, _)| e)?;
-    Ok((delivery.partition, delivery.offset))
 }
 
 /// The letters as a table for people.

@@ -129,6 +129,7 @@ mod tests {
             ("/openapi.json", "get"),
             ("/readyz", "get"),
             ("/v1/dead-letters", "get"),
+            ("/v1/dead-letters/{id}/replay", "post"),
             ("/v1/export", "get"),
             ("/v1/extractions", "get"),
             ("/v1/extractions", "post"),

@@ -74,6 +74,7 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/actions": {"post": bulk_action()},
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
         "/v1/dead-letters": {"get": dead_letters()},
+        "/v1/dead-letters/{id}/replay": {"post": replay_letter()},
         "/v1/overview": {"get": overview(false)},
         "/v1/me": {"get": me()},
         "/v1/tenant": {"get": tenant()},
@@ -510,6 +511,31 @@ fn dead_letters() -> Value {
                 "content": {"application/json": {"schema": schema("DeadLetterPage")}},
             },
         }), &[400, 401, 403, 429, 503]),
+    })
+}
+
+fn replay_letter() -> Value {
+    json!({
+        "operationId": "replayDeadLetter",
+        "tags": ["extractions"],
+        "summary": "Replay a dead letter",
+        "description": "Produces the letter's original record to its topic again (scope \
+                        `submit`): the same bytes, key and headers, once. Use it when what \
+                        refused the record has changed; its idempotency key still makes a \
+                        record that became a job the same job. A record the intake refuses \
+                        again is a new letter. 409 when the letter was replayed before, 410 \
+                        when the topic no longer retains the record.",
+        "parameters": [{
+            "name": "id", "in": "path", "required": true,
+            "description": "The letter's `id`.",
+            "schema": {"type": "integer", "format": "int64", "minimum": 1},
+        }],
+        "responses": answers(json!({
+            "200": {
+                "description": "Where the copy went.",
+                "content": {"application/json": {"schema": schema("Replayed")}},
+            },
+        }), &[400, 401, 403, 404, 409, 410, 429, 503]),
     })
 }
 

@@ -31,6 +31,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     answers.subschema_for::<crate::api::bulk::OperationView>();
     answers.subschema_for::<crate::api::letters::LetterPage>();
     answers.subschema_for::<crate::api::overview::Overview>();
+    answers.subschema_for::<crate::api::letters::Replayed>();
     answers.subschema_for::<crate::api::account::Me>();
     answers.subschema_for::<crate::api::account::TenantView>();
     answers.subschema_for::<crate::api::account::TenantList>();
