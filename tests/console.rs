@@ -2,8 +2,9 @@
 //! Debian's `chromium`) against `serve` (in this process), a worker and a
 //! bbox worker (processes), Kafka and Postgres. The jobs it looks at are
 //! made here: four samples run through both stages (boxes to draw), a failed
-//! one to retry from the list, and a failed one whose metadata and error are
-//! markup. Skipped, with a line saying so, when `DOCSTREAM_TEST_PLAYWRIGHT`
+//! one to retry from the list, a failed one whose metadata and error are
+//! markup, a dead letter to replay, and 10,000 finished jobs of a third tenant whose
+//! list's first render is timed. Skipped, with a line saying so, when `DOCSTREAM_TEST_PLAYWRIGHT`
 //! (the Python that has Playwright; `scripts/test.sh` installs it) is unset.
 
 mod common;
@@ -11,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use common::{sample_body, stop, submit_jobs, wait_count, TestEnv, ALL_BBOX_SUCCEEDED};
-use docstream::domain::Stage;
+use docstream::domain::{Scope, Stage};
 use docstream::store::{self, transitions, NewExtraction};
 use uuid::Uuid;
 
@@ -24,8 +25,10 @@ async fn the_console_in_chromium() {
     let env = TestEnv::new("console").await;
     let services = env.services().await;
     let (base, _serving) = env.serve_here(services.clone()).await;
+    // A census every second, so the overview's charts fill while it is open.
+    let census = [("DOCSTREAM_CENSUS_INTERVAL_S", "1".to_owned())];
     let mut children = [
-        env.spawn("worker", &[], "console-worker"),
+        env.spawn("worker", &census, "console-worker"),
         env.spawn("bbox-worker", &[], "console-bbox-worker"),
     ];
     let done = submit_jobs(&services, 4).await;
@@ -51,6 +54,16 @@ async fn the_console_in_chromium() {
         .await
         .unwrap()
         .key;
+    let operator = store::tenants::create_key(&env.pool, "default", &Scope::ALL)
+        .await
+        .unwrap()
+        .api_key;
+    let letter = a_dead_letter(&env).await;
+    let many = store::tenants::create_tenant(&env.pool, "console-many")
+        .await
+        .unwrap()
+        .key;
+    insert_jobs(&env.pool, many.tenant_id, 10_000).await;
 
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console");
     std::fs::create_dir_all(&out).unwrap();
@@ -60,6 +73,10 @@ async fn the_console_in_chromium() {
         .env("BASE", &base)
         .env("KEY", &env.api_key)
         .env("KEY_B", &other.api_key)
+        .env("KEY_OP", &operator)
+        .env("KEY_MANY", &many.api_key)
+        .env("LETTER", letter.to_string())
+        .env("SAMPLE", sample_body(7).to_string())
         .env("BOXED", done[0].to_string())
         .env("FAILED", failed.to_string())
         .env("XSS", xss.to_string())
@@ -97,4 +114,70 @@ async fn failed_job(env: &TestEnv, body: serde_json::Value, error: &str) -> Uuid
         .unwrap()
         .unwrap();
     id
+}
+
+/// A dead letter of the default tenant whose original record is on the
+/// intake topic (no intake runs here, so it stays there): its id.
+async fn a_dead_letter(env: &TestEnv) -> i64 {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .create()
+        .unwrap();
+    let topic = env.topic("extraction.requests");
+    let record = FutureRecord::to(&topic)
+        .key("letter-1")
+        .payload("a request the intake refused");
+    let delivery = producer
+        .send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let place = (topic.as_str(), delivery.partition, delivery.offset);
+    let refused = ("invalid_request", "`fields` must name at least one field");
+    store::letters::record(
+        &env.pool,
+        store::tenants::DEFAULT_TENANT_ID,
+        place,
+        Some("letter-1"),
+        refused,
+    )
+    .await
+    .unwrap();
+    sqlx::query_scalar(
+        "SELECT id FROM tenant_dead_letters WHERE source_offset = $1 AND source_topic = $2",
+    )
+    .bind(delivery.offset)
+    .bind(&topic)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap()
+}
+
+/// `n` succeeded jobs of tenant `tenant_id` (finished, so no worker or
+/// reaper takes them).
+async fn insert_jobs(pool: &sqlx::PgPool, tenant_id: Uuid, n: usize) {
+    use docstream::store::{insert_many, Insert};
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let inserts: Vec<Insert> = chunk
+            .iter()
+            .map(|i| {
+                Insert::new(NewExtraction {
+                    id: docstream::domain::new_job_id(),
+                    tenant_id,
+                    max_open_jobs: None,
+                    idempotency_key: None,
+                    request: serde_json::from_value(sample_body(*i)).unwrap(),
+                })
+            })
+            .collect();
+        insert_many(pool, &inserts).await.unwrap();
+    }
+    sqlx::query(
+        "UPDATE extractions SET status = 'succeeded', finished_at = now() WHERE tenant_id = $1",
+    )
+    .bind(tenant_id)
+    .execute(pool)
+    .await
+    .unwrap();
 }

@@ -18,6 +18,7 @@ use crate::auth::Caller;
 use crate::domain::Scope;
 use crate::pipeline::Services;
 use crate::store::census::{self, Census, Sample};
+use crate::store::orphans::OrphanClass;
 
 pub(super) fn router() -> Router<Services> {
     Router::new()
@@ -36,9 +37,22 @@ pub(super) struct Overview {
     /// The last hour's samples, oldest first.
     samples: Vec<Sample>,
     /// The deployment's open orphans by class, as the latest sample found
-    /// them (only in the operators' overview).
+    /// them; classes with none are left out (only in the operators'
+    /// overview).
     #[serde(skip_serializing_if = "Option::is_none")]
-    orphans: Option<BTreeMap<String, i64>>,
+    orphans: Option<Vec<OpenClass>>,
+}
+
+/// The open orphans of one class.
+#[derive(Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct OpenClass {
+    /// The class, 1 to 6 (the `class` label of the orphan metrics).
+    class: i16,
+    /// What it means.
+    meaning: &'static str,
+    /// How many were open.
+    open: i64,
 }
 
 async fn tenant_overview(
@@ -70,9 +84,20 @@ async fn deployment_overview(
         census::samples(pool, None),
         census::latest_orphans(pool),
     )?;
-    let orphans = orphans
+    let counts: BTreeMap<String, i64> = orphans
         .and_then(|o| serde_json::from_value(o).ok())
         .unwrap_or_default();
+    let orphans = OrphanClass::ALL
+        .into_iter()
+        .filter_map(|class| {
+            let open = *counts.get(class.label())?;
+            (open > 0).then_some(OpenClass {
+                class: class.number(),
+                meaning: class.meaning(),
+                open,
+            })
+        })
+        .collect();
     Ok(Json(Overview {
         interval_s: services.settings.census_interval_s.get().as_secs_f64(),
         now,

@@ -2,28 +2,50 @@
 the `serve` and workers that tests/console.rs started. Exits non-zero with
 the failed check's message; screenshots go to $OUT.
 
-Environment: BASE (serve's URL), KEY and KEY_B (tenants A and B), BOXED (a
-job of A with boxes), FAILED (a failed job of A that a retry makes
-succeed), XSS (a failed job of A whose metadata and error are markup), OUT,
-CHROMIUM (the browser's path).
+Environment: BASE (serve's URL), KEY and KEY_B (tenants A and B, the first
+keys' scopes), KEY_OP (a key of A with every scope, `admin` and `operator`
+too), KEY_MANY (a tenant with 10,000 finished jobs), BOXED (a job of A with
+boxes), FAILED (a failed job of A that a retry makes succeed), XSS (a failed
+job of A whose metadata and error are markup), LETTER (a dead letter of A),
+SAMPLE (a request to submit), OUT, CHROMIUM (the browser's path).
+
+Every page is also checked by axe-core (axe-playwright-python's copy): no
+violation of the WCAG A and AA rules.
 """
 
 import json
 import os
 import sys
+import time
 import urllib.request
 
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect, sync_playwright
 
 BASE, KEY, KEY_B = os.environ["BASE"], os.environ["KEY"], os.environ["KEY_B"]
+KEY_OP, KEY_MANY = os.environ["KEY_OP"], os.environ["KEY_MANY"]
 BOXED, FAILED, XSS = os.environ["BOXED"], os.environ["FAILED"], os.environ["XSS"]
-OUT = os.environ["OUT"]
+LETTER, OUT = os.environ["LETTER"], os.environ["OUT"]
+AXE = Axe()
+WCAG = {"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]}}
 
 
-def api(path, key=KEY):
-    request = urllib.request.Request(BASE + path, headers={"Authorization": f"Bearer {key}"})
+def api(path, key=KEY, body=None):
+    headers = {"Authorization": f"Bearer {key}"}
+    data = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(body).encode()
+    request = urllib.request.Request(BASE + path, headers=headers, data=data)
     with urllib.request.urlopen(request) as answer:
         return json.load(answer)
+
+
+def accessible(page, what):
+    """axe-core finds no WCAG A/AA violation on the page as it is now."""
+    found = AXE.run(page, options=WCAG).response["violations"]
+    summary = [(v["id"], v["impact"], [n["target"] for n in v["nodes"]][:3]) for v in found]
+    assert not found, f"{what}: accessibility violations {summary}"
 
 
 def log_in(page, key):
@@ -102,6 +124,122 @@ def markup_is_text(page, dialogs, stray):
     print("console: markup in metadata and errors rendered as text")
 
 
+def overview_is_live(page):
+    """The overview's figures, then its charts as the census samples arrive, without a reload."""
+    page.goto(f"{BASE}/console#/overview")
+    expect(page.locator("#queued .value")).to_be_visible()
+    expect(page.locator("svg.chart").first).to_be_visible(timeout=30_000)
+    # Two samples at least: the charts have lines.
+    expect(page.locator("svg.chart polyline").first).to_be_visible(timeout=30_000)
+    assert page.locator('#nav a[href="#/tenant"]').is_hidden(), "Tenant shown without admin"
+    assert page.locator('#nav a[href="#/operator"]').is_hidden(), "Deployment shown without operator"
+    # No layout shift while the page refreshes itself (5 s apart).
+    page.wait_for_timeout(6_000)
+    shift = page.evaluate("""() => new Promise(done => {
+        let total = 0;
+        new PerformanceObserver(list => { for (const e of list.getEntries()) total += e.value; })
+          .observe({type: "layout-shift", buffered: false});
+        setTimeout(() => done(total), 5500);
+    })""")
+    assert shift < 0.05, f"the live overview shifted its layout by {shift}"
+    accessible(page, "overview")
+    page.screenshot(path=f"{OUT}/overview.png", full_page=True)
+    print(f"console: the overview is live (layout shift {shift:.3f} over one refresh)")
+
+
+def jobs_arrive_live(page):
+    page.goto(f"{BASE}/console#/jobs")
+    expect(page.locator("#jobs tbody tr").first).to_be_visible()
+    made = api("/v1/extractions", body=json.loads(os.environ["SAMPLE"]))
+    expect(page.locator(f'tr[data-id="{made["id"]}"]')).to_be_visible(timeout=10_000)
+    accessible(page, "jobs")
+    print("console: a job submitted while the list was open appeared in it")
+
+
+def keyboard_only(page):
+    """Tab reaches a job's link with a visible focus ring; Enter opens the job."""
+    page.goto(f"{BASE}/console#/jobs")
+    expect(page.locator("#jobs tbody tr").first).to_be_visible()
+    page.locator("#main").focus()
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("""() => {
+            const e = document.activeElement;
+            return {href: e.getAttribute("href") || "", outline: getComputedStyle(e).outlineStyle};
+        }""")
+        if focused["href"].startswith("#/job/"):
+            break
+    else:
+        raise AssertionError("40 presses of Tab never reached a job's link")
+    assert focused["outline"] != "none", "the focused link has no visible focus"
+    page.keyboard.press("Enter")
+    expect(page.locator("#status")).to_be_visible()
+    print("console: a job opened with the keyboard alone")
+
+
+def narrow_window(page):
+    page.set_viewport_size({"width": 420, "height": 800})
+    for view in ("jobs", "overview", f"job/{BOXED}"):
+        page.goto(f"{BASE}/console#/{view}")
+        page.wait_for_timeout(500)
+        overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 1, f"#{view} is {overflow} px wider than a 420 px window"
+    page.goto(f"{BASE}/console#/jobs")
+    expect(page.locator("#jobs tbody tr").first).to_be_visible()
+    page.screenshot(path=f"{OUT}/jobs-narrow.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    print("console: no sideways scroll at 420 px")
+
+
+def replay_a_dead_letter(page):
+    page.goto(f"{BASE}/console#/letters")
+    row = page.locator(f'tr[data-letter="{LETTER}"]')
+    expect(row).to_be_visible()
+    accessible(page, "dead letters")
+    page.screenshot(path=f"{OUT}/letters.png", full_page=True)
+    row.get_by_role("button", name="Replay").click()
+    expect(page.locator(".confirm")).to_contain_text(f"letter {LETTER}")
+    page.click("#confirm")
+    expect(page.get_by_role("status")).to_contain_text("Replayed to")
+    letters = api("/v1/dead-letters")["items"]
+    replayed = [l for l in letters if str(l["id"]) == LETTER]
+    assert replayed and replayed[0]["replayed_at"], f"not replayed: {letters}"
+    page.goto(f"{BASE}/console#/jobs")
+    page.goto(f"{BASE}/console#/letters")
+    expect(row).to_contain_text("replayed")
+    print("console: a dead letter replayed once from its row")
+
+
+def operator_views(page):
+    page.click("#logout")
+    log_in(page, KEY_OP)
+    page.goto(f"{BASE}/console#/tenant")
+    expect(page.locator("table.keys tbody tr")).to_have_count(2)
+    expect(page.locator(".use")).to_contain_text("of")
+    accessible(page, "tenant")
+    page.screenshot(path=f"{OUT}/tenant.png", full_page=True)
+    page.goto(f"{BASE}/console#/operator")
+    expect(page.locator("#tenants")).to_contain_text("console-many")
+    expect(page.locator("#tenants tbody tr")).to_have_count(3)
+    accessible(page, "deployment")
+    page.screenshot(path=f"{OUT}/deployment.png", full_page=True)
+    print("console: the tenant and deployment views answer an admin and operator key")
+
+
+def first_render_of_a_long_list(page):
+    page.click("#logout")
+    log_in(page, KEY_MANY)
+    timings = []
+    for _ in range(3):
+        page.goto(f"{BASE}/console#/overview")
+        expect(page.locator("#queued .value")).to_be_visible()
+        started = time.perf_counter()
+        page.goto(f"{BASE}/console#/jobs")
+        expect(page.locator("#jobs tbody tr").first).to_be_visible()
+        timings.append((time.perf_counter() - started) * 1000)
+    print(f"console: first rows of 10,000 jobs drawn in {sorted(timings)[1]:.0f} ms (median of 3)")
+
+
 def another_tenant_sees_nothing(page):
     page.click("#logout")
     log_in(page, KEY_B)
@@ -125,14 +263,19 @@ def main():
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         log_in(page, KEY)
-        expect(page.locator("#jobs tbody tr").first).to_be_visible()
+        accessible(page, "log-in landing")
+        overview_is_live(page)
+        jobs_arrive_live(page)
         page.screenshot(path=f"{OUT}/jobs.png", full_page=True)
         boxes_are_where_the_result_says(page)
+        accessible(page, "job")
         markup_is_text(page, dialogs, stray)
         retry_a_failed_job(page)
-        page.goto(f"{BASE}/console#/letters")
-        expect(page.locator(".empty-state")).to_have_text("No dead letters.")
-        page.screenshot(path=f"{OUT}/letters.png", full_page=True)
+        replay_a_dead_letter(page)
+        keyboard_only(page)
+        narrow_window(page)
+        operator_views(page)
+        first_render_of_a_long_list(page)
         another_tenant_sees_nothing(page)
         csp = [e for e in errors if "Content Security Policy" in e]
         assert not csp, f"the page broke its own policy: {csp}"

@@ -6,7 +6,11 @@
 // on the page as text (textContent, attributes set one by one), never as
 // HTML, so a job's metadata or error cannot run in the page.
 
-const state = { key: null, live: null };
+// `view` counts the pages shown: a page's timer starts only if it is still
+// the page shown when its first load ends.
+const state = { key: null, live: null, me: null, view: 0 };
+
+const can = (scope) => Boolean(state.me && state.me.scopes.includes(scope));
 
 /** An element `tag` with `attrs` and children (strings become text). */
 function el(tag, attrs = {}, ...children) {
@@ -34,6 +38,7 @@ function svg(tag, attrs = {}) {
 
 /** Calls the API; the parsed body, or throws an Error with the server's message. */
 async function api(path, options = {}) {
+  if (!state.key) throw new Error("logged out");
   const headers = { Authorization: `Bearer ${state.key}` };
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
@@ -79,11 +84,16 @@ function login() {
     event.preventDefault();
     state.key = input.value.trim();
     try {
-      await api("/v1/extractions?limit=1");
+      state.me = await api("/v1/me");
+      for (const link of document.querySelectorAll("#nav [data-scope]")) {
+        link.hidden = !can(link.getAttribute("data-scope"));
+      }
+      document.getElementById("who").textContent = state.me.tenant;
       document.getElementById("nav").hidden = false;
       route();
     } catch (error) {
       state.key = null;
+      state.me = null;
       message.replaceChildren(errorState(error));
     }
   } } },
@@ -179,9 +189,10 @@ async function jobs(params) {
     );
   };
 
+  const view = state.view;
   await render();
   // Live: the page is read again every few seconds while it is shown.
-  state.live = setInterval(render, 2000);
+  if (view === state.view) state.live = setInterval(render, 2000);
 }
 
 /** The list's own parameters among the page's (a shared link may hold others). */
@@ -307,39 +318,220 @@ function drawPage(page, index, grounded) {
   return drawing;
 }
 
+// --- overview ------------------------------------------------------------------
+
+/** A number with thousands separators. */
+const count = (n) => Number(n).toLocaleString();
+
+/** Seconds as a short duration ("42 s", "3 min", "2.5 h"). */
+function duration(s) {
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+/** A small line chart of `series` ([name, values]) over the samples' times. */
+function chart(title, samples, series) {
+  const width = 300, height = 80, pad = 4;
+  const top = Math.max(1, ...series.flatMap(([, values]) => values));
+  const drawing = svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "img",
+    "aria-label": `${title}: ${series.map(([name, values]) => `${name} ${values.length ? count(values[values.length - 1]) : 0}`).join(", ")}` });
+  drawing.append(svg("line", { x1: 0, y1: height - pad, x2: width, y2: height - pad, class: "axis" }));
+  series.forEach(([name, values], index) => {
+    if (values.length === 0) return;
+    const step = values.length > 1 ? width / (values.length - 1) : 0;
+    const points = values.map((v, i) => `${(i * step).toFixed(1)},${(height - pad - (v / top) * (height - 2 * pad)).toFixed(1)}`);
+    drawing.append(svg("polyline", { points: points.join(" "), class: `series series-${index}`, "data-series": name }));
+  });
+  const legend = el("p", { class: "legend" }, series.map(([name], index) =>
+    el("span", { class: `key key-${index}` }, name)), ` (max ${count(top)})`);
+  return el("figure", { class: "card chart-card" }, el("figcaption", {}, title), drawing, legend);
+}
+
+/** The figures and charts of an overview answer. */
+function overviewBody(overview) {
+  const now = overview.now;
+  const samples = overview.samples;
+  const figure = (label, value, id) => el("div", { class: "card figure", id },
+    el("span", { class: "label" }, label), el("span", { class: "value" }, value));
+  const perMinute = 60 / overview.interval_s;
+  const last = samples.slice(-4);
+  const finishedPerMin = last.length ? last.reduce((a, s) => a + s.finished, 0) / last.length * perMinute : 0;
+  return [
+    el("div", { class: "figures" },
+      figure("Queued", count(now.queued), "queued"),
+      figure("Running", count(now.running), "running"),
+      figure("Bbox pending", count(now.bbox_pending), "bbox-pending"),
+      figure("Bbox running", count(now.bbox_running), "bbox-running"),
+      figure("Oldest queued", duration(now.oldest_queued_s), "oldest"),
+      figure("Finished / min", count(Math.round(finishedPerMin)), "throughput")),
+    samples.length === 0
+      ? el("p", { class: "empty-state" }, "No samples yet: the census takes one every " + duration(overview.interval_s) + ".")
+      : el("div", { class: "charts" },
+        chart("Submitted and finished per sample, last hour", samples,
+          [["submitted", samples.map((s) => s.submitted)], ["finished", samples.map((s) => s.finished)]]),
+        chart("Open jobs, last hour", samples,
+          [["queued", samples.map((s) => s.queued)], ["running", samples.map((s) => s.running)]]),
+        chart("Oldest queued wait (s), last hour", samples,
+          [["wait", samples.map((s) => Math.round(s.oldest_queued_s))]])),
+  ];
+}
+
+/** A live page: `load` makes its body, again every `every` ms while shown. */
+async function livePage(title, load, every = 5000) {
+  const body = el("div", { class: "live", "aria-busy": "true" }, el("p", {}, "Loading…"));
+  show(el("h1", {}, title), body);
+  const render = async () => {
+    try {
+      body.replaceChildren(...await load());
+    } catch (error) {
+      body.replaceChildren(errorState(error));
+    }
+    body.setAttribute("aria-busy", "false");
+  };
+  const view = state.view;
+  await render();
+  if (view === state.view) state.live = setInterval(render, every);
+}
+
+function overview() {
+  return livePage("Overview", async () => overviewBody(await api("/v1/overview")));
+}
+
+// --- tenant and operators ------------------------------------------------------
+
+function quota(value, none) {
+  return value === null || value === undefined ? none : count(value);
+}
+
+function tenantFacts(t) {
+  const cap = t.max_open_jobs === null ? "no cap" : count(t.max_open_jobs);
+  return el("dl", { class: "facts" },
+    el("dt", {}, "Open jobs"), el("dd", { class: "use" }, `${count(t.open_jobs)} of ${cap}`),
+    el("dt", {}, "Submit rate"), el("dd", {}, `${quota(t.submit_rate_per_s, "no limit")} /s per process, burst ${count(t.submit_burst)}`),
+    el("dt", {}, "Retention"), el("dd", {}, t.retention_days === 0 ? "for ever" : `${t.retention_days} days`),
+    el("dt", {}, "Created"), el("dd", {}, when(t.created_at)));
+}
+
+function keysTable(keys) {
+  if (keys.length === 0) return el("p", { class: "empty-state" }, "No keys.");
+  return el("table", { class: "keys" },
+    el("thead", {}, el("tr", {}, el("th", {}, "Prefix"), el("th", {}, "Scopes"), el("th", {}, "Created"), el("th", {}, "Revoked"))),
+    el("tbody", {}, keys.map((k) => el("tr", {},
+      el("td", { class: "id" }, k.prefix), el("td", {}, k.scopes.join(", ")),
+      el("td", {}, when(k.created_at)), el("td", {}, k.revoked_at ? when(k.revoked_at) : "")))));
+}
+
+function endpointsTable(endpoints) {
+  if (endpoints.length === 0) return el("p", { class: "empty-state" }, "No webhook endpoint is disabled.");
+  return el("table", { class: "endpoints" },
+    el("thead", {}, el("tr", {}, el("th", {}, "Endpoint"), el("th", {}, "Disabled"), el("th", {}, "Why"))),
+    el("tbody", {}, endpoints.map((e) => el("tr", {},
+      el("td", { class: "error" }, e.url), el("td", {}, when(e.disabled_at)), el("td", { class: "error" }, e.reason)))));
+}
+
+function tenant() {
+  return livePage("Tenant", async () => {
+    const t = await api("/v1/tenant");
+    return [el("h2", {}, t.tenant), tenantFacts(t), el("h2", {}, "Keys"), keysTable(t.keys),
+      el("h2", {}, "Disabled webhook endpoints"), endpointsTable(t.disabled_endpoints)];
+  }, 15000);
+}
+
+function operator() {
+  return livePage("Deployment", async () => {
+    const [overview, tenants] = await Promise.all([api("/v1/operator/overview"), api("/v1/operator/tenants")]);
+    const orphans = overview.orphans || [];
+    return [
+      ...overviewBody(overview),
+      el("h2", {}, "Open orphans"),
+      orphans.length === 0
+        ? el("p", { class: "empty-state" }, "None: the reapers are keeping up.")
+        : el("dl", { class: "facts", id: "orphans" }, orphans.flatMap((o) =>
+          [el("dt", {}, `${o.class}: ${o.meaning}`), el("dd", {}, count(o.open))])),
+      el("h2", {}, "Tenants"),
+      el("table", { id: "tenants" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Tenant"), el("th", {}, "Open / cap"), el("th", { class: "optional" }, "Rate /s"),
+          el("th", { class: "optional" }, "Retention"), el("th", {}, "Live keys"), el("th", {}, "Disabled endpoints"))),
+        el("tbody", {}, tenants.items.map((t) => el("tr", {},
+          el("td", {}, t.tenant),
+          el("td", {}, `${count(t.open_jobs)} / ${quota(t.max_open_jobs, "no cap")}`),
+          el("td", { class: "optional" }, quota(t.submit_rate_per_s, "no limit")),
+          el("td", { class: "optional" }, t.retention_days === 0 ? "for ever" : `${t.retention_days} d`),
+          el("td", {}, count(t.keys.filter((k) => !k.revoked_at).length)),
+          el("td", {}, count(t.disabled_endpoints.length)))))),
+    ];
+  }, 5000);
+}
+
 // --- dead letters ------------------------------------------------------------------
 
-async function letters() {
-  show(el("h1", {}, "Dead letters"), el("p", {}, "Loading…"));
-  try {
+function letters() {
+  return livePage("Dead letters", async () => {
     const page = await api("/v1/dead-letters");
-    const body = page.items.length === 0
-      ? el("p", { class: "empty-state" }, "No dead letters.")
-      : el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "When"), el("th", {}, "Kind"), el("th", {}, "Key"), el("th", {}, "Where"), el("th", {}, "Why"))),
-        el("tbody", {}, page.items.map((l) => el("tr", {},
-          el("td", {}, when(l.created_at)), el("td", {}, l.error_kind), el("td", {}, l.idempotency_key || ""),
-          el("td", {}, `${l.source_topic}/${l.source_partition}/${l.source_offset}`), el("td", { class: "error" }, l.error)))));
-    show(el("h1", {}, "Dead letters"), body);
-  } catch (error) {
-    show(el("h1", {}, "Dead letters"), errorState(error));
-  }
+    if (page.items.length === 0) return [el("p", { class: "empty-state" }, "No dead letters.")];
+    const bar = el("div", { class: "bar", "aria-live": "polite" });
+    const rows = page.items.map((l) => {
+      const replay = !l.replayed_at && can("submit")
+        ? el("button", { type: "button", "data-letter": l.id, on: { click: () => {
+          clearInterval(state.live);
+          confirmReplay(bar, l);
+        } } }, "Replay")
+        : (l.replayed_at ? `replayed ${when(l.replayed_at)}` : "");
+      return el("tr", { "data-letter": l.id },
+        el("td", {}, when(l.created_at)), el("td", {}, l.error_kind), el("td", { class: "error" }, l.idempotency_key || ""),
+        el("td", { class: "optional" }, `${l.source_topic}/${l.source_partition}/${l.source_offset}`),
+        el("td", { class: "error" }, l.error), el("td", {}, replay));
+    });
+    return [bar, el("table", { id: "letters" },
+      el("thead", {}, el("tr", {}, el("th", {}, "When"), el("th", {}, "Kind"), el("th", {}, "Key"),
+        el("th", { class: "optional" }, "Where"), el("th", {}, "Why"), el("th", {}, ""))),
+      el("tbody", {}, rows))];
+  });
+}
+
+/** Asks in the page before replaying letter `l`, then replays it. */
+function confirmReplay(bar, l) {
+  const back = el("button", { type: "button", on: { click: () => route() } }, "Back");
+  const go = el("button", { type: "button", id: "confirm", on: { click: async () => {
+    try {
+      const copy = await api(`/v1/dead-letters/${l.id}/replay`, { method: "POST" });
+      bar.replaceChildren(el("span", { role: "status" },
+        `Replayed to ${copy.topic}/${copy.partition}/${copy.offset}.`), " ",
+        el("button", { type: "button", on: { click: () => route() } }, "Refresh"));
+    } catch (error) {
+      bar.replaceChildren(errorState(error));
+    }
+  } } }, "Yes, replay it");
+  bar.replaceChildren(el("span", { class: "confirm" },
+    `This will produce letter ${l.id}'s record to ${l.source_topic} again, once. `, go, " ", back));
+  go.focus();
 }
 
 // --- routing -------------------------------------------------------------------------
 
 function route() {
+  state.view += 1;
   clearInterval(state.live);
   if (!state.key) return login();
-  const [path, query] = (location.hash.slice(1) || "/jobs").split("?");
+  const [path, query] = (location.hash.slice(1) || "/overview").split("?");
   const params = new URLSearchParams(query || "");
+  for (const link of document.querySelectorAll("#nav a")) {
+    const current = link.getAttribute("href") === `#${path}`;
+    if (current) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
+  }
   if (path.startsWith("/job/")) return job(decodeURIComponent(path.slice(5)));
+  if (path === "/jobs") return jobs(params);
   if (path === "/letters") return letters();
-  return jobs(params);
+  if (path === "/tenant") return tenant();
+  if (path === "/operator") return operator();
+  return overview();
 }
 
 window.addEventListener("hashchange", route);
 document.getElementById("logout").addEventListener("click", () => {
   state.key = null;
+  state.me = null;
   document.getElementById("nav").hidden = true;
   route();
 });
