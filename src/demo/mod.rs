@@ -51,6 +51,10 @@ pub struct DemoArgs {
     /// A delay the reference extraction service adds to each call.
     #[arg(long, default_value_t = 0)]
     pub extractor_latency_ms: u64,
+    /// After the summary, keep the pipeline, the API and the console
+    /// serving (with the demo's key) until Ctrl-C.
+    #[arg(long)]
+    pub stay: bool,
 }
 
 /// The tenant the demo submits as.
@@ -117,17 +121,32 @@ pub async fn run(
     let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));
 
     let extractor = provider.as_ref().map(|(url, _)| url.as_str());
+    let console = format!(
+        "console: {base}/console (log in with the key {}, which the demo revokes when it ends)",
+        key.api_key
+    );
+    println!("{console}");
     let client = api_client(&key.api_key)?;
     let outcome = drive(&client, &base, &pool, &args, extractor.is_some(), &shutdown).await;
+    let report = |summary: &report::Summary| {
+        match extractor {
+            Some(url) => println!("extractor: {REFERENCE:?}, docstream extractor-serve at {url}"),
+            None => println!("extractor: the built-in rules"),
+        }
+        print!("{summary}");
+    };
+    if let (true, Ok(summary)) = (args.stay, &outcome) {
+        report(summary);
+        println!("{console}\nserving until Ctrl-C (--stay)");
+        shutdown.cancelled().await;
+    }
     stop.cancel();
     pipeline.await??;
     tenants::revoke_key(&pool, key.key_id).await?;
     let summary = outcome?;
-    match extractor {
-        Some(url) => println!("extractor: {REFERENCE:?}, docstream extractor-serve at {url}"),
-        None => println!("extractor: the built-in rules"),
+    if !args.stay {
+        report(&summary);
     }
-    print!("{summary}");
     anyhow::ensure!(
         summary.all_bbox_succeeded(),
         "{} of {} documents did not reach bbox succeeded",
