@@ -135,11 +135,13 @@ async fn a_dead_letter(env: &TestEnv) -> i64 {
         .unwrap();
     let place = (topic.as_str(), delivery.partition, delivery.offset);
     let refused = ("invalid_request", "`fields` must name at least one field");
+    // Markup in the excerpt, which the page must show as text.
+    let request = r#"{"document": {"text": "<img src=x onerror=alert(3)>"}, "fields": []}"#;
     store::letters::record(
         &env.pool,
         store::tenants::DEFAULT_TENANT_ID,
         place,
-        Some("letter-1"),
+        (Some("letter-1"), Some(request)),
         refused,
     )
     .await

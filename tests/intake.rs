@@ -412,6 +412,13 @@ async fn the_tenant_sees_its_letter_and_no_other_tenant_does(env: &TestEnv, key:
     assert_eq!(items[0]["idempotency_key"], key);
     assert_eq!(items[0]["error_kind"], "invalid_request");
     assert_eq!(items[0]["source_topic"], env.topic("extraction.requests"));
+    let excerpt = items[0]["excerpt"].as_str().unwrap_or_default();
+    assert!(excerpt.starts_with(r#"{"document":{"pages""#), "{excerpt}");
+    assert_eq!(
+        excerpt.chars().count(),
+        docstream::store::letters::EXCERPT_CHARS,
+        "the start of the refused request"
+    );
     assert_eq!(page(other).await["items"], serde_json::json!([]));
 }
 

@@ -240,9 +240,10 @@ impl RecordHandler for Intake {
                 let payload = record.payload.as_deref().unwrap_or_default();
                 let requested = decode::<ExtractionRequested>(payload).ok();
                 let key = requested.as_ref().map(|r| r.idempotency_key.as_str());
+                let request = requested.as_ref().map(|r| r.request_json.as_str());
                 let source = (record.topic.as_str(), record.partition, record.offset);
                 let pool = &self.services.pool;
-                letters::record(pool, tenant.0, source, key, (kind, &reason))
+                letters::record(pool, tenant.0, source, (key, request), (kind, &reason))
                     .await
                     .map_err(transient)?;
                 Err(HandlerError::Poison { kind, reason })
@@ -396,11 +397,12 @@ async fn dead_letter(
         held.origin.offset,
     );
     let key = held.new.idempotency_key.as_deref();
+    let text = String::from_utf8_lossy(&request);
     letters::record(
         &services.pool,
         held.new.tenant_id,
         origin,
-        key,
+        (key, Some(&text)),
         (kind, reason),
     )
     .await

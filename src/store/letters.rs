@@ -33,21 +33,30 @@ pub struct TenantLetter {
     pub created_at: DateTime<Utc>,
     /// When the tenant replayed it, if it did.
     pub replayed_at: Option<DateTime<Utc>>,
+    /// The start of the refused request's JSON text (at most
+    /// [`EXCERPT_CHARS`] characters), if it decoded that far.
+    pub excerpt: Option<String>,
 }
 
+/// How much of a refused request a tenant's letter keeps.
+pub const EXCERPT_CHARS: usize = 2048;
+
 /// A refused record of tenant `tenant_id`, at `source` (topic, partition,
-/// offset); recorded once however often the record is handled.
+/// offset), with its idempotency key and request text where they decoded;
+/// recorded once however often the record is handled.
 pub async fn record(
     pool: &PgPool,
     tenant_id: Uuid,
     source: (&str, i32, i64),
-    idempotency_key: Option<&str>,
+    (idempotency_key, request): (Option<&str>, Option<&str>),
     (kind, error): (&str, &str),
 ) -> Result<(), StoreError> {
+    let excerpt = request.map(|r| r.chars().take(EXCERPT_CHARS).collect::<String>());
     sqlx::query(
         "INSERT INTO tenant_dead_letters
-             (tenant_id, source_topic, source_partition, source_offset, idempotency_key, error_kind, error)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+             (tenant_id, source_topic, source_partition, source_offset, idempotency_key, error_kind,
+              error, excerpt)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (source_topic, source_partition, source_offset) DO NOTHING",
     )
     .bind(tenant_id)
@@ -57,6 +66,7 @@ pub async fn record(
     .bind(idempotency_key)
     .bind(kind)
     .bind(error)
+    .bind(excerpt)
     .execute(pool)
     .await?;
     Ok(())
@@ -71,7 +81,7 @@ pub async fn list(
 ) -> Result<Vec<TenantLetter>, StoreError> {
     let letters = sqlx::query_as(
         "SELECT id, source_topic, source_partition, source_offset, idempotency_key,
-                error_kind, error, created_at, replayed_at
+                error_kind, error, created_at, replayed_at, excerpt
            FROM tenant_dead_letters
           WHERE tenant_id = $1 AND ($2::bigint IS NULL OR id < $2)
           ORDER BY id DESC LIMIT $3",

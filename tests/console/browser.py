@@ -85,6 +85,8 @@ def boxes_are_where_the_result_says(page):
     name = row.get_attribute("data-field")
     row.hover()
     expect(page.locator(f'rect.field[data-field="{name}"]')).to_have_class("field hot")
+    page.locator("#request summary").click()
+    expect(page.locator("#request pre")).to_contain_text('"pages"')
     page.screenshot(path=f"{OUT}/job.png", full_page=True)
     print(f"console: {checked} field boxes drawn where the bbox result says")
 
@@ -197,6 +199,9 @@ def replay_a_dead_letter(page):
     expect(row).to_be_visible()
     accessible(page, "dead letters")
     page.screenshot(path=f"{OUT}/letters.png", full_page=True)
+    row.locator("summary").click()
+    expect(row.locator("pre")).to_contain_text("<img src=x onerror=alert(3)>")
+    assert page.locator("main img").count() == 0, "the letter's excerpt became markup"
     row.get_by_role("button", name="Replay").click()
     expect(page.locator(".confirm")).to_contain_text(f"letter {LETTER}")
     page.click("#confirm")

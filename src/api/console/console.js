@@ -288,6 +288,11 @@ async function job(id) {
       : el("p", { class: "empty-state" }, "No result yet."),
     el("h2", {}, "Document"),
     drawings.length ? el("div", { class: "pages" }, drawings) : el("p", { class: "empty-state" }, "No page geometry (a text document)."),
+    el("h2", {}, "Request and result"),
+    el("details", { id: "request" }, el("summary", {}, "The request as submitted"),
+      el("pre", { tabindex: 0 }, row.request ? JSON.stringify(row.request, null, 2) : "(erased)")),
+    el("details", { id: "result" }, el("summary", {}, "The result"),
+      el("pre", { tabindex: 0 }, row.result ? JSON.stringify(row.result, null, 2) : "(none yet)")),
     el("h2", {}, "Timeline"),
     el("ol", { id: "timeline" }, log.map((entry) =>
       el("li", {}, `${when(entry.at)}: ${entry.transition}${entry.token === null ? "" : ` (attempt ${entry.token})`}`))),
@@ -481,7 +486,9 @@ function letters() {
       return el("tr", { "data-letter": l.id },
         el("td", {}, when(l.created_at)), el("td", {}, l.error_kind), el("td", { class: "error" }, l.idempotency_key || ""),
         el("td", { class: "optional" }, `${l.source_topic}/${l.source_partition}/${l.source_offset}`),
-        el("td", { class: "error" }, l.error), el("td", {}, replay));
+        el("td", { class: "error" }, l.error,
+          l.excerpt ? el("details", { class: "excerpt" }, el("summary", {}, "Request"), el("pre", { tabindex: 0 }, l.excerpt)) : null),
+        el("td", {}, replay));
     });
     return [bar, el("table", { id: "letters" },
       el("thead", {}, el("tr", {}, el("th", {}, "When"), el("th", {}, "Kind"), el("th", {}, "Key"),
