@@ -1269,4 +1269,18 @@ async fn the_overview_samples_a_tenants_queue_and_no_one_elses() {
         .iter()
         .all(|k| k.get("api_key").is_none() && k["prefix"].is_string()));
     assert_eq!(own["retention_days"], 30);
+    // One job published and consumed by no worker: the workers' group is one
+    // record behind on its topic.
+    submit_tagged(&api, 0, "overview").await;
+    let worker_group = api.env.settings.group(&api.env.settings.worker_group);
+    common::wait_for("the lag", std::time::Duration::from_secs(30), || async {
+        let (_, deployment) = get_as(&api, "/v1/operator/overview", &operator).await;
+        let lags = deployment["lag"].as_array().cloned().unwrap_or_default();
+        let workers = lags.iter().find(|l| l["group"] == worker_group.as_str());
+        match workers.map(|l| l["lag"].clone()) {
+            Some(lag) if lag == 1 && lags.len() == 3 => Ok(()),
+            _ => Err(format!("{lags:?}")),
+        }
+    })
+    .await;
 }

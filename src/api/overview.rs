@@ -41,6 +41,23 @@ pub(super) struct Overview {
     /// overview).
     #[serde(skip_serializing_if = "Option::is_none")]
     orphans: Option<Vec<OpenClass>>,
+    /// Each consumer group's lag on its topic, as the latest sample read it
+    /// (only in the operators' overview; empty when the broker did not
+    /// answer the census in time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag: Option<Vec<GroupLag>>,
+}
+
+/// How far a consumer group is behind on its topic.
+#[derive(Serialize, serde::Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct GroupLag {
+    /// The group.
+    group: String,
+    /// Its topic.
+    topic: String,
+    /// Records past its committed offsets.
+    lag: i64,
 }
 
 /// The open orphans of one class.
@@ -70,6 +87,7 @@ async fn tenant_overview(
         now,
         samples,
         orphans: None,
+        lag: None,
     }))
 }
 
@@ -79,11 +97,14 @@ async fn deployment_overview(
 ) -> Result<Json<Overview>, ApiError> {
     caller.require(Scope::Operator)?;
     let pool = &services.pool;
-    let (now, samples, orphans) = tokio::try_join!(
+    let (now, samples, (orphans, lag)) = tokio::try_join!(
         census::count(pool),
         census::samples(pool, None),
-        census::latest_orphans(pool),
+        census::latest_orphans_and_lag(pool),
     )?;
+    let lag = lag
+        .and_then(|l| serde_json::from_value(l).ok())
+        .unwrap_or_default();
     let counts: BTreeMap<String, i64> = orphans
         .and_then(|o| serde_json::from_value(o).ok())
         .unwrap_or_default();
@@ -103,5 +124,6 @@ async fn deployment_overview(
         now,
         samples,
         orphans: Some(orphans),
+        lag: Some(lag),
     }))
 }

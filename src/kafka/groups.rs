@@ -7,6 +7,8 @@
 //! commit outside a generation, which a broker takes for a group with no
 //! members). It runs only while the new group has committed nothing, so it
 //! is done at most once, and a group already in use is never touched.
+//!
+//! The same outside view reads a group's lag ([`lag`]) for the census.
 
 use std::time::Duration;
 
@@ -95,4 +97,25 @@ fn committed(
             _ => None,
         })
         .collect())
+}
+
+/// How far `group` is behind on `topic`: over its partitions, the records
+/// past the group's committed offset (past the oldest retained record where
+/// it committed nothing). Read from outside the group, like
+/// [`carry_over`]; blocking, so call it off the async runtime.
+pub fn lag(brokers: &str, group: &str, topic: &str, timeout: Duration) -> Result<i64, KafkaError> {
+    let consumer = outside_member(brokers, group)?;
+    let partitions = partitions(&consumer, topic, timeout)?;
+    let committed = committed(&consumer, &partitions, timeout)?;
+    let mut lag = 0;
+    for element in partitions.elements() {
+        let partition = element.partition();
+        let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
+        let from = committed
+            .iter()
+            .find(|(p, _)| *p == partition)
+            .map_or(low, |(_, offset)| (*offset).max(low));
+        lag += (high - from).max(0);
+    }
+    Ok(lag)
 }

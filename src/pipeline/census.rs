@@ -118,6 +118,37 @@ async fn take(
         .iter()
         .map(|o| (o.class.label().to_owned(), o.open.into()))
         .collect();
-    census::record_samples(pool, interval.as_secs_f64(), &orphans.into()).await?;
+    let lag = group_lags(services, interval / 2).await;
+    census::record_samples(pool, interval.as_secs_f64(), &orphans.into(), lag.as_ref()).await?;
     Ok(true)
+}
+
+/// Each consumer group's lag on its topic, for the deployment's sample, or
+/// `None` when the broker did not tell within `bound` (the sample is taken
+/// without it: the census never waits on the broker).
+async fn group_lags(services: &Services, bound: Duration) -> Option<serde_json::Value> {
+    let settings = &services.settings;
+    let groups = [
+        (&settings.intake_group, &settings.topic_requests),
+        (&settings.worker_group, &settings.topic_submitted),
+        (&settings.bbox_worker_group, &settings.topic_post_processing),
+    ]
+    .map(|(group, topic)| (settings.group(group), settings.topic(topic)));
+    let brokers = settings.kafka_brokers.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut lags = Vec::new();
+        for (group, topic) in groups {
+            let lag = crate::kafka::groups::lag(&brokers, &group, &topic, bound)?;
+            lags.push(serde_json::json!({"group": group, "topic": topic, "lag": lag}));
+        }
+        Ok::<_, rdkafka::error::KafkaError>(lags)
+    });
+    match tokio::time::timeout(bound, read).await {
+        Ok(Ok(Ok(lags))) => Some(lags.into()),
+        Ok(Ok(Err(e))) => {
+            tracing::debug!(error = %e, "consumer lag not read for the census");
+            None
+        }
+        _ => None,
+    }
 }

@@ -122,7 +122,7 @@ pub struct Sample {
 
 /// Writes this turn's samples: one per tenant with jobs open or submitted
 /// since the previous turn (or open at it), one for the deployment with
-/// `orphans` (open orphans by class), and drops samples past the hour. The
+/// `orphans` (open orphans by class) and `lag` (the consumer groups'), and drops samples past the hour. The
 /// jobs submitted since the previous turn are counted over the primary key
 /// from the previous turn's time (ids are UUIDv7), so a turn reads the
 /// open jobs and the last interval's submits, never the history.
@@ -130,10 +130,12 @@ pub async fn record_samples<'e>(
     executor: impl PgExecutor<'e>,
     interval_s: f64,
     orphans: &serde_json::Value,
+    lag: Option<&serde_json::Value>,
 ) -> Result<(), StoreError> {
     sqlx::query(RECORD_SAMPLES)
         .bind(interval_s)
         .bind(orphans)
+        .bind(lag)
         .execute(executor)
         .await?;
     Ok(())
@@ -180,15 +182,15 @@ const RECORD_SAMPLES: &str = "WITH prev AS (
   DELETE FROM census_samples WHERE taken_at < now() - interval '65 minutes'
 )
 INSERT INTO census_samples (taken_at, tenant_id, queued, running, bbox_pending, bbox_running,
-                            oldest_queued_s, submitted, finished, orphans)
+                            oldest_queued_s, submitted, finished, orphans, lag)
 SELECT now(), tenant_id, queued, running, bbox_pending, bbox_running,
-       oldest_queued_s, submitted, finished, NULL
+       oldest_queued_s, submitted, finished, NULL, NULL
   FROM tenant
 UNION ALL
 SELECT now(), NULL, COALESCE(sum(queued), 0), COALESCE(sum(running), 0),
        COALESCE(sum(bbox_pending), 0), COALESCE(sum(bbox_running), 0),
        COALESCE(max(oldest_queued_s), 0), COALESCE(sum(submitted), 0),
-       COALESCE(sum(finished), 0), $2
+       COALESCE(sum(finished), 0), $2, $3
   FROM tenant";
 
 /// The last hour's samples of tenant `tenant_id` (the deployment's with
@@ -214,19 +216,19 @@ const SAMPLES: &str = "SELECT d.taken_at,
  WHERE d.tenant_id IS NULL AND d.taken_at > now() - interval '1 hour'
  ORDER BY d.taken_at";
 
-/// The open orphans by class of the deployment's latest sample (class
-/// number → count), if there is one in the last hour.
-pub async fn latest_orphans<'e>(
+/// The open orphans by class (class number → count) and the consumer
+/// groups' lag of the deployment's latest sample in the last hour.
+pub async fn latest_orphans_and_lag<'e>(
     executor: impl PgExecutor<'e>,
-) -> Result<Option<serde_json::Value>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT orphans FROM census_samples
+) -> Result<(Option<serde_json::Value>, Option<serde_json::Value>), StoreError> {
+    let latest: Option<(Option<serde_json::Value>, Option<serde_json::Value>)> = sqlx::query_as(
+        "SELECT orphans, lag FROM census_samples
           WHERE tenant_id IS NULL AND taken_at > now() - interval '1 hour'
           ORDER BY taken_at DESC LIMIT 1",
     )
     .fetch_optional(executor)
-    .await?
-    .flatten())
+    .await?;
+    Ok(latest.unwrap_or_default())
 }
 
 /// Tenant `tenant_id`'s open jobs, counted now (the partial indexes of the

@@ -226,6 +226,7 @@ def operator_views(page):
     page.goto(f"{BASE}/console#/operator")
     expect(page.locator("#tenants")).to_contain_text("console-many")
     expect(page.locator("#tenants tbody tr")).to_have_count(3)
+    expect(page.locator("#lag dt")).to_have_count(3)
     accessible(page, "deployment")
     page.screenshot(path=f"{OUT}/deployment.png", full_page=True)
     print("console: the tenant and deployment views answer an admin and operator key")

@@ -454,6 +454,11 @@ function operator() {
         ? el("p", { class: "empty-state" }, "None: the reapers are keeping up.")
         : el("dl", { class: "facts", id: "orphans" }, orphans.flatMap((o) =>
           [el("dt", {}, `${o.class}: ${o.meaning}`), el("dd", {}, count(o.open))])),
+      el("h2", {}, "Consumer lag"),
+      (overview.lag || []).length === 0
+        ? el("p", { class: "empty-state" }, "Not read: the broker did not answer the last census in time.")
+        : el("dl", { class: "facts", id: "lag" }, overview.lag.flatMap((g) =>
+          [el("dt", {}, `${g.group} on ${g.topic}`), el("dd", {}, count(g.lag))])),
       el("h2", {}, "Tenants"),
       el("table", { id: "tenants" },
         el("thead", {}, el("tr", {}, el("th", {}, "Tenant"), el("th", {}, "Open / cap"), el("th", { class: "optional" }, "Rate /s"),
