@@ -173,13 +173,13 @@ fn busiest_window(calls: &[Call], window: Duration) -> usize {
         .unwrap_or(0)
 }
 
-/// The `max_concurrency` of extractor `capped`, for each worker.
-const CAP_PER_WORKER: usize = 4;
+/// The `max_concurrency` of extractor `capped`, for the whole deployment.
+const CAP: usize = 4;
 /// The `requests_per_second` of extractor `limited`, for each worker.
 const RATE_PER_WORKER: f64 = 10.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cap_and_the_rate_hold_across_two_workers() {
+async fn the_deployments_cap_and_each_workers_rate_hold_across_two_workers() {
     let capped = FakeProvider::start(|_, _| Plan::ok(Duration::from_millis(200))).await;
     let limited = FakeProvider::start(|_, _| Plan::ok(Duration::from_millis(20))).await;
     let warmup = FakeProvider::start(|_, _| Plan::ok(Duration::ZERO)).await;
@@ -188,7 +188,7 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
     let (mut workers, metrics): (Vec<_>, Vec<_>) = (0..2)
         .map(|i| worker_with_metrics(&env, &format!("extractor-limits-worker-{i}")))
         .unzip();
-    both_workers_call_the_warmup_extractor(&services, &metrics).await;
+    every_worker_calls_the_warmup_extractor(&services, &metrics).await;
     let warmed_up = count(&env.pool, "SELECT count(*) FROM extractions").await;
 
     let cap = jobs_that_could_all_run_at_once(&env, &services, &capped, &metrics, warmed_up).await;
@@ -202,7 +202,7 @@ async fn the_cap_and_the_rate_hold_across_two_workers() {
     stop(workers.iter_mut()).await;
 }
 
-/// A test world with extractors `warmup`, `capped` (at [`CAP_PER_WORKER`])
+/// A test world with extractors `warmup`, `capped` (at [`CAP`])
 /// and `limited` (16 at once, at [`RATE_PER_WORKER`]) at the providers.
 async fn a_warmup_a_capped_and_a_limited_extractor(
     warmup: &FakeProvider,
@@ -211,9 +211,7 @@ async fn a_warmup_a_capped_and_a_limited_extractor(
 ) -> TestEnv {
     TestEnv::with_settings("extractor_limits", |s| {
         add_extractor(s, "warmup", &warmup.url(), |_| {});
-        add_extractor(s, "capped", &capped.url(), |e| {
-            e.max_concurrency = CAP_PER_WORKER
-        });
+        add_extractor(s, "capped", &capped.url(), |e| e.max_concurrency = CAP);
         add_extractor(s, "limited", &limited.url(), |e| {
             e.max_concurrency = 16;
             e.requests_per_second = RATE_PER_WORKER;
@@ -232,11 +230,13 @@ async fn workers_calling(metrics: &[String], series: &str) -> usize {
     calling
 }
 
-/// Both workers hold partitions once each has called the warm-up extractor:
-/// submits 6 warm-up jobs per poll until both show calls (90 s at most).
-async fn both_workers_call_the_warmup_extractor(services: &Services, metrics: &[String]) {
+/// Every worker holds partitions once each has called the warm-up
+/// extractor: submits 6 warm-up jobs per poll until all show calls (90 s at
+/// most).
+async fn every_worker_calls_the_warmup_extractor(services: &Services, metrics: &[String]) {
+    let workers = metrics.len();
     wait_for(
-        "both workers to call",
+        "every worker to call",
         Duration::from_secs(90),
         || async move {
             submit_for(services, 6, "warmup", serde_json::Value::Null).await;
@@ -246,20 +246,132 @@ async fn both_workers_call_the_warmup_extractor(services: &Services, metrics: &[
             )
             .await;
             match calling {
-                2 => Ok(()),
-                n => Err(format!("{n} workers called")),
+                n if n == workers => Ok(()),
+                n => Err(format!("{n} of {workers} workers called")),
             }
         },
     )
     .await;
 }
 
+/// The deployment-wide cap of extractor `model` in the shared-cap test.
+const SHARED_CAP: usize = 8;
+/// Its slots' lease in that test.
+const SLOT_LEASE_S: f64 = 3.0;
+
+/// Three worker processes share one cap of 8: 300 calls of 200 ms never
+/// see more than 8 at once and keep the 8 slots at least 90% busy. Then,
+/// under 400 more, one worker is SIGKILLed while it holds slots: the
+/// provider sees fewer calls at once until the slots' leases run out, and
+/// 8 again within one lease; every job succeeds once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_share_one_cap_and_a_killed_ones_slots_come_back() {
+    let model = FakeProvider::start(|_, _| Plan::ok(Duration::from_millis(200))).await;
+    let warmup = FakeProvider::start(|_, _| Plan::ok(Duration::ZERO)).await;
+    let env = TestEnv::with_settings("extractor_shared_cap", |s| {
+        add_extractor(s, "warmup", &warmup.url(), |_| {});
+        add_extractor(s, "model", &model.url(), |e| e.max_concurrency = SHARED_CAP);
+        s.extractor_slot_lease_s = common::secs(SLOT_LEASE_S);
+    })
+    .await;
+    let services = env.services().await;
+    let (mut workers, metrics): (Vec<_>, Vec<_>) = (0..3)
+        .map(|i| worker_with_metrics(&env, &format!("extractor-shared-cap-worker-{i}")))
+        .unzip();
+    every_worker_calls_the_warmup_extractor(&services, &metrics).await;
+    let warmed_up = count(&env.pool, "SELECT count(*) FROM extractions").await;
+
+    let mut ids = submit_for(&services, 300, "model", serde_json::Value::Null).await;
+    wait_succeeded(&env, warmed_up + 300, 120).await;
+    let calls = model.calls();
+    let busy: f64 = calls
+        .iter()
+        .map(|c| (c.ended.unwrap() - c.started).as_secs_f64())
+        .sum();
+    let first = calls.iter().map(|c| c.started).min().unwrap();
+    let last = calls.iter().filter_map(|c| c.ended).max().unwrap();
+    let utilisation = busy / (SHARED_CAP as f64 * (last - first).as_secs_f64());
+    let peak = model.max_concurrency();
+    let callers = workers_calling(
+        &metrics,
+        "docstream_extractor_calls_total{extractor=\"model\"",
+    )
+    .await;
+    eprintln!(
+        "shared cap: 300 calls of 200 ms, peak {peak} of {SHARED_CAP}, utilisation {utilisation:.3} \
+         over {:.2} s, {callers} workers calling",
+        (last - first).as_secs_f64()
+    );
+    for wait in ["slot", "shared_slot", "token"] {
+        let mut total = 0.0;
+        for addr in &metrics {
+            let series = format!(
+                "docstream_extractor_wait_seconds_sum{{extractor=\"model\",wait=\"{wait}\"}}"
+            );
+            total += scrape(addr, &series).await;
+        }
+        eprintln!("shared cap: calls waited {total:.2} s in all for wait={wait}");
+    }
+    assert_eq!(calls.len(), 300);
+    assert_eq!(peak, SHARED_CAP, "the provider saw {peak} calls at once");
+    assert_eq!(callers, 3, "every worker called");
+    assert!(utilisation >= 0.9, "the slots were {utilisation:.3} busy");
+
+    ids.extend(submit_for(&services, 400, "model", serde_json::Value::Null).await);
+    let (victim, victim_metrics) = (&mut workers[0], metrics[0].clone());
+    let held = "docstream_extractor_shared_slots_held{extractor=\"model\"}";
+    wait_for("the victim to hold slots", Duration::from_secs(60), || {
+        let victim_metrics = victim_metrics.clone();
+        let in_flight = model.in_flight();
+        async move {
+            let holds = scrape(&victim_metrics, held).await;
+            match (holds, in_flight) {
+                (h, n) if h >= 1.0 && n == SHARED_CAP => Ok(()),
+                seen => Err(format!("held, provider in flight: {seen:?}")),
+            }
+        }
+    })
+    .await;
+    signal(victim, "KILL").await;
+    let killed = Instant::now();
+    let (mut dip, mut recovered) = (SHARED_CAP, None);
+    while killed.elapsed() < Duration::from_secs(20) {
+        let in_flight = model.in_flight();
+        dip = dip.min(in_flight);
+        if dip < SHARED_CAP && in_flight == SHARED_CAP {
+            recovered = Some(killed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("shared cap: after SIGKILL, {dip} calls at once until {recovered:?} (lease {SLOT_LEASE_S} s)");
+    assert!(dip < SHARED_CAP, "the victim held slots when it was killed");
+    let recovered = recovered.expect("the provider saw the cap again");
+    assert!(
+        recovered.as_secs_f64() <= SLOT_LEASE_S + 1.0,
+        "the killed worker's slots came back after {recovered:?}"
+    );
+
+    wait_succeeded(&env, warmed_up + 700, 180).await;
+    assert!(
+        model.max_concurrency() <= SHARED_CAP,
+        "never more than the cap"
+    );
+    let ours: HashSet<Uuid> = ids.iter().copied().collect();
+    let mut won = wins(&env.pool, "mark_succeeded").await;
+    won.retain(|id, _| ours.contains(id));
+    common::assert_exactly_once(&won, &ids, "succeeded");
+    stop(workers[1..].iter_mut()).await;
+}
+
 /// What the capped jobs showed.
 struct Cap {
     /// The most calls the provider saw at once.
     peak: usize,
-    /// The workers' `max_concurrency` gauges, summed.
-    gauges: f64,
+    /// The workers' `max_concurrency` gauges.
+    gauges: Vec<f64>,
+    /// Workers that called the capped extractor.
+    workers_busy: usize,
 }
 
 /// The cap: 200 jobs of 200 ms each could run 200 at once. Runs them to
@@ -274,15 +386,18 @@ async fn jobs_that_could_all_run_at_once(
     submit_for(services, 200, "capped", serde_json::Value::Null).await;
     wait_succeeded(env, warmed_up + 200, 120).await;
     let peak = capped.max_concurrency();
-    let mut gauges = 0.0;
+    let mut gauges = Vec::new();
     for addr in metrics {
-        gauges += scrape(
-            addr,
-            "docstream_extractor_max_concurrency{extractor=\"capped\"}",
-        )
-        .await;
+        let series = "docstream_extractor_max_concurrency{extractor=\"capped\"}";
+        gauges.push(scrape(addr, series).await);
     }
-    Cap { peak, gauges }
+    let series = "docstream_extractor_calls_total{extractor=\"capped\"";
+    let workers_busy = workers_calling(metrics, series).await;
+    Cap {
+        peak,
+        gauges,
+        workers_busy,
+    }
 }
 
 /// What the limited jobs' calls showed.
@@ -331,7 +446,11 @@ async fn jobs_that_could_all_start_within_a_second(
 
 /// Prints the peak, the calls' spread and the workers calling.
 fn report_the_cap_and_the_rate(cap: &Cap, rate: &Rate) {
-    let Cap { peak, .. } = cap;
+    let Cap {
+        peak,
+        workers_busy: capped_workers,
+        ..
+    } = cap;
     let Rate {
         span,
         overall,
@@ -340,25 +459,21 @@ fn report_the_cap_and_the_rate(cap: &Cap, rate: &Rate) {
         ..
     } = rate;
     eprintln!(
-        "limits: capped peak={peak} (2 workers x cap {CAP_PER_WORKER}); limited calls={} span={span:.2}s \
+        "limits: capped peak={peak} (cap {CAP} across {capped_workers} workers); limited calls={} span={span:.2}s \
          overall={overall:.1}/s busiest_2s_window={busiest} (limit 2 x {RATE_PER_WORKER}/s); workers calling={workers_busy}",
         rate.calls.len()
     );
 }
 
-/// The provider saw more calls at once than one worker's cap, never more
-/// than both workers' caps, and the gauges show both caps.
+/// Both workers called, and the provider saw the deployment's cap at once,
+/// never more; each worker's gauge shows the cap.
 fn the_cap_held_across_both_workers(cap: &Cap) {
-    let peak = cap.peak;
-    assert!(
-        peak <= 2 * CAP_PER_WORKER,
-        "the provider saw {peak} calls at once"
+    assert_eq!(
+        cap.workers_busy, 2,
+        "both workers called the capped extractor"
     );
-    assert!(
-        peak > CAP_PER_WORKER,
-        "both workers called at once (peak {peak})"
-    );
-    assert_eq!(cap.gauges, (2 * CAP_PER_WORKER) as f64);
+    assert_eq!(cap.peak, CAP, "the provider saw {} calls at once", cap.peak);
+    assert_eq!(cap.gauges, [CAP as f64; 2]);
 }
 
 /// Both workers called, 100 calls in all, none closer together than both

@@ -63,7 +63,7 @@ pub async fn fairness(
     a_cap: Option<i64>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Fairness> {
-    let (rig, provider) = start_provider(rig, PROVIDER_LATENCY_MS, PROVIDER_CAP).await?;
+    let (rig, provider) = start_provider(rig, PROVIDER_LATENCY_MS, (PROVIDER_CAP, 0)).await?;
     let outcome = run(&rig, flood, a_cap, progress).await;
     provider.stop().await?;
     outcome

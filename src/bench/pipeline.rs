@@ -579,7 +579,8 @@ fn hops(histograms: &[Histogram<u64>]) -> Vec<Hop> {
 
 /// The steady state through an external extractor: `docstream extractor-serve`
 /// answering every call after a fixed latency, with a concurrency cap per
-/// worker, at a load just under what the cap allows.
+/// worker (and the deployment's cap their sum), at a load just under what
+/// the caps allow.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProviderSteady {
     /// The provider's latency per call, ms.
@@ -615,11 +616,12 @@ pub struct ProviderLoad {
 pub(super) const REFERENCE: &str = "reference";
 
 /// Starts `extractor-serve` with `latency_ms` per call, and a rig whose
-/// workers call it as the extractor `reference`, `cap` calls at a time.
+/// workers call it as the extractor `reference`, `cap` calls at a time
+/// across the deployment and `process_cap` per worker (0: no local bound).
 pub(super) async fn start_provider(
     rig: &Rig,
     latency_ms: u64,
-    cap: usize,
+    (cap, process_cap): (usize, usize),
 ) -> anyhow::Result<(Rig, Proc)> {
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let args = [
@@ -643,6 +645,7 @@ pub(super) async fn start_provider(
     let extractor = ExtractorSettings {
         url,
         max_concurrency: cap,
+        process_max_concurrency: process_cap,
         ..ExtractorSettings::default()
     };
     rig.settings
@@ -661,7 +664,10 @@ pub async fn provider_steady(
     (workers, bbox_workers): (usize, usize),
     progress: &ProgressBar,
 ) -> anyhow::Result<ProviderSteady> {
-    let (rig, provider) = start_provider(rig, load.latency_ms, load.cap).await?;
+    // The deployment's cap is the workers' together, each held to its share,
+    // so the phase measures what it did when caps were per process.
+    let caps = (load.cap * workers, load.cap);
+    let (rig, provider) = start_provider(rig, load.latency_ms, caps).await?;
     let capacity = (load.cap * workers) as f64 / (load.latency_ms as f64 / 1000.0);
     let rate = (capacity * load.load).round();
     let mix = (workers, bbox_workers);

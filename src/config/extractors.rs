@@ -1,6 +1,7 @@
 //! Named external extractors: each an HTTP service that implements the
-//! extractor protocol (see `extract::http`), with its own call timeout,
-//! concurrency cap and rate limit per worker process.
+//! extractor protocol (see `extract::http`), with its own call timeout, a
+//! concurrency cap across the deployment (and optionally per process), and a
+//! rate limit per worker process.
 //!
 //! In TOML they are tables, `[extractors.NAME]`. In the environment,
 //! `DOCSTREAM_EXTRACTORS` lists the names (comma-separated) and each name's
@@ -40,10 +41,15 @@ pub struct ExtractorSettings {
     /// fails and is retried. 300 s: model services take seconds to minutes.
     /// The claim's heartbeats run all along, so this may exceed the lease.
     pub timeout_s: f64,
-    /// Calls one worker process makes at once. Records beyond it wait for a
-    /// slot while their leases are renewed. Across the deployment the provider
-    /// sees up to replicas × this. 8 suits a small model service.
+    /// Calls the whole deployment makes at once, however many worker
+    /// replicas run: each call leases one of this many slots in Postgres
+    /// (see `extract::slots`). Records beyond it wait for a slot while their
+    /// claims are renewed. 8 suits a small model service.
     pub max_concurrency: usize,
+    /// Calls one worker process makes at once, a second, local bound under
+    /// `max_concurrency`; 0, the default, sets none (the deployment's cap
+    /// alone).
+    pub process_max_concurrency: usize,
     /// Calls per second one worker process starts, spaced evenly (a token
     /// bucket holding one token). 0, the default, sets no limit.
     pub requests_per_second: f64,
@@ -65,6 +71,7 @@ impl Default for ExtractorSettings {
             url: String::new(),
             timeout_s: 300.0,
             max_concurrency: 8,
+            process_max_concurrency: 0,
             requests_per_second: 0.0,
             token: String::new(),
             retry_after_budget_s: 600.0,
@@ -77,6 +84,15 @@ impl ExtractorSettings {
     /// `timeout_s` as a duration.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s)
+    }
+
+    /// The calls one process makes at once: its own bound, else the
+    /// deployment's cap.
+    pub fn process_cap(&self) -> usize {
+        match self.process_max_concurrency {
+            0 => self.max_concurrency,
+            local => local.min(self.max_concurrency),
+        }
     }
 
     /// `retry_after_budget_s` as a duration.
@@ -131,6 +147,7 @@ macro_rules! for_each_variable {
         $then!(url, "URL");
         $then!(timeout_s, "TIMEOUT_S");
         $then!(max_concurrency, "MAX_CONCURRENCY");
+        $then!(process_max_concurrency, "PROCESS_MAX_CONCURRENCY");
         $then!(requests_per_second, "REQUESTS_PER_SECOND");
         $then!(token, "TOKEN");
         $then!(retry_after_budget_s, "RETRY_AFTER_BUDGET_S");

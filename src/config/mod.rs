@@ -293,6 +293,10 @@ settings! {
     extraction_run_lease_s: Seconds = Seconds::new(10), env "DOCSTREAM_EXTRACTION_RUN_LEASE_S", positive;
     /// The same for a claim on a bbox refinement.
     bbox_refinement_lease_s: Seconds = Seconds::new(10), env "DOCSTREAM_BBOX_REFINEMENT_LEASE_S", positive;
+    /// How long a worker's lease on one of an extractor's deployment-wide
+    /// slots lasts without renewal (renewed every third of it during a
+    /// call): a crashed worker's slots come back within it.
+    extractor_slot_lease_s: Seconds = Seconds::new(10), env "DOCSTREAM_EXTRACTOR_SLOT_LEASE_S", positive;
     /// How often a holder renews its lease: at most half the shorter lease, so a
     /// single slow renewal never loses a live claim. 2 s is a fifth of 10 s.
     heartbeat_interval_s: Seconds = Seconds::new(2), env "DOCSTREAM_HEARTBEAT_INTERVAL_S", positive;

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::Limits;
 use super::protocol::{self, CallBody};
+use super::slots::SharedCap;
 use super::{check_required, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::config::ExtractorSettings;
 use crate::error_chain;
@@ -37,7 +38,10 @@ pub struct HttpExtractor {
     name: String,
     settings: ExtractorSettings,
     client: reqwest::Client,
+    /// This process's bound and rate limit.
     limits: Limits,
+    /// The deployment's cap.
+    shared: SharedCap,
     metrics: ExtractorMetrics,
 }
 
@@ -52,10 +56,12 @@ enum Answer {
 }
 
 impl HttpExtractor {
-    /// The extractor `name` with `settings`, counting into `metrics`.
+    /// The extractor `name` with `settings`, its calls capped across the
+    /// deployment by `shared`, counting into `metrics`.
     pub fn new(
         name: &str,
         settings: &ExtractorSettings,
+        shared: SharedCap,
         metrics: ExtractorMetrics,
     ) -> reqwest::Result<Self> {
         crate::install_tls_provider();
@@ -70,7 +76,8 @@ impl HttpExtractor {
             .build()?;
         Ok(Self {
             name: name.to_owned(),
-            limits: Limits::new(settings.max_concurrency, settings.requests_per_second),
+            limits: Limits::new(settings.process_cap(), settings.requests_per_second),
+            shared,
             settings: settings.clone(),
             client,
             metrics,
@@ -118,17 +125,27 @@ impl HttpExtractor {
         }
     }
 
-    /// One call, inside a concurrency slot and after the rate limit.
+    /// One call, inside this process's slot and a deployment-wide one, and
+    /// after the rate limit.
     async fn admitted_call(&self, job: &Job<'_>, body: &Bytes, stop: &CancellationToken) -> Answer {
         let admitted = tokio::select! {
             biased;
             _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
             admitted = self.limits.admit() => admitted,
         };
+        let asked = Instant::now();
+        let _shared = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
+            slot = self.shared.acquire() => slot,
+        };
         let waits = &self.metrics.wait_seconds;
         waits
             .with_label_values(&[&self.name, "slot"])
             .observe(admitted.slot_wait.as_secs_f64());
+        waits
+            .with_label_values(&[&self.name, "shared_slot"])
+            .observe(asked.elapsed().as_secs_f64());
         waits
             .with_label_values(&[&self.name, "token"])
             .observe(admitted.token_wait.as_secs_f64());

@@ -18,6 +18,7 @@ pub mod protocol;
 pub mod provider;
 mod registry;
 mod rule;
+pub mod slots;
 
 pub use bbox::{ground, GroundedField, Grounding};
 pub use cpu::{CpuPool, Deadline};

@@ -7,6 +7,9 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use sqlx::PgPool;
+
+use super::slots::{FreedSignals, SharedCap};
 use super::{CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget};
 use crate::config::{Settings, RULES};
 use crate::domain::ResultLimits;
@@ -27,11 +30,29 @@ pub struct Extractors {
 }
 
 impl Extractors {
-    /// The rule extractor, on `cpu`, and every extractor in `settings`.
-    pub fn new(settings: &Settings, metrics: &Metrics, cpu: CpuPool) -> reqwest::Result<Self> {
+    /// The rule extractor, on `cpu`, and every extractor in `settings`,
+    /// each capped across the deployment through `pool`.
+    pub fn new(
+        settings: &Settings,
+        metrics: &Metrics,
+        cpu: CpuPool,
+        pool: &PgPool,
+    ) -> reqwest::Result<Self> {
         let mut http = HashMap::new();
+        let signals = FreedSignals::new(pool);
         for (name, extractor) in &settings.extractors {
-            let client = HttpExtractor::new(name, extractor, metrics.extractors.clone())?;
+            let cap = (
+                extractor.max_concurrency,
+                settings.extractor_slot_lease_s.get(),
+            );
+            let shared = SharedCap::new(
+                name,
+                cap,
+                pool.clone(),
+                &signals,
+                metrics.extractors.clone(),
+            );
+            let client = HttpExtractor::new(name, extractor, shared, metrics.extractors.clone())?;
             http.insert(name.clone(), client);
         }
         let result = settings.result_limits();

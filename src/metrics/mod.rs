@@ -234,10 +234,19 @@ pub struct ExtractorMetrics {
     pub call_seconds: HistogramVec,
     /// `docstream_extractor_in_flight_calls{extractor}`: calls in progress.
     pub in_flight: IntGaugeVec,
-    /// `docstream_extractor_max_concurrency{extractor}`: the cap of in-flight calls.
+    /// `docstream_extractor_max_concurrency{extractor}`: the deployment-wide
+    /// cap of in-flight calls (every worker exports it; take `max`).
     pub max_concurrency: IntGaugeVec,
-    /// `docstream_extractor_wait_seconds{extractor, wait="slot|token"}`: time a
-    /// call waited for a concurrency slot, then for the rate limit.
+    /// `docstream_extractor_shared_slots_held{extractor}`: slots of the
+    /// deployment-wide cap this process holds (summed over processes: the
+    /// slots in use).
+    pub shared_slots_held: IntGaugeVec,
+    /// `docstream_extractor_shared_slot_losses_total{extractor}`: leases of
+    /// shared slots that ran out under a call (a stalled process).
+    pub shared_slot_losses: IntCounterVec,
+    /// `docstream_extractor_wait_seconds{extractor, wait="slot|shared_slot|token"}`:
+    /// time a call waited for this process's slot, then a deployment-wide
+    /// slot, then the rate limit.
     pub wait_seconds: HistogramVec,
     /// `docstream_extractor_retry_after_seconds_total{extractor}`: seconds
     /// waited because the provider answered with `Retry-After`.
@@ -287,7 +296,27 @@ impl ExtractorMetrics {
             IntGaugeVec::new(
                 Opts::new(
                     "docstream_extractor_max_concurrency",
-                    "The most calls this process makes to an external extractor at once.",
+                    "The most calls the whole deployment makes to an external extractor at once.",
+                ),
+                &["extractor"],
+            ),
+        );
+        let shared_slots_held = register(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "docstream_extractor_shared_slots_held",
+                    "Slots of an extractor's deployment-wide cap this process holds.",
+                ),
+                &["extractor"],
+            ),
+        );
+        let shared_slot_losses = register(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "docstream_extractor_shared_slot_losses_total",
+                    "Leases of deployment-wide slots that ran out while a call held them.",
                 ),
                 &["extractor"],
             ),
@@ -295,7 +324,7 @@ impl ExtractorMetrics {
         let wait_seconds = register(registry, HistogramVec::new(
             HistogramOpts::new(
                 "docstream_extractor_wait_seconds",
-                "Time a call waited for a concurrency slot (wait=slot), then for the rate limit (wait=token).",
+                "Time a call waited for this process's slot (wait=slot), a deployment-wide slot (wait=shared_slot), then the rate limit (wait=token).",
             )
             .buckets(vec![0.001, 0.005].into_iter().chain(call_buckets).collect()),
             &["extractor", "wait"],
@@ -315,6 +344,8 @@ impl ExtractorMetrics {
             call_seconds,
             in_flight,
             max_concurrency,
+            shared_slots_held,
+            shared_slot_losses,
             wait_seconds,
             retry_after_seconds,
         }

@@ -136,7 +136,7 @@ impl Services {
             webhooks.clone(),
         );
         let cpu = CpuPool::new(settings.extraction_threads);
-        let extractors = Extractors::new(&settings, &metrics, cpu.clone())?;
+        let extractors = Extractors::new(&settings, &metrics, cpu.clone(), &pool)?;
         let key_cache = settings.api_key_cache_s.get();
         let answer_bound = settings.http_answer_timeout_s.get();
         let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);

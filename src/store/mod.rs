@@ -17,6 +17,7 @@ pub mod list;
 pub mod orphans;
 pub mod retention;
 mod row;
+pub mod slots;
 pub(crate) mod submit;
 pub mod tenants;
 pub mod transitions;
