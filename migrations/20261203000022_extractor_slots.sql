@@ -13,3 +13,12 @@ CREATE TABLE extractor_slots (
     leased_until timestamptz NOT NULL DEFAULT '-infinity',
     PRIMARY KEY (extractor, slot)
 );
+
+-- An extractor's requests_per_second across the deployment: when the next
+-- call may start. A call takes the next start (at least now) and moves it
+-- one spacing on, in one statement, so calls are spaced evenly whichever
+-- worker makes them.
+CREATE TABLE extractor_rates (
+    extractor  text        PRIMARY KEY,
+    next_start timestamptz NOT NULL
+);

@@ -1,7 +1,7 @@
 //! Named external extractors: each an HTTP service that implements the
 //! extractor protocol (see `extract::http`), with its own call timeout, a
 //! concurrency cap across the deployment (and optionally per process), and a
-//! rate limit per worker process.
+//! rate limit across the deployment.
 //!
 //! In TOML they are tables, `[extractors.NAME]`. In the environment,
 //! `DOCSTREAM_EXTRACTORS` lists the names (comma-separated) and each name's
@@ -50,8 +50,9 @@ pub struct ExtractorSettings {
     /// `max_concurrency`; 0, the default, sets none (the deployment's cap
     /// alone).
     pub process_max_concurrency: usize,
-    /// Calls per second one worker process starts, spaced evenly (a token
-    /// bucket holding one token). 0, the default, sets no limit.
+    /// Calls per second the whole deployment starts, spaced evenly (a next
+    /// start time in Postgres that each call moves on). 0, the default,
+    /// sets no limit.
     pub requests_per_second: f64,
     /// Sent as `Authorization: Bearer …` when not empty.
     pub token: String,

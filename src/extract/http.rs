@@ -11,7 +11,8 @@
 //!   the job is retried with its backoff, which spends an attempt;
 //! - a 200 that is not a valid result: the job fails at once.
 //!
-//! Calls pass [`Limits`] first (a concurrency slot, then the rate limit). A
+//! Calls pass [`Limits`] first (this process's bound), then take one of the
+//! deployment's slots and their turn under its rate ([`SharedCap`]). A
 //! call's future may be dropped at any point (a cancelled job, a drain that
 //! ran out): the connection is then closed, which tells the provider to stop.
 
@@ -76,7 +77,7 @@ impl HttpExtractor {
             .build()?;
         Ok(Self {
             name: name.to_owned(),
-            limits: Limits::new(settings.process_cap(), settings.requests_per_second),
+            limits: Limits::new(settings.process_cap()),
             shared,
             settings: settings.clone(),
             client,
@@ -139,16 +140,27 @@ impl HttpExtractor {
             _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
             slot = self.shared.acquire() => slot,
         };
+        let shared_wait = asked.elapsed();
+        // The slot first, so a call that waits for its start is one that
+        // will start then.
+        let token_wait = match self.settings.requests_per_second {
+            rate if rate > 0.0 => tokio::select! {
+                biased;
+                _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
+                waited = self.shared.pace(Duration::from_secs_f64(1.0 / rate)) => waited,
+            },
+            _ => Duration::ZERO,
+        };
         let waits = &self.metrics.wait_seconds;
         waits
             .with_label_values(&[&self.name, "slot"])
             .observe(admitted.slot_wait.as_secs_f64());
         waits
             .with_label_values(&[&self.name, "shared_slot"])
-            .observe(asked.elapsed().as_secs_f64());
+            .observe(shared_wait.as_secs_f64());
         waits
             .with_label_values(&[&self.name, "token"])
-            .observe(admitted.token_wait.as_secs_f64());
+            .observe(token_wait.as_secs_f64());
         // Set where calls are made, so only worker processes export the cap.
         let cap = i64::try_from(self.settings.max_concurrency).unwrap_or(i64::MAX);
         let cap_gauge = self

@@ -1,4 +1,5 @@
-//! An extractor's `max_concurrency` across the whole deployment: before a
+//! An extractor's `max_concurrency` and `requests_per_second` across the
+//! whole deployment. Before a
 //! call, a worker process leases one of the extractor's slots in Postgres
 //! (`store::slots`), renews the lease while the call lasts, and gives the
 //! slot back when it ends, however it ends. A process that crashes or
@@ -9,6 +10,10 @@
 //! query per poll per process, not one per waiting call. It asks again as
 //! soon as any process announces a freed slot (`LISTEN`), and at the latest
 //! every [`POLL`] (a lease that ran out announces nothing).
+//!
+//! The rate is a next-start time per extractor in Postgres: a call takes it
+//! and moves it one spacing on in one statement, then waits until its start
+//! ([`SharedCap::pace`]).
 //!
 //! A call that ends while another call of the same process waits hands its
 //! lease over in memory instead of through Postgres (three round trips and
@@ -226,6 +231,24 @@ impl SharedCap {
                 }
             }
         }
+    }
+
+    /// Waits for this call's turn under the deployment's rate of one call
+    /// per `spacing`: how long it waited. Should Postgres not answer, the
+    /// call waits one spacing and goes (the rate then holds per process).
+    pub async fn pace(&self, spacing: Duration) -> Duration {
+        let asked = Instant::now();
+        let spacing_s = spacing.as_secs_f64();
+        let wait = match slots::next_start(&self.pool, &self.extractor, spacing_s).await {
+            Ok(wait) => wait,
+            Err(e) => {
+                tracing::debug!(error = %e, extractor = %self.extractor,
+                    "the deployment's rate not read; spacing this call locally");
+                spacing
+            }
+        };
+        tokio::time::sleep(wait).await;
+        asked.elapsed()
     }
 
     async fn try_acquire(&self) -> Result<Option<Lease>, crate::store::StoreError> {

@@ -8,6 +8,10 @@
 //!
 //! A release notifies [`FREED`] with the extractor's name, so processes
 //! waiting for a slot ask again at once instead of at their next poll.
+//!
+//! An extractor's rate limit is held the same way (`extractor_rates`): each
+//! call takes the next start time and moves it one spacing on
+//! ([`next_start`]).
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -124,4 +128,26 @@ pub async fn in_use(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
     )
     .fetch_all(pool)
     .await?)
+}
+
+/// Takes the next start of a call to `extractor`, at most one per
+/// `spacing_s` across the deployment: how long to wait before starting
+/// (zero when the start is now).
+pub async fn next_start(
+    pool: &PgPool,
+    extractor: &str,
+    spacing_s: f64,
+) -> Result<std::time::Duration, StoreError> {
+    let wait_s: f64 = sqlx::query_scalar(
+        "INSERT INTO extractor_rates AS r (extractor, next_start)
+         VALUES ($1, now() + make_interval(secs => $2))
+         ON CONFLICT (extractor) DO UPDATE
+            SET next_start = greatest(r.next_start, now()) + make_interval(secs => $2)
+      RETURNING extract(epoch FROM r.next_start - now())::float8 - $2",
+    )
+    .bind(extractor)
+    .bind(spacing_s)
+    .fetch_one(pool)
+    .await?;
+    Ok(std::time::Duration::from_secs_f64(wait_s.max(0.0)))
 }
