@@ -12,6 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, peak_rss_kib, scrape, stop, wait_count, wait_for, wait_healthy, TestEnv};
+
+/// Held by the tests that flood the machine (thousands of sockets at once)
+/// and the one that times `/healthz`, so none of them runs beside another:
+/// on a 2-core machine, the 4,096 sockets of the idle test opened beside the
+/// `/healthz` test made one probe wait 669 ms (150 ms on a faster machine;
+/// 6 to 14 ms alone), which measured the other test, not the process.
+static MACHINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 use docstream::events::{decode, encode, DeadLetter, ExtractionRequested};
 use futures::{FutureExt, SinkExt, StreamExt};
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
@@ -1044,6 +1051,7 @@ fn it_was_cut_off_after_the_header_read_timeout(slowloris: &Slowloris) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_and_connections_past_their_caps_are_refused_and_a_slowloris_is_cut_off() {
+    let _machine = MACHINE.lock().await;
     let mut capped = a_server_with_small_caps().await;
     let mut open = two_export_streams_open_and_a_third_is_refused_503(&capped).await;
     one_import_fits_beside_them_and_the_next_gets_429(&capped, &mut open).await;
@@ -1129,6 +1137,7 @@ async fn an_idle_socket(addr: &str, bytes: &'static [u8]) -> impl Future<Output 
 /// closed past the limit and within 8 s of opening.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_half_open_connections_are_closed_at_the_idle_limit_and_a_real_client_is_served() {
+    let _machine = MACHINE.lock().await;
     let env = TestEnv::new("limits_idle").await;
     let idle = [("DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S", "5".to_owned())];
     let (mut serve, addr, _) = spawn_serve(&env, &idle, "limits-idle-serve");
@@ -1264,6 +1273,7 @@ async fn a_client_sends_new_patterns(
 /// its patterns within the answer bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_slow_to_compile_patterns_leave_healthz_fast() {
+    let _machine = MACHINE.lock().await;
     let env = TestEnv::new("limits_patterns").await;
     let (mut serve, addr, _) = spawn_serve(&env, &[], "limits-patterns-serve");
     let base = format!("http://{addr}");
