@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::events::PublishReason;
+use crate::kafka::Lane;
 use crate::pipeline::{Services, Stage};
 use crate::store;
 use crate::store::orphans::{self, Orphan};
@@ -76,9 +77,13 @@ pub async fn reclaim(
     let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
         anyhow::bail!("extraction {id} is unknown or has nothing left to do");
     };
+    let lane = match store::get(&services.pool, id).await? {
+        Some(row) => crate::pipeline::jobs::lane(&row),
+        None => Lane::default(),
+    };
     services
         .jobs
-        .republish(stage, id, PublishReason::Operator)
+        .republish(stage, id, lane, PublishReason::Operator)
         .await?;
     let (what, topic) = match stage {
         Stage::Extraction => ("", &services.jobs.stage(stage).topic),

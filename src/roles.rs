@@ -214,10 +214,10 @@ async fn consumer<H: RecordHandler>(
     Ok(())
 }
 
-/// A reaper's sweeps until their shutdown, as a role: they run beside the
-/// role's consumers.
-async fn reaper(sweeps: impl Future<Output = ()>) -> RoleResult {
-    sweeps.await;
+/// A loop that runs beside the role's consumers until its shutdown (a
+/// reaper's sweeps, the weights' refresh), as a role.
+async fn companion(run: impl Future<Output = ()>) -> RoleResult {
+    run.await;
     Ok(())
 }
 
@@ -294,7 +294,7 @@ pub async fn run(
     }
     if mix.workers > 0 {
         let reaper =
-            reaper(Reaper::new(services.clone(), ReaperKind::Extraction).run(stop.clone()));
+            companion(Reaper::new(services.clone(), ReaperKind::Extraction).run(stop.clone()));
         roles.push(("extraction-reaper", Box::pin(reaper)));
     }
     for _ in 0..mix.bbox_workers {
@@ -304,12 +304,15 @@ pub async fn run(
         ));
     }
     if mix.bbox_workers > 0 {
-        let reaper = reaper(Reaper::new(services.clone(), ReaperKind::Bbox).run(stop.clone()));
+        let reaper = companion(Reaper::new(services.clone(), ReaperKind::Bbox).run(stop.clone()));
         roles.push(("bbox-reaper", Box::pin(reaper)));
     }
     if mix.workers + mix.bbox_workers > 0 {
-        let reaper = reaper(Reaper::new(services.clone(), ReaperKind::Webhook).run(stop.clone()));
+        let reaper =
+            companion(Reaper::new(services.clone(), ReaperKind::Webhook).run(stop.clone()));
         roles.push(("webhook-reaper", Box::pin(reaper)));
+        let weights = crate::pipeline::weights::keep_current(services.clone(), stop.clone());
+        roles.push(("weights", Box::pin(companion(weights))));
     }
     supervise(roles, stop).await
 }

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::ApiError;
 use crate::admission::Permit;
 use crate::auth::Caller;
-use crate::domain::{ExtractionRequest, ExtractionStatus, Scope, Transition};
+use crate::domain::{ExtractionRequest, ExtractionStatus, Priority, Scope, Transition};
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::pipeline;
@@ -56,6 +56,9 @@ pub(super) struct ExtractionView {
     /// Claims so far.
     #[schemars(range(min = 0))]
     attempts: i32,
+    /// Which waiting work a worker starts first (`normal` unless the request
+    /// said).
+    priority: Priority,
     idempotency_key: Option<String>,
     submitted_at: DateTime<Utc>,
     started_at: Option<DateTime<Utc>>,
@@ -104,6 +107,7 @@ impl From<Extraction> for ExtractionView {
             id: row.id,
             status: row.status,
             attempts: row.attempts,
+            priority: row.priority,
             idempotency_key: row.idempotency_key,
             submitted_at: row.submitted_at,
             started_at: row.started_at,

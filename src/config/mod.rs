@@ -354,6 +354,16 @@ settings! {
     /// (`db_batch_max`), so a few hundred in flight cost a few commits, not a
     /// few hundred.
     consumer_max_in_flight: usize = 384_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT", at_least(1);
+    /// Records of one partition a consumer receives ahead of its free slots
+    /// before it pauses the partition. The worker chooses what to start
+    /// among the records it received (priority, then tenants' shares), so
+    /// this is how deep into a backlog that choice sees: a partition's record
+    /// further back waits its turn in the log. A waiting record costs its
+    /// few hundred bytes, and holds its partition's commit point back.
+    consumer_read_ahead: usize = 4_096_usize, env "DOCSTREAM_CONSUMER_READ_AHEAD", at_least(1);
+    /// The longest a received record is passed over by more urgent ones:
+    /// past it, it starts in the order it arrived, whatever its priority.
+    worker_priority_max_wait_s: Seconds = Seconds::new(30), env "DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S", positive;
     /// How long a stopping consumer waits for in-flight records before it gives up
     /// on them (they are not committed and will be redelivered).
     subscriber_drain_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S", positive;

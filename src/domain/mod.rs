@@ -5,6 +5,7 @@
 
 mod limits;
 pub mod pattern;
+mod priority;
 mod request;
 mod retry;
 pub mod schema;
@@ -13,6 +14,7 @@ mod state;
 mod tenant;
 
 pub use limits::{RequestLimits, ResultLimits};
+pub use priority::Priority;
 pub use request::{
     extractor_name_is_valid, idempotency_key_is_valid, Document, ExtractionRequest, FieldSpec,
     FieldType, Page, RequestError, Word, WordRef, MAX_EXTRACTOR_NAME_LEN, MAX_IDEMPOTENCY_KEY_LEN,

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{schema, RequestLimits};
+use super::{schema, Priority, RequestLimits};
 
 /// Longest idempotency key accepted, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -55,6 +55,12 @@ pub struct ExtractionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_EXTRACTOR_NAME_LEN))]
     pub extractor: Option<String>,
+    /// `high`, `normal` (the default) or `low`: which waiting work a worker
+    /// starts first. A low job is never passed over for longer than the
+    /// deployment's bound (`DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S`). Any other
+    /// value gets 422.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
 }
 
 /// The built-in rule extractor's name, used when a request names none.

@@ -93,6 +93,7 @@ async fn extract(
         webhook_url: None,
         metadata: None,
         extractor: None,
+        priority: None,
     };
     if let Some(field) = request
         .fields

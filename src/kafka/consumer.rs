@@ -29,7 +29,7 @@
 //!   passing reason is retried with backoff until it succeeds or its partition
 //!   is stopped.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -45,9 +45,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{is_fatal, report_error, report_log};
+use super::lane::Lane;
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
+use super::schedule::{Scheduler, Weights};
 use super::Publisher;
 use crate::config::GroupProtocol;
+use crate::domain::Priority;
 use crate::events::{CodecError, DeadLetter, Source};
 use crate::health::Health;
 use crate::metrics::{KafkaStats, Metrics};
@@ -164,6 +167,12 @@ pub struct ConsumerSpec {
     pub dlq_excerpt_bytes: usize,
     /// Most records in flight at once.
     pub max_in_flight: usize,
+    /// Records of a partition received ahead and waiting before it is paused.
+    pub read_ahead: usize,
+    /// The longest a waiting record is passed over by more urgent ones.
+    pub priority_max_wait: Duration,
+    /// Tenants' shares of the slots when several have records waiting.
+    pub weights: Weights,
     /// How long a stop waits for in-flight records.
     pub drain_timeout: Duration,
     /// How long a revoke waits for the revoked partitions' in-flight records.
@@ -199,51 +208,17 @@ pub enum ConsumerError {
     },
 }
 
-/// A received record waiting for a free slot, with its partition's assignment
-/// generation at receipt.
+/// A received record waiting for a free slot, with its ticket from receipt.
 struct Buffered {
     record: Record,
-    generation: Option<u64>,
+    ticket: Ticket,
 }
 
-/// Received records waiting for a slot, one queue per partition, started
-/// round-robin across partitions and in offset order within each: a partition
-/// with a deep backlog cannot starve the others (among them, the head records a
-/// dead member left behind, whose jobs wait to be taken over).
-#[derive(Default)]
+/// Received records waiting for a slot, in the order [`Scheduler`] gives,
+/// and the partitions paused because too many of theirs wait.
 struct Buffer {
-    queues: BTreeMap<i32, VecDeque<Buffered>>,
-    /// Partitions paused because their queue reached the bound.
+    scheduler: Scheduler<Buffered>,
     paused: BTreeSet<i32>,
-    /// The partition after which the next pop starts looking.
-    last: Option<i32>,
-    len: usize,
-}
-
-impl Buffer {
-    fn push(&mut self, buffered: Buffered) -> usize {
-        let queue = self.queues.entry(buffered.record.partition).or_default();
-        queue.push_back(buffered);
-        self.len += 1;
-        queue.len()
-    }
-
-    fn pop(&mut self) -> Option<Buffered> {
-        let after = self.last.map_or(i32::MIN, |p| p.saturating_add(1));
-        let partition = self
-            .queues
-            .range(after..)
-            .chain(self.queues.range(..after))
-            .find(|(_, queue)| !queue.is_empty())
-            .map(|(p, _)| *p)?;
-        self.last = Some(partition);
-        self.len -= 1;
-        self.queues.get_mut(&partition)?.pop_front()
-    }
-
-    fn queued(&self, partition: i32) -> usize {
-        self.queues.get(&partition).map_or(0, VecDeque::len)
-    }
 }
 
 /// Bookkeeping shared by the run loop, the record tasks and the rebalance
@@ -373,21 +348,26 @@ impl Shared {
         self.finished.notify_all();
     }
 
-    fn begin(&self, record: &Record) -> (Ticket, CancellationToken) {
+    /// Records `record` as received: from now on it holds its partition's
+    /// commit point back until it is delivered.
+    fn receive(&self, record: &Record) -> Ticket {
         let tp = (record.topic.clone(), record.partition);
-        let mut state = self.lock();
-        let stop = state
-            .stops
-            .entry(tp.clone())
-            .or_insert_with(|| self.shutdown.child_token())
-            .child_token();
-        (state.tracker.begin(tp, record.offset), stop)
+        self.lock().tracker.receive(tp, record.offset)
     }
 
-    /// The current assignment generation of the record's partition.
-    fn generation(&self, record: &Record) -> Option<u64> {
-        let tp = (record.topic.clone(), record.partition);
-        self.lock().tracker.generation(&tp)
+    /// Starts a received record: its stop token, or `None` when its
+    /// partition was reassigned since it was received.
+    fn start(&self, ticket: &Ticket) -> Option<CancellationToken> {
+        let mut state = self.lock();
+        if !state.tracker.start(ticket) {
+            return None;
+        }
+        let stop = state
+            .stops
+            .entry(ticket.partition.clone())
+            .or_insert_with(|| self.shutdown.child_token())
+            .child_token();
+        Some(stop)
     }
 
     fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
@@ -516,20 +496,28 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     pub async fn run(self) -> Result<(), ConsumerError> {
         let shutdown = self.shared.shutdown.clone();
         let mut tasks: JoinSet<()> = JoinSet::new();
-        let mut buffer = Buffer::default();
+        let mut buffer = Buffer {
+            scheduler: Scheduler::new(self.spec.priority_max_wait, self.spec.weights.clone()),
+            paused: BTreeSet::new(),
+        };
+        let waiting = self.waiting_gauges();
         loop {
             while tasks.len() < self.spec.max_in_flight {
-                let Some(next) = buffer.pop() else { break };
-                self.resume_below_low_watermark(&mut buffer, next.record.partition);
-                if self.shared.generation(&next.record) == next.generation {
-                    self.start(&mut tasks, next.record);
-                } else {
-                    tracing::debug!(
-                        partition = next.record.partition,
+                let Some((next, partition)) = buffer.scheduler.pop(Instant::now()) else {
+                    break;
+                };
+                self.resume_below_low_watermark(&mut buffer, partition);
+                match self.shared.start(&next.ticket) {
+                    Some(stop) => self.start(&mut tasks, next, stop),
+                    None => tracing::debug!(
+                        partition,
                         offset = next.record.offset,
                         "buffered record dropped: its partition was reassigned"
-                    );
+                    ),
                 }
+            }
+            for (gauge, priority) in waiting.iter().zip(Priority::ALL) {
+                gauge.set(buffer.scheduler.waiting_of(priority) as i64);
             }
             tokio::select! {
                 biased;
@@ -557,9 +545,9 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         headers: headers_of(&record),
                     };
                     self.metrics.consumer.events_consumed.with_label_values(&[&record.topic]).inc();
-                    let generation = self.shared.generation(&record);
-                    let partition = record.partition;
-                    let queued = buffer.push(Buffered { record, generation });
+                    let ticket = self.shared.receive(&record);
+                    let (partition, lane) = (record.partition, Lane::of(&record));
+                    let queued = buffer.scheduler.push(Buffered { record, ticket }, partition, lane, Instant::now());
                     self.pause_at_bound(&mut buffer, partition, queued);
                 }
             }
@@ -567,8 +555,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         self.stop(tasks).await
     }
 
-    fn start(&self, tasks: &mut JoinSet<()>, record: Record) {
-        let (ticket, stop) = self.shared.begin(&record);
+    fn start(&self, tasks: &mut JoinSet<()>, buffered: Buffered, stop: CancellationToken) {
+        let Buffered { record, ticket } = buffered;
         self.handler.starting(&record);
         let gauge = self.in_flight_gauge(&ticket);
         gauge.inc();
@@ -589,11 +577,10 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         });
     }
 
-    /// Pauses a partition once its queue in the local buffer is full. Records
-    /// are handled `max_in_flight` at a time; the queue in front of them (eight
-    /// times that per partition, at least 256) keeps work ready while a resumed
-    /// partition refetches (a shallower queue made the burn-down slower).
-    /// Pausing per partition keeps one deep backlog from starving the others.
+    /// Pauses a partition once `read_ahead` of its records wait (at least
+    /// twice the in-flight bound, so work stays ready while a resumed
+    /// partition refetches). Pausing per partition keeps one deep backlog
+    /// from starving the others.
     fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32, queued: usize) {
         if queued < self.queue_bound() || buffer.paused.contains(&partition) {
             return;
@@ -614,9 +601,10 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         }
     }
 
-    /// Resumes a paused partition once its queue fell to half the bound.
+    /// Resumes a paused partition once its waiting records fell to half the bound.
     fn resume_below_low_watermark(&self, buffer: &mut Buffer, partition: i32) {
-        if !buffer.paused.contains(&partition) || buffer.queued(partition) > self.queue_bound() / 2
+        if !buffer.paused.contains(&partition)
+            || buffer.scheduler.waiting(partition) > self.queue_bound() / 2
         {
             return;
         }
@@ -631,7 +619,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     }
 
     fn queue_bound(&self) -> usize {
-        (self.spec.max_in_flight * 8).max(256)
+        self.spec.read_ahead.max(self.spec.max_in_flight * 2)
     }
 
     /// Shutdown: pause, drain within the timeout, commit the delivered prefix.
@@ -687,6 +675,15 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             .consumer
             .in_flight
             .with_label_values(&[topic.as_str(), &partition.to_string()])
+    }
+
+    fn waiting_gauges(&self) -> [prometheus::IntGauge; 3] {
+        Priority::ALL.map(|p| {
+            self.metrics
+                .consumer
+                .waiting
+                .with_label_values(&[self.shared.topic.as_str(), p.as_str()])
+        })
     }
 
     fn paused_gauge(&self) -> prometheus::IntGauge {

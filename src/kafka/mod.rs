@@ -6,9 +6,12 @@ pub mod admin;
 pub mod consumer;
 pub mod context;
 pub mod groups;
+pub mod lane;
 pub mod offsets;
 pub mod publisher;
 pub mod reader;
+pub mod schedule;
 
 pub use consumer::{ConsumerSpec, HandlerError, Record, RecordHandler};
+pub use lane::Lane;
 pub use publisher::{PublishError, Publisher};

@@ -1,10 +1,11 @@
 //! Which offset of a partition may be committed: the end of its contiguous
 //! delivered prefix. Pure bookkeeping, no I/O; the consumer runtime feeds it.
 //!
-//! Records of one partition may finish in any order. The commit point is the
-//! lowest offset still in flight (everything below it was received earlier and
-//! has finished), or one past the highest finished offset when nothing is in
-//! flight. A partition's state is dropped when it is revoked and begins afresh,
+//! Records of one partition are received in offset order and may start and
+//! finish in any order (the consumer starts urgent work first). The commit
+//! point is the lowest offset received and not delivered (everything below it
+//! was received earlier and was delivered), or one past the highest delivered
+//! offset when nothing is in flight. A partition's state is dropped when it is revoked and begins afresh,
 //! with a new generation, when it is assigned again, so a record that finishes
 //! after its partition moved away can never advance the new owner's state.
 
@@ -17,9 +18,9 @@ pub type TopicPartition = (String, i32);
 #[derive(Debug, Default)]
 struct PartitionState {
     generation: u64,
-    /// Received and not delivered.
+    /// Received and not delivered (started or not).
     in_flight: BTreeSet<i64>,
-    /// Records whose handling has not finished yet (delivered or not).
+    /// Records started whose handling has not finished yet (delivered or not).
     running: usize,
     /// One past the highest finished offset.
     finished_end: Option<i64>,
@@ -61,8 +62,11 @@ impl OffsetTracker {
         self.partitions.remove(partition);
     }
 
-    /// Records that `offset` was received and is now in flight.
-    pub fn begin(&mut self, partition: TopicPartition, offset: i64) -> Ticket {
+    /// Records that `offset` was received: it is in flight from now on, and
+    /// holds the commit point back until it is delivered, whenever it
+    /// starts. Records of a partition must be received in offset order; they
+    /// may start in any order.
+    pub fn receive(&mut self, partition: TopicPartition, offset: i64) -> Ticket {
         if !self.partitions.contains_key(&partition) {
             tracing::debug!(
                 ?partition,
@@ -73,12 +77,31 @@ impl OffsetTracker {
         }
         let state = self.partitions.get_mut(&partition).expect("just ensured");
         state.in_flight.insert(offset);
-        state.running += 1;
         Ticket {
             generation: state.generation,
             partition,
             offset,
         }
+    }
+
+    /// Records that the ticket's record starts handling; false (and nothing
+    /// recorded) when its partition was revoked or assigned again since it
+    /// was received, so the record is not this consumer's to handle.
+    pub fn start(&mut self, ticket: &Ticket) -> bool {
+        match self.partitions.get_mut(&ticket.partition) {
+            Some(state) if state.generation == ticket.generation => {
+                state.running += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Receives and starts `offset` at once.
+    pub fn begin(&mut self, partition: TopicPartition, offset: i64) -> Ticket {
+        let ticket = self.receive(partition, offset);
+        self.start(&ticket);
+        ticket
     }
 
     /// Records that the ticket's record finished handling, delivered or not.
@@ -208,5 +231,35 @@ mod tests {
             Some(0),
             "offset 0 is redelivered"
         );
+    }
+
+    #[test]
+    fn a_record_received_and_not_started_holds_the_point_back() {
+        let mut tracker = OffsetTracker::default();
+        tracker.assign(tp());
+        let waiting = tracker.receive(tp(), 0);
+        let urgent = tracker.receive(tp(), 1);
+        assert!(tracker.start(&urgent));
+        assert_eq!(tracker.running(&tp()), 1, "only the started one runs");
+        assert_eq!(
+            tracker.finish(&urgent, true),
+            Some(0),
+            "0 is not delivered yet: the point stays before it"
+        );
+        assert!(tracker.start(&waiting));
+        assert_eq!(tracker.finish(&waiting, true), Some(2));
+    }
+
+    #[test]
+    fn a_record_received_before_a_reassignment_does_not_start() {
+        let mut tracker = OffsetTracker::default();
+        tracker.assign(tp());
+        let old = tracker.receive(tp(), 7);
+        tracker.revoke(&tp());
+        tracker.assign(tp());
+        assert!(!tracker.start(&old));
+        assert_eq!(tracker.running(&tp()), 0);
+        let new = tracker.begin(tp(), 7);
+        assert_eq!(tracker.finish(&new, true), Some(8));
     }
 }

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use uuid::Uuid;
 
 use super::context::Reporting;
+use super::lane::{self, Lane};
 use crate::events::{encode, CodecError, Event};
 use crate::health::{Dependency, Health};
 use crate::metrics::{KafkaStats, Metrics};
@@ -59,9 +60,43 @@ struct Outgoing {
     topic: String,
     key: Option<Vec<u8>>,
     payload: Vec<u8>,
-    /// `traceparent`, for a record about a job.
-    traceparent: Option<String>,
+    /// The headers of a record about a job.
+    headers: Option<JobHeaders>,
     ack: oneshot::Sender<Result<(), KafkaError>>,
+}
+
+/// The headers of a record about a job: its trace context and, for a record
+/// that hands it to a stage's workers, its lane.
+struct JobHeaders {
+    traceparent: String,
+    lane: Option<Lane>,
+}
+
+impl JobHeaders {
+    fn owned(&self) -> OwnedHeaders {
+        let headers = OwnedHeaders::new_with_capacity(3).insert(Header {
+            key: trace::TRACEPARENT,
+            value: Some(self.traceparent.as_str()),
+        });
+        let Some(lane) = self.lane else {
+            return headers;
+        };
+        let headers = headers.insert(Header {
+            key: lane::PRIORITY_HEADER,
+            value: Some(lane.priority.as_str()),
+        });
+        match lane.tenant {
+            Some(tenant) => headers.insert(Header {
+                key: lane::TENANT_HEADER,
+                value: Some(
+                    tenant
+                        .as_hyphenated()
+                        .encode_lower(&mut Uuid::encode_buffer()),
+                ),
+            }),
+            None => headers,
+        }
+    }
 }
 
 /// The producer records are sent through; replaced after a fatal error.
@@ -189,10 +224,25 @@ impl Publisher {
         id: Uuid,
         event: &E,
     ) -> Result<(), PublishError> {
+        self.publish_job_in(topic, id, None, event).await
+    }
+
+    /// [`publish_job`](Self::publish_job) for a record that hands the job to
+    /// a stage's workers: it also names the job's `lane` in its headers.
+    pub async fn publish_job_in<E: Event>(
+        &self,
+        topic: &str,
+        id: Uuid,
+        lane: Option<Lane>,
+        event: &E,
+    ) -> Result<(), PublishError> {
         let payload = encode(event)?;
-        let traceparent = trace::traceparent_for(id).header();
+        let headers = JobHeaders {
+            traceparent: trace::traceparent_for(id).header(),
+            lane,
+        };
         let key = id.to_string();
-        self.send(topic, Some(key.as_bytes()), payload, Some(traceparent))
+        self.send(topic, Some(key.as_bytes()), payload, Some(headers))
             .await
     }
 
@@ -211,7 +261,7 @@ impl Publisher {
         topic: &str,
         key: Option<&[u8]>,
         payload: Vec<u8>,
-        traceparent: Option<String>,
+        headers: Option<JobHeaders>,
     ) -> Result<(), PublishError> {
         let inner = &self.inner;
         if inner.closed.load(Ordering::SeqCst) {
@@ -226,9 +276,7 @@ impl Publisher {
             .publish_failures
             .with_label_values(&[topic]);
         let started = std::time::Instant::now();
-        let outcome = self
-            .enqueue_and_wait(topic, key, payload, traceparent)
-            .await;
+        let outcome = self.enqueue_and_wait(topic, key, payload, headers).await;
         drop(pending);
         match outcome {
             Ok(()) => {
@@ -259,14 +307,14 @@ impl Publisher {
         topic: &str,
         key: Option<&[u8]>,
         payload: Vec<u8>,
-        traceparent: Option<String>,
+        headers: Option<JobHeaders>,
     ) -> Result<(), KafkaError> {
         let (ack, acked) = oneshot::channel();
         let outgoing = Outgoing {
             topic: topic.to_owned(),
             key: key.map(<[u8]>::to_vec),
             payload,
-            traceparent,
+            headers,
             ack,
         };
         let shut = || KafkaError::Canceled;
@@ -349,11 +397,8 @@ async fn send_records(send_point: SendPoint, mut outgoing: mpsc::Receiver<Outgoi
             if let Some(key) = &record.key {
                 future_record = future_record.key(key);
             }
-            if let Some(traceparent) = &record.traceparent {
-                future_record = future_record.headers(OwnedHeaders::new().insert(Header {
-                    key: trace::TRACEPARENT,
-                    value: Some(traceparent.as_str()),
-                }));
+            if let Some(headers) = &record.headers {
+                future_record = future_record.headers(headers.owned());
             }
             match producer.send_result(future_record) {
                 Ok(delivery) => {

@@ -111,6 +111,9 @@ pub struct ConsumerMetrics {
     pub in_flight: IntGaugeVec,
     /// `docstream_consumer_paused_partitions{topic}`: paused for backpressure.
     pub paused_partitions: IntGaugeVec,
+    /// `docstream_consumer_waiting_records{topic, priority}`: received and
+    /// not started, by the priority their records name.
+    pub waiting: IntGaugeVec,
     /// `docstream_consumer_pauses_total{topic}`: times the in-flight bound was hit.
     pub pauses: IntCounterVec,
     /// `docstream_dead_letters_total{reason}`: poison records acknowledged by the DLQ.
@@ -149,6 +152,12 @@ impl ConsumerMetrics {
                 "docstream_consumer_paused_partitions",
                 "Partitions paused for backpressure.",
                 &["topic"],
+            ),
+            waiting: gauge_vec(
+                registry,
+                "docstream_consumer_waiting_records",
+                "Records received and not started yet, by priority.",
+                &["topic", "priority"],
             ),
             pauses: counter_vec(
                 registry,

@@ -15,6 +15,7 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::jobs::lane;
 use super::Services;
 use crate::domain::{Stage, Transition};
 use crate::events::PublishReason;
@@ -183,7 +184,7 @@ async fn effects(services: &Services, applied: Applied) {
         if let Err(e) = emitted.await {
             tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
         }
-        match jobs.hand_over(Stage::Extraction, row.id, reason).await {
+        match jobs.hand_over(Stage::Extraction, row.id, lane(row), reason).await {
             Ok(()) => Some(row.id),
             Err(e) => {
                 tracing::warn!(id = %row.id, error = %e, "retried job not published; the reaper will");

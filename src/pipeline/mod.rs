@@ -24,6 +24,7 @@ pub mod reaper;
 pub mod retention;
 mod stamps;
 pub(crate) mod submit;
+pub mod weights;
 mod worker;
 
 pub use batched::{BatchLimits, Batched};
@@ -51,6 +52,7 @@ use crate::events::{decode, Event};
 use crate::extract::{CpuPool, Deadline, Extractors};
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
+use crate::kafka::schedule::Weights;
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::quota::{FailedAuthentications, SubmitRates};
@@ -105,6 +107,9 @@ pub struct Parts {
     pub failed_authentications: FailedAuthentications,
     /// The limit on this process's submits in flight (the HTTP route's).
     pub admission: Admission,
+    /// Tenants' weights, for the share of a consumer's slots each gets when
+    /// several have records waiting (kept current by `weights::keep_current`).
+    pub weights: Weights,
 }
 
 impl Services {
@@ -157,6 +162,7 @@ impl Services {
             submit_rates: SubmitRates::default(),
             failed_authentications: FailedAuthentications::default(),
             admission,
+            weights: Weights::default(),
         })))
     }
 
@@ -209,6 +215,9 @@ impl Services {
             dlq_topic: settings.topic(&settings.topic_dlq),
             dlq_excerpt_bytes: settings.dlq_excerpt_bytes,
             max_in_flight: settings.consumer_max_in_flight,
+            read_ahead: settings.consumer_read_ahead,
+            priority_max_wait: settings.worker_priority_max_wait_s.get(),
+            weights: self.weights.clone(),
             drain_timeout: settings.subscriber_drain_timeout_s.get(),
             rebalance_drain_timeout: settings.rebalance_drain_timeout_s.get(),
             session_timeout_ms: settings.kafka_session_timeout_ms,

@@ -21,6 +21,7 @@
 //! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off, and
 //! so is one naming an extractor that the settings do not have.
 
+use super::jobs::lane;
 use super::Services;
 use crate::config::RULES;
 use crate::domain::{ExtractionStatus, Transition};
@@ -163,9 +164,10 @@ pub async fn publish_created(services: &Services, row: &Extraction) -> Result<()
 async fn publish_job(services: &Services, row: &Extraction) -> Result<(), PublishError> {
     let topic = services.settings.topic(&services.settings.topic_submitted);
     let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
+    let lane = Some(lane(row));
     services
         .publisher
-        .publish_job(&topic, row.id, &event)
+        .publish_job_in(&topic, row.id, lane, &event)
         .await?;
     services.stamps.published(row.id);
     Ok(())

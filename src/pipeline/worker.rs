@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use uuid::Uuid;
 
+use super::jobs::lane;
 use super::lease::Held;
 use super::{job_record, JobError, Services};
 use crate::domain::{BboxStatus, ExtractionStatus, Stage};
@@ -303,15 +304,15 @@ impl ExtractionWorker {
             let row = store::get(&self.services.pool, id)
                 .await
                 .map_err(JobError::from)?;
-            let owes_request = row.as_ref().is_some_and(|row| {
+            let owed = row.filter(|row| {
                 row.status == ExtractionStatus::Succeeded
                     && row.bbox_refinement().is_some_and(|b| {
                         b.status == BboxStatus::Pending && b.published_at.is_none()
                     })
             });
-            if !owes_request {
+            let Some(owed) = owed else {
                 return Ok(());
-            }
+            };
             if stop.is_cancelled() {
                 return Err(HandlerError::Transient(format!(
                     "stopped while {id}'s follow-up was unacknowledged"
@@ -319,7 +320,8 @@ impl ExtractionWorker {
             }
             if tokio::time::Instant::now() >= give_up {
                 tracing::info!(%id, "completing a follow-up its holder never acknowledged");
-                let requested = self.services.jobs.request_bbox_refinement(id, reason);
+                let jobs = &self.services.jobs;
+                let requested = jobs.request_bbox_refinement(id, lane(&owed), reason);
                 return Ok(requested.await?);
             }
             tokio::select! {

@@ -18,7 +18,7 @@
 //! time.
 
 use crate::config::Settings;
-use crate::domain::Stage;
+use crate::domain::{Priority, Stage};
 use serde::Serialize;
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -154,6 +154,14 @@ pub struct Orphan {
     pub class: OrphanClass,
     /// Seconds since it became an orphan.
     pub age_s: f64,
+    /// The job's tenant (in a reaper's take; `None` in a listing).
+    #[sqlx(default)]
+    #[serde(skip)]
+    pub tenant_id: Option<Uuid>,
+    /// The job's priority (in a reaper's take).
+    #[sqlx(default)]
+    #[serde(skip)]
+    pub priority: Priority,
 }
 
 /// The extraction orphans (classes 1–3) with their class and since when they
@@ -221,7 +229,7 @@ UPDATE extractions e
        ", $prefix, "orphaned_at = COALESCE(e.", $prefix, "orphaned_at, found.since)
   FROM found
  WHERE e.id = found.id
-RETURNING e.id, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
+RETURNING e.id, e.tenant_id, e.priority, found.class::int2 AS class, extract(epoch FROM now() - found.since)::float8 AS age_s"
         )
     };
 }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus, Stage};
+use crate::domain::{BboxStatus, ExtractionRequest, ExtractionStatus, Priority, Stage};
 
 /// One job: the row of `extractions`, with the columns of its side tables
 /// (`extraction_requests`, `extraction_results`) when the statement that read
@@ -68,6 +68,9 @@ pub struct Extraction {
     pub last_recovery_s: Option<f64>,
     /// Whether the request named a `webhook_url`.
     pub webhook: bool,
+    /// Which waiting work a worker starts first.
+    #[sqlx(default)]
+    pub priority: Priority,
     /// When the job's content was erased on request (a tombstone since).
     #[sqlx(default)]
     pub erased_at: Option<DateTime<Utc>>,
@@ -174,4 +177,22 @@ pub struct Claim {
     pub extraction: Extraction,
     /// Attempt number of this claim.
     pub token: i32,
+}
+
+/// A priority is stored as its name (a CHECK holds the column to the names).
+impl sqlx::Type<sqlx::Postgres> for Priority {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Priority {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let name = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(Priority::parse(name).ok_or_else(|| format!("unknown priority {name:?}"))?)
+    }
 }

@@ -30,7 +30,7 @@ use crate::domain::{
 /// comes back, without its request (the caller has it).
 pub(crate) const INSERT: &str =
     "SELECT * FROM submit_jobs($1::uuid[], $2::text[], $3::text[], $4::text[],
-                                    $5::bool[], $6::uuid[], $7::int8[])";
+                                    $5::bool[], $6::uuid[], $7::int8[], $8::text[])";
 
 /// The jobs of `$1` tenants' `$2` keys, pairwise.
 const BY_KEYS: &str = "SELECT r.* FROM unnest($1::uuid[], $2::text[]) AS k(tenant_id, key)
@@ -312,6 +312,10 @@ fn insert_statement(inserts: &[Insert]) -> InsertQuery<'_> {
         .map(|i| i.new.request.webhook_url.is_some())
         .collect();
     let caps: Vec<Option<i64>> = inserts.iter().map(|i| i.new.max_open_jobs).collect();
+    let priorities: Vec<&str> = inserts
+        .iter()
+        .map(|i| i.new.request.priority.unwrap_or_default().as_str())
+        .collect();
     sqlx::query_as::<_, Extraction>(INSERT)
         .bind(ids)
         .bind(keys)
@@ -320,6 +324,7 @@ fn insert_statement(inserts: &[Insert]) -> InsertQuery<'_> {
         .bind(webhooks)
         .bind(tenants)
         .bind(caps)
+        .bind(priorities)
 }
 
 fn replay(existing: Extraction, hash: &str) -> Result<Submitted, SubmitError> {

@@ -490,3 +490,12 @@ pub async fn accounts(pool: &PgPool, tenant_id: Option<Uuid>) -> Result<Vec<Acco
     .fetch_all(pool)
     .await?)
 }
+
+/// Every live tenant's weight that is not the default 1.
+pub async fn weights(pool: &PgPool) -> Result<Vec<(Uuid, i32)>, StoreError> {
+    let rows =
+        sqlx::query_as("SELECT id, weight FROM tenants WHERE weight <> 1 AND deleted_at IS NULL")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows)
+}

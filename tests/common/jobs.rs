@@ -54,12 +54,22 @@ pub async fn submit_bodies(
     n: usize,
     body: impl Fn(usize) -> serde_json::Value,
 ) -> Vec<Uuid> {
+    submit_as(services, DEFAULT_TENANT_ID, n, body).await
+}
+
+/// [`submit_bodies`] for `tenant`'s jobs.
+pub async fn submit_as(
+    services: &Services,
+    tenant: Uuid,
+    n: usize,
+    body: impl Fn(usize) -> serde_json::Value,
+) -> Vec<Uuid> {
     let body = &body;
     stream::iter(0..n)
         .map(|i| async move {
             let new = NewExtraction {
                 id: Uuid::new_v4(),
-                tenant_id: DEFAULT_TENANT_ID,
+                tenant_id: tenant,
                 max_open_jobs: None,
                 idempotency_key: None,
                 request: serde_json::from_value(body(i)).unwrap(),

@@ -6,7 +6,8 @@
 //! By what they help with: [`env`] (the test's world and its clean-up),
 //! [`process`] (children, signals, waiting), [`kafka`] (reading topics,
 //! offsets, watermarks), [`ws`] (WebSocket clients), [`jobs`] (jobs and
-//! counts) and [`provider`] (a fake extraction provider). Everything is
+//! counts), [`provider`] (a fake extraction provider) and [`workers`] (worker
+//! processes with external extractors). Everything is
 //! re-exported here, so tests import from `common` directly.
 #![allow(dead_code)]
 
@@ -17,6 +18,7 @@ pub mod jobs;
 pub mod kafka;
 pub mod process;
 pub mod provider;
+pub mod workers;
 pub mod ws;
 
 // Each test binary compiles this harness and uses only part of it.
@@ -28,5 +30,7 @@ pub use jobs::*;
 pub use kafka::*;
 #[allow(unused_imports)]
 pub use process::*;
+#[allow(unused_imports)]
+pub use workers::*;
 #[allow(unused_imports)]
 pub use ws::*;

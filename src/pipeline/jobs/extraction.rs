@@ -8,11 +8,12 @@
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::{JobError, Jobs};
+use super::{lane, JobError, Jobs};
 use crate::domain::{Stage, Transition};
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::failpoints;
+use crate::kafka::Lane;
 use crate::store::transitions::{self, Completion};
 use crate::store::{orphans, Extraction};
 
@@ -58,7 +59,7 @@ impl Jobs {
     ) -> Result<(), JobError> {
         failpoints::hit("worker.after_mark_succeeded").await?;
         let (requested_published, emitted) = tokio::join!(
-            self.request_bbox_refinement(id, reason),
+            self.request_bbox_refinement(id, lane(requested), reason),
             self.emit(Transition::StartBboxRefinement, requested, None, reason),
         );
         requested_published?;
@@ -69,9 +70,11 @@ impl Jobs {
     pub async fn request_bbox_refinement(
         &self,
         id: Uuid,
+        lane: Lane,
         reason: PublishReason,
     ) -> Result<(), JobError> {
-        self.hand_over(Stage::BboxRefinement, id, reason).await?;
+        self.hand_over(Stage::BboxRefinement, id, lane, reason)
+            .await?;
         Ok(self.0.batched.bbox_requested.run(id).await?)
     }
 
@@ -121,7 +124,8 @@ impl Jobs {
             .with_label_values(&["extraction"])
             .inc();
         tracing::info!(%id, attempt = token, delay_s, %error, next_attempt_at = ?row.next_attempt_at, "attempt failed; retry scheduled");
-        tokio::spawn(publish_when_due(self.clone(), id, delay_s).in_current_span());
+        let due = publish_when_due(self.clone(), id, lane(&row), delay_s);
+        tokio::spawn(due.in_current_span());
         Ok(true)
     }
 
@@ -143,7 +147,10 @@ impl Jobs {
         if let Err(e) = self.emit(Transition::RetryFailed, &row, None, reason).await {
             tracing::warn!(%id, error = %e, "lifecycle event not published");
         }
-        if let Err(e) = self.republish(Stage::Extraction, id, reason).await {
+        if let Err(e) = self
+            .republish(Stage::Extraction, id, lane(&row), reason)
+            .await
+        {
             tracing::warn!(%id, error = %e, "retried job not published; the reaper will");
         }
         tracing::info!(%id, attempts = row.attempts, "failed job retried on request");
@@ -171,7 +178,7 @@ impl Jobs {
 
 /// The delayed publish of a retry. Losing it (the process dies first) is safe:
 /// the due time is in the row, and the reaper republishes a class-3 orphan.
-async fn publish_when_due(jobs: Jobs, id: Uuid, delay_s: f64) {
+async fn publish_when_due(jobs: Jobs, id: Uuid, lane: Lane, delay_s: f64) {
     tokio::time::sleep(std::time::Duration::from_secs_f64(delay_s)).await;
     if failpoints::hit("worker.before_retry_publish")
         .await
@@ -180,7 +187,7 @@ async fn publish_when_due(jobs: Jobs, id: Uuid, delay_s: f64) {
         return;
     }
     let stage = Stage::Extraction;
-    if let Err(e) = jobs.hand_over(stage, id, PublishReason::Retry).await {
+    if let Err(e) = jobs.hand_over(stage, id, lane, PublishReason::Retry).await {
         tracing::warn!(%id, error = %e, "retry publish failed; the reaper will revive the job");
         return;
     }

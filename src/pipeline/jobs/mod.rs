@@ -20,6 +20,12 @@ mod stage;
 pub use persist::persist;
 pub use stage::RepublishError;
 
+/// The lane a job's hand-over records wait in at their workers: its tenant
+/// and priority.
+pub fn lane(row: &Extraction) -> Lane {
+    Lane::new(row.tenant_id, row.priority)
+}
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -32,7 +38,7 @@ use crate::domain::{Backoff, PerStage, Stage, Transition};
 use crate::events::{ExtractionEvent, PublishReason};
 use crate::failpoints::{self, Triggered};
 use crate::health::Health;
-use crate::kafka::{HandlerError, PublishError, Publisher};
+use crate::kafka::{HandlerError, Lane, PublishError, Publisher};
 use crate::metrics::Metrics;
 use crate::store::{Extraction, StoreError};
 use crate::webhook::Webhooks;

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::{JobError, Jobs, Parts};
 use crate::domain::Stage;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use crate::kafka::PublishError;
+use crate::kafka::{Lane, PublishError};
 use crate::pipeline::lease::{hold, Held};
 use crate::store::{leases, orphans, transitions, Claim, StoreError};
 
@@ -163,30 +163,38 @@ impl Jobs {
         &self,
         stage: Stage,
         id: Uuid,
+        lane: Lane,
         reason: PublishReason,
     ) -> Result<(), RepublishError> {
-        self.hand_over(stage, id, reason).await?;
+        self.hand_over(stage, id, lane, reason).await?;
         orphans::record_published(&self.0.pool, stage, id).await?;
         Ok(())
     }
 
-    /// Publishes the event that hands job `id`'s `stage` to its workers, and
-    /// waits for the broker's acknowledgement.
+    /// Publishes the event that hands job `id`'s `stage` to its workers, in
+    /// its `lane` (tenant and priority), and waits for the broker's
+    /// acknowledgement.
     pub async fn hand_over(
         &self,
         stage: Stage,
         id: Uuid,
+        lane: Lane,
         reason: PublishReason,
     ) -> Result<(), PublishError> {
         let topic = &self.stage(stage).topic;
+        let publisher = &self.0.publisher;
         match stage {
             Stage::Extraction => {
                 let event = ExtractionSubmitted::new(id, reason);
-                self.0.publisher.publish_job(topic, id, &event).await
+                publisher
+                    .publish_job_in(topic, id, Some(lane), &event)
+                    .await
             }
             Stage::BboxRefinement => {
                 let event = PostProcessingRequested::bbox_refinement(id, reason);
-                self.0.publisher.publish_job(topic, id, &event).await
+                publisher
+                    .publish_job_in(topic, id, Some(lane), &event)
+                    .await
             }
         }
     }

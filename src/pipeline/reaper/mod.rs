@@ -26,6 +26,7 @@ use tracing::Instrument;
 use super::{RepublishError, Services, Stage};
 use crate::events::PublishReason;
 use crate::health::Dependency;
+use crate::kafka::Lane;
 use crate::store::orphans::{self, Orphan, OrphanClass, Thresholds};
 use crate::store::{webhooks, StoreError};
 use crate::trace;
@@ -272,9 +273,13 @@ where
 /// Republishes `orphan`'s event for `stage`; true once the broker
 /// acknowledged it. A failure is retried at the orphan's next threshold.
 async fn republish(services: &Services, stage: Stage, orphan: &Orphan) -> bool {
+    let lane = Lane {
+        tenant: orphan.tenant_id,
+        priority: orphan.priority,
+    };
     match services
         .jobs
-        .republish(stage, orphan.id, PublishReason::Reaper)
+        .republish(stage, orphan.id, lane, PublishReason::Reaper)
         .await
     {
         Ok(()) => true,

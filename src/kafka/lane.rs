@@ -1,0 +1,76 @@
+//! Which line a job's record waits in at its worker: its tenant and its
+//! priority, carried in two headers of every record that hands a job to a
+//! stage's workers, so the consumer can order its waiting records without
+//! decoding them. A record without them (produced before they existed)
+//! waits with the normal priority, in a line of its own.
+
+use uuid::Uuid;
+
+use super::consumer::Record;
+use crate::domain::Priority;
+
+/// Header naming the job's tenant (its id, as text).
+pub const TENANT_HEADER: &str = "docstream-tenant";
+/// Header naming the job's priority (`high`, `normal`, `low`).
+pub const PRIORITY_HEADER: &str = "docstream-priority";
+
+/// A job's tenant and priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Lane {
+    /// The job's tenant; `None` when the record did not say.
+    pub tenant: Option<Uuid>,
+    /// The job's priority.
+    pub priority: Priority,
+}
+
+impl Lane {
+    /// The lane of a job of `tenant` with `priority`.
+    pub fn new(tenant: Uuid, priority: Priority) -> Self {
+        Self {
+            tenant: Some(tenant),
+            priority,
+        }
+    }
+
+    /// The lane `record`'s headers name; the default for what they leave out
+    /// or garble.
+    pub fn of(record: &Record) -> Self {
+        let text = |name| std::str::from_utf8(record.header(name)?).ok();
+        Self {
+            tenant: text(TENANT_HEADER).and_then(|t| Uuid::parse_str(t).ok()),
+            priority: text(PRIORITY_HEADER)
+                .and_then(Priority::parse)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(headers: &[(&str, &str)]) -> Record {
+        Record {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            payload: None,
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_record_names_its_lane_and_defaults_what_it_leaves_out() {
+        let tenant = Uuid::now_v7();
+        let tenant_text = tenant.to_string();
+        let full = record(&[(TENANT_HEADER, &tenant_text), (PRIORITY_HEADER, "high")]);
+        assert_eq!(Lane::of(&full), Lane::new(tenant, Priority::High));
+        assert_eq!(Lane::of(&record(&[])), Lane::default());
+        let garbled = record(&[(TENANT_HEADER, "x"), (PRIORITY_HEADER, "urgent")]);
+        assert_eq!(Lane::of(&garbled), Lane::default());
+    }
+}
