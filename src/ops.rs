@@ -11,8 +11,8 @@ use std::fmt::Write as _;
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::Lane;
 use crate::events::PublishReason;
-use crate::kafka::Lane;
 use crate::pipeline::{Services, Stage};
 use crate::store;
 use crate::store::orphans::{self, Orphan};

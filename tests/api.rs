@@ -96,7 +96,9 @@ async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
 #[tokio::test]
 async fn submit_inserts_then_publishes_and_reads_back() {
     let api = Api::start("api_submit").await;
-    let (status, body) = api.post("/v1/extractions", &sample_body(0), None).await;
+    let mut request = sample_body(0);
+    request["priority"] = "low".into();
+    let (status, body) = api.post("/v1/extractions", &request, None).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["status"], "queued");
     let id = body["id"].as_str().unwrap().to_owned();
@@ -119,6 +121,7 @@ async fn submit_inserts_then_publishes_and_reads_back() {
         (Some(id.as_str()), Some("queued"))
     );
     assert_eq!(view["metadata"], json!({"sample": "invoice-northwind"}));
+    assert_eq!(view["priority"], "low", "the request's priority is kept");
 }
 
 #[tokio::test]
@@ -338,7 +341,7 @@ async fn bodies_that_are_no_request_get_400_or_422(api: &Api) {
 }
 
 /// A field with no rule (the message names the pattern), a pattern that
-/// does not compile, and a `file:` webhook get 422.
+/// does not compile, a `file:` webhook and an unknown priority get 422.
 async fn requests_whose_fields_or_webhook_cannot_be_used_get_422(api: &Api) {
     let no_rule = json!({"document": {"text": "Total 5.00"}, "fields": [{"name": "total"}]});
     let (status, body) = api.post("/v1/extractions", &no_rule, None).await;
@@ -361,6 +364,17 @@ async fn requests_whose_fields_or_webhook_cannot_be_used_get_422(api: &Api) {
     assert_eq!(
         api.post("/v1/extractions", &bad_hook, None).await.0,
         StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    let urgent = json!({"document": {"text": "x"}, "fields": [{"name": "a", "anchor": "x"}], "priority": "urgent"});
+    let (status, body) = api.post("/v1/extractions", &urgent, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("priority"),
+        "the message names the field: {body}"
     );
 }
 

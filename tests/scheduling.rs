@@ -114,12 +114,30 @@ async fn wait_all_succeeded(env: &TestEnv, ids: &[Uuid], timeout_s: u64) {
 /// 300 low jobs flood one worker (20 jobs/s at most); once the flood is
 /// under way 20 high ones arrive. Started in arrival order, the high ones
 /// would finish after every low one; started first, they finish while few
-/// low ones do.
+/// low ones do. Here the worker's consumer is what holds the jobs back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn high_priority_jobs_pass_a_low_flood() {
     let (env, _model, _warmup) = slow_model_env("sched_priority", |_| {}).await;
+    high_jobs_pass_a_low_flood(env, "sched-priority").await;
+}
+
+/// The same, with the worker starting every record at once and the
+/// extractor's deployment-wide cap (4) holding the jobs back: the calls
+/// waiting for a slot go in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_priority_calls_pass_a_low_flood_at_the_extractors_cap() {
+    let (env, _model, _warmup) = slow_model_env("sched_priority_cap", |s| {
+        s.consumer_max_in_flight = 384;
+        let model = s.extractors.get_mut("model").expect("the model extractor");
+        model.max_concurrency = IN_FLIGHT;
+    })
+    .await;
+    high_jobs_pass_a_low_flood(env, "sched-priority-cap").await;
+}
+
+async fn high_jobs_pass_a_low_flood(env: TestEnv, name: &str) {
     let services = env.services().await;
-    let mut workers = warm_workers(&env, &services, 1, "sched-priority").await;
+    let mut workers = warm_workers(&env, &services, 1, name).await;
     let low = submit(&services, DEFAULT_TENANT_ID, 300, "low").await;
     wait_for(
         "the flood to be under way",
@@ -229,11 +247,19 @@ async fn a_tenant_after_anothers_flood_gets_its_weighted_share_at_once() {
     let (env, _model, _warmup) = slow_model_env("sched_fair", |_| {}).await;
     let services = env.services().await;
     let b = tenants::create_tenant(&env.pool, "sched-b").await.unwrap();
-    sqlx::query("UPDATE tenants SET weight = 3 WHERE id = $1")
-        .bind(b.key.tenant_id)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    let set = env
+        .run_cli(&["tenants", "set-weight", "sched-b", "3"])
+        .await;
+    let printed = String::from_utf8_lossy(&set.stdout);
+    assert!(set.status.success(), "set-weight: {set:?}");
+    assert!(
+        printed.contains("\"weight\": 3"),
+        "set-weight printed {printed}"
+    );
+    let refused = env
+        .run_cli(&["tenants", "set-weight", "sched-b", "0"])
+        .await;
+    assert!(!refused.status.success(), "a weight of 0 is refused");
     let mut workers = warm_workers(&env, &services, 1, "sched-fair").await;
     let a_ids = submit(&services, DEFAULT_TENANT_ID, 300, "normal").await;
     wait_for(

@@ -1,9 +1,11 @@
 //! The fairness phase: tenant A floods `flood` jobs as fast as it can (64
 //! submits in flight, each retried after `Retry-After` until accepted, as a
 //! well-behaved client does), while tenant B submits 100 jobs at 10/s. What
-//! B waits for its jobs (submit to bbox succeeded) is measured twice: with no
-//! cap on A's open jobs, and with A capped. Neither tenant has a submit rate,
-//! so the cap alone is what is compared.
+//! B waits for its jobs (submit to bbox succeeded) is measured in four runs
+//! ([`Run`]): B alone (the baseline), B beside A's flood with both at weight
+//! 1 and no cap (the workers' shares alone), the same with A capped, and
+//! priorities: A's flood `low` and the 100 jobs A's too but `high`. Neither
+//! tenant has a submit rate.
 //!
 //! Every job is extracted by `extractor-serve` with a model's latency (200 ms,
 //! 32 calls at a time: 160 jobs/s), so that, as with a real model, the
@@ -25,7 +27,7 @@ use super::pipeline::{
     wait_all_done, wait_healthy, warm_up, Latency, Rig, REFERENCE,
 };
 use crate::demo::api_client;
-use docstream::domain::ExtractionRequest;
+use docstream::domain::{ExtractionRequest, Priority};
 use docstream::store::tenants;
 
 /// B's jobs: how many, and at what rate.
@@ -38,11 +40,47 @@ const A_CONCURRENCY: usize = 64;
 const PROVIDER_LATENCY_MS: u64 = 200;
 const PROVIDER_CAP: usize = 32;
 
+/// What one run of the phase puts beside B's 100 jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Run {
+    /// Nothing: B alone, the baseline.
+    Alone,
+    /// A's flood, no cap, both tenants at weight 1.
+    Shared,
+    /// A's flood, A capped at this many open jobs.
+    Capped(i64),
+    /// A's flood at priority `low`; the 100 jobs are A's too, at `high`.
+    Priority,
+}
+
+impl Run {
+    /// Its short name, in scratch databases' and topics' names.
+    pub fn name(self) -> String {
+        match self {
+            Run::Alone => "alone".into(),
+            Run::Shared => "shared".into(),
+            Run::Capped(cap) => format!("cap{cap}"),
+            Run::Priority => "priority".into(),
+        }
+    }
+
+    /// How the report names it.
+    pub fn describe(self) -> String {
+        match self {
+            Run::Alone => "B alone".into(),
+            Run::Shared => "no cap, weights 1 : 1".into(),
+            Run::Capped(cap) => format!("A capped at {cap} open jobs"),
+            Run::Priority => "A's flood low, the 100 jobs A's and high".into(),
+        }
+    }
+}
+
 /// One run of the phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fairness {
-    /// A's cap on open jobs; `None`: none.
-    pub a_cap: Option<i64>,
+    /// What ran beside B's jobs.
+    pub run: Run,
     /// Jobs A submitted (all were accepted in the end).
     pub a_jobs: usize,
     /// Submits of A's answered 429 (each retried).
@@ -60,11 +98,12 @@ pub struct Fairness {
 pub async fn fairness(
     rig: &Rig,
     flood: usize,
-    a_cap: Option<i64>,
+    run_kind: Run,
     progress: &ProgressBar,
 ) -> anyhow::Result<Fairness> {
     let (rig, provider) = start_provider(rig, PROVIDER_LATENCY_MS, (PROVIDER_CAP, 0)).await?;
-    let outcome = run(&rig, flood, a_cap, progress).await;
+    let flood = if run_kind == Run::Alone { 0 } else { flood };
+    let outcome = run(&rig, flood, run_kind, progress).await;
     provider.stop().await?;
     outcome
 }
@@ -72,16 +111,23 @@ pub async fn fairness(
 async fn run(
     rig: &Rig,
     flood: usize,
-    a_cap: Option<i64>,
+    run_kind: Run,
     progress: &ProgressBar,
 ) -> anyhow::Result<Fairness> {
     let (base, serve) = spawn_serve(rig)?;
     let mut procs = vec![serve];
     procs.extend(spawn_workers(rig, 1, 1)?);
-    let (a_client, b_client) = create_tenants(rig, a_cap).await?;
+    let (a_client, b_client) = create_tenants(rig, run_kind).await?;
     wait_healthy(&b_client, &base, &mut procs).await?;
 
     let samples = requests_for(Some(REFERENCE));
+    let (a_samples, b_samples) = match run_kind {
+        Run::Priority => (
+            with_priority(&samples, Priority::Low),
+            with_priority(&samples, Priority::High),
+        ),
+        _ => (samples.clone(), samples.clone()),
+    };
     progress.set_message("warming up");
     warm_up(rig, &b_client, &base, &samples, &mut procs).await?;
 
@@ -92,12 +138,12 @@ async fn run(
     progress.set_position(0);
     let started = SystemTime::now();
     let flooding = {
-        let (client, base, samples) = (a_client.clone(), base.clone(), samples.clone());
+        let (client, base, samples) = (a_client.clone(), base.clone(), a_samples);
         tokio::spawn(async move { flood_jobs(&client, &base, &samples, flood).await })
     };
     // B starts once A's flood is under way.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let b_sent = send_b_jobs(&b_client, &base, &samples, progress).await?;
+    let b_sent = send_b_jobs(&b_client, &base, &b_samples, progress).await?;
     let (a_ids, a_refusals) = flooding.await??;
     progress.set_message("waiting for the last jobs");
     let total = 20 + flood + B_JOBS;
@@ -112,7 +158,7 @@ async fn run(
     let a_last = last_bbox_succeeded(rig, &a_ids).await?;
     let a_first = started.duration_since(UNIX_EPOCH)?.as_secs_f64();
     Ok(Fairness {
-        a_cap,
+        run: run_kind,
         a_jobs: a_ids.len(),
         a_refusals,
         a_done_s: a_last - a_first,
@@ -121,24 +167,39 @@ async fn run(
     })
 }
 
-/// Tenants A (capped at `a_cap` open jobs, if any) and B, neither with a
-/// submit rate, named after the run: a client for each.
+/// Tenants A (capped in a `Capped` run) and B, neither with a submit rate,
+/// named after the run: a client for each (in a `Priority` run, both are
+/// A's).
 async fn create_tenants(
     rig: &Rig,
-    a_cap: Option<i64>,
+    run_kind: Run,
 ) -> anyhow::Result<(reqwest::Client, reqwest::Client)> {
-    let run = if a_cap.is_some() {
-        "capped"
-    } else {
-        "uncapped"
-    };
+    let run = run_kind.name();
     let (a_name, b_name) = (format!("flood-{run}"), format!("steady-{run}"));
     let a = tenants::create_tenant(&rig.pool, &a_name).await?.key;
     let b = tenants::create_tenant(&rig.pool, &b_name).await?.key;
-    let cap = a_cap.map_or(0, |c| c as i32);
+    let cap = match run_kind {
+        Run::Capped(cap) => cap as i32,
+        _ => 0,
+    };
     tenants::set_quota(&rig.pool, &a_name, Some(Some(0.0)), None, Some(Some(cap))).await?;
     tenants::set_quota(&rig.pool, &b_name, Some(Some(0.0)), None, Some(Some(0))).await?;
-    Ok((api_client(&a.api_key)?, api_client(&b.api_key)?))
+    let a_client = api_client(&a.api_key)?;
+    let b_client = match run_kind {
+        Run::Priority => a_client.clone(),
+        _ => api_client(&b.api_key)?,
+    };
+    Ok((a_client, b_client))
+}
+
+/// `samples`, each with `priority`.
+fn with_priority(samples: &[ExtractionRequest], priority: Priority) -> Vec<ExtractionRequest> {
+    (samples.iter())
+        .map(|sample| ExtractionRequest {
+            priority: Some(priority),
+            ..sample.clone()
+        })
+        .collect()
 }
 
 /// Sends B's `B_JOBS` jobs at `B_RATE`: each job's id, and when it was due.

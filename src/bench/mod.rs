@@ -251,8 +251,14 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         steady_states(&settings, &args, stamp, &logs, &mut report).await?;
     }
     if args.runs("fairness") {
-        for cap in [None, Some(args.flood_cap)] {
-            let run = fairness_run(&settings, &args, stamp, cap, &logs).await?;
+        use fairness::Run;
+        for run in [
+            Run::Alone,
+            Run::Shared,
+            Run::Capped(args.flood_cap),
+            Run::Priority,
+        ] {
+            let run = fairness_run(&settings, &args, stamp, run, &logs).await?;
             report.fairness.push(run);
         }
     }
@@ -395,27 +401,24 @@ async fn steady_states(
     scratch.drop_database().await
 }
 
-/// One fairness run, A capped at `cap` open jobs or not, on a scratch
-/// database and topics of its own, dropped afterwards.
+/// One fairness run, on a scratch database and topics of its own, dropped
+/// afterwards.
 async fn fairness_run(
     settings: &Settings,
     args: &BenchArgs,
     stamp: u64,
-    cap: Option<i64>,
+    run_kind: fairness::Run,
     logs: &Path,
 ) -> anyhow::Result<fairness::Fairness> {
-    let run = cap.map_or("uncapped".to_owned(), |c| format!("cap{c}"));
+    let run = run_kind.name();
     let name = format!("docstream_bench_{stamp}_fair_{run}");
     let scratch = Scratch::create(settings, &name).await?;
     let rig = scratch
         .rig(settings, &format!("bench{stamp}f{run}."), logs.to_owned())
         .await?;
-    let title = format!(
-        "fairness, {}",
-        cap.map_or("no cap".into(), |c| format!("A capped at {c}"))
-    );
+    let title = format!("fairness, {}", run_kind.describe());
     let bar = phase_bar(&title, 0);
-    let outcome = fairness::fairness(&rig, args.flood, cap, &bar).await;
+    let outcome = fairness::fairness(&rig, args.flood, run_kind, &bar).await;
     bar.finish();
     delete_topics(&rig.settings).await;
     rig.pool.close().await;

@@ -51,6 +51,7 @@ fn script(rows: usize) -> String {
             fill("false"),
             fill("'00000000-0000-0000-0000-000000000000'::uuid"),
             fill("NULL::int8"),
+            fill("'normal'::text"),
         ],
     );
     let claim = bind(lifecycle::CLAIM, &[ids.clone(), "30".into()]);

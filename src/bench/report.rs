@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::cost::JobCost;
 use super::external::number;
-use super::fairness::Fairness;
+use super::fairness::{Fairness, Run};
 use super::pipeline::{BurnDown, Hop, Latency, ProviderSteady, StatementCost, Steady};
 use super::postgres::PgCeiling;
 use super::saturation::{Saturation, RECOVERED_P99_MS};
@@ -141,15 +141,7 @@ impl Report {
         if let Some(provider) = &self.provider {
             checks.extend(provider_checks(provider));
         }
-        if let [free, capped] = &self.fairness[..] {
-            let (free_p99, capped_p99) =
-                (free.b_submit_to_bbox.p99_ms, capped.b_submit_to_bbox.p99_ms);
-            checks.push(ratio(
-                "fairness: B's p99 without A's cap / with it",
-                free_p99 / capped_p99.max(f64::EPSILON),
-                None,
-            ));
-        }
+        checks.extend(fairness_checks(&self.fairness));
         self.checks = checks;
     }
 
@@ -668,14 +660,40 @@ fn hops(f: &mut fmt::Formatter<'_>, hops: &[Hop]) -> fmt::Result {
     Ok(())
 }
 
+/// The fairness runs' ratios to B alone: shared without a cap (target 2×),
+/// with A capped, and the high jobs under a low flood (target 2×).
+fn fairness_checks(runs: &[Fairness]) -> Vec<Check> {
+    let p99 = |kind: Run| {
+        (runs.iter())
+            .find(|r| r.run == kind)
+            .map(|r| r.b_submit_to_bbox.p99_ms)
+    };
+    let Some(alone) = p99(Run::Alone) else {
+        return Vec::new();
+    };
+    let alone = alone.max(f64::EPSILON);
+    let mut checks = Vec::new();
+    if let Some(shared) = p99(Run::Shared) {
+        let name = "fairness: B's p99 beside A's flood, no cap / alone";
+        checks.push(at_most(name.into(), shared / alone, "x", 2.0));
+    }
+    if let Some(capped) = (runs.iter()).find(|r| matches!(r.run, Run::Capped(_))) {
+        let name = "fairness: B's p99 beside A's flood, A capped / alone";
+        checks.push(ratio(name, capped.b_submit_to_bbox.p99_ms / alone, None));
+    }
+    if let Some(high) = p99(Run::Priority) {
+        let name = "priorities: high p99 under a low flood / idle";
+        checks.push(at_most(name.into(), high / alone, "x", 2.0));
+    }
+    checks
+}
+
 /// One fairness run's section.
 fn fairness(f: &mut fmt::Formatter<'_>, run: &Fairness) -> fmt::Result {
-    let cap = run.a_cap.map_or("no cap on A".to_owned(), |c| {
-        format!("A capped at {c} open jobs")
-    });
+    let what = run.run.describe();
     writeln!(
         f,
-        "\nfairness: A floods {} jobs, B sends {} at 10/s ({cap})",
+        "\nfairness: A floods {} jobs, B sends {} at 10/s ({what})",
         run.a_jobs, run.b_jobs
     )?;
     writeln!(
@@ -809,9 +827,9 @@ mod tests {
         }
     }
 
-    fn fairness(a_cap: Option<i64>, b_p50: f64) -> Fairness {
+    fn fairness(run: Run, b_p50: f64) -> Fairness {
         Fairness {
-            a_cap,
+            run,
             a_jobs: 300,
             a_refusals: 7,
             a_done_s: 12.5,
@@ -861,7 +879,12 @@ mod tests {
                 utilisation: 0.91,
                 steady: steady(147.0),
             }),
-            fairness: vec![fairness(None, 900.0), fairness(Some(50), 300.0)],
+            fairness: vec![
+                fairness(Run::Alone, 200.0),
+                fairness(Run::Shared, 300.0),
+                fairness(Run::Capped(50), 250.0),
+                fairness(Run::Priority, 500.0),
+            ],
             history: None,
             checks: Vec::new(),
         };
@@ -881,8 +904,10 @@ mod tests {
             "\ndocstream burn-down by worker processes (300 jobs each)\n",
             "\ndocstream steady state (200 submissions at 100/s over 2 s; sent at 100/s)\n",
             "\nthrough extractor-serve (200 ms per call,",
-            "(no cap on A)\n",
+            "(B alone)\n",
+            "(no cap, weights 1 : 1)\n",
             "(A capped at 50 open jobs)\n",
+            "(A's flood low, the 100 jobs A's and high)\n",
             "\nratios and targets\n",
         ] {
             assert!(text.contains(section), "no {section:?} in\n{text}");
@@ -890,16 +915,18 @@ mod tests {
         let refused = text.lines().find(|l| l.contains("refused: 503 overloaded"));
         assert!(refused.is_some_and(|l| l.ends_with(" 3")), "{text}");
         // Every check of a full run, in order, each on its own line.
-        assert_eq!(report.checks.len(), 13, "{:#?}", report.checks);
+        assert_eq!(report.checks.len(), 15, "{:#?}", report.checks);
         let lines: Vec<&str> = text.lines().collect();
         let table = &lines[lines.len() - report.checks.len()..];
         for (line, check) in table.iter().zip(&report.checks) {
             assert!(line.contains(&check.name), "{line:?} is not {check:?}");
         }
-        let fairness = report.checks.last().unwrap();
+        let fairness: Vec<_> = report.checks[report.checks.len() - 3..].to_vec();
+        let values: Vec<(f64, Option<bool>)> = fairness.iter().map(|c| (c.value, c.met)).collect();
         assert_eq!(
-            fairness.value, 3.0,
-            "B's p99, 1,800 ms without the cap over 600 ms with it: {fairness:?}"
+            values,
+            [(1.5, Some(true)), (1.25, None), (2.5, Some(false))],
+            "B's p99 (latency() makes it twice the p50) over B alone's: {fairness:#?}"
         );
     }
 }

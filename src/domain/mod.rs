@@ -8,6 +8,7 @@ pub mod pattern;
 mod priority;
 mod request;
 mod retry;
+pub mod schedule;
 pub mod schema;
 mod stage;
 mod state;
@@ -21,6 +22,7 @@ pub use request::{
     RULES_EXTRACTOR,
 };
 pub use retry::Backoff;
+pub use schedule::Lane;
 pub use stage::{PerStage, Stage};
 pub use state::{BboxStatus, ExtractionStatus, Transition};
 pub use tenant::{

@@ -146,6 +146,9 @@ pub enum TenantError {
     /// A quota out of its range.
     #[error("a rate is 0 (no limit) or more, a burst 1 or more, a cap 0 (no cap) or more")]
     InvalidQuota,
+    /// A weight out of its range.
+    #[error("a weight is a whole number from 1 to 1000")]
+    InvalidWeight,
     /// A rotation's overlap must be a number of seconds, 0 or more.
     #[error("the overlap is a number of seconds, 0 or more")]
     InvalidOverlap,

@@ -28,6 +28,7 @@ use super::protocol::{self, CallBody};
 use super::slots::SharedCap;
 use super::{check_required, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::config::ExtractorSettings;
+use crate::domain::schedule::Weights;
 use crate::error_chain;
 use crate::metrics::ExtractorMetrics;
 
@@ -58,11 +59,13 @@ enum Answer {
 
 impl HttpExtractor {
     /// The extractor `name` with `settings`, its calls capped across the
-    /// deployment by `shared`, counting into `metrics`.
+    /// deployment by `shared`, waiting for this process's slots in `order`
+    /// (the priority bound and the tenants' weights), counting into `metrics`.
     pub fn new(
         name: &str,
         settings: &ExtractorSettings,
         shared: SharedCap,
+        (max_wait, weights): (Duration, Weights),
         metrics: ExtractorMetrics,
     ) -> reqwest::Result<Self> {
         crate::install_tls_provider();
@@ -77,7 +80,7 @@ impl HttpExtractor {
             .build()?;
         Ok(Self {
             name: name.to_owned(),
-            limits: Limits::new(settings.process_cap()),
+            limits: Limits::new(settings.process_cap(), max_wait, weights),
             shared,
             settings: settings.clone(),
             client,
@@ -132,13 +135,13 @@ impl HttpExtractor {
         let admitted = tokio::select! {
             biased;
             _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
-            admitted = self.limits.admit() => admitted,
+            admitted = self.limits.admit(job.lane) => admitted,
         };
         let asked = Instant::now();
         let _shared = tokio::select! {
             biased;
             _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
-            slot = self.shared.acquire() => slot,
+            slot = self.shared.acquire(job.lane) => slot,
         };
         let shared_wait = asked.elapsed();
         // The slot first, so a call that waits for its start is one that

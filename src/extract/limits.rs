@@ -3,43 +3,42 @@
 //! which `slots` holds across processes). The bound is separate from the
 //! consumer's in-flight bound: a worker can hold hundreds of claimed records
 //! while making a handful of calls, and the rest wait here (their leases
-//! renewed by their heartbeats).
+//! renewed by their heartbeats), in the worker's order: by priority, then
+//! by tenants' shares (`gate`).
 
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
+use super::gate::{Gate, Pass};
+use crate::domain::schedule::Weights;
+use crate::domain::Lane;
+
 /// The concurrency bound of one extractor in one process.
-#[derive(Debug)]
 pub struct Limits {
-    slots: Semaphore,
+    slots: Gate,
 }
 
 /// A held slot, with how long getting it took.
-#[derive(Debug)]
 pub struct Admitted<'a> {
-    _slot: SemaphorePermit<'a>,
+    _slot: Pass<'a>,
     /// Time spent waiting for a free slot.
     pub slot_wait: Duration,
 }
 
 impl Limits {
-    /// `max_concurrency` calls at once.
-    pub fn new(max_concurrency: usize) -> Self {
+    /// `max_concurrency` calls at once; waiting calls are ordered as a
+    /// worker orders its records (`max_wait`, `weights`).
+    pub fn new(max_concurrency: usize, max_wait: Duration, weights: Weights) -> Self {
         Self {
-            slots: Semaphore::new(max_concurrency),
+            slots: Gate::new(max_concurrency, max_wait, weights),
         }
     }
 
-    /// Waits for a slot.
-    pub async fn admit(&self) -> Admitted<'_> {
+    /// Waits for a slot, in `lane`'s place.
+    pub async fn admit(&self, lane: Lane) -> Admitted<'_> {
         let asked = Instant::now();
-        let slot = self
-            .slots
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
+        let slot = self.slots.enter(lane).await;
         Admitted {
             _slot: slot,
             slot_wait: asked.elapsed(),
@@ -55,14 +54,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_more_than_the_cap_at_once() {
-        let limits = Arc::new(Limits::new(2));
+        let limits = Arc::new(Limits::new(2, Duration::from_secs(60), Weights::default()));
         let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..6 {
             let (limits, running, peak) = (limits.clone(), running.clone(), peak.clone());
             tasks.spawn(async move {
-                let admitted = limits.admit().await;
+                let admitted = limits.admit(Lane::default()).await;
                 let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;

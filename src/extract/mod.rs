@@ -12,6 +12,7 @@
 mod bbox;
 mod cpu;
 pub mod deferred;
+mod gate;
 mod http;
 mod limits;
 pub mod protocol;
@@ -32,7 +33,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::domain::{ExtractionRequest, ResultLimits};
+use crate::domain::{ExtractionRequest, Lane, ResultLimits};
 
 /// One value found, and where.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -70,6 +71,8 @@ pub struct Job<'a> {
     /// Where an HTTP extractor may post the result later instead of answering
     /// with it; `None` when deferred results are off.
     pub callback: Option<&'a deferred::Callback>,
+    /// The job's tenant and priority: where its call waits for a slot.
+    pub lane: Lane,
 }
 
 /// What an attempt's extraction came to.

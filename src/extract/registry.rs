@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use super::slots::{FreedSignals, SharedCap};
 use super::{CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget};
 use crate::config::{Settings, RULES};
+use crate::domain::schedule::Weights;
 use crate::domain::ResultLimits;
 use crate::metrics::Metrics;
 
@@ -36,10 +37,11 @@ impl Extractors {
         settings: &Settings,
         metrics: &Metrics,
         cpu: CpuPool,
-        pool: &PgPool,
+        (pool, weights): (&PgPool, &Weights),
     ) -> reqwest::Result<Self> {
         let mut http = HashMap::new();
         let signals = FreedSignals::new(pool);
+        let order = (settings.worker_priority_max_wait_s.get(), weights.clone());
         for (name, extractor) in &settings.extractors {
             let cap = (
                 extractor.max_concurrency,
@@ -49,10 +51,12 @@ impl Extractors {
                 name,
                 cap,
                 pool.clone(),
-                &signals,
+                (&signals, order.clone()),
                 metrics.extractors.clone(),
             );
-            let client = HttpExtractor::new(name, extractor, shared, metrics.extractors.clone())?;
+            let extractor_metrics = metrics.extractors.clone();
+            let client =
+                HttpExtractor::new(name, extractor, shared, order.clone(), extractor_metrics)?;
             http.insert(name.clone(), client);
         }
         let result = settings.result_limits();

@@ -6,7 +6,7 @@
 //! stalls keeps its slots only until their leases run out.
 //!
 //! One task per process and extractor asks Postgres at a time (the others
-//! queue behind it here, first come first served), so waiting costs one
+//! queue behind it here, in the worker's order: `gate`), so waiting costs one
 //! query per poll per process, not one per waiting call. It asks again as
 //! soon as any process announces a freed slot (`LISTEN`), and at the latest
 //! every [`POLL`] (a lease that ran out announces nothing).
@@ -30,10 +30,13 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
+use super::gate::Gate;
+use crate::domain::schedule::Weights;
+use crate::domain::Lane;
 use crate::metrics::ExtractorMetrics;
 use crate::store::slots::{self, Lease};
 
@@ -56,7 +59,7 @@ pub struct SharedCap {
     /// This process, as the holder of its leases.
     holder: Uuid,
     /// Held by the one task of this process asking Postgres.
-    turn: Mutex<()>,
+    turn: Gate,
     signals: FreedSignals,
     provisioned: tokio::sync::OnceCell<()>,
     metrics: ExtractorMetrics,
@@ -163,12 +166,13 @@ impl Drop for Waiting<'_> {
 
 impl SharedCap {
     /// `cap` slots of `extractor` on `pool`, leased for `lease` at a time,
-    /// asked for again when `signals` say one was freed.
+    /// asked for again when `signals` say one was freed; this process's
+    /// waiting calls ask in `order` (the priority bound and the weights).
     pub fn new(
         extractor: &str,
         (cap, lease): (usize, Duration),
         pool: PgPool,
-        signals: &FreedSignals,
+        (signals, order): (&FreedSignals, (Duration, Weights)),
         metrics: ExtractorMetrics,
     ) -> Self {
         let handover = Arc::new(Handover {
@@ -186,7 +190,7 @@ impl SharedCap {
             holder: process_id(),
             signals: signals.clone(),
             pool,
-            turn: Mutex::new(()),
+            turn: Gate::new(1, order.0, order.1),
             provisioned: tokio::sync::OnceCell::new(),
             metrics,
             handover,
@@ -195,9 +199,9 @@ impl SharedCap {
 
     /// Waits for a free slot of the deployment and leases it. Cancel-safe:
     /// dropped while waiting, it holds nothing.
-    pub async fn acquire(&self) -> SharedSlot {
+    pub async fn acquire(&self, lane: Lane) -> SharedSlot {
         let _waiting = Waiting::new(&self.handover.waiting);
-        let _turn = self.turn.lock().await;
+        let _turn = self.turn.enter(lane).await;
         self.signals.listen();
         loop {
             let freed = self.handover.freed.notified();

@@ -45,11 +45,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{is_fatal, report_error, report_log};
-use super::lane::Lane;
+use super::lane::lane_of;
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
-use super::schedule::{Scheduler, Weights};
 use super::Publisher;
 use crate::config::GroupProtocol;
+use crate::domain::schedule::{Scheduler, Weights};
 use crate::domain::Priority;
 use crate::events::{CodecError, DeadLetter, Source};
 use crate::health::Health;
@@ -546,7 +546,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                     };
                     self.metrics.consumer.events_consumed.with_label_values(&[&record.topic]).inc();
                     let ticket = self.shared.receive(&record);
-                    let (partition, lane) = (record.partition, Lane::of(&record));
+                    let (partition, lane) = (record.partition, lane_of(&record));
                     let queued = buffer.scheduler.push(Buffered { record, ticket }, partition, lane, Instant::now());
                     self.pause_at_bound(&mut buffer, partition, queued);
                 }

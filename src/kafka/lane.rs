@@ -7,41 +7,22 @@
 use uuid::Uuid;
 
 use super::consumer::Record;
-use crate::domain::Priority;
+use crate::domain::{Lane, Priority};
 
 /// Header naming the job's tenant (its id, as text).
 pub const TENANT_HEADER: &str = "docstream-tenant";
 /// Header naming the job's priority (`high`, `normal`, `low`).
 pub const PRIORITY_HEADER: &str = "docstream-priority";
 
-/// A job's tenant and priority.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Lane {
-    /// The job's tenant; `None` when the record did not say.
-    pub tenant: Option<Uuid>,
-    /// The job's priority.
-    pub priority: Priority,
-}
-
-impl Lane {
-    /// The lane of a job of `tenant` with `priority`.
-    pub fn new(tenant: Uuid, priority: Priority) -> Self {
-        Self {
-            tenant: Some(tenant),
-            priority,
-        }
-    }
-
-    /// The lane `record`'s headers name; the default for what they leave out
-    /// or garble.
-    pub fn of(record: &Record) -> Self {
-        let text = |name| std::str::from_utf8(record.header(name)?).ok();
-        Self {
-            tenant: text(TENANT_HEADER).and_then(|t| Uuid::parse_str(t).ok()),
-            priority: text(PRIORITY_HEADER)
-                .and_then(Priority::parse)
-                .unwrap_or_default(),
-        }
+/// The lane `record`'s headers name; the default for what they leave out or
+/// garble.
+pub fn lane_of(record: &Record) -> Lane {
+    let text = |name| std::str::from_utf8(record.header(name)?).ok();
+    Lane {
+        tenant: text(TENANT_HEADER).and_then(|t| Uuid::parse_str(t).ok()),
+        priority: text(PRIORITY_HEADER)
+            .and_then(Priority::parse)
+            .unwrap_or_default(),
     }
 }
 
@@ -68,9 +49,9 @@ mod tests {
         let tenant = Uuid::now_v7();
         let tenant_text = tenant.to_string();
         let full = record(&[(TENANT_HEADER, &tenant_text), (PRIORITY_HEADER, "high")]);
-        assert_eq!(Lane::of(&full), Lane::new(tenant, Priority::High));
-        assert_eq!(Lane::of(&record(&[])), Lane::default());
+        assert_eq!(lane_of(&full), Lane::new(tenant, Priority::High));
+        assert_eq!(lane_of(&record(&[])), Lane::default());
         let garbled = record(&[(TENANT_HEADER, "x"), (PRIORITY_HEADER, "urgent")]);
-        assert_eq!(Lane::of(&garbled), Lane::default());
+        assert_eq!(lane_of(&garbled), Lane::default());
     }
 }

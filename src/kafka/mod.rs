@@ -10,8 +10,7 @@ pub mod lane;
 pub mod offsets;
 pub mod publisher;
 pub mod reader;
-pub mod schedule;
 
 pub use consumer::{ConsumerSpec, HandlerError, Record, RecordHandler};
-pub use lane::Lane;
+pub use lane::lane_of;
 pub use publisher::{PublishError, Publisher};

@@ -28,7 +28,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use uuid::Uuid;
 
 use super::context::Reporting;
-use super::lane::{self, Lane};
+use super::lane;
+use crate::domain::Lane;
 use crate::events::{encode, CodecError, Event};
 use crate::health::{Dependency, Health};
 use crate::metrics::{KafkaStats, Metrics};

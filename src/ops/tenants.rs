@@ -61,6 +61,15 @@ pub enum TenantsCommand {
         #[arg(long, value_parser = quota_value::<u32>)]
         days: Setting<u32>,
     },
+    /// Set a tenant's weight: its share of the workers when several tenants
+    /// have work waiting (1 to 1000; every tenant starts at 1). Workers use
+    /// it within 5 s; prints it.
+    SetWeight {
+        /// The tenant's name.
+        name: String,
+        /// The weight.
+        weight: i32,
+    },
     /// Delete a tenant: its keys stop working within DOCSTREAM_API_KEY_CACHE_S
     /// on every process, and its name is never reused. Its jobs stay unless
     /// `--purge`.
@@ -200,6 +209,9 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<S
             name,
             days: Setting(days),
         } => json(&tenants::set_retention(pool, &name, days).await?),
+        TenantsCommand::SetWeight { name, weight } => {
+            json(&tenants::set_weight(pool, &name, weight).await?)
+        }
         TenantsCommand::Delete {
             name,
             purge,

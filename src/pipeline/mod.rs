@@ -46,13 +46,13 @@ use uuid::Uuid;
 use crate::admission::{Admission, AdmissionSettings};
 use crate::auth::Authenticator;
 use crate::config::Settings;
+use crate::domain::schedule::Weights;
 pub use crate::domain::Stage;
 use crate::domain::{pattern, ExtractionRequest, PerStage};
 use crate::events::{decode, Event};
 use crate::extract::{CpuPool, Deadline, Extractors};
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
-use crate::kafka::schedule::Weights;
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
 use crate::metrics::Metrics;
 use crate::quota::{FailedAuthentications, SubmitRates};
@@ -141,7 +141,8 @@ impl Services {
             webhooks.clone(),
         );
         let cpu = CpuPool::new(settings.extraction_threads);
-        let extractors = Extractors::new(&settings, &metrics, cpu.clone(), &pool)?;
+        let weights = Weights::default();
+        let extractors = Extractors::new(&settings, &metrics, cpu.clone(), (&pool, &weights))?;
         let key_cache = settings.api_key_cache_s.get();
         let answer_bound = settings.http_answer_timeout_s.get();
         let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
@@ -162,7 +163,7 @@ impl Services {
             submit_rates: SubmitRates::default(),
             failed_authentications: FailedAuthentications::default(),
             admission,
-            weights: Weights::default(),
+            weights,
         })))
     }
 

@@ -1,6 +1,6 @@
 //! Keeps this process's copy of the tenants' weights current: a worker's
 //! consumer shares its slots among the tenants with records waiting by
-//! these (`kafka::schedule`), and reads them from memory, never from
+//! these (`domain::schedule`), and reads them from memory, never from
 //! Postgres, on the record path.
 
 use std::time::Duration;

@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::jobs::lane;
 use super::lease::Held;
 use super::{job_record, JobError, Services};
-use crate::domain::{BboxStatus, ExtractionStatus, Stage};
+use crate::domain::{BboxStatus, ExtractionStatus, Lane, Stage};
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::extract::deferred::Callback;
 use crate::extract::{ExtractError, Extracted, ExtractionOutput, Job};
@@ -134,7 +134,8 @@ impl ExtractionWorker {
                 )
             })?;
         let started = Instant::now();
-        let attempt = match self.extract_held(id, token, &request, stop).await {
+        let lane = lane(&claim.extraction);
+        let attempt = match self.extract_held((id, token, lane), &request, stop).await {
             Held::Lost => {
                 self.services.jobs.stale(STAGE, id, token, "heartbeat");
                 return Ok(());
@@ -159,8 +160,7 @@ impl ExtractionWorker {
     /// a stopping consumer runs out (`None`).
     async fn extract_held(
         &self,
-        id: Uuid,
-        token: i32,
+        (id, token, lane): (Uuid, i32, Lane),
         request: &std::sync::Arc<crate::domain::ExtractionRequest>,
         stop: &CancellationToken,
     ) -> Held<Option<Result<Extracted, ExtractError>>> {
@@ -172,6 +172,7 @@ impl ExtractionWorker {
             attempt: token,
             request,
             callback: callback.as_ref(),
+            lane,
         };
         let work = within_drain(self.extract(&job, stop), stop, settings.drain_budget);
         self.services

@@ -115,6 +115,19 @@ pub struct TenantRetention {
     pub retention_days: Option<i64>,
 }
 
+/// A tenant's weight: its share of the workers when several tenants have
+/// work waiting.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TenantWeight {
+    /// The tenant's name.
+    pub tenant: String,
+    /// 1 to 1,000; 1 unless set.
+    pub weight: i32,
+}
+
+/// The most a tenant's weight may be.
+pub const MAX_WEIGHT: i32 = 1000;
+
 /// A key just made: the only time its secret is seen.
 #[derive(Debug, Clone, Serialize)]
 pub struct CreatedKey {
@@ -290,6 +303,27 @@ pub async fn set_retention(
     )
     .bind(name)
     .bind(days.map(i64::from))
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))
+}
+
+/// Sets tenant `name`'s weight (1 to [`MAX_WEIGHT`]); workers use it within
+/// `pipeline::weights::REFRESH`.
+pub async fn set_weight(
+    pool: &PgPool,
+    name: &str,
+    weight: i32,
+) -> Result<TenantWeight, TenantStoreError> {
+    if !(1..=MAX_WEIGHT).contains(&weight) {
+        return Err(TenantError::InvalidWeight.into());
+    }
+    sqlx::query_as::<_, TenantWeight>(
+        "UPDATE tenants SET weight = $2 WHERE name = $1 AND deleted_at IS NULL
+      RETURNING name AS tenant, weight",
+    )
+    .bind(name)
+    .bind(weight)
     .fetch_optional(pool)
     .await?
     .ok_or_else(|| TenantStoreError::NoSuchTenant(name.to_owned()))

@@ -9,11 +9,11 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{lane, JobError, Jobs};
+use crate::domain::Lane;
 use crate::domain::{Stage, Transition};
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::failpoints;
-use crate::kafka::Lane;
 use crate::store::transitions::{self, Completion};
 use crate::store::{orphans, Extraction};
 

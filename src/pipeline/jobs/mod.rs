@@ -34,11 +34,12 @@ use uuid::Uuid;
 
 use super::Batched;
 use crate::config::{Settings, StageSettings};
+use crate::domain::Lane;
 use crate::domain::{Backoff, PerStage, Stage, Transition};
 use crate::events::{ExtractionEvent, PublishReason};
 use crate::failpoints::{self, Triggered};
 use crate::health::Health;
-use crate::kafka::{HandlerError, Lane, PublishError, Publisher};
+use crate::kafka::{HandlerError, PublishError, Publisher};
 use crate::metrics::Metrics;
 use crate::store::{Extraction, StoreError};
 use crate::webhook::Webhooks;

@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{JobError, Jobs, Parts};
+use crate::domain::Lane;
 use crate::domain::Stage;
 use crate::events::{ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use crate::kafka::{Lane, PublishError};
+use crate::kafka::PublishError;
 use crate::pipeline::lease::{hold, Held};
 use crate::store::{leases, orphans, transitions, Claim, StoreError};
 

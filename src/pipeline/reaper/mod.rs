@@ -24,9 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{RepublishError, Services, Stage};
+use crate::domain::Lane;
 use crate::events::PublishReason;
 use crate::health::Dependency;
-use crate::kafka::Lane;
 use crate::store::orphans::{self, Orphan, OrphanClass, Thresholds};
 use crate::store::{webhooks, StoreError};
 use crate::trace;

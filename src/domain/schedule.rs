@@ -1,6 +1,6 @@
-//! Which received record a consumer starts next.
-//!
-//! Records wait here between their receipt and a free slot. The order:
+//! Which waiting piece of work goes next: a received record to a consumer's
+//! free slot (`kafka::consumer`), a call to an extractor's free slot
+//! (`extract::slots`). Pure bookkeeping, no I/O. The order:
 //!
 //! 1. **Priority.** The most urgent priority with waiting records goes first,
 //!    unless a record of a lower one has waited `max_wait` or longer: the
@@ -16,10 +16,11 @@
 //!    keeps its offset order: one deep backlog cannot starve the others
 //!    (among them, the head records a dead member left behind).
 //!
-//! The order only chooses among records already received. Offsets still
-//! commit at the end of each partition's delivered prefix, so a record that
-//! waits here holds its partition's commit point back, and the consumer
-//! pauses a partition once `read_ahead` of its records wait.
+//! For a consumer, the order only chooses among records already received.
+//! Offsets still commit at the end of each partition's delivered prefix, so
+//! a record that waits here holds its partition's commit point back, and the
+//! consumer pauses a partition once `read_ahead` of its records wait. Work
+//! that has no partition (an extractor's calls) uses one, 0.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
@@ -27,8 +28,26 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::lane::Lane;
-use crate::domain::Priority;
+use super::Priority;
+
+/// Which line a job's work waits in: its tenant and its priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Lane {
+    /// The job's tenant; `None` when the work does not say.
+    pub tenant: Option<Uuid>,
+    /// The job's priority.
+    pub priority: Priority,
+}
+
+impl Lane {
+    /// The lane of a job of `tenant` with `priority`.
+    pub fn new(tenant: Uuid, priority: Priority) -> Self {
+        Self {
+            tenant: Some(tenant),
+            priority,
+        }
+    }
+}
 
 /// Tenants' weights, shared with whatever keeps them current (the worker
 /// reads them from Postgres); a tenant not named has weight 1.
