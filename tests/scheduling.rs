@@ -73,11 +73,11 @@ async fn warm_workers(
     workers
 }
 
-/// When each of `ids` started and finished (its latest claim).
-async fn times(
-    env: &TestEnv,
-    ids: &[Uuid],
-) -> HashMap<Uuid, (DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)> {
+/// A job's submit, its latest claim's start, and its finish.
+type Times = (DateTime<Utc>, DateTime<Utc>, DateTime<Utc>);
+
+/// When each of `ids` that succeeded was submitted, started and finished.
+async fn times(env: &TestEnv, ids: &[Uuid]) -> HashMap<Uuid, Times> {
     let rows: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
         "SELECT id, submitted_at, started_at, finished_at FROM extractions
           WHERE id = ANY($1) AND status = 'succeeded'",

@@ -45,7 +45,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{is_fatal, report_error, report_log};
-use super::lane::lane_of;
+use super::lane::take_lane;
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
 use super::Publisher;
 use crate::config::GroupProtocol;
@@ -545,8 +545,10 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         headers: headers_of(&record),
                     };
                     self.metrics.consumer.events_consumed.with_label_values(&[&record.topic]).inc();
+                    let mut record = record;
+                    let lane = take_lane(&mut record);
                     let ticket = self.shared.receive(&record);
-                    let (partition, lane) = (record.partition, lane_of(&record));
+                    let partition = record.partition;
                     let queued = buffer.scheduler.push(Buffered { record, ticket }, partition, lane, Instant::now());
                     self.pause_at_bound(&mut buffer, partition, queued);
                 }

@@ -14,6 +14,15 @@ pub const TENANT_HEADER: &str = "docstream-tenant";
 /// Header naming the job's priority (`high`, `normal`, `low`).
 pub const PRIORITY_HEADER: &str = "docstream-priority";
 
+/// Takes the lane out of `record`'s headers (what a record waits holding is
+/// memory: a worker may hold thousands): the lane they name, the default for
+/// what they leave out or garble.
+pub fn take_lane(record: &mut Record) -> Lane {
+    let lane = lane_of(record);
+    (record.headers).retain(|(name, _)| name != TENANT_HEADER && name != PRIORITY_HEADER);
+    lane
+}
+
 /// The lane `record`'s headers name; the default for what they leave out or
 /// garble.
 pub fn lane_of(record: &Record) -> Lane {
@@ -50,6 +59,9 @@ mod tests {
         let tenant_text = tenant.to_string();
         let full = record(&[(TENANT_HEADER, &tenant_text), (PRIORITY_HEADER, "high")]);
         assert_eq!(lane_of(&full), Lane::new(tenant, Priority::High));
+        let mut taken = full.clone();
+        assert_eq!(take_lane(&mut taken), Lane::new(tenant, Priority::High));
+        assert!(taken.headers.is_empty(), "{:?}", taken.headers);
         assert_eq!(lane_of(&record(&[])), Lane::default());
         let garbled = record(&[(TENANT_HEADER, "x"), (PRIORITY_HEADER, "urgent")]);
         assert_eq!(lane_of(&garbled), Lane::default());
