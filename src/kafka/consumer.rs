@@ -208,10 +208,13 @@ pub enum ConsumerError {
     },
 }
 
-/// A received record waiting for a free slot, with its ticket from receipt.
+/// A received record waiting for a free slot, with its partition's
+/// assignment generation at receipt (its ticket is made when it starts: a
+/// worker may hold thousands of records, and each ticket holds its topic's
+/// name).
 struct Buffered {
     record: Record,
-    ticket: Ticket,
+    generation: u64,
 }
 
 /// Received records waiting for a slot, in the order [`Scheduler`] gives,
@@ -350,16 +353,21 @@ impl Shared {
 
     /// Records `record` as received: from now on it holds its partition's
     /// commit point back until it is delivered.
-    fn receive(&self, record: &Record) -> Ticket {
+    fn receive(&self, record: &Record) -> u64 {
         let tp = (record.topic.clone(), record.partition);
-        self.lock().tracker.receive(tp, record.offset)
+        self.lock().tracker.receive(tp, record.offset).generation
     }
 
-    /// Starts a received record: its stop token, or `None` when its
-    /// partition was reassigned since it was received.
-    fn start(&self, ticket: &Ticket) -> Option<CancellationToken> {
+    /// Starts a received record: its ticket and stop token, or `None` when
+    /// its partition was reassigned since it was received.
+    fn start(&self, record: &Record, generation: u64) -> Option<(Ticket, CancellationToken)> {
+        let ticket = Ticket {
+            partition: (record.topic.clone(), record.partition),
+            generation,
+            offset: record.offset,
+        };
         let mut state = self.lock();
-        if !state.tracker.start(ticket) {
+        if !state.tracker.start(&ticket) {
             return None;
         }
         let stop = state
@@ -367,7 +375,7 @@ impl Shared {
             .entry(ticket.partition.clone())
             .or_insert_with(|| self.shutdown.child_token())
             .child_token();
-        Some(stop)
+        Some((ticket, stop))
     }
 
     fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
@@ -507,8 +515,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                     break;
                 };
                 self.resume_below_low_watermark(&mut buffer, partition);
-                match self.shared.start(&next.ticket) {
-                    Some(stop) => self.start(&mut tasks, next, stop),
+                match self.shared.start(&next.record, next.generation) {
+                    Some((ticket, stop)) => self.start(&mut tasks, next.record, ticket, stop),
                     None => tracing::debug!(
                         partition,
                         offset = next.record.offset,
@@ -547,9 +555,9 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                     self.metrics.consumer.events_consumed.with_label_values(&[&record.topic]).inc();
                     let mut record = record;
                     let lane = take_lane(&mut record);
-                    let ticket = self.shared.receive(&record);
+                    let generation = self.shared.receive(&record);
                     let partition = record.partition;
-                    let queued = buffer.scheduler.push(Buffered { record, ticket }, partition, lane, Instant::now());
+                    let queued = buffer.scheduler.push(Buffered { record, generation }, partition, lane, Instant::now());
                     self.pause_at_bound(&mut buffer, partition, queued);
                 }
             }
@@ -557,8 +565,13 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         self.stop(tasks).await
     }
 
-    fn start(&self, tasks: &mut JoinSet<()>, buffered: Buffered, stop: CancellationToken) {
-        let Buffered { record, ticket } = buffered;
+    fn start(
+        &self,
+        tasks: &mut JoinSet<()>,
+        record: Record,
+        ticket: Ticket,
+        stop: CancellationToken,
+    ) {
         self.handler.starting(&record);
         let gauge = self.in_flight_gauge(&ticket);
         gauge.inc();
