@@ -360,7 +360,7 @@ settings! {
     /// this is how deep into a backlog that choice sees: a partition's record
     /// further back waits its turn in the log. A waiting record costs its
     /// few hundred bytes, and holds its partition's commit point back.
-    consumer_read_ahead: usize = 3_072_usize, env "DOCSTREAM_CONSUMER_READ_AHEAD", at_least(1);
+    consumer_read_ahead: usize = 2_048_usize, env "DOCSTREAM_CONSUMER_READ_AHEAD", at_least(1);
     /// The longest a received record is passed over by more urgent ones:
     /// past it, it starts in the order it arrived, whatever its priority.
     worker_priority_max_wait_s: Seconds = Seconds::new(30), env "DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S", positive;
