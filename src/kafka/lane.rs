@@ -9,10 +9,11 @@ use uuid::Uuid;
 use super::consumer::Record;
 use crate::domain::{Lane, Priority};
 
-/// Header naming the job's tenant (its id, as text).
-pub const TENANT_HEADER: &str = "docstream-tenant";
+/// Header naming the job's tenant (its id, as text). Not `docstream-tenant`:
+/// that one names the tenant of a Kafka intake record, which the intake reads.
+pub const TENANT_HEADER: &str = "docstream-lane-tenant";
 /// Header naming the job's priority (`high`, `normal`, `low`).
-pub const PRIORITY_HEADER: &str = "docstream-priority";
+pub const PRIORITY_HEADER: &str = "docstream-lane-priority";
 
 /// Takes the lane out of `record`'s headers (what a record waits holding is
 /// memory: a worker may hold thousands): the lane they name, the default for
