@@ -76,9 +76,12 @@ async fn warm_workers(
 /// A job's submit, its latest claim's start, and its finish.
 type Times = (DateTime<Utc>, DateTime<Utc>, DateTime<Utc>);
 
+/// A job's id and its [`Times`], as Postgres gives them.
+type TimesRow = (Uuid, DateTime<Utc>, DateTime<Utc>, DateTime<Utc>);
+
 /// When each of `ids` that succeeded was submitted, started and finished.
 async fn times(env: &TestEnv, ids: &[Uuid]) -> HashMap<Uuid, Times> {
-    let rows: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+    let rows: Vec<TimesRow> = sqlx::query_as(
         "SELECT id, submitted_at, started_at, finished_at FROM extractions
           WHERE id = ANY($1) AND status = 'succeeded'",
     )

@@ -122,6 +122,32 @@ impl CpuPool {
             Err(_) => Err(deadline.exceeded()),
         }
     }
+
+    /// Runs `work` on a blocking thread once a slot is free, with no
+    /// deadline: for work that is bounded on its own and must not be cut
+    /// short, because what would follow it on the async runtime is worse
+    /// (see `Services::learn_patterns`). A caller that stops waiting leaves
+    /// it to finish; its slot is taken until then.
+    pub async fn run_to_end<T, F>(&self, work: F) -> Result<T, ExtractError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the pool's semaphore is never closed");
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            work()
+        })
+        .await
+        .map_err(|panicked| {
+            ExtractError::Unavailable(format!("extraction failed unexpectedly: {panicked}"))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ use crate::domain::schedule::Weights;
 pub use crate::domain::Stage;
 use crate::domain::{pattern, ExtractionRequest, PerStage};
 use crate::events::{decode, Event};
-use crate::extract::{CpuPool, Deadline, Extractors};
+use crate::extract::{CpuPool, Extractors};
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
@@ -171,8 +171,15 @@ impl Services {
     /// the size limit, and of the fields the limit allows) on the compiler pool,
     /// so that validating the request on the runtime finds each compiled or
     /// refused already: a hundred new worst-case patterns take the runtime
-    /// threads for tens of milliseconds, and `/healthz` and every other
-    /// request with them. A request of known patterns pays a lookup each.
+    /// threads for tens of milliseconds (seconds in a debug build), and
+    /// `/healthz` and every other request with them. A request of known
+    /// patterns pays a lookup each.
+    ///
+    /// The compiling is never cut short: had it stopped at a deadline, the
+    /// validation would compile the rest on the runtime, where nothing can
+    /// stop it. A caller with a bound stops waiting instead (the REST
+    /// backstop answers 503), and the patterns compiled meanwhile are there
+    /// for the client's retry.
     pub async fn learn_patterns(&self, request: &ExtractionRequest) {
         let limits = self.settings.request_limits();
         let program = limits.pattern_program_bytes;
@@ -184,14 +191,11 @@ impl Services {
         if unknown.is_empty() {
             return;
         }
-        let learn = move |_: &Deadline| {
-            pattern::learn(&unknown, program);
-            Ok(())
-        };
-        // Whatever the pool says (a deadline past), validation compiles
-        // what is still unknown.
-        let budget = self.settings.http_answer_timeout_s.get();
-        let _ = self.compiler.run(budget, usize::MAX, learn).await;
+        // Only a panic is an error here; validation then compiles what is
+        // still unknown.
+        let _ = (self.compiler)
+            .run_to_end(move || pattern::learn(&unknown, program))
+            .await;
     }
 
     /// Runs `handler` on `topic` as a member of `group` until `shutdown`.

@@ -20,8 +20,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use regex::{Regex, RegexBuilder};
 
-/// Most patterns kept (compiled or refused); the cache starts over when it
-/// is full. Room for ten requests of a hundred new patterns each.
+/// Patterns kept (compiled or refused) in each of the cache's two
+/// generations: room for ten requests of a hundred new patterns each.
 const CACHED: usize = 1024;
 
 /// What compiling a pattern gave: the pattern, or the compiler's refusal.
@@ -73,9 +73,45 @@ impl Pattern {
     }
 }
 
-/// Compiled patterns by their program limit, then their text (looked up by
-/// `&str`, with no key to allocate).
-type Cache = HashMap<usize, HashMap<String, Compiled>>;
+/// Compiled patterns of one program limit, looked up by `&str` (no key to
+/// allocate), in two generations. New patterns go into `recent`; when it is
+/// full it becomes `older` and the one before is dropped, and a pattern found
+/// in `older` moves back to `recent`. So a pattern stays for at least
+/// [`CACHED`] insertions after it came in or moved back: a request's patterns,
+/// learned on a blocking thread just before its validation, are still there
+/// when the validation looks, however many other requests' new patterns
+/// came in between (a cache emptied whole when full could drop them, and
+/// the validation then compiled them all on the async runtime).
+#[derive(Default)]
+struct Generations {
+    recent: HashMap<String, Compiled>,
+    older: HashMap<String, Compiled>,
+}
+
+impl Generations {
+    fn get(&mut self, pattern: &str) -> Option<Compiled> {
+        if let Some(compiled) = self.recent.get(pattern) {
+            return Some(compiled.clone());
+        }
+        let (pattern, compiled) = self.older.remove_entry(pattern)?;
+        self.insert(pattern, compiled.clone());
+        Some(compiled)
+    }
+
+    fn insert(&mut self, pattern: String, compiled: Compiled) {
+        if self.recent.len() >= CACHED {
+            self.older = std::mem::take(&mut self.recent);
+        }
+        self.recent.insert(pattern, compiled);
+    }
+
+    fn contains(&self, pattern: &str) -> bool {
+        self.recent.contains_key(pattern) || self.older.contains_key(pattern)
+    }
+}
+
+/// The caches by program limit.
+type Cache = HashMap<usize, Generations>;
 
 static COMPILED: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 
@@ -87,16 +123,11 @@ static COMPILED: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 /// with its program bounded no pattern can take exponential time; and a
 /// search over a long text can be stopped at its deadline ([`Pattern::captures`]).
 pub fn compile(pattern: &str, program_bytes: usize) -> Compiled {
-    if let Some(compiled) = lock().get(&program_bytes).and_then(|c| c.get(pattern)) {
-        return compiled.clone();
+    if let Some(compiled) = lock().get_mut(&program_bytes).and_then(|c| c.get(pattern)) {
+        return compiled;
     }
     let compiled = Pattern::new(pattern, program_bytes).map(Arc::new);
-    let mut cache = lock();
-    let cache = cache.entry(program_bytes).or_default();
-    if cache.len() >= CACHED {
-        cache.clear();
-    }
-    cache.insert(pattern.to_owned(), compiled.clone());
+    (lock().entry(program_bytes).or_default()).insert(pattern.to_owned(), compiled.clone());
     compiled
 }
 
@@ -104,7 +135,7 @@ pub fn compile(pattern: &str, program_bytes: usize) -> Compiled {
 pub fn known(pattern: &str, program_bytes: usize) -> bool {
     lock()
         .get(&program_bytes)
-        .is_some_and(|c| c.contains_key(pattern))
+        .is_some_and(|c| c.contains(pattern))
 }
 
 /// Compiles each of `patterns` not seen before, keeping what it gives,
@@ -140,6 +171,27 @@ mod tests {
             "over the size limit"
         );
         assert!(compile(r"\w{10}", 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn a_pattern_stays_a_generation_after_it_came_in_or_was_used_from_the_older() {
+        let limit = 1 << 18;
+        let first = r"first-\d+";
+        compile(first, limit).unwrap();
+        for n in 0..CACHED {
+            compile(&format!("filler-a-{n}"), limit).unwrap();
+        }
+        assert!(known(first, limit), "one generation of insertions later");
+        // Used again: back among the recent, past the next turnover.
+        compile(first, limit).unwrap();
+        for n in 0..CACHED {
+            compile(&format!("filler-b-{n}"), limit).unwrap();
+        }
+        assert!(known(first, limit), "a use keeps it");
+        for n in 0..2 * CACHED + 1 {
+            compile(&format!("filler-c-{n}"), limit).unwrap();
+        }
+        assert!(!known(first, limit), "two generations unused: dropped");
     }
 
     #[test]
