@@ -1,9 +1,10 @@
 //! What a worker starts first, with real worker processes on the real broker
 //! and database: high-priority jobs pass a low flood, a low job is passed
 //! over no longer than the bound, a tenant that arrives after another's
-//! flood gets its weighted share at once, and a rebalance in the middle of a
-//! priority flood loses nothing, finishes nothing twice, and leaves every
-//! record committed.
+//! flood gets its weighted share at once, a tenant's share of an extractor's
+//! cap holds across workers (and comes back after one of them is killed),
+//! and a rebalance in the middle of a priority flood loses nothing, finishes
+//! nothing twice, and leaves every record committed.
 //!
 //! Each worker runs few records at once (`DOCSTREAM_CONSUMER_MAX_IN_FLIGHT`)
 //! against a provider that takes 200 ms a call, so records wait in the
@@ -18,8 +19,8 @@ use chrono::{DateTime, Utc};
 use common::provider::{FakeProvider, Plan};
 use common::{
     add_extractor, assert_exactly_once, committed_offsets, every_worker_calls_the_warmup_extractor,
-    fast_recovery, sample_body, signal, stop, submit_as, topic_size, wait_count, wait_for, wins,
-    worker_with_metrics, TestEnv,
+    fast_recovery, sample_body, scrape, secs, signal, stop, submit_as, topic_size, wait_count,
+    wait_for, wins, worker_with_metrics, TestEnv,
 };
 use docstream::pipeline::Services;
 use docstream::store::tenants::{self, DEFAULT_TENANT_ID};
@@ -307,6 +308,146 @@ async fn a_tenant_after_anothers_flood_gets_its_weighted_share_at_once() {
     );
     wait_all_succeeded(&env, &a_ids, 120).await;
     stop(workers.iter_mut()).await;
+}
+
+/// The most of `calls` (of the jobs `ids`) the provider had at once.
+fn peak_of(calls: &[common::provider::Call], ids: &HashSet<Uuid>) -> usize {
+    let mut edges: Vec<(std::time::Instant, i32)> = calls
+        .iter()
+        .filter(|c| ids.contains(&c.job_id))
+        .flat_map(|c| [(c.started, 1), (c.ended.expect("every call ended"), -1)])
+        .collect();
+    // An end before a start at the same instant: back to back is not at once.
+    edges.sort();
+    let (mut now, mut peak) = (0, 0);
+    for (_, step) in edges {
+        now += step;
+        peak = peak.max(now);
+    }
+    usize::try_from(peak).unwrap_or(0)
+}
+
+/// Calls one tenant makes at once of the model, across the deployment.
+const SHARE: usize = 3;
+/// The model's deployment-wide cap.
+const MODEL_CAP: usize = 8;
+/// The slots' lease, short so a killed worker's slots come back soon.
+const SLOT_LEASE_S: f64 = 3.0;
+
+/// Two workers start every record at once; the model's cap is 8 and each
+/// tenant's share of it 3. Tenant A's flood never has more than 3 calls
+/// at once although 5 slots stay free; B, arriving during it, gets its 3 at
+/// once. Then a worker is SIGKILLed while it holds A's slots: A calls
+/// fewer at once until the leases run out, and 3 again within one lease.
+/// Every job succeeds exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_kill() {
+    let (env, model, _warmup) = slow_model_env("sched_share", |s| {
+        fast_recovery(s);
+        s.consumer_max_in_flight = 384;
+        s.extractor_slot_lease_s = secs(SLOT_LEASE_S);
+        let model = s.extractors.get_mut("model").expect("the model extractor");
+        model.max_concurrency = MODEL_CAP;
+        model.tenant_max_concurrency = SHARE;
+    })
+    .await;
+    let services = env.services().await;
+    let b = tenants::create_tenant(&env.pool, "sched-share-b")
+        .await
+        .unwrap();
+    let mut workers = Vec::new();
+    let mut metrics = Vec::new();
+    for i in 0..2 {
+        let (worker, addr) = worker_with_metrics(&env, &format!("sched-share-worker-{i}"));
+        workers.push(worker);
+        metrics.push(addr);
+    }
+    every_worker_calls_the_warmup_extractor(&services, &metrics).await;
+    let a_ids = submit(&services, DEFAULT_TENANT_ID, 200, "normal").await;
+    wait_for(
+        "A's flood to be under way",
+        Duration::from_secs(60),
+        || async {
+            let done = times(&env, &a_ids).await.len();
+            if done >= 10 {
+                Ok(())
+            } else {
+                Err(format!("{done} of A's done"))
+            }
+        },
+    )
+    .await;
+    let b_ids = submit(&services, b.key.tenant_id, 30, "normal").await;
+    wait_all_succeeded(&env, &b_ids, 60).await;
+    let (a_set, b_set): (HashSet<Uuid>, HashSet<Uuid>) = (
+        a_ids.iter().copied().collect(),
+        b_ids.iter().copied().collect(),
+    );
+    let calls: Vec<_> = model
+        .calls()
+        .into_iter()
+        .filter(|c| c.ended.is_some())
+        .collect();
+    let (a_peak, b_peak) = (peak_of(&calls, &a_set), peak_of(&calls, &b_set));
+    let both = a_set.union(&b_set).copied().collect();
+    let all_peak = peak_of(&calls, &both);
+    let a_left = a_ids.len() - times(&env, &a_ids).await.len();
+    eprintln!(
+        "tenant share: A peaked at {a_peak}, B at {b_peak}, together {all_peak} calls at once          (share {SHARE}, cap {MODEL_CAP}); {a_left} of A's still open when B was done"
+    );
+    assert!(a_left >= 50, "A's flood outlasted B's jobs: {a_left} left");
+    assert_eq!(
+        a_peak, SHARE,
+        "A, alone with 5 free slots, is held to its share"
+    );
+    assert_eq!(b_peak, SHARE, "B gets its whole share during A's flood");
+    assert!(all_peak <= 2 * SHARE, "{all_peak} at once");
+
+    // A alone now: its 3 calls at once, some in the victim.
+    let held = "docstream_extractor_shared_slots_held{extractor=\"model\"}";
+    let victim_metrics = metrics[0].clone();
+    wait_for("the victim to hold slots", Duration::from_secs(30), || {
+        let victim_metrics = victim_metrics.clone();
+        let in_flight = model.in_flight();
+        async move {
+            match (scrape(&victim_metrics, held).await, in_flight) {
+                (h, n) if h >= 1.0 && n == SHARE => Ok(()),
+                seen => Err(format!("held, provider in flight: {seen:?}")),
+            }
+        }
+    })
+    .await;
+    signal(&workers[0], "KILL").await;
+    let killed = std::time::Instant::now();
+    let (mut dip, mut recovered) = (SHARE, None);
+    while killed.elapsed() < Duration::from_secs(20) {
+        let in_flight = model.in_flight();
+        dip = dip.min(in_flight);
+        if dip < SHARE && in_flight == SHARE {
+            recovered = Some(killed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("tenant share: after SIGKILL, {dip} of A's calls at once until {recovered:?} (lease {SLOT_LEASE_S} s)");
+    assert!(dip < SHARE, "the victim held A's slots when it was killed");
+    let recovered = recovered.expect("A had its share again");
+    assert!(
+        recovered.as_secs_f64() <= SLOT_LEASE_S + 1.0,
+        "the killed worker's slots came back after {recovered:?}"
+    );
+    wait_all_succeeded(&env, &a_ids, 180).await;
+    assert!(
+        model.max_concurrency() <= SHARE * 2,
+        "never past the shares"
+    );
+    let ids: Vec<Uuid> = a_ids.iter().chain(&b_ids).copied().collect();
+    let ours: HashSet<Uuid> = ids.iter().copied().collect();
+    let mut won = wins(&env.pool, "mark_succeeded").await;
+    won.retain(|id, _| ours.contains(id));
+    assert_exactly_once(&won, &ids, "succeeded");
+    let _ = workers[0].wait().await;
+    stop(workers[1..].iter_mut()).await;
 }
 
 /// Two workers run a flood of low and high jobs; a third joins and one of

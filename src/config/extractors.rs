@@ -50,6 +50,11 @@ pub struct ExtractorSettings {
     /// `max_concurrency`; 0, the default, sets none (the deployment's cap
     /// alone).
     pub process_max_concurrency: usize,
+    /// Calls one tenant's jobs make at once across the deployment, a share
+    /// of `max_concurrency` so that one tenant cannot take every slot (each
+    /// call then also leases one of its tenant's slots: see
+    /// `extract::slots`). 0, the default, sets none.
+    pub tenant_max_concurrency: usize,
     /// Calls per second the whole deployment starts, spaced evenly (a next
     /// start time in Postgres that each call moves on). 0, the default,
     /// sets no limit.
@@ -73,6 +78,7 @@ impl Default for ExtractorSettings {
             timeout_s: 300.0,
             max_concurrency: 8,
             process_max_concurrency: 0,
+            tenant_max_concurrency: 0,
             requests_per_second: 0.0,
             token: String::new(),
             retry_after_budget_s: 600.0,
@@ -129,6 +135,14 @@ impl ExtractorSettings {
         if self.max_concurrency == 0 {
             return invalid(format!("{} must be at least 1", var("MAX_CONCURRENCY")));
         }
+        if self.tenant_max_concurrency > self.max_concurrency {
+            return invalid(format!(
+                "{} must be 0 (no share) or at most {} ({}): a tenant's share of the cap",
+                var("TENANT_MAX_CONCURRENCY"),
+                self.max_concurrency,
+                var("MAX_CONCURRENCY")
+            ));
+        }
         let rate = self.requests_per_second;
         if !(rate == 0.0 || (rate.is_finite() && rate >= MIN_RATE)) {
             return invalid(format!(
@@ -149,6 +163,7 @@ macro_rules! for_each_variable {
         $then!(timeout_s, "TIMEOUT_S");
         $then!(max_concurrency, "MAX_CONCURRENCY");
         $then!(process_max_concurrency, "PROCESS_MAX_CONCURRENCY");
+        $then!(tenant_max_concurrency, "TENANT_MAX_CONCURRENCY");
         $then!(requests_per_second, "REQUESTS_PER_SECOND");
         $then!(token, "TOKEN");
         $then!(retry_after_budget_s, "RETRY_AFTER_BUDGET_S");
@@ -287,8 +302,10 @@ mod tests {
             ("DOCSTREAM_EXTRACTOR_OCR_TOKEN", "t"),
             ("DOCSTREAM_EXTRACTOR_LAYOUT_URL", "http://layout/x"),
             ("DOCSTREAM_EXTRACTOR_LAYOUT_DEFERRED_DEADLINE_S", "60"),
+            ("DOCSTREAM_EXTRACTOR_LAYOUT_TENANT_MAX_CONCURRENCY", "2"),
         ])
         .unwrap();
+        assert_eq!(extractors["layout"].tenant_max_concurrency, 2);
         let env = env_of(&extractors);
         let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(from_env(&pairs).unwrap(), extractors);
@@ -333,6 +350,19 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("REQUESTS_PER_SECOND"), "{err}");
+        let err = from_env(&[
+            ("DOCSTREAM_EXTRACTORS", "ocr"),
+            ("DOCSTREAM_EXTRACTOR_OCR_URL", "http://x/"),
+            ("DOCSTREAM_EXTRACTOR_OCR_MAX_CONCURRENCY", "4"),
+            ("DOCSTREAM_EXTRACTOR_OCR_TENANT_MAX_CONCURRENCY", "5"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "DOCSTREAM_EXTRACTOR_OCR_TENANT_MAX_CONCURRENCY must be 0 (no share) or at most 4"
+            ),
+            "{err}"
+        );
         assert!(from_env(&[("DOCSTREAM_EXTRACTORS", "rules")]).is_err());
         assert!(from_env(&[("DOCSTREAM_EXTRACTORS", "OCR")]).is_err());
     }

@@ -11,24 +11,28 @@
 //!   the job is retried with its backoff, which spends an attempt;
 //! - a 200 that is not a valid result: the job fails at once.
 //!
-//! Calls pass [`Limits`] first (this process's bound), then take one of the
-//! deployment's slots and their turn under its rate ([`SharedCap`]). A
+//! Calls pass [`Limits`] first (this process's bound), then take one of
+//! their tenant's slots when the extractor gives tenants a share, then one
+//! of the deployment's slots and their turn under its rate ([`SharedCap`]). A
 //! call's future may be dropped at any point (a cancelled job, a drain that
 //! ran out): the connection is then closed, which tells the provider to stop.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::limits::Limits;
 use super::protocol::{self, CallBody};
-use super::slots::SharedCap;
+use super::slots::{SharedCap, SharedCaps, SharedSlot};
 use super::{check_required, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::config::ExtractorSettings;
-use crate::domain::schedule::Weights;
+use crate::domain::Lane;
 use crate::error_chain;
 use crate::metrics::ExtractorMetrics;
 
@@ -44,7 +48,33 @@ pub struct HttpExtractor {
     limits: Limits,
     /// The deployment's cap.
     shared: SharedCap,
+    /// Each tenant's share of it, when the extractor gives one.
+    shares: Option<TenantShares>,
     metrics: ExtractorMetrics,
+}
+
+/// The deployment-wide caps of each tenant's calls of one extractor, made
+/// as tenants' calls come (a few rows and a small struct each).
+struct TenantShares {
+    cap: usize,
+    caps: SharedCaps,
+    of: std::sync::Mutex<HashMap<Uuid, Arc<SharedCap>>>,
+}
+
+impl TenantShares {
+    /// Leases one of `lane`'s tenant's slots (calls of no known tenant share
+    /// the nil id's).
+    async fn acquire(&self, extractor: &str, lane: Lane) -> SharedSlot {
+        let tenant = lane.tenant.unwrap_or_default();
+        let cap = {
+            let mut of = self.of.lock().expect("tenant shares");
+            let cap = of
+                .entry(tenant)
+                .or_insert_with(|| Arc::new(self.caps.tenant(extractor, tenant, self.cap)));
+            cap.clone()
+        };
+        cap.acquire(lane).await
+    }
 }
 
 /// What one call came to.
@@ -59,14 +89,13 @@ enum Answer {
 
 impl HttpExtractor {
     /// The extractor `name` with `settings`, its calls capped across the
-    /// deployment by `shared`, waiting for this process's slots in `order`
-    /// (the priority bound and the tenants' weights), counting into `metrics`.
+    /// deployment (and each tenant's, when it has a share) by `caps`, whose
+    /// order (the priority bound and the tenants' weights) this process's
+    /// slots follow too.
     pub fn new(
         name: &str,
         settings: &ExtractorSettings,
-        shared: SharedCap,
-        (max_wait, weights): (Duration, Weights),
-        metrics: ExtractorMetrics,
+        caps: &SharedCaps,
     ) -> reqwest::Result<Self> {
         crate::install_tls_provider();
         // No proxy, whatever HTTP(S)_PROXY say: a proxy between docstream
@@ -78,13 +107,20 @@ impl HttpExtractor {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("docstream/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let (max_wait, weights) = caps.order();
+        let shares = (settings.tenant_max_concurrency > 0).then(|| TenantShares {
+            cap: settings.tenant_max_concurrency,
+            caps: caps.clone(),
+            of: std::sync::Mutex::default(),
+        });
         Ok(Self {
             name: name.to_owned(),
             limits: Limits::new(settings.process_cap(), max_wait, weights),
-            shared,
+            shared: caps.extractor(name, settings.max_concurrency),
+            shares,
             settings: settings.clone(),
             client,
-            metrics,
+            metrics: caps.metrics(),
         })
     }
 
@@ -129,8 +165,8 @@ impl HttpExtractor {
         }
     }
 
-    /// One call, inside this process's slot and a deployment-wide one, and
-    /// after the rate limit.
+    /// One call, inside this process's slot, its tenant's share when there
+    /// is one, and a deployment-wide slot, and after the rate limit.
     async fn admitted_call(&self, job: &Job<'_>, body: &Bytes, stop: &CancellationToken) -> Answer {
         let admitted = tokio::select! {
             biased;
@@ -138,12 +174,23 @@ impl HttpExtractor {
             admitted = self.limits.admit(job.lane) => admitted,
         };
         let asked = Instant::now();
+        // The tenant's slot first: a call holds one of the extractor's only
+        // within its tenant's share.
+        let _share = match &self.shares {
+            Some(shares) => tokio::select! {
+                biased;
+                _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
+                slot = shares.acquire(&self.name, job.lane) => Some(slot),
+            },
+            None => None,
+        };
+        let share_wait = asked.elapsed();
         let _shared = tokio::select! {
             biased;
             _ = stop.cancelled() => return Answer::Done(Err(ExtractError::Interrupted)),
             slot = self.shared.acquire(job.lane) => slot,
         };
-        let shared_wait = asked.elapsed();
+        let shared_wait = asked.elapsed() - share_wait;
         // The slot first, so a call that waits for its start is one that
         // will start then.
         let token_wait = match self.settings.requests_per_second {
@@ -161,6 +208,11 @@ impl HttpExtractor {
         waits
             .with_label_values(&[&self.name, "shared_slot"])
             .observe(shared_wait.as_secs_f64());
+        if self.shares.is_some() {
+            waits
+                .with_label_values(&[&self.name, "tenant_slot"])
+                .observe(share_wait.as_secs_f64());
+        }
         waits
             .with_label_values(&[&self.name, "token"])
             .observe(token_wait.as_secs_f64());

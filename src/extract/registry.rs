@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use sqlx::PgPool;
 
-use super::slots::{FreedSignals, SharedCap};
+use super::slots::SharedCaps;
 use super::{CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget};
 use crate::config::{Settings, RULES};
 use crate::domain::schedule::Weights;
@@ -40,23 +40,11 @@ impl Extractors {
         (pool, weights): (&PgPool, &Weights),
     ) -> reqwest::Result<Self> {
         let mut http = HashMap::new();
-        let signals = FreedSignals::new(pool);
         let order = (settings.worker_priority_max_wait_s.get(), weights.clone());
+        let lease = settings.extractor_slot_lease_s.get();
+        let shared = SharedCaps::new(pool, lease, order, metrics.extractors.clone());
         for (name, extractor) in &settings.extractors {
-            let cap = (
-                extractor.max_concurrency,
-                settings.extractor_slot_lease_s.get(),
-            );
-            let shared = SharedCap::new(
-                name,
-                cap,
-                pool.clone(),
-                (&signals, order.clone()),
-                metrics.extractors.clone(),
-            );
-            let extractor_metrics = metrics.extractors.clone();
-            let client =
-                HttpExtractor::new(name, extractor, shared, order.clone(), extractor_metrics)?;
+            let client = HttpExtractor::new(name, extractor, &shared)?;
             http.insert(name.clone(), client);
         }
         let result = settings.result_limits();

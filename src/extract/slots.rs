@@ -22,6 +22,13 @@
 //! others for ever, a lease is handed over only until it has been held for
 //! one lease length; then it goes back to Postgres, where every waiting
 //! process competes for it.
+//!
+//! A tenant's share of an extractor (`tenant_max_concurrency`) is a second
+//! set of slots of the same kind, one per tenant and extractor (rows keyed
+//! `extractor@tenant`). A call of a tenant with a share leases one of its
+//! tenant's slots first and only then waits for one of the extractor's, so
+//! no more than the share of one tenant's calls ever hold or wait for the
+//! extractor's slots, and the others' calls pass them in the worker's order.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,9 +57,70 @@ const AFTER_FAILURE: Duration = Duration::from_millis(500);
 /// Postgres (the waiter that was counted took another slot meanwhile).
 const HANDOVER_WAIT: Duration = Duration::from_millis(50);
 
-/// The deployment-wide slots of one extractor, as one process uses them.
+/// What this process needs to make the deployment's shared caps: one per
+/// process, so every cap shares one listener.
+#[derive(Clone)]
+pub struct SharedCaps {
+    pool: PgPool,
+    signals: FreedSignals,
+    /// How long a lease lasts unless renewed.
+    lease: Duration,
+    /// The priority bound and tenants' weights, for the calls waiting in
+    /// this process.
+    order: (Duration, Weights),
+    metrics: ExtractorMetrics,
+}
+
+impl SharedCaps {
+    /// Caps on `pool`'s slots, leased for `lease` at a time; this process's
+    /// waiting calls ask in `order` (the priority bound and the weights).
+    pub fn new(
+        pool: &PgPool,
+        lease: Duration,
+        order: (Duration, Weights),
+        metrics: ExtractorMetrics,
+    ) -> Self {
+        Self {
+            pool: pool.clone(),
+            signals: FreedSignals::new(pool),
+            lease,
+            order,
+            metrics,
+        }
+    }
+
+    /// The `cap` slots of `extractor`.
+    pub fn extractor(&self, extractor: &str, cap: usize) -> SharedCap {
+        SharedCap::new(self, extractor, extractor.to_owned(), cap)
+    }
+
+    /// The priority bound and the tenants' weights.
+    pub fn order(&self) -> (Duration, Weights) {
+        self.order.clone()
+    }
+
+    /// The extractors' metrics.
+    pub fn metrics(&self) -> ExtractorMetrics {
+        self.metrics.clone()
+    }
+
+    /// The `cap` slots of `tenant`'s calls of `extractor`.
+    pub fn tenant(&self, extractor: &str, tenant: Uuid, cap: usize) -> SharedCap {
+        SharedCap::new(self, extractor, format!("{extractor}@{tenant}"), cap)
+    }
+}
+
+/// The deployment-wide slots of one extractor (or of one tenant's calls of
+/// it), as one process uses them.
 pub struct SharedCap {
+    /// The extractor, as metrics name it.
     extractor: String,
+    /// The slots' rows and their announcements: the extractor's name, or
+    /// `extractor@tenant` for a tenant's share (`@` is in no name).
+    key: String,
+    /// Whether held slots are counted in `shared_slots_held` (the
+    /// extractor's own, not a tenant's share of them).
+    counted: bool,
     cap: i32,
     lease: Duration,
     pool: PgPool,
@@ -69,7 +137,8 @@ pub struct SharedCap {
 /// Leases passed from a call that ended to one that waits, in this process.
 struct Handover {
     pool: PgPool,
-    extractor: String,
+    /// The slots' key (`SharedCap::key`).
+    key: String,
     lease_length: Duration,
     /// Calls waiting for a slot now.
     waiting: AtomicUsize,
@@ -125,8 +194,8 @@ impl Handover {
     /// Gives `lease` back to Postgres. A slot not given back (Postgres away)
     /// comes back when its lease runs out.
     async fn release(&self, lease: Lease) {
-        if let Err(e) = slots::release(&self.pool, &self.extractor, lease).await {
-            tracing::debug!(error = %e, extractor = %self.extractor,
+        if let Err(e) = slots::release(&self.pool, &self.key, lease).await {
+            tracing::debug!(error = %e, slots = %self.key,
                 "shared slot not released; its lease will run out");
         }
     }
@@ -137,12 +206,15 @@ pub struct SharedSlot {
     held: Arc<std::sync::Mutex<Held>>,
     handover: Arc<Handover>,
     _renewing: DropGuard,
-    gauge: prometheus::IntGauge,
+    /// The extractor's held-slots gauge (none for a tenant's share).
+    gauge: Option<prometheus::IntGauge>,
 }
 
 impl Drop for SharedSlot {
     fn drop(&mut self) {
-        self.gauge.dec();
+        if let Some(gauge) = &self.gauge {
+            gauge.dec();
+        }
         let held = *self.held.lock().expect("held lease");
         self.handover.give_up(held);
     }
@@ -165,34 +237,27 @@ impl Drop for Waiting<'_> {
 }
 
 impl SharedCap {
-    /// `cap` slots of `extractor` on `pool`, leased for `lease` at a time,
-    /// asked for again when `signals` say one was freed; this process's
-    /// waiting calls ask in `order` (the priority bound and the weights).
-    pub fn new(
-        extractor: &str,
-        (cap, lease): (usize, Duration),
-        pool: PgPool,
-        (signals, order): (&FreedSignals, (Duration, Weights)),
-        metrics: ExtractorMetrics,
-    ) -> Self {
+    fn new(caps: &SharedCaps, extractor: &str, key: String, cap: usize) -> Self {
         let handover = Arc::new(Handover {
-            pool: pool.clone(),
-            extractor: extractor.to_owned(),
-            lease_length: lease,
+            pool: caps.pool.clone(),
+            key: key.clone(),
+            lease_length: caps.lease,
             waiting: AtomicUsize::new(0),
             spare: std::sync::Mutex::new(Vec::new()),
-            freed: signals.of(extractor),
+            freed: caps.signals.of(&key),
         });
         Self {
             extractor: extractor.to_owned(),
+            counted: key == extractor,
+            key,
             cap: i32::try_from(cap).unwrap_or(i32::MAX),
-            lease,
+            lease: caps.lease,
             holder: process_id(),
-            signals: signals.clone(),
-            pool,
-            turn: Gate::new(1, order.0, order.1),
+            signals: caps.signals.clone(),
+            pool: caps.pool.clone(),
+            turn: Gate::new(1, caps.order.0, caps.order.1.clone()),
             provisioned: tokio::sync::OnceCell::new(),
-            metrics,
+            metrics: caps.metrics.clone(),
             handover,
         }
     }
@@ -229,7 +294,7 @@ impl SharedCap {
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, extractor = %self.extractor,
+                    tracing::debug!(error = %e, slots = %self.key,
                         "asking for a shared slot failed; asking again");
                     tokio::time::sleep(AFTER_FAILURE).await;
                 }
@@ -243,7 +308,7 @@ impl SharedCap {
     pub async fn pace(&self, spacing: Duration) -> Duration {
         let asked = Instant::now();
         let spacing_s = spacing.as_secs_f64();
-        let wait = match slots::next_start(&self.pool, &self.extractor, spacing_s).await {
+        let wait = match slots::next_start(&self.pool, &self.key, spacing_s).await {
             Ok(wait) => wait,
             Err(e) => {
                 tracing::debug!(error = %e, extractor = %self.extractor,
@@ -257,17 +322,17 @@ impl SharedCap {
 
     async fn try_acquire(&self) -> Result<Option<Lease>, crate::store::StoreError> {
         self.provisioned
-            .get_or_try_init(|| slots::provision(&self.pool, &self.extractor, self.cap))
+            .get_or_try_init(|| slots::provision(&self.pool, &self.key, self.cap))
             .await?;
         let lease_s = self.lease.as_secs_f64();
-        slots::acquire(&self.pool, &self.extractor, self.cap, self.holder, lease_s).await
+        slots::acquire(&self.pool, &self.key, self.cap, self.holder, lease_s).await
     }
 
     /// `held`, renewed a third of a lease length after its last extension,
     /// and every third from then on, until the slot is dropped.
     fn hold(&self, held: Held) -> SharedSlot {
         let stop = CancellationToken::new();
-        let (pool, extractor, length) = (self.pool.clone(), self.extractor.clone(), self.lease);
+        let (pool, key, length) = (self.pool.clone(), self.key.clone(), self.lease);
         let losses = self
             .metrics
             .shared_slot_losses
@@ -283,7 +348,7 @@ impl SharedCap {
                     _ = tokio::time::sleep_until((last + length / 3).into()) => {}
                 }
                 let asked = Instant::now();
-                match slots::renew(&pool, &extractor, lease, length.as_secs_f64()).await {
+                match slots::renew(&pool, &key, lease, length.as_secs_f64()).await {
                     Ok(true) => renewed.lock().expect("held lease").renewed = asked,
                     Ok(false) => {
                         // Renewals failed past the lease (a stall): the slot
@@ -291,24 +356,27 @@ impl SharedCap {
                         // is counted, and the cap was briefly exceeded.
                         losses.inc();
                         tracing::warn!(
-                            extractor,
+                            slots = key,
                             slot = lease.slot,
                             "a shared slot's lease ran out under its call"
                         );
                         return;
                     }
                     Err(e) => {
-                        tracing::debug!(error = %e, extractor, "shared slot not renewed");
+                        tracing::debug!(error = %e, slots = key, "shared slot not renewed");
                         tokio::time::sleep(AFTER_FAILURE).await;
                     }
                 }
             }
         });
-        let gauge = self
-            .metrics
-            .shared_slots_held
-            .with_label_values(&[&self.extractor]);
-        gauge.inc();
+        let gauge = self.counted.then(|| {
+            self.metrics
+                .shared_slots_held
+                .with_label_values(&[&self.extractor])
+        });
+        if let Some(gauge) = &gauge {
+            gauge.inc();
+        }
         SharedSlot {
             held: shared,
             handover: self.handover.clone(),
@@ -326,11 +394,11 @@ fn process_id() -> Uuid {
 
 type Signals = std::sync::Mutex<HashMap<String, Arc<Notify>>>;
 
-/// The signals that some process freed a slot, one per extractor, from one
+/// The signals that some process freed a slot, one per key, from one
 /// listener (a connection of its own), started by the first wait and
 /// stopped when the last clone of this value is dropped.
 #[derive(Clone)]
-pub struct FreedSignals {
+struct FreedSignals {
     signals: Arc<Signals>,
     pool: PgPool,
     listening: Arc<OnceLock<DropGuard>>,
@@ -338,7 +406,7 @@ pub struct FreedSignals {
 
 impl FreedSignals {
     /// Signals of `pool`'s database (nothing listens until a wait).
-    pub fn new(pool: &PgPool) -> Self {
+    fn new(pool: &PgPool) -> Self {
         Self {
             signals: Arc::default(),
             pool: pool.clone(),
@@ -362,13 +430,13 @@ impl FreedSignals {
         });
     }
 
-    fn of(&self, extractor: &str) -> Arc<Notify> {
+    fn of(&self, key: &str) -> Arc<Notify> {
         let mut signals = self.signals.lock().expect("slot signals");
-        signals.entry(extractor.to_owned()).or_default().clone()
+        signals.entry(key.to_owned()).or_default().clone()
     }
 }
 
-/// Wakes the waiters of each extractor whose slot a process freed;
+/// Wakes the waiters of each key whose slot a process freed;
 /// reconnects after a failure (meanwhile the waiters poll).
 async fn listen(pool: PgPool, signals: Arc<Signals>) {
     loop {

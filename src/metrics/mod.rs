@@ -244,9 +244,10 @@ pub struct ExtractorMetrics {
     /// `docstream_extractor_shared_slot_losses_total{extractor}`: leases of
     /// shared slots that ran out under a call (a stalled process).
     pub shared_slot_losses: IntCounterVec,
-    /// `docstream_extractor_wait_seconds{extractor, wait="slot|shared_slot|token"}`:
-    /// time a call waited for this process's slot, then a deployment-wide
-    /// slot, then the rate limit.
+    /// `docstream_extractor_wait_seconds{extractor, wait="slot|tenant_slot|shared_slot|token"}`:
+    /// time a call waited for this process's slot, then its tenant's share
+    /// (extractors that give one), then a deployment-wide slot, then the
+    /// rate limit.
     pub wait_seconds: HistogramVec,
     /// `docstream_extractor_retry_after_seconds_total{extractor}`: seconds
     /// waited because the provider answered with `Retry-After`.
@@ -324,7 +325,7 @@ impl ExtractorMetrics {
         let wait_seconds = register(registry, HistogramVec::new(
             HistogramOpts::new(
                 "docstream_extractor_wait_seconds",
-                "Time a call waited for this process's slot (wait=slot), a deployment-wide slot (wait=shared_slot), then the rate limit (wait=token).",
+                "Time a call waited for this process's slot (wait=slot), its tenant's share of the extractor's slots (wait=tenant_slot, when it has one), a deployment-wide slot (wait=shared_slot), then the rate limit (wait=token).",
             )
             .buckets(vec![0.001, 0.005].into_iter().chain(call_buckets).collect()),
             &["extractor", "wait"],
