@@ -1,11 +1,13 @@
 //! The fairness phase: tenant A floods `flood` jobs as fast as it can (64
 //! submits in flight, each retried after `Retry-After` until accepted, as a
 //! well-behaved client does), while tenant B submits 100 jobs at 10/s. What
-//! B waits for its jobs (submit to bbox succeeded) is measured in four runs
-//! ([`Run`]): B alone (the baseline), B beside A's flood with both at weight
-//! 1 and no cap (the workers' shares alone), the same with A capped, and
-//! priorities: A's flood `low` and the 100 jobs A's too but `high`. Neither
-//! tenant has a submit rate.
+//! B waits for its jobs (submit to started, and to bbox succeeded) is
+//! measured in five runs ([`Run`]): B alone (the baseline), B beside A's
+//! flood with both at weight 1 and no cap (the workers' shares alone), the
+//! same with A capped, priorities (A's flood `low` and the 100 jobs A's too
+//! but `high`), and starvation (A's flood `high`, the 100 jobs `low`, with
+//! the workers' bound on passing a record over at [`STARVED_BOUND_S`]).
+//! Neither tenant has a submit rate.
 //!
 //! Every job is extracted by `extractor-serve` with a model's latency (200 ms,
 //! 32 calls at a time: 160 jobs/s), so that, as with a real model, the
@@ -39,6 +41,9 @@ const A_CONCURRENCY: usize = 64;
 /// makes at once.
 const PROVIDER_LATENCY_MS: u64 = 200;
 const PROVIDER_CAP: usize = 32;
+/// The starvation run's `DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S`: shorter
+/// than the high flood lasts, so the bound is what starts the low jobs.
+pub const STARVED_BOUND_S: u64 = 10;
 
 /// What one run of the phase puts beside B's 100 jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -52,6 +57,9 @@ pub enum Run {
     Capped(i64),
     /// A's flood at priority `low`; the 100 jobs are A's too, at `high`.
     Priority,
+    /// A's flood at priority `high`; the 100 jobs are A's too, at `low`,
+    /// and a worker passes a record over for [`STARVED_BOUND_S`] at most.
+    Starved,
 }
 
 impl Run {
@@ -62,6 +70,7 @@ impl Run {
             Run::Shared => "shared".into(),
             Run::Capped(cap) => format!("cap{cap}"),
             Run::Priority => "priority".into(),
+            Run::Starved => "starved".into(),
         }
     }
 
@@ -72,6 +81,9 @@ impl Run {
             Run::Shared => "no cap, weights 1 : 1".into(),
             Run::Capped(cap) => format!("A capped at {cap} open jobs"),
             Run::Priority => "A's flood low, the 100 jobs A's and high".into(),
+            Run::Starved => format!(
+                "A's flood high, the 100 jobs A's and low, passed over {STARVED_BOUND_S} s at most"
+            ),
         }
     }
 }
@@ -89,6 +101,8 @@ pub struct Fairness {
     pub a_done_s: f64,
     /// B's jobs.
     pub b_jobs: usize,
+    /// B's submit (the moment it was due) to its first claim.
+    pub b_submit_to_start: Latency,
     /// B's submit (the moment it was due) to bbox succeeded.
     pub b_submit_to_bbox: Latency,
 }
@@ -101,7 +115,11 @@ pub async fn fairness(
     run_kind: Run,
     progress: &ProgressBar,
 ) -> anyhow::Result<Fairness> {
-    let (rig, provider) = start_provider(rig, PROVIDER_LATENCY_MS, (PROVIDER_CAP, 0)).await?;
+    let (mut rig, provider) = start_provider(rig, PROVIDER_LATENCY_MS, (PROVIDER_CAP, 0)).await?;
+    if run_kind == Run::Starved {
+        let bound = ("DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S", STARVED_BOUND_S);
+        rig.env.push((bound.0.into(), bound.1.to_string()));
+    }
     let flood = if run_kind == Run::Alone { 0 } else { flood };
     let outcome = run(&rig, flood, run_kind, progress).await;
     provider.stop().await?;
@@ -125,6 +143,10 @@ async fn run(
         Run::Priority => (
             with_priority(&samples, Priority::Low),
             with_priority(&samples, Priority::High),
+        ),
+        Run::Starved => (
+            with_priority(&samples, Priority::High),
+            with_priority(&samples, Priority::Low),
         ),
         _ => (samples.clone(), samples.clone()),
     };
@@ -154,7 +176,7 @@ async fn run(
     }
 
     let b_ids: Vec<Uuid> = b_sent.iter().map(|(id, _)| *id).collect();
-    let b_latency = b_latency(rig, &b_ids, &b_sent).await?;
+    let (b_start, b_latency) = b_latency(rig, &b_ids, &b_sent).await?;
     let a_last = last_bbox_succeeded(rig, &a_ids).await?;
     let a_first = started.duration_since(UNIX_EPOCH)?.as_secs_f64();
     Ok(Fairness {
@@ -163,13 +185,14 @@ async fn run(
         a_refusals,
         a_done_s: a_last - a_first,
         b_jobs: b_ids.len(),
+        b_submit_to_start: Latency::of(&b_start),
         b_submit_to_bbox: Latency::of(&b_latency),
     })
 }
 
 /// Tenants A (capped in a `Capped` run) and B, neither with a submit rate,
-/// named after the run: a client for each (in a `Priority` run, both are
-/// A's).
+/// named after the run: a client for each (in a `Priority` or `Starved`
+/// run, both are A's).
 async fn create_tenants(
     rig: &Rig,
     run_kind: Run,
@@ -186,7 +209,7 @@ async fn create_tenants(
     tenants::set_quota(&rig.pool, &b_name, Some(Some(0.0)), None, Some(Some(0))).await?;
     let a_client = api_client(&a.api_key)?;
     let b_client = match run_kind {
-        Run::Priority => a_client.clone(),
+        Run::Priority | Run::Starved => a_client.clone(),
         _ => api_client(&b.api_key)?,
     };
     Ok((a_client, b_client))
@@ -232,26 +255,29 @@ async fn send_b_jobs(
     Ok(b_sent)
 }
 
-/// B's jobs `b_ids`, each `b_sent` with its due time: due to bbox succeeded, µs.
+/// B's jobs `b_ids`, each `b_sent` with its due time: due to first claim,
+/// and due to bbox succeeded, µs.
 async fn b_latency(
     rig: &Rig,
     b_ids: &[Uuid],
     b_sent: &[(Uuid, SystemTime)],
-) -> anyhow::Result<Histogram<u64>> {
+) -> anyhow::Result<(Histogram<u64>, Histogram<u64>)> {
     let log = transition_times(&rig.pool, b_ids).await?;
-    let mut b_latency = histogram();
+    let (mut b_start, mut b_latency) = (histogram(), histogram());
     for (id, due) in b_sent {
         let due = due.duration_since(UNIX_EPOCH)?.as_secs_f64();
         let times = log
             .get(id)
             .context("a job of B's without its transitions")?;
-        let done = times
-            .get("mark_bbox_refinement_succeeded")
-            .copied()
-            .context("a job of B's not bbox succeeded")?;
+        let at = |transition: &str| {
+            (times.get(transition).copied())
+                .with_context(|| format!("a job of B's without {transition}"))
+        };
+        let (started, done) = (at("mark_running")?, at("mark_bbox_refinement_succeeded")?);
+        b_start.saturating_record(((started - due).max(0.0) * 1e6) as u64);
         b_latency.saturating_record(((done - due).max(0.0) * 1e6) as u64);
     }
-    Ok(b_latency)
+    Ok((b_start, b_latency))
 }
 
 /// When the last of A's jobs `a_ids` was bbox succeeded, epoch seconds.

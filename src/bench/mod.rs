@@ -257,6 +257,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             Run::Shared,
             Run::Capped(args.flood_cap),
             Run::Priority,
+            Run::Starved,
         ] {
             let run = fairness_run(&settings, &args, stamp, run, &logs).await?;
             report.fairness.push(run);

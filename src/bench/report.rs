@@ -685,6 +685,14 @@ fn fairness_checks(runs: &[Fairness]) -> Vec<Check> {
         let name = "priorities: high p99 under a low flood / idle";
         checks.push(at_most(name.into(), high / alone, "x", 2.0));
     }
+    if let Some(starved) = (runs.iter()).find(|r| r.run == Run::Starved) {
+        // Passed over for the bound, then started: its wait for a slot, and
+        // the pipeline's second, come on top.
+        let name = "starvation: low's longest submit -> start, high flood";
+        let bound = super::fairness::STARVED_BOUND_S as f64 + 3.0;
+        let longest = starved.b_submit_to_start.max_ms / 1000.0;
+        checks.push(at_most(name.into(), longest, "s", bound));
+    }
     checks
 }
 
@@ -701,6 +709,7 @@ fn fairness(f: &mut fmt::Formatter<'_>, run: &Fairness) -> fmt::Result {
         "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
         run.a_done_s, run.a_refusals
     )?;
+    latency(f, "B: submit -> started", &run.b_submit_to_start)?;
     latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)
 }
 
@@ -834,6 +843,7 @@ mod tests {
             a_refusals: 7,
             a_done_s: 12.5,
             b_jobs: 100,
+            b_submit_to_start: latency(b_p50 / 2.0),
             b_submit_to_bbox: latency(b_p50),
         }
     }
@@ -884,6 +894,7 @@ mod tests {
                 fairness(Run::Shared, 300.0),
                 fairness(Run::Capped(50), 250.0),
                 fairness(Run::Priority, 500.0),
+                fairness(Run::Starved, 4000.0),
             ],
             history: None,
             checks: Vec::new(),
@@ -915,18 +926,24 @@ mod tests {
         let refused = text.lines().find(|l| l.contains("refused: 503 overloaded"));
         assert!(refused.is_some_and(|l| l.ends_with(" 3")), "{text}");
         // Every check of a full run, in order, each on its own line.
-        assert_eq!(report.checks.len(), 15, "{:#?}", report.checks);
+        assert_eq!(report.checks.len(), 16, "{:#?}", report.checks);
         let lines: Vec<&str> = text.lines().collect();
         let table = &lines[lines.len() - report.checks.len()..];
         for (line, check) in table.iter().zip(&report.checks) {
             assert!(line.contains(&check.name), "{line:?} is not {check:?}");
         }
-        let fairness: Vec<_> = report.checks[report.checks.len() - 3..].to_vec();
+        let fairness: Vec<_> = report.checks[report.checks.len() - 4..].to_vec();
         let values: Vec<(f64, Option<bool>)> = fairness.iter().map(|c| (c.value, c.met)).collect();
         assert_eq!(
             values,
-            [(1.5, Some(true)), (1.25, None), (2.5, Some(false))],
-            "B's p99 (latency() makes it twice the p50) over B alone's: {fairness:#?}"
+            [
+                (1.5, Some(true)),
+                (1.25, None),
+                (2.5, Some(false)),
+                (8.0, Some(true))
+            ],
+            "B's p99 (latency() makes it twice the p50) over B alone's, and the starved \
+             run's longest start (4 times its p50, in s): {fairness:#?}"
         );
     }
 }

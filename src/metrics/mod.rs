@@ -88,6 +88,10 @@ pub struct CensusMetrics {
     /// `docstream_oldest_orphan_age_seconds{class}`: since when the oldest
     /// open orphan of the class is one.
     pub oldest_orphan_age: prometheus::GaugeVec,
+    /// `docstream_queued_jobs{tenant, priority}`: queued jobs of the tenants
+    /// with the most (`store::census::QUEUED_TENANTS`), by priority; the
+    /// others' together as `tenant="(others)"`.
+    pub queued: IntGaugeVec,
     /// `docstream_census_runs_total{outcome="taken|skipped|failed"}`: census
     /// ticks of this process: taken (its turn), skipped (another's), failed.
     pub runs: IntCounterVec,
@@ -130,6 +134,16 @@ impl CensusMetrics {
                     &["class"],
                 ),
             ),
+            queued: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "docstream_queued_jobs",
+                        "Queued jobs by tenant and priority, for the tenants with the most queued; the rest as tenant=\"(others)\" (queue census).",
+                    ),
+                    &["tenant", "priority"],
+                ),
+            ),
             runs: counter_vec(
                 registry,
                 "docstream_census_runs_total",
@@ -147,6 +161,7 @@ impl CensusMetrics {
         self.oldest_age.reset();
         self.orphans_open.reset();
         self.oldest_orphan_age.reset();
+        self.queued.reset();
     }
 }
 

@@ -1,5 +1,6 @@
 //! The queue census: every `census_interval_s`, one process of the deployment
-//! counts the open jobs, the oldest one's age and the open orphans by class
+//! counts the open jobs, the oldest one's age, the queued jobs of the
+//! busiest tenants by priority and the open orphans by class
 //! (`store::census`), and exports them. Every process runs this loop, so the
 //! census goes on while any process lives; each tick, the first to take the
 //! turn reports, and a process whose turn it was not clears its own series, so
@@ -11,6 +12,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Services;
+use crate::domain::Priority;
 use crate::health::Dependency;
 use crate::metrics::CensusMetrics;
 use crate::store::orphans::{self, Thresholds};
@@ -113,6 +115,20 @@ async fn take(
             .oldest_orphan_age
             .with_label_values(&label)
             .set(oldest_s);
+    }
+    // Set whole each turn: a tenant whose queue emptied loses its series.
+    // The others' are always there (0 when none), as every orphan class is.
+    let queued = census::queued_by_tenant(pool).await?;
+    metrics.queued.reset();
+    for priority in Priority::ALL {
+        (metrics.queued)
+            .with_label_values(&[census::OTHER_TENANTS, priority.as_str()])
+            .set(0);
+    }
+    for q in queued {
+        (metrics.queued)
+            .with_label_values(&[&q.tenant, &q.priority])
+            .set(q.jobs);
     }
     let orphans: serde_json::Map<String, serde_json::Value> = open
         .iter()

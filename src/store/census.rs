@@ -97,6 +97,50 @@ pub async fn count<'e>(executor: impl PgExecutor<'e>) -> Result<Census, StoreErr
         .await?)
 }
 
+/// How many tenants the census names in its count of queued jobs; the rest
+/// are counted together (a metric label per tenant would grow without end).
+pub const QUEUED_TENANTS: i64 = 20;
+
+/// The label of the tenants counted together (no tenant's name: names
+/// start with a letter or a digit).
+pub const OTHER_TENANTS: &str = "(others)";
+
+/// Queued jobs of one tenant (or of [`OTHER_TENANTS`]) and one priority.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Queued {
+    /// The tenant's name, or [`OTHER_TENANTS`].
+    pub tenant: String,
+    /// `high`, `normal` or `low`.
+    pub priority: String,
+    /// Queued jobs.
+    pub jobs: i64,
+}
+
+/// Queued jobs by tenant and priority, for the [`QUEUED_TENANTS`] tenants
+/// with the most, the rest together: the waiting work a tenant has, beside
+/// what each worker holds (`docstream_consumer_waiting_records`).
+pub async fn queued_by_tenant<'e>(
+    executor: impl PgExecutor<'e>,
+) -> Result<Vec<Queued>, StoreError> {
+    Ok(sqlx::query_as(
+        "WITH q AS (
+           SELECT tenant_id, priority, count(*) AS jobs
+             FROM extractions WHERE status = 'queued' GROUP BY tenant_id, priority
+         ), ranked AS (
+           SELECT tenant_id, row_number() OVER (ORDER BY sum(jobs) DESC, tenant_id) AS rank
+             FROM q GROUP BY tenant_id
+         )
+         SELECT CASE WHEN r.rank <= $1 THEN t.name ELSE $2 END AS tenant,
+                q.priority, sum(q.jobs)::int8 AS jobs
+           FROM q JOIN ranked r USING (tenant_id) JOIN tenants t ON t.id = q.tenant_id
+          GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(QUEUED_TENANTS)
+    .bind(OTHER_TENANTS)
+    .fetch_all(executor)
+    .await?)
+}
+
 /// One census turn's sample of a tenant's queue, or the deployment's.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, schemars::JsonSchema)]
 #[schemars(deny_unknown_fields)]
