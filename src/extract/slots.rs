@@ -94,6 +94,11 @@ impl SharedCaps {
         SharedCap::new(self, extractor, extractor.to_owned(), cap)
     }
 
+    /// The `cap` slots of `tenant`'s calls of `extractor`.
+    pub fn tenant(&self, extractor: &str, tenant: Uuid, cap: usize) -> SharedCap {
+        SharedCap::new(self, extractor, format!("{extractor}@{tenant}"), cap)
+    }
+
     /// The priority bound and the tenants' weights.
     pub fn order(&self) -> (Duration, Weights) {
         self.order.clone()
@@ -102,11 +107,6 @@ impl SharedCaps {
     /// The extractors' metrics.
     pub fn metrics(&self) -> ExtractorMetrics {
         self.metrics.clone()
-    }
-
-    /// The `cap` slots of `tenant`'s calls of `extractor`.
-    pub fn tenant(&self, extractor: &str, tenant: Uuid, cap: usize) -> SharedCap {
-        SharedCap::new(self, extractor, format!("{extractor}@{tenant}"), cap)
     }
 }
 
