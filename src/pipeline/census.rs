@@ -5,9 +5,12 @@
 //! census goes on while any process lives; each tick, the first to take the
 //! turn reports, and a process whose turn it was not clears its own series, so
 //! each series has a single source (dashboards take `max` over processes).
-//! The turn also keeps the samples the console's overview draws.
+//! The turn also keeps the samples the console's overview draws, with the
+//! consumer groups' lag as last read in the background ([`Lags`]).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +29,7 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let metrics = &services.metrics.census;
+    let lags = Lags::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -33,7 +37,7 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
         }
         // Bounded, so a census stuck on an unanswering database does not
         // keep the turn's series frozen: they are cleared instead.
-        let took = take(&services, metrics, interval, thresholds);
+        let took = take(&services, metrics, (interval, thresholds), &lags);
         let tick = tokio::time::timeout(interval, took).await;
         let outcome = match tick {
             Ok(Ok(true)) => "taken",
@@ -61,8 +65,8 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
 async fn take(
     services: &Services,
     metrics: &CensusMetrics,
-    interval: Duration,
-    thresholds: Thresholds,
+    (interval, thresholds): (Duration, Thresholds),
+    lags: &Lags,
 ) -> Result<bool, StoreError> {
     let pool = &services.pool;
     if !census::take_turn(pool, interval.as_secs_f64()).await? {
@@ -134,16 +138,55 @@ async fn take(
         .iter()
         .map(|o| (o.class.label().to_owned(), o.open.into()))
         .collect();
-    let lag = group_lags(services, interval / 2).await;
+    // Fresh for three turns (at least 10 s): a read slower than a turn
+    // still counts, a broker gone for longer leaves the lag out.
+    let lag = lags.latest(services, (interval * 3).max(Duration::from_secs(10)));
     census::record_samples(pool, interval.as_secs_f64(), &orphans.into(), lag.as_ref()).await?;
     Ok(true)
 }
 
-/// Each consumer group's lag on its topic, for the deployment's sample, or
-/// `None` when the broker did not tell within `bound` (the sample is taken
-/// without it: the census never waits on the broker).
-async fn group_lags(services: &Services, bound: Duration) -> Option<serde_json::Value> {
+/// The consumer groups' lag, read off the census's path: a turn starts a
+/// read (unless one is under way) and takes the latest one that is fresh. A
+/// read asks the broker for each group's committed offsets and each
+/// partition's watermarks, a round trip apiece, which a loaded machine can
+/// stretch past any bound a turn could wait for; so the census never waits
+/// for it, and a slow read still arrives, for the next turn.
+#[derive(Clone, Default)]
+struct Lags {
+    latest: Arc<Mutex<Option<(Instant, serde_json::Value)>>>,
+    reading: Arc<AtomicBool>,
+}
+
+impl Lags {
+    /// Starts a read if none is under way; the latest read, if it is no
+    /// older than `fresh`.
+    fn latest(&self, services: &Services, fresh: Duration) -> Option<serde_json::Value> {
+        if !self.reading.swap(true, Ordering::SeqCst) {
+            let (latest, reading) = (self.latest.clone(), self.reading.clone());
+            let read = read_lags(services);
+            tokio::task::spawn_blocking(move || {
+                match read() {
+                    Ok(lags) => *latest.lock().expect("lags") = Some((Instant::now(), lags)),
+                    Err(e) => tracing::debug!(error = %e, "consumer lag not read for the census"),
+                }
+                reading.store(false, Ordering::SeqCst);
+            });
+        }
+        let latest = self.latest.lock().expect("lags");
+        (latest.as_ref())
+            .filter(|(at, _)| at.elapsed() <= fresh)
+            .map(|(_, lags)| lags.clone())
+    }
+}
+
+/// Reads each consumer group's lag on its topic (blocking), each request
+/// bounded by a census interval up to 5 s: a read under way when the process
+/// stops holds its exit up for that long.
+fn read_lags(
+    services: &Services,
+) -> impl FnOnce() -> Result<serde_json::Value, rdkafka::error::KafkaError> {
     let settings = &services.settings;
+    let timeout = settings.census_interval_s.get().min(Duration::from_secs(5));
     let groups = [
         (&settings.intake_group, &settings.topic_requests),
         (&settings.worker_group, &settings.topic_submitted),
@@ -151,20 +194,12 @@ async fn group_lags(services: &Services, bound: Duration) -> Option<serde_json::
     ]
     .map(|(group, topic)| (settings.group(group), settings.topic(topic)));
     let brokers = settings.kafka_brokers.clone();
-    let read = tokio::task::spawn_blocking(move || {
+    move || {
         let mut lags = Vec::new();
         for (group, topic) in groups {
-            let lag = crate::kafka::groups::lag(&brokers, &group, &topic, bound)?;
+            let lag = crate::kafka::groups::lag(&brokers, &group, &topic, timeout)?;
             lags.push(serde_json::json!({"group": group, "topic": topic, "lag": lag}));
         }
-        Ok::<_, rdkafka::error::KafkaError>(lags)
-    });
-    match tokio::time::timeout(bound, read).await {
-        Ok(Ok(Ok(lags))) => Some(lags.into()),
-        Ok(Ok(Err(e))) => {
-            tracing::debug!(error = %e, "consumer lag not read for the census");
-            None
-        }
-        _ => None,
+        Ok(lags.into())
     }
 }
