@@ -393,7 +393,8 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
     let all_peak = peak_of(&calls, &both);
     let a_left = a_ids.len() - times(&env, &a_ids).await.len();
     eprintln!(
-        "tenant share: A peaked at {a_peak}, B at {b_peak}, together {all_peak} calls at once          (share {SHARE}, cap {MODEL_CAP}); {a_left} of A's still open when B was done"
+        "tenant share: A peaked at {a_peak}, B at {b_peak}, together {all_peak} calls at once \
+         (share {SHARE}, cap {MODEL_CAP}); {a_left} of A's still open when B was done"
     );
     assert!(a_left >= 50, "A's flood outlasted B's jobs: {a_left} left");
     assert_eq!(
