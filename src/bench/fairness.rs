@@ -183,7 +183,12 @@ async fn run(
         run: run_kind,
         a_jobs: a_ids.len(),
         a_refusals,
-        a_done_s: a_last - a_first,
+        // B alone: A submitted nothing, and finished nothing.
+        a_done_s: if a_ids.is_empty() {
+            0.0
+        } else {
+            a_last - a_first
+        },
         b_jobs: b_ids.len(),
         b_submit_to_start: Latency::of(&b_start),
         b_submit_to_bbox: Latency::of(&b_latency),

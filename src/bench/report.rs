@@ -704,11 +704,13 @@ fn fairness(f: &mut fmt::Formatter<'_>, run: &Fairness) -> fmt::Result {
         "\nfairness: A floods {} jobs, B sends {} at 10/s ({what})",
         run.a_jobs, run.b_jobs
     )?;
-    writeln!(
-        f,
-        "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
-        run.a_done_s, run.a_refusals
-    )?;
+    if run.a_jobs > 0 {
+        writeln!(
+            f,
+            "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
+            run.a_done_s, run.a_refusals
+        )?;
+    }
     latency(f, "B: submit -> started", &run.b_submit_to_start)?;
     latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)
 }
