@@ -60,18 +60,33 @@ async fn submit(services: &Services, tenant: Uuid, n: usize, priority: &str) -> 
     .await
 }
 
-/// Workers that hold partitions (each called the warm-up extractor).
+/// Workers that hold partitions (each called the warm-up extractor), and
+/// the addresses of their metrics.
 async fn warm_workers(
     env: &TestEnv,
     services: &Services,
     n: usize,
     name: &str,
-) -> Vec<tokio::process::Child> {
+) -> (Vec<tokio::process::Child>, Vec<String>) {
     let (workers, metrics): (Vec<_>, Vec<_>) = (0..n)
         .map(|i| worker_with_metrics(env, &format!("{name}-worker-{i}")))
         .unzip();
     every_worker_calls_the_warmup_extractor(services, &metrics).await;
-    workers
+    (workers, metrics)
+}
+
+/// Waits until `n` of `ids` (`whose`) succeeded: a flood under way.
+async fn wait_under_way(env: &TestEnv, ids: &[Uuid], n: usize, whose: &str) {
+    let what = format!("{whose} flood to be under way");
+    wait_for(&what, Duration::from_secs(60), || async {
+        let done = times(env, ids).await.len();
+        if done >= n {
+            Ok(())
+        } else {
+            Err(format!("{done} of {whose} done"))
+        }
+    })
+    .await;
 }
 
 /// A job's submit, its latest claim's start, and its finish.
@@ -141,21 +156,9 @@ async fn high_priority_calls_pass_a_low_flood_at_the_extractors_cap() {
 
 async fn high_jobs_pass_a_low_flood(env: TestEnv, name: &str) {
     let services = env.services().await;
-    let mut workers = warm_workers(&env, &services, 1, name).await;
+    let (mut workers, _) = warm_workers(&env, &services, 1, name).await;
     let low = submit(&services, DEFAULT_TENANT_ID, 300, "low").await;
-    wait_for(
-        "the flood to be under way",
-        Duration::from_secs(60),
-        || async {
-            let done = times(&env, &low).await.len();
-            if done >= 20 {
-                Ok(())
-            } else {
-                Err(format!("{done} low done"))
-            }
-        },
-    )
-    .await;
+    wait_under_way(&env, &low, 20, "the low").await;
     let high = submit(&services, DEFAULT_TENANT_ID, 20, "high").await;
     wait_all_succeeded(&env, &high, 60).await;
     let high_times = times(&env, &high).await;
@@ -197,7 +200,7 @@ async fn a_low_job_is_passed_over_no_longer_than_the_bound() {
     })
     .await;
     let services = env.services().await;
-    let mut workers = warm_workers(&env, &services, 1, "sched-starvation").await;
+    let (mut workers, _) = warm_workers(&env, &services, 1, "sched-starvation").await;
     // 40 high jobs a second for 8 s, twice what the worker runs, so the
     // high backlog grows by 20 a second; 3 low ones after 4 s.
     let mut high = Vec::new();
@@ -264,21 +267,9 @@ async fn a_tenant_after_anothers_flood_gets_its_weighted_share_at_once() {
         .run_cli(&["tenants", "set-weight", "sched-b", "0"])
         .await;
     assert!(!refused.status.success(), "a weight of 0 is refused");
-    let mut workers = warm_workers(&env, &services, 1, "sched-fair").await;
+    let (mut workers, _) = warm_workers(&env, &services, 1, "sched-fair").await;
     let a_ids = submit(&services, DEFAULT_TENANT_ID, 300, "normal").await;
-    wait_for(
-        "A's flood to be under way",
-        Duration::from_secs(60),
-        || async {
-            let done = times(&env, &a_ids).await.len();
-            if done >= 20 {
-                Ok(())
-            } else {
-                Err(format!("{done} of A's done"))
-            }
-        },
-    )
-    .await;
+    wait_under_way(&env, &a_ids, 20, "A's").await;
     // The weights are read every 5 s: this one was set before the workers
     // started, so they have it.
     let b_ids = submit(&services, b.key.tenant_id, 30, "normal").await;
@@ -355,28 +346,9 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
     let b = tenants::create_tenant(&env.pool, "sched-share-b")
         .await
         .unwrap();
-    let mut workers = Vec::new();
-    let mut metrics = Vec::new();
-    for i in 0..2 {
-        let (worker, addr) = worker_with_metrics(&env, &format!("sched-share-worker-{i}"));
-        workers.push(worker);
-        metrics.push(addr);
-    }
-    every_worker_calls_the_warmup_extractor(&services, &metrics).await;
+    let (mut workers, metrics) = warm_workers(&env, &services, 2, "sched-share").await;
     let a_ids = submit(&services, DEFAULT_TENANT_ID, 200, "normal").await;
-    wait_for(
-        "A's flood to be under way",
-        Duration::from_secs(60),
-        || async {
-            let done = times(&env, &a_ids).await.len();
-            if done >= 10 {
-                Ok(())
-            } else {
-                Err(format!("{done} of A's done"))
-            }
-        },
-    )
-    .await;
+    wait_under_way(&env, &a_ids, 10, "A's").await;
     let b_ids = submit(&services, b.key.tenant_id, 30, "normal").await;
     wait_all_succeeded(&env, &b_ids, 60).await;
     let (a_set, b_set): (HashSet<Uuid>, HashSet<Uuid>) = (
@@ -459,7 +431,7 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
 async fn a_rebalance_during_a_priority_flood_loses_nothing_and_repeats_nothing() {
     let (env, _model, _warmup) = slow_model_env("sched_rebalance", fast_recovery).await;
     let services = env.services().await;
-    let mut workers = warm_workers(&env, &services, 2, "sched-rebalance").await;
+    let (mut workers, _) = warm_workers(&env, &services, 2, "sched-rebalance").await;
     let mut ids = Vec::new();
     for round in 0..4 {
         ids.extend(submit(&services, DEFAULT_TENANT_ID, 100, "low").await);

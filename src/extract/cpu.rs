@@ -100,12 +100,7 @@ impl CpuPool {
         if size <= INLINE_WORK_MAX {
             return work(&Deadline::after(budget));
         }
-        let slot = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the pool's semaphore is never closed");
+        let slot = self.slot().await;
         let deadline = Deadline::after(budget);
         let task = tokio::task::spawn_blocking(move || {
             let _slot = slot;
@@ -133,12 +128,7 @@ impl CpuPool {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        let slot = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the pool's semaphore is never closed");
+        let slot = self.slot().await;
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             work()
@@ -147,6 +137,11 @@ impl CpuPool {
         .map_err(|panicked| {
             ExtractError::Unavailable(format!("extraction failed unexpectedly: {panicked}"))
         })
+    }
+
+    /// Waits for a free slot.
+    async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        (self.slots.clone().acquire_owned().await).expect("the pool's semaphore is never closed")
     }
 }
 
