@@ -236,6 +236,9 @@ function confirmAction(bar, action, ids, done) {
 // --- one job -----------------------------------------------------------------------
 
 async function job(id) {
+  // Shown only while this is still the page: an answer that comes after a
+  // navigation must not replace the page navigated to.
+  const view = state.view;
   show(el("p", {}, "Loading…"));
   let row, log;
   try {
@@ -244,9 +247,10 @@ async function job(id) {
       api(`/v1/extractions/${encodeURIComponent(id)}/transitions`),
     ]);
   } catch (error) {
-    show(el("h1", {}, "Job"), errorState(error));
+    if (view === state.view) show(el("h1", {}, "Job"), errorState(error));
     return;
   }
+  if (view !== state.view) return;
   const boxes = (row.post_processing.bbox_refinement && row.post_processing.bbox_refinement.result) || {};
   const grounded = boxes.fields || {};
   const fields = Object.entries(row.result ? row.result.fields || {} : {});
