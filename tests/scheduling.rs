@@ -328,8 +328,9 @@ const SLOT_LEASE_S: f64 = 3.0;
 /// Two workers start every record at once; the model's cap is 8 and each
 /// tenant's share of it 3. Tenant A's flood never has more than 3 calls
 /// at once although 5 slots stay free; B, arriving during it, gets its 3 at
-/// once. Then a worker is SIGKILLed while it holds A's slots: A calls
-/// fewer at once until the leases run out, and 3 again within one lease.
+/// once. Then, with 200 more of A's, a worker is SIGKILLed while it holds
+/// A's slots: A calls fewer at once until the leases run out, and 3 again
+/// within one lease.
 /// Every job succeeds exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_kill() {
@@ -347,7 +348,7 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
         .await
         .unwrap();
     let (mut workers, metrics) = warm_workers(&env, &services, 2, "sched-share").await;
-    let a_ids = submit(&services, DEFAULT_TENANT_ID, 200, "normal").await;
+    let mut a_ids = submit(&services, DEFAULT_TENANT_ID, 200, "normal").await;
     wait_under_way(&env, &a_ids, 10, "A's").await;
     let b_ids = submit(&services, b.key.tenant_id, 30, "normal").await;
     wait_all_succeeded(&env, &b_ids, 60).await;
@@ -376,7 +377,9 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
     assert_eq!(b_peak, SHARE, "B gets its whole share during A's flood");
     assert!(all_peak <= 2 * SHARE, "{all_peak} at once");
 
-    // A alone now: its 3 calls at once, some in the victim.
+    // A alone now, with a flood long enough to outlast the kill however
+    // far the first one got: its 3 calls at once, some in the victim.
+    a_ids.extend(submit(&services, DEFAULT_TENANT_ID, 200, "normal").await);
     let held = "docstream_extractor_shared_slots_held{extractor=\"model\"}";
     let victim_metrics = metrics[0].clone();
     wait_for("the victim to hold slots", Duration::from_secs(30), || {
