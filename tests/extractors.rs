@@ -252,17 +252,7 @@ async fn three_workers_share_one_cap_and_a_killed_ones_slots_come_back() {
     })
     .await;
     signal(victim, "KILL").await;
-    let killed = Instant::now();
-    let (mut dip, mut recovered) = (SHARED_CAP, None);
-    while killed.elapsed() < Duration::from_secs(20) {
-        let in_flight = model.in_flight();
-        dip = dip.min(in_flight);
-        if dip < SHARED_CAP && in_flight == SHARED_CAP {
-            recovered = Some(killed.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (dip, recovered) = model.dip_and_recovery(SHARED_CAP).await;
     eprintln!("shared cap: after SIGKILL, {dip} calls at once until {recovered:?} (lease {SLOT_LEASE_S} s)");
     assert!(dip < SHARED_CAP, "the victim held slots when it was killed");
     let recovered = recovered.expect("the provider saw the cap again");

@@ -394,17 +394,7 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
     })
     .await;
     signal(&workers[0], "KILL").await;
-    let killed = std::time::Instant::now();
-    let (mut dip, mut recovered) = (SHARE, None);
-    while killed.elapsed() < Duration::from_secs(20) {
-        let in_flight = model.in_flight();
-        dip = dip.min(in_flight);
-        if dip < SHARE && in_flight == SHARE {
-            recovered = Some(killed.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (dip, recovered) = model.dip_and_recovery(SHARE).await;
     eprintln!("tenant share: after SIGKILL, {dip} of A's calls at once until {recovered:?} (lease {SLOT_LEASE_S} s)");
     assert!(dip < SHARE, "the victim held A's slots when it was killed");
     let recovered = recovered.expect("A had its share again");

@@ -236,6 +236,23 @@ impl FakeProvider {
     pub fn in_flight(&self) -> usize {
         self.shared.lock().in_flight
     }
+
+    /// From now (just after a holder of `full` calls' slots was killed), for
+    /// 20 s at most: the fewest calls in progress seen, and how long until
+    /// `full` were in progress again after fewer (`None`: not within 20 s).
+    pub async fn dip_and_recovery(&self, full: usize) -> (usize, Option<Duration>) {
+        let killed = Instant::now();
+        let mut dip = full;
+        while killed.elapsed() < Duration::from_secs(20) {
+            let in_flight = self.in_flight();
+            dip = dip.min(in_flight);
+            if dip < full && in_flight == full {
+                return (dip, Some(killed.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (dip, None)
+    }
 }
 
 impl Drop for FakeProvider {
