@@ -25,8 +25,8 @@ use uuid::Uuid;
 use hdrhistogram::Histogram;
 
 use super::pipeline::{
-    histogram, post, requests_for, spawn_serve, spawn_workers, start_provider, transition_times,
-    wait_all_done, wait_healthy, warm_up, Latency, Rig, REFERENCE,
+    histogram, hops, job_times, post, requests_for, spawn_serve, spawn_workers, start_provider,
+    transition_times, wait_all_done, wait_healthy, warm_up, Hop, Latency, Rig, REFERENCE,
 };
 use crate::demo::api_client;
 use docstream::domain::{ExtractionRequest, Priority};
@@ -63,6 +63,20 @@ pub enum Run {
 }
 
 impl Run {
+    /// The kinds `--fairness-runs` names.
+    pub const KINDS: [&'static str; 5] = ["alone", "shared", "capped", "priority", "starved"];
+
+    /// Its kind, as `--fairness-runs` names it.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Run::Alone => "alone",
+            Run::Shared => "shared",
+            Run::Capped(_) => "capped",
+            Run::Priority => "priority",
+            Run::Starved => "starved",
+        }
+    }
+
     /// Its short name, in scratch databases' and topics' names.
     pub fn name(self) -> String {
         match self {
@@ -105,6 +119,8 @@ pub struct Fairness {
     pub b_submit_to_start: Latency,
     /// B's submit (the moment it was due) to bbox succeeded.
     pub b_submit_to_bbox: Latency,
+    /// Where B's time goes: each hop between consecutive transitions.
+    pub b_hops: Vec<Hop>,
 }
 
 /// Runs serve and a worker of each kind, the flood and B's jobs; waits until
@@ -176,7 +192,8 @@ async fn run(
     }
 
     let b_ids: Vec<Uuid> = b_sent.iter().map(|(id, _)| *id).collect();
-    let (b_start, b_latency) = b_latency(rig, &b_ids, &b_sent).await?;
+    let b_start = b_start(rig, &b_ids, &b_sent).await?;
+    let b_times = job_times(&rig.pool, &b_ids, &b_sent).await?;
     let a_last = last_bbox_succeeded(rig, &a_ids).await?;
     let a_first = started.duration_since(UNIX_EPOCH)?.as_secs_f64();
     Ok(Fairness {
@@ -191,7 +208,8 @@ async fn run(
         },
         b_jobs: b_ids.len(),
         b_submit_to_start: Latency::of(&b_start),
-        b_submit_to_bbox: Latency::of(&b_latency),
+        b_submit_to_bbox: Latency::of(&b_times.to_bbox),
+        b_hops: hops(&b_times.hops),
     })
 }
 
@@ -260,29 +278,22 @@ async fn send_b_jobs(
     Ok(b_sent)
 }
 
-/// B's jobs `b_ids`, each `b_sent` with its due time: due to first claim,
-/// and due to bbox succeeded, µs.
-async fn b_latency(
+/// B's jobs `b_ids`, each `b_sent` with its due time: due to first claim, µs.
+async fn b_start(
     rig: &Rig,
     b_ids: &[Uuid],
     b_sent: &[(Uuid, SystemTime)],
-) -> anyhow::Result<(Histogram<u64>, Histogram<u64>)> {
+) -> anyhow::Result<Histogram<u64>> {
     let log = transition_times(&rig.pool, b_ids).await?;
-    let (mut b_start, mut b_latency) = (histogram(), histogram());
+    let mut b_start = histogram();
     for (id, due) in b_sent {
         let due = due.duration_since(UNIX_EPOCH)?.as_secs_f64();
-        let times = log
-            .get(id)
-            .context("a job of B's without its transitions")?;
-        let at = |transition: &str| {
-            (times.get(transition).copied())
-                .with_context(|| format!("a job of B's without {transition}"))
-        };
-        let (started, done) = (at("mark_running")?, at("mark_bbox_refinement_succeeded")?);
+        let started = (log.get(id))
+            .and_then(|times| times.get("mark_running").copied())
+            .context("a job of B's without mark_running")?;
         b_start.saturating_record(((started - due).max(0.0) * 1e6) as u64);
-        b_latency.saturating_record(((done - due).max(0.0) * 1e6) as u64);
     }
-    Ok((b_start, b_latency))
+    Ok(b_start)
 }
 
 /// When the last of A's jobs `a_ids` was bbox succeeded, epoch seconds.

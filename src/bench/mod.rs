@@ -119,6 +119,10 @@ pub struct BenchArgs {
     /// Fairness phase: A's cap on open jobs in the capped run.
     #[arg(long, default_value_t = 500)]
     pub flood_cap: i64,
+    /// Fairness phase: the runs to make, of alone, shared, capped, priority
+    /// and starved (all by default; the ratios need `alone`).
+    #[arg(long, value_delimiter = ',', default_value = "alone,shared,capped,priority,starved")]
+    pub fairness_runs: Vec<String>,
     /// History phase: the sizes (jobs) at which list pages are timed, each
     /// a generated history on a scratch database (1,000,000 took 21 s to
     /// generate here, 10,000,000 three minutes and 8.7 GB).
@@ -172,6 +176,13 @@ impl BenchArgs {
             anyhow::ensure!(
                 PHASES.contains(&phase.as_str()),
                 "--skip: unknown phase `{phase}`"
+            );
+        }
+        for run in &self.fairness_runs {
+            anyhow::ensure!(
+                fairness::Run::KINDS.contains(&run.as_str()),
+                "--fairness-runs: unknown run `{run}` (one of {})",
+                fairness::Run::KINDS.join(", ")
             );
         }
         anyhow::ensure!(
@@ -259,6 +270,9 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             Run::Priority,
             Run::Starved,
         ] {
+            if !args.fairness_runs.iter().any(|r| *r == run.kind()) {
+                continue;
+            }
             let run = fairness_run(&settings, &args, stamp, run, &logs).await?;
             report.fairness.push(run);
         }

@@ -566,7 +566,7 @@ pub(super) async fn job_times(
 }
 
 /// Each hop of `PATH` with its latency.
-fn hops(histograms: &[Histogram<u64>]) -> Vec<Hop> {
+pub(super) fn hops(histograms: &[Histogram<u64>]) -> Vec<Hop> {
     PATH.windows(2)
         .zip(histograms)
         .map(|(pair, histogram)| Hop {

@@ -712,7 +712,8 @@ fn fairness(f: &mut fmt::Formatter<'_>, run: &Fairness) -> fmt::Result {
         )?;
     }
     latency(f, "B: submit -> started", &run.b_submit_to_start)?;
-    latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)
+    latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)?;
+    hops(f, &run.b_hops)
 }
 
 /// One line of the ratios and targets.
@@ -847,6 +848,7 @@ mod tests {
             b_jobs: 100,
             b_submit_to_start: latency(b_p50 / 2.0),
             b_submit_to_bbox: latency(b_p50),
+            b_hops: Vec::new(),
         }
     }
 
