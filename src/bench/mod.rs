@@ -121,7 +121,11 @@ pub struct BenchArgs {
     pub flood_cap: i64,
     /// Fairness phase: the runs to make, of alone, shared, capped, priority
     /// and starved (all by default; the ratios need `alone`).
-    #[arg(long, value_delimiter = ',', default_value = "alone,shared,capped,priority,starved")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "alone,shared,capped,priority,starved"
+    )]
     pub fairness_runs: Vec<String>,
     /// History phase: the sizes (jobs) at which list pages are timed, each
     /// a generated history on a scratch database (1,000,000 took 21 s to
