@@ -422,7 +422,14 @@ async fn a_tenants_share_of_the_cap_holds_across_workers_and_comes_back_after_a_
 /// committed: the records started out of order all came to their commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebalance_during_a_priority_flood_loses_nothing_and_repeats_nothing() {
-    let (env, _model, _warmup) = slow_model_env("sched_rebalance", fast_recovery).await;
+    // A read-ahead of 8 records: the low floods fill it, so the high jobs
+    // are reached by passing over low records, which the kill and the
+    // rebalances interrupt.
+    let (env, _model, _warmup) = slow_model_env("sched_rebalance", |s| {
+        fast_recovery(s);
+        s.consumer_read_ahead = 8;
+    })
+    .await;
     let services = env.services().await;
     let (mut workers, _) = warm_workers(&env, &services, 2, "sched-rebalance").await;
     let mut ids = Vec::new();
@@ -459,6 +466,55 @@ async fn a_rebalance_during_a_priority_flood_loses_nothing_and_repeats_nothing()
         "rebalance: {} jobs, {committed} of {size} records committed",
         ids.len()
     );
+    assert_eq!(
+        committed, size,
+        "every record of the submitted topic is committed"
+    );
+}
+
+/// A flood deeper than the worker's read-ahead (8 records per partition,
+/// 50 of A's in each): B's jobs, behind A's in every partition, are reached
+/// by passing over A's records, which are read again later, instead of
+/// after A's flood. Nothing is lost, done twice, or left uncommitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_deeper_than_the_read_ahead_is_passed_over_and_read_again() {
+    let (env, _model, _warmup) = slow_model_env("sched_pass", |s| s.consumer_read_ahead = 8).await;
+    let services = env.services().await;
+    let b = tenants::create_tenant(&env.pool, "pass-b").await.unwrap();
+    let (mut workers, metrics) = warm_workers(&env, &services, 1, "sched-pass").await;
+    let a_ids = submit(&services, DEFAULT_TENANT_ID, 300, "normal").await;
+    wait_under_way(&env, &a_ids, 10, "A's").await;
+    let b_ids = submit(&services, b.key.tenant_id, 30, "normal").await;
+    wait_all_succeeded(&env, &b_ids, 60).await;
+    let a_done = times(&env, &a_ids).await.len();
+    let passed = scrape(&metrics[0], "docstream_consumer_passed_over_total").await;
+    eprintln!(
+        "passing over: {a_done} of A's 300 done when B's 30 were; {passed} records passed over"
+    );
+    // Reached only after A's records ahead of them, B's would finish after
+    // about 250 of A's; at 1 : 1 from the moment they arrive, after 60 or so.
+    assert!(
+        a_done <= 150,
+        "B waited behind A's flood: {a_done} of A's done first"
+    );
+    assert!(passed > 0.0, "no record was passed over");
+    wait_all_succeeded(&env, &a_ids, 120).await;
+    let ids: Vec<Uuid> = a_ids.iter().chain(&b_ids).copied().collect();
+    let ours: HashSet<Uuid> = ids.iter().copied().collect();
+    let mut won = wins(&env.pool, "mark_succeeded").await;
+    won.retain(|id, _| ours.contains(id));
+    assert_exactly_once(&won, &ids, "succeeded");
+    stop(workers.iter_mut()).await;
+
+    let topic = env.topic(&env.settings.topic_submitted);
+    let brokers = env.settings.kafka_brokers.clone();
+    let group = env.settings.group(&env.settings.worker_group);
+    let (committed, size) = tokio::task::spawn_blocking(move || {
+        let committed: i64 = committed_offsets(&brokers, &group, &topic).values().sum();
+        (committed, topic_size(&brokers, &topic))
+    })
+    .await
+    .unwrap();
     assert_eq!(
         committed, size,
         "every record of the submitted topic is committed"

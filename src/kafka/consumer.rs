@@ -47,10 +47,11 @@ use tokio_util::sync::CancellationToken;
 use super::context::{is_fatal, report_error, report_log};
 use super::lane::take_lane;
 use super::offsets::{OffsetTracker, Ticket, TopicPartition};
+use super::passing::{Arrival, Passing};
 use super::Publisher;
 use crate::config::GroupProtocol;
 use crate::domain::schedule::{Scheduler, Weights};
-use crate::domain::Priority;
+use crate::domain::{Lane, Priority};
 use crate::events::{CodecError, DeadLetter, Source};
 use crate::health::Health;
 use crate::metrics::{KafkaStats, Metrics};
@@ -215,12 +216,16 @@ pub enum ConsumerError {
 struct Buffered {
     record: Record,
     generation: u64,
+    lane: Lane,
 }
 
 /// Received records waiting for a slot, in the order [`Scheduler`] gives,
-/// and the partitions paused because too many of theirs wait.
+/// the lanes they wait in per partition and where full ones were passed
+/// over ([`Passing`]), and the partitions paused because too many of
+/// theirs wait.
 struct Buffer {
     scheduler: Scheduler<Buffered>,
+    passing: Passing,
     paused: BTreeSet<i32>,
 }
 
@@ -356,6 +361,27 @@ impl Shared {
     fn receive(&self, record: &Record) -> u64 {
         let tp = (record.topic.clone(), record.partition);
         self.lock().tracker.receive(tp, record.offset).generation
+    }
+
+    /// The generation of `record`'s partition's assignment (0: none yet).
+    fn generation(&self, record: &Record) -> u64 {
+        self.generation_of(record.partition)
+    }
+
+    /// The generation of `partition`'s assignment (0: not assigned).
+    fn generation_of(&self, partition: i32) -> u64 {
+        let tp = (self.topic.clone(), partition);
+        self.lock().tracker.generation(&tp).unwrap_or(0)
+    }
+
+    /// Holds `partition`'s commit point at or below `hold`, or releases it
+    /// (storing the point if that moved it, as [`Shared::finish`] does).
+    fn hold(&self, partition: i32, hold: Option<i64>, consumer: &Consumed) {
+        let tp = (self.topic.clone(), partition);
+        let mut state = self.lock();
+        if let Some(point) = state.tracker.hold(&tp, hold) {
+            store_offset(consumer, &tp, point);
+        }
     }
 
     /// Starts a received record: its ticket and stop token, or `None` when
@@ -506,6 +532,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let mut tasks: JoinSet<()> = JoinSet::new();
         let mut buffer = Buffer {
             scheduler: Scheduler::new(self.spec.priority_max_wait, self.spec.weights.clone()),
+            passing: Passing::new(self.queue_bound()),
             paused: BTreeSet::new(),
         };
         let waiting = self.waiting_gauges();
@@ -514,7 +541,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                 let Some((next, partition)) = buffer.scheduler.pop(Instant::now()) else {
                     break;
                 };
-                self.resume_below_low_watermark(&mut buffer, partition);
+                buffer.passing.left(partition, next.lane);
+                self.read_on_below_low_watermark(&mut buffer, partition);
                 match self.shared.start(&next.record, next.generation) {
                     Some((ticket, stop)) => self.start(&mut tasks, next.record, ticket, stop),
                     None => tracing::debug!(
@@ -523,6 +551,10 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         "buffered record dropped: its partition was reassigned"
                     ),
                 }
+            }
+            // A seek back that failed is tried again here.
+            for partition in buffer.passing.rewinding() {
+                self.read_on_below_low_watermark(&mut buffer, partition);
             }
             for (gauge, priority) in waiting.iter().zip(Priority::ALL) {
                 gauge.set(buffer.scheduler.waiting_of(priority) as i64);
@@ -555,10 +587,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                     self.metrics.consumer.events_consumed.with_label_values(&[&record.topic]).inc();
                     let mut record = record;
                     let lane = take_lane(&mut record);
-                    let generation = self.shared.receive(&record);
-                    let partition = record.partition;
-                    let queued = buffer.scheduler.push(Buffered { record, generation }, partition, lane, Instant::now());
-                    self.pause_at_bound(&mut buffer, partition, queued);
+                    self.arrived(&mut buffer, record, lane);
                 }
             }
         }
@@ -592,12 +621,47 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         });
     }
 
-    /// Pauses a partition once `read_ahead` of its records wait (at least
-    /// twice the in-flight bound, so work stays ready while a resumed
-    /// partition refetches). Pausing per partition keeps one deep backlog
-    /// from starving the others.
-    fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32, queued: usize) {
-        if queued < self.queue_bound() || buffer.paused.contains(&partition) {
+    /// A record arrived: received and waiting for a slot, passed over (its
+    /// lane fills the partition's read-ahead: [`Passing`]), or left (it was
+    /// received before the last seek back).
+    fn arrived(&self, buffer: &mut Buffer, record: Record, lane: Lane) {
+        let partition = record.partition;
+        let generation = self.shared.generation(&record);
+        let waiting = buffer.scheduler.waiting(partition);
+        let offset = record.offset;
+        let verdict = (buffer.passing).arrive(partition, generation, offset, lane, waiting);
+        if let Some(hold) = verdict.hold {
+            self.shared.hold(partition, hold, &self.consumer);
+        }
+        match verdict.arrival {
+            Arrival::Again => {}
+            Arrival::Pass => {
+                let passed = &self.metrics.consumer.passed_over;
+                passed.with_label_values(&[&self.spec.topic]).inc();
+            }
+            Arrival::Take => {
+                let generation = self.shared.receive(&record);
+                let buffered = Buffered {
+                    record,
+                    generation,
+                    lane,
+                };
+                let now = Instant::now();
+                buffer.scheduler.push(buffered, partition, lane, now);
+            }
+        }
+        self.pause_at_bound(buffer, partition);
+    }
+
+    /// Pauses a partition once twice `read_ahead` of its records wait (at
+    /// least twice the in-flight bound, so work stays ready while a resumed
+    /// partition refetches), or it passed over as far as it may
+    /// ([`Passing::must_pause`]). Pausing per partition keeps one deep
+    /// backlog from starving the others.
+    fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32) {
+        let full = buffer.scheduler.waiting(partition) >= self.queue_bound() * 2
+            || buffer.passing.must_pause(partition);
+        if !full || buffer.paused.contains(&partition) {
             return;
         }
         let mut one = TopicPartitionList::new();
@@ -616,11 +680,29 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         }
     }
 
-    /// Resumes a paused partition once its waiting records fell to half the bound.
-    fn resume_below_low_watermark(&self, buffer: &mut Buffer, partition: i32) {
-        if !buffer.paused.contains(&partition)
-            || buffer.scheduler.waiting(partition) > self.queue_bound() / 2
-        {
+    /// Once a partition's waiting records fell to half the bound: seeks it
+    /// back to the first record it passed over, if it did, and resumes it
+    /// if it was paused.
+    fn read_on_below_low_watermark(&self, buffer: &mut Buffer, partition: i32) {
+        let waiting = buffer.scheduler.waiting(partition);
+        let generation = self.shared.generation_of(partition);
+        if let Some(offset) = buffer.passing.rewind_due(partition, generation, waiting) {
+            // Asynchronous (no timeout): librdkafka drops what it fetched
+            // past the offset. A seek that fails is tried again at the next
+            // start of one of the partition's records; until it succeeds,
+            // the hold keeps the commit point where it is.
+            let seek = (self.consumer).seek(
+                &self.spec.topic,
+                partition,
+                Offset::Offset(offset),
+                Duration::ZERO,
+            );
+            match seek {
+                Ok(()) => buffer.passing.sought(partition, offset),
+                Err(e) => tracing::warn!(partition, offset, error = %e, "seek back failed"),
+            }
+        }
+        if !buffer.paused.contains(&partition) || waiting > self.queue_bound() / 2 {
             return;
         }
         let mut one = TopicPartitionList::new();

@@ -8,6 +8,7 @@ pub mod context;
 pub mod groups;
 pub mod lane;
 pub mod offsets;
+pub mod passing;
 pub mod publisher;
 pub mod reader;
 

@@ -26,6 +26,22 @@ struct PartitionState {
     finished_end: Option<i64>,
     /// The last commit point handed out.
     committed: Option<i64>,
+    /// A record not received (passed over, to be read again: `passing`):
+    /// the commit point stays at or below it until the hold is released.
+    held: Option<i64>,
+}
+
+impl PartitionState {
+    /// The commit point, if it moved forward since it was last handed out.
+    fn advance(&mut self) -> Option<i64> {
+        let point = self.in_flight.first().copied().or(self.finished_end)?;
+        let point = self.held.map_or(point, |held| point.min(held));
+        if self.committed.is_some_and(|c| c >= point) {
+            return None;
+        }
+        self.committed = Some(point);
+        Some(point)
+    }
 }
 
 /// Commit points of every partition this consumer owns.
@@ -117,12 +133,17 @@ impl OffsetTracker {
         }
         let end = ticket.offset + 1;
         state.finished_end = Some(state.finished_end.map_or(end, |e| e.max(end)));
-        let point = state.in_flight.first().copied().or(state.finished_end)?;
-        if state.committed.is_some_and(|c| c >= point) {
-            return None;
-        }
-        state.committed = Some(point);
-        Some(point)
+        state.advance()
+    }
+
+    /// Holds `partition`'s commit point at or below `hold` (records from
+    /// there on may have been passed over without being received:
+    /// `passing`), or releases it (`None`).
+    /// Returns the partition's new commit point when it moved forward.
+    pub fn hold(&mut self, partition: &TopicPartition, hold: Option<i64>) -> Option<i64> {
+        let state = self.partitions.get_mut(partition)?;
+        state.held = hold;
+        state.advance()
     }
 
     /// The generation of `partition`'s current assignment, if it is assigned.
@@ -180,6 +201,30 @@ mod tests {
             None,
             "finishing twice changes nothing"
         );
+    }
+
+    #[test]
+    fn a_held_point_stays_below_a_record_passed_over_until_released() {
+        let mut tracker = OffsetTracker::default();
+        tracker.assign(tp());
+        let first = tracker.begin(tp(), 0);
+        // 1 and 2 are passed over; 3, another lane's, is received and done.
+        tracker.hold(&tp(), Some(1));
+        let later = tracker.begin(tp(), 3);
+        assert_eq!(tracker.finish(&first, true), Some(1));
+        assert_eq!(tracker.finish(&later, true), None, "held at 1");
+        // Read again: 1 is received, the hold released, 1 and 2 delivered.
+        let again: Vec<_> = (1..3).map(|o| tracker.begin(tp(), o)).collect();
+        assert_eq!(tracker.hold(&tp(), None), None, "1 in flight");
+        assert_eq!(tracker.finish(&again[1], true), None, "1 still in flight");
+        assert_eq!(tracker.finish(&again[0], true), Some(4));
+        // A hold released after the last finish moves the point itself.
+        let last = tracker.begin(tp(), 4);
+        tracker.hold(&tp(), Some(5));
+        let more = tracker.begin(tp(), 6);
+        assert_eq!(tracker.finish(&last, true), Some(5));
+        assert_eq!(tracker.finish(&more, true), None, "held at 5");
+        assert_eq!(tracker.hold(&tp(), None), Some(7));
     }
 
     #[test]

@@ -116,6 +116,10 @@ pub struct ConsumerMetrics {
     pub waiting: IntGaugeVec,
     /// `docstream_consumer_pauses_total{topic}`: times the in-flight bound was hit.
     pub pauses: IntCounterVec,
+    /// `docstream_consumer_passed_over_total{topic}`: records of a lane that
+    /// filled its partition's read-ahead, passed over to reach the others'
+    /// and read again later (`kafka::passing`).
+    pub passed_over: IntCounterVec,
     /// `docstream_dead_letters_total{reason}`: poison records acknowledged by the DLQ.
     pub dead_letters: IntCounterVec,
     /// `docstream_dead_letter_failures_total`: dead letters the broker did
@@ -163,6 +167,12 @@ impl ConsumerMetrics {
                 registry,
                 "docstream_consumer_pauses_total",
                 "Times a consumer hit its in-flight bound and paused its partitions.",
+                &["topic"],
+            ),
+            passed_over: counter_vec(
+                registry,
+                "docstream_consumer_passed_over_total",
+                "Records passed over because their lane filled the partition's read-ahead; each is read again later.",
                 &["topic"],
             ),
             dead_letters: counter_vec(
