@@ -168,8 +168,13 @@ pub struct ConsumerSpec {
     pub dlq_excerpt_bytes: usize,
     /// Most records in flight at once.
     pub max_in_flight: usize,
-    /// Records of a partition received ahead and waiting before it is paused.
+    /// Records of a partition received ahead and waiting before it is paused
+    /// (or, with `pass_full_lanes`, before it passes over its full lanes).
     pub read_ahead: usize,
+    /// Whether a partition whose read-ahead is full passes over the records
+    /// of its full lanes to reach the others' (`kafka::passing`): the job
+    /// stages', whose records name their lanes.
+    pub pass_full_lanes: bool,
     /// The longest a waiting record is passed over by more urgent ones.
     pub priority_max_wait: Duration,
     /// Tenants' shares of the slots when several have records waiting.
@@ -532,7 +537,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let mut tasks: JoinSet<()> = JoinSet::new();
         let mut buffer = Buffer {
             scheduler: Scheduler::new(self.spec.priority_max_wait, self.spec.weights.clone()),
-            passing: Passing::new(self.queue_bound()),
+            passing: Passing::new(self.queue_bound(), self.spec.pass_full_lanes),
             paused: BTreeSet::new(),
         };
         let waiting = self.waiting_gauges();
@@ -553,7 +558,12 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                 }
             }
             // A seek back that failed is tried again here.
-            for partition in buffer.passing.rewinding() {
+            // Paused partitions and seeks back are looked at after every
+            // event, not only when one of their records starts: a partition
+            // paused with nothing of its own waiting has none to start.
+            let mut due = buffer.passing.rewinding();
+            due.extend(buffer.paused.iter().copied());
+            for partition in due {
                 self.read_on_below_low_watermark(&mut buffer, partition);
             }
             for (gauge, priority) in waiting.iter().zip(Priority::ALL) {
@@ -636,6 +646,9 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         match verdict.arrival {
             Arrival::Again => {}
             Arrival::Pass => {
+                if verdict.hold.is_some() {
+                    tracing::debug!(partition, offset, waiting, "passing over a full lane");
+                }
                 let passed = &self.metrics.consumer.passed_over;
                 passed.with_label_values(&[&self.spec.topic]).inc();
             }
@@ -653,14 +666,20 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         self.pause_at_bound(buffer, partition);
     }
 
-    /// Pauses a partition once twice `read_ahead` of its records wait (at
-    /// least twice the in-flight bound, so work stays ready while a resumed
-    /// partition refetches), or it passed over as far as it may
-    /// ([`Passing::must_pause`]). Pausing per partition keeps one deep
-    /// backlog from starving the others.
+    /// Pauses a partition once `read_ahead` of its records wait (at least
+    /// twice the in-flight bound, so work stays ready while a resumed
+    /// partition refetches; twice that when it passes over full lanes), or
+    /// it passed over as far as it may ([`Passing::must_pause`]). Pausing
+    /// per partition keeps one deep backlog from starving the others.
     fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32) {
-        let full = buffer.scheduler.waiting(partition) >= self.queue_bound() * 2
-            || buffer.passing.must_pause(partition);
+        // Passing over, a partition takes the other lanes' records up to
+        // twice the bound.
+        let bound = match self.spec.pass_full_lanes {
+            true => self.queue_bound() * 2,
+            false => self.queue_bound(),
+        };
+        let full =
+            buffer.scheduler.waiting(partition) >= bound || buffer.passing.must_pause(partition);
         if !full || buffer.paused.contains(&partition) {
             return;
         }
@@ -669,6 +688,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         match self.consumer.pause(&one) {
             Ok(()) => {
                 buffer.paused.insert(partition);
+                tracing::debug!(partition, "paused");
                 self.metrics
                     .consumer
                     .pauses
@@ -688,9 +708,9 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let generation = self.shared.generation_of(partition);
         if let Some(offset) = buffer.passing.rewind_due(partition, generation, waiting) {
             // Asynchronous (no timeout): librdkafka drops what it fetched
-            // past the offset. A seek that fails is tried again at the next
-            // start of one of the partition's records; until it succeeds,
-            // the hold keeps the commit point where it is.
+            // past the offset. A seek that fails is tried again after the
+            // next event; until it succeeds, the hold keeps the commit point
+            // where it is.
             let seek = (self.consumer).seek(
                 &self.spec.topic,
                 partition,
@@ -698,11 +718,22 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                 Duration::ZERO,
             );
             match seek {
-                Ok(()) => buffer.passing.sought(partition, offset),
+                Ok(()) => {
+                    tracing::debug!(
+                        partition,
+                        offset,
+                        waiting,
+                        "sought back to the first record passed over"
+                    );
+                    buffer.passing.sought(partition, offset)
+                }
                 Err(e) => tracing::warn!(partition, offset, error = %e, "seek back failed"),
             }
         }
-        if !buffer.paused.contains(&partition) || waiting > self.queue_bound() / 2 {
+        if !buffer.paused.contains(&partition)
+            || waiting > self.queue_bound() / 2
+            || buffer.passing.must_pause(partition)
+        {
             return;
         }
         let mut one = TopicPartitionList::new();
@@ -712,6 +743,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             tracing::debug!(partition, error = %e, "resume failed");
         }
         buffer.paused.remove(&partition);
+        tracing::debug!(partition, waiting, "resumed");
         self.paused_gauge().set(buffer.paused.len() as i64);
     }
 

@@ -21,10 +21,10 @@
 //! never past a record passed over.
 //!
 //! The records received behind a passed-over one are remembered until the
-//! reading passes them again; a partition with as many of those as its
-//! read-ahead is paused instead, so memory stays bounded whatever the mix,
-//! and so is one that passed over [`PASS_LIMIT`] times its read-ahead, so
-//! that each seek back reads a bounded stretch again. Another tenant's
+//! reading passes them again. A partition that read [`PASS_LIMIT`] times its
+//! read-ahead past the first record it passed over pauses instead, so each
+//! seek back reads a bounded stretch again and what is remembered is
+//! bounded too. Another tenant's
 //! records are therefore reached behind a flood of up to about seventeen
 //! read-aheads per partition (2,048 each by default).
 
@@ -63,6 +63,8 @@ pub struct Verdict {
 pub struct Passing {
     /// Records of a partition that may wait before it passes over full lanes.
     bound: usize,
+    /// Whether it passes over at all (otherwise every record is taken).
+    enabled: bool,
     partitions: HashMap<i32, PartitionLanes>,
 }
 
@@ -79,7 +81,8 @@ struct PartitionLanes {
     rewind: Option<i64>,
     /// After a seek back, until the reading is back where it was.
     rereading: Option<Rereading>,
-    /// Offsets received past one passed over: left out when read again.
+    /// Offsets received past one passed over: left out when read again,
+    /// and forgotten once read again with nothing passed over before them.
     taken: BTreeSet<i64>,
     /// The hold last reported.
     hold: Option<i64>,
@@ -123,10 +126,11 @@ impl PartitionLanes {
 
 impl Passing {
     /// Bookkeeping for a consumer whose partitions hold `bound` waiting
-    /// records before they pass over full lanes.
-    pub fn new(bound: usize) -> Self {
+    /// records before they pass over full lanes, if `enabled`.
+    pub fn new(bound: usize, enabled: bool) -> Self {
         Self {
             bound,
+            enabled,
             partitions: HashMap::new(),
         }
     }
@@ -141,6 +145,13 @@ impl Passing {
         lane: Lane,
         waiting: usize,
     ) -> Verdict {
+        if !self.enabled {
+            let hold = None;
+            return Verdict {
+                arrival: Arrival::Take,
+                hold,
+            };
+        }
         let state = self.partitions.entry(partition).or_default();
         if state.generation != generation {
             *state = PartitionLanes {
@@ -160,7 +171,12 @@ impl Passing {
         if (state.rereading).is_some_and(|again| again.resumed && state.position >= again.end) {
             state.rereading = None;
         }
-        let arrival = if state.taken.remove(&offset) {
+        let arrival = if state.taken.contains(&offset) {
+            // Past a record passed over again, it is left out again at the
+            // next seek back too.
+            if state.rewind.is_none() {
+                state.taken.remove(&offset);
+            }
             Arrival::Again
         } else if waiting >= self.bound
             && state.waiting.get(&lane).copied().unwrap_or(0) >= self.bound.div_ceil(2)
@@ -223,16 +239,20 @@ impl Passing {
         }
     }
 
-    /// Whether `partition` must pause rather than read on: it remembers as
-    /// many records received past one passed over as the bound, or it has
-    /// passed over [`PASS_LIMIT`] times the bound since the first (each seek
-    /// back reads that far again).
+    /// Whether `partition` must pause rather than read on: it has read
+    /// [`PASS_LIMIT`] times the bound past the first record it passed over
+    /// (each seek back reads that far again). This also bounds the records
+    /// it remembers as received past one passed over: they lie in the same
+    /// stretch, or in the one read before the seek, which the reading is
+    /// going through again.
     pub fn must_pause(&self, partition: i32) -> bool {
         let Some(state) = self.partitions.get(&partition) else {
             return false;
         };
         let limit = (self.bound * PASS_LIMIT) as i64;
-        state.taken.len() >= self.bound || state.rewind.is_some_and(|r| state.position - r > limit)
+        state
+            .rewind
+            .is_some_and(|rewind| state.position - rewind > limit)
     }
 
     /// Partitions with records passed over and not sought back to yet.
@@ -261,7 +281,7 @@ mod tests {
     #[test]
     fn a_full_lane_is_passed_over_and_read_again_after_the_seek() {
         let (a, b) = (lane(1), lane(2));
-        let mut passing = Passing::new(4);
+        let mut passing = Passing::new(4, true);
         // A fills the read-ahead: offsets 0..4 are taken.
         for offset in 0..4 {
             let v = passing.arrive(0, 1, offset, a, offset as usize);
@@ -308,7 +328,7 @@ mod tests {
     #[test]
     fn records_fetched_before_the_seek_move_neither_the_reading_nor_the_hold() {
         let a = lane(1);
-        let mut passing = Passing::new(2);
+        let mut passing = Passing::new(2, true);
         passing.arrive(0, 1, 0, a, 0);
         passing.arrive(0, 1, 1, a, 1);
         for offset in 2..10 {
@@ -332,7 +352,7 @@ mod tests {
     #[test]
     fn a_lane_full_again_while_reading_again_holds_at_its_first_pass() {
         let a = lane(1);
-        let mut passing = Passing::new(2);
+        let mut passing = Passing::new(2, true);
         passing.arrive(0, 1, 0, a, 0);
         passing.arrive(0, 1, 1, a, 1);
         for offset in 2..10 {
@@ -355,9 +375,34 @@ mod tests {
     }
 
     #[test]
+    fn a_record_received_is_left_out_at_every_seek_back_that_reads_it_again() {
+        let (a, b) = (lane(1), lane(2));
+        let mut passing = Passing::new(2, true);
+        passing.arrive(0, 1, 0, a, 0);
+        passing.arrive(0, 1, 1, a, 1);
+        assert_eq!(passing.arrive(0, 1, 2, a, 2).arrival, Arrival::Pass);
+        assert_eq!(passing.arrive(0, 1, 3, a, 2).arrival, Arrival::Pass);
+        assert_eq!(passing.arrive(0, 1, 4, b, 2).arrival, Arrival::Take);
+        passing.left(0, a);
+        passing.left(0, a);
+        passing.sought(0, 2);
+        // Read again: 2 taken, A full again at 3, so B's 4 lies past a
+        // record passed over a second time.
+        assert_eq!(passing.arrive(0, 1, 2, a, 0).arrival, Arrival::Take);
+        assert_eq!(passing.arrive(0, 1, 3, a, 2).arrival, Arrival::Pass);
+        assert_eq!(passing.arrive(0, 1, 4, b, 2).arrival, Arrival::Again);
+        passing.left(0, a);
+        passing.sought(0, 3);
+        assert_eq!(passing.arrive(0, 1, 3, a, 0).arrival, Arrival::Take);
+        assert_eq!(passing.arrive(0, 1, 4, b, 1).arrival, Arrival::Again);
+        // Read with nothing passed over before it: forgotten.
+        assert_eq!(passing.arrive(0, 1, 5, b, 1).arrival, Arrival::Take);
+    }
+
+    #[test]
     fn a_new_generation_forgets_what_was_passed_over_and_taken() {
         let (a, b) = (lane(1), lane(2));
-        let mut passing = Passing::new(2);
+        let mut passing = Passing::new(2, true);
         passing.arrive(0, 1, 0, a, 0);
         passing.arrive(0, 1, 1, a, 1);
         assert_eq!(
@@ -375,8 +420,18 @@ mod tests {
     }
 
     #[test]
+    fn a_consumer_that_does_not_pass_over_takes_every_record() {
+        let mut passing = Passing::new(2, false);
+        for offset in 0..10 {
+            let v = passing.arrive(0, 1, offset, lane(1), offset as usize);
+            assert_eq!(v, verdict(Arrival::Take, None));
+        }
+        assert!(passing.rewinding().is_empty());
+    }
+
+    #[test]
     fn no_lane_is_full_while_the_waiting_records_are_spread() {
-        let mut passing = Passing::new(4);
+        let mut passing = Passing::new(4, true);
         for (offset, n) in [1, 2, 3, 4, 5, 6].into_iter().enumerate() {
             let v = passing.arrive(0, 1, offset as i64, lane(n), offset);
             assert_eq!(v, verdict(Arrival::Take, None), "lane {n}");
@@ -384,22 +439,9 @@ mod tests {
     }
 
     #[test]
-    fn too_many_records_taken_past_a_passed_over_one_pause_the_partition() {
-        let (a, b) = (lane(1), lane(2));
-        let mut passing = Passing::new(2);
-        passing.arrive(0, 1, 0, a, 0);
-        passing.arrive(0, 1, 1, a, 1);
-        passing.arrive(0, 1, 2, a, 2);
-        assert!(!passing.must_pause(0));
-        passing.arrive(0, 1, 3, b, 2);
-        passing.arrive(0, 1, 4, lane(3), 3);
-        assert!(passing.must_pause(0));
-    }
-
-    #[test]
     fn a_partition_passes_over_no_further_than_the_limit() {
         let a = lane(1);
-        let mut passing = Passing::new(2);
+        let mut passing = Passing::new(2, true);
         passing.arrive(0, 1, 0, a, 0);
         passing.arrive(0, 1, 1, a, 1);
         let limit = (2 * PASS_LIMIT) as i64;

@@ -221,6 +221,10 @@ impl Services {
             dlq_excerpt_bytes: settings.dlq_excerpt_bytes,
             max_in_flight: settings.consumer_max_in_flight,
             read_ahead: settings.consumer_read_ahead,
+            // The job stages' records name their lanes; the intake's and
+            // the export streams' do not.
+            pass_full_lanes: topic == settings.topic_submitted
+                || topic == settings.topic_post_processing,
             priority_max_wait: settings.worker_priority_max_wait_s.get(),
             weights: self.weights.clone(),
             drain_timeout: settings.subscriber_drain_timeout_s.get(),

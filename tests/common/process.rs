@@ -15,7 +15,11 @@ impl TestEnv {
     pub fn child_env(&self) -> Vec<(String, String)> {
         let mut env = self.settings.to_env();
         env.push(("DOCSTREAM_METRICS_ADDR".into(), "127.0.0.1:0".into()));
-        env.push(("DOCSTREAM_LOG".into(), "info,rdkafka=warn,sqlx=warn".into()));
+        // `DOCSTREAM_TEST_CHILD_LOG` overrides the children's filter, to
+        // debug a test (their logs are under target/tmp/test-logs).
+        let log = std::env::var("DOCSTREAM_TEST_CHILD_LOG");
+        let log = log.unwrap_or_else(|_| "info,rdkafka=warn,sqlx=warn".into());
+        env.push(("DOCSTREAM_LOG".into(), log));
         env
     }
 
