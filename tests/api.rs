@@ -1187,6 +1187,7 @@ async fn the_overview_samples_a_tenants_queue_and_no_one_elses() {
     .await;
     let stop = CancellationToken::new();
     let services = api.env.services().await;
+    let census = services.metrics.census.clone();
     tokio::spawn(docstream::pipeline::census::run(services, stop.clone()));
     let _stop = stop.drop_guard();
     let pool = &api.env.pool;
@@ -1227,6 +1228,27 @@ async fn the_overview_samples_a_tenants_queue_and_no_one_elses() {
         .all(|s| s["finished"].as_i64() <= Some(2)));
     let (_, overview) = api.get("/v1/overview").await;
     assert_eq!(overview["now"]["queued"], 3, "{overview}");
+    // The census's gauge of waiting work by tenant and priority: the
+    // default tenant's 3 normal jobs, and the others' series at 0.
+    let default_name: String = sqlx::query_scalar("SELECT name FROM tenants WHERE id = $1")
+        .bind(tenants::DEFAULT_TENANT_ID)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let queued = |tenant: &str, priority: &str| {
+        (census.queued)
+            .with_label_values(&[tenant, priority])
+            .get()
+    };
+    // Read between a turn's reset and its sets, a gauge is 0 for a moment.
+    common::wait_for("the queued gauge", std::time::Duration::from_secs(10), || async {
+        match queued(&default_name, "normal") {
+            3 => Ok(()),
+            seen => Err(format!("{seen}")),
+        }
+    })
+    .await;
+    assert_eq!(queued("(others)", "normal"), 0);
     assert!(
         overview.get("orphans").is_none(),
         "only the operators' has orphans"
