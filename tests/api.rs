@@ -1235,18 +1235,19 @@ async fn the_overview_samples_a_tenants_queue_and_no_one_elses() {
         .fetch_one(pool)
         .await
         .unwrap();
-    let queued = |tenant: &str, priority: &str| {
-        (census.queued)
-            .with_label_values(&[tenant, priority])
-            .get()
-    };
+    let queued =
+        |tenant: &str, priority: &str| (census.queued).with_label_values(&[tenant, priority]).get();
     // Read between a turn's reset and its sets, a gauge is 0 for a moment.
-    common::wait_for("the queued gauge", std::time::Duration::from_secs(10), || async {
-        match queued(&default_name, "normal") {
-            3 => Ok(()),
-            seen => Err(format!("{seen}")),
-        }
-    })
+    common::wait_for(
+        "the queued gauge",
+        std::time::Duration::from_secs(10),
+        || async {
+            match queued(&default_name, "normal") {
+                3 => Ok(()),
+                seen => Err(format!("{seen}")),
+            }
+        },
+    )
     .await;
     assert_eq!(queued("(others)", "normal"), 0);
     assert!(

@@ -25,8 +25,12 @@
 //! read-ahead past the first record it passed over pauses instead, so each
 //! seek back reads a bounded stretch again and what is remembered is
 //! bounded too. Another tenant's
-//! records are therefore reached behind a flood of up to about seventeen
-//! read-aheads per partition (2,048 each by default).
+//! records are therefore reached behind a flood of up to about nine
+//! read-aheads per partition (2,048 each by default). The price is reading:
+//! each seek back fetches the stretch passed over again, so a flood of one
+//! lane that is deeper than the read-ahead is fetched up to `2 ×
+//! PASS_LIMIT` times over (broker reads and header checks, no database
+//! work).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -34,7 +38,7 @@ use crate::domain::Lane;
 
 /// How far past its first record passed over a partition reads on, in
 /// multiples of its bound, before it pauses instead.
-pub const PASS_LIMIT: usize = 16;
+pub const PASS_LIMIT: usize = 8;
 
 /// What to do with a record that arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
