@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
 # scripts/services.sh — bring up REAL local backing services for docstream,
 # natively (no Docker): a private PostgreSQL cluster and a single-node KRaft
-# Apache Kafka broker.
+# Apache Kafka broker, or a three-node KRaft cluster.
 #
 #   scripts/services.sh up       start (installing what is missing); idempotent
-#   scripts/services.sh down     stop both, keep data
+#   scripts/services.sh up --kafka-nodes 3
+#                                Postgres and a three-node Kafka cluster instead of
+#                                the single broker (replication factor 3,
+#                                min.insync.replicas 2; ports 59101-59103, the
+#                                controllers 59111-59113); it can run beside the
+#                                single node
+#   scripts/services.sh down     stop everything, keep data
+#   scripts/services.sh down --kafka-nodes 3
+#                                stop only the three-node cluster
 #   scripts/services.sh status   exit 0 if both are up, 3 otherwise
 #   scripts/services.sh env      print the export lines for the test suite
+#                                (`env --kafka-nodes 3`: for the cluster)
 #   scripts/services.sh reset    down + delete all state (keeps the Kafka jar cache)
 #   scripts/services.sh kill kafka|postgres
 #                                SIGKILL the broker / the postmaster and wait until it
 #                                is gone (fault tests; `up` brings it back)
+#   scripts/services.sh kill|stop|start kafka-node N
+#                                SIGKILL, SIGTERM (controlled shutdown) or start
+#                                node N (1-3) of the cluster, each waiting until done
 #   scripts/services.sh restart-postgres
 #                                a fast restart (pg_ctl -m fast): sessions are cut
 #   scripts/services.sh kafka-tool CLASS [ARGS...]
@@ -36,6 +48,8 @@
 #                         postgres OS user cannot reach the repo folder)
 #   .services/kafka/      libs/ (jars from scripts/kafka/pom.xml), data/,
 #                         server.properties, log4j2.properties, kafka.pid, kafka.log
+#   .services/kafka-cluster/  cluster-id, node1..node3/ (data/, server.properties,
+#                         kafka.pid, kafka.log)
 #
 # Must run as root (it apt-installs and switches to the postgres user).
 
@@ -71,6 +85,13 @@ KAFKA_POM="$REPO/scripts/kafka/pom.xml"
 KAFKA_HEAP_OPTS="${DOCSTREAM_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
 # CLI tools: tiny heap, fast start-up.
 TOOL_JVM_OPTS=(-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1)
+
+# The three-node cluster (`up --kafka-nodes 3`): node i's broker listens on
+# CLUSTER_BASE_PORT+i, its controller on CLUSTER_BASE_PORT+10+i.
+CLUSTER_DIR="$STATE/kafka-cluster"
+CLUSTER_NODES=3
+CLUSTER_BASE_PORT="${DOCSTREAM_KAFKA_CLUSTER_PORT:-59100}"
+NODE_HEAP_OPTS="${DOCSTREAM_KAFKA_NODE_HEAP_OPTS:--Xms128m -Xmx512m}"
 
 DEADLINE_SECS=90
 
@@ -347,9 +368,16 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 
-# Tests: no 3 s wait before the first rebalance; both group protocols (KIP-848).
+$(kafka_group_conf)
+EOF
+}
+
+# The consumer-group settings of every broker, single node or cluster.
+kafka_group_conf() {
+    cat <<EOF
+# Tests: no 3 s wait before the first rebalance. Both group protocols (classic
+# and KIP-848's consumer) are on by default since Kafka 4.0.
 group.initial.rebalance.delay.ms=0
-group.coordinator.rebalance.protocols=classic,consumer
 # Fault tests pair short leases with short consumer sessions, so a killed
 # worker's partitions move on about when its claims expire. The broker defaults
 # (6 s classic, 45 s consumer protocol) are production floors, not laws.
@@ -394,14 +422,16 @@ logger.partchange.level = WARN
 EOF
 }
 
-# PID of our broker if it is alive (guards against stale pid files / reused pids).
-kafka_pid() {
+# PID of the broker run with config $1 (pid file $2) if it is alive (guards
+# against stale pid files and reused pids).
+broker_pid() {
     local pid
-    pid="$(cat "$KAFKA_PID" 2>/dev/null || true)"
+    pid="$(cat "$2" 2>/dev/null || true)"
     [ -n "$pid" ] && proc_alive "$pid" || return 1
-    tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "kafka.Kafka $KAFKA_CONF" || return 1
+    tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "kafka.Kafka $1" || return 1
     echo "$pid"
 }
+kafka_pid() { broker_pid "$KAFKA_CONF" "$KAFKA_PID"; }
 
 port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
@@ -411,16 +441,79 @@ kafka_tool() {
         -cp "$KAFKA_LIBS/*" "$@"
 }
 
-# Real readiness check: the broker answers a metadata request (lists topics).
+# Real readiness check: the broker on port $1 (default: the single node's)
+# answers a metadata request (lists topics).
 kafka_ready() {
-    port_open "$KAFKA_PORT" || return 1
+    local port="${1:-$KAFKA_PORT}"
+    port_open "$port" || return 1
     timeout 30 java "${TOOL_JVM_OPTS[@]}" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" \
         -cp "$KAFKA_LIBS/*" org.apache.kafka.tools.TopicCommand \
-        --bootstrap-server "$HOST:$KAFKA_PORT" --command-config "$KAFKA_DIR/tools.properties" \
+        --bootstrap-server "$HOST:$port" --command-config "$KAFKA_DIR/tools.properties" \
         --list >/dev/null 2>&1
 }
 
-kafka_write_files() {
+# Starts a broker JVM in its own session and returns at once: config $1, log
+# $2 (the previous one is kept as $2.1), pid file $3, heap options $4. The
+# inner shell writes its own pid and then execs java, so the pid file is the
+# JVM's.
+broker_launch() {
+    local conf="$1" logf="$2" pidf="$3" heap="$4"
+    rm -f "$pidf"
+    [ -f "$logf" ] && mv -f "$logf" "$logf.1"
+    # shellcheck disable=SC2016,SC2086
+    setsid bash -c 'echo $$ > "$1.tmp" && mv -f "$1.tmp" "$1"; shift; exec "$@"' _ "$pidf" \
+        nohup java -server $heap -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+            -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+            -Dlog4j2.configurationFile="$KAFKA_LOG4J" \
+            -cp "$KAFKA_LIBS/*" kafka.Kafka "$conf" \
+        >>"$logf" 2>&1 </dev/null 9>&- &
+    disown || true
+}
+
+# Waits until the broker of pid file $1 and log $2 has started and answers a
+# metadata request on port $3; dies (with the log's tail) if it exits or is
+# not ready within DEADLINE_SECS.
+broker_wait_started() {
+    local pidf="$1" logf="$2" port="$3" t0=$SECONDS pid
+    until [ -s "$pidf" ] || (( SECONDS - t0 > 10 )); do sleep 0.1; done
+    pid="$(cat "$pidf" 2>/dev/null || true)"
+    [ -n "$pid" ] || die "kafka launcher did not write $pidf"
+    while :; do
+        if ! proc_alive "$pid"; then
+            tail -n 40 "$logf" >&2 || true
+            die "kafka process exited (log: $logf)"
+        fi
+        # "Kafka Server started" is logged once the broker is unfenced.
+        if port_open "$port" && grep -q "Kafka Server started" "$logf" 2>/dev/null \
+                && kafka_ready "$port"; then
+            return 0
+        fi
+        if (( SECONDS - t0 > DEADLINE_SECS )); then
+            tail -n 40 "$logf" >&2 || true
+            die "kafka not ready on $HOST:$port after ${DEADLINE_SECS}s (log: $logf)"
+        fi
+        sleep 1
+    done
+}
+
+# SIGTERMs the broker $1 (a pid) and waits for its controlled shutdown;
+# SIGKILL after 30 s.
+broker_stop() {
+    local pid="$1" name="$2" i
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 60); do
+        proc_alive "$pid" || return 0
+        sleep 0.5
+    done
+    log "$name did not stop within 30s; SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    sleep 0.5
+}
+
+# The log4j configs of the brokers and the CLI tools, and the tools' client
+# settings (shared by the single node and the cluster).
+kafka_write_shared_files() {
     mkdir -p "$KAFKA_DIR"
     kafka_render_log4j > "$KAFKA_LOG4J"
     cat > "$KAFKA_DIR/log4j2-tools.properties" <<'EOF'
@@ -434,6 +527,10 @@ rootLogger.level = WARN
 rootLogger.appenderRef.err.ref = STDERR
 EOF
     printf 'request.timeout.ms=5000\ndefault.api.timeout.ms=8000\n' > "$KAFKA_DIR/tools.properties"
+}
+
+kafka_write_files() {
+    kafka_write_shared_files
     # Returns 0 if server.properties changed.
     local new; new="$(kafka_render_conf)"
     if [ ! -f "$KAFKA_CONF" ] || [ "$new" != "$(cat "$KAFKA_CONF")" ]; then
@@ -472,39 +569,10 @@ kafka_up() {
         for p in "$KAFKA_PORT" "$KAFKA_CTRL_PORT" "$KAFKA_PROXIED_PORT"; do
             port_open "$p" && die "port $HOST:$p is taken by another process (another checkout's services? stop them, or set DOCSTREAM_KAFKA_PORT / DOCSTREAM_KAFKA_CONTROLLER_PORT)"
         done
-        [ -f "$KAFKA_LOG" ] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"
         log "starting kafka on $HOST:$KAFKA_PORT (log: $KAFKA_LOG)"
-        # setsid: own session, survives this script and the terminal.  The inner
-        # shell writes its own pid and then execs java, so the pid file is the JVM.
-        # shellcheck disable=SC2016
-        setsid bash -c 'echo $$ > "$1.tmp" && mv -f "$1.tmp" "$1"; shift; exec "$@"' _ "$KAFKA_PID" \
-            nohup java -server $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-                -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
-                -Dlog4j2.configurationFile="$KAFKA_LOG4J" \
-                -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_CONF" \
-            >>"$KAFKA_LOG" 2>&1 </dev/null 9>&- &
-        disown || true
+        broker_launch "$KAFKA_CONF" "$KAFKA_LOG" "$KAFKA_PID" "$KAFKA_HEAP_OPTS"
     fi
-
-    local t0=$SECONDS
-    until [ -s "$KAFKA_PID" ] || (( SECONDS - t0 > 10 )); do sleep 0.1; done
-    pid="$(cat "$KAFKA_PID" 2>/dev/null || true)"
-    [ -n "$pid" ] || die "kafka launcher did not write $KAFKA_PID"
-    while :; do
-        if ! proc_alive "$pid"; then
-            tail -n 40 "$KAFKA_LOG" >&2 || true
-            die "kafka process exited (log: $KAFKA_LOG)"
-        fi
-        if port_open "$KAFKA_PORT" && grep -q "Kafka Server started" "$KAFKA_LOG" 2>/dev/null \
-                && kafka_ready; then
-            break
-        fi
-        if (( SECONDS - t0 > DEADLINE_SECS )); then
-            tail -n 40 "$KAFKA_LOG" >&2 || true
-            die "kafka not ready on $HOST:$KAFKA_PORT after ${DEADLINE_SECS}s"
-        fi
-        sleep 1
-    done
+    broker_wait_started "$KAFKA_PID" "$KAFKA_LOG" "$KAFKA_PORT"
 }
 
 kafka_down() {
@@ -514,22 +582,146 @@ kafka_down() {
         log "kafka: not running"
         return 0
     fi
-    log "stopping kafka (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 60); do
-        proc_alive "$pid" || break
-        sleep 0.5
-    done
-    if proc_alive "$pid"; then
-        log "kafka did not stop within 30s; SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        sleep 0.5
-    fi
+    broker_stop "$pid" kafka
     rm -f "$KAFKA_PID"
 }
 
 kafka_status() { kafka_pid >/dev/null && port_open "$KAFKA_PORT"; }
+
+# --------------------------------------------------------------------------
+# A three-node Kafka cluster (`up --kafka-nodes 3`): what production runs
+# (replication factor 3, min.insync.replicas 2), for the cluster fault tests.
+# Each node is broker and controller; the three controllers form the quorum.
+# It shares the jars and log4j config of the single node, and can run beside
+# it. Node i (1-3) listens on CLUSTER_BASE_PORT+i, its controller on
+# CLUSTER_BASE_PORT+10+i.
+# --------------------------------------------------------------------------
+node_dir()       { echo "$CLUSTER_DIR/node$1"; }
+node_port()      { echo $(( CLUSTER_BASE_PORT + $1 )); }
+node_ctrl_port() { echo $(( CLUSTER_BASE_PORT + 10 + $1 )); }
+node_pid()       { broker_pid "$(node_dir "$1")/server.properties" "$(node_dir "$1")/kafka.pid"; }
+cluster_bootstrap() {
+    local i out=""
+    for i in $(seq 1 "$CLUSTER_NODES"); do out="${out:+$out,}$HOST:$(node_port "$i")"; done
+    echo "$out"
+}
+
+node_render_conf() {
+    local i="$1" voters="" j
+    for j in $(seq 1 "$CLUSTER_NODES"); do voters="${voters:+$voters,}$j@$HOST:$(node_ctrl_port "$j")"; done
+    cat <<EOF
+# Written by scripts/services.sh — edits are overwritten on every 'up'.
+# Node $i of a $CLUSTER_NODES-node KRaft cluster: broker and controller.
+process.roles=broker,controller
+node.id=$i
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://$HOST:$(node_port "$i"),CONTROLLER://$HOST:$(node_ctrl_port "$i")
+advertised.listeners=PLAINTEXT://$HOST:$(node_port "$i")
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$(node_dir "$i")/data
+
+num.partitions=6
+# What a production cluster runs: every record on three brokers, a write
+# acknowledged (acks=all) once two of them have it, and no out-of-sync
+# replica ever elected leader.
+default.replication.factor=3
+min.insync.replicas=2
+unclean.leader.election.enable=false
+auto.create.topics.enable=false
+delete.topic.enable=true
+
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+share.coordinator.state.topic.replication.factor=3
+share.coordinator.state.topic.min.isr=2
+
+# A SIGTERMed node hands its leaderships over before it stops (controlled
+# shutdown); a SIGKILLed one is fenced after this long without a heartbeat.
+broker.session.timeout.ms=6000
+broker.heartbeat.interval.ms=1000
+
+$(kafka_group_conf)
+EOF
+}
+
+# Starts node $1 unless it runs; returns at once (node_wait waits).
+node_launch() {
+    local i="$1" dir; dir="$(node_dir "$i")"
+    node_pid "$i" >/dev/null && return 0
+    port_open "$(node_port "$i")" && die "port $HOST:$(node_port "$i") is taken by another process (set DOCSTREAM_KAFKA_CLUSTER_PORT)"
+    log "starting kafka node $i on $HOST:$(node_port "$i") (log: $dir/kafka.log)"
+    broker_launch "$dir/server.properties" "$dir/kafka.log" "$dir/kafka.pid" "$NODE_HEAP_OPTS"
+}
+node_wait() {
+    local dir; dir="$(node_dir "$1")"
+    broker_wait_started "$dir/kafka.pid" "$dir/kafka.log" "$(node_port "$1")"
+}
+
+cluster_up() {
+    kafka_fetch_libs
+    kafka_write_shared_files
+    mkdir -p "$CLUSTER_DIR"
+    local i dir new changed=()
+    for i in $(seq 1 "$CLUSTER_NODES"); do
+        dir="$(node_dir "$i")"; mkdir -p "$dir"
+        new="$(node_render_conf "$i")"
+        if [ ! -f "$dir/server.properties" ] || [ "$new" != "$(cat "$dir/server.properties")" ]; then
+            printf '%s\n' "$new" > "$dir/server.properties"
+            changed+=("$i")
+        fi
+    done
+    # One cluster id for the three log dirs, formatted once.
+    [ -s "$CLUSTER_DIR/cluster-id" ] || kafka_tool kafka.tools.StorageTool random-uuid > "$CLUSTER_DIR/cluster-id"
+    for i in $(seq 1 "$CLUSTER_NODES"); do
+        dir="$(node_dir "$i")"
+        if [ ! -f "$dir/data/meta.properties" ]; then
+            log "formatting kafka node $i's storage (cluster id $(cat "$CLUSTER_DIR/cluster-id"))"
+            kafka_tool kafka.tools.StorageTool format -t "$(cat "$CLUSTER_DIR/cluster-id")" \
+                -c "$dir/server.properties" >/dev/null
+        fi
+    done
+    local pid
+    for i in "${changed[@]}"; do
+        if pid="$(node_pid "$i")"; then
+            log "kafka node $i's config changed; restarting it"
+            broker_stop "$pid" "kafka node $i"
+        fi
+    done
+    # All at once: a node waits for a quorum of controllers before it starts.
+    for i in $(seq 1 "$CLUSTER_NODES"); do node_launch "$i"; done
+    for i in $(seq 1 "$CLUSTER_NODES"); do node_wait "$i"; done
+}
+
+cluster_down() {
+    [ -d "$CLUSTER_DIR" ] || return 0
+    local i pids=()
+    # SIGTERM all first: the last node of a quorum cannot shut down cleanly
+    # alone, so they go together.
+    for i in $(seq 1 "$CLUSTER_NODES"); do
+        if pid="$(node_pid "$i")"; then
+            log "stopping kafka node $i (pid $pid)"
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+    done
+    local t0=$SECONDS p
+    for p in "${pids[@]}"; do
+        while proc_alive "$p" && (( SECONDS - t0 < 30 )); do sleep 0.5; done
+        proc_alive "$p" && { log "kafka pid $p did not stop within 30s; SIGKILL"; kill -KILL "$p" 2>/dev/null || true; }
+    done
+    return 0
+}
+
+node_arg() {
+    case "${1:-}" in
+        [1-9]) [ "$1" -le "$CLUSTER_NODES" ] || die "no kafka node $1 (the cluster has $CLUSTER_NODES)"; echo "$1" ;;
+        *) die "usage: $0 kill|stop|start kafka-node N (N in 1..$CLUSTER_NODES)" ;;
+    esac
+}
 
 # --------------------------------------------------------------------------
 # Housekeeping
@@ -555,13 +747,18 @@ take_lock() {
     flock -w 300 9 || die "another services.sh holds $STATE/.lock (see: fuser -v $STATE/.lock)"
 }
 
+# The export lines; with $1 = 3, DOCSTREAM_KAFKA_BROKERS names the cluster.
 print_env() {
+    local brokers="$HOST:$KAFKA_PORT"
+    [ "${1:-1}" = "$CLUSTER_NODES" ] && brokers="$(cluster_bootstrap)"
     echo "export DATABASE_URL=postgres://$PG_USER:$PG_PASSWORD@$HOST:$PG_PORT/$PG_DB"
-    echo "export DOCSTREAM_KAFKA_BROKERS=$HOST:$KAFKA_PORT"
+    echo "export DOCSTREAM_KAFKA_BROKERS=$brokers"
     # For the fault tests: where a proxy in front of the broker listens (the
     # port the PROXIED listener advertises) and what it forwards to.
     echo "export DOCSTREAM_TEST_KAFKA_PROXY=$HOST:$KAFKA_PROXY_PORT"
     echo "export DOCSTREAM_TEST_KAFKA_PROXIED=$HOST:$KAFKA_PROXIED_PORT"
+    # For the cluster fault tests: where `up --kafka-nodes 3` puts the cluster.
+    echo "export DOCSTREAM_TEST_KAFKA_CLUSTER=$(cluster_bootstrap)"
 }
 
 # --------------------------------------------------------------------------
@@ -574,35 +771,63 @@ print_env() {
 reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports
     [ -w "$file" ] || return 0
-    local ours="$PG_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT"
+    local ours="$PG_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT" i
+    for i in $(seq 1 "$CLUSTER_NODES"); do ours="$ours,$(node_port "$i"),$(node_ctrl_port "$i")"; done
     local current; current="$(cat "$file")"
     echo "${current:+$current,}$ours" > "$file" 2>/dev/null \
         || log "could not reserve ports $ours (ip_local_reserved_ports)"
 }
 
+# `--kafka-nodes N` (1 or 3) from the arguments; 1 when not given.
+kafka_nodes() {
+    case "${1:-}" in
+        "") echo 1 ;;
+        --kafka-nodes) case "${2:-}" in
+            1|"$CLUSTER_NODES") echo "$2" ;;
+            *) die "--kafka-nodes takes 1 or $CLUSTER_NODES" ;;
+        esac ;;
+        *) die "unknown argument: $1" ;;
+    esac
+}
+
 cmd_up() {
     [ "$(id -u)" = 0 ] || die "run as root"
+    local nodes; nodes="$(kafka_nodes "$@")"
     local t0=$SECONDS
     ensure_state_dir
     take_lock
     reserve_ports
     ensure_packages
     pg_up
-    kafka_up
-    log "up in $(( SECONDS - t0 ))s: postgres $HOST:$PG_PORT, kafka $HOST:$KAFKA_PORT"
+    if [ "$nodes" = 1 ]; then
+        kafka_up
+        log "up in $(( SECONDS - t0 ))s: postgres $HOST:$PG_PORT, kafka $HOST:$KAFKA_PORT"
+    else
+        cluster_up
+        log "up in $(( SECONDS - t0 ))s: postgres $HOST:$PG_PORT, kafka cluster $(cluster_bootstrap)"
+    fi
 }
 
+# Everything; with `--kafka-nodes 3`, only the cluster.
 cmd_down() {
+    local nodes; nodes="$(kafka_nodes "$@")"
     [ -d "$STATE" ] || { log "nothing to stop"; return 0; }
     take_lock
+    cluster_down
+    [ "$nodes" = 1 ] || return 0
     kafka_down
     pg_down
 }
 
 cmd_status() {
-    local rc=0
+    local rc=0 i pid
     if pg_status; then echo "postgres: up   ($HOST:$PG_PORT)"; else echo "postgres: down"; rc=3; fi
     if kafka_status; then echo "kafka:    up   ($HOST:$KAFKA_PORT, pid $(kafka_pid))"; else echo "kafka:    down"; rc=3; fi
+    if [ -d "$CLUSTER_DIR" ]; then
+        for i in $(seq 1 "$CLUSTER_NODES"); do
+            if pid="$(node_pid "$i")"; then echo "kafka node $i: up ($HOST:$(node_port "$i"), pid $pid)"; else echo "kafka node $i: down"; fi
+        done
+    fi
     return "$rc"
 }
 
@@ -618,6 +843,7 @@ cmd_reset() {
     # Keep the Kafka jar cache: it only depends on scripts/kafka/pom.xml.
     find "$STATE" -mindepth 1 -maxdepth 1 ! -name kafka ! -name .lock -exec rm -rf {} +
     [ -d "$KAFKA_DIR" ] && find "$KAFKA_DIR" -mindepth 1 -maxdepth 1 ! -name libs -exec rm -rf {} +
+    rm -rf "$CLUSTER_DIR"
     log "state deleted (kept $KAFKA_LIBS)"
 }
 
@@ -635,19 +861,40 @@ kill_hard() {
 }
 
 cmd_kill() {
-    local pid
+    local pid i
     case "${1:-}" in
         kafka)
             pid="$(kafka_pid)" || die "kafka is not running"
             kill_hard "$pid" kafka ;;
+        kafka-node)
+            i="$(node_arg "${2:-}")"
+            pid="$(node_pid "$i")" || die "kafka node $i is not running"
+            kill_hard "$pid" "kafka node $i" ;;
         postgres)
             pg_status || die "postgres is not running"
             pid="$(head -n1 "$PG_DATA/postmaster.pid")"
             # The backends notice their postmaster died and exit; the next
             # start runs crash recovery.
             kill_hard "$pid" "postgres postmaster" ;;
-        *) die "usage: $0 kill kafka|postgres" ;;
+        *) die "usage: $0 kill kafka|kafka-node N|postgres" ;;
     esac
+}
+
+# SIGTERM node N of the cluster and wait for its controlled shutdown.
+cmd_stop() {
+    [ "${1:-}" = kafka-node ] || die "usage: $0 stop kafka-node N"
+    local i pid; i="$(node_arg "${2:-}")"
+    pid="$(node_pid "$i")" || die "kafka node $i is not running"
+    broker_stop "$pid" "kafka node $i"
+}
+
+# Start node N of the cluster again and wait until it serves.
+cmd_start() {
+    [ "${1:-}" = kafka-node ] || die "usage: $0 start kafka-node N"
+    local i; i="$(node_arg "${2:-}")"
+    [ -f "$(node_dir "$i")/server.properties" ] || die "no cluster yet: run '$0 up --kafka-nodes $CLUSTER_NODES'"
+    node_launch "$i"
+    node_wait "$i"
 }
 
 cmd_restart_postgres() {
@@ -671,13 +918,15 @@ cmd_kafka_tool() {
 }
 
 case "${1:-}" in
-    up)         cmd_up ;;
-    down)       cmd_down ;;
+    up)         shift; cmd_up "$@" ;;
+    down)       shift; cmd_down "$@" ;;
     status)     cmd_status ;;
-    env)        print_env ;;
+    env)        shift; print_env "$(kafka_nodes "$@")" ;;
     reset)      cmd_reset ;;
     kafka-tool) shift; cmd_kafka_tool "$@" ;;
     kill)       shift; cmd_kill "$@" ;;
+    stop)       shift; cmd_stop "$@" ;;
+    start)      shift; cmd_start "$@" ;;
     restart-postgres) cmd_restart_postgres ;;
     *)
         # Print the header comment as usage.

@@ -125,12 +125,17 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Topics => {
-            for (topic, outcome) in kafka::admin::create_topics(&settings).await? {
+            let (replication, outcomes) = kafka::admin::create_topics(&settings).await?;
+            for (topic, outcome) in outcomes {
                 println!(
                     "{:<48} partitions={:<3} {:?}",
                     topic.name, topic.partitions, outcome
                 );
             }
+            println!(
+                "new topics: replication factor {}, min.insync.replicas {} (topics that existed are left as they are)",
+                replication.factor, replication.min_insync
+            );
             return Ok(());
         }
         Command::Orphans { json, tenant } => {

@@ -268,6 +268,10 @@ pub async fn run(
 ) -> RoleResult {
     let stop = shutdown.child_token();
     watch_dependencies(&services, stop.clone());
+    tokio::spawn(crate::kafka::durability::log_survey(
+        services.settings.clone(),
+        stop.clone(),
+    ));
     let mut roles: Vec<(&'static str, Role)> = Vec::new();
     match (mix.serve, http) {
         (true, Some(listener)) => roles.push((

@@ -158,9 +158,14 @@ settings! {
     dlq_excerpt_bytes: usize = 16_usize * 1024, env "DOCSTREAM_DLQ_EXCERPT_BYTES", at_most(256 * 1024);
     /// Partitions of the DLQ: 1, since it is rare and read by humans in order.
     dlq_topic_partitions: i32 = 1, env "DOCSTREAM_DLQ_TOPIC_PARTITIONS", at_least(1);
-    /// Replication factor of created topics: 1 suits the single local broker;
-    /// production clusters want 3.
-    topic_replication_factor: i32 = 1, env "DOCSTREAM_TOPIC_REPLICATION_FACTOR", at_least(1);
+    /// Replication factor of created topics; 0: from the cluster, 3 when it
+    /// has three brokers or more (one on a single node). `docstream topics`
+    /// refuses a factor the cluster cannot hold.
+    topic_replication_factor: i32 = 0, env "DOCSTREAM_TOPIC_REPLICATION_FACTOR", at_least(0);
+    /// `min.insync.replicas` of created topics: copies a write needs before
+    /// it is acknowledged; 0: a majority of the replicas (2 of 3; 1 for one
+    /// or two replicas). Must not exceed the factor.
+    topic_min_insync_replicas: i32 = 0, env "DOCSTREAM_TOPIC_MIN_INSYNC_REPLICAS", at_least(0);
     /// Consumer group of `worker`.
     worker_group: String = "docstream-worker", env "DOCSTREAM_WORKER_GROUP";
     /// Consumer group of `bbox-worker`.

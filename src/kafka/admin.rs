@@ -1,4 +1,5 @@
-//! Topic administration: create docstream's topics with their partition counts.
+//! Topic administration: create docstream's topics with their partition counts
+//! and a replication that fits the cluster.
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -6,6 +7,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::durability::{self, Replication};
 use crate::config::Settings;
 
 /// A topic to create.
@@ -44,13 +46,32 @@ pub fn topic_specs(settings: &Settings) -> Vec<TopicSpec> {
     ]
 }
 
-/// Creates every topic that does not exist yet. Idempotent.
+/// Why topics could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicsError {
+    /// The broker refused or could not be reached.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// The configured replication does not fit the cluster.
+    #[error("{0}")]
+    Replication(String),
+}
+
+/// Creates every topic that does not exist yet, with the replication that
+/// fits the cluster ([`durability::replication_for`]); the replication used.
+/// Idempotent: a topic that exists is left as it is.
 pub async fn create_topics(
     settings: &Settings,
-) -> Result<Vec<(TopicSpec, TopicOutcome)>, KafkaError> {
+) -> Result<(Replication, Vec<(TopicSpec, TopicOutcome)>), TopicsError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &settings.kafka_brokers)
         .create()?;
+    let metadata = admin
+        .inner()
+        .fetch_metadata(None, std::time::Duration::from_secs(30))?;
+    let replication = durability::replication_for(metadata.brokers().len(), settings)
+        .map_err(TopicsError::Replication)?;
+    let min_insync = replication.min_insync.to_string();
     let specs = topic_specs(settings);
     let new_topics: Vec<NewTopic<'_>> = specs
         .iter()
@@ -58,8 +79,9 @@ pub async fn create_topics(
             NewTopic::new(
                 &s.name,
                 s.partitions,
-                TopicReplication::Fixed(settings.topic_replication_factor),
+                TopicReplication::Fixed(replication.factor),
             )
+            .set("min.insync.replicas", &min_insync)
         })
         .collect();
     let options = AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(30)));
@@ -69,9 +91,9 @@ pub async fn create_topics(
         let outcome = match result {
             Ok(_) => TopicOutcome::Created,
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => TopicOutcome::Existed,
-            Err((_, code)) => return Err(KafkaError::AdminOp(code)),
+            Err((_, code)) => return Err(KafkaError::AdminOp(code).into()),
         };
         outcomes.push((spec, outcome));
     }
-    Ok(outcomes)
+    Ok((replication, outcomes))
 }

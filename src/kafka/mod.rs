@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod consumer;
 pub mod context;
+pub mod durability;
 pub mod groups;
 pub mod lane;
 pub mod offsets;

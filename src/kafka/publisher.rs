@@ -168,11 +168,8 @@ impl Publisher {
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, KafkaError> {
-        let mut config = ClientConfig::new();
+        let mut config = super::durability::producer_config(brokers);
         config
-            .set("bootstrap.servers", brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
             .set("linger.ms", linger_ms.to_string())
             .set("message.timeout.ms", timeout.as_millis().to_string())
             // A job's hops are small requests on a busy connection: without
@@ -180,6 +177,7 @@ impl Publisher {
             // acknowledged at the TCP level.
             .set("socket.nagle.disable", "true")
             .set("statistics.interval.ms", statistics_interval_ms.to_string());
+        super::durability::check_producer(&config)?;
         let stats = KafkaStats::producer(metrics.clone());
         let context = Reporting { health, stats };
         let producer: KafkaProducer = config.create_with_context(context.clone())?;

@@ -126,10 +126,9 @@ pub async fn produce_copy(
     original: &OwnedMessage,
     value: &[u8],
 ) -> Result<(i32, i64), KafkaError> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .create()?;
+    let config = super::durability::producer_config(brokers);
+    super::durability::check_producer(&config)?;
+    let producer: FutureProducer = config.create()?;
     let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(value);
     if let Some(key) = original.key() {
         record = record.key(key);
