@@ -5,10 +5,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::commits::{offset_ahead_violations, sample_offsets, Sample};
 use common::{
     fast_recovery, free_port, peak_rss_kib, sample_body, scrape, signal, stop, submit_jobs,
     topic_size, wait_count, wait_for, wins, TestEnv,
@@ -22,85 +23,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const SUCCEEDED: &str = "SELECT count(*) FROM extractions WHERE status = 'succeeded'";
-
-/// One observation: the group's committed offsets, then the jobs delivered by then.
-struct Sample {
-    committed: HashMap<i32, i64>,
-    delivered: HashSet<Uuid>,
-}
-
-/// Samples every ~500 ms until stopped. Committed offsets are read first and
-/// deliveries after: deliveries only grow, so a record still undelivered at the
-/// later read was undelivered when the offsets were read. The check can miss a
-/// violation, never invent one.
-fn sample_offsets(
-    env: &TestEnv,
-    pool: PgPool,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<Vec<Sample>> {
-    let brokers = env.settings.kafka_brokers.clone();
-    let group = env.settings.group(&env.settings.worker_group);
-    let topic = env.topic("extraction.submitted");
-    tokio::spawn(async move {
-        let mut samples = Vec::new();
-        while !stop.is_cancelled() {
-            let (b, g, t) = (brokers.clone(), group.clone(), topic.clone());
-            let committed =
-                tokio::task::spawn_blocking(move || common::committed_offsets(&b, &g, &t))
-                    .await
-                    .unwrap();
-            // Delivered: the record's transition is durable and its follow-up
-            // event acknowledged (the stamp is written after the ack).
-            let delivered: Vec<Uuid> = sqlx::query_scalar(
-                "SELECT id FROM extractions WHERE bbox_published_at IS NOT NULL",
-            )
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-            samples.push(Sample {
-                committed,
-                delivered: delivered.into_iter().collect(),
-            });
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        samples
-    })
-}
-
-/// Offset-ahead violations: committed offsets past a record not yet delivered.
-/// Only first records of a job count (a duplicate of a delivered job is
-/// delivered by skipping it).
-fn offset_ahead_violations(env: &TestEnv, samples: &[Sample]) -> usize {
-    let mut by_partition: BTreeMap<i32, Vec<(i64, Uuid)>> = BTreeMap::new();
-    for (partition, offset, _, payload) in common::read_topic_positioned(
-        &env.settings.kafka_brokers,
-        &env.topic("extraction.submitted"),
-    ) {
-        let event: ExtractionSubmitted = decode(&payload).unwrap();
-        by_partition
-            .entry(partition)
-            .or_default()
-            .push((offset, event.extraction_id.parse().unwrap()));
-    }
-    let mut violations = 0;
-    for sample in samples {
-        for (partition, committed) in &sample.committed {
-            let records = by_partition
-                .get(partition)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let ahead: Vec<_> = records
-                .iter()
-                .filter(|(offset, id)| offset < committed && !sample.delivered.contains(id))
-                .collect();
-            if let Some((offset, id)) = ahead.first() {
-                eprintln!("offset ahead: partition {partition} committed {committed} > undelivered offset {offset} ({id}), {} records", ahead.len());
-            }
-            violations += ahead.len();
-        }
-    }
-    violations
-}
 
 /// Jobs in the worker SIGTERM test.
 const SIGTERM_JOBS: usize = 2_000;

@@ -16,11 +16,20 @@
 //! - submits without an answer within the bound 0, and 5xx other than 503 0;
 //! - the recovery time after the fault ended (p50, max), under a generous bound;
 //! - outages logged once each (at most twice per fault per process), not per
-//!   failed call.
+//!   failed call;
+//! - offsets committed ahead of delivery 0: the workers' committed offsets,
+//!   sampled every second, never passed a record whose job was undelivered.
+//!
+//! On the three-node cluster (`scripts/services.sh up --kafka-nodes 3`,
+//! replication factor 3, `min.insync.replicas` 2), with `--long`: the busiest
+//! partition leader and then the active controller SIGKILLed, the workers'
+//! group coordinator SIGKILLed, a rolling restart of the three brokers, and one
+//! broker down for 60 s.
 //!
 //! The scenarios take the shared broker and database down, so they run one at
 //! a time (`SERIAL`); other test binaries do not run meanwhile. The 30 s
-//! broker outage runs only with `scripts/test.sh --long` (`DOCSTREAM_TEST_LONG=1`).
+//! broker outage and the cluster scenarios run only with `scripts/test.sh
+//! --long` (`DOCSTREAM_TEST_LONG=1`).
 
 mod common;
 
@@ -190,6 +199,152 @@ async fn rolling_restart_of_every_process_under_load() {
 }
 
 // ---------------------------------------------------------------------------
+// The three-node cluster (replication factor 3, min.insync.replicas 2): a node
+// lost takes partition leaderships, the group coordinator or the active
+// controller with it, and the others take over. Each fault ends when the node
+// is back and every replica is in sync again. They run with `--long` only:
+// three more JVMs on this 2-core machine, and each scenario takes 3-4 minutes.
+// Each stops the cluster when it ends, so the tests after it have the cores.
+// ---------------------------------------------------------------------------
+
+/// How long the cluster may take to move leaderships off a killed node (its
+/// session is 6 s) and to bring a restarted one back in sync.
+const CLUSTER_SETTLES: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_partition_leader_then_active_controller_sigkilled_under_load() {
+    if skipped_unless_long("cluster_leader_controller") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start_on_the_cluster("cluster_leader_controller").await;
+    let topics = rig.topics();
+    let leader = common::cluster::busiest_leader(&topics).await;
+    let what = format!("SIGKILL of node {leader}, the job topics' busiest leader");
+    let fault = rig.begin(&what);
+    node_killed(leader, Duration::ZERO, &topics).await;
+    rig.end(fault);
+
+    let controller = wait_for("the active controller", CLUSTER_SETTLES, || {
+        common::cluster::active_controller()
+    })
+    .await;
+    let fault = rig.begin(&format!(
+        "SIGKILL of node {controller}, the active controller"
+    ));
+    node_killed(controller, Duration::ZERO, &topics).await;
+    rig.end(fault);
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_group_coordinator_sigkilled_under_load() {
+    if skipped_unless_long("cluster_coordinator") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start_on_the_cluster("cluster_coordinator").await;
+    let topics = rig.topics();
+    let group = rig.env.settings.group(&rig.env.settings.worker_group);
+    let coordinator = wait_for("the workers' group coordinator", CLUSTER_SETTLES, || {
+        common::cluster::coordinator_of(&group)
+    })
+    .await;
+    let what = format!("SIGKILL of node {coordinator}, the workers' group coordinator");
+    let fault = rig.begin(&what);
+    node_killed(coordinator, Duration::ZERO, &topics).await;
+    rig.end(fault);
+    let moved = common::cluster::coordinator_of(&group).await;
+    eprintln!("faults: cluster_coordinator: the workers' group is coordinated by node {moved:?} after the fault");
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rolling_restart_of_every_broker_under_load() {
+    if skipped_unless_long("cluster_rolling_restart") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start_on_the_cluster("cluster_rolling_restart").await;
+    let topics = rig.topics();
+    for node in 1..=3 {
+        let fault = rig.begin(&format!("SIGTERM and restart of node {node}"));
+        services(&["stop", "kafka-node", &node.to_string()]).await;
+        services(&["start", "kafka-node", &node.to_string()]).await;
+        wait_for("every replica in sync", CLUSTER_SETTLES, || {
+            common::cluster::fully_in_sync(&topics)
+        })
+        .await;
+        rig.end(fault);
+    }
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_one_broker_down_for_60s_under_load() {
+    if skipped_unless_long("cluster_broker_down_60s") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::start_on_the_cluster("cluster_broker_down_60s").await;
+    let topics = rig.topics();
+    let node = common::cluster::busiest_leader(&topics).await;
+    let fault = rig.begin(&format!("node {node} down for 60 s"));
+    node_killed(node, Duration::from_secs(60), &topics).await;
+    rig.end(fault);
+    rig.finish().await;
+}
+
+/// SIGKILLs node `node`; waits until the others lead every partition of
+/// `topics`; keeps it down `down` longer (the fault's length, by design);
+/// starts it again and waits until every replica is back in sync.
+async fn node_killed(node: i32, down: Duration, topics: &[String]) {
+    services(&["kill", "kafka-node", &node.to_string()]).await;
+    let started = Instant::now();
+    wait_for(
+        "the others to lead every partition",
+        CLUSTER_SETTLES,
+        || common::cluster::led_without(topics, node),
+    )
+    .await;
+    eprintln!(
+        "faults: leaderships moved off node {node} {:.1} s after its SIGKILL",
+        started.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(down).await;
+    services(&["start", "kafka-node", &node.to_string()]).await;
+    wait_for("every replica in sync", CLUSTER_SETTLES, || {
+        common::cluster::fully_in_sync(topics)
+    })
+    .await;
+}
+
+/// Stops the three-node cluster when dropped (`scripts/services.sh down
+/// --kafka-nodes 3`).
+struct ClusterStops;
+
+impl Drop for ClusterStops {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
+        let stopped = std::process::Command::new("bash")
+            .args([script, "down", "--kafka-nodes", "3"])
+            .status();
+        if !matches!(stopped, Ok(status) if status.success()) {
+            eprintln!("faults: the cluster did not stop: {stopped:?}");
+        }
+    }
+}
+
+/// True (and says so) unless the suite runs with `--long`.
+fn skipped_unless_long(name: &str) -> bool {
+    let long = std::env::var("DOCSTREAM_TEST_LONG").as_deref() == Ok("1");
+    if !long {
+        eprintln!("faults: {name}: skipped (long; run scripts/test.sh --long)");
+    }
+    !long
+}
+
+// ---------------------------------------------------------------------------
 // The rig: a test's world, its processes, its load and its faults.
 // ---------------------------------------------------------------------------
 
@@ -215,6 +370,10 @@ struct Rig {
     load: Load,
     proxy: Option<Proxy>,
     windows: Vec<Window>,
+    /// Samples of the workers' committed offsets beside the jobs delivered.
+    commits: (CancellationToken, JoinHandle<Vec<common::commits::Sample>>),
+    /// Stops the three-node cluster when the scenario ends, passed or not.
+    _cluster: Option<ClusterStops>,
     // Kept alive for the test: the proxy's server.
     _toxiproxy: Option<Toxiproxy>,
 }
@@ -224,12 +383,33 @@ impl Rig {
     /// workers, one bbox worker), and the load, once the pipeline finishes jobs.
     async fn start(name: &str, via: Via, serves: usize) -> Self {
         let env = TestEnv::with_settings(name, short_leases_and_sweeps).await;
+        Self::start_in(env, name, via, serves).await
+    }
+
+    /// [`Rig::start`] on the three-node Kafka cluster (started if it is not
+    /// running), with one `serve`.
+    async fn start_on_the_cluster(name: &str) -> Self {
+        services(&["up", "--kafka-nodes", "3"]).await;
+        let env = TestEnv::with_settings(name, |s| {
+            short_leases_and_sweeps(s);
+            s.kafka_brokers = common::cluster::brokers();
+        })
+        .await;
+        let mut rig = Self::start_in(env, name, Via::Direct, 1).await;
+        rig._cluster = Some(ClusterStops);
+        rig
+    }
+
+    async fn start_in(env: TestEnv, name: &str, via: Via, serves: usize) -> Self {
         let (toxiproxy, proxy) = a_proxy_in_front_of(via, &env).await;
         let overrides = settings_through(via, proxy.as_ref(), &env);
         let fleet = Fleet::spawn_all(&env, name, serves, &overrides);
         fleet.wait_until_every_process_is_ready().await;
         let client = env.client_builder().timeout(CLIENT_BOUND).build().unwrap();
         let load = Load::start(fleet.api_bases(), client);
+        let stop_sampling = CancellationToken::new();
+        let sampler =
+            common::commits::sample_offsets(&env, env.pool.clone(), stop_sampling.clone());
         let rig = Self {
             name: name.to_owned(),
             env,
@@ -237,6 +417,8 @@ impl Rig {
             load,
             proxy,
             windows: Vec::new(),
+            commits: (stop_sampling, sampler),
+            _cluster: None,
             _toxiproxy: toxiproxy,
         };
         rig.wait_until_warm().await;
@@ -245,6 +427,14 @@ impl Rig {
 
     /// Warm: the consumer groups are assigned and jobs come through (100
     /// finished, within 60 s).
+    /// Every topic of the test.
+    fn topics(&self) -> Vec<String> {
+        docstream::kafka::admin::topic_specs(&self.env.settings)
+            .into_iter()
+            .map(|spec| spec.name)
+            .collect()
+    }
+
     async fn wait_until_warm(&self) {
         common::wait_count(
             &self.env.pool,
@@ -290,6 +480,7 @@ impl Rig {
     /// scenario's figures.
     async fn finish(mut self) {
         let submissions = self.stop_the_load_and_wait_for_every_job().await;
+        let ahead = self.offsets_committed_ahead_of_delivery().await;
         let servers = ServerClock::read(&self.fleet).await;
         let exits = self.fleet.stop_all().await;
         let jobs = JobTally::of(&self.env.pool, &submissions).await;
@@ -299,6 +490,7 @@ impl Rig {
         let (most, chatty) = self.print_outages_and_find_the_chatty();
 
         no_job_was_lost_or_duplicated(&jobs);
+        assert_eq!(ahead, 0, "offsets committed ahead of delivery");
         every_process_exited_only_when_told_and_cleanly(&exits);
         every_submit_was_answered_within_the_bounds(&client, &servers);
         every_fault_was_recovered_from_in_time(worst);
@@ -314,6 +506,20 @@ impl Rig {
         let submissions = self.load.stop().await;
         self.wait_all_done(Duration::from_secs(120)).await;
         submissions
+    }
+
+    /// Stops the offset sampler; how many records a committed offset had
+    /// passed before their job was delivered, in all its samples (printed).
+    async fn offsets_committed_ahead_of_delivery(&mut self) -> usize {
+        self.commits.0.cancel();
+        let samples = (&mut self.commits.1).await.unwrap();
+        let ahead = common::commits::offset_ahead_violations(&self.env, &samples);
+        eprintln!(
+            "faults: {}: offsets committed ahead of delivery {ahead} (in {} samples of the workers' committed offsets)",
+            self.name,
+            samples.len()
+        );
+        ahead
     }
 
     /// Prints the scenario's totals: submissions, jobs, exits and answers.
@@ -366,9 +572,10 @@ impl Rig {
         for window in &self.windows {
             let recovery = recovery_after(window, submissions, &finished_at);
             let answers = answers_during(window, submissions);
+            let caught_up = caught_up_after(window, submissions, &finished_at);
             worst = worst.max(recovery.1);
             eprintln!(
-                "faults: {}: {}: {:.1} s; submits sent during it {} (503 answers {}, unanswered {}); recovery after it ended p50 {:.2} s, max {:.2} s",
+                "faults: {}: {}: {:.1} s; submits sent during it {} (503 answers {}, unanswered {}); recovery after it ended p50 {:.2} s, max {:.2} s; every job sent before it began was done {:.2} s after it began",
                 self.name,
                 window.what,
                 window.duration_s(),
@@ -377,6 +584,7 @@ impl Rig {
                 answers.2,
                 recovery.0,
                 recovery.1,
+                caught_up,
             );
         }
         worst
@@ -732,6 +940,21 @@ fn recovery_after(
 
 /// Submissions first sent during `window`: how many, their 503 answers and
 /// their attempts that got no answer within the bound.
+/// Seconds from the fault's beginning until every job first sent before it
+/// had finished (0 when all were done before it began).
+fn caught_up_after(
+    window: &Window,
+    submissions: &[Submission],
+    finished_at: &HashMap<Uuid, DateTime<Utc>>,
+) -> f64 {
+    submissions
+        .iter()
+        .filter(|s| s.first_sent < window.began)
+        .filter_map(|s| finished_at.get(&s.id?))
+        .map(|at| ((*at - window.began).num_milliseconds() as f64 / 1000.0).max(0.0))
+        .fold(0.0, f64::max)
+}
+
 fn answers_during(window: &Window, submissions: &[Submission]) -> (usize, u32, u32) {
     let ended = window.ended.expect("every fault ended");
     let during: Vec<&Submission> = submissions

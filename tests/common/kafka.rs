@@ -169,30 +169,55 @@ fn read_topic_as<T>(
 
 /// The committed offsets of `group` on `topic`, by partition (absent when none).
 pub fn committed_offsets(brokers: &str, group: &str, topic: &str) -> HashMap<i32, i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("client");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let mut partitions = TopicPartitionList::new();
-    for p in metadata.topics()[0].partitions() {
-        partitions.add_partition(topic, p.id());
+    CommittedReader::new(brokers, group, topic)
+        .read()
+        .expect("committed offsets")
+}
+
+/// Reads the committed offsets of a group on a topic, again and again, with
+/// one client.
+pub struct CommittedReader {
+    consumer: BaseConsumer,
+    topic: String,
+}
+
+impl CommittedReader {
+    pub fn new(brokers: &str, group: &str, topic: &str) -> Self {
+        let consumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("client");
+        Self {
+            consumer,
+            topic: topic.to_owned(),
+        }
     }
-    let committed = consumer
-        .committed_offsets(partitions, Duration::from_secs(10))
-        .expect("committed offsets");
-    committed
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(o) => Some((e.partition(), o)),
-            _ => None,
-        })
-        .collect()
+
+    /// The committed offsets by partition (absent when none), or the error
+    /// that kept the broker from answering.
+    pub fn read(&self) -> Result<HashMap<i32, i64>, rdkafka::error::KafkaError> {
+        let topic = &self.topic;
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let mut partitions = TopicPartitionList::new();
+        for p in metadata.topics()[0].partitions() {
+            partitions.add_partition(topic, p.id());
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(partitions, Duration::from_secs(10))?;
+        Ok(committed
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((e.partition(), o)),
+                _ => None,
+            })
+            .collect())
+    }
 }
 
 /// Sum of the high watermarks of every partition of `topic`: records ever written.

@@ -4,6 +4,8 @@
 //! real `docstream` processes, reading topics back, and waiting on conditions.
 //!
 //! By what they help with: [`env`] (the test's world and its clean-up),
+//! [`commits`] (committed offsets never ahead of delivery), [`cluster`] (the
+//! three-node Kafka cluster: who leads what),
 //! [`process`] (children, signals, waiting), [`kafka`] (reading topics,
 //! offsets, watermarks), [`ws`] (WebSocket clients), [`jobs`] (jobs and
 //! counts), [`provider`] (a fake extraction provider) and [`workers`] (worker
@@ -11,6 +13,8 @@
 //! re-exported here, so tests import from `common` directly.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod commits;
 #[cfg(feature = "docker")]
 mod docker;
 pub mod env;
