@@ -254,10 +254,11 @@ mod tests {
     use super::*;
 
     fn settings(factor: i32, min_insync: i32) -> Settings {
-        let mut s = Settings::default();
-        s.topic_replication_factor = factor;
-        s.topic_min_insync_replicas = min_insync;
-        s
+        Settings {
+            topic_replication_factor: factor,
+            topic_min_insync_replicas: min_insync,
+            ..Settings::default()
+        }
     }
 
     #[test]
