@@ -50,6 +50,17 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Submissions per second.
 const RATE: u64 = 100;
+
+/// Submissions per second of this run: [`RATE`], or
+/// `DOCSTREAM_TEST_FAULT_RATE` to measure a fault below the load that
+/// saturates a small machine (the cluster scenarios on 2 cores).
+fn rate() -> u64 {
+    std::env::var("DOCSTREAM_TEST_FAULT_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r| (1..=1000).contains(r))
+        .unwrap_or(RATE)
+}
 /// The server's answer bound (`http_answer_timeout_s`, the default) plus the
 /// slack for the answer's way out. Asserted on the servers' own clock
 /// (`docstream_http_request_duration_seconds`, arrival to answer): every
@@ -532,13 +543,14 @@ impl Rig {
         servers: &ServerClock,
     ) {
         let JobTally {
+            unresolved,
             distinct,
             rows,
             lost,
             keys_with_two_jobs,
             duplicate_successes,
-            ..
         } = jobs;
+        let never_accepted = unresolved.len();
         let ClientTally {
             unanswered,
             slow,
@@ -551,7 +563,7 @@ impl Rig {
         } = client;
         let (server_late, overloaded) = (servers.late, servers.overloaded);
         eprintln!(
-            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost}, duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered} (answered later than {:?} {slow}), 5xx other than 503 {other_5xx}, 503 answers {unavailable} (of them overloaded {overloaded}), connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}; answered later than {:?} by the servers' clock {server_late}",
+            "faults: {}: submitted {}, accepted {} jobs ({} rows), lost {lost} (of them keys never accepted {never_accepted}), duplicate successes {duplicate_successes}, keys with two jobs {keys_with_two_jobs}, unexpected exits {}, unanswered within {:?} {unanswered} (answered later than {:?} {slow}), 5xx other than 503 {other_5xx}, 503 answers {unavailable} (of them overloaded {overloaded}), connections refused {refused}, connections closed before an answer {closed}, 429 answers {rate_limited}; answered later than {:?} by the servers' clock {server_late}",
             self.name,
             submissions.len(),
             distinct.len(),
@@ -1311,7 +1323,7 @@ async fn drive(
     accepted: Arc<Mutex<Vec<Uuid>>>,
 ) -> Vec<Submission> {
     let run = Uuid::new_v4().simple().to_string();
-    let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate()));
     let mut tasks = Vec::new();
     for i in 0.. {
         tokio::select! {
