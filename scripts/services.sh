@@ -10,9 +10,16 @@
 #                                min.insync.replicas 2; ports 59101-59103, the
 #                                controllers 59111-59113); it can run beside the
 #                                single node
+#   scripts/services.sh up --postgres-standby [--sync]
+#                                also a streaming standby of Postgres on 55433
+#                                (synchronous with --sync, else asynchronous)
+#   scripts/services.sh promote-postgres-standby
+#                                make the standby a primary (failover tests)
 #   scripts/services.sh down     stop everything, keep data
 #   scripts/services.sh down --kafka-nodes 3
 #                                stop only the three-node cluster
+#   scripts/services.sh down --postgres-standby
+#                                stop only the standby (commits go asynchronous)
 #   scripts/services.sh status   exit 0 if both are up, 3 otherwise
 #   scripts/services.sh env      print the export lines for the test suite
 #                                (`env --kafka-nodes 3`: for the cluster)
@@ -62,6 +69,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 STATE="$REPO/.services"
 
 PG_PORT="${DOCSTREAM_PG_PORT:-55432}"
+PG_STANDBY_PORT="${DOCSTREAM_PG_STANDBY_PORT:-55433}"
 KAFKA_PORT="${DOCSTREAM_KAFKA_PORT:-59092}"
 KAFKA_CTRL_PORT="${DOCSTREAM_KAFKA_CONTROLLER_PORT:-59093}"
 KAFKA_PROXIED_PORT="${DOCSTREAM_KAFKA_PROXIED_PORT:-59094}"
@@ -314,6 +322,111 @@ pg_status() {
     PG_BIN="$(pg_bindir)" || return 1
     PG_DATA="$(cd "$PG_LINK" && pwd -P)/data"
     pg_running && pg_ready
+}
+
+# --------------------------------------------------------------------------
+# A streaming standby of the Postgres cluster (`up --postgres-standby`), for
+# the failover tests: a copy made with pg_basebackup that replays the
+# primary's WAL on PG_STANDBY_PORT. `--sync` makes it synchronous: a commit on
+# the primary returns only once the standby has it, so a promotion loses no
+# acknowledged transaction; without it, the last commits may be lost.
+# `promote-postgres-standby` makes it a primary. `down`/`reset` remove it with
+# the rest; `up --postgres-standby` after a promotion makes a fresh copy.
+# --------------------------------------------------------------------------
+STANDBY_NAME=docstream_standby
+
+standby_paths() {
+    pg_prepare_dir
+    STANDBY_DATA="$PG_HOME/standby"
+    STANDBY_SOCK="$PG_HOME/standby-run"
+    STANDBY_LOG="$PG_HOME/standby.log"
+}
+
+standby_running() {
+    local pid
+    pid="$(head -n1 "$STANDBY_DATA/postmaster.pid" 2>/dev/null || true)"
+    [ -n "$pid" ] && proc_alive "$pid" \
+        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$STANDBY_DATA"
+}
+
+# The primary's setting for synchronous replication: the standby's name, or
+# empty (asynchronous). A reload applies it.
+pg_set_sync() {
+    local names="$1"
+    pg_sql -c "ALTER SYSTEM SET synchronous_standby_names = '$names'" >/dev/null
+    pg_sql -c "SELECT pg_reload_conf()" >/dev/null
+}
+
+standby_up() {
+    local sync="$1"
+    standby_paths
+    # A standby that was promoted (no standby.signal) is a primary now:
+    # replace it with a fresh copy.
+    if [ -d "$STANDBY_DATA" ] && [ ! -f "$STANDBY_DATA/standby.signal" ]; then
+        log "the standby was promoted; making a fresh copy"
+        standby_stop
+        rm -rf "$STANDBY_DATA"
+    fi
+    if [ ! -f "$STANDBY_DATA/PG_VERSION" ]; then
+        log "pg_basebackup of the primary into $STANDBY_DATA"
+        as_pg rm -rf "$STANDBY_DATA"
+        as_pg env PGPASSWORD="$PG_PASSWORD" "$PG_BIN/pg_basebackup" -D "$STANDBY_DATA" \
+            -h "$HOST" -p "$PG_PORT" -U "$PG_USER" -X stream -c fast -R \
+            -d "application_name=$STANDBY_NAME" >/dev/null
+    fi
+    as_pg mkdir -p "$STANDBY_SOCK"
+    # The copy carries the primary's docstream.conf: give it its own port and
+    # socket, and no synchronous standby of its own once promoted.
+    pg_render_conf | sed -e "s|^port = .*|port = $PG_STANDBY_PORT|" \
+        -e "s|^unix_socket_directories = .*|unix_socket_directories = '$STANDBY_SOCK'|" \
+        | as_pg tee "$STANDBY_DATA/docstream.conf" >/dev/null
+    as_pg sed -i '/^synchronous_standby_names/d' "$STANDBY_DATA/postgresql.auto.conf"
+    if ! standby_running; then
+        port_open "$PG_STANDBY_PORT" && die "port $HOST:$PG_STANDBY_PORT is taken (set DOCSTREAM_PG_STANDBY_PORT)"
+        log "starting the postgres standby on $HOST:$PG_STANDBY_PORT (log: $STANDBY_LOG)"
+        (cd / && setsid runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$STANDBY_DATA" -l "$STANDBY_LOG" \
+            -w -t "$DEADLINE_SECS" start >/dev/null 2>&1 </dev/null 9>&-) \
+            || { tail -n 20 "$STANDBY_LOG" >&2; die "the standby did not start"; }
+    fi
+    if [ "$sync" = sync ]; then pg_set_sync "$STANDBY_NAME"; else pg_set_sync ""; fi
+    # Streaming: the primary sees it, in the mode asked for.
+    local want=async t0=$SECONDS state=""
+    [ "$sync" = sync ] && want=sync
+    until [ "$state" = "$want" ]; do
+        state="$(pg_sql -tA -c "SELECT sync_state FROM pg_stat_replication WHERE application_name = '$STANDBY_NAME'" 2>/dev/null || true)"
+        if (( SECONDS - t0 > DEADLINE_SECS )); then
+            tail -n 20 "$STANDBY_LOG" >&2 || true
+            die "the standby is not streaming ($want) after ${DEADLINE_SECS}s (state: ${state:-none})"
+        fi
+        [ "$state" = "$want" ] || sleep 0.5
+    done
+}
+
+# A primary waiting for a synchronous standby that is gone (stopped, or
+# promoted in a failover test) would hang every commit: go asynchronous.
+pg_sync_off_without_a_standby() {
+    [ -n "$(pg_sql -tA -c "SHOW synchronous_standby_names")" ] || return 0
+    standby_paths
+    if ! standby_running || [ ! -f "$STANDBY_DATA/standby.signal" ]; then
+        log "no standby streams: postgres commits asynchronously again"
+        pg_set_sync ""
+    fi
+}
+
+standby_stop() {
+    standby_running || return 0
+    log "stopping the postgres standby"
+    as_pg "$PG_BIN/pg_ctl" -D "$STANDBY_DATA" -m fast -w -t 30 stop >/dev/null 2>&1 \
+        || as_pg "$PG_BIN/pg_ctl" -D "$STANDBY_DATA" -m immediate -w -t 10 stop >/dev/null 2>&1 || true
+}
+
+cmd_promote_standby() {
+    ensure_packages
+    standby_paths
+    standby_running || die "no standby is running (up --postgres-standby)"
+    [ -f "$STANDBY_DATA/standby.signal" ] || die "the standby was promoted already"
+    log "promoting the postgres standby on $HOST:$PG_STANDBY_PORT"
+    as_pg "$PG_BIN/pg_ctl" -D "$STANDBY_DATA" -w -t 60 promote >/dev/null
 }
 
 # --------------------------------------------------------------------------
@@ -767,8 +880,10 @@ print_env() {
     # port the PROXIED listener advertises) and what it forwards to.
     echo "export DOCSTREAM_TEST_KAFKA_PROXY=$HOST:$KAFKA_PROXY_PORT"
     echo "export DOCSTREAM_TEST_KAFKA_PROXIED=$HOST:$KAFKA_PROXIED_PORT"
-    # For the cluster fault tests: where `up --kafka-nodes 3` puts the cluster.
+    # For the cluster fault tests: where `up --kafka-nodes 3` puts the cluster,
+    # and `up --postgres-standby` the standby.
     echo "export DOCSTREAM_TEST_KAFKA_CLUSTER=$(cluster_bootstrap)"
+    echo "export DOCSTREAM_TEST_PG_STANDBY=$HOST:$PG_STANDBY_PORT"
 }
 
 # --------------------------------------------------------------------------
@@ -781,35 +896,54 @@ print_env() {
 reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports
     [ -w "$file" ] || return 0
-    local ours="$PG_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT" i
+    local ours="$PG_PORT,$PG_STANDBY_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT" i
     for i in $(seq 1 "$CLUSTER_NODES"); do ours="$ours,$(node_port "$i"),$(node_ctrl_port "$i")"; done
     local current; current="$(cat "$file")"
     echo "${current:+$current,}$ours" > "$file" 2>/dev/null \
         || log "could not reserve ports $ours (ip_local_reserved_ports)"
 }
 
-# `--kafka-nodes N` (1 or 3) from the arguments; 1 when not given.
-kafka_nodes() {
-    case "${1:-}" in
-        "") echo 1 ;;
-        --kafka-nodes) case "${2:-}" in
-            1|"$CLUSTER_NODES") echo "$2" ;;
-            *) die "--kafka-nodes takes 1 or $CLUSTER_NODES" ;;
-        esac ;;
-        *) die "unknown argument: $1" ;;
-    esac
+# The arguments of `up`, `down` and `env`: KAFKA_NODES (1, or 3 with
+# `--kafka-nodes 3`) and STANDBY (none, async with `--postgres-standby`, sync
+# with `--postgres-standby --sync`).
+parse_args() {
+    KAFKA_NODES=1 STANDBY=none
+    local sync=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --kafka-nodes)
+                case "${2:-}" in
+                    1|"$CLUSTER_NODES") KAFKA_NODES="$2" ;;
+                    *) die "--kafka-nodes takes 1 or $CLUSTER_NODES" ;;
+                esac
+                shift ;;
+            --postgres-standby) STANDBY=async ;;
+            --sync) sync=1 ;;
+            *) die "unknown argument: $1" ;;
+        esac
+        shift
+    done
+    if [ "$sync" = 1 ]; then
+        [ "$STANDBY" = async ] || die "--sync goes with --postgres-standby"
+        STANDBY=sync
+    fi
 }
 
 cmd_up() {
     [ "$(id -u)" = 0 ] || die "run as root"
-    local nodes; nodes="$(kafka_nodes "$@")"
+    parse_args "$@"
     local t0=$SECONDS
     ensure_state_dir
     take_lock
     reserve_ports
     ensure_packages
     pg_up
-    if [ "$nodes" = 1 ]; then
+    if [ "$STANDBY" = none ]; then
+        pg_sync_off_without_a_standby
+    else
+        standby_up "$STANDBY"
+    fi
+    if [ "$KAFKA_NODES" = 1 ]; then
         kafka_up
         log "up in $(( SECONDS - t0 ))s: postgres $HOST:$PG_PORT, kafka $HOST:$KAFKA_PORT"
     else
@@ -818,20 +952,39 @@ cmd_up() {
     fi
 }
 
-# Everything; with `--kafka-nodes 3`, only the cluster.
+# Everything; with `--kafka-nodes 3`, only the cluster; with
+# `--postgres-standby`, only the standby (the primary goes back to
+# asynchronous commits).
 cmd_down() {
-    local nodes; nodes="$(kafka_nodes "$@")"
+    parse_args "$@"
     [ -d "$STATE" ] || { log "nothing to stop"; return 0; }
     take_lock
+    if [ "$STANDBY" != none ]; then
+        ensure_packages
+        standby_paths
+        standby_stop
+        pg_status && pg_set_sync ""
+        return 0
+    fi
     cluster_down
-    [ "$nodes" = 1 ] || return 0
+    [ "$KAFKA_NODES" = 1 ] || return 0
     kafka_down
+    if [ -e "$PG_LINK" ] && PG_BIN="$(pg_bindir)"; then
+        standby_paths
+        standby_stop
+    fi
     pg_down
 }
 
 cmd_status() {
     local rc=0 i pid
     if pg_status; then echo "postgres: up   ($HOST:$PG_PORT)"; else echo "postgres: down"; rc=3; fi
+    if [ -e "$PG_LINK" ]; then
+        standby_paths
+        if standby_running; then
+            echo "postgres standby: up ($HOST:$PG_STANDBY_PORT$([ -f "$STANDBY_DATA/standby.signal" ] || echo ", promoted"))"
+        fi
+    fi
     if kafka_status; then echo "kafka:    up   ($HOST:$KAFKA_PORT, pid $(kafka_pid))"; else echo "kafka:    down"; rc=3; fi
     if [ -d "$CLUSTER_DIR" ]; then
         for i in $(seq 1 "$CLUSTER_NODES"); do
@@ -931,13 +1084,14 @@ case "${1:-}" in
     up)         shift; cmd_up "$@" ;;
     down)       shift; cmd_down "$@" ;;
     status)     cmd_status ;;
-    env)        shift; print_env "$(kafka_nodes "$@")" ;;
+    env)        shift; parse_args "$@"; print_env "$KAFKA_NODES" ;;
     reset)      cmd_reset ;;
     kafka-tool) shift; cmd_kafka_tool "$@" ;;
     kill)       shift; cmd_kill "$@" ;;
     stop)       shift; cmd_stop "$@" ;;
     start)      shift; cmd_start "$@" ;;
     restart-postgres) cmd_restart_postgres ;;
+    promote-postgres-standby) cmd_promote_standby ;;
     *)
         # Print the header comment as usage.
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2

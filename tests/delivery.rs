@@ -110,7 +110,7 @@ async fn it_drained_and_nothing_was_lost_run_twice_or_committed_ahead(
     let runs = wins(&env.pool, "mark_running").await;
     let lost = ids.iter().filter(|id| !runs.contains_key(id)).count();
     let twice = runs.values().filter(|&&n| n > 1).count();
-    let violations = offset_ahead_violations(env, samples);
+    let violations = offset_ahead_violations(env, samples, false);
     eprintln!(
         "sigterm test: jobs={SIGTERM_JOBS} exit={status} drain={:.2}s lost={lost} run_twice={twice} \
          offset_samples={} offset_ahead_violations={violations}",
@@ -240,7 +240,7 @@ fn offsets_never_went_backwards_nor_ahead(
     (done_at_kill, duplicate_runs): (i64, i64),
 ) {
     let backwards = offsets_going_backwards(samples);
-    let violations = offset_ahead_violations(env, samples);
+    let violations = offset_ahead_violations(env, samples, false);
     eprintln!(
         "rebalance test ({protocol}): jobs={REBALANCE_JOBS} done_when_a_killed={done_at_kill} lost=0 \
          duplicate_runs={duplicate_runs} (jobs A held when killed, re-claimed after its lease) \

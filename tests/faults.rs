@@ -306,6 +306,84 @@ async fn cluster_one_broker_down_for_60s_under_load() {
     rig.finish().await;
 }
 
+// ---------------------------------------------------------------------------
+// A Postgres failover: the processes reach the primary through a proxy (the
+// address a cloud endpoint or a VIP gives), the primary is SIGKILLed, its
+// streaming standby promoted and the address moved to it. With `--long`.
+// ---------------------------------------------------------------------------
+
+/// A synchronous standby has every acknowledged commit: nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_failover_to_a_synchronous_standby_under_load() {
+    if skipped_unless_long("pg_failover_sync") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    postgres_failover("pg_failover_sync", Replication::Synchronous).await;
+}
+
+/// An asynchronous standby may lack the primary's last commits: what is lost
+/// is measured (and printed), not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_failover_to_an_asynchronous_standby_under_load() {
+    if skipped_unless_long("pg_failover_async") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    postgres_failover("pg_failover_async", Replication::Asynchronous).await;
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Replication {
+    Synchronous,
+    Asynchronous,
+}
+
+async fn postgres_failover(name: &str, replication: Replication) {
+    let mut up = vec!["up", "--postgres-standby"];
+    if replication == Replication::Synchronous {
+        up.push("--sync");
+    }
+    services(&up).await;
+    let _standby = StandbyStops;
+    let mut rig = Rig::start(name, Via::PostgresProxy, 1).await;
+    rig.tolerate_loss = replication == Replication::Asynchronous;
+    let standby = env_var("DOCSTREAM_TEST_PG_STANDBY");
+    let fault = rig.begin("primary SIGKILLed, standby promoted, address moved");
+    services(&["kill", "postgres"]).await;
+    services(&["promote-postgres-standby"]).await;
+    rig.proxy.as_ref().expect("a proxy").repoint(&standby).await;
+    rig.end(fault);
+    // The test reads the promoted standby from here on. The old primary comes
+    // back on its own (crash recovery, commits asynchronous again), serving
+    // nobody but the test's clean-up, as a demoted primary would.
+    let mut url = reqwest::Url::parse(&rig.env.settings.database_url).unwrap();
+    let port: u16 = standby.rsplit(':').next().unwrap().parse().unwrap();
+    url.set_port(Some(port)).unwrap();
+    rig.env.pool = docstream::store::connect(url.as_str(), 10).await.unwrap();
+    services(&["up"]).await;
+    rig.finish().await;
+}
+
+/// Stops the Postgres standby when dropped (`scripts/services.sh down
+/// --postgres-standby`), and brings the primary back if it is down.
+struct StandbyStops;
+
+impl Drop for StandbyStops {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
+        for args in [&["down", "--postgres-standby"][..], &["up"][..]] {
+            let done = std::process::Command::new("bash")
+                .arg(script)
+                .args(args)
+                .status();
+            if !matches!(done, Ok(status) if status.success()) {
+                eprintln!("faults: scripts/services.sh {args:?} failed: {done:?}");
+            }
+        }
+    }
+}
+
 /// SIGKILLs node `node`; waits until the others lead every partition of
 /// `topics`; keeps it down `down` longer (the fault's length, by design);
 /// starts it again and waits until every replica is back in sync.
@@ -336,6 +414,7 @@ struct ClusterStops;
 
 impl Drop for ClusterStops {
     fn drop(&mut self) {
+        coordinator_wedges_logged();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
         let stopped = std::process::Command::new("bash")
             .args([script, "down", "--kafka-nodes", "3"])
@@ -344,6 +423,24 @@ impl Drop for ClusterStops {
             eprintln!("faults: the cluster did not stop: {stopped:?}");
         }
     }
+}
+
+/// Prints how often the nodes logged the group coordinator's wedge that Kafka
+/// 4.1.1 showed in a fault run (a partition's state machine "out of sync with
+/// the underlying log", then "no in-memory snapshot"), in the logs of each
+/// node's last two starts.
+fn coordinator_wedges_logged() {
+    let state = concat!(env!("CARGO_MANIFEST_DIR"), "/.services/kafka-cluster");
+    let mut wedges = 0;
+    for node in 1..=3 {
+        for log in ["kafka.log", "kafka.log.1"] {
+            let path = format!("{state}/node{node}/{log}");
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            wedges += text.matches("out of sync with the underlying log").count();
+            wedges += text.matches("in-memory snapshot").count();
+        }
+    }
+    eprintln!("faults: group coordinator wedges logged by the cluster's nodes: {wedges}");
 }
 
 /// True (and says so) unless the suite runs with `--long`.
@@ -385,6 +482,9 @@ struct Rig {
     commits: (CancellationToken, JoinHandle<Vec<common::commits::Sample>>),
     /// Stops the three-node cluster when the scenario ends, passed or not.
     _cluster: Option<ClusterStops>,
+    /// Lost jobs are measured, not asserted (an asynchronous standby's
+    /// failover): the wait for every job ends once none finished for 30 s.
+    tolerate_loss: bool,
     // Kept alive for the test: the proxy's server.
     _toxiproxy: Option<Toxiproxy>,
 }
@@ -418,9 +518,14 @@ impl Rig {
         fleet.wait_until_every_process_is_ready().await;
         let client = env.client_builder().timeout(CLIENT_BOUND).build().unwrap();
         let load = Load::start(fleet.api_bases(), client);
+        // The sampler reads the database where the processes do: through the
+        // proxy, if they use one, so it follows a failover's moved address.
+        let sampled = match overrides.iter().find(|(var, _)| *var == "DATABASE_URL") {
+            Some((_, url)) => sqlx::PgPool::connect_lazy(url).unwrap(),
+            None => env.pool.clone(),
+        };
         let stop_sampling = CancellationToken::new();
-        let sampler =
-            common::commits::sample_offsets(&env, env.pool.clone(), stop_sampling.clone());
+        let sampler = common::commits::sample_offsets(&env, sampled, stop_sampling.clone());
         let rig = Self {
             name: name.to_owned(),
             env,
@@ -430,6 +535,7 @@ impl Rig {
             windows: Vec::new(),
             commits: (stop_sampling, sampler),
             _cluster: None,
+            tolerate_loss: false,
             _toxiproxy: toxiproxy,
         };
         rig.wait_until_warm().await;
@@ -486,6 +592,28 @@ impl Rig {
         .await;
     }
 
+    /// Waits until every accepted job finished, or none finished for 30 s
+    /// (longer than the orphan thresholds and a lease: the reapers have
+    /// recovered what they can).
+    async fn wait_until_settled(&self) {
+        let accepted = self.load.accepted_ids().len() as i64;
+        let (mut last, mut since) = (-1, Instant::now());
+        loop {
+            let done = count(&self.env.pool, common::ALL_BBOX_SUCCEEDED).await;
+            if done >= accepted || since.elapsed() > Duration::from_secs(30) {
+                eprintln!(
+                    "faults: {}: settled at {done} of {accepted} accepted jobs finished",
+                    self.name
+                );
+                return;
+            }
+            if done != last {
+                (last, since) = (done, Instant::now());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
     /// Keeps the load on for a few seconds after the last fault, stops it,
     /// waits for every job, stops the processes, then prints and asserts the
     /// scenario's figures.
@@ -500,8 +628,13 @@ impl Rig {
         let worst = self.print_each_fault_and_its_recovery(&submissions).await;
         let (most, chatty) = self.print_outages_and_find_the_chatty();
 
-        no_job_was_lost_or_duplicated(&jobs);
-        assert_eq!(ahead, 0, "offsets committed ahead of delivery");
+        if self.tolerate_loss {
+            assert_eq!(jobs.duplicate_successes, 0, "duplicate successes");
+            assert_eq!(jobs.keys_with_two_jobs, 0, "keys that named two jobs");
+        } else {
+            no_job_was_lost_or_duplicated(&jobs);
+            assert_eq!(ahead, 0, "offsets committed ahead of delivery");
+        }
         every_process_exited_only_when_told_and_cleanly(&exits);
         every_submit_was_answered_within_the_bounds(&client, &servers);
         every_fault_was_recovered_from_in_time(worst);
@@ -515,7 +648,11 @@ impl Rig {
         tokio::time::sleep(Duration::from_secs(3)).await;
         self.fleet.assert_running();
         let submissions = self.load.stop().await;
-        self.wait_all_done(Duration::from_secs(120)).await;
+        if self.tolerate_loss {
+            self.wait_until_settled().await;
+        } else {
+            self.wait_all_done(Duration::from_secs(120)).await;
+        }
         submissions
     }
 
@@ -524,7 +661,7 @@ impl Rig {
     async fn offsets_committed_ahead_of_delivery(&mut self) -> usize {
         self.commits.0.cancel();
         let samples = (&mut self.commits.1).await.unwrap();
-        let ahead = common::commits::offset_ahead_violations(&self.env, &samples);
+        let ahead = common::commits::offset_ahead_violations(&self.env, &samples, true);
         eprintln!(
             "faults: {}: offsets committed ahead of delivery {ahead} (in {} samples of the workers' committed offsets)",
             self.name,
@@ -1674,6 +1811,30 @@ impl Proxy {
             "toxic {kind}: {}",
             added.text().await.unwrap()
         );
+    }
+
+    /// Sends the proxy's connections to `upstream` from now on: disabled
+    /// (which closes every connection it has), moved, enabled again.
+    async fn repoint(&self, upstream: &str) {
+        let steps = [
+            serde_json::json!({"enabled": false}),
+            serde_json::json!({"upstream": upstream, "enabled": true}),
+        ];
+        for step in steps {
+            let updated = self
+                .client
+                .post(format!("{}/proxies/{}", self.api, self.name))
+                .json(&step)
+                .send()
+                .await
+                .unwrap();
+            assert!(
+                updated.status().is_success(),
+                "repoint {} ({step}): {}",
+                self.name,
+                updated.text().await.unwrap()
+            );
+        }
     }
 
     async fn remove(&self, kind: &str) {

@@ -7,17 +7,19 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use docstream::events::{decode, ExtractionSubmitted};
+use docstream::events::{decode, ExtractionSubmitted, PostProcessingRequested};
+use rdkafka::Message;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::env::TestEnv;
-use super::kafka::{read_topic_positioned, CommittedReader};
+use super::kafka::{read_topic_as, read_topic_positioned, CommittedReader};
 
-/// One observation: the group's committed offsets, then the jobs not yet
-/// delivered.
+/// One observation: when it began (ms since the epoch), the group's committed
+/// offsets, then the jobs not yet delivered.
 pub struct Sample {
+    pub at_ms: i64,
     pub committed: HashMap<i32, i64>,
     pub undelivered: HashSet<Uuid>,
 }
@@ -26,7 +28,8 @@ pub struct Sample {
 /// read first and the undelivered jobs after: deliveries only grow, so a job
 /// still undelivered at the later read was undelivered when the offsets were
 /// read. The check can miss a violation, never invent one. A read that fails
-/// (the broker or database is down in a fault test) is skipped. Reading the
+/// or takes over 5 s (the broker or database is down in a fault test) is
+/// skipped. Reading the
 /// few jobs in flight, not the many delivered, keeps the sampler light beside
 /// a loaded pipeline.
 pub fn sample_offsets(
@@ -41,6 +44,7 @@ pub fn sample_offsets(
         let mut samples = Vec::new();
         let reader = Arc::new(CommittedReader::new(&brokers, &group, &topic));
         while !stop.is_cancelled() {
+            let at_ms = chrono::Utc::now().timestamp_millis();
             let r = reader.clone();
             let committed = tokio::task::spawn_blocking(move || r.read()).await.unwrap();
             // Delivered: the record's transition is durable and its follow-up
@@ -48,15 +52,20 @@ pub fn sample_offsets(
             // bbox worker has taken the follow-up already (then it was
             // acknowledged too, and the stamp is skipped). Undelivered: still
             // in the first stage, or through it with the follow-up unstamped.
-            let undelivered: Result<Vec<Uuid>, _> = sqlx::query_scalar(
-                "SELECT id FROM extractions
-                  WHERE status IN ('queued', 'running')
-                     OR (bbox_status = 'pending' AND bbox_published_at IS NULL)",
+            // Bounded: a fault test may blackhole the database's address.
+            let undelivered = tokio::time::timeout(
+                Duration::from_secs(5),
+                sqlx::query_scalar::<_, Uuid>(
+                    "SELECT id FROM extractions
+                      WHERE status IN ('queued', 'running')
+                         OR (bbox_status = 'pending' AND bbox_published_at IS NULL)",
+                )
+                .fetch_all(&pool),
             )
-            .fetch_all(&pool)
             .await;
-            if let (Ok(committed), Ok(undelivered)) = (committed, undelivered) {
+            if let (Ok(committed), Ok(Ok(undelivered))) = (committed, undelivered) {
                 samples.push(Sample {
+                    at_ms,
                     committed,
                     undelivered: undelivered.into_iter().collect(),
                 });
@@ -70,17 +79,38 @@ pub fn sample_offsets(
 /// Offset-ahead violations: committed offsets past a record not yet delivered.
 /// Only first records of a job count (a duplicate of a delivered job is
 /// delivered by skipping it).
-pub fn offset_ahead_violations(env: &TestEnv, samples: &[Sample]) -> usize {
+///
+/// With `stamps_may_fail`, for tests that take the database away: the
+/// "published" stamp is written after the follow-up's acknowledgement, and a
+/// stamp that fails is left to the reaper, so the database can call a
+/// delivered job undelivered. Such a job counts only if no follow-up for it
+/// had been produced when the sample began (the follow-up records' create
+/// times, on this machine's clock). That misses a commit between a
+/// follow-up's send and its acknowledgement; a commit before the work's
+/// follow-up was sent is still caught.
+pub fn offset_ahead_violations(env: &TestEnv, samples: &[Sample], stamps_may_fail: bool) -> usize {
+    let brokers = &env.settings.kafka_brokers;
     let mut by_partition: BTreeMap<i32, Vec<(i64, Uuid)>> = BTreeMap::new();
-    for (partition, offset, _, payload) in read_topic_positioned(
-        &env.settings.kafka_brokers,
-        &env.topic("extraction.submitted"),
-    ) {
+    for (partition, offset, _, payload) in
+        read_topic_positioned(brokers, &env.topic("extraction.submitted"))
+    {
         let event: ExtractionSubmitted = decode(&payload).unwrap();
         by_partition
             .entry(partition)
             .or_default()
             .push((offset, event.extraction_id.parse().unwrap()));
+    }
+    let mut followed_up: HashMap<Uuid, i64> = HashMap::new();
+    let topic = env.topic("extraction.post_processing.requested");
+    for (at, payload) in read_topic_as(brokers, &topic, |message| {
+        let at = message.timestamp().to_millis().unwrap_or(i64::MAX);
+        (at, message.payload().unwrap_or_default().to_vec())
+    }) {
+        let event: PostProcessingRequested = decode(&payload).unwrap();
+        let first = followed_up
+            .entry(event.extraction_id.parse().unwrap())
+            .or_insert(at);
+        *first = (*first).min(at);
     }
     let mut violations = 0;
     for sample in samples {
@@ -91,7 +121,11 @@ pub fn offset_ahead_violations(env: &TestEnv, samples: &[Sample]) -> usize {
                 .unwrap_or_default();
             let ahead: Vec<_> = records
                 .iter()
-                .filter(|(offset, id)| offset < committed && sample.undelivered.contains(id))
+                .filter(|(offset, id)| {
+                    let produced = stamps_may_fail
+                        && followed_up.get(id).is_some_and(|at| *at <= sample.at_ms);
+                    offset < committed && sample.undelivered.contains(id) && !produced
+                })
                 .collect();
             if let Some((offset, id)) = ahead.first() {
                 eprintln!("offset ahead: partition {partition} committed {committed} > undelivered offset {offset} ({id}), {} records", ahead.len());

@@ -109,7 +109,7 @@ pub fn read_traceparents(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Op
 
 /// Reads a topic from the beginning to its current end, each record as `map`
 /// makes it.
-fn read_topic_as<T>(
+pub fn read_topic_as<T>(
     brokers: &str,
     topic: &str,
     map: impl Fn(&rdkafka::message::BorrowedMessage<'_>) -> T,
