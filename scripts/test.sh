@@ -4,8 +4,9 @@
 # main database, then run every test. Exits with the suite's exit code.
 #
 #   scripts/test.sh           the suite (about 12 minutes warm here; 28 from a fresh clone beside a one-job cargo build, about 17 of them building)
-#   scripts/test.sh --long    also the long variants: the 30 s broker outage, and the
-#                             three-node cluster's faults (tests/faults.rs, about 15 minutes)
+#   scripts/test.sh --long    also the long variants: the 30 s broker outage, the
+#                             three-node cluster's faults, and the Postgres failovers
+#                             and split brains (tests/faults.rs, about 25 minutes)
 # Other arguments go to `cargo test` (e.g. a test name filter).
 # Before the cargo tests, promtool checks the compose stack's Prometheus config
 # and alert rules and runs the rules' unit tests (seconds). After them, a
