@@ -365,10 +365,7 @@ async fn postgres_failover(name: &str, replication: Replication) {
     // The test reads the promoted standby from here on. The old primary comes
     // back on its own (crash recovery, commits asynchronous again), serving
     // nobody but the test's clean-up, as a demoted primary would.
-    let mut url = reqwest::Url::parse(&rig.env.settings.database_url).unwrap();
-    let port: u16 = standby.rsplit(':').next().unwrap().parse().unwrap();
-    url.set_port(Some(port)).unwrap();
-    rig.env.pool = docstream::store::connect(url.as_str(), 10).await.unwrap();
+    rig.read_the_promoted_standby(&standby).await;
     services(&["up"]).await;
     rig.finish().await;
 }
@@ -462,10 +459,7 @@ async fn split_brain(name: &str, replication: Replication) {
     services(&["promote-postgres-standby"]).await;
     let succeeded_before = stale_successes().await;
     rig.proxy.as_ref().expect("a proxy").repoint(&standby).await;
-    let mut url = reqwest::Url::parse(&rig.env.settings.database_url).unwrap();
-    let port: u16 = standby.rsplit(':').next().unwrap().parse().unwrap();
-    url.set_port(Some(port)).unwrap();
-    rig.env.pool = docstream::store::connect(url.as_str(), 10).await.unwrap();
+    rig.read_the_promoted_standby(&standby).await;
     tokio::time::sleep(SPLIT).await;
     let succeeded_after = stale_successes().await;
     let waiting = commits_waiting_for_a_standby(&old_primary).await;
@@ -690,8 +684,12 @@ struct Rig {
     /// Stops the three-node cluster when the scenario ends, passed or not.
     _cluster: Option<ClusterStops>,
     /// Lost jobs are measured, not asserted (an asynchronous standby's
-    /// failover): the wait for every job ends once none finished for 30 s.
+    /// failover): the wait for every job ends once none finished for 30 s,
+    /// then what can be is recovered (see [`Rig::recover`]).
     tolerate_loss: bool,
+    /// The database the test reads, once it moved (a failover); else the
+    /// test's own.
+    database_url: Option<String>,
     /// Offsets committed ahead of delivery are measured, not asserted (a
     /// split brain: a worker on the old primary finds no row for the jobs
     /// submitted after the promotion, sends their records to the DLQ as
@@ -748,6 +746,7 @@ impl Rig {
             commits: (stop_sampling, sampler),
             _cluster: None,
             tolerate_loss: false,
+            database_url: None,
             offsets_ahead_measured: false,
             _toxiproxy: toxiproxy,
         };
@@ -827,6 +826,100 @@ impl Rig {
         }
     }
 
+    /// Reads the promoted standby at `standby` (host:port) from here on.
+    async fn read_the_promoted_standby(&mut self, standby: &str) {
+        let mut url = reqwest::Url::parse(&self.env.settings.database_url).unwrap();
+        let port: u16 = standby.rsplit(':').next().unwrap().parse().unwrap();
+        url.set_port(Some(port)).unwrap();
+        self.env.pool = docstream::store::connect(url.as_str(), 10).await.unwrap();
+        self.database_url = Some(url.to_string());
+    }
+
+    /// After a loss: what a team and an operator can do to get the accepted
+    /// jobs done. Every submission whose job did not finish is sent again
+    /// with its key: a job whose row is gone is made anew. A job that exists
+    /// but is stuck is reclaimed (`docstream reclaim`): its event was
+    /// acknowledged, so no reaper revives it, whether a worker on a database
+    /// that lacked its row dead-lettered it (`missing_row`), a stale worker
+    /// consumed it, or the failover lost a transition of it. Waits (120 s at
+    /// most) until every job named finished; asserts they all did, and
+    /// prints how many each way recovered.
+    async fn recover(&self, submissions: &[Submission]) {
+        let finished = finished_jobs(&self.env.pool).await;
+        let unfinished: Vec<&Submission> = submissions
+            .iter()
+            .filter(|s| s.id.is_some_and(|id| !finished.contains(&id)))
+            .collect();
+        let client = self
+            .env
+            .client_builder()
+            .timeout(CLIENT_BOUND)
+            .build()
+            .unwrap();
+        let bases = self.fleet.api_bases();
+        let mut named = HashSet::new();
+        let mut made_anew = 0;
+        for s in &unfinished {
+            let i: usize = s.key.rsplit('-').next().unwrap().parse().unwrap();
+            let again = submit_until_accepted(&client, &bases, i, s.key.clone()).await;
+            let id = again.id.expect("a resubmission accepted");
+            made_anew += usize::from(Some(id) != s.id);
+            named.insert(id);
+        }
+
+        let mut settings = self.env.settings.clone();
+        if let Some(url) = &self.database_url {
+            settings.database_url = url.clone();
+        }
+        let listed = docstream::ops::dlq::dlq(
+            &settings,
+            &self.env.pool,
+            docstream::ops::dlq::DlqCommand::List {
+                kind: Some("missing_row".into()),
+                source_topic: None,
+                since: None,
+                json: true,
+            },
+        )
+        .await
+        .unwrap();
+        let letters: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+        let services = docstream::roles::connect(settings).await.unwrap();
+        let mut reclaimed = 0;
+        for s in &unfinished {
+            if s.id.is_some_and(|id| named.contains(&id)) {
+                // A job that finished meanwhile has nothing left to reclaim.
+                match docstream::ops::reclaim(&services, s.id.unwrap(), None).await {
+                    Ok(_) => reclaimed += 1,
+                    Err(e) => eprintln!("faults: {}: reclaim: {e}", self.name),
+                }
+            }
+        }
+        services.publisher.flush(Duration::from_secs(10)).unwrap();
+
+        let wait = wait_for(
+            "the recovered jobs to finish",
+            Duration::from_secs(120),
+            || {
+                let (pool, named) = (self.env.pool.clone(), named.clone());
+                async move {
+                    let finished = finished_jobs(&pool).await;
+                    match named.iter().filter(|id| !finished.contains(id)).count() {
+                        0 => Ok(()),
+                        n => Err(format!("{n} unfinished")),
+                    }
+                }
+            },
+        );
+        wait.await;
+        eprintln!(
+            "faults: {}: recovery: {} accepted jobs unfinished ({} missing_row dead letters); sent again with their keys, {made_anew} made anew (their rows were gone), {reclaimed} named again and reclaimed; every one of them finished",
+            self.name,
+            unfinished.len(),
+            letters.len(),
+        );
+    }
+
     /// Keeps the load on for a few seconds after the last fault, stops it,
     /// waits for every job, stops the processes, then prints and asserts the
     /// scenario's figures.
@@ -865,6 +958,7 @@ impl Rig {
         let submissions = self.load.stop().await;
         if self.tolerate_loss {
             self.wait_until_settled().await;
+            self.recover(&submissions).await;
         } else {
             self.wait_all_done(Duration::from_secs(120)).await;
         }
