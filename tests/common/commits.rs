@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::env::TestEnv;
-use super::kafka::{read_topic_as, read_topic_positioned, CommittedReader};
+use super::kafka::{read_topic_as, CommittedReader};
 
 /// One observation: when it began (ms since the epoch), the group's committed
 /// offsets, then the jobs not yet delivered.
@@ -77,8 +77,12 @@ pub fn sample_offsets(
 }
 
 /// Offset-ahead violations: committed offsets past a record not yet delivered.
-/// Only first records of a job count (a duplicate of a delivered job is
-/// delivered by skipping it).
+/// A job counts by its last record produced before the sample began: a
+/// duplicate of a delivered job is delivered by skipping it, and a record
+/// whose claim was taken over (its holder fenced out after its lease ran out
+/// under a fault) hands the job to the later record that the new holder
+/// claimed from, so committing the earlier one is right while the later one
+/// is not committed.
 ///
 /// With `stamps_may_fail`, for tests that take the database away: the
 /// "published" stamp is written after the follow-up's acknowledgement, and a
@@ -90,15 +94,24 @@ pub fn sample_offsets(
 /// follow-up was sent is still caught.
 pub fn offset_ahead_violations(env: &TestEnv, samples: &[Sample], stamps_may_fail: bool) -> usize {
     let brokers = &env.settings.kafka_brokers;
-    let mut by_partition: BTreeMap<i32, Vec<(i64, Uuid)>> = BTreeMap::new();
-    for (partition, offset, _, payload) in
-        read_topic_positioned(brokers, &env.topic("extraction.submitted"))
+    // Each partition's records: (offset, create time, job), in offset order.
+    let mut by_partition: BTreeMap<i32, Vec<(i64, i64, Uuid)>> = BTreeMap::new();
+    for (partition, offset, at, payload) in
+        read_topic_as(brokers, &env.topic("extraction.submitted"), |message| {
+            let at = message.timestamp().to_millis().unwrap_or(i64::MAX);
+            let payload = message.payload().unwrap_or_default().to_vec();
+            (message.partition(), message.offset(), at, payload)
+        })
     {
         let event: ExtractionSubmitted = decode(&payload).unwrap();
-        by_partition
-            .entry(partition)
-            .or_default()
-            .push((offset, event.extraction_id.parse().unwrap()));
+        by_partition.entry(partition).or_default().push((
+            offset,
+            at,
+            event.extraction_id.parse().unwrap(),
+        ));
+    }
+    for records in by_partition.values_mut() {
+        records.sort_unstable();
     }
     let mut followed_up: HashMap<Uuid, i64> = HashMap::new();
     let topic = env.topic("extraction.post_processing.requested");
@@ -119,14 +132,22 @@ pub fn offset_ahead_violations(env: &TestEnv, samples: &[Sample], stamps_may_fai
                 .get(partition)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let ahead: Vec<_> = records
-                .iter()
-                .filter(|(offset, id)| {
+            let mut last: HashMap<Uuid, i64> = HashMap::new();
+            for (offset, at, id) in records {
+                if *at <= sample.at_ms {
+                    last.insert(*id, *offset);
+                }
+            }
+            let mut ahead: Vec<_> = last
+                .into_iter()
+                .filter(|(id, offset)| {
                     let produced = stamps_may_fail
                         && followed_up.get(id).is_some_and(|at| *at <= sample.at_ms);
                     offset < committed && sample.undelivered.contains(id) && !produced
                 })
+                .map(|(id, offset)| (offset, id))
                 .collect();
+            ahead.sort_unstable();
             if let Some((offset, id)) = ahead.first() {
                 eprintln!("offset ahead: partition {partition} committed {committed} > undelivered offset {offset} ({id}), {} records", ahead.len());
             }
