@@ -19,7 +19,6 @@ use docstream::pipeline::Services;
 use futures::stream::{self, StreamExt};
 use sqlx::PgPool;
 use tokio::process::Child;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const SUCCEEDED: &str = "SELECT count(*) FROM extractions WHERE status = 'succeeded'";
@@ -33,7 +32,7 @@ const SIGTERM_JOBS: usize = 2_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice() {
     // 16 records in flight (not the default 256) keeps the run long enough for
-    // the offset sampler to see the commits move several times.
+    // the offset sampler to see the commits move between its samples.
     let env = TestEnv::with_settings("sigterm_worker", |s| {
         fast_recovery(s);
         s.consumer_max_in_flight = 16;
@@ -42,14 +41,13 @@ async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice
     let services = env.services().await;
     let mut first = a_worker_taking_50ms_per_job(&env);
     let ids = submit_jobs(&services, SIGTERM_JOBS).await;
-    let stop_sampling = CancellationToken::new();
-    let sampler = sample_offsets(&env, env.pool.clone(), stop_sampling.clone());
+    let mut sampler = sample_offsets(&env, env.pool.clone());
     a_quarter_of_the_jobs_succeed(&env.pool).await;
+    sampler.first_sample().await;
     let drained = sigterm_it_and_time_the_drain(&mut first).await;
     let mut replacement = env.spawn("worker", &[], "sigterm-worker-replacement");
     every_job_of_the_sigterm_test_succeeds(&env.pool).await;
-    stop_sampling.cancel();
-    let samples = sampler.await.unwrap();
+    let samples = sampler.finish().await;
     it_drained_and_nothing_was_lost_run_twice_or_committed_ahead(&env, &ids, &samples, drained)
         .await;
     stop([&mut replacement]).await;
@@ -76,14 +74,24 @@ async fn a_quarter_of_the_jobs_succeed(pool: &PgPool) {
     .await;
 }
 
-/// SIGTERMs the worker and waits for it; returns its exit status and how
-/// long from the signal to its exit.
-async fn sigterm_it_and_time_the_drain(worker: &mut Child) -> (std::process::ExitStatus, Duration) {
+/// The first worker's shutdown: its exit status, how long from the SIGTERM to
+/// its exit, and when (ms since the epoch) it was signalled and exited.
+struct Drained {
+    status: std::process::ExitStatus,
+    drain: Duration,
+    signalled_ms: i64,
+    exited_ms: i64,
+}
+
+/// SIGTERMs the worker, waits for it, and times the drain.
+async fn sigterm_it_and_time_the_drain(worker: &mut Child) -> Drained {
+    let signalled_ms = chrono::Utc::now().timestamp_millis();
     let terminated = Instant::now();
     signal(worker, "TERM").await;
     let status = worker.wait().await.unwrap();
     let drain = terminated.elapsed();
-    (status, drain)
+    let exited_ms = chrono::Utc::now().timestamp_millis();
+    Drained { status, drain, signalled_ms, exited_ms }
 }
 
 /// Waits (up to 180 s) until every job has succeeded.
@@ -100,13 +108,15 @@ async fn every_job_of_the_sigterm_test_succeeds(pool: &PgPool) {
 
 /// Prints the test's figures, then checks: the worker exited 0 within the
 /// drain timeout and 2 s, no job was lost or run twice, no committed offset
-/// was ahead of delivery, and the sampler took at least five samples.
+/// was ahead of delivery, and the offsets were sampled before the SIGTERM and
+/// after the exit.
 async fn it_drained_and_nothing_was_lost_run_twice_or_committed_ahead(
     env: &TestEnv,
     ids: &[Uuid],
     samples: &[Sample],
-    (status, drain): (std::process::ExitStatus, Duration),
+    drained: Drained,
 ) {
+    let Drained { status, drain, signalled_ms, exited_ms } = drained;
     let runs = wins(&env.pool, "mark_running").await;
     let lost = ids.iter().filter(|id| !runs.contains_key(id)).count();
     let twice = runs.values().filter(|&&n| n > 1).count();
@@ -120,7 +130,12 @@ async fn it_drained_and_nothing_was_lost_run_twice_or_committed_ahead(
     assert!(status.success(), "graceful shutdown exits 0");
     assert!(drain < env.settings.subscriber_drain_timeout_s.get() + Duration::from_secs(2));
     assert_eq!((lost, twice, violations), (0, 0, 0));
-    assert!(samples.len() >= 5, "the sampler ran throughout");
+    let before = samples.iter().filter(|s| s.at_ms < signalled_ms).count();
+    let after = samples.iter().filter(|s| s.at_ms > exited_ms).count();
+    assert!(
+        before > 0 && after > 0,
+        "the offsets were sampled before the SIGTERM ({before}) and after the exit ({after})"
+    );
 }
 
 /// Jobs in the rebalance test.
@@ -137,12 +152,11 @@ async fn rebalance_under_load(protocol: &str) {
     .await;
     let services = env.services().await;
     let ids = submit_jobs(&services, REBALANCE_JOBS).await;
-    let stop_sampling = CancellationToken::new();
-    let sampler = sample_offsets(&env, env.pool.clone(), stop_sampling.clone());
+    let mut sampler = sample_offsets(&env, env.pool.clone());
+    sampler.first_sample().await;
     let mut workers = three_join_then_the_first_is_killed(&env, protocol).await;
     every_rebalanced_job_succeeds(&env.pool).await;
-    stop_sampling.cancel();
-    let samples = sampler.await.unwrap();
+    let samples = sampler.finish().await;
     let duplicate_runs = every_job_succeeded_exactly_once(&env.pool, &ids).await;
     let figures = (workers.done_at_kill, duplicate_runs);
     offsets_never_went_backwards_nor_ahead(&env, protocol, &samples, figures);

@@ -688,7 +688,7 @@ struct Rig {
     proxy: Option<Proxy>,
     windows: Vec<Window>,
     /// Samples of the workers' committed offsets beside the jobs delivered.
-    commits: (CancellationToken, JoinHandle<Vec<common::commits::Sample>>),
+    commits: Option<common::commits::Sampler>,
     /// Stops the three-node cluster when the scenario ends, passed or not.
     _cluster: Option<ClusterStops>,
     /// Lost jobs are measured, not asserted (an asynchronous standby's
@@ -743,8 +743,7 @@ impl Rig {
             Some((_, url)) => sqlx::PgPool::connect_lazy(url).unwrap(),
             None => env.pool.clone(),
         };
-        let stop_sampling = CancellationToken::new();
-        let sampler = common::commits::sample_offsets(&env, sampled, stop_sampling.clone());
+        let sampler = common::commits::sample_offsets(&env, sampled);
         let rig = Self {
             name: name.to_owned(),
             env,
@@ -752,7 +751,7 @@ impl Rig {
             load,
             proxy,
             windows: Vec::new(),
-            commits: (stop_sampling, sampler),
+            commits: Some(sampler),
             _cluster: None,
             tolerate_loss: false,
             database_url: None,
@@ -977,8 +976,8 @@ impl Rig {
     /// Stops the offset sampler; how many records a committed offset had
     /// passed before their job was delivered, in all its samples (printed).
     async fn offsets_committed_ahead_of_delivery(&mut self) -> usize {
-        self.commits.0.cancel();
-        let samples = (&mut self.commits.1).await.unwrap();
+        let sampler = self.commits.take().expect("the offset sampler is finished once");
+        let samples = sampler.finish().await;
         let ahead = common::commits::offset_ahead_violations(&self.env, &samples, true);
         eprintln!(
             "faults: {}: offsets committed ahead of delivery {ahead} (in {} samples of the workers' committed offsets)",

@@ -24,56 +24,99 @@ pub struct Sample {
     pub undelivered: HashSet<Uuid>,
 }
 
-/// Samples the worker group every second until stopped. Committed offsets are
-/// read first and the undelivered jobs after: deliveries only grow, so a job
-/// still undelivered at the later read was undelivered when the offsets were
-/// read. The check can miss a violation, never invent one. A read that fails
-/// or takes over 5 s (the broker or database is down in a fault test) is
-/// skipped. Reading the
-/// few jobs in flight, not the many delivered, keeps the sampler light beside
-/// a loaded pipeline.
-pub fn sample_offsets(
-    env: &TestEnv,
-    pool: PgPool,
+/// Samples of the worker group's committed offsets, taken every half second
+/// until [`Sampler::finish`], which takes one last sample after the stop.
+/// Committed offsets are read first and the undelivered jobs after:
+/// deliveries only grow, so a job still undelivered at the later read was
+/// undelivered when the offsets were read. The check can miss a violation,
+/// never invent one. A read that fails or takes over 5 s (the broker or
+/// database is down in a fault test) is skipped. Reading the few jobs in
+/// flight, not the many delivered, keeps the sampler light beside a loaded
+/// pipeline.
+pub struct Sampler {
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<Vec<Sample>> {
+    taken: tokio::sync::watch::Receiver<usize>,
+    task: tokio::task::JoinHandle<Vec<Sample>>,
+}
+
+/// Time between two samples.
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+
+/// Starts sampling the worker group, reading deliveries from `pool`.
+pub fn sample_offsets(env: &TestEnv, pool: PgPool) -> Sampler {
     let brokers = env.settings.kafka_brokers.clone();
     let group = env.settings.group(&env.settings.worker_group);
     let topic = env.topic("extraction.submitted");
-    tokio::spawn(async move {
+    let stop = CancellationToken::new();
+    let (count, taken) = tokio::sync::watch::channel(0);
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
         let mut samples = Vec::new();
         let reader = Arc::new(CommittedReader::new(&brokers, &group, &topic));
-        while !stop.is_cancelled() {
-            let at_ms = chrono::Utc::now().timestamp_millis();
-            let r = reader.clone();
-            let committed = tokio::task::spawn_blocking(move || r.read()).await.unwrap();
-            // Delivered: the record's transition is durable and its follow-up
-            // event acknowledged: the stamp is written after the ack, unless a
-            // bbox worker has taken the follow-up already (then it was
-            // acknowledged too, and the stamp is skipped). Undelivered: still
-            // in the first stage, or through it with the follow-up unstamped.
-            // Bounded: a fault test may blackhole the database's address.
-            let undelivered = tokio::time::timeout(
-                Duration::from_secs(5),
-                sqlx::query_scalar::<_, Uuid>(
-                    "SELECT id FROM extractions
-                      WHERE status IN ('queued', 'running')
-                         OR (bbox_status = 'pending' AND bbox_published_at IS NULL)",
-                )
-                .fetch_all(&pool),
-            )
-            .await;
-            if let (Ok(committed), Ok(Ok(undelivered))) = (committed, undelivered) {
-                samples.push(Sample {
-                    at_ms,
-                    committed,
-                    undelivered: undelivered.into_iter().collect(),
-                });
+        loop {
+            // Read before looking at the stop: the last sample is taken after it.
+            let last = stopped.is_cancelled();
+            if let Some(sample) = one_sample(&reader, &pool).await {
+                samples.push(sample);
+                count.send_replace(samples.len());
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            if last {
+                return samples;
+            }
+            tokio::select! {
+                _ = stopped.cancelled() => {}
+                _ = tokio::time::sleep(SAMPLE_EVERY) => {}
+            }
         }
-        samples
-    })
+    });
+    Sampler { stop, taken, task }
+}
+
+impl Sampler {
+    /// Waits (up to 60 s) until the first sample is in.
+    pub async fn first_sample(&mut self) {
+        tokio::time::timeout(Duration::from_secs(60), self.taken.wait_for(|n| *n > 0))
+            .await
+            .expect("the offset sampler took a sample within 60 s")
+            .expect("the offset sampler is running");
+    }
+
+    /// Stops sampling after one last sample; every sample taken.
+    pub async fn finish(self) -> Vec<Sample> {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
+}
+
+/// One sample, or none if a read failed or took over 5 s.
+async fn one_sample(reader: &Arc<CommittedReader>, pool: &PgPool) -> Option<Sample> {
+    let at_ms = chrono::Utc::now().timestamp_millis();
+    let r = reader.clone();
+    let committed = tokio::task::spawn_blocking(move || r.read()).await.unwrap();
+    // Delivered: the record's transition is durable and its follow-up event
+    // acknowledged: the stamp is written after the ack, unless a bbox worker
+    // has taken the follow-up already (then it was acknowledged too, and the
+    // stamp is skipped). Undelivered: still in the first stage, or through it
+    // with the follow-up unstamped. Bounded: a fault test may blackhole the
+    // database's address.
+    let undelivered = tokio::time::timeout(
+        Duration::from_secs(5),
+        sqlx::query_scalar::<_, Uuid>(
+            "SELECT id FROM extractions
+              WHERE status IN ('queued', 'running')
+                 OR (bbox_status = 'pending' AND bbox_published_at IS NULL)",
+        )
+        .fetch_all(pool),
+    )
+    .await;
+    match (committed, undelivered) {
+        (Ok(committed), Ok(Ok(undelivered))) => Some(Sample {
+            at_ms,
+            committed,
+            undelivered: undelivered.into_iter().collect(),
+        }),
+        _ => None,
+    }
 }
 
 /// Offset-ahead violations: committed offsets past a record not yet delivered.
