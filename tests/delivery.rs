@@ -91,7 +91,12 @@ async fn sigterm_it_and_time_the_drain(worker: &mut Child) -> Drained {
     let status = worker.wait().await.unwrap();
     let drain = terminated.elapsed();
     let exited_ms = chrono::Utc::now().timestamp_millis();
-    Drained { status, drain, signalled_ms, exited_ms }
+    Drained {
+        status,
+        drain,
+        signalled_ms,
+        exited_ms,
+    }
 }
 
 /// Waits (up to 180 s) until every job has succeeded.
@@ -116,7 +121,12 @@ async fn it_drained_and_nothing_was_lost_run_twice_or_committed_ahead(
     samples: &[Sample],
     drained: Drained,
 ) {
-    let Drained { status, drain, signalled_ms, exited_ms } = drained;
+    let Drained {
+        status,
+        drain,
+        signalled_ms,
+        exited_ms,
+    } = drained;
     let runs = wins(&env.pool, "mark_running").await;
     let lost = ids.iter().filter(|id| !runs.contains_key(id)).count();
     let twice = runs.values().filter(|&&n| n > 1).count();

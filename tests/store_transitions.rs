@@ -489,6 +489,74 @@ async fn a_stale_holder_is_fenced_out_after_its_lease_expired(pool: PgPool) {
     assert_eq!(wins_of(pool, id, "mark_succeeded").await, 1);
 }
 
+/// A completion whose first try committed but whose answer was lost (the
+/// connection broke) loses its retry, since the row moved on under its own
+/// token; the transition log tells that win from a takeover, where the
+/// stale holder's retry loses for good.
+#[sqlx::test]
+async fn a_completion_whose_answer_was_lost_is_told_from_a_takeover(pool: PgPool) {
+    let pool = &pool;
+    let (won, token) = running(pool).await;
+    let answered = complete_with_a_lost_first_answer(pool, (won, token), true).await;
+    let row = answered.expect("the first try won; its retry is told so");
+    assert_eq!((row.id, row.status.as_str()), (won, "succeeded"));
+    assert_eq!(wins_of(pool, won, "mark_succeeded").await, 1);
+
+    let (taken, stale_token) = running(pool).await;
+    exec(
+        pool,
+        "UPDATE extractions SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+        taken,
+    )
+    .await;
+    let fresh = transitions::claim(pool, Stage::Extraction, taken, LEASE_S)
+        .await
+        .unwrap()
+        .unwrap();
+    let result = serde_json::json!({"fields": {}});
+    transitions::succeed(pool, Stage::Extraction, taken, fresh.token, &result)
+        .await
+        .unwrap()
+        .unwrap();
+    let answered = complete_with_a_lost_first_answer(pool, (taken, stale_token), false).await;
+    assert!(answered.is_none(), "a takeover is still a loss");
+}
+
+/// Completes `claim` with a success through `persist_completion`, whose first
+/// try fails as a broken connection would: after running the statement
+/// (`committed`) or before.
+async fn complete_with_a_lost_first_answer(
+    pool: &PgPool,
+    claim: (Uuid, i32),
+    committed: bool,
+) -> Option<Extraction> {
+    let metrics = docstream::metrics::Metrics::new();
+    let health = docstream::health::Health::new(metrics.clone());
+    let (id, token) = claim;
+    let result = serde_json::json!({"fields": {}});
+    let done = [transitions::Completion { id, token, result }];
+    let tries = std::sync::atomic::AtomicUsize::new(0);
+    let statement = || async {
+        let first = tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        if first && !committed {
+            return Err(sqlx::Error::PoolTimedOut.into());
+        }
+        let answer = transitions::succeed_many(pool, Stage::Extraction, &done).await;
+        match first {
+            true => Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()).into()),
+            false => answer,
+        }
+    };
+    let parts = (&health, &metrics, pool);
+    let transition = docstream::domain::Transition::MarkSucceeded;
+    let claims = [claim];
+    let answered =
+        docstream::pipeline::jobs::persist_completion(parts, transition, &claims, statement);
+    let mut rows = answered.await.unwrap();
+    assert_eq!(tries.into_inner(), 2);
+    rows.pop().flatten()
+}
+
 /// A failed job goes back to the queue on request with a fresh budget: the
 /// run starts at the claims it had and the token keeps counting, so the
 /// holder of an attempt before the retry is fenced out. A job that is not

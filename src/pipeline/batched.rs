@@ -3,14 +3,15 @@
 //! stamps, one statement (and one commit) per batch instead of per job.
 //!
 //! The completions and the bbox stamp are retried in place while the database
-//! is unavailable (`persist`); the insert and the claims are not: a submit
+//! is unavailable (`persist`), a completion telling its own win whose answer
+//! was lost from a takeover; the insert and the claims are not: a submit
 //! answers its client within a bound, and a claim that failed is claimed again
 //! when its record is retried.
 
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::jobs::persist;
+use super::jobs::{persist, persist_completion};
 use crate::admission::Admission;
 use crate::config::{Settings, StageSettings};
 use crate::domain::{PerStage, Stage};
@@ -120,9 +121,16 @@ impl Batched {
                 batcher!(|pool, ids| transitions::claim_many(&pool, stage, &ids, lease_s).await)
             }),
             succeed: PerStage::new(|stage| {
-                let name = stage.success_transition().as_str();
-                batcher!(persist name, |pool, done| {
-                    transitions::succeed_many(&pool, stage, &done).await
+                let (pool, health, metrics) = (pool.clone(), health.clone(), metrics.clone());
+                let transition = stage.success_transition();
+                Coalescer::spawn(max, concurrency, move |done: Vec<Completion>| {
+                    let (pool, health, metrics) = (pool.clone(), health.clone(), metrics.clone());
+                    async move {
+                        let claims: Vec<(Uuid, i32)> = done.iter().map(Completion::key).collect();
+                        let succeed = || transitions::succeed_many(&pool, stage, &done);
+                        let parts = (&health, &metrics, &pool);
+                        persist_completion(parts, transition, &claims, succeed).await
+                    }
                 })
             }),
             bbox_requested: batcher!(persist "record_bbox_request_published", |pool, ids| {

@@ -21,7 +21,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::{Claim, Extraction, StoreError};
-use crate::domain::Stage;
+use crate::domain::{Stage, Transition};
 
 /// Builds the statement: the update (`moved`), the log row of the transition it
 /// won, and the final `SELECT` of the job row (its `extractions` columns only,
@@ -199,10 +199,11 @@ const RETRY_FAILED: &str = logged!(
 );
 
 // A queued job is cancelled by anyone; a running one only by its holder ($2),
-// after a cancel was requested (cooperative cancel).
+// after a cancel was requested (cooperative cancel). The log keeps the
+// holder's token (none for a queued job).
 const MARK_CANCELLED: &str = logged!(
     "mark_cancelled",
-    token = "NULL::int",
+    token = "$2::int",
     webhook = "cancelled",
     bbox = "NULL::jsonb",
     "UPDATE extractions
@@ -545,9 +546,46 @@ pub struct Completion {
 }
 
 impl Completion {
-    fn key(&self) -> (Uuid, i32) {
+    /// The claim: (job, token).
+    pub fn key(&self) -> (Uuid, i32) {
         (self.id, self.token)
     }
+}
+
+/// Of `claims` (id, token), those whose `transition` the log holds: the job
+/// rows as they are now, one answer per claim, in order. A completion whose
+/// connection broke after the statement was sent cannot tell from its retry
+/// (which loses, the row having moved on) whether its first try committed;
+/// the log row, written by the same statement, tells.
+pub async fn won_by(
+    pool: &sqlx::PgPool,
+    transition: Transition,
+    claims: &[(Uuid, i32)],
+) -> Result<Vec<Option<Extraction>>, StoreError> {
+    let (ids, tokens): (Vec<Uuid>, Vec<i32>) = claims.iter().copied().unzip();
+    let logged: Vec<(Uuid, i32)> = sqlx::query_as(
+        "SELECT c.id, c.token FROM unnest($2::uuid[], $3::int[]) AS c(id, token)
+          WHERE EXISTS (SELECT 1 FROM extraction_transitions t
+                         WHERE t.extraction_id = c.id AND t.token = c.token
+                           AND t.transition = $1::extraction_transition)",
+    )
+    .bind(transition.as_str())
+    .bind(&ids)
+    .bind(&tokens)
+    .fetch_all(pool)
+    .await?;
+    let won: Vec<Uuid> = logged.iter().map(|&(id, _)| id).collect();
+    let rows = sqlx::query_as::<_, Extraction>("SELECT * FROM extractions WHERE id = ANY($1)")
+        .bind(&won)
+        .fetch_all(pool)
+        .await?;
+    let rows: HashMap<Uuid, Extraction> = rows.into_iter().map(|row| (row.id, row)).collect();
+    let logged: std::collections::HashSet<(Uuid, i32)> = logged.into_iter().collect();
+    let answer = |claim: &(Uuid, i32)| match logged.contains(claim) {
+        true => rows.get(&claim.0).cloned(),
+        false => None,
+    };
+    Ok(claims.iter().map(answer).collect())
 }
 
 /// Runs a completing statement over `done`, bound as three parallel arrays.

@@ -169,7 +169,9 @@ impl TestEnv {
 /// leaves its state behind for inspection.
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        // A failed test keeps its database and topics to look at, and so does
+        // every test run with DOCSTREAM_TEST_KEEP set.
+        if std::thread::panicking() || std::env::var_os("DOCSTREAM_TEST_KEEP").is_some() {
             return;
         }
         // Drop cannot await, and blocking on the test's own runtime from

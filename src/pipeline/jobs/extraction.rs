@@ -109,8 +109,10 @@ impl Jobs {
         }
         let delay_s = settings.backoff.after(run).as_secs_f64();
         let requeued = || transitions::requeue_for_retry(pool, id, token, error, delay_s);
-        let row = self.persist("requeue_for_retry", requeued).await?;
         let transition = Transition::RequeueForRetry;
+        let row = self
+            .complete_claim(transition, (id, token), requeued)
+            .await?;
         let Some(row) = self
             .conclude(Stage::Extraction, transition, (id, token), row, reason)
             .await?
@@ -164,8 +166,10 @@ impl Jobs {
         reason: PublishReason,
     ) -> Result<bool, JobError> {
         let cancelled = || transitions::mark_cancelled(&self.0.pool, id, Some(token));
-        let row = self.persist("mark_cancelled", cancelled).await?;
         let transition = Transition::MarkCancelled;
+        let row = self
+            .complete_claim(transition, (id, token), cancelled)
+            .await?;
         let cancelled = self
             .conclude(Stage::Extraction, transition, (id, token), row, reason)
             .await?;

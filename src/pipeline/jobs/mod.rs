@@ -17,7 +17,7 @@ mod extraction;
 mod persist;
 mod stage;
 
-pub use persist::persist;
+pub use persist::{persist, persist_completion};
 pub use stage::RepublishError;
 
 /// The lane a job's hand-over records wait in at their workers: its tenant
@@ -206,6 +206,33 @@ impl Jobs {
         let stale = &self.0.metrics.jobs.stale_completions;
         stale.with_label_values(&labels).inc();
         tracing::warn!(%id, token, stage = stage.as_str(), at, "stale holder: the claim was taken over; work dropped");
+    }
+
+    /// Runs the completing `statement` of `transition` on claim `token` of
+    /// job `id` until the database answers, and tells a win whose answer was
+    /// lost from a takeover (see `persist`).
+    async fn complete_claim<F, Fut>(
+        &self,
+        transition: Transition,
+        claim: (Uuid, i32),
+        mut statement: F,
+    ) -> Result<Option<Extraction>, JobError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<Extraction>, StoreError>>,
+    {
+        let Parts {
+            health,
+            metrics,
+            pool,
+            ..
+        } = &*self.0;
+        let one = || {
+            let answer = statement();
+            async move { Ok(vec![answer.await?]) }
+        };
+        let rows = persist_completion((health, metrics, pool), transition, &[claim], one).await?;
+        Ok(rows.into_iter().next().flatten())
     }
 
     /// Runs a completing `statement` until the database answers (see `persist`).

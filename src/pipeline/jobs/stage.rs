@@ -94,7 +94,7 @@ impl Jobs {
     ) -> Result<bool, JobError> {
         let failed = || transitions::fail(&self.0.pool, stage, id, token, error);
         let transition = stage.failure_transition();
-        let row = self.persist(transition.as_str(), failed).await?;
+        let row = self.complete_claim(transition, (id, token), failed).await?;
         let row = self
             .conclude(stage, transition, (id, token), row, reason)
             .await?;
