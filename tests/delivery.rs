@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::commits::{offset_ahead_violations, sample_offsets, Sample};
 use common::{
     fast_recovery, free_port, peak_rss_kib, sample_body, scrape, signal, stop, submit_jobs,
-    topic_size, wait_count, wait_for, wins, TestEnv,
+    topic_size, wait_count, wait_for, wait_for_log_line, wins, TestEnv,
 };
 use docstream::events::{decode, DeadLetter, ExtractionSubmitted, PublishReason};
 use docstream::pipeline::Services;
@@ -149,15 +149,18 @@ async fn it_drained_and_nothing_was_lost_run_twice_or_committed_ahead(
 }
 
 /// Jobs in the rebalance test.
-const REBALANCE_JOBS: usize = 2_000;
+const REBALANCE_JOBS: usize = 3_000;
 
 /// Three workers join one after another under load, then the first is
 /// SIGKILLed: every job succeeds exactly once, and the group's committed
 /// offsets never go backwards nor past an undelivered record.
 async fn rebalance_under_load(protocol: &str) {
+    // 16 records in flight and 200 ms per extraction: 80 jobs/s a worker, so
+    // the joins and the kill happen with most of the jobs still to do.
     let env = TestEnv::with_settings(&format!("rebalance_{protocol}"), |s| {
         fast_recovery(s);
         s.kafka_group_protocol = protocol.parse().unwrap();
+        s.consumer_max_in_flight = 16;
     })
     .await;
     let services = env.services().await;
@@ -182,21 +185,32 @@ struct Rebalancing {
     done_at_kill: i64,
 }
 
-/// The scenario's timeline (sleeps are the script, not stand-ins for
-/// conditions): workers A, B and C (50 ms per extraction) start 2 s apart,
-/// and 2 s after C, A is SIGKILLed and reaped.
+/// The scenario: worker A starts; once a tenth of the jobs succeeded, B
+/// joins; once B was assigned partitions, C joins; once C was, A is
+/// SIGKILLed and reaped. Each step is checked to find jobs still to do, so
+/// the rebalances happen under load or the test fails.
 async fn three_join_then_the_first_is_killed(env: &TestEnv, protocol: &str) -> Rebalancing {
     let slow = [(
         "DOCSTREAM_FAILPOINTS",
-        "worker.extract=sleep(50)".to_owned(),
+        "worker.extract=sleep(200)".to_owned(),
     )];
-    let mut a = env.spawn("worker", &slow, &format!("rebalance-{protocol}-a"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let b = env.spawn("worker", &slow, &format!("rebalance-{protocol}-b"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let c = env.spawn("worker", &slow, &format!("rebalance-{protocol}-c"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let done_at_kill = common::count(&env.pool, SUCCEEDED).await;
+    let name = |worker: &str| format!("rebalance-{protocol}-{worker}");
+    let mut a = env.spawn("worker", &slow, &name("a"));
+    let tenth = REBALANCE_JOBS as i64 / 10;
+    wait_count(
+        &env.pool,
+        "a tenth of the jobs",
+        SUCCEEDED,
+        tenth,
+        Duration::from_secs(120),
+    )
+    .await;
+    let b = env.spawn("worker", &slow, &name("b"));
+    assigned_partitions(&name("b")).await;
+    still_under_load(&env.pool, "B joined").await;
+    let c = env.spawn("worker", &slow, &name("c"));
+    assigned_partitions(&name("c")).await;
+    let done_at_kill = still_under_load(&env.pool, "C joined").await;
     signal(&a, "KILL").await;
     a.wait().await.unwrap();
     Rebalancing {
@@ -205,6 +219,28 @@ async fn three_join_then_the_first_is_killed(env: &TestEnv, protocol: &str) -> R
         c,
         done_at_kill,
     }
+}
+
+/// Waits (up to 60 s) until the worker logged as `log_name` was assigned
+/// partitions.
+async fn assigned_partitions(log_name: &str) {
+    let assigned = |line: &str| {
+        line.split_once("partitions assigned partitions=")
+            .is_some_and(|(_, n)| n.trim().parse::<u32>().is_ok_and(|n| n > 0))
+    };
+    let what = "partitions assigned";
+    wait_for_log_line(log_name, what, assigned, Duration::from_secs(60)).await;
+}
+
+/// Jobs succeeded so far; panics if that is all of them (after `step`, the
+/// test would no longer be under load).
+async fn still_under_load(pool: &PgPool, step: &str) -> i64 {
+    let done = common::count(pool, SUCCEEDED).await;
+    assert!(
+        done < REBALANCE_JOBS as i64,
+        "every job had succeeded when {step}: the rebalance was not under load"
+    );
+    done
 }
 
 /// Waits (up to 240 s) for every job of the rebalance test to succeed.

@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use common::{count, free_port, percentile, wait_for, wins, TestEnv};
+use common::{count, free_port, log_path, percentile, wait_for, wins, TestEnv};
 use docstream::config::Settings;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -1652,12 +1652,6 @@ impl Fleet {
             })
             .collect()
     }
-}
-
-fn log_path(log: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("test-logs")
-        .join(format!("{log}.log"))
 }
 
 fn start(

@@ -37,9 +37,9 @@ impl TestEnv {
     /// Starts `docstream <role>` as a separate OS process; its output goes to
     /// `target/tmp/test-logs/<log_name>.log`.
     pub fn spawn(&self, role: &str, extra_env: &[(&str, String)], log_name: &str) -> Child {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-logs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = std::fs::File::create(dir.join(format!("{log_name}.log"))).unwrap();
+        let path = log_path(log_name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let log = std::fs::File::create(path).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_docstream"));
         command
             .arg(role)
@@ -50,6 +50,36 @@ impl TestEnv {
             .stderr(log)
             .kill_on_drop(true);
         command.spawn().expect("spawn docstream")
+    }
+}
+
+/// Where a child spawned as `log_name` writes its output.
+pub fn log_path(log_name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("test-logs")
+        .join(format!("{log_name}.log"))
+}
+
+/// Waits (up to `bound`) until a line of `log_name`'s output satisfies
+/// `wanted`, as the child writes it; panics naming `what` if none does.
+pub async fn wait_for_log_line(
+    log_name: &str,
+    what: &str,
+    wanted: impl Fn(&str) -> bool,
+    bound: Duration,
+) {
+    let path = log_path(log_name);
+    let deadline = Instant::now() + bound;
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().any(&wanted) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{log_name}: {what} within {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
