@@ -392,9 +392,11 @@ async fn postgres_split_brain_with_a_synchronous_standby_fences_the_old_primary(
 }
 
 /// Split brain, asynchronous: the old primary acknowledges the stale worker's
-/// writes, so the two sides diverge, and the stale worker dead-letters the
-/// jobs its database never saw. What diverges and what is stranded is
-/// measured (printed), not asserted; the recovery is asserted.
+/// writes, so the two sides diverge: it completes jobs the new primary runs
+/// again (their successes are published twice), and it dead-letters the
+/// jobs its database never saw. What diverges, is published twice and is
+/// stranded is measured (printed), not asserted; the recovery is asserted.
+/// Its second successes are what shows the synchronous case's check can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_split_brain_with_an_asynchronous_standby_is_measured() {
     if skipped_unless_long("pg_split_async") {
@@ -405,25 +407,39 @@ async fn postgres_split_brain_with_an_asynchronous_standby_is_measured() {
 }
 
 /// How long the stale worker keeps the old primary after the promotion: past
-/// two leases (5 s), so every job it held there is reclaimed on the new one.
+/// its extractions ([`STALE_EXTRACTION`]) and two leases (6 s), so every job
+/// it held there is reclaimed on the new one.
 const SPLIT: Duration = Duration::from_secs(15);
 
+/// How long each of the stale worker's extractions takes: past a lease (3 s)
+/// and the reaper's threshold, so the jobs it holds at the promotion are
+/// taken over on the new primary before it completes them on the old one.
+const STALE_EXTRACTION: &str = "worker.extract=sleep(8000)";
+
+/// Claims the stale worker wins before the promotion.
+const STALE_CLAIMS: f64 = 20.0;
+
 /// The fleet reaches the primary through the proxy; a third worker,
-/// `worker-stale`, reaches it directly. Once the stale worker runs jobs, the
-/// standby is promoted (the old primary left up) and the proxy moved to it;
-/// [`SPLIT`] later the stale worker is SIGKILLed, as fencing its host would.
-/// Then: every accepted job finished once on the new primary, and each job's
-/// successes on the events topic (extraction and bbox), where the stale
-/// worker would publish a second one, are counted.
+/// `worker-stale`, reaches it directly and takes 8 s over each extraction.
+/// Once it holds [`STALE_CLAIMS`] jobs, the standby is promoted (the old
+/// primary left up) and the proxy moved to it; those jobs' leases run out on
+/// the new primary, where the fleet takes them over, while the stale worker
+/// goes on to complete them on the old one. [`SPLIT`] later it is SIGKILLed,
+/// as fencing its host would. Then: every accepted job finished once on the
+/// new primary, and each job's successes on the events topic (extraction and
+/// bbox), where the stale worker would publish a second one, are counted.
 async fn split_brain(name: &str, replication: Replication) {
     let (mut rig, _standby) = start_with_a_standby(name, replication).await;
     rig.offsets_ahead_measured = true;
-    let direct = vec![("DATABASE_URL", rig.env.settings.database_url.clone())];
+    let stale_env = vec![
+        ("DATABASE_URL", rig.env.settings.database_url.clone()),
+        ("DOCSTREAM_FAILPOINTS", STALE_EXTRACTION.to_owned()),
+    ];
     rig.fleet
-        .spawn(&rig.env, name, "worker-stale", "worker", &direct);
+        .spawn(&rig.env, name, "worker-stale", "worker", &stale_env);
     let stale = rig.fleet.metrics_addr("worker-stale");
     wait_for(
-        "the stale worker to claim jobs",
+        "the stale worker to hold jobs",
         Duration::from_secs(60),
         || {
             let stale = stale.clone();
@@ -433,7 +449,7 @@ async fn split_brain(name: &str, replication: Replication) {
                     "docstream_transitions_total{outcome=\"won\",transition=\"mark_running\"}",
                 )
                 .await;
-                if won > 0.0 {
+                if won >= STALE_CLAIMS {
                     Ok(())
                 } else {
                     Err(format!("{won} claims"))
@@ -492,8 +508,30 @@ async fn split_brain(name: &str, replication: Replication) {
     )
     .await;
     // What the old primary holds that the new one does not: the transitions
-    // made there after the split, by the stale worker.
+    // made there after the split, by the stale worker. With a synchronous
+    // standby nothing is lost, so the jobs accepted by now all finish on the
+    // new primary first: the ones the stale worker held, once its partitions
+    // moved to the fleet, under a second claim.
     let accepted = rig.load.accepted_ids();
+    if replication == Replication::Synchronous {
+        let pool = rig.env.pool.clone();
+        let wanted: HashSet<Uuid> = accepted.iter().copied().collect();
+        wait_for(
+            "the jobs accepted by now to finish on the new primary",
+            Duration::from_secs(120),
+            || {
+                let (pool, wanted) = (pool.clone(), wanted.clone());
+                async move {
+                    let open = wanted.difference(&finished_jobs(&pool).await).count();
+                    match open {
+                        0 => Ok(()),
+                        n => Err(format!("{n} unfinished")),
+                    }
+                }
+            },
+        )
+        .await;
+    }
     let old = transitions_of(&old_primary, &accepted).await;
     let new = transitions_of(&rig.env.pool, &accepted).await;
     old_primary.close().await;
@@ -513,16 +551,27 @@ async fn split_brain(name: &str, replication: Replication) {
         completed_there.len()
     );
 
-    let brokers = rig.env.settings.kafka_brokers.clone();
-    let events = rig.env.topic("extraction.events");
-    rig.finish().await;
-    let twice = successes_published_twice(&brokers, &events);
+    // Taken over: claimed again on the new primary, a holder's lease having
+    // run out there (the stale worker's, but for a rare slow fleet worker).
+    let taken_over = new
+        .iter()
+        .filter(|((_, transition), n)| transition == "mark_running" && **n > 1)
+        .count();
+
+    // Read before the environment is dropped: that deletes the topics.
+    let env = rig.finish().await;
+    let events = env.topic("extraction.events");
+    let twice = successes_published_twice(&env.settings.kafka_brokers, &events);
     let completed_there_twice = twice.intersection(&completed_there).count();
     eprintln!(
-        "faults: {name}: jobs whose success was published twice on the events topic {} (of them completed on the old primary after the split {completed_there_twice})",
+        "faults: {name}: jobs taken over on the new primary {taken_over}; jobs whose success was published twice on the events topic {} (of them completed on the old primary after the split {completed_there_twice})",
         twice.len()
     );
     if replication == Replication::Synchronous {
+        assert!(
+            taken_over > 0,
+            "the new primary took over jobs the stale worker held"
+        );
         assert!(twice.is_empty(), "second successes published: {twice:?}");
     }
 }
@@ -925,7 +974,9 @@ impl Rig {
     /// Keeps the load on for a few seconds after the last fault, stops it,
     /// waits for every job, stops the processes, then prints and asserts the
     /// scenario's figures.
-    async fn finish(mut self) {
+    /// Returns the test's environment: its topics and database are removed
+    /// when it is dropped, so a test that reads them afterwards keeps it.
+    async fn finish(mut self) -> TestEnv {
         let submissions = self.stop_the_load_and_wait_for_every_job().await;
         let ahead = self.offsets_committed_ahead_of_delivery().await;
         let servers = ServerClock::read(&self.fleet).await;
@@ -949,6 +1000,7 @@ impl Rig {
         every_submit_was_answered_within_the_bounds(&client, &servers);
         every_fault_was_recovered_from_in_time(worst);
         no_outage_was_logged_per_failed_call(most, &chatty);
+        self.env
     }
 
     /// Keeps the load on for 3 s more, checks every process still runs, stops
