@@ -33,6 +33,7 @@ pub mod domain;
 pub mod events;
 pub mod extract;
 pub mod failpoints;
+pub mod files;
 pub mod health;
 pub mod kafka;
 pub mod metrics;

@@ -193,10 +193,57 @@ _BEYOND_THE_SCHEMA = (
 )
 
 
+_SIGNATURES = (
+    (b"%PDF-", "application/pdf"),
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"II*\x00", "image/tiff"),
+    (b"MM\x00*", "image/tiff"),
+)
+
+
+def _sniff(data):
+    """What the server takes `data` for (src/files/sniff.rs), or None."""
+    for signature, kind in _SIGNATURES:
+        if data.startswith(signature):
+            return kind
+    if any(b < 0x20 and b not in b"\t\n\x0c\r" or b == 0x7F for b in data):
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return "text/plain"
+
+
+def _file_refused_for_its_bytes(case, response):
+    """The reason, when `response` is the upload's 415 for bytes that are
+    not the kind the request declared, or of no kind the server takes: the
+    schema says "bytes" and cannot say which; else None."""
+    if case.operation.path != "/v1/files" or response.status_code != 415:
+        return None
+    try:
+        message = json.loads(response.content)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    data = case.body.encode() if isinstance(case.body, str) else bytes(case.body or b"")
+    found = _sniff(data)
+    declared = (case.media_type or "").split(";")[0].strip().lower()
+    if found is None and message.startswith("the file is not a PDF"):
+        return "file bytes of a kind the server does not take"
+    if found is not None and found != declared and message.endswith(f"the bytes are {found}"):
+        return "file bytes of another kind than their Content-Type"
+    return None
+
+
 def _beyond_the_schema(failure, case, response):
-    """The reason, when `failure` is a 422 for a schema-valid request that the
-    schema cannot express; else None."""
-    if getattr(failure, "code", None) != "ST202" or response.status_code != 422:
+    """The reason, when `failure` is a 422 (or an upload's 415) for a
+    schema-valid request that the schema cannot express; else None."""
+    if getattr(failure, "code", None) != "ST202":
+        return None
+    if response.status_code == 415:
+        return _file_refused_for_its_bytes(case, response)
+    if response.status_code != 422:
         return None
     try:
         message = json.loads(response.content)["error"]["message"]

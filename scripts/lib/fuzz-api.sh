@@ -94,6 +94,9 @@ fuzz_api() (
     export DOCSTREAM_MAX_PAGES=5
     export DOCSTREAM_MAX_WORDS_PER_PAGE=20
     export DOCSTREAM_HTTP_BODY_LIMIT_BYTES=65536
+    # Uploaded files go to the run's own folder, at most 64 KiB each.
+    export DOCSTREAM_FILES_DIR="$work/files"
+    export DOCSTREAM_FILE_MAX_BYTES=65536
     # A machine busy with builds must not turn slow inserts into 503s: here a
     # 503 is a finding, as it is nowhere else.
     export DOCSTREAM_HTTP_ANSWER_TIMEOUT_S=10

@@ -9,6 +9,7 @@ use axum::Json;
 
 use crate::auth::AuthError;
 use crate::domain::{RequestError, MAX_IDEMPOTENCY_KEY_LEN};
+use crate::files::FileError;
 use crate::pipeline::JobError;
 use crate::store::{Refusal, StoreError, SubmitError};
 
@@ -31,6 +32,10 @@ pub enum ApiError {
     /// The body is not declared as JSON.
     #[error("expected a body with Content-Type: application/json")]
     UnsupportedMediaType,
+    /// An uploaded file is of a kind docstream does not take, or not the
+    /// kind its `Content-Type` says.
+    #[error("{0}")]
+    UnsupportedFile(String),
     /// The request's credentials are missing or wrong.
     #[error("{0}")]
     Unauthorized(String),
@@ -40,6 +45,9 @@ pub enum ApiError {
     /// No extraction has this id.
     #[error("no extraction with id {0}")]
     NotFound(String),
+    /// The caller's tenant has no file with this id.
+    #[error("no file with id {0}")]
+    NoSuchFile(String),
     /// The request conflicts with the job's state.
     #[error("{0}")]
     Conflict(String),
@@ -89,12 +97,12 @@ impl ApiError {
             Self::Invalid(e) if e.is_syntax() => (StatusCode::BAD_REQUEST, e.code()),
             Self::Invalid(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.code()),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            Self::UnsupportedMediaType => {
+            Self::UnsupportedMediaType | Self::UnsupportedFile(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
-            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::NotFound(_) | Self::NoSuchFile(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::Gone(_) => (StatusCode::GONE, "gone"),
             Self::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
@@ -164,6 +172,23 @@ impl From<JobError> for ApiError {
             JobError::Publish(_) | JobError::Failpoint(_) | JobError::StoppedWhileHeld(_) => {
                 tracing::warn!(error = %e, "request answered 503: a step of the job did not happen");
                 Self::Unavailable(format!("{e}; retry shortly"))
+            }
+        }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> Self {
+        match e {
+            FileError::Empty => Self::Unprocessable(e.to_string()),
+            FileError::TooLarge(limit) => Self::PayloadTooLarge(limit),
+            FileError::Unsupported | FileError::Mismatch { .. } => {
+                Self::UnsupportedFile(e.to_string())
+            }
+            FileError::Database(e) => e.into(),
+            FileError::Store(_) => {
+                tracing::warn!(error = %e, "upload answered 503: the file store failed");
+                Self::Unavailable("the file store is unavailable; retry shortly".into())
             }
         }
     }

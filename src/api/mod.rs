@@ -10,6 +10,7 @@ mod console;
 mod error;
 mod export;
 mod extractions;
+mod files;
 mod gate;
 mod import;
 mod letters;
@@ -59,6 +60,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .merge(letters::replay_router())
         .merge(import::router())
         .merge(export::router())
+        .merge(files::router(&services))
         .with_state(services.clone())
         .merge(probes_router(&services))
         .merge(openapi::router(&services.settings))

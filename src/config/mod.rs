@@ -210,6 +210,10 @@ settings! {
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
     /// word geometry; larger bodies get 413.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES", at_least(1);
+    /// Largest file `POST /v1/files` takes, in bytes (its own body limit).
+    file_max_bytes: usize = 32_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_BYTES", at_least(1);
+    /// The folder uploaded files are kept in (made at the first upload).
+    files_dir: String = "data/files", env "DOCSTREAM_FILES_DIR";
     /// Most field specs one request may carry. 100 covers the widest form
     /// we have seen (invoices list a few dozen) and bounds the work of a job.
     max_fields: usize = RequestLimits::DEFAULT.fields, env "DOCSTREAM_MAX_FIELDS", at_least(1);

@@ -51,6 +51,7 @@ pub use crate::domain::Stage;
 use crate::domain::{pattern, ExtractionRequest, PerStage};
 use crate::events::{decode, Event};
 use crate::extract::{CpuPool, Extractors};
+use crate::files::Files;
 use crate::health::Health;
 use crate::kafka::consumer::{ConsumerError, ConsumerRuntime};
 use crate::kafka::{ConsumerSpec, HandlerError, Publisher, Record, RecordHandler};
@@ -110,6 +111,8 @@ pub struct Parts {
     /// Tenants' weights, for the share of a consumer's slots each gets when
     /// several have records waiting (kept current by `weights::keep_current`).
     pub weights: Weights,
+    /// The files tenants uploaded.
+    pub files: Files,
 }
 
 impl Services {
@@ -146,6 +149,7 @@ impl Services {
         let key_cache = settings.api_key_cache_s.get();
         let answer_bound = settings.http_answer_timeout_s.get();
         let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
+        let files = Files::new(&settings, pool.clone());
         Ok(Self(Arc::new(Parts {
             settings: Arc::new(settings),
             pool,
@@ -164,6 +168,7 @@ impl Services {
             failed_authentications: FailedAuthentications::default(),
             admission,
             weights,
+            files,
         })))
     }
 

@@ -58,6 +58,7 @@ pub(crate) fn document(settings: &Settings) -> Value {
         "tags": [
             {"name": "extractions", "description": "Submit, read and cancel extraction jobs."},
             {"name": "streams", "description": "WebSocket streams: submissions in, events out."},
+            {"name": "files", "description": "Documents sent as files: uploaded once, named by their SHA-256."},
             {"name": "tenant", "description": "The caller's tenant: who it is, its queue, quotas and keys."},
             {"name": "operators", "description": "The whole deployment, for keys with the `operator` scope."},
             {"name": "extractors", "description": "Called by extraction services, not by clients."},
@@ -141,6 +142,8 @@ mod tests {
             ("/v1/extractions/{id}/result", "post"),
             ("/v1/extractions/{id}/retry", "post"),
             ("/v1/extractions/{id}/transitions", "get"),
+            ("/v1/files", "post"),
+            ("/v1/files/{id}", "get"),
             ("/v1/import", "get"),
             ("/v1/me", "get"),
             ("/v1/operator/overview", "get"),

@@ -75,6 +75,8 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
         "/v1/dead-letters": {"get": dead_letters()},
         "/v1/dead-letters/{id}/replay": {"post": replay_letter()},
+        "/v1/files": {"post": upload_file(settings)},
+        "/v1/files/{id}": {"get": read_file()},
         "/v1/overview": {"get": overview(false)},
         "/v1/me": {"get": me()},
         "/v1/tenant": {"get": tenant()},
@@ -323,6 +325,75 @@ fn read() -> Value {
                 "links": links(&[("CancelExtraction", "cancelExtraction")]),
             },
         }), &[400, 401, 403, 404, 410, 429, 503]),
+    })
+}
+
+fn upload_file(settings: &Settings) -> Value {
+    let binary = json!({"schema": {
+        "type": "string",
+        "contentMediaType": "application/octet-stream",
+        "minLength": 1,
+    }});
+    let description = format!(
+        "Stores a document sent as its bytes, the whole body (scope `submit`): a PDF, PNG, \
+         JPEG, TIFF or UTF-8 text file of at most {max} bytes \
+         (`DOCSTREAM_FILE_MAX_BYTES`). What it is comes from its bytes; a `Content-Type` \
+         naming another kind answers 415 (send `application/octet-stream` to let the bytes \
+         say). The file's id is its SHA-256: the same bytes uploaded again by the same \
+         tenant answer the same file, 200 instead of 201. A tenant never sees another's \
+         files.",
+        max = settings.file_max_bytes,
+    );
+    json!({
+        "operationId": "uploadFile",
+        "tags": ["files"],
+        "summary": "Upload a file",
+        "description": description,
+        "requestBody": {
+            "required": true,
+            "content": {
+                "application/octet-stream": binary,
+                "application/pdf": binary,
+                "image/png": binary,
+                "image/jpeg": binary,
+                "image/tiff": binary,
+                "text/plain": binary,
+            },
+        },
+        "responses": answers(json!({
+            "201": {
+                "description": "Stored: these bytes are new to the tenant.",
+                "content": {"application/json": {"schema": schema("File")}},
+            },
+            "200": {
+                "description": "The tenant had uploaded these bytes before: the same file.",
+                "content": {"application/json": {"schema": schema("File")}},
+            },
+        }), &[400, 401, 403, 413, 415, 422, 429, 503]),
+    })
+}
+
+fn read_file() -> Value {
+    json!({
+        "operationId": "getFile",
+        "tags": ["files"],
+        "summary": "Read a file's description",
+        "description": "The tenant's file (scope `read`): its id, SHA-256, size, kind and \
+                        when it was first uploaded. Another tenant's file is not found, \
+                        exactly like one that does not exist.",
+        "parameters": [{
+            "name": "id",
+            "in": "path",
+            "required": true,
+            "description": "The file's id: its SHA-256, lower-case hex.",
+            "schema": {"type": "string"},
+        }],
+        "responses": answers(json!({
+            "200": {
+                "description": "The file.",
+                "content": {"application/json": {"schema": schema("File")}},
+            },
+        }), &[401, 403, 404, 429, 503]),
     })
 }
 

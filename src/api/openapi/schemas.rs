@@ -37,6 +37,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     answers.subschema_for::<crate::api::account::TenantList>();
     answers.subschema_for::<crate::api::extractions::Logged>();
     answers.subschema_for::<crate::api::results::Recorded>();
+    answers.subschema_for::<crate::files::StoredFile>();
     answers.subschema_for::<crate::events::ExtractionEvent>();
     let mut schemas = requests.take_definitions(true);
     for (name, answer) in answers.take_definitions(true) {

@@ -1,0 +1,253 @@
+//! Files: documents a tenant sends as bytes (a PDF, a scan, a text file)
+//! rather than as JSON. Each is stored once per tenant under its content's
+//! SHA-256, in an object store (a folder on this machine by default), and
+//! described by a row (`store::files`) written once the bytes are stored.
+//!
+//! What a file is comes from its bytes ([`FileType::sniff`]); a declared
+//! `Content-Type` that names another kind is refused rather than believed.
+//! Objects live at `tenants/<tenant>/<sha256>`, and every lookup goes
+//! through the caller's tenant, so one tenant can never name another's file.
+
+mod sniff;
+
+pub use sniff::FileType;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use tokio::sync::OnceCell;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::store::files::{self, FileRow};
+use crate::store::StoreError;
+
+/// The files of every tenant; clones share the store.
+#[derive(Clone)]
+pub struct Files(Arc<Inner>);
+
+struct Inner {
+    pool: PgPool,
+    /// The folder of the filesystem store.
+    dir: PathBuf,
+    /// Made at the first use: a process that never touches a file creates
+    /// no folder.
+    store: OnceCell<Arc<dyn ObjectStore>>,
+    /// Largest file, in bytes.
+    max_bytes: usize,
+}
+
+/// Why a file was not stored or read.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// No bytes.
+    #[error("the file is empty")]
+    Empty,
+    /// More bytes than the limit.
+    #[error("the file is larger than {0} bytes (DOCSTREAM_FILE_MAX_BYTES)")]
+    TooLarge(usize),
+    /// Bytes of a kind docstream does not take.
+    #[error("the file is not a PDF, PNG, JPEG, TIFF or UTF-8 text file")]
+    Unsupported,
+    /// The declared `Content-Type` names another kind than the bytes are.
+    #[error("the Content-Type says {declared} but the bytes are {found}")]
+    Mismatch {
+        /// What the request said.
+        declared: String,
+        /// What the bytes are.
+        found: &'static str,
+    },
+    /// The object store failed.
+    #[error("the file store failed: {0}")]
+    Store(#[from] object_store::Error),
+    /// Postgres failed.
+    #[error(transparent)]
+    Database(#[from] StoreError),
+}
+
+/// A stored file.
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "File", deny_unknown_fields)]
+pub struct StoredFile {
+    /// The file's id within its tenant: its SHA-256, so the same bytes
+    /// uploaded again are the same file.
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
+    pub id: String,
+    /// Hex SHA-256 of the bytes.
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
+    pub sha256: String,
+    /// Bytes.
+    #[schemars(range(min = 1))]
+    pub size: i64,
+    /// What the bytes are (sniffed, not taken from the request).
+    pub content_type: FileType,
+    /// When the tenant first uploaded these bytes.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl StoredFile {
+    fn of(row: FileRow) -> Self {
+        // Rows are written from a sniffed kind only.
+        let content_type = FileType::named(&row.content_type).unwrap_or(FileType::Text);
+        Self {
+            id: row.sha256.clone(),
+            sha256: row.sha256,
+            size: row.size,
+            content_type,
+            created_at: row.created_at,
+        }
+    }
+}
+
+impl Files {
+    /// The files of `settings`' store, described in `pool`.
+    pub fn new(settings: &Settings, pool: PgPool) -> Self {
+        Self(Arc::new(Inner {
+            pool,
+            dir: PathBuf::from(&settings.files_dir),
+            store: OnceCell::new(),
+            max_bytes: settings.file_max_bytes,
+        }))
+    }
+
+    /// Largest file, in bytes.
+    pub fn max_bytes(&self) -> usize {
+        self.0.max_bytes
+    }
+
+    /// Stores `bytes` as a file of `tenant`, checked against the
+    /// `declared` media type if the request named one other than
+    /// `application/octet-stream`. The file, and whether these bytes were
+    /// new to the tenant. Stored twice, the same bytes are one object and
+    /// one row.
+    pub async fn upload(
+        &self,
+        tenant: Uuid,
+        declared: Option<&str>,
+        bytes: Bytes,
+    ) -> Result<(StoredFile, bool), FileError> {
+        let kind = check(declared, &bytes, self.0.max_bytes)?;
+        let sha256 = hex(&Sha256::digest(&bytes));
+        let size = bytes.len() as i64;
+        let store = self.store().await?;
+        store
+            .put(&object_path(tenant, &sha256), PutPayload::from(bytes))
+            .await?;
+        let row = FileRow {
+            sha256,
+            size,
+            content_type: kind.as_str().to_owned(),
+            created_at: chrono::Utc::now(),
+        };
+        let (row, made) = files::record(&self.0.pool, tenant, &row).await?;
+        Ok((StoredFile::of(row), made))
+    }
+
+    /// Tenant `tenant`'s file `id`, if it has one.
+    pub async fn get(&self, tenant: Uuid, id: &str) -> Result<Option<StoredFile>, FileError> {
+        if !is_sha256(id) {
+            return Ok(None);
+        }
+        let row = files::get(&self.0.pool, tenant, id).await?;
+        Ok(row.map(StoredFile::of))
+    }
+
+    async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
+        let dir = &self.0.dir;
+        let made = self.0.store.get_or_try_init(|| async {
+            tokio::fs::create_dir_all(dir).await.map_err(|source| {
+                let path = dir.display().to_string();
+                object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: format!("cannot create {path}: {source}").into(),
+                }
+            })?;
+            let store = LocalFileSystem::new_with_prefix(dir)?;
+            Ok::<_, object_store::Error>(Arc::new(store) as Arc<dyn ObjectStore>)
+        });
+        Ok(made.await?)
+    }
+}
+
+/// What `bytes` are, or why they are refused: empty, over `max_bytes`, of a
+/// kind docstream does not take, or of another kind than `declared`.
+fn check(declared: Option<&str>, bytes: &[u8], max_bytes: usize) -> Result<FileType, FileError> {
+    if bytes.is_empty() {
+        return Err(FileError::Empty);
+    }
+    if bytes.len() > max_bytes {
+        return Err(FileError::TooLarge(max_bytes));
+    }
+    let found = FileType::sniff(bytes).ok_or(FileError::Unsupported)?;
+    let declared = declared.map(str::trim).filter(|d| {
+        let essence = d.split(';').next().unwrap_or_default().trim();
+        !essence.is_empty() && !essence.eq_ignore_ascii_case("application/octet-stream")
+    });
+    match declared {
+        Some(d) if FileType::named(d) != Some(found) => Err(FileError::Mismatch {
+            declared: d.to_owned(),
+            found: found.as_str(),
+        }),
+        _ => Ok(found),
+    }
+}
+
+/// Where tenant `tenant`'s bytes of `sha256` are kept.
+fn object_path(tenant: Uuid, sha256: &str) -> Path {
+    Path::from(format!("tenants/{tenant}/{sha256}"))
+}
+
+fn is_sha256(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_refused_empty_too_large_unknown_or_declared_as_another_kind() {
+        let pdf = b"%PDF-1.4\n";
+        assert!(matches!(check(None, b"", 10), Err(FileError::Empty)));
+        assert!(matches!(check(None, pdf, 4), Err(FileError::TooLarge(4))));
+        assert!(matches!(
+            check(None, b"PK\x03\x04", 10),
+            Err(FileError::Unsupported)
+        ));
+        let lying = check(Some("image/png"), pdf, 10);
+        assert!(matches!(
+            lying,
+            Err(FileError::Mismatch {
+                found: "application/pdf",
+                ..
+            })
+        ));
+        let zip_declared = check(Some("application/zip"), pdf, 10);
+        assert!(matches!(zip_declared, Err(FileError::Mismatch { .. })));
+        for declared in [
+            None,
+            Some("application/octet-stream"),
+            Some("application/pdf"),
+        ] {
+            assert_eq!(check(declared, pdf, 10).unwrap(), FileType::Pdf);
+        }
+    }
+
+    #[test]
+    fn ids_are_lower_case_hex_sha256() {
+        assert!(is_sha256(&"ab".repeat(32)));
+        assert!(!is_sha256(&"AB".repeat(32)));
+        assert!(!is_sha256("../../etc/passwd"));
+        assert_eq!(hex(&[0, 15, 255]), "000fff");
+    }
+}
