@@ -14,6 +14,8 @@
 # schemathesis (scripts/fuzz-api.sh; under a minute). Before both, cargo-deny
 # checks the dependency graph against deny.toml (licences, duplicate versions,
 # sources; seconds, after a one-time build of the tool of about 4 minutes).
+# The file tests keep uploads in s3s-fs, an S3-compatible server built once
+# from crates.io (scripts/lib/s3.sh; about 4 minutes).
 # The console's browser test (tests/console.rs) runs in Debian's chromium,
 # driven by Playwright for Python, both installed here once (about a minute).
 # The suite fails if any step does. With a test filter, only the tests run.
@@ -27,12 +29,14 @@ fi
 
 source scripts/lib/prepare.sh
 source scripts/lib/toxiproxy.sh
+source scripts/lib/s3.sh
 source scripts/lib/fuzz-api.sh
 source scripts/lib/promtool.sh
 source scripts/lib/deny.sh
 source scripts/lib/browser.sh
 prepare
 ensure_toxiproxy
+ensure_s3
 ensure_schemathesis
 ensure_promtool
 ensure_cargo_deny

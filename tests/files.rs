@@ -1,8 +1,10 @@
-//! Files on a real Postgres and the filesystem store: an upload is stored
-//! once per tenant under its SHA-256 and described by a row; the same bytes
-//! again are the same file; another tenant never sees it; and every refused
-//! upload (empty, too large, of an unknown kind, or not the kind its
-//! Content-Type says) gets a clear 4xx with nothing stored.
+//! Files on a real Postgres, in the folder store and in a real S3-compatible
+//! server (s3s-fs, which `scripts/test.sh` installs; `DOCSTREAM_TEST_S3`
+//! names it): an upload is stored once per tenant under its SHA-256 and
+//! described by a row; the same bytes again are the same file; another
+//! tenant never sees it; and every refused upload (empty, too large, of an
+//! unknown kind, or not the kind its Content-Type says) gets a clear 4xx
+//! with nothing stored.
 
 mod common;
 
@@ -17,23 +19,51 @@ use sha2::{Digest, Sha256};
 /// upload between the two shows the route's own limit in force.
 const FILE_LIMIT: usize = 5 * 1024 * 1024;
 
-/// One test's `serve`, in-process, with its store's folder and a second
-/// tenant's key.
+/// Where a test keeps its files.
+#[derive(Clone, Copy, PartialEq)]
+enum Store {
+    /// The folder store.
+    Dir,
+    /// A bucket of an s3s-fs server of the test's own.
+    S3,
+}
+
+/// The bucket of the S3 tests.
+const BUCKET: &str = "docstream-files";
+
+/// One test's `serve`, in-process, with the folder its store keeps the bytes
+/// in (the store's own, or the S3 server's bucket) and a second tenant's key.
 struct Files {
     env: TestEnv,
     base: String,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+    /// Where the objects are, under `dir`.
+    objects: std::path::PathBuf,
     other_key: String,
+    _s3: Option<tokio::process::Child>,
     _serving: tokio_util::sync::DropGuard,
 }
 
 impl Files {
-    async fn start() -> Self {
+    async fn start(store: Store) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let (s3, objects, endpoint) = match store {
+            Store::Dir => (None, dir.path().to_owned(), String::new()),
+            Store::S3 => {
+                let (server, endpoint) = s3_server(dir.path()).await;
+                (Some(server), dir.path().join(BUCKET), endpoint)
+            }
+        };
         let files_dir = dir.path().display().to_string();
-        let env = TestEnv::with_settings("files", |s| {
+        let env = TestEnv::with_settings(&format!("files_{}", store as u8), |s| {
             s.files_dir = files_dir;
             s.file_max_bytes = FILE_LIMIT;
+            if store == Store::S3 {
+                s.files_s3_bucket = BUCKET.into();
+                s.files_s3_endpoint = endpoint;
+                s.files_s3_access_key_id = "docstream-test".into();
+                s.files_s3_secret_access_key = "docstream-test-secret".into();
+            }
         })
         .await;
         let created = env.run_cli(&["tenants", "create", "other"]).await;
@@ -49,8 +79,10 @@ impl Files {
         Self {
             env,
             base,
-            dir,
+            _dir: dir,
+            objects,
             other_key,
+            _s3: s3,
             _serving: serving,
         }
     }
@@ -92,8 +124,50 @@ impl Files {
             .fetch_one(&self.env.pool)
             .await
             .unwrap();
-        (rows, objects_under(self.dir.path()))
+        (rows, objects_under(&self.objects))
     }
+}
+
+/// Starts s3s-fs on a free loopback port with its data under `root` and an
+/// empty bucket [`BUCKET`]; once it accepts connections, the process and
+/// its address.
+async fn s3_server(root: &Path) -> (tokio::process::Child, String) {
+    let binary = std::env::var("DOCSTREAM_TEST_S3").expect(
+        "DOCSTREAM_TEST_S3 names the s3s-fs binary: run scripts/test.sh, which installs it",
+    );
+    std::fs::create_dir_all(root.join(BUCKET)).unwrap();
+    let port = common::free_port();
+    let log = std::fs::File::create(common::log_path("files-s3s-fs")).unwrap();
+    let server = tokio::process::Command::new(binary)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--access-key",
+            "docstream-test",
+            "--secret-key",
+            "docstream-test-secret",
+        ])
+        .arg(root)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start s3s-fs");
+    let addr = format!("127.0.0.1:{port}");
+    common::wait_for(
+        "s3s-fs to accept connections",
+        std::time::Duration::from_secs(30),
+        || {
+            let addr = addr.clone();
+            async move {
+                match tokio::net::TcpStream::connect(&addr).await {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await;
+    (server, format!("http://{addr}"))
 }
 
 async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
@@ -135,7 +209,16 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_is_stored_once_per_tenant_and_seen_by_it_alone() {
-    let files = Files::start().await;
+    stored_once_per_tenant_and_seen_by_it_alone(Store::Dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_is_stored_once_per_tenant_in_an_s3_bucket() {
+    stored_once_per_tenant_and_seen_by_it_alone(Store::S3).await;
+}
+
+async fn stored_once_per_tenant_and_seen_by_it_alone(store: Store) {
+    let files = Files::start(store).await;
     let pdf = pdf_of(2_000);
     let sha = sha256_hex(&pdf);
 
@@ -177,7 +260,7 @@ async fn a_file_is_stored_once_per_tenant_and_seen_by_it_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refused_upload_gets_a_clear_4xx_and_stores_nothing() {
-    let files = Files::start().await;
+    let files = Files::start(Store::Dir).await;
     let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
     let refusals: [(&str, Vec<u8>, &str, StatusCode, &str); 5] = [
         (

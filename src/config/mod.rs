@@ -212,8 +212,21 @@ settings! {
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES", at_least(1);
     /// Largest file `POST /v1/files` takes, in bytes (its own body limit).
     file_max_bytes: usize = 32_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_BYTES", at_least(1);
-    /// The folder uploaded files are kept in (made at the first upload).
+    /// The folder uploaded files are kept in (made at the first upload),
+    /// unless `files_s3_bucket` names a bucket.
     files_dir: String = "data/files", env "DOCSTREAM_FILES_DIR";
+    /// A bucket of an S3-compatible service to keep uploaded files in,
+    /// instead of the folder; its region and (unless set below) credentials
+    /// come from the standard `AWS_REGION`, `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`.
+    files_s3_bucket: String = "", env "DOCSTREAM_FILES_S3_BUCKET";
+    /// The S3-compatible service's address, for one that is not AWS
+    /// (`http://127.0.0.1:9000`); empty: AWS's own.
+    files_s3_endpoint: String = "", env "DOCSTREAM_FILES_S3_ENDPOINT";
+    /// The S3 access key id, when not `AWS_ACCESS_KEY_ID`'s.
+    files_s3_access_key_id: String = "", env "DOCSTREAM_FILES_S3_ACCESS_KEY_ID";
+    /// Its secret, when not `AWS_SECRET_ACCESS_KEY`'s.
+    files_s3_secret_access_key: String = "", env "DOCSTREAM_FILES_S3_SECRET_ACCESS_KEY";
     /// Most field specs one request may carry. 100 covers the widest form
     /// we have seen (invoices list a few dozen) and bounds the work of a job.
     max_fields: usize = RequestLimits::DEFAULT.fields, env "DOCSTREAM_MAX_FIELDS", at_least(1);

@@ -1,7 +1,8 @@
 //! Files: documents a tenant sends as bytes (a PDF, a scan, a text file)
 //! rather than as JSON. Each is stored once per tenant under its content's
-//! SHA-256, in an object store (a folder on this machine by default), and
-//! described by a row (`store::files`) written once the bytes are stored.
+//! SHA-256, in an object store (a folder on this machine by default, or a
+//! bucket of an S3-compatible service), and described by a row
+//! (`store::files`) written once the bytes are stored.
 //!
 //! What a file is comes from its bytes ([`FileType::sniff`]); a declared
 //! `Content-Type` that names another kind is refused rather than believed.
@@ -16,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -34,13 +36,80 @@ pub struct Files(Arc<Inner>);
 
 struct Inner {
     pool: PgPool,
-    /// The folder of the filesystem store.
-    dir: PathBuf,
+    /// Where the bytes are kept.
+    location: Location,
     /// Made at the first use: a process that never touches a file creates
-    /// no folder.
+    /// no folder and opens no connection.
     store: OnceCell<Arc<dyn ObjectStore>>,
     /// Largest file, in bytes.
     max_bytes: usize,
+}
+
+/// Where files are kept: a folder on this machine, or a bucket of an
+/// S3-compatible service.
+#[derive(Debug, Clone)]
+enum Location {
+    Dir(PathBuf),
+    /// The bucket, the service's address (empty: AWS's own) and its
+    /// credentials (empty: the standard `AWS_*` variables', as the region).
+    S3 {
+        bucket: String,
+        endpoint: String,
+        credentials: (String, String),
+    },
+}
+
+impl Location {
+    fn of(settings: &Settings) -> Self {
+        match settings.files_s3_bucket.as_str() {
+            "" => Self::Dir(PathBuf::from(&settings.files_dir)),
+            bucket => Self::S3 {
+                bucket: bucket.to_owned(),
+                endpoint: settings.files_s3_endpoint.clone(),
+                credentials: (
+                    settings.files_s3_access_key_id.clone(),
+                    settings.files_s3_secret_access_key.clone(),
+                ),
+            },
+        }
+    }
+
+    /// The store, its folder made if it is one.
+    async fn open(&self) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+        match self {
+            Self::Dir(dir) => {
+                tokio::fs::create_dir_all(dir).await.map_err(|source| {
+                    let path = dir.display().to_string();
+                    object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        source: format!("cannot create {path}: {source}").into(),
+                    }
+                })?;
+                Ok(Arc::new(LocalFileSystem::new_with_prefix(dir)?))
+            }
+            Self::S3 {
+                bucket,
+                endpoint,
+                credentials: (key_id, secret),
+            } => {
+                let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+                if !key_id.is_empty() {
+                    builder = builder
+                        .with_access_key_id(key_id)
+                        .with_secret_access_key(secret);
+                }
+                if !endpoint.is_empty() {
+                    // A service of one's own (MinIO, Ceph, …): path-style
+                    // addresses, and plain HTTP when its address says so.
+                    builder = builder
+                        .with_endpoint(endpoint)
+                        .with_virtual_hosted_style_request(false)
+                        .with_allow_http(endpoint.starts_with("http://"));
+                }
+                Ok(Arc::new(builder.build()?))
+            }
+        }
+    }
 }
 
 /// Why a file was not stored or read.
@@ -110,7 +179,7 @@ impl Files {
     pub fn new(settings: &Settings, pool: PgPool) -> Self {
         Self(Arc::new(Inner {
             pool,
-            dir: PathBuf::from(&settings.files_dir),
+            location: Location::of(settings),
             store: OnceCell::new(),
             max_bytes: settings.file_max_bytes,
         }))
@@ -159,19 +228,8 @@ impl Files {
     }
 
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
-        let dir = &self.0.dir;
-        let made = self.0.store.get_or_try_init(|| async {
-            tokio::fs::create_dir_all(dir).await.map_err(|source| {
-                let path = dir.display().to_string();
-                object_store::Error::Generic {
-                    store: "LocalFileSystem",
-                    source: format!("cannot create {path}: {source}").into(),
-                }
-            })?;
-            let store = LocalFileSystem::new_with_prefix(dir)?;
-            Ok::<_, object_store::Error>(Arc::new(store) as Arc<dyn ObjectStore>)
-        });
-        Ok(made.await?)
+        let location = &self.0.location;
+        Ok(self.0.store.get_or_try_init(|| location.open()).await?)
     }
 }
 
