@@ -1101,8 +1101,14 @@ async fn a_slow_client_costs_drops_with_drop_new_and_holds_the_commit_with_block
     stop([&mut scenario.serve]).await;
 }
 
-/// Submissions the shutdown test's import client sends at most.
-const SHUTDOWN_SUBMISSIONS: usize = 300;
+/// Submissions the shutdown test's import client sends at most: more than
+/// the import can answer before the SIGTERM, so the shutdown comes
+/// mid-stream whatever the machine's pace. The import answers at most 64
+/// submissions per 100 ms (its in-flight bound, and the test's submit
+/// delay), 38,400 in the 60 s the test waits at most for the export to be
+/// busy. With 300, a loaded machine's export took longer than the import's
+/// half second, and every submission was answered before the shutdown.
+const SHUTDOWN_SUBMISSIONS: usize = 100_000;
 
 /// An import-stream message as its answers arrive.
 type WsResult = Result<Message, tokio_tungstenite::tungstenite::Error>;
