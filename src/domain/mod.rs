@@ -37,3 +37,11 @@ pub use tenant::{
 pub fn new_job_id() -> uuid::Uuid {
     uuid::Uuid::now_v7()
 }
+
+/// The SHA-256 of `bytes`, as lower-case hex: a request's idempotency hash,
+/// a dead letter's payload digest, a file's id.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -179,11 +179,7 @@ impl DeadLetter {
     pub fn new(source: Source<'_>, kind: &str, reason: &str, excerpt_bytes: usize) -> Self {
         let payload = source.payload;
         let size = payload.map_or(-1, |p| i64::try_from(p.len()).unwrap_or(i64::MAX));
-        let sha256 = payload.map_or_else(String::new, |p| {
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(p);
-            digest.iter().map(|b| format!("{b:02x}")).collect()
-        });
+        let sha256 = payload.map_or_else(String::new, crate::domain::sha256_hex);
         let excerpt = |bytes: &[u8], most: usize| bytes[..bytes.len().min(most)].to_vec();
         Self {
             topic: source.topic.to_owned(),

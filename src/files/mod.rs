@@ -21,7 +21,6 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use uuid::Uuid;
@@ -202,7 +201,7 @@ impl Files {
         bytes: Bytes,
     ) -> Result<(StoredFile, bool), FileError> {
         let kind = check(declared, &bytes, self.0.max_bytes)?;
-        let sha256 = hex(&Sha256::digest(&bytes));
+        let sha256 = crate::domain::sha256_hex(&bytes);
         let size = bytes.len() as i64;
         let store = self.store().await?;
         store
@@ -265,10 +264,6 @@ fn is_sha256(id: &str) -> bool {
     id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +301,5 @@ mod tests {
         assert!(is_sha256(&"ab".repeat(32)));
         assert!(!is_sha256(&"AB".repeat(32)));
         assert!(!is_sha256("../../etc/passwd"));
-        assert_eq!(hex(&[0, 15, 255]), "000fff");
     }
 }

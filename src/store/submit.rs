@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -156,8 +155,7 @@ fn canonical_json(request: &ExtractionRequest) -> String {
 }
 
 fn hash_of(canonical: &str) -> String {
-    let digest = Sha256::digest(canonical.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    crate::domain::sha256_hex(canonical.as_bytes())
 }
 
 /// A job ready to insert: the request, its canonical JSON (what is stored)
