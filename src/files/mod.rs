@@ -9,6 +9,7 @@
 //! Objects live at `tenants/<tenant>/<sha256>`, and every lookup goes
 //! through the caller's tenant, so one tenant can never name another's file.
 
+pub mod pdf;
 mod sniff;
 
 pub use sniff::FileType;
