@@ -19,6 +19,9 @@ use sha2::{Digest, Sha256};
 /// upload between the two shows the route's own limit in force.
 const FILE_LIMIT: usize = 5 * 1024 * 1024;
 
+/// What a PDF's streams may inflate to in the test.
+const INFLATE_LIMIT: usize = 6 * 1024 * 1024;
+
 /// Where a test keeps its files.
 #[derive(Clone, Copy, PartialEq)]
 enum Store {
@@ -58,6 +61,7 @@ impl Files {
         let env = TestEnv::with_settings(&format!("files_{}", store as u8), |s| {
             s.files_dir = files_dir;
             s.file_max_bytes = FILE_LIMIT;
+            s.file_max_inflated_bytes = INFLATE_LIMIT;
             if store == Store::S3 {
                 s.files_s3_bucket = BUCKET.into();
                 s.files_s3_endpoint = endpoint;
@@ -193,11 +197,65 @@ fn objects_under(dir: &Path) -> usize {
         .sum()
 }
 
-/// A PDF's first bytes, padded with a comment to `size` bytes.
+/// A PDF of one page that draws nothing, padded with a comment in its
+/// content to `size` bytes.
 fn pdf_of(size: usize) -> Vec<u8> {
-    let mut bytes = b"%PDF-1.4\n%".to_vec();
-    bytes.resize(size, b'x');
-    bytes
+    let build = |padding: usize| {
+        let content = format!("%{}\n", "x".repeat(padding));
+        pdf_with(&[
+            "<< /Type /Catalog /Pages 2 0 R >>".into(),
+            "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".into(),
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 100 100] /Contents 4 0 R >>".into(),
+            format!(
+                "<< /Length {} >>\nstream\n{content}\nendstream",
+                content.len()
+            ),
+        ])
+    };
+    let mut padding = 0;
+    loop {
+        let pdf = build(padding);
+        match pdf.len().cmp(&size) {
+            std::cmp::Ordering::Equal => return pdf,
+            std::cmp::Ordering::Less => padding += size - pdf.len(),
+            std::cmp::Ordering::Greater => padding -= 1,
+        }
+    }
+}
+
+/// A PDF of `objects`, numbered from 1, with its cross-reference table.
+fn pdf_with(objects: &[String]) -> Vec<u8> {
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, body) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
+    }
+    let xref = out.len();
+    let count = objects.len() + 1;
+    out.extend_from_slice(format!("xref\n0 {count}\n0000000000 65535 f \n").as_bytes());
+    for offset in offsets {
+        out.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    let trailer = format!("trailer\n<< /Size {count} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n");
+    out.extend_from_slice(trailer.as_bytes());
+    out
+}
+
+/// A PDF whose one stream inflates to `inflated` bytes (of spaces).
+fn bomb(inflated: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&vec![b' '; inflated]).unwrap();
+    let deflated = z.finish().unwrap();
+    let head = format!(
+        "%PDF-1.4\n1 0 obj\n<< /Length {} /Filter /FlateDecode >>\nstream\n",
+        deflated.len()
+    );
+    let mut pdf = head.into_bytes();
+    pdf.extend_from_slice(&deflated);
+    pdf.extend_from_slice(b"\nendstream\nendobj\n%%EOF\n");
+    pdf
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -262,7 +320,21 @@ async fn stored_once_per_tenant_and_seen_by_it_alone(store: Store) {
 async fn every_refused_upload_gets_a_clear_4xx_and_stores_nothing() {
     let files = Files::start(Store::Dir).await;
     let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
-    let refusals: [(&str, Vec<u8>, &str, StatusCode, &str); 5] = [
+    let refusals: [(&str, Vec<u8>, &str, StatusCode, &str); 7] = [
+        (
+            "a decompression bomb",
+            bomb(4 * INFLATE_LIMIT),
+            "application/pdf",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "inflate to more than 6291456 bytes",
+        ),
+        (
+            "a damaged PDF",
+            b"%PDF-1.4\n%not really\n".to_vec(),
+            "application/pdf",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the PDF cannot be read",
+        ),
         (
             "empty",
             Vec::new(),
@@ -293,7 +365,7 @@ async fn every_refused_upload_gets_a_clear_4xx_and_stores_nothing() {
         ),
         (
             "a PDF said to be JSON",
-            pdf_of(100),
+            pdf_of(1_000),
             "application/json",
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "the bytes are application/pdf",
@@ -317,4 +389,193 @@ async fn every_refused_upload_gets_a_clear_4xx_and_stores_nothing() {
         (StatusCode::CREATED, Some("image/png"))
     );
     assert_eq!(files.stored().await, (2, 2));
+}
+
+/// The sample PDFs (`samples/files/`), each beside the request to submit
+/// with it and the words its text layer holds.
+const SAMPLES: [&str; 3] = ["invoice-northwind", "invoice-contoso", "receipt-bakery"];
+
+/// A sample's PDF and its JSON.
+fn sample(name: &str) -> (Vec<u8>, Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/files");
+    let pdf = std::fs::read(dir.join(format!("{name}.pdf"))).unwrap();
+    let json = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+    (pdf, serde_json::from_str(&json).unwrap())
+}
+
+impl Files {
+    /// Submits `request` as the default tenant (or with `key`).
+    async fn submit(&self, request: &Value, key: Option<&str>) -> (StatusCode, Value) {
+        let mut post = self
+            .env
+            .client()
+            .post(format!("{}/v1/extractions", self.base))
+            .json(request);
+        if let Some(key) = key {
+            post = post.header("authorization", format!("Bearer {key}"));
+        }
+        answer(post.send().await.unwrap()).await
+    }
+
+    /// Job `id` once it is finished: failed, cancelled, or its bbox
+    /// refinement finished.
+    async fn finished(&self, id: &str) -> Value {
+        let url = format!("{}/v1/extractions/{id}", self.base);
+        let client = self.env.client();
+        common::wait_for(
+            "the job to finish",
+            std::time::Duration::from_secs(60),
+            || {
+                let get = client.get(&url).send();
+                async move {
+                    let job: Value = get.await.map_err(|e| e.to_string())?.json().await.unwrap();
+                    let bbox = job["post_processing"]["bbox_refinement"]["status"].as_str();
+                    match (job["status"].as_str(), bbox) {
+                        (Some("failed" | "cancelled"), _) => Ok(job),
+                        (_, Some("succeeded" | "failed")) => Ok(job),
+                        _ => Err(format!("{job}")),
+                    }
+                }
+            },
+        )
+        .await
+    }
+}
+
+/// Every number of `got` within 0.01 of `want`'s, everything else equal.
+fn assert_close(got: &Value, want: &Value, at: &str) {
+    match (got, want) {
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            assert!((a - b).abs() < 0.01, "{at}: {a} vs {b}");
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            assert_eq!(a.len(), b.len(), "{at}");
+            for (i, (a, b)) in a.iter().zip(b).enumerate() {
+                assert_close(a, b, &format!("{at}[{i}]"));
+            }
+        }
+        (Value::Object(a), Value::Object(b)) => {
+            let keys = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+            assert_eq!(keys(a), keys(b), "{at}");
+            for (k, v) in a {
+                assert_close(v, &b[k], &format!("{at}.{k}"));
+            }
+        }
+        _ => assert_eq!(got, want, "{at}"),
+    }
+}
+
+/// Upload → job → a worker reads the PDF from the S3 bucket → the rule
+/// extractor's values → bbox refinement grounds them in the PDF's words,
+/// at the places the sample drew them. An image fails, naming the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_pdfs_in_an_s3_bucket_are_read_and_grounded_where_they_were_drawn() {
+    let files = Files::start(Store::S3).await;
+    let _workers = [
+        files.env.spawn("worker", &[], "files-worker"),
+        files.env.spawn("bbox-worker", &[], "files-bbox-worker"),
+    ];
+    let mut jobs = Vec::new();
+    for name in SAMPLES {
+        let (pdf, sample) = sample(name);
+        let (status, file) = files.upload(pdf, "application/pdf", None).await;
+        assert_eq!(status, StatusCode::CREATED, "{name}: {file}");
+        let mut request = sample["request"].clone();
+        request["document"] = serde_json::json!({"object": file["id"]});
+        let (status, accepted) = files.submit(&request, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{name}: {accepted}");
+        jobs.push((accepted["id"].as_str().unwrap().to_owned(), sample));
+    }
+    for (id, sample) in &jobs {
+        let job = files.finished(id).await;
+        let name = sample["name"].as_str().unwrap();
+        assert_eq!(job["status"], "succeeded", "{name}: {job}");
+        let bbox = &job["post_processing"]["bbox_refinement"];
+        assert_eq!(bbox["status"], "succeeded", "{name}: {job}");
+        // What the rule extractor finds in the words the sample drew, and
+        // where they are.
+        let mut drawn = sample["request"].clone();
+        drawn["document"] = serde_json::json!({"pages": sample["pages"]});
+        let drawn: docstream::domain::ExtractionRequest = serde_json::from_value(drawn).unwrap();
+        let values = docstream::extract::rule_extract(&drawn).unwrap();
+        let boxes = docstream::extract::ground(&drawn.document, &values);
+        assert_eq!(
+            job["result"],
+            serde_json::to_value(&values).unwrap(),
+            "{name}"
+        );
+        let boxes = serde_json::to_value(&boxes).unwrap();
+        assert_close(&bbox["result"], &boxes, name);
+        let found = boxes["fields"].as_object().unwrap();
+        assert!(
+            found.values().filter(|f| !f.is_null()).count() >= 4,
+            "{name}: most fields are found and boxed: {boxes}"
+        );
+    }
+
+    // An image has no words until something reads it.
+    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    let (_, file) = files.upload(png, "image/png", None).await;
+    let mut request = sample(SAMPLES[0]).1["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let job = files.finished(accepted["id"].as_str().unwrap()).await;
+    assert_eq!(job["status"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap_or_default();
+    assert!(error.contains("use an extractor that does OCR"), "{error}");
+    assert_eq!(job["attempts"], 1, "a permanent failure is not retried");
+}
+
+/// A job naming a file its tenant does not have (another tenant's, or
+/// none) is refused 422 and nothing is written; a document naming a file
+/// and words too is refused as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_naming_a_file_its_tenant_does_not_have_is_refused() {
+    let files = Files::start(Store::Dir).await;
+    let (pdf, sample) = sample(SAMPLES[0]);
+    let (status, file) = files.upload(pdf, "application/pdf", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{file}");
+    let id = file["id"].as_str().unwrap();
+    let mut request = sample["request"].clone();
+    let other = Some(files.other_key.as_str());
+    let refusals = [
+        (
+            "another tenant's file",
+            serde_json::json!({"object": id}),
+            other,
+            "no file",
+        ),
+        (
+            "no such file",
+            serde_json::json!({"object": "0".repeat(64)}),
+            None,
+            "no file",
+        ),
+        (
+            "not a file id",
+            serde_json::json!({"object": "../x"}),
+            None,
+            "file id",
+        ),
+        (
+            "a file and text",
+            serde_json::json!({"object": id, "text": "x"}),
+            None,
+            "exactly one",
+        ),
+    ];
+    for (what, document, key, says) in refusals {
+        request["document"] = document;
+        let (status, body) = files.submit(&request, key).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{what}: {message}");
+    }
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM extractions")
+        .fetch_one(&files.env.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0, "nothing was written");
 }

@@ -180,7 +180,8 @@ impl From<JobError> for ApiError {
 impl From<FileError> for ApiError {
     fn from(e: FileError) -> Self {
         match e {
-            FileError::Empty => Self::Unprocessable(e.to_string()),
+            FileError::Empty | FileError::Pdf(_) => Self::Unprocessable(e.to_string()),
+            FileError::Missing(id) => Self::NoSuchFile(id),
             FileError::TooLarge(limit) => Self::PayloadTooLarge(limit),
             FileError::Unsupported | FileError::Mismatch { .. } => {
                 Self::UnsupportedFile(e.to_string())
@@ -213,7 +214,8 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::KeyReused
             | SubmitError::WebhookRefused(_)
-            | SubmitError::UnknownExtractor(_) => Self::Unprocessable(e.to_string()),
+            | SubmitError::UnknownExtractor(_)
+            | SubmitError::NoSuchFile(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Erased(_) => Self::Gone(e.to_string()),
             SubmitError::Store(e) => e.into(),
             SubmitError::TooManyOpenJobs(_) => Self::TooManyRequests {

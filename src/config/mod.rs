@@ -212,6 +212,10 @@ settings! {
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES", at_least(1);
     /// Largest file `POST /v1/files` takes, in bytes (its own body limit).
     file_max_bytes: usize = 32_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_BYTES", at_least(1);
+    /// Most bytes a PDF's compressed streams may inflate to, all together
+    /// (and what its pages draw, with repeats); more is refused as a
+    /// decompression bomb (422). A PDF's pages are held to `max_pages`.
+    file_max_inflated_bytes: usize = 128_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_INFLATED_BYTES", at_least(1);
     /// The folder uploaded files are kept in (made at the first upload),
     /// unless `files_s3_bucket` names a bucket.
     files_dir: String = "data/files", env "DOCSTREAM_FILES_DIR";

@@ -79,10 +79,11 @@ pub fn extractor_name_is_valid(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-/// A document either as plain text or as pages of OCR words with geometry.
-/// Exactly one of the two is present (its schema says so: a
-/// [`TextDocument`] or a [`PagesDocument`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A document as plain text, as pages of OCR words with geometry, or as a
+/// file the tenant uploaded. Exactly one of the three is present (its schema
+/// says so: a [`TextDocument`], a [`PagesDocument`] or an
+/// [`ObjectDocument`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Document {
     /// Plain text; values extracted from it have no bounding boxes.
@@ -91,6 +92,10 @@ pub struct Document {
     /// Pages of positioned words, in reading order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pages: Option<Vec<Page>>,
+    /// The id of a file of the tenant's (`POST /v1/files`): the document is
+    /// read from it when the job runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
 }
 
 impl JsonSchema for Document {
@@ -100,10 +105,11 @@ impl JsonSchema for Document {
 
     fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Exactly one of `text` and `pages`.",
+            "description": "Exactly one of `text`, `pages` and `object`.",
             "oneOf": [
                 generator.subschema_for::<TextDocument>(),
                 generator.subschema_for::<PagesDocument>(),
+                generator.subschema_for::<ObjectDocument>(),
             ],
         })
     }
@@ -121,6 +127,8 @@ struct TextDocument {
     text: String,
     #[schemars(default, with = "()")]
     pages: (),
+    #[schemars(default, with = "()")]
+    object: (),
 }
 
 /// A document of pages of positioned words (the schema of a `Document`
@@ -139,6 +147,25 @@ struct PagesDocument {
     pages: Vec<Page>,
     #[schemars(default, with = "()")]
     text: (),
+    #[schemars(default, with = "()")]
+    object: (),
+}
+
+/// A document in a file the tenant uploaded (the schema of a `Document`
+/// with `object`).
+#[derive(JsonSchema)]
+#[schemars(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ObjectDocument {
+    /// The file's id (`POST /v1/files` answers it): a file of the caller's
+    /// tenant, else 422. A PDF is read for its text layer, a text file for
+    /// its text; an image needs an extractor that does OCR.
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
+    object: String,
+    #[schemars(default, with = "()")]
+    text: (),
+    #[schemars(default, with = "()")]
+    pages: (),
 }
 
 /// One page of positioned words.
@@ -263,9 +290,13 @@ pub enum RequestError {
         /// What the limit counts: bytes, fields, pages, words.
         unit: &'static str,
     },
-    /// Neither or both of `document.text` and `document.pages` were given.
-    #[error("document must have exactly one of `text` or `pages`")]
+    /// Not exactly one of `document.text`, `document.pages` and
+    /// `document.object` was given.
+    #[error("document must have exactly one of `text`, `pages` or `object`")]
     DocumentShape,
+    /// `document.object` is not a file id.
+    #[error("document.object must be a file id: the 64 lower-case hex digits of its SHA-256")]
+    FileId,
     /// The document has no words at all.
     #[error("document is empty")]
     EmptyDocument,
@@ -462,6 +493,14 @@ impl ExtractionRequest {
 
 impl Document {
     fn validate(&self, limits: &RequestLimits) -> Result<(), RequestError> {
+        if let Some(id) = &self.object {
+            let hex = |b: u8| matches!(b, b'0'..=b'9' | b'a'..=b'f');
+            return match (&self.text, &self.pages) {
+                (None, None) if id.len() == 64 && id.bytes().all(hex) => Ok(()),
+                (None, None) => Err(RequestError::FileId),
+                _ => Err(RequestError::DocumentShape),
+            };
+        }
         match (&self.text, &self.pages) {
             (Some(text), None) => {
                 storable("document.text", text)?;
@@ -501,7 +540,8 @@ impl Document {
         self.text.as_ref().map_or(0, String::len) + words.map(|w| w.text.len()).sum::<usize>()
     }
 
-    /// The document's words in reading order, across pages.
+    /// The document's words in reading order, across pages (none for a
+    /// file, until it is read).
     pub fn words(&self) -> Vec<WordRef<'_>> {
         if let Some(pages) = &self.pages {
             let positioned = pages.iter().enumerate().flat_map(|(page, p)| {

@@ -80,6 +80,9 @@ pub struct Job<'a> {
 pub enum Extracted {
     /// The values, now.
     Output(ExtractionOutput),
+    /// The values, and the document they were found in as it was read from
+    /// the job's file (kept for bbox refinement).
+    Read(ExtractionOutput, crate::domain::Document),
     /// The extractor took the job and will post the result to the job's
     /// callback within this long.
     Deferred(std::time::Duration),

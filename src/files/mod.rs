@@ -6,6 +6,8 @@
 //!
 //! What a file is comes from its bytes ([`FileType::sniff`]); a declared
 //! `Content-Type` that names another kind is refused rather than believed.
+//! A PDF is checked before it is stored ([`pdf::check`]): its pages within
+//! the document limit, its streams within the inflate cap.
 //! Objects live at `tenants/<tenant>/<sha256>`, and every lookup goes
 //! through the caller's tenant, so one tenant can never name another's file.
 
@@ -27,8 +29,11 @@ use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::Document;
+use crate::extract::{Deadline, ExtractError};
 use crate::store::files::{self, FileRow};
 use crate::store::StoreError;
+use pdf::{PdfError, PdfLimits};
 
 /// The files of every tenant; clones share the store.
 #[derive(Clone)]
@@ -43,6 +48,8 @@ struct Inner {
     store: OnceCell<Arc<dyn ObjectStore>>,
     /// Largest file, in bytes.
     max_bytes: usize,
+    /// What a PDF may hold.
+    pdf: PdfLimits,
 }
 
 /// Where files are kept: a folder on this machine, or a bucket of an
@@ -132,6 +139,12 @@ pub enum FileError {
         /// What the bytes are.
         found: &'static str,
     },
+    /// A PDF that is damaged, a bomb, or past a limit.
+    #[error(transparent)]
+    Pdf(#[from] PdfError),
+    /// The tenant has no file of this id (or it was deleted).
+    #[error("no file {0} of this tenant: upload it with POST /v1/files first")]
+    Missing(String),
     /// The object store failed.
     #[error("the file store failed: {0}")]
     Store(#[from] object_store::Error),
@@ -182,6 +195,11 @@ impl Files {
             location: Location::of(settings),
             store: OnceCell::new(),
             max_bytes: settings.file_max_bytes,
+            pdf: PdfLimits {
+                pages: settings.max_pages,
+                inflated_bytes: settings.file_max_inflated_bytes,
+                words_per_page: settings.max_words_per_page,
+            },
         }))
     }
 
@@ -202,6 +220,11 @@ impl Files {
         bytes: Bytes,
     ) -> Result<(StoredFile, bool), FileError> {
         let kind = check(declared, &bytes, self.0.max_bytes)?;
+        if kind == FileType::Pdf {
+            let (pdf, limits) = (bytes.clone(), self.0.pdf);
+            let checked = tokio::task::spawn_blocking(move || pdf::check(&pdf, &limits)).await;
+            checked.map_err(|e| PdfError::Unreadable(e.to_string()))??;
+        }
         let sha256 = crate::domain::sha256_hex(&bytes);
         let size = bytes.len() as i64;
         let store = self.store().await?;
@@ -227,9 +250,78 @@ impl Files {
         Ok(row.map(StoredFile::of))
     }
 
+    /// Tenant `tenant`'s file `id`: what it is, and its bytes.
+    pub async fn read(&self, tenant: Uuid, id: &str) -> Result<(FileType, Bytes), FileError> {
+        let row = self.get(tenant, id).await?;
+        let file = row.ok_or_else(|| FileError::Missing(id.to_owned()))?;
+        let store = self.store().await?;
+        let object = store.get(&object_path(tenant, &file.sha256)).await;
+        let bytes = match object {
+            Ok(object) => object.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(FileError::Missing(id.to_owned()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok((file.content_type, bytes))
+    }
+
+    /// What a PDF may hold here.
+    pub fn pdf_limits(&self) -> PdfLimits {
+        self.0.pdf
+    }
+
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
         let location = &self.0.location;
         Ok(self.0.store.get_or_try_init(|| location.open()).await?)
+    }
+}
+
+/// The document a file of kind `kind` holds, for extractors that read
+/// words: a PDF's text layer, or a text file's text. An image has no words
+/// until something reads it, and a PDF without a text layer is a scan: both
+/// fail for good, naming the fix. CPU-bound: run it on the CPU pool.
+pub fn document(
+    kind: FileType,
+    bytes: &[u8],
+    limits: &PdfLimits,
+    deadline: &Deadline,
+) -> Result<Document, ExtractError> {
+    const OCR: &str = "use an extractor that does OCR (an external extractor of the settings)";
+    let refused = |message: String| ExtractError::Refused {
+        extractor: crate::domain::RULES_EXTRACTOR.to_owned(),
+        message,
+    };
+    match kind {
+        FileType::Pdf => {
+            let pages = pdf::words(bytes, limits, deadline).map_err(|e| match e {
+                PdfError::Deadline => deadline.exceeded(),
+                e => refused(e.to_string()),
+            })?;
+            if pages.iter().all(|p| p.words.is_empty()) {
+                return Err(refused(format!(
+                    "the PDF has no text layer (a scan?): {OCR}"
+                )));
+            }
+            Ok(Document {
+                pages: Some(pages),
+                ..Document::default()
+            })
+        }
+        FileType::Text => {
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            match text.trim().is_empty() {
+                true => Err(refused("the text file holds no words".into())),
+                false => Ok(Document {
+                    text: Some(text),
+                    ..Document::default()
+                }),
+            }
+        }
+        image => Err(refused(format!(
+            "the file is an image ({}), which has no text to read: {OCR}",
+            image.as_str()
+        ))),
     }
 }
 

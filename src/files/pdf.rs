@@ -45,7 +45,7 @@ pub enum PdfError {
     #[error("the PDF cannot be read: {0}")]
     Unreadable(String),
     /// More pages than the limit.
-    #[error("the PDF has {pages} pages, more than the limit of {limit} (DOCSTREAM_FILE_MAX_PAGES)")]
+    #[error("the PDF has {pages} pages, more than the limit of {limit} (DOCSTREAM_MAX_PAGES)")]
     TooManyPages {
         /// Its pages.
         pages: usize,
@@ -54,7 +54,9 @@ pub enum PdfError {
     },
     /// Its streams inflate past the limit: a decompression bomb, or a
     /// document too large to read.
-    #[error("the PDF's streams inflate to more than {0} bytes (DOCSTREAM_FILE_MAX_INFLATED_BYTES)")]
+    #[error(
+        "the PDF's streams inflate to more than {0} bytes (DOCSTREAM_FILE_MAX_INFLATED_BYTES)"
+    )]
     Inflates(usize),
     /// A stream compressed in a way docstream does not inflate under a cap.
     #[error("the PDF has a stream compressed with {0}, which docstream does not read; save it with Flate compression")]
@@ -104,7 +106,9 @@ pub fn words(bytes: &[u8], limits: &PdfLimits, deadline: &Deadline) -> Result<Ve
     check(bytes, limits)?;
     let pdf = parse(bytes)?;
     let mut words = Words::new(limits.words_per_page, deadline);
-    let read = catch_unwind(AssertUnwindSafe(|| pdf_extract::output_doc(&pdf, &mut words)));
+    let read = catch_unwind(AssertUnwindSafe(|| {
+        pdf_extract::output_doc(&pdf, &mut words)
+    }));
     match read {
         Ok(Ok(())) => Ok(words.pages),
         Ok(Err(_)) if words.failed.is_some() => Err(words.failed.unwrap_or(PdfError::Deadline)),
@@ -116,9 +120,7 @@ pub fn words(bytes: &[u8], limits: &PdfLimits, deadline: &Deadline) -> Result<Ve
 /// The parsed document; a parser panic is an unreadable file.
 fn parse(bytes: &[u8]) -> Result<Pdf, PdfError> {
     match catch_unwind(|| Pdf::load_mem(bytes)) {
-        Ok(Ok(pdf)) if pdf.is_encrypted() => {
-            Err(PdfError::Unreadable("it is encrypted".into()))
-        }
+        Ok(Ok(pdf)) if pdf.is_encrypted() => Err(PdfError::Unreadable("it is encrypted".into())),
         Ok(Ok(pdf)) => Ok(pdf),
         Ok(Err(e)) => Err(PdfError::Unreadable(e.to_string())),
         Err(panic) => Err(PdfError::Unreadable(panic_message(&panic))),
@@ -243,7 +245,11 @@ impl<'a> ContentSize<'a> {
         let content = content.map_err(|e| PdfError::Unreadable(e.to_string()))?;
         let (resources, inherited) = self.pdf.get_page_resources(page).unwrap_or((None, vec![]));
         let mut scopes: Vec<&pdf_extract::Dictionary> = resources.into_iter().collect();
-        scopes.extend(inherited.iter().filter_map(|id| self.pdf.get_dictionary(*id).ok()));
+        scopes.extend(
+            inherited
+                .iter()
+                .filter_map(|id| self.pdf.get_dictionary(*id).ok()),
+        );
         let mut path = Vec::new();
         self.draws(&content.operations, &scopes, &mut path)
     }
@@ -273,7 +279,9 @@ impl<'a> ContentSize<'a> {
                 continue;
             }
             self.add(id)?;
-            let content = form.decompressed_content().unwrap_or_else(|_| form.content.clone());
+            let content = form
+                .decompressed_content()
+                .unwrap_or_else(|_| form.content.clone());
             let Ok(content) = pdf_extract::content::Content::decode(&content) else {
                 continue;
             };
@@ -306,7 +314,8 @@ impl<'a> ContentSize<'a> {
             None => {
                 let stream = self.pdf.get_object(id).and_then(Object::as_stream);
                 let size = stream.map_or(0, |s| {
-                    s.decompressed_content().map_or(s.content.len(), |c| c.len())
+                    s.decompressed_content()
+                        .map_or(s.content.len(), |c| c.len())
                 });
                 self.sizes.insert(id, size);
                 size
@@ -412,7 +421,7 @@ impl OutputDev for Words<'_> {
         text: &str,
     ) -> Result<(), OutputError> {
         self.characters += 1;
-        if self.characters % 256 == 0 && self.deadline.check().is_err() {
+        if self.characters.is_multiple_of(256) && self.deadline.check().is_err() {
             return Err(self.stop(PdfError::Deadline));
         }
         let text: String = text.chars().filter(|c| !c.is_control()).collect();
@@ -430,7 +439,12 @@ impl OutputDev for Words<'_> {
         let xs = corners.map(|p| p.0);
         let ys = corners.map(|p| p.1);
         let fold = |v: [f64; 4], f: fn(f64, f64) -> f64| v.into_iter().reduce(f).unwrap_or(0.0);
-        let bbox = [fold(xs, f64::min), fold(ys, f64::min), fold(xs, f64::max), fold(ys, f64::max)];
+        let bbox = [
+            fold(xs, f64::min),
+            fold(ys, f64::min),
+            fold(xs, f64::max),
+            fold(ys, f64::max),
+        ];
         if bbox.iter().any(|v| !v.is_finite()) {
             return self.end();
         }
@@ -448,7 +462,12 @@ impl OutputDev for Words<'_> {
         match &mut self.word {
             Some((word, b, end)) => {
                 word.push_str(&text);
-                *b = [b[0].min(bbox[0]), b[1].min(bbox[1]), b[2].max(bbox[2]), b[3].max(bbox[3])];
+                *b = [
+                    b[0].min(bbox[0]),
+                    b[1].min(bbox[1]),
+                    b[2].max(bbox[2]),
+                    b[3].max(bbox[3]),
+                ];
                 *end = next;
             }
             None => self.word = Some((text, bbox, next)),
@@ -529,7 +548,13 @@ mod tests {
                 assert_eq!(texts(page), texts(want), "{}", sample["name"]);
                 for (got, want) in page.words.iter().zip(&want.words) {
                     let off = got.bbox.iter().zip(want.bbox).map(|(a, b)| (a - b).abs());
-                    assert!(off.fold(0.0, f64::max) < 0.01, "{} {:?} vs {:?}", got.text, got.bbox, want.bbox);
+                    assert!(
+                        off.fold(0.0, f64::max) < 0.01,
+                        "{} {:?} vs {:?}",
+                        got.text,
+                        got.bbox,
+                        want.bbox
+                    );
                 }
             }
         }
@@ -543,7 +568,10 @@ mod tests {
             check(contoso, &one_page),
             Err(PdfError::TooManyPages { pages: 2, limit: 1 })
         );
-        let few_words = PdfLimits { words_per_page: 3, ..LIMITS };
+        let few_words = PdfLimits {
+            words_per_page: 3,
+            ..LIMITS
+        };
         let refused = words(contoso, &few_words, &Deadline::none());
         assert_eq!(refused, Err(PdfError::TooManyWords { page: 1, limit: 3 }));
     }
@@ -563,7 +591,8 @@ mod tests {
     #[test]
     fn a_page_naming_one_stream_many_times_is_held_to_the_cap() {
         let many = vec!["6 0 R"; 2000].join(" ");
-        let page = format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 100 100] /Contents [{many}] >>");
+        let page =
+            format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 100 100] /Contents [{many}] >>");
         let text = "BT /F1 10 Tf (x) Tj ET\n".repeat(40);
         let stream = format!("<< /Length {} >>\nstream\n{text}\nendstream", text.len());
         let pdf = pdf_of(&[
@@ -574,7 +603,10 @@ mod tests {
             "<< >>",
             &stream,
         ]);
-        let small = PdfLimits { inflated_bytes: 64 * 1024, ..LIMITS };
+        let small = PdfLimits {
+            inflated_bytes: 64 * 1024,
+            ..LIMITS
+        };
         assert_eq!(check(&pdf, &small), Err(PdfError::Inflates(64 * 1024)));
     }
 
@@ -616,11 +648,16 @@ mod tests {
             out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
         }
         let xref = out.len();
-        out.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
+        out.extend_from_slice(
+            format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+        );
         for offset in offsets {
             out.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
         }
-        let trailer = format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1);
+        let trailer = format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        );
         out.extend_from_slice(trailer.as_bytes());
         out
     }

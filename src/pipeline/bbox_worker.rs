@@ -9,13 +9,13 @@ use uuid::Uuid;
 
 use super::lease::Held;
 use super::{job_record, JobError, Services};
-use crate::domain::{ExtractionRequest, Stage};
+use crate::domain::{Document, ExtractionRequest, Stage};
 use crate::events::{PostProcessingRequested, PublishReason};
 use crate::extract::{ground, ExtractionOutput};
 use crate::failpoints;
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::transitions::Completion;
-use crate::store::Claim;
+use crate::store::{documents, Claim};
 use tokio_util::sync::CancellationToken;
 
 /// The stage this worker claims.
@@ -40,7 +40,7 @@ impl BboxWorker {
     async fn grounding(
         &self,
         claim: &Claim,
-        request: Option<ExtractionRequest>,
+        request: Option<Result<Document, String>>,
     ) -> Result<serde_json::Value, String> {
         failpoints::hit("bbox.after_claim")
             .await
@@ -49,10 +49,10 @@ impl BboxWorker {
         let output: ExtractionOutput =
             serde_json::from_value(row.result.clone().unwrap_or_default())
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
-        let request = request.ok_or("the claim returned no request")?;
-        let size = request.document.text_bytes() * output.fields.len().max(1);
+        let document = request.ok_or("the claim returned no request")??;
+        let size = document.text_bytes() * output.fields.len().max(1);
         let grounded = self.services.cpu.run(self.budget, size, move |_| {
-            let grounding = ground(&request.document, &output);
+            let grounding = ground(&document, &output);
             Ok(serde_json::to_value(grounding).expect("grounding serialises"))
         });
         grounded.await.map_err(|e| e.to_string())
@@ -94,7 +94,11 @@ impl BboxWorker {
         let claimed = (claim.extraction.id, claim.token);
         let started = Instant::now();
         let request = claim.extraction.request.take().map(|json| json.0);
-        let work = self.grounding(&claim, request);
+        let document = match request {
+            Some(request) => Some(document_of(services, claimed.0, request).await?),
+            None => None,
+        };
+        let work = self.grounding(&claim, document);
         let grounded = match services.jobs.hold_claim(STAGE, claimed, work).await {
             Held::Done(grounded) => grounded,
             // Bbox refinement has no cancel of its own; a lost claim is someone else's now.
@@ -112,6 +116,20 @@ impl BboxWorker {
             .observe(started.elapsed().as_secs_f64());
         self.complete(claimed, grounded, reason).await
     }
+}
+
+/// The document job `id`'s values were found in: the request's own, or for
+/// a file the words its extraction read and kept (an error if it kept none).
+async fn document_of(
+    services: &Services,
+    id: Uuid,
+    request: ExtractionRequest,
+) -> Result<Result<Document, String>, JobError> {
+    let Some(file) = request.document.object else {
+        return Ok(Ok(request.document));
+    };
+    let kept = documents::get(&services.pool, id).await?;
+    Ok(kept.ok_or(format!("the document read from file {file} was not kept")))
 }
 
 impl RecordHandler for BboxWorker {

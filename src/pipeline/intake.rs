@@ -295,7 +295,9 @@ fn refusal(e: DurableSubmitError) -> HandlerError {
             reason: e.to_string(),
         },
         DurableSubmitError::Submit(
-            e @ (SubmitError::WebhookRefused(_) | SubmitError::UnknownExtractor(_)),
+            e @ (SubmitError::WebhookRefused(_)
+            | SubmitError::UnknownExtractor(_)
+            | SubmitError::NoSuchFile(_)),
         ) => HandlerError::Poison {
             kind: "invalid_request",
             reason: e.to_string(),

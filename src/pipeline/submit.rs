@@ -19,7 +19,8 @@
 //!
 //! A request naming a `webhook_url` is refused before anything is written if
 //! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off, and
-//! so is one naming an extractor that the settings do not have.
+//! so is one naming an extractor that the settings do not have, or a file
+//! (`document.object`) its tenant does not have.
 
 use super::jobs::lane;
 use super::Services;
@@ -120,6 +121,16 @@ pub async fn submit_durably(
 /// (`docstream::bench_support`).
 pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
     known_extractor(services, new.request.extractor_name())?;
+    if let Some(file) = &new.request.document.object {
+        let found = services.files.get(new.tenant_id, file).await;
+        let found = found.map_err(|e| match e {
+            crate::files::FileError::Database(e) => SubmitError::Store(e),
+            e => SubmitError::Store(StoreError::from(sqlx::Error::Protocol(e.to_string()))),
+        })?;
+        if found.is_none() {
+            return Err(SubmitError::NoSuchFile(file.clone()));
+        }
+    }
     if let Some(url) = &new.request.webhook_url {
         let checked = services.webhooks.check_submitted(url).await;
         checked.map_err(SubmitError::WebhookRefused)?;

@@ -22,11 +22,13 @@ use uuid::Uuid;
 use super::jobs::lane;
 use super::lease::Held;
 use super::{job_record, JobError, Services};
-use crate::domain::{BboxStatus, ExtractionStatus, Lane, Stage};
+use crate::config::RULES;
+use crate::domain::{BboxStatus, Document, ExtractionRequest, ExtractionStatus, Lane, Stage};
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::extract::deferred::Callback;
-use crate::extract::{ExtractError, Extracted, ExtractionOutput, Job};
+use crate::extract::{Deadline, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::failpoints;
+use crate::files::{self, FileError};
 use crate::kafka::{HandlerError, Record, RecordHandler};
 use crate::store::leases::Renewed;
 use crate::store::{self, leases, Claim};
@@ -55,7 +57,8 @@ struct WorkerSettings {
 
 /// What the attempt came to, before it is made durable.
 enum Attempt {
-    Extracted(ExtractionOutput),
+    /// The values, and the document read from the job's file if it names one.
+    Extracted(ExtractionOutput, Option<Document>),
     Deferred(std::time::Duration),
     Retryable(String),
     Failed(String),
@@ -64,7 +67,8 @@ enum Attempt {
 impl From<Result<Extracted, ExtractError>> for Attempt {
     fn from(outcome: Result<Extracted, ExtractError>) -> Self {
         match outcome {
-            Ok(Extracted::Output(output)) => Self::Extracted(output),
+            Ok(Extracted::Output(output)) => Self::Extracted(output, None),
+            Ok(Extracted::Read(output, document)) => Self::Extracted(output, Some(document)),
             Ok(Extracted::Deferred(deadline)) => Self::Deferred(deadline),
             Err(e) if e.is_retryable() => Self::Retryable(e.to_string()),
             Err(e) => Self::Failed(e.to_string()),
@@ -76,7 +80,7 @@ impl Attempt {
     /// The `outcome` label of the extraction-duration histogram.
     fn label(&self) -> &'static str {
         match self {
-            Self::Extracted(_) => "succeeded",
+            Self::Extracted(..) => "succeeded",
             Self::Deferred(_) => "deferred",
             Self::Retryable(_) => "retryable",
             Self::Failed(_) => "failed",
@@ -190,7 +194,13 @@ impl ExtractionWorker {
     ) -> Result<(), JobError> {
         let services = &self.services;
         match attempt {
-            Attempt::Extracted(output) => {
+            Attempt::Extracted(output, document) => {
+                if let Some(document) = document {
+                    if !store::documents::keep(&services.pool, claim, &document).await? {
+                        services.jobs.stale(STAGE, claim.0, claim.1, "completion");
+                        return Ok(());
+                    }
+                }
                 services
                     .jobs
                     .succeed_extraction(claim, &output, reason)
@@ -217,7 +227,58 @@ impl ExtractionWorker {
             return Err(ExtractError::Unavailable(e.to_string()));
         }
         let name = job.request.extractor_name();
-        self.services.extractors.extract(name, job, stop).await
+        match &job.request.document.object {
+            None => self.services.extractors.extract(name, job, stop).await,
+            Some(file) => self.extract_file(job, file, stop).await,
+        }
+    }
+
+    /// Runs the rule extractor on the document in the job's file: read (a
+    /// PDF's text layer, a text file's text) on the CPU pool, then searched
+    /// as a document submitted as JSON would be.
+    async fn extract_file(
+        &self,
+        job: &Job<'_>,
+        file: &str,
+        stop: &CancellationToken,
+    ) -> Result<Extracted, ExtractError> {
+        let services = &self.services;
+        let name = job.request.extractor_name();
+        if name != RULES {
+            return Err(ExtractError::Refused {
+                extractor: name.to_owned(),
+                message: "this extractor takes documents as JSON only; a file needs `rules`".into(),
+            });
+        }
+        let tenant = job.lane.tenant.ok_or_else(|| {
+            ExtractError::Unavailable("the job's tenant is unknown (a bug in its claim)".into())
+        })?;
+        let (kind, bytes) = services
+            .files
+            .read(tenant, file)
+            .await
+            .map_err(|e| match e {
+                FileError::Missing(_) => ExtractError::Refused {
+                    extractor: name.to_owned(),
+                    message: format!("the job's file {file} is gone (deleted since the submit)"),
+                },
+                e => ExtractError::Unavailable(e.to_string()),
+            })?;
+        let limits = services.files.pdf_limits();
+        let budget = services.settings.extraction_deadline_s.get();
+        let read = move |deadline: &Deadline| files::document(kind, &bytes, &limits, deadline);
+        let document = services.cpu.run(budget, usize::MAX, read).await?;
+        let mut request = ExtractionRequest::clone(job.request);
+        request.document = document;
+        let request = std::sync::Arc::new(request);
+        let read_job = Job {
+            request: &request,
+            ..*job
+        };
+        match services.extractors.extract(name, &read_job, stop).await? {
+            Extracted::Output(output) => Ok(Extracted::Read(output, request.document.clone())),
+            other => Ok(other),
+        }
     }
 
     /// The extractor will post the result: the claim is held until `deadline`

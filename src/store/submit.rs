@@ -126,6 +126,10 @@ pub enum SubmitError {
     /// was written.
     #[error("unknown extractor {0:?}")]
     UnknownExtractor(String),
+    /// The request's `document.object` names no file of the tenant's;
+    /// nothing was written.
+    #[error("document.object: no file {0} of this tenant: upload it with POST /v1/files first")]
+    NoSuchFile(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
