@@ -579,3 +579,112 @@ async fn a_job_naming_a_file_its_tenant_does_not_have_is_refused() {
         .unwrap();
     assert_eq!(jobs, 0, "nothing was written");
 }
+
+/// A `multipart/form-data` body of `parts`: (name, content type, bytes).
+fn multipart(parts: &[(&str, &str, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "docstream-test-boundary-7d1f";
+    let mut body = Vec::new();
+    for (name, content_type, bytes) in parts {
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{name}\"\r\nContent-Type: {content_type}\r\n\r\n"
+        );
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// A submit as `multipart/form-data` stores the file and makes the job on
+/// it; the same key with the same file is the same job, with another file
+/// a refusal. A refused request part stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_submit_stores_the_file_and_makes_its_job_once() {
+    let files = Files::start(Store::Dir).await;
+    let (pdf, receipt) = sample(SAMPLES[2]);
+    let request = serde_json::to_vec(&receipt["request"]).unwrap();
+    let post = |parts: Vec<(&'static str, &'static str, Vec<u8>)>, key: &'static str| {
+        let parts: Vec<(&str, &str, &[u8])> = parts
+            .iter()
+            .map(|(n, t, b)| (*n, *t, b.as_slice()))
+            .collect();
+        let (content_type, body) = multipart(&parts);
+        let sent = files
+            .env
+            .client()
+            .post(format!("{}/v1/extractions", files.base))
+            .header("content-type", content_type)
+            .header("idempotency-key", key)
+            .body(body)
+            .send();
+        async move { answer(sent.await.unwrap()).await }
+    };
+    let with_pdf = vec![
+        ("request", "application/json", request.clone()),
+        ("file", "application/pdf", pdf.clone()),
+    ];
+    let (status, first) = post(with_pdf.clone(), "receipt-1").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    let (status, again) = post(with_pdf, "receipt-1").await;
+    assert_eq!((status, &again["id"]), (StatusCode::ACCEPTED, &first["id"]));
+    let id = first["id"].as_str().unwrap();
+    let job: Value = files
+        .env
+        .client()
+        .get(format!(
+            "{}/v1/extractions/{id}?include=request",
+            files.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        job["request"]["document"]["object"],
+        sha256_hex(&pdf).as_str()
+    );
+    assert_eq!(files.stored().await, (1, 1));
+
+    let (northwind, _) = sample(SAMPLES[0]);
+    let another_file = vec![
+        ("request", "application/json", request.clone()),
+        ("file", "application/pdf", northwind),
+    ];
+    let (status, body) = post(another_file, "receipt-1").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    let stored = files.stored().await;
+    let bad_request = vec![
+        ("request", "application/json", br#"{"fields": []}"#.to_vec()),
+        ("file", "application/pdf", pdf_of(2_000)),
+    ];
+    let (status, body) = post(bad_request, "receipt-2").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let with_document = vec![
+        (
+            "request",
+            "application/json",
+            br#"{"document": {"text": "x"}, "fields": [{"name": "a", "pattern": "x"}]}"#.to_vec(),
+        ),
+        ("file", "application/pdf", pdf_of(2_000)),
+    ];
+    let (status, body) = post(with_document, "receipt-3").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let no_file = vec![("request", "application/json", request.clone())];
+    let (status, body) = post(no_file, "receipt-4").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let lying = vec![
+        ("request", "application/json", request),
+        ("file", "image/png", pdf_of(2_000)),
+    ];
+    let (status, body) = post(lying, "receipt-5").await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{body}");
+    assert_eq!(
+        files.stored().await,
+        stored,
+        "no refused submit stored its file"
+    );
+}

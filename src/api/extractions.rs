@@ -1,10 +1,10 @@
 //! `/v1/extractions`: submit (idempotent), read, cancel.
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,12 +29,29 @@ use crate::store::{self, transitions, BboxRefinement, Extraction, NewExtraction}
 /// first (`admission`), before its key is looked up or its body read.
 pub(super) fn router(services: &Services) -> Router<Services> {
     let admit = middleware::from_fn_with_state(services.clone(), admit);
+    // Large enough for a multipart submit's file; a JSON body is held to the
+    // API's own limit (`upload`).
+    let limit = DefaultBodyLimit::max(files_body_limit(services));
     Router::new()
-        .route("/v1/extractions", post(submit).route_layer(admit))
+        .route(
+            "/v1/extractions",
+            post(submit).layer(limit).route_layer(admit),
+        )
         .route("/v1/extractions/{id}", get(read).delete(erase))
         .route("/v1/extractions/{id}/cancel", post(cancel))
         .route("/v1/extractions/{id}/retry", post(retry))
         .route("/v1/extractions/{id}/transitions", get(transitions_of))
+}
+
+/// The largest multipart submit: a file at its limit, and room for the
+/// request part and the form's framing.
+fn files_body_limit(services: &Services) -> usize {
+    let request = services.settings.http_body_limit_bytes;
+    services
+        .files
+        .max_bytes()
+        .saturating_add(request)
+        .saturating_add(64 * 1024)
 }
 
 /// The answer to a submit.
@@ -179,12 +196,11 @@ async fn submit(
     Extension(admitted): Extension<Admitted>,
     caller: Caller,
     State(services): State<Services>,
-    headers: HeaderMap,
-    body: Result<Json<ExtractionRequest>, JsonRejection>,
+    body: Request,
 ) -> Result<Response, ApiError> {
     let max_open_jobs = super::auth::admit_submit(&services, &caller)?;
-    let limit = services.settings.http_body_limit_bytes;
-    let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
+    let headers = body.headers().clone();
+    let request = super::upload::submitted(&services, &caller, body).await?;
     // A header that is not text is no key: it is refused as an empty one.
     let idempotency_key = headers
         .get("idempotency-key")

@@ -20,6 +20,7 @@ mod openapi;
 mod overview;
 mod results;
 mod sockets;
+mod upload;
 mod ws;
 
 pub use error::ApiError;
@@ -116,6 +117,11 @@ async fn readyz(State(health): State<Health>) -> Response {
 /// just when the process is under stress. The outage itself is logged once
 /// (`health`), and the answers are `docstream_http_requests_total{status="503"}`.
 async fn answer_within(State(bound): State<Duration>, request: Request, next: Next) -> Response {
+    // A submit with a file takes as long as its bytes take to arrive; its
+    // row is still written within the bound once they have (`pipeline::submit`).
+    if upload::is_multipart(request.headers()) {
+        return next.run(request).await;
+    }
     match tokio::time::timeout(bound, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {

@@ -177,8 +177,15 @@ fn submit(settings: &Settings) -> Value {
          410. Keys are unique within a tenant, and remembered until their job is purged \
          (`DOCSTREAM_RETENTION_DAYS` after it finished).\n\n\
          Past the tenant's submit rate or its cap on open jobs the answer is 429 with \
-         `Retry-After`, and nothing is written. The body is at most {body} bytes.",
+         `Retry-After`, and nothing is written. A JSON body is at most {body} bytes.\n\n\
+         The document may also come as a file: `multipart/form-data` with a part \
+         `request` (the JSON request without `document`) and a part `file` (at most \
+         {file} bytes; a PDF, PNG, JPEG, TIFF or text file, known by its bytes). The \
+         file is stored as `POST /v1/files` stores it and the job names it \
+         (`document.object`), so the same key with the same file is the same job. A \
+         refused request part stores nothing.",
         body = settings.http_body_limit_bytes,
+        file = settings.file_max_bytes,
     );
     json!({
         "operationId": "submitExtraction",
@@ -191,7 +198,28 @@ fn submit(settings: &Settings) -> Value {
             "description": "The job. A body that is not JSON gets 400, one without \
                             `Content-Type: application/json` 415, one that does not \
                             describe a valid request 422.",
-            "content": {"application/json": {"schema": schema("ExtractionRequest")}},
+            "content": {
+                "application/json": {"schema": schema("ExtractionRequest")},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["request", "file"],
+                        "properties": {
+                            "request": {
+                                "type": "object",
+                                "description": "The request without `document` (a part \
+                                                that carries one gets 422).",
+                            },
+                            "file": {
+                                "type": "string",
+                                "format": "binary",
+                                "maxLength": settings.file_max_bytes,
+                            },
+                        },
+                    },
+                    "encoding": {"request": {"contentType": "application/json"}},
+                },
+            },
         },
         "responses": answers(json!({
             "202": {

@@ -1,0 +1,123 @@
+//! A submit's body: a JSON request, or `multipart/form-data` with the
+//! document as a file: a part `request` (the JSON request without its
+//! `document`) and a part `file` (the bytes). The file is stored as an
+//! upload to `POST /v1/files` would store it, and the request names it
+//! (`document.object`), so the same key with the same file is the same job.
+//!
+//! The request part is checked before the file is stored: a refused
+//! request stores nothing. A file stored for a submit that is then refused
+//! (its key was used with another request) stays the tenant's file.
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Request};
+use axum::http::{header, HeaderMap};
+use axum::Json;
+
+use super::ApiError;
+use crate::auth::Caller;
+use crate::domain::{ExtractionRequest, RequestError};
+use crate::pipeline::Services;
+
+/// Whether `headers` declare a multipart body.
+pub(super) fn is_multipart(headers: &HeaderMap) -> bool {
+    let content_type = headers.get(header::CONTENT_TYPE);
+    let content_type = content_type
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("multipart/form-data")
+}
+
+/// The request a submit's body holds, its file stored first if it has one.
+pub(super) async fn submitted(
+    services: &Services,
+    caller: &Caller,
+    request: Request,
+) -> Result<ExtractionRequest, ApiError> {
+    let limit = services.settings.http_body_limit_bytes;
+    if !is_multipart(request.headers()) {
+        // The route takes bodies as large as a file; a JSON one is held to
+        // the API's own limit.
+        let request = request.map(|body| Body::new(http_body_util::Limited::new(body, limit)));
+        let Json(parsed) = Json::<ExtractionRequest>::from_request(request, &())
+            .await
+            .map_err(|r| ApiError::from_json_rejection(r, limit))?;
+        return Ok(parsed);
+    }
+    let max = services.files.max_bytes();
+    let multipart_error = |e| multipart_error(e, max);
+    let mut form = Multipart::from_request(request, &())
+        .await
+        .map_err(|r| ApiError::BadRequest(r.body_text()))?;
+    let (mut json, mut file) = (None, None);
+    while let Some(part) = form.next_field().await.map_err(multipart_error)? {
+        match part.name() {
+            Some("request") if json.is_none() => {
+                json = Some(part.bytes().await.map_err(multipart_error)?);
+            }
+            Some("file") if file.is_none() => {
+                let declared = part.content_type().map(str::to_owned);
+                file = Some((declared, part.bytes().await.map_err(multipart_error)?));
+            }
+            Some(name @ ("request" | "file")) => {
+                return Err(ApiError::BadRequest(format!(
+                    "the part {name:?} came twice"
+                )))
+            }
+            name => return Err(ApiError::BadRequest(format!(
+                "unexpected part {:?}: a multipart submit has the parts \"request\" and \"file\"",
+                name.unwrap_or_default()
+            ))),
+        }
+    }
+    let json = json.ok_or_else(|| missing("request"))?;
+    let (declared, bytes) = file.ok_or_else(|| missing("file"))?;
+    if json.len() > limit {
+        return Err(ApiError::PayloadTooLarge(limit));
+    }
+    let mut request = request_without_document(&json)?;
+    request.validate(&services.settings.request_limits())?;
+    let (stored, _) = services
+        .files
+        .upload(caller.tenant_id, declared.as_deref(), bytes)
+        .await?;
+    request.document.object = Some(stored.id);
+    Ok(request)
+}
+
+/// The request part, with a placeholder file for the one still to be
+/// stored: one that carries a document of its own is refused.
+fn request_without_document(json: &[u8]) -> Result<ExtractionRequest, ApiError> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| RequestError::from_json(&e))?;
+    let Some(object) = value.as_object_mut() else {
+        return Err(RequestError::Shape("the request part must be a JSON object".into()).into());
+    };
+    if object.contains_key("document") {
+        return Err(RequestError::Shape(
+            "the request part must not carry a `document`: the file part is the document".into(),
+        )
+        .into());
+    }
+    let placeholder = "0".repeat(64);
+    object.insert(
+        "document".into(),
+        serde_json::json!({ "object": placeholder }),
+    );
+    Ok(serde_json::from_value(value).map_err(|e| RequestError::from_json(&e))?)
+}
+
+fn missing(part: &str) -> ApiError {
+    ApiError::BadRequest(format!(
+        "the part {part:?} is missing: a multipart submit has the parts \"request\" and \"file\""
+    ))
+}
+
+/// A part that could not be read: past the file limit `max` (413), or not
+/// multipart as it said (400).
+fn multipart_error(e: axum::extract::multipart::MultipartError, max: usize) -> ApiError {
+    match e.status() {
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(max),
+        _ => ApiError::BadRequest(e.body_text()),
+    }
+}
