@@ -172,6 +172,11 @@ def _bytes_past_chars(body, limit):
     return any(len(s) <= limit < len(s.encode("utf-8", "surrogatepass")) for s in _strings(body))
 
 
+def _names_file(body, file_id):
+    document = body.get("document") if isinstance(body, dict) else None
+    return isinstance(document, dict) and document.get("object") == file_id
+
+
 def _webhook_given(body):
     return isinstance(body, dict) and isinstance(body.get("webhook_url"), str)
 
@@ -187,6 +192,9 @@ _BEYOND_THE_SCHEMA = (
     ("a webhook host that is, or resolves to, an address webhooks may not reach",
      re.compile(r"^webhook_url host .* which webhooks may not reach$", re.S),
      lambda case, body, m: _webhook_given(body)),
+    ("a file id of no file the tenant uploaded",
+     re.compile(r"^document\.object: no file ([0-9a-f]{64}) of this tenant"),
+     lambda case, body, m: _names_file(body, m.group(1))),
     ("a string within maxLength characters but past its limit in bytes",
      re.compile(r" is larger than the limit of (\d+) bytes$"),
      lambda case, body, m: _bytes_past_chars(body, int(m.group(1)))),

@@ -64,10 +64,12 @@ pub(super) async fn submitted(
                     "the part {name:?} came twice"
                 )))
             }
-            name => return Err(ApiError::BadRequest(format!(
+            name => {
+                return Err(ApiError::BadRequest(format!(
                 "unexpected part {:?}: a multipart submit has the parts \"request\" and \"file\"",
                 name.unwrap_or_default()
-            ))),
+            )))
+            }
         }
     }
     let json = json.ok_or_else(|| missing("request"))?;

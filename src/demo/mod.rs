@@ -1,6 +1,7 @@
 //! `docstream demo`: runs every role in this process (the API, two workers, one
 //! bbox worker) and the reference extraction service (`extractor-serve`),
 //! submits the shipped sample documents over HTTP for that service to extract,
+//! and the sample PDFs as files (multipart) for the built-in rules to read,
 //! shows progress while they flow, and prints a summary. It fails when any
 //! document does not reach bbox succeeded.
 //!
@@ -10,7 +11,7 @@
 mod report;
 mod samples;
 
-pub use samples::sample_requests;
+pub use samples::{sample_files, sample_requests};
 
 use std::time::{Duration, Instant};
 
@@ -189,9 +190,20 @@ async fn drive(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<report::Summary> {
     let samples = sample_requests();
+    let files = sample_files();
     let started = Instant::now();
-    let progress = report::Progress::new(args.documents as u64);
-    let ids: Vec<Uuid> = stream::iter(0..args.documents)
+    let progress = report::Progress::new((args.documents + files.len()) as u64);
+    // The PDFs as files: read by the built-in rules (an extractor of the
+    // protocol's version 1 takes documents as JSON only).
+    let mut ids: Vec<Uuid> = stream::iter(&files)
+        .map(|file| submit_file(client, base, file))
+        .buffer_unordered(args.concurrency.max(1))
+        .inspect(|_| progress.submitted())
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    let documents: Vec<Uuid> = stream::iter(0..args.documents)
         .map(|i| {
             let mut request = samples[i % samples.len()].request.clone();
             if reference {
@@ -205,6 +217,7 @@ async fn drive(
         .await
         .into_iter()
         .collect::<anyhow::Result<_>>()?;
+    ids.extend(documents);
 
     let deadline = started + Duration::from_secs(args.timeout_s);
     loop {
@@ -238,6 +251,50 @@ async fn submit(
         .send()
         .await
         .context("submitting a sample")?;
+    accepted(response).await
+}
+
+/// Submits `file` as `multipart/form-data`: its request and its PDF.
+async fn submit_file(
+    client: &reqwest::Client,
+    base: &str,
+    file: &samples::SampleFile,
+) -> anyhow::Result<Uuid> {
+    let boundary = format!("docstream-demo-{}", Uuid::new_v4().simple());
+    let mut body = Vec::new();
+    let parts: [(&str, &str, &[u8]); 2] = [
+        (
+            "request",
+            "application/json",
+            &serde_json::to_vec(&file.request)?,
+        ),
+        ("file", "application/pdf", file.pdf),
+    ];
+    for (name, content_type, bytes) in parts {
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{}.pdf\"\r\nContent-Type: {content_type}\r\n\r\n",
+            file.name
+        );
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("submitting the sample file {}", file.name))?;
+    accepted(response).await
+}
+
+/// The id of a submit answered 202.
+async fn accepted(response: reqwest::Response) -> anyhow::Result<Uuid> {
     let status = response.status();
     let body: serde_json::Value = response.json().await?;
     anyhow::ensure!(

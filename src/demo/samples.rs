@@ -22,6 +22,51 @@ const SOURCES: [&str; 4] = [
     include_str!("../../samples/receipt-hardware.json"),
 ];
 
+/// A sample PDF (`samples/files/`, drawn by `scripts/make_samples.py`) and
+/// the request to submit with it, without its document.
+pub struct SampleFile {
+    /// File stem, e.g. `invoice-northwind`.
+    pub name: &'static str,
+    /// The PDF.
+    pub pdf: &'static [u8],
+    /// The request part of its multipart submit.
+    pub request: serde_json::Value,
+}
+
+const FILES: [(&str, &[u8], &str); 3] = [
+    (
+        "invoice-northwind",
+        include_bytes!("../../samples/files/invoice-northwind.pdf"),
+        include_str!("../../samples/files/invoice-northwind.json"),
+    ),
+    (
+        "invoice-contoso",
+        include_bytes!("../../samples/files/invoice-contoso.pdf"),
+        include_str!("../../samples/files/invoice-contoso.json"),
+    ),
+    (
+        "receipt-bakery",
+        include_bytes!("../../samples/files/receipt-bakery.pdf"),
+        include_str!("../../samples/files/receipt-bakery.json"),
+    ),
+];
+
+/// Every sample PDF with its request.
+pub fn sample_files() -> Vec<SampleFile> {
+    FILES
+        .iter()
+        .map(|&(name, pdf, json)| {
+            let sample: serde_json::Value =
+                serde_json::from_str(json).expect("shipped samples are valid");
+            SampleFile {
+                name,
+                pdf,
+                request: sample["request"].clone(),
+            }
+        })
+        .collect()
+}
+
 /// Every sample, parsed.
 pub fn sample_requests() -> Vec<Sample> {
     SOURCES
