@@ -49,6 +49,14 @@ struct Files {
 
 impl Files {
     async fn start(store: Store) -> Self {
+        Self::start_with(store, |_| {}).await
+    }
+
+    /// [`Files::start`], with `adjust` applied to the settings last.
+    async fn start_with(
+        store: Store,
+        adjust: impl FnOnce(&mut docstream::config::Settings),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (s3, objects, endpoint) = match store {
             Store::Dir => (None, dir.path().to_owned(), String::new()),
@@ -68,6 +76,7 @@ impl Files {
                 s.files_s3_access_key_id = "docstream-test".into();
                 s.files_s3_secret_access_key = "docstream-test-secret".into();
             }
+            adjust(s);
         })
         .await;
         let created = env.run_cli(&["tenants", "create", "other"]).await;
@@ -686,5 +695,102 @@ async fn a_multipart_submit_stores_the_file_and_makes_its_job_once() {
         files.stored().await,
         stored,
         "no refused submit stored its file"
+    );
+}
+
+/// A one-route HTTP server on loopback answering `GET /<name>` from
+/// `routes` (status, body); its base URL.
+async fn file_server(routes: Vec<(&'static str, u16, Vec<u8>)>) -> String {
+    use axum::http::StatusCode as Status;
+    let mut router = axum::Router::new();
+    for (name, status, body) in routes {
+        let answer = move || async move {
+            let status = Status::from_u16(status).unwrap();
+            let location = [("location", "http://127.0.0.1:1/elsewhere.pdf")];
+            (status, location, body)
+        };
+        router = router.route(&format!("/{name}"), axum::routing::get(answer));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    base
+}
+
+/// A `document.url` is fetched through the SSRF guard: refused where
+/// webhooks may not go, and past it stored as a file the job names and the
+/// worker reads; a redirect, an error answer, a body past the file limit
+/// and an unreadable PDF are each a clear 4xx with nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_document_url_is_fetched_through_the_ssrf_guard() {
+    let (pdf, receipt) = sample(SAMPLES[2]);
+    let server = file_server(vec![
+        ("receipt.pdf", 200, pdf.clone()),
+        ("moved.pdf", 302, Vec::new()),
+        ("missing.pdf", 404, Vec::new()),
+        ("huge.pdf", 200, pdf_of(FILE_LIMIT + 10)),
+        ("damaged.pdf", 200, b"%PDF-1.4\n%damaged\n".to_vec()),
+    ])
+    .await;
+    let mut request = receipt["request"].clone();
+
+    // Without an allow-list, loopback is where webhooks may not go.
+    let guarded = Files::start(Store::Dir).await;
+    request["document"] = serde_json::json!({"url": format!("{server}/receipt.pdf")});
+    let (status, body) = guarded.submit(&request, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("not an address webhooks may reach"),
+        "{message}"
+    );
+    assert_eq!(guarded.stored().await, (0, 0));
+    drop(guarded);
+
+    let files = Files::start_with(Store::Dir, |s| {
+        s.webhook_allow = "127.0.0.1".parse().unwrap();
+    })
+    .await;
+    let _workers = [
+        files.env.spawn("worker", &[], "files-url-worker"),
+        files.env.spawn("bbox-worker", &[], "files-url-bbox-worker"),
+    ];
+    let refusals = [
+        (
+            "moved.pdf",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "redirects are not followed",
+        ),
+        (
+            "missing.pdf",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "answered 404",
+        ),
+        ("huge.pdf", StatusCode::PAYLOAD_TOO_LARGE, "5242880"),
+        (
+            "damaged.pdf",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the PDF cannot be read",
+        ),
+    ];
+    for (name, expected, says) in refusals {
+        request["document"] = serde_json::json!({"url": format!("{server}/{name}")});
+        let (status, body) = files.submit(&request, None).await;
+        assert_eq!(status, expected, "{name}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{name}: {message}");
+        assert_eq!(files.stored().await, (0, 0), "{name}: nothing stored");
+    }
+
+    request["document"] = serde_json::json!({"url": format!("{server}/receipt.pdf")});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    assert_eq!(files.stored().await, (1, 1));
+    let job = files.finished(accepted["id"].as_str().unwrap()).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    assert_eq!(job["result"]["fields"]["total"]["value"], "8.60", "{job}");
+    assert_eq!(
+        job["post_processing"]["bbox_refinement"]["status"],
+        "succeeded"
     );
 }

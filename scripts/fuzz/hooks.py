@@ -112,6 +112,10 @@ def before_call(context, case, kwargs):
     # real host someone owns.
     if isinstance(case.body, dict) and isinstance(case.body.get("webhook_url"), str):
         case.body["webhook_url"] = _nowhere(case.body["webhook_url"])
+    # A document's URL is fetched at the submit: never from a real host either.
+    document = case.body.get("document") if isinstance(case.body, dict) else None
+    if isinstance(document, dict) and isinstance(document.get("url"), str):
+        document["url"] = _nowhere(document["url"])
     headers = case.headers or {}
     for name, key in list(headers.items()):
         if name.lower() != "idempotency-key" or not isinstance(key, str) or not _VALID_KEY.match(key):
@@ -177,6 +181,11 @@ def _names_file(body, file_id):
     return isinstance(document, dict) and document.get("object") == file_id
 
 
+def _has_document_url(body):
+    document = body.get("document") if isinstance(body, dict) else None
+    return isinstance(document, dict) and isinstance(document.get("url"), str)
+
+
 def _webhook_given(body):
     return isinstance(body, dict) and isinstance(body.get("webhook_url"), str)
 
@@ -195,6 +204,9 @@ _BEYOND_THE_SCHEMA = (
     ("a file id of no file the tenant uploaded",
      re.compile(r"^document\.object: no file ([0-9a-f]{64}) of this tenant"),
      lambda case, body, m: _names_file(body, m.group(1))),
+    ("a document.url the SSRF guard refuses or that cannot be fetched",
+     re.compile(r"^(document\.url host |fetching document\.url )"),
+     lambda case, body, m: _has_document_url(body)),
     ("a string within maxLength characters but past its limit in bytes",
      re.compile(r" is larger than the limit of (\d+) bytes$"),
      lambda case, body, m: _bytes_past_chars(body, int(m.group(1)))),

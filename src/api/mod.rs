@@ -116,14 +116,18 @@ async fn readyz(State(health): State<Health>) -> Response {
 /// fault tests) is a storm of synchronous writes on the runtime's threads
 /// just when the process is under stress. The outage itself is logged once
 /// (`health`), and the answers are `docstream_http_requests_total{status="503"}`.
-async fn answer_within(State(bound): State<Duration>, request: Request, next: Next) -> Response {
-    // A submit with a file takes as long as its bytes take to arrive; its
-    // row is still written within the bound once they have (`pipeline::submit`).
-    if upload::is_multipart(request.headers()) {
-        return next.run(request).await;
-    }
-    match tokio::time::timeout(bound, next.run(request)).await {
+async fn answer_within(
+    State(bound): State<Duration>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let lifted = BoundLifted::default();
+    request.extensions_mut().insert(lifted.clone());
+    let answer = next.run(request);
+    tokio::pin!(answer);
+    match tokio::time::timeout(bound, &mut answer).await {
         Ok(response) => response,
+        Err(_) if lifted.0.load(std::sync::atomic::Ordering::Acquire) => answer.await,
         Err(_) => {
             tracing::debug!(
                 ?bound,
@@ -132,6 +136,20 @@ async fn answer_within(State(bound): State<Duration>, request: Request, next: Ne
             ApiError::Unavailable("no answer from the database in time; retry shortly".into())
                 .into_response()
         }
+    }
+}
+
+/// Lifted by a handler that moves a file's bytes (a multipart submit's
+/// file, a fetched `document.url`): those take as long as the bytes take,
+/// so [`answer_within`] waits for its answer. The submit's row is still
+/// written within the bound once the bytes are in (`pipeline::submit`).
+#[derive(Clone, Default)]
+pub(crate) struct BoundLifted(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl BoundLifted {
+    /// The answer may take longer than the bound.
+    pub(crate) fn lift(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 

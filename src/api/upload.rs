@@ -4,8 +4,13 @@
 //! upload to `POST /v1/files` would store it, and the request names it
 //! (`document.object`), so the same key with the same file is the same job.
 //!
-//! The request part is checked before the file is stored: a refused
-//! request stores nothing. A file stored for a submit that is then refused
+//! A JSON request's document may also be a URL (`document.url`): the
+//! file is fetched through the SSRF guard of webhooks and stored the same
+//! way. While a file's bytes move, the answer bound is lifted
+//! ([`BoundLifted`]).
+//!
+//! The request (or its part) is checked before the file is fetched or
+//! stored: a refused request stores nothing. A file stored for a submit that is then refused
 //! (its key was used with another request) stays the tenant's file.
 
 use axum::body::Body;
@@ -13,7 +18,7 @@ use axum::extract::{FromRequest, Multipart, Request};
 use axum::http::{header, HeaderMap};
 use axum::Json;
 
-use super::ApiError;
+use super::{ApiError, BoundLifted};
 use crate::auth::Caller;
 use crate::domain::{ExtractionRequest, RequestError};
 use crate::pipeline::Services;
@@ -35,15 +40,42 @@ pub(super) async fn submitted(
     request: Request,
 ) -> Result<ExtractionRequest, ApiError> {
     let limit = services.settings.http_body_limit_bytes;
+    let lifted = request.extensions().get::<BoundLifted>().cloned();
+    let lift = || lifted.as_ref().map(BoundLifted::lift);
     if !is_multipart(request.headers()) {
         // The route takes bodies as large as a file; a JSON one is held to
         // the API's own limit.
         let request = request.map(|body| Body::new(http_body_util::Limited::new(body, limit)));
-        let Json(parsed) = Json::<ExtractionRequest>::from_request(request, &())
+        let Json(mut parsed) = Json::<ExtractionRequest>::from_request(request, &())
             .await
             .map_err(|r| ApiError::from_json_rejection(r, limit))?;
+        let Some(url) = parsed.document.url.take() else {
+            return Ok(parsed);
+        };
+        let url_limit = services.settings.max_url_bytes;
+        if url.len() > url_limit {
+            let what = "document.url".into();
+            let unit = "bytes";
+            return Err(RequestError::TooLarge {
+                what,
+                limit: url_limit,
+                unit,
+            }
+            .into());
+        }
+        let fetched = parsed.document == Default::default();
+        if !fetched {
+            return Err(RequestError::DocumentShape.into());
+        }
+        // Checked first, with a placeholder for the file still to come.
+        parsed.document.object = Some("0".repeat(64));
+        parsed.validate(&services.settings.request_limits())?;
+        lift();
+        let (stored, _) = services.files.fetch(caller.tenant_id, &url).await?;
+        parsed.document.object = Some(stored.id);
         return Ok(parsed);
     }
+    lift();
     let max = services.files.max_bytes();
     let multipart_error = |e| multipart_error(e, max);
     let mut form = Multipart::from_request(request, &())

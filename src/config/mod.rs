@@ -216,6 +216,10 @@ settings! {
     /// (and what its pages draw, with repeats); more is refused as a
     /// decompression bomb (422). A PDF's pages are held to `max_pages`.
     file_max_inflated_bytes: usize = 128_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_INFLATED_BYTES", at_least(1);
+    /// How long fetching a `document.url` may take, all of it (the SSRF
+    /// guard of webhooks judges the URL; `DOCSTREAM_WEBHOOK_ALLOW` admits
+    /// more); past it the submit gets 422.
+    file_fetch_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_FILE_FETCH_TIMEOUT_S", positive;
     /// The folder uploaded files are kept in (made at the first upload),
     /// unless `files_s3_bucket` names a bucket.
     files_dir: String = "data/files", env "DOCSTREAM_FILES_DIR";

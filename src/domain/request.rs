@@ -96,6 +96,11 @@ pub struct Document {
     /// read from it when the job runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
+    /// An http(s) URL the API fetches the file from at the submit, and
+    /// stores as a file of the tenant's; the job then names that file
+    /// (`object`). Only `POST /v1/extractions` fetches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl JsonSchema for Document {
@@ -105,11 +110,12 @@ impl JsonSchema for Document {
 
     fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Exactly one of `text`, `pages` and `object`.",
+            "description": "Exactly one of `text`, `pages`, `object` and `url`.",
             "oneOf": [
                 generator.subschema_for::<TextDocument>(),
                 generator.subschema_for::<PagesDocument>(),
                 generator.subschema_for::<ObjectDocument>(),
+                generator.subschema_for::<UrlDocument>(),
             ],
         })
     }
@@ -129,6 +135,8 @@ struct TextDocument {
     pages: (),
     #[schemars(default, with = "()")]
     object: (),
+    #[schemars(default, with = "()")]
+    url: (),
 }
 
 /// A document of pages of positioned words (the schema of a `Document`
@@ -149,6 +157,8 @@ struct PagesDocument {
     text: (),
     #[schemars(default, with = "()")]
     object: (),
+    #[schemars(default, with = "()")]
+    url: (),
 }
 
 /// A document in a file the tenant uploaded (the schema of a `Document`
@@ -166,6 +176,31 @@ struct ObjectDocument {
     text: (),
     #[schemars(default, with = "()")]
     pages: (),
+    #[schemars(default, with = "()")]
+    url: (),
+}
+
+/// A document at a URL (the schema of a `Document` with `url`).
+#[derive(JsonSchema)]
+#[schemars(deny_unknown_fields)]
+#[allow(dead_code)]
+struct UrlDocument {
+    /// An absolute http or https URL of at most {max_url_bytes} bytes. The
+    /// API fetches it at the submit through the SSRF guard of webhooks (a
+    /// host that is, or resolves to, an address webhooks may not reach gets
+    /// 422), following no redirect, within `DOCSTREAM_FILE_FETCH_TIMEOUT_S`
+    /// and the file limit (413); what it answers is stored as a file of the
+    /// tenant's, known by its bytes, and the job names it (`object`). Only
+    /// `POST /v1/extractions` fetches: the import stream and the Kafka
+    /// intake refuse it.
+    #[schemars(url, pattern(schema::HTTP_URL), extend("x-limit" = "max_url_bytes"))]
+    url: String,
+    #[schemars(default, with = "()")]
+    text: (),
+    #[schemars(default, with = "()")]
+    pages: (),
+    #[schemars(default, with = "()")]
+    object: (),
 }
 
 /// One page of positioned words.
@@ -290,10 +325,14 @@ pub enum RequestError {
         /// What the limit counts: bytes, fields, pages, words.
         unit: &'static str,
     },
-    /// Not exactly one of `document.text`, `document.pages` and
-    /// `document.object` was given.
-    #[error("document must have exactly one of `text`, `pages` or `object`")]
+    /// Not exactly one of `document.text`, `document.pages`,
+    /// `document.object` and `document.url` was given.
+    #[error("document must have exactly one of `text`, `pages`, `object` or `url`")]
     DocumentShape,
+    /// `document.url` where nothing fetches it (the import stream, the
+    /// Kafka intake).
+    #[error("document.url is fetched by POST /v1/extractions only: upload the file (POST /v1/files) and name it in document.object")]
+    UrlNotFetched,
     /// `document.object` is not a file id.
     #[error("document.object must be a file id: the 64 lower-case hex digits of its SHA-256")]
     FileId,
@@ -493,6 +532,14 @@ impl ExtractionRequest {
 
 impl Document {
     fn validate(&self, limits: &RequestLimits) -> Result<(), RequestError> {
+        if self.url.is_some() {
+            // Fetched, and replaced by the file it named, before any check
+            // of a request that reaches here: only where nothing fetches.
+            return match (&self.text, &self.pages, &self.object) {
+                (None, None, None) => Err(RequestError::UrlNotFetched),
+                _ => Err(RequestError::DocumentShape),
+            };
+        }
         if let Some(id) = &self.object {
             let hex = |b: u8| matches!(b, b'0'..=b'9' | b'a'..=b'f');
             return match (&self.text, &self.pages) {

@@ -33,6 +33,7 @@ use crate::domain::Document;
 use crate::extract::{Deadline, ExtractError};
 use crate::store::files::{self, FileRow};
 use crate::store::StoreError;
+use crate::webhook::Guard;
 use pdf::{PdfError, PdfLimits};
 
 /// The files of every tenant; clones share the store.
@@ -50,6 +51,8 @@ struct Inner {
     max_bytes: usize,
     /// What a PDF may hold.
     pdf: PdfLimits,
+    /// Fetches a submitter's `document.url` past the SSRF guard.
+    fetcher: (Guard, reqwest::Client),
 }
 
 /// Where files are kept: a folder on this machine, or a bucket of an
@@ -142,6 +145,9 @@ pub enum FileError {
     /// A PDF that is damaged, a bomb, or past a limit.
     #[error(transparent)]
     Pdf(#[from] PdfError),
+    /// A `document.url` refused by the SSRF guard, or whose fetch failed.
+    #[error("{0}")]
+    Url(String),
     /// The tenant has no file of this id (or it was deleted).
     #[error("no file {0} of this tenant: upload it with POST /v1/files first")]
     Missing(String),
@@ -200,6 +206,13 @@ impl Files {
                 inflated_bytes: settings.file_max_inflated_bytes,
                 words_per_page: settings.max_words_per_page,
             },
+            fetcher: {
+                let guard = Guard::new(settings.webhook_allow.clone());
+                let timeout = settings.file_fetch_timeout_s.get();
+                let agent = concat!("docstream-files/", env!("CARGO_PKG_VERSION"));
+                let client = crate::webhook::guarded_client(&guard, timeout, agent);
+                (guard, client)
+            },
         }))
     }
 
@@ -239,6 +252,51 @@ impl Files {
         };
         let (row, made) = files::record(&self.0.pool, tenant, &row).await?;
         Ok((StoredFile::of(row), made))
+    }
+
+    /// Fetches `url` (a request's `document.url`) and stores what it
+    /// answers as a file of `tenant`'s, as [`Files::upload`] would. The URL
+    /// passes the SSRF guard of webhooks first, and the connection goes
+    /// only to the addresses it checked; redirects are not followed; the
+    /// body is held to the file limit as it arrives, and the whole fetch to
+    /// its timeout.
+    pub async fn fetch(&self, tenant: Uuid, url: &str) -> Result<(StoredFile, bool), FileError> {
+        let (guard, client) = &self.0.fetcher;
+        guard.check(url).await.map_err(|e| {
+            FileError::Url(e.to_string().replacen("webhook_url", "document.url", 1))
+        })?;
+        let failed = |e: reqwest::Error| {
+            let what = match e.is_timeout() {
+                true => "did not answer in time".to_owned(),
+                false => format!("failed: {}", crate::error_chain(&e)),
+            };
+            FileError::Url(format!("fetching document.url {what}"))
+        };
+        let mut response = client.get(url).send().await.map_err(failed)?;
+        let status = response.status();
+        if !status.is_success() {
+            let redirect = status
+                .is_redirection()
+                .then_some(" (redirects are not followed)");
+            return Err(FileError::Url(format!(
+                "fetching document.url answered {status}{}",
+                redirect.unwrap_or_default()
+            )));
+        }
+        let max = self.0.max_bytes;
+        if response.content_length().is_some_and(|n| n > max as u64) {
+            return Err(FileError::TooLarge(max));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(failed)? {
+            if body.len() + chunk.len() > max {
+                return Err(FileError::TooLarge(max));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        // What the file is comes from its bytes alone: the server's
+        // Content-Type is not the submitter's claim (and often generic).
+        self.upload(tenant, None, Bytes::from(body)).await
     }
 
     /// Tenant `tenant`'s file `id`, if it has one.

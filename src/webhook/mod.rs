@@ -102,7 +102,8 @@ impl Webhooks {
     /// process; deliveries it leaves unfinished are orphans the reaper revives).
     pub fn start(settings: WebhookSettings, pool: PgPool, metrics: Metrics) -> Self {
         let guard = Guard::new(settings.allow);
-        let client = http_client(&guard, settings.timeout);
+        let agent = concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION"));
+        let client = guarded_client(&guard, settings.timeout, agent);
         let (wake, woken) = mpsc::channel(WAKE_QUEUE);
         let enabled = settings.enabled;
         let dispatcher = Dispatcher {
@@ -171,10 +172,11 @@ impl Webhooks {
     }
 }
 
-/// The client attempts are sent with: no redirects, no proxy (either would
-/// take the request past the guard), bounded time, the guard as resolver, and
-/// HTTPS verified against the system's root certificates.
-fn http_client(guard: &Guard, timeout: Duration) -> reqwest::Client {
+/// The client of requests to addresses a submitter chose (webhook attempts,
+/// `document.url` fetches): no redirects, no proxy (either would take the
+/// request past the guard), bounded time, the guard as resolver, and HTTPS
+/// verified against the system's root certificates.
+pub fn guarded_client(guard: &Guard, timeout: Duration, agent: &'static str) -> reqwest::Client {
     crate::install_tls_provider();
     let builder = |native_roots: bool| {
         let builder = reqwest::Client::builder()
@@ -183,7 +185,7 @@ fn http_client(guard: &Guard, timeout: Duration) -> reqwest::Client {
             .timeout(timeout)
             .connect_timeout(timeout)
             .dns_resolver(Arc::new(guard.clone()))
-            .user_agent(concat!("docstream-webhooks/", env!("CARGO_PKG_VERSION")));
+            .user_agent(agent);
         if native_roots {
             builder.build()
         } else {
