@@ -39,6 +39,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;
+pub mod provider;
 pub mod quota;
 pub mod roles;
 pub mod store;

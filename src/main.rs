@@ -76,7 +76,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// A reference extraction service (the extractor protocol, with the
     /// built-in rules): for the demo, the benchmark, and trying the protocol.
-    ExtractorServe(docstream::extract::provider::ProviderArgs),
+    ExtractorServe(docstream::provider::ProviderArgs),
     /// Benchmark: the Postgres and Kafka ceilings, graphile-worker, and
     /// docstream's burn-down and steady state, in one run (scripts/bench.sh).
     Bench(bench::BenchArgs),
@@ -177,7 +177,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Demo(args) => return demo::run(settings, args, shutdown).await,
         Command::ExtractorServe(args) => {
-            return Ok(docstream::extract::provider::run(args, shutdown).await?);
+            return Ok(docstream::provider::run(args, shutdown).await?);
         }
         Command::Bench(args) => {
             print!("{}", bench::run(settings, args).await?);

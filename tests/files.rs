@@ -794,3 +794,156 @@ async fn a_document_url_is_fetched_through_the_ssrf_guard() {
         "succeeded"
     );
 }
+
+/// The secret that signs file URLs (and deferred results) in the tests.
+const SECRET: &str = "a-callback-secret-for-the-file-tests";
+
+/// The reference provider (`extractor-serve`, protocol version 2) in this
+/// process: its URL, and a guard that stops it.
+async fn reference_provider() -> (String, tokio_util::sync::DropGuard) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let args = docstream::provider::ProviderArgs {
+        addr: listener.local_addr().unwrap(),
+        latency_ms: 0,
+        token: None,
+    };
+    let url = format!("http://{}{}", args.addr, docstream::provider::PATH);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let serving = stop.clone();
+    tokio::spawn(async move { docstream::provider::serve(listener, &args, serving).await });
+    (url, stop.drop_guard())
+}
+
+/// Protocol version 2, end to end: the worker gives the reference provider
+/// a URL to the job's file (signed by `serve` for the folder store,
+/// presigned by the bucket for S3); the provider fetches it, reads the
+/// PDF and answers the values and the words it read; bbox refinement
+/// grounds the values in those words at the places the sample drew them.
+/// An extractor of version 1 is refused a file at the submit.
+async fn protocol_2_reads_a_file_through_its_url(store: Store) {
+    let (provider, _provider) = reference_provider().await;
+    let files = Files::start_with(store, |s| {
+        let v2 = docstream::config::ExtractorSettings {
+            url: provider.clone(),
+            protocol: 2,
+            ..Default::default()
+        };
+        let v1 = docstream::config::ExtractorSettings {
+            url: provider.clone(),
+            ..Default::default()
+        };
+        s.extractors.insert("reference".into(), v2);
+        s.extractors.insert("json-only".into(), v1);
+        // serve verifies with the secret; the workers get its address below.
+        s.public_url = "http://127.0.0.1:9".into();
+        s.callback_secret = SECRET.into();
+    })
+    .await;
+    let public_url = [("DOCSTREAM_PUBLIC_URL", files.base.clone())];
+    let _workers = [
+        files.env.spawn(
+            "worker",
+            &public_url,
+            &format!("files-v2-worker-{}", store as u8),
+        ),
+        files.env.spawn(
+            "bbox-worker",
+            &[],
+            &format!("files-v2-bbox-{}", store as u8),
+        ),
+    ];
+    let (pdf, invoice) = sample(SAMPLES[0]);
+    let (status, file) = files.upload(pdf, "application/pdf", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{file}");
+    let mut request = invoice["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+
+    request["extractor"] = "json-only".into();
+    let (status, body) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("protocol version 1"), "{message}");
+
+    request["extractor"] = "reference".into();
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let job = files.finished(accepted["id"].as_str().unwrap()).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let bbox = &job["post_processing"]["bbox_refinement"];
+    assert_eq!(bbox["status"], "succeeded", "{job}");
+    let mut drawn = invoice["request"].clone();
+    drawn["document"] = serde_json::json!({"pages": invoice["pages"]});
+    let drawn: docstream::domain::ExtractionRequest = serde_json::from_value(drawn).unwrap();
+    let values = docstream::extract::rule_extract(&drawn).unwrap();
+    let boxes = serde_json::to_value(docstream::extract::ground(&drawn.document, &values)).unwrap();
+    assert_eq!(job["result"], serde_json::to_value(&values).unwrap());
+    assert_close(&bbox["result"], &boxes, "invoice-northwind via protocol 2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_2_reads_a_file_through_a_url_signed_by_serve() {
+    protocol_2_reads_a_file_through_its_url(Store::Dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_2_reads_a_file_through_a_url_presigned_by_the_bucket() {
+    protocol_2_reads_a_file_through_its_url(Store::S3).await;
+}
+
+/// `serve` answers a job's file to a URL signed for that job, and to no
+/// other: not past its expiry, not for another job, not with its
+/// signature changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
+    let files = Files::start_with(Store::Dir, |s| {
+        s.public_url = "http://127.0.0.1:9".into();
+        s.callback_secret = SECRET.into();
+    })
+    .await;
+    let (pdf, invoice) = sample(SAMPLES[0]);
+    let (_, file) = files.upload(pdf.clone(), "application/pdf", None).await;
+    let mut request = invoice["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        let (status, accepted) = files.submit(&request, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+        jobs.push(
+            accepted["id"]
+                .as_str()
+                .unwrap()
+                .parse::<uuid::Uuid>()
+                .unwrap(),
+        );
+    }
+    let now = chrono::Utc::now().timestamp();
+    let url = |id, expires| docstream::files::signed::url(&files.base, SECRET, id, 1, expires);
+    let get = |url: String| {
+        let sent = files.env.client().get(url).send();
+        async move { sent.await.unwrap() }
+    };
+
+    let valid = get(url(jobs[0], now + 60)).await;
+    assert_eq!(valid.status(), StatusCode::OK);
+    assert_eq!(valid.headers()["content-type"], "application/pdf");
+    assert_eq!(valid.bytes().await.unwrap().as_ref(), pdf.as_slice());
+
+    let expired = get(url(jobs[0], now - 1)).await;
+    assert_eq!(expired.status(), StatusCode::FORBIDDEN);
+    assert!(expired.text().await.unwrap().contains("expired"));
+    let another_job = url(jobs[0], now + 60).replace(&jobs[0].to_string(), &jobs[1].to_string());
+    let another_job = get(another_job).await;
+    assert_eq!(another_job.status(), StatusCode::FORBIDDEN);
+    assert!(another_job
+        .text()
+        .await
+        .unwrap()
+        .contains("not signed for this job"));
+    let later = url(jobs[0], now + 60).replace(
+        &format!("expires={}", now + 60),
+        &format!("expires={}", now + 6000),
+    );
+    assert_eq!(get(later).await.status(), StatusCode::FORBIDDEN);
+    let unsigned = format!("{}/v1/extractions/{}/file", files.base, jobs[0]);
+    assert_eq!(get(unsigned).await.status(), StatusCode::FORBIDDEN);
+}

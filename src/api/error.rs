@@ -189,6 +189,7 @@ impl From<FileError> for ApiError {
                 Self::UnsupportedFile(e.to_string())
             }
             FileError::Database(e) => e.into(),
+            FileError::NoUrl => Self::Unavailable(e.to_string()),
             FileError::Store(_) => {
                 tracing::warn!(error = %e, "upload answered 503: the file store failed");
                 Self::Unavailable("the file store is unavailable; retry shortly".into())
@@ -217,7 +218,8 @@ impl From<SubmitError> for ApiError {
             SubmitError::KeyReused
             | SubmitError::WebhookRefused(_)
             | SubmitError::UnknownExtractor(_)
-            | SubmitError::NoSuchFile(_) => Self::Unprocessable(e.to_string()),
+            | SubmitError::NoSuchFile(_)
+            | SubmitError::TakesNoFiles(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Erased(_) => Self::Gone(e.to_string()),
             SubmitError::Store(e) => e.into(),
             SubmitError::TooManyOpenJobs(_) => Self::TooManyRequests {

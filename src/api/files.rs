@@ -2,25 +2,35 @@
 //! `GET /v1/files/{id}`: what it uploaded. The file is stored once per
 //! tenant under its content's SHA-256 (`files`), so uploading the same bytes
 //! again answers the same file (200 instead of 201).
+//!
+//! `GET /v1/extractions/{id}/file`: a job's file, for the extractor of
+//! protocol version 2 that got the signed URL (`files::signed`): no API
+//! key, the signature is the credential, for one attempt of one job and
+//! until it expires.
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use uuid::Uuid;
 
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
+use crate::files::signed::{self, Signed};
 use crate::files::StoredFile;
 use crate::pipeline::Services;
+use crate::store;
 
 /// The routes, with the files' own body limit in place of the API's.
 pub(super) fn router(services: &Services) -> Router<Services> {
     Router::new()
         .route("/v1/files", post(upload))
         .route("/v1/files/{id}", get(read))
+        .route("/v1/extractions/{id}/file", get(job_file))
         .layer(DefaultBodyLimit::max(services.files.max_bytes()))
 }
 
@@ -65,4 +75,33 @@ async fn read(
         Some(file) => Ok(Json(file)),
         None => Err(ApiError::NoSuchFile(id)),
     }
+}
+
+/// A job's file, to the holder of its signed URL.
+async fn job_file(
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+    query: Result<Query<Signed>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = id?;
+    let Query(signed) = query.map_err(|_| {
+        ApiError::Forbidden("a file URL needs its attempt, expires and signature".into())
+    })?;
+    let Some((_, secret)) = services.settings.deferred_results() else {
+        return Err(ApiError::Forbidden(
+            "file URLs are off in this deployment (DOCSTREAM_CALLBACK_SECRET)".into(),
+        ));
+    };
+    let now = chrono::Utc::now().timestamp();
+    signed::verify(secret, id, &signed, now).map_err(|e| ApiError::Forbidden(e.to_string()))?;
+    let row = store::get(&services.pool, id).await?;
+    let file = row.and_then(|row| {
+        let object = row.request.and_then(|r| r.0.document.object)?;
+        Some((row.tenant_id, object))
+    });
+    let Some((tenant, object)) = file else {
+        return Err(ApiError::NotFound(format!("extraction {id} has no file")));
+    };
+    let (kind, bytes) = services.files.read(tenant, &object).await?;
+    Ok(([(header::CONTENT_TYPE, kind.as_str())], bytes).into_response())
 }

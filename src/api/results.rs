@@ -109,7 +109,8 @@ fn authorised_attempt(services: &Services, id: Uuid, headers: &HeaderMap) -> Res
 
 /// How a posted result ends its attempt.
 enum Ending {
-    Succeed(ExtractionOutput),
+    /// The values, and for a file the document the provider read.
+    Succeed(ExtractionOutput, Option<crate::domain::Document>),
     Retry(String),
     Fail(String),
 }
@@ -138,14 +139,15 @@ fn read_ending(
         });
     }
     let words = request.document.words().len();
-    let output = protocol::read_result(body, request, words).map_err(|reason| {
+    let file = request.document.object.is_some();
+    let (output, read) = protocol::read_result(body, request, words, file).map_err(|reason| {
         ApiError::Unprocessable(format!(
             "expected {{\"fields\": …}} or {{\"error\": …}}: {reason}"
         ))
     })?;
     let checked = ResultSize::check(&output, limits).and(check_required(request, &output));
     Ok(match checked {
-        Ok(()) => Ending::Succeed(output),
+        Ok(()) => Ending::Succeed(output, read),
         Err(refused) => Ending::Fail(refused.to_string()),
     })
 }
@@ -160,13 +162,24 @@ async fn end(
 ) -> Result<Json<Recorded>, ApiError> {
     let limits = services.extractors.result_limits();
     let (won, status) = match read_ending(request, body, limits)? {
-        Ending::Succeed(output) => (
-            services
-                .jobs
-                .succeed_extraction(claim, &output, REASON)
-                .await,
-            "succeeded",
-        ),
+        Ending::Succeed(output, read) => {
+            let kept = match &read {
+                Some(document) => crate::store::documents::keep(&services.pool, claim, document)
+                    .await
+                    .map_err(|e| unavailable(e.into()))?,
+                None => true,
+            };
+            let succeeded = match kept {
+                true => {
+                    services
+                        .jobs
+                        .succeed_extraction(claim, &output, REASON)
+                        .await
+                }
+                false => Ok(false),
+            };
+            (succeeded, "succeeded")
+        }
         Ending::Retry(error) => (
             services
                 .jobs

@@ -632,7 +632,7 @@ pub(super) async fn start_provider(
         latency_ms.to_string(),
     ];
     let provider = Proc::spawn_args("extractor-serve", &args, &rig.env, &rig.logs)?;
-    let url = format!("http://{addr}{}", docstream::extract::provider::PATH);
+    let url = format!("http://{addr}{}", docstream::provider::PATH);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         anyhow::ensure!(

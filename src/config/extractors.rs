@@ -69,6 +69,11 @@ pub struct ExtractorSettings {
     /// waiting for its result; the provider's `deadline_s` is capped at it.
     /// Past it, the job is retried. 1,200 s: the reference design's 20 minutes.
     pub deferred_deadline_s: f64,
+    /// The version of the extractor protocol the provider speaks: 1 (the
+    /// default) takes documents as JSON only; 2 also takes a job's file,
+    /// as a signed URL to fetch it from, and may answer the words it found
+    /// on each page.
+    pub protocol: u32,
 }
 
 impl Default for ExtractorSettings {
@@ -83,11 +88,17 @@ impl Default for ExtractorSettings {
             token: String::new(),
             retry_after_budget_s: 600.0,
             deferred_deadline_s: 1200.0,
+            protocol: 1,
         }
     }
 }
 
 impl ExtractorSettings {
+    /// Whether the provider takes a job's file (protocol version 2).
+    pub fn takes_files(&self) -> bool {
+        self.protocol >= 2
+    }
+
     /// `timeout_s` as a duration.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s)
@@ -135,6 +146,9 @@ impl ExtractorSettings {
         if self.max_concurrency == 0 {
             return invalid(format!("{} must be at least 1", var("MAX_CONCURRENCY")));
         }
+        if !matches!(self.protocol, 1 | 2) {
+            return invalid(format!("{} must be 1 or 2", var("PROTOCOL")));
+        }
         if self.tenant_max_concurrency > self.max_concurrency {
             return invalid(format!(
                 "{} must be 0 (no share) or at most {} ({}): a tenant's share of the cap",
@@ -168,6 +182,7 @@ macro_rules! for_each_variable {
         $then!(token, "TOKEN");
         $then!(retry_after_budget_s, "RETRY_AFTER_BUDGET_S");
         $then!(deferred_deadline_s, "DEFERRED_DEADLINE_S");
+        $then!(protocol, "PROTOCOL");
     };
 }
 

@@ -220,6 +220,10 @@ settings! {
     /// guard of webhooks judges the URL; `DOCSTREAM_WEBHOOK_ALLOW` admits
     /// more); past it the submit gets 422.
     file_fetch_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_FILE_FETCH_TIMEOUT_S", positive;
+    /// How long the URL an extractor of protocol version 2 gets for a job's
+    /// file stays valid (signed by `serve` for the folder store, presigned
+    /// by the bucket for S3).
+    file_url_ttl_s: Seconds = Seconds::new(900), env "DOCSTREAM_FILE_URL_TTL_S", positive;
     /// The folder uploaded files are kept in (made at the first upload),
     /// unless `files_s3_bucket` names a bucket.
     files_dir: String = "data/files", env "DOCSTREAM_FILES_DIR";

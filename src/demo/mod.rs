@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use docstream::config::Settings;
 use docstream::domain::{ExtractionRequest, Scope};
-use docstream::extract::provider;
+use docstream::provider;
 use docstream::roles::{self, Mix};
 use docstream::store::tenants;
 

@@ -531,7 +531,9 @@ impl ExtractionRequest {
 }
 
 impl Document {
-    fn validate(&self, limits: &RequestLimits) -> Result<(), RequestError> {
+    /// Checks the document against `limits`: exactly one form, and within
+    /// every limit of its form.
+    pub fn validate(&self, limits: &RequestLimits) -> Result<(), RequestError> {
         if self.url.is_some() {
             // Fetched, and replaced by the file it named, before any check
             // of a request that reaches here: only where nothing fetches.

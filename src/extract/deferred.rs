@@ -37,15 +37,7 @@ impl Callback {
 pub fn verify(secret: &str, id: Uuid, token: &str) -> Option<i32> {
     let (attempt, signature) = token.split_once('.')?;
     let attempt: i32 = attempt.parse().ok().filter(|a| *a >= 1)?;
-    let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-    let mut check = keyed(secret);
-    check.update(message(id, attempt).as_bytes());
-    check.verify_slice(&signature).ok()?;
-    Some(attempt)
-}
-
-fn keyed(secret: &str) -> Hmac<Sha256> {
-    Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length")
+    signed_by(secret, &message(id, attempt), signature).then_some(attempt)
 }
 
 fn message(id: Uuid, attempt: i32) -> String {
@@ -53,9 +45,30 @@ fn message(id: Uuid, attempt: i32) -> String {
 }
 
 fn mac(secret: &str, id: Uuid, attempt: i32) -> Vec<u8> {
+    sign(secret, &message(id, attempt))
+}
+
+fn keyed(secret: &str) -> Hmac<Sha256> {
+    Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length")
+}
+
+/// HMAC-SHA256 of `message` under `secret`: what the deployment's tokens
+/// and signed URLs carry (base64url without padding on the wire).
+pub fn sign(secret: &str, message: &str) -> Vec<u8> {
     let mut mac = keyed(secret);
-    mac.update(message(id, attempt).as_bytes());
+    mac.update(message.as_bytes());
     mac.finalize().into_bytes().to_vec()
+}
+
+/// Whether `signature` (base64url) is [`sign`] of `message` under
+/// `secret`, compared in constant time.
+pub fn signed_by(secret: &str, message: &str, signature: &str) -> bool {
+    let Ok(signature) = URL_SAFE_NO_PAD.decode(signature) else {
+        return false;
+    };
+    let mut check = keyed(secret);
+    check.update(message.as_bytes());
+    check.verify_slice(&signature).is_ok()
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ use super::protocol::{self, CallBody};
 use super::slots::{SharedCap, SharedCaps, SharedSlot};
 use super::{check_required, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::config::ExtractorSettings;
+use crate::domain::Document;
 use crate::domain::Lane;
 use crate::error_chain;
 use crate::metrics::ExtractorMetrics;
@@ -79,8 +80,9 @@ impl TenantShares {
 
 /// What one call came to.
 enum Answer {
-    /// The attempt is over, one way or the other.
-    Done(Result<ExtractionOutput, ExtractError>),
+    /// The attempt is over, one way or the other: the values, and for a
+    /// file the document the provider read.
+    Done(Result<(ExtractionOutput, Option<Document>), ExtractError>),
     /// The provider asked to be called again after this long.
     RetryAfter(Duration),
     /// The provider took the job and will post the result within this long.
@@ -140,7 +142,12 @@ impl HttpExtractor {
         let mut waited = Duration::ZERO;
         loop {
             let wait = match self.admitted_call(job, &body, stop).await {
-                Answer::Done(result) => return result.map(Extracted::Output),
+                Answer::Done(result) => {
+                    return result.map(|(output, read)| match read {
+                        Some(document) => Extracted::Read(output, document),
+                        None => Extracted::Output(output),
+                    })
+                }
                 Answer::Deferred(deadline) => return Ok(Extracted::Deferred(deadline)),
                 // A floor, so "Retry-After: 0" cannot turn into a busy loop.
                 Answer::RetryAfter(wait) => wait.max(MIN_RETRY_AFTER),
@@ -289,9 +296,10 @@ impl HttpExtractor {
         match status.as_u16() {
             200 => {
                 let words = job.request.document.words().len();
-                match protocol::read_result(body, job.request, words) {
-                    Ok(output) => {
-                        let checked = check_required(job.request, &output).map(|()| output);
+                let file = job.file.is_some();
+                match protocol::read_result(body, job.request, words, file) {
+                    Ok((output, read)) => {
+                        let checked = check_required(job.request, &output).map(|()| (output, read));
                         ("succeeded", Answer::Done(checked))
                     }
                     Err(reason) => self.invalid(reason),

@@ -1,6 +1,5 @@
 //! Extraction itself: the built-in rule extractor, the HTTP extractor that
-//! calls a team's own service over the extractor protocol (and a reference
-//! server of that protocol), bbox grounding (mapping each extracted value back
+//! calls a team's own service over the extractor protocol, bbox grounding (mapping each extracted value back
 //! to the words it came from), and the bounded pool where the CPU-bound ones
 //! run ([`CpuPool`]). Every result is held to the result limits
 //! ([`ResultSize`]), whichever extractor made it.
@@ -16,7 +15,6 @@ mod gate;
 mod http;
 mod limits;
 pub mod protocol;
-pub mod provider;
 mod registry;
 mod rule;
 pub mod slots;
@@ -73,6 +71,9 @@ pub struct Job<'a> {
     pub callback: Option<&'a deferred::Callback>,
     /// The job's tenant and priority: where its call waits for a slot.
     pub lane: Lane,
+    /// Where an extractor of protocol version 2 fetches the job's file, when
+    /// its document is one.
+    pub file: Option<&'a protocol::FileRef>,
 }
 
 /// What an attempt's extraction came to.

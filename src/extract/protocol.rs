@@ -3,6 +3,13 @@
 //! attempt: `POST <url>` with a [`CallBody`], answered by a [`ResultBody`] (200)
 //! or a status that tells the worker what to do next. The README and
 //! `docs/extractor-protocol.openapi.yaml` document it for provider authors.
+//!
+//! Version 2 adds files: a call for a job whose document is a file carries
+//! `file` ([`FileRef`]: a URL to fetch it from for a limited time, what it
+//! is and its size) instead of `document`, and the answer may carry the
+//! words the provider found on each page (`pages`), which docstream keeps
+//! as the job's document for bbox refinement. A provider of version 1 never
+//! gets a file.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,7 +19,7 @@ use uuid::Uuid;
 
 use super::deferred::Callback;
 use super::{ExtractedValue, ExtractionOutput, Job};
-use crate::domain::{Document, ExtractionRequest, FieldSpec};
+use crate::domain::{Document, ExtractionRequest, FieldSpec, Page, RequestLimits};
 
 /// Largest 200 body the client reads; a provider that sends more is broken.
 pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
@@ -24,8 +31,13 @@ pub struct CallBody<'a> {
     pub job_id: Uuid,
     /// The claim's attempt number, from 1.
     pub attempt: i32,
-    /// The document as submitted.
-    pub document: std::borrow::Cow<'a, Document>,
+    /// The document as submitted; absent when the job's document is a file
+    /// (version 2: `file` instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<std::borrow::Cow<'a, Document>>,
+    /// Version 2, for a job whose document is a file: where to fetch it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<std::borrow::Cow<'a, FileRef>>,
     /// The field specs as validated: as submitted, with `type` and
     /// `required` always written out (the protocol document says so).
     pub fields: std::borrow::Cow<'a, [FieldSpec]>,
@@ -35,6 +47,23 @@ pub struct CallBody<'a> {
     /// on), else absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<std::borrow::Cow<'a, Callback>>,
+}
+
+/// Where a provider fetches a job's file, and what it is (version 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// `GET` it for the bytes, until `expires_at`: it opens this job's
+    /// file and nothing else, and asks for no credentials.
+    pub url: String,
+    /// What the bytes are, as docstream sniffed them: `application/pdf`,
+    /// `image/png`, `image/jpeg`, `image/tiff` or `text/plain`.
+    pub content_type: String,
+    /// Bytes.
+    pub size: i64,
+    /// Hex SHA-256 of the bytes.
+    pub sha256: String,
+    /// When the URL stops working.
+    pub expires_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A deferred answer (202): the result follows, within `deadline_s`.
@@ -53,7 +82,11 @@ impl<'a> CallBody<'a> {
         Self {
             job_id: job.id,
             attempt: job.attempt,
-            document: std::borrow::Cow::Borrowed(&request.document),
+            document: match job.file {
+                Some(_) => None,
+                None => Some(std::borrow::Cow::Borrowed(&request.document)),
+            },
+            file: job.file.map(std::borrow::Cow::Borrowed),
             fields: std::borrow::Cow::Borrowed(&request.fields),
             metadata: request.metadata.as_ref().map(std::borrow::Cow::Borrowed),
             callback: job.callback.map(std::borrow::Cow::Borrowed),
@@ -66,6 +99,11 @@ impl<'a> CallBody<'a> {
 pub struct ResultBody {
     /// Values by field name; a missing name means not found.
     pub fields: BTreeMap<String, Option<ExtractedValue>>,
+    /// Version 2, for a file: the words found on each page, in reading
+    /// order, with their boxes (the provider's OCR layer). Values' `words`
+    /// ranges index them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages: Option<Vec<Page>>,
 }
 
 /// An error answer (422, 400): `{"error": "message"}`.
@@ -89,16 +127,38 @@ pub fn traceparent(job: &Job<'_>) -> String {
 
 /// Turns a 200 body into the job's output: the requested fields only, each
 /// value's word range checked against the document (`word_count` words).
+/// With `file`, the document is the answer's `pages` (none: no words), each
+/// checked as a submitted document's would be; for a document submitted as
+/// JSON, `pages` are ignored.
 pub fn read_result(
     body: &[u8],
     request: &ExtractionRequest,
     word_count: usize,
-) -> Result<ExtractionOutput, String> {
+    file: bool,
+) -> Result<(ExtractionOutput, Option<Document>), String> {
     let mut answer: ResultBody = serde_json::from_slice(body).map_err(|e| {
         format!(
             "expected {{\"fields\": {{name: {{\"value\", \"raw\"?, \"words\"?}} | null}}}}: {e}"
         )
     })?;
+    let document = match (file, answer.pages.take()) {
+        (false, _) => None,
+        (true, None) => Some(Document::default()),
+        (true, Some(pages)) => {
+            let document = Document {
+                pages: Some(pages),
+                ..Document::default()
+            };
+            document
+                .validate(&RequestLimits::DEFAULT)
+                .map_err(|e| format!("pages: {}", e.to_string().replacen("document.", "", 1)))?;
+            Some(document)
+        }
+    };
+    let word_count = match &document {
+        Some(document) => document.words().len(),
+        None => word_count,
+    };
     let mut output = ExtractionOutput::default();
     for field in &request.fields {
         let value = answer.fields.remove(&field.name).flatten();
@@ -119,7 +179,7 @@ pub fn read_result(
         }
         output.fields.insert(field.name.clone(), value);
     }
-    Ok(output)
+    Ok((output, document))
 }
 
 /// How long a 202 answer's result may take: the body's `deadline_s`, at most
@@ -202,16 +262,16 @@ mod tests {
     #[test]
     fn a_result_keeps_requested_fields_and_checks_word_ranges() {
         let body = br#"{"fields": {"total": {"value": "12.50", "words": [1, 1]}, "extra": null}}"#;
-        let output = read_result(body, &request(), 2).unwrap();
+        let (output, _) = read_result(body, &request(), 2, false).unwrap();
         assert_eq!(output.fields["total"].as_ref().unwrap().value, "12.50");
         assert_eq!(output.fields["date"], None);
         assert!(!output.fields.contains_key("extra"));
         let body = br#"{"fields": {"total": {"value": "12.50", "words": [1, 5]}}}"#;
-        assert!(read_result(body, &request(), 2)
+        assert!(read_result(body, &request(), 2, false)
             .unwrap_err()
             .contains("words [1, 5]"));
-        assert!(read_result(b"<html>", &request(), 2).is_err());
-        assert!(read_result(br#"{"fields": {"total": 12.5}}"#, &request(), 2).is_err());
+        assert!(read_result(b"<html>", &request(), 2, false).is_err());
+        assert!(read_result(br#"{"fields": {"total": 12.5}}"#, &request(), 2, false).is_err());
     }
 
     #[test]
@@ -220,7 +280,7 @@ mod tests {
             br#"{"fields": {"total": {"value": "12\u00000"}}}"#.as_slice(),
             br#"{"fields": {"total": {"value": "12.50", "raw": "\u0000"}}}"#.as_slice(),
         ] {
-            let refused = read_result(body, &request(), 2).unwrap_err();
+            let refused = read_result(body, &request(), 2, false).unwrap_err();
             assert!(refused.contains("NUL"), "{refused}");
         }
         assert_eq!(shortened("bad\0input".into()), "bad\u{FFFD}input");

@@ -12,6 +12,7 @@
 //! through the caller's tenant, so one tenant can never name another's file.
 
 pub mod pdf;
+pub mod signed;
 mod sniff;
 
 pub use sniff::FileType;
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -30,6 +31,7 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::Document;
+use crate::extract::protocol::FileRef;
 use crate::extract::{Deadline, ExtractError};
 use crate::store::files::{self, FileRow};
 use crate::store::StoreError;
@@ -45,8 +47,13 @@ struct Inner {
     /// Where the bytes are kept.
     location: Location,
     /// Made at the first use: a process that never touches a file creates
-    /// no folder and opens no connection.
-    store: OnceCell<Arc<dyn ObjectStore>>,
+    /// no folder and opens no connection. A bucket also presigns URLs.
+    store: OnceCell<Opened>,
+    /// Where `serve` answers signed file URLs and the key that signs them
+    /// (the deferred results' own), for the folder store.
+    signing: Option<(String, String)>,
+    /// How long a file URL stays valid.
+    url_ttl: std::time::Duration,
     /// Largest file, in bytes.
     max_bytes: usize,
     /// What a PDF may hold.
@@ -54,6 +61,9 @@ struct Inner {
     /// Fetches a submitter's `document.url` past the SSRF guard.
     fetcher: (Guard, reqwest::Client),
 }
+
+/// An open store, and the bucket again as the signer of its URLs.
+type Opened = (Arc<dyn ObjectStore>, Option<Arc<AmazonS3>>);
 
 /// Where files are kept: a folder on this machine, or a bucket of an
 /// S3-compatible service.
@@ -84,8 +94,8 @@ impl Location {
         }
     }
 
-    /// The store, its folder made if it is one.
-    async fn open(&self) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+    /// The store, its folder made if it is one; a bucket is its own signer.
+    async fn open(&self) -> Result<Opened, object_store::Error> {
         match self {
             Self::Dir(dir) => {
                 tokio::fs::create_dir_all(dir).await.map_err(|source| {
@@ -95,7 +105,7 @@ impl Location {
                         source: format!("cannot create {path}: {source}").into(),
                     }
                 })?;
-                Ok(Arc::new(LocalFileSystem::new_with_prefix(dir)?))
+                Ok((Arc::new(LocalFileSystem::new_with_prefix(dir)?), None))
             }
             Self::S3 {
                 bucket,
@@ -116,7 +126,8 @@ impl Location {
                         .with_virtual_hosted_style_request(false)
                         .with_allow_http(endpoint.starts_with("http://"));
                 }
-                Ok(Arc::new(builder.build()?))
+                let bucket = Arc::new(builder.build()?);
+                Ok((bucket.clone(), Some(bucket)))
             }
         }
     }
@@ -148,6 +159,10 @@ pub enum FileError {
     /// A `document.url` refused by the SSRF guard, or whose fetch failed.
     #[error("{0}")]
     Url(String),
+    /// A file URL for the folder store needs `serve`'s address and the
+    /// key that signs it.
+    #[error("files in the folder store reach an extractor of protocol version 2 through serve: set DOCSTREAM_PUBLIC_URL and DOCSTREAM_CALLBACK_SECRET")]
+    NoUrl,
     /// The tenant has no file of this id (or it was deleted).
     #[error("no file {0} of this tenant: upload it with POST /v1/files first")]
     Missing(String),
@@ -206,6 +221,10 @@ impl Files {
                 inflated_bytes: settings.file_max_inflated_bytes,
                 words_per_page: settings.max_words_per_page,
             },
+            signing: settings
+                .deferred_results()
+                .map(|(url, secret)| (url.to_owned(), secret.to_owned())),
+            url_ttl: settings.file_url_ttl_s.get(),
             fetcher: {
                 let guard = Guard::new(settings.webhook_allow.clone());
                 let timeout = settings.file_fetch_timeout_s.get();
@@ -330,8 +349,47 @@ impl Files {
     }
 
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
+        Ok(&self.opened().await?.0)
+    }
+
+    async fn opened(&self) -> Result<&Opened, FileError> {
         let location = &self.0.location;
         Ok(self.0.store.get_or_try_init(|| location.open()).await?)
+    }
+
+    /// Where an extractor of protocol version 2 fetches tenant `tenant`'s
+    /// file `id` for attempt `attempt` of job `job`, and what the file is:
+    /// a URL the bucket presigned, or one `serve` answers, signed for this
+    /// attempt of this job. Valid for `DOCSTREAM_FILE_URL_TTL_S`.
+    pub async fn url_for(
+        &self,
+        tenant: Uuid,
+        id: &str,
+        (job, attempt): (Uuid, i32),
+    ) -> Result<FileRef, FileError> {
+        let file = self.get(tenant, id).await?;
+        let file = file.ok_or_else(|| FileError::Missing(id.to_owned()))?;
+        let ttl = self.0.url_ttl;
+        let expires_at = chrono::Utc::now() + ttl;
+        let url = match &self.opened().await?.1 {
+            Some(bucket) => {
+                use object_store::signer::Signer;
+                let path = object_path(tenant, &file.sha256);
+                let signed = bucket.signed_url(reqwest::Method::GET, &path, ttl).await?;
+                signed.to_string()
+            }
+            None => {
+                let (public_url, secret) = self.0.signing.as_ref().ok_or(FileError::NoUrl)?;
+                signed::url(public_url, secret, job, attempt, expires_at.timestamp())
+            }
+        };
+        Ok(FileRef {
+            url,
+            content_type: file.content_type.as_str().to_owned(),
+            size: file.size,
+            sha256: file.sha256,
+            expires_at,
+        })
     }
 }
 

@@ -297,7 +297,8 @@ fn refusal(e: DurableSubmitError) -> HandlerError {
         DurableSubmitError::Submit(
             e @ (SubmitError::WebhookRefused(_)
             | SubmitError::UnknownExtractor(_)
-            | SubmitError::NoSuchFile(_)),
+            | SubmitError::NoSuchFile(_)
+            | SubmitError::TakesNoFiles(_)),
         ) => HandlerError::Poison {
             kind: "invalid_request",
             reason: e.to_string(),

@@ -122,6 +122,11 @@ pub async fn submit_durably(
 pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted, SubmitError> {
     known_extractor(services, new.request.extractor_name())?;
     if let Some(file) = &new.request.document.object {
+        let name = new.request.extractor_name();
+        let extractor = services.settings.extractors.get(name);
+        if extractor.is_some_and(|e| !e.takes_files()) {
+            return Err(SubmitError::TakesNoFiles(name.to_owned()));
+        }
         let found = services.files.get(new.tenant_id, file).await;
         let found = found.map_err(|e| match e {
             crate::files::FileError::Database(e) => SubmitError::Store(e),

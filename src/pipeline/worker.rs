@@ -177,6 +177,7 @@ impl ExtractionWorker {
             request,
             callback: callback.as_ref(),
             lane,
+            file: None,
         };
         let work = within_drain(self.extract(&job, stop), stop, settings.drain_budget);
         self.services
@@ -233,9 +234,11 @@ impl ExtractionWorker {
         }
     }
 
-    /// Runs the rule extractor on the document in the job's file: read (a
-    /// PDF's text layer, a text file's text) on the CPU pool, then searched
-    /// as a document submitted as JSON would be.
+    /// Runs the job's extractor on the document in its file. The rules read
+    /// it here (a PDF's text layer, a text file's text) on the CPU pool and
+    /// search it as a document submitted as JSON; an extractor of protocol
+    /// version 2 gets a URL to fetch it from, and may answer its words. The
+    /// document read is kept for bbox refinement.
     async fn extract_file(
         &self,
         job: &Job<'_>,
@@ -244,26 +247,48 @@ impl ExtractionWorker {
     ) -> Result<Extracted, ExtractError> {
         let services = &self.services;
         let name = job.request.extractor_name();
-        if name != RULES {
-            return Err(ExtractError::Refused {
-                extractor: name.to_owned(),
-                message: "this extractor takes documents as JSON only; a file needs `rules`".into(),
-            });
-        }
+        let refused = |message: String| ExtractError::Refused {
+            extractor: name.to_owned(),
+            message,
+        };
         let tenant = job.lane.tenant.ok_or_else(|| {
             ExtractError::Unavailable("the job's tenant is unknown (a bug in its claim)".into())
         })?;
-        let (kind, bytes) = services
-            .files
-            .read(tenant, file)
-            .await
-            .map_err(|e| match e {
-                FileError::Missing(_) => ExtractError::Refused {
-                    extractor: name.to_owned(),
-                    message: format!("the job's file {file} is gone (deleted since the submit)"),
-                },
-                e => ExtractError::Unavailable(e.to_string()),
-            })?;
+        let gone = |e: FileError| match e {
+            FileError::Missing(_) => refused(format!(
+                "the job's file {file} is gone (deleted since the submit)"
+            )),
+            e => ExtractError::Unavailable(e.to_string()),
+        };
+        if name != RULES {
+            let takes_files = services
+                .settings
+                .extractors
+                .get(name)
+                .map(|e| e.takes_files());
+            if takes_files == Some(false) {
+                return Err(refused(
+                    "this extractor speaks protocol version 1, which takes documents as JSON \
+                     only: a file needs `rules` or an extractor of protocol version 2"
+                        .into(),
+                ));
+            }
+            let url = services
+                .files
+                .url_for(tenant, file, (job.id, job.attempt))
+                .await;
+            let file = url.map_err(gone)?;
+            let with_file = Job {
+                file: Some(&file),
+                ..*job
+            };
+            return match services.extractors.extract(name, &with_file, stop).await? {
+                // A provider that answered no words leaves nothing to ground in.
+                Extracted::Output(output) => Ok(Extracted::Read(output, Document::default())),
+                other => Ok(other),
+            };
+        }
+        let (kind, bytes) = services.files.read(tenant, file).await.map_err(gone)?;
         let limits = services.files.pdf_limits();
         let budget = services.settings.extraction_deadline_s.get();
         let read = move |deadline: &Deadline| files::document(kind, &bytes, &limits, deadline);

@@ -126,6 +126,10 @@ pub enum SubmitError {
     /// was written.
     #[error("unknown extractor {0:?}")]
     UnknownExtractor(String),
+    /// The request's document is a file, and its extractor speaks a
+    /// version of the extractor protocol that takes documents as JSON only.
+    #[error("extractor {0:?} speaks extractor protocol version 1, which takes documents as JSON only: a file needs `rules` or an extractor of version 2")]
+    TakesNoFiles(String),
     /// The request's `document.object` names no file of the tenant's;
     /// nothing was written.
     #[error("document.object: no file {0} of this tenant: upload it with POST /v1/files first")]

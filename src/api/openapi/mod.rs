@@ -139,6 +139,7 @@ mod tests {
             ("/v1/extractions/{id}", "delete"),
             ("/v1/extractions/{id}", "get"),
             ("/v1/extractions/{id}/cancel", "post"),
+            ("/v1/extractions/{id}/file", "get"),
             ("/v1/extractions/{id}/result", "post"),
             ("/v1/extractions/{id}/retry", "post"),
             ("/v1/extractions/{id}/transitions", "get"),

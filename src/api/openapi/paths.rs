@@ -77,6 +77,7 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/dead-letters/{id}/replay": {"post": replay_letter()},
         "/v1/files": {"post": upload_file(settings)},
         "/v1/files/{id}": {"get": read_file()},
+        "/v1/extractions/{id}/file": {"get": job_file()},
         "/v1/overview": {"get": overview(false)},
         "/v1/me": {"get": me()},
         "/v1/tenant": {"get": tenant()},
@@ -404,6 +405,43 @@ fn read_file() -> Value {
                 "content": {"application/json": {"schema": schema("File")}},
             },
         }), &[401, 403, 404, 429, 503]),
+    })
+}
+
+fn job_file() -> Value {
+    let query = |name: &str, description: &str, schema: Value| {
+        json!({"name": name, "in": "query", "required": true,
+               "description": description, "schema": schema})
+    };
+    json!({
+        "operationId": "getExtractionFile",
+        "tags": ["files"],
+        "summary": "Fetch a job's file (extractor protocol version 2)",
+        "description": "The bytes of the job's file, for the extraction service that got \
+                        this URL in its call (files in the folder store; a bucket presigns \
+                        its own URLs). No API key: the URL is signed with the deployment's \
+                        callback secret for one attempt of one job, and works until it \
+                        expires (`DOCSTREAM_FILE_URL_TTL_S`). An expired, altered or \
+                        unsigned URL gets 403.",
+        "security": [],
+        "parameters": [
+            id_parameter(),
+            query("attempt", "The attempt the URL was made for.", json!({"type": "integer", "minimum": 1})),
+            query("expires", "Unix seconds past which it is refused.", json!({"type": "integer"})),
+            query("signature", "base64url HMAC-SHA256 of the job, the attempt and the expiry.", json!({"type": "string"})),
+        ],
+        "responses": answers(json!({
+            "200": {
+                "description": "The file's bytes, with its sniffed media type.",
+                "content": {
+                    "application/pdf": {"schema": {"type": "string", "format": "binary"}},
+                    "image/png": {"schema": {"type": "string", "format": "binary"}},
+                    "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+                    "image/tiff": {"schema": {"type": "string", "format": "binary"}},
+                    "text/plain": {"schema": {"type": "string"}},
+                },
+            },
+        }), &[400, 403, 404, 503]),
     })
 }
 

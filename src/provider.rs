@@ -3,6 +3,12 @@
 //! jobs through it, so the path they measure is the path a team's own service
 //! takes; a team can also point docstream at it to try the protocol out.
 //! `--latency-ms` adds a fixed delay per call, to stand in for a model.
+//!
+//! It speaks version 2: a call for a file carries a URL, which it fetches
+//! (within the file limit), reads as the worker's rules would (a PDF's text
+//! layer, a text file's text) and answers with the values and the words it
+//! read on each page. An image it cannot read: it refuses it (422), as a
+//! provider without OCR should.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,9 +23,10 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::protocol::{CallBody, ErrorBody, ResultBody};
-use super::{find_fields, Deadline, ExtractError, RuleBudget};
-use crate::domain::ExtractionRequest;
+use crate::domain::{Document, ExtractionRequest, RequestLimits};
+use crate::extract::protocol::{CallBody, ErrorBody, FileRef, ResultBody};
+use crate::extract::{find_fields, Deadline, ExtractError, RuleBudget};
+use crate::files::{self, pdf::PdfLimits, FileType};
 
 /// How the reference provider behaves.
 #[derive(Debug, Clone, clap::Args)]
@@ -87,8 +94,19 @@ async fn extract(
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("not a call: {e}")),
     };
     tokio::time::sleep(Duration::from_millis(args.latency_ms)).await;
+    let (document, from_file) = match (call.document, call.file) {
+        (Some(document), _) => (document.into_owned(), false),
+        (None, Some(file)) => match read_file(&file).await {
+            Ok(document) => (document, true),
+            Err(response) => return response,
+        },
+        (None, None) => {
+            let message = "a call needs a `document` or a `file`".to_owned();
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    };
     let request = ExtractionRequest {
-        document: call.document.into_owned(),
+        document,
         fields: call.fields.into_owned(),
         webhook_url: None,
         metadata: None,
@@ -108,7 +126,8 @@ async fn extract(
     }
     // Off the runtime, like the worker's rule extractor.
     let found = tokio::task::spawn_blocking(move || {
-        find_fields(&request, &RuleBudget::default(), &Deadline::none())
+        let found = find_fields(&request, &RuleBudget::default(), &Deadline::none());
+        found.map(|output| (output, request.document))
     });
     let found = found.await.unwrap_or_else(|e| {
         Err(ExtractError::Unavailable(format!(
@@ -116,14 +135,64 @@ async fn extract(
         )))
     });
     match found {
-        Ok(output) => Json(ResultBody {
+        Ok((output, document)) => Json(ResultBody {
             fields: output.fields,
+            pages: document.pages.filter(|_| from_file),
         })
         .into_response(),
         Err(e @ ExtractError::Pattern { .. }) => {
             error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Most bytes of a file the reference provider fetches.
+const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Fetches a call's file and reads its document, or the answer that
+/// refuses it: a URL that does not answer its bytes is retried (503), a
+/// file it cannot read refused (422).
+async fn read_file(file: &FileRef) -> Result<Document, Response> {
+    let unavailable = |message: String| error(StatusCode::SERVICE_UNAVAILABLE, message);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| unavailable(e.to_string()))?;
+    let response = client.get(&file.url).send().await;
+    let response = response.map_err(|e| unavailable(format!("fetching the file failed: {e}")))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        return Err(unavailable(format!("fetching the file answered {status}")));
+    }
+    let bytes = response.bytes().await;
+    let bytes = bytes.map_err(|e| unavailable(format!("fetching the file failed: {e}")))?;
+    if bytes.len() > MAX_FILE_BYTES {
+        let message = format!("the file is larger than {MAX_FILE_BYTES} bytes");
+        return Err(error(StatusCode::UNPROCESSABLE_ENTITY, message));
+    }
+    let Some(kind) = FileType::sniff(&bytes) else {
+        let message = "the file is of a kind this provider does not read".to_owned();
+        return Err(error(StatusCode::UNPROCESSABLE_ENTITY, message));
+    };
+    let limits = PdfLimits {
+        pages: RequestLimits::DEFAULT.pages,
+        inflated_bytes: 128 * 1024 * 1024,
+        words_per_page: RequestLimits::DEFAULT.words_per_page,
+    };
+    let read = tokio::task::spawn_blocking(move || {
+        files::document(kind, &bytes, &limits, &Deadline::none())
+    });
+    match read.await {
+        Ok(Ok(document)) => Ok(document),
+        Ok(Err(ExtractError::Refused { message, .. })) => {
+            Err(error(StatusCode::UNPROCESSABLE_ENTITY, message))
+        }
+        Ok(Err(refused)) => Err(error(StatusCode::UNPROCESSABLE_ENTITY, refused.to_string())),
+        Err(e) => Err(unavailable(format!(
+            "reading the file failed unexpectedly: {e}"
+        ))),
     }
 }
 
