@@ -947,3 +947,76 @@ async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
     let unsigned = format!("{}/v1/extractions/{}/file", files.base, jobs[0]);
     assert_eq!(get(unsigned).await.status(), StatusCode::FORBIDDEN);
 }
+
+/// A file no job names is deleted once its grace has passed, rows and
+/// bytes; one a job names is kept while the job is, and goes once the job
+/// is erased. Past its quota, a tenant's upload of new bytes gets 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_no_job_names_are_collected_and_a_tenant_keeps_its_quota() {
+    let files = Files::start_with(Store::Dir, |s| s.tenant_max_file_bytes = 5_000).await;
+    let services = files.env.services().await;
+    let (unnamed, named) = (pdf_of(1_000), pdf_of(1_001));
+    for pdf in [&unnamed, &named] {
+        let (status, body) = files.upload(pdf.clone(), "application/pdf", None).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let (_, invoice) = sample(SAMPLES[0]);
+    let mut request = invoice["request"].clone();
+    request["document"] = serde_json::json!({"object": sha256_hex(&named)});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id = accepted["id"].as_str().unwrap().to_owned();
+
+    // Past its quota: new bytes are refused, the same bytes again are not.
+    let (status, body) = files.upload(pdf_of(3_500), "application/pdf", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("quota of 5000 bytes"), "{message}");
+    let (status, _) = files.upload(named.clone(), "application/pdf", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let by_tenant = docstream::store::files::by_tenant(&files.env.pool)
+        .await
+        .unwrap();
+    let kept: Vec<(i64, i64)> = by_tenant.iter().map(|(_, n, bytes)| (*n, *bytes)).collect();
+    assert_eq!(
+        kept,
+        [(2, 2_001)],
+        "the census's files and bytes of the tenant"
+    );
+
+    // Within the grace nothing goes; past it, the file no job names does.
+    let day = std::time::Duration::from_secs(86_400);
+    assert_eq!(services.files.collect(day, 100).await.unwrap(), 0);
+    assert_eq!(files.stored().await, (2, 2));
+    let now = std::time::Duration::ZERO;
+    assert_eq!(services.files.collect(now, 100).await.unwrap(), 1);
+    assert_eq!(files.stored().await, (1, 1));
+    let (status, _) = files.read(&sha256_hex(&unnamed), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // The job's file goes once the job is erased.
+    let client = files.env.client();
+    let cancelled = client
+        .post(format!("{}/v1/extractions/{id}/cancel", files.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(cancelled.status().is_success(), "{}", cancelled.status());
+    let created = files
+        .env
+        .run_cli(&["keys", "create", "default", "--scopes", "read,delete"])
+        .await;
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let deleter = created["api_key"].as_str().unwrap();
+    let erased = client
+        .delete(format!("{}/v1/extractions/{id}", files.base))
+        .header("authorization", format!("Bearer {deleter}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(erased.status().is_success(), "{}", erased.status());
+    assert_eq!(services.files.collect(now, 100).await.unwrap(), 1);
+    assert_eq!(files.stored().await, (0, 0));
+    let (status, body) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}

@@ -190,6 +190,10 @@ impl From<FileError> for ApiError {
             }
             FileError::Database(e) => e.into(),
             FileError::NoUrl => Self::Unavailable(e.to_string()),
+            FileError::Quota { .. } => Self::TooManyRequests {
+                message: e.to_string(),
+                retry_after_s: 3600,
+            },
             FileError::Store(_) => {
                 tracing::warn!(error = %e, "upload answered 503: the file store failed");
                 Self::Unavailable("the file store is unavailable; retry shortly".into())

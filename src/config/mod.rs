@@ -224,6 +224,13 @@ settings! {
     /// file stays valid (signed by `serve` for the folder store, presigned
     /// by the bucket for S3).
     file_url_ttl_s: Seconds = Seconds::new(900), env "DOCSTREAM_FILE_URL_TTL_S", positive;
+    /// How long a file no job names is kept after its last use (its upload,
+    /// or the last job that named it being made): then the retention pass
+    /// deletes it. A job's file is kept while the job is (its retention).
+    file_grace_s: Seconds = Seconds::new(86_400), env "DOCSTREAM_FILE_GRACE_S", positive;
+    /// Bytes of files one tenant may keep; an upload past it gets 429 until
+    /// files are deleted. 0: no quota.
+    tenant_max_file_bytes: u64 = 10_u64 * 1024 * 1024 * 1024, env "DOCSTREAM_TENANT_MAX_FILE_BYTES";
     /// The folder uploaded files are kept in (made at the first upload),
     /// unless `files_s3_bucket` names a bucket.
     files_dir: String = "data/files", env "DOCSTREAM_FILES_DIR";

@@ -54,6 +54,8 @@ struct Inner {
     signing: Option<(String, String)>,
     /// How long a file URL stays valid.
     url_ttl: std::time::Duration,
+    /// Bytes of files one tenant may keep (0: no quota).
+    quota: u64,
     /// Largest file, in bytes.
     max_bytes: usize,
     /// What a PDF may hold.
@@ -159,6 +161,14 @@ pub enum FileError {
     /// A `document.url` refused by the SSRF guard, or whose fetch failed.
     #[error("{0}")]
     Url(String),
+    /// The tenant keeps as many bytes of files as its quota allows.
+    #[error("the tenant keeps {used} bytes of files; with this one it would pass its quota of {quota} bytes (DOCSTREAM_TENANT_MAX_FILE_BYTES): files no job names are deleted after DOCSTREAM_FILE_GRACE_S")]
+    Quota {
+        /// Bytes it keeps.
+        used: i64,
+        /// Its quota.
+        quota: u64,
+    },
     /// A file URL for the folder store needs `serve`'s address and the
     /// key that signs it.
     #[error("files in the folder store reach an extractor of protocol version 2 through serve: set DOCSTREAM_PUBLIC_URL and DOCSTREAM_CALLBACK_SECRET")]
@@ -225,6 +235,7 @@ impl Files {
                 .deferred_results()
                 .map(|(url, secret)| (url.to_owned(), secret.to_owned())),
             url_ttl: settings.file_url_ttl_s.get(),
+            quota: settings.tenant_max_file_bytes,
             fetcher: {
                 let guard = Guard::new(settings.webhook_allow.clone());
                 let timeout = settings.file_fetch_timeout_s.get();
@@ -259,6 +270,7 @@ impl Files {
         }
         let sha256 = crate::domain::sha256_hex(&bytes);
         let size = bytes.len() as i64;
+        self.within_quota(tenant, &sha256, size).await?;
         let store = self.store().await?;
         store
             .put(&object_path(tenant, &sha256), PutPayload::from(bytes))
@@ -325,6 +337,48 @@ impl Files {
         }
         let row = files::get(&self.0.pool, tenant, id).await?;
         Ok(row.map(StoredFile::of))
+    }
+
+    /// Refuses `size` more bytes of `tenant`'s past its quota, unless it
+    /// keeps these bytes (`sha256`) already. Concurrent uploads may pass it
+    /// by what they add at once.
+    async fn within_quota(&self, tenant: Uuid, sha256: &str, size: i64) -> Result<(), FileError> {
+        let quota = self.0.quota;
+        if quota == 0 {
+            return Ok(());
+        }
+        let used = files::stored_bytes(&self.0.pool, tenant).await?;
+        let over = u64::try_from(used + size).unwrap_or(u64::MAX) > quota;
+        if over && files::get(&self.0.pool, tenant, sha256).await?.is_none() {
+            return Err(FileError::Quota { used, quota });
+        }
+        Ok(())
+    }
+
+    /// Deletes files no job names and nothing used for `grace`, `batch` at
+    /// a time until none is left: their rows, then their bytes. How many.
+    pub async fn collect(&self, grace: std::time::Duration, batch: i64) -> Result<u64, FileError> {
+        let mut total = 0;
+        loop {
+            let collected = files::collect(&self.0.pool, grace, batch).await?;
+            let n = collected.len();
+            if n > 0 {
+                let store = self.store().await?;
+                for (tenant, sha256) in collected {
+                    match store.delete(&object_path(tenant, &sha256)).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        // The row is gone: the bytes are unreferenced, never
+                        // a file a job can name.
+                        Err(e) => tracing::warn!(%tenant, file = %sha256, error = %e,
+                            "a collected file's bytes were not deleted"),
+                    }
+                }
+            }
+            total += n as u64;
+            if (n as i64) < batch {
+                return Ok(total);
+            }
+        }
     }
 
     /// Tenant `tenant`'s file `id`: what it is, and its bytes.

@@ -31,7 +31,7 @@ pub struct JobMetrics {
     /// `docstream_recovery_seconds{claim}`: from lease expiry or orphaning to the
     /// claim that recovered the job.
     pub recovery: HistogramVec,
-    /// `docstream_purged_total{what="jobs|bulk_operations|dead_letters"}`: rows past their
+    /// `docstream_purged_total{what="jobs|bulk_operations|dead_letters|files"}`: rows past their
     /// retention, purged.
     pub purged: IntCounterVec,
 }

@@ -92,6 +92,11 @@ pub struct CensusMetrics {
     /// with the most (`store::census::QUEUED_TENANTS`), by priority; the
     /// others' together as `tenant="(others)"`.
     pub queued: IntGaugeVec,
+    /// `docstream_tenant_file_bytes{tenant}`: bytes of files each tenant
+    /// keeps (its quota is `DOCSTREAM_TENANT_MAX_FILE_BYTES`).
+    pub file_bytes: IntGaugeVec,
+    /// `docstream_tenant_files{tenant}`: files each tenant keeps.
+    pub files: IntGaugeVec,
     /// `docstream_census_runs_total{outcome="taken|skipped|failed"}`: census
     /// ticks of this process: taken (its turn), skipped (another's), failed.
     pub runs: IntCounterVec,
@@ -144,6 +149,26 @@ impl CensusMetrics {
                     &["tenant", "priority"],
                 ),
             ),
+            file_bytes: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "docstream_tenant_file_bytes",
+                        "Bytes of files each tenant keeps, against its quota (queue census).",
+                    ),
+                    &["tenant"],
+                ),
+            ),
+            files: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "docstream_tenant_files",
+                        "Files each tenant keeps (queue census).",
+                    ),
+                    &["tenant"],
+                ),
+            ),
             runs: counter_vec(
                 registry,
                 "docstream_census_runs_total",
@@ -162,6 +187,8 @@ impl CensusMetrics {
         self.orphans_open.reset();
         self.oldest_orphan_age.reset();
         self.queued.reset();
+        self.file_bytes.reset();
+        self.files.reset();
     }
 }
 

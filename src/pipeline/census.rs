@@ -134,6 +134,14 @@ async fn take(
             .with_label_values(&[&q.tenant, &q.priority])
             .set(q.jobs);
     }
+    // Set whole too: a tenant whose files were all deleted loses its series.
+    let files = crate::store::files::by_tenant(pool).await?;
+    metrics.file_bytes.reset();
+    metrics.files.reset();
+    for (tenant, count, bytes) in files {
+        metrics.files.with_label_values(&[&tenant]).set(count);
+        metrics.file_bytes.with_label_values(&[&tenant]).set(bytes);
+    }
     let orphans: serde_json::Map<String, serde_json::Value> = open
         .iter()
         .map(|o| (o.class.label().to_owned(), o.open.into()))

@@ -1,7 +1,8 @@
 //! Retention: every `retention_purge_interval_s`, each process purges the
 //! finished jobs (and bulk operations, and the tenants' dead-letter rows)
-//! past their tenant's retention, a
-//! batch per transaction until none is left (`store::retention`). Every
+//! past their tenant's retention, a batch per transaction until none is
+//! left (`store::retention`), then deletes the files no job names that
+//! nothing used for `file_grace_s` (`Files::collect`). Every
 //! process runs it, so it goes on while any process lives; purgers skip the
 //! rows another is purging, so two never wait on each other.
 
@@ -69,6 +70,16 @@ async fn purge(
                 "retention: purged what is past its retention"
             );
         }
+    }
+    let grace = services.settings.file_grace_s.get();
+    match services.files.collect(grace, BATCH).await {
+        Ok(0) => {}
+        Ok(n) => {
+            purged.with_label_values(&["files"]).inc_by(n);
+            tracing::info!(deleted = n, "retention: deleted the files no job names");
+        }
+        Err(crate::files::FileError::Database(e)) => return Err(e),
+        Err(e) => tracing::warn!(error = %e, "retention: files not collected; next interval"),
     }
     Ok(())
 }

@@ -127,15 +127,17 @@ pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted
         if extractor.is_some_and(|e| !e.takes_files()) {
             return Err(SubmitError::TakesNoFiles(name.to_owned()));
         }
-        let found = services.files.get(new.tenant_id, file).await;
-        let found = found.map_err(|e| match e {
-            crate::files::FileError::Database(e) => SubmitError::Store(e),
-            e => SubmitError::Store(StoreError::from(sqlx::Error::Protocol(e.to_string()))),
-        })?;
-        if found.is_none() {
+        // Its last use is now: no collection deletes it under the new job.
+        if !store::files::touch(&services.pool, new.tenant_id, file).await? {
             return Err(SubmitError::NoSuchFile(file.clone()));
         }
     }
+    let naming = new
+        .request
+        .document
+        .object
+        .clone()
+        .map(|f| (new.tenant_id, f));
     if let Some(url) = &new.request.webhook_url {
         let checked = services.webhooks.check_submitted(url).await;
         checked.map_err(SubmitError::WebhookRefused)?;
@@ -143,6 +145,10 @@ pub async fn insert(services: &Services, new: NewExtraction) -> Result<Submitted
     let insert = |insert| async { services.batched.insert.run(insert).await? };
     let find = |key| async { services.batched.by_key.run(key).await };
     let submitted = store::submit_with(new, insert, find).await?;
+    if let Some((tenant, file)) = naming {
+        // A repeat links again: its first try may have failed in between.
+        store::files::link(&services.pool, tenant, &file, submitted.extraction().id).await?;
+    }
     if let Submitted::Created(_) = &submitted {
         if let Err(e) = failpoints::hit("submit.after_insert").await {
             let failed = sqlx::Error::Protocol(e.to_string());

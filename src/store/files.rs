@@ -23,34 +23,119 @@ pub struct FileRow {
 }
 
 /// Records tenant `tenant`'s file `row` (its bytes are stored). The row
-/// already there when the same bytes were uploaded before, and whether this
-/// call made it.
+/// already there when the same bytes were uploaded before (its last use
+/// now), and whether this call made it.
 pub async fn record<'e>(
-    executor: impl PgExecutor<'e> + Copy,
+    executor: impl PgExecutor<'e>,
     tenant: Uuid,
     row: &FileRow,
 ) -> Result<(FileRow, bool), StoreError> {
-    let made: Option<FileRow> = sqlx::query_as(
+    #[derive(sqlx::FromRow)]
+    struct Recorded {
+        #[sqlx(flatten)]
+        row: FileRow,
+        made: bool,
+    }
+    let recorded: Recorded = sqlx::query_as(
         "INSERT INTO files (tenant_id, sha256, size, content_type)
          VALUES ($1, $2, $3, $4)
-         ON CONFLICT (tenant_id, sha256) DO NOTHING
-         RETURNING sha256, size, content_type, created_at",
+         ON CONFLICT (tenant_id, sha256) DO UPDATE SET last_used_at = now()
+         RETURNING sha256, size, content_type, created_at, xmax = 0 AS made",
     )
     .bind(tenant)
     .bind(&row.sha256)
     .bind(row.size)
     .bind(&row.content_type)
-    .fetch_optional(executor)
+    .fetch_one(executor)
     .await?;
-    match made {
-        Some(made) => Ok((made, true)),
-        None => {
-            // Files are not deleted yet, so the row that stopped the insert
-            // is there.
-            let there = get(executor, tenant, &row.sha256).await?;
-            Ok((there.ok_or(sqlx::Error::RowNotFound)?, false))
-        }
-    }
+    Ok((recorded.row, recorded.made))
+}
+
+/// Marks tenant `tenant`'s file `sha256` as used now (a job about to name
+/// it); false when the tenant has no such file.
+pub async fn touch<'e>(
+    executor: impl PgExecutor<'e>,
+    tenant: Uuid,
+    sha256: &str,
+) -> Result<bool, StoreError> {
+    let touched =
+        sqlx::query("UPDATE files SET last_used_at = now() WHERE tenant_id = $1 AND sha256 = $2")
+            .bind(tenant)
+            .bind(sha256)
+            .execute(executor)
+            .await?;
+    Ok(touched.rows_affected() == 1)
+}
+
+/// Records that job `job` names tenant `tenant`'s file `sha256` (again:
+/// a no-op).
+pub async fn link<'e>(
+    executor: impl PgExecutor<'e>,
+    tenant: Uuid,
+    sha256: &str,
+    job: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO file_jobs (tenant_id, sha256, extraction_id) VALUES ($1, $2, $3)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(sha256)
+    .bind(job)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// The bytes of files tenant `tenant` keeps.
+pub async fn stored_bytes<'e>(
+    executor: impl PgExecutor<'e>,
+    tenant: Uuid,
+) -> Result<i64, StoreError> {
+    let bytes =
+        sqlx::query_scalar("SELECT COALESCE(sum(size), 0)::int8 FROM files WHERE tenant_id = $1")
+            .bind(tenant)
+            .fetch_one(executor)
+            .await?;
+    Ok(bytes)
+}
+
+/// Deletes up to `batch` rows of files that no job names and nothing has
+/// used for `grace`; the tenant and SHA-256 of each, whose objects the
+/// caller deletes next. Collectors skip each other's rows.
+pub async fn collect(
+    pool: &sqlx::PgPool,
+    grace: std::time::Duration,
+    batch: i64,
+) -> Result<Vec<(Uuid, String)>, StoreError> {
+    let collected = sqlx::query_as(
+        "DELETE FROM files WHERE (tenant_id, sha256) IN (
+             SELECT f.tenant_id, f.sha256 FROM files f
+              WHERE f.last_used_at < now() - make_interval(secs => $1)
+                AND NOT EXISTS (SELECT 1 FROM file_jobs j
+                                 WHERE j.tenant_id = f.tenant_id AND j.sha256 = f.sha256)
+              LIMIT $2 FOR UPDATE OF f SKIP LOCKED)
+         RETURNING tenant_id, sha256",
+    )
+    .bind(grace.as_secs_f64())
+    .bind(batch)
+    .fetch_all(pool)
+    .await?;
+    Ok(collected)
+}
+
+/// Files and their bytes per tenant (by name), for the census.
+pub async fn by_tenant<'e>(
+    executor: impl PgExecutor<'e>,
+) -> Result<Vec<(String, i64, i64)>, StoreError> {
+    let rows = sqlx::query_as(
+        "SELECT t.name, count(*)::int8, COALESCE(sum(f.size), 0)::int8
+           FROM files f JOIN tenants t ON t.id = f.tenant_id
+          GROUP BY t.name ORDER BY t.name",
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows)
 }
 
 /// Tenant `tenant`'s file `sha256`, if it has one.

@@ -40,8 +40,9 @@ pub enum Erased {
 }
 
 /// Erases tenant `tenant_id`'s finished job `id`: its request, results,
-/// the document read from its file, webhook deliveries and error texts, in one statement that also logs the
-/// transition `erase`.
+/// the document read from its file and its claim on the file (which is
+/// deleted once no job names it: `files::collect`), webhook deliveries and
+/// error texts, in one statement that also logs the transition `erase`.
 pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, StoreError> {
     let erased: Option<Extraction> = sqlx::query_as(
         "WITH erased AS (
@@ -57,6 +58,8 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
              DELETE FROM extraction_results WHERE id IN (SELECT id FROM erased)),
          documents AS (
              DELETE FROM extraction_documents WHERE id IN (SELECT id FROM erased)),
+         files AS (
+             DELETE FROM file_jobs WHERE extraction_id IN (SELECT id FROM erased)),
          hooks AS (
              DELETE FROM webhook_deliveries WHERE extraction_id IN (SELECT id FROM erased)),
          logged AS (
@@ -79,8 +82,8 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
 }
 
 /// Deletes every row of the jobs the CTE `doomed` (a query of `id`s) names:
-/// the job, its request, results, the document read from its file and its
-/// transition log (which have no foreign key), and through its foreign key
+/// the job, its request, results, the document read from its file, its
+/// claim on the file and its transition log (which have no foreign key), and through its foreign key
 /// its webhook deliveries.
 macro_rules! purge {
     ($doomed:literal) => {
@@ -91,6 +94,7 @@ macro_rules! purge {
              requests AS (DELETE FROM extraction_requests WHERE id IN (SELECT id FROM doomed)),
              results AS (DELETE FROM extraction_results WHERE id IN (SELECT id FROM doomed)),
              documents AS (DELETE FROM extraction_documents WHERE id IN (SELECT id FROM doomed)),
+             files AS (DELETE FROM file_jobs WHERE extraction_id IN (SELECT id FROM doomed)),
              log AS (DELETE FROM extraction_transitions
                       WHERE extraction_id IN (SELECT id FROM doomed)),
              jobs AS (DELETE FROM extractions WHERE id IN (SELECT id FROM doomed) RETURNING id)
