@@ -30,6 +30,7 @@ fi
 source scripts/lib/prepare.sh
 source scripts/lib/toxiproxy.sh
 source scripts/lib/s3.sh
+source scripts/lib/pypdf.sh
 source scripts/lib/fuzz-api.sh
 source scripts/lib/promtool.sh
 source scripts/lib/deny.sh
@@ -37,6 +38,7 @@ source scripts/lib/browser.sh
 prepare
 ensure_toxiproxy
 ensure_s3
+ensure_pypdf
 ensure_schemathesis
 ensure_promtool
 ensure_cargo_deny

@@ -30,6 +30,23 @@ The protocol, in brief (the full text is docs/extractor-protocol.openapi.yaml):
   "words" are inclusive indices into the document's words: every page's
   words in order, or the text split on whitespace.
 
+  Version 2 (DOCSTREAM_EXTRACTOR_PYTHON_PROTOCOL=2) adds files: a job on an
+  uploaded PDF or image comes with "file" instead of "document",
+
+      "file": {"url": "...", "content_type": "application/pdf", "size": 48213,
+               "sha256": "...", "expires_at": "..."}
+
+  GET the URL (no credentials; it works for this job until expires_at) and
+  read the file. The answer may add the words read, with their boxes:
+
+      200 {"fields": {...}, "pages": [{"width", "height",
+                                        "words": [{"text", "bbox"}]}]}
+
+  and "words" ranges then index those. docstream keeps them as the job's
+  document, so it can draw each value's box. This provider reads a PDF's
+  text layer with pypdf (pip install pypdf), if it is installed; it does no
+  OCR, so it refuses images and PDFs without text (422).
+
 Running it:
 
   python3 provider.py [--host 127.0.0.1] [--port 0] [--token TOKEN] [--path /extract]
@@ -63,11 +80,13 @@ that is not found is still answered with null: docstream fails the job.
 import argparse
 import bisect
 import hmac
+import io
 import json
 import re
 import signal
 import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -78,6 +97,10 @@ CURRENCY_SIGNS = "$€£"
 
 class BadRequest(Exception):
     """The request cannot be used; answered with 400 (permanent in docstream)."""
+
+
+class Unreadable(Exception):
+    """The file cannot be read here; answered with 422 (permanent in docstream)."""
 
 
 # ---------------------------------------------------------------- extraction
@@ -160,6 +183,85 @@ def normalize(value, field_type):
     return value
 
 
+# ---------------------------------------------------------------- files (v2)
+
+# Only a guard against a runaway download; raise it for larger files.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+def fetch(file):
+    """The bytes at a call's file URL (version 2)."""
+    if not isinstance(file, dict) or not isinstance(file.get("url"), str):
+        raise BadRequest("file must be an object with a url")
+    with urllib.request.urlopen(file["url"], timeout=60) as response:
+        data = response.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise Unreadable(f"the file is larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def pdf_pages(data):
+    """A PDF's text layer as docstream's pages of words, through pypdf: each
+    text run's place from its text matrix, each word's width from the
+    font's widths (or half the font size a character, where there are
+    none), boxes from 0.8 of the font size above the baseline to 0.2 below,
+    top-left origin."""
+    try:
+        import pypdf
+    except ImportError:
+        raise Unreadable("this provider reads PDFs with pypdf: pip install pypdf")
+    reader = pypdf.PdfReader(io.BytesIO(data))
+    pages = []
+    for page in reader.pages:
+        box = page.mediabox
+        left, top = float(box.left), float(box.top)
+        words = []
+
+        def visit(text, cm, tm, font, size):
+            if not text.strip():
+                return
+            widths = _widths(font)
+            scale = size * (tm[0] or 1.0)
+            x, y = tm[4] * cm[0] + cm[4], tm[5] * cm[3] + cm[5]
+            for chunk in re.split(r"(\s+)", text):
+                advance = sum(widths(c) for c in chunk) * scale
+                if chunk.strip():
+                    words.append({"text": chunk, "bbox": [
+                        round(x - left, 2), round(top - (y + 0.8 * scale), 2),
+                        round(x + advance - left, 2), round(top - (y - 0.2 * scale), 2)]})
+                x += advance
+
+        page.extract_text(visitor_text=visit)
+        pages.append({"width": float(box.width), "height": float(box.height), "words": words})
+    if not any(p["words"] for p in pages):
+        raise Unreadable("the PDF has no text layer (a scan?): it needs OCR, which this provider does not do")
+    return pages
+
+
+def _widths(font):
+    """A character's advance in ems under `font` (a PDF font dictionary)."""
+    try:
+        first = int(font["/FirstChar"])
+        table = [float(w) / 1000 for w in font["/Widths"]]
+    except (KeyError, TypeError, ValueError):
+        # The standard 14 fonts carry no widths; Courier is 0.6 em throughout.
+        base = str(font.get("/BaseFont", "")) if hasattr(font, "get") else ""
+        em = 0.6 if "Courier" in base else 0.5
+        return lambda c: em
+    return lambda c: table[ord(c) - first] if 0 <= ord(c) - first < len(table) else 0.5
+
+
+def read_file(file):
+    """The document of a call's file, and its pages to answer with."""
+    kind = file.get("content_type") if isinstance(file, dict) else None
+    if kind == "text/plain":
+        return {"text": fetch(file).decode("utf-8")}, None
+    if kind != "application/pdf":
+        raise Unreadable(f"{kind} has no text to read: it needs OCR, which this provider does not do")
+    pages = pdf_pages(fetch(file))
+    return {"pages": pages}, pages
+
+
 def extract(document, fields):
     words = document_words(document)
     if not isinstance(fields, list):
@@ -224,12 +326,25 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest("body must be a JSON object")
             self.job = request.get("job_id", "-")
             self.attempt = request.get("attempt", "-")
-            if "document" not in request or "fields" not in request:
-                raise BadRequest("document and fields are required")
-            fields = extract(request["document"], request["fields"])
+            if "fields" not in request or ("document" not in request and "file" not in request):
+                raise BadRequest("document (or, in version 2, file) and fields are required")
+            pages = None
+            if "document" in request:
+                document = request["document"]
+            else:
+                document, pages = read_file(request["file"])
+            fields = extract(document, request["fields"])
         except BadRequest as e:
             return self._send_json(400, {"error": str(e)})
-        self._send_json(200, {"fields": fields})
+        except Unreadable as e:
+            return self._send_json(422, {"error": str(e)})
+        except (OSError, ValueError) as e:
+            # The file did not arrive (or not whole): another attempt may do better.
+            return self._send_json(503, {"error": f"fetching the file failed: {e}"})
+        answer = {"fields": fields}
+        if pages is not None:
+            answer["pages"] = pages
+        self._send_json(200, answer)
 
     def _other_method(self):
         if self._on_path():
