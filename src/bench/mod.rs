@@ -19,6 +19,7 @@
 mod cost;
 mod external;
 mod fairness;
+mod files;
 mod history;
 mod pipeline;
 mod postgres;
@@ -139,6 +140,10 @@ pub struct BenchArgs {
     /// History phase: jobs per round (4 × 250,000: a million pass through).
     #[arg(long, default_value_t = 250_000)]
     pub churn_jobs: u64,
+    /// Files phase: jobs of each kind (the JSON sample, PDFs of 1 and of
+    /// 20 MB), one at a time.
+    #[arg(long, default_value_t = 15)]
+    pub file_jobs: usize,
     /// Phases to leave out: postgres, kafka, peer, river, burndown, scaling,
     /// steady, saturation, provider, fairness, history.
     #[arg(long, value_delimiter = ',')]
@@ -169,6 +174,7 @@ impl BenchArgs {
             self.history_jobs = vec![5_000];
             self.churn_rounds = 2;
             self.churn_jobs = 2_000;
+            self.file_jobs = 2;
         }
         self
     }
@@ -202,7 +208,7 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 11] = [
+const PHASES: [&str; 12] = [
     "postgres",
     "kafka",
     "peer",
@@ -214,6 +220,7 @@ const PHASES: [&str; 11] = [
     "provider",
     "fairness",
     "history",
+    "files",
 ];
 
 /// The steady rate when neither `--rate` nor a burn-down gives one.
@@ -288,6 +295,21 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         let history = history::run(&settings, stamp, &args.history_jobs, churn).await;
         bar.finish();
         report.history = Some(history?);
+    }
+
+    if args.runs("files") {
+        let name = format!("docstream_bench_{stamp}_files");
+        let scratch = Scratch::create(&settings, &name).await?;
+        let rig = scratch
+            .rig(&settings, &format!("bench{stamp}files."), logs.clone())
+            .await?;
+        let bar = phase_bar("files: uploads, and what a file adds to a job", 0);
+        let outcome = files::files(&rig, args.file_jobs, &bar).await;
+        bar.finish();
+        delete_topics(&rig.settings).await;
+        rig.pool.close().await;
+        scratch.drop_database().await?;
+        report.files = Some(outcome?);
     }
 
     report.finish();

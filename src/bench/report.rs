@@ -94,6 +94,8 @@ pub struct Report {
     pub fairness: Vec<Fairness>,
     /// List pages on a large history, and the purge through a short retention.
     pub history: Option<super::history::History>,
+    /// Uploads, and what a file adds to a job's latency.
+    pub files: Option<super::files::Files>,
     /// Ratios and targets.
     pub checks: Vec<Check>,
 }
@@ -117,6 +119,7 @@ impl Report {
             provider: None,
             fairness: Vec::new(),
             history: None,
+            files: None,
             checks: Vec::new(),
         }
     }
@@ -367,6 +370,9 @@ impl fmt::Display for Report {
         }
         if let Some(h) = &self.history {
             history(f, h)?;
+        }
+        if let Some(files) = &self.files {
+            files_section(f, files)?;
         }
         writeln!(f, "\nratios and targets")?;
         for c in &self.checks {
@@ -733,6 +739,34 @@ fn check(f: &mut fmt::Formatter<'_>, c: &Check) -> fmt::Result {
     )
 }
 
+/// The files section: upload rates, then jobs on files one at a time.
+fn files_section(f: &mut fmt::Formatter<'_>, files: &super::files::Files) -> fmt::Result {
+    writeln!(
+        f,
+        "\nuploads (POST /v1/files, new bytes each, folder store)"
+    )?;
+    for u in &files.uploads {
+        writeln!(
+            f,
+            "  {:>3} files of {:>5.1} MB, {} at once   {:>7.1} MB/s  ({:.2} s)",
+            u.files,
+            u.bytes as f64 / 1e6,
+            u.concurrency,
+            u.mb_per_s,
+            u.seconds
+        )?;
+    }
+    writeln!(f, "\nwhat a file adds to a job, submit (with its upload) to bbox succeeded, one job at a time")?;
+    for l in &files.latency {
+        writeln!(
+            f,
+            "  {:<36} {:>3} jobs   p50 {:>8.1} ms   p90 {:>8.1} ms   added {:>+8.1} ms",
+            l.document, l.jobs, l.p50_ms, l.p90_ms, l.added_ms
+        )?;
+    }
+    Ok(())
+}
+
 /// The history section: list pages by size, then the retention rounds.
 fn history(f: &mut fmt::Formatter<'_>, h: &super::history::History) -> fmt::Result {
     for size in &h.lists {
@@ -901,6 +935,7 @@ mod tests {
                 fairness(Run::Starved, 4000.0),
             ],
             history: None,
+            files: None,
             checks: Vec::new(),
         };
         report.finish();

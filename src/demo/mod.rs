@@ -260,37 +260,41 @@ async fn submit_file(
     base: &str,
     file: &samples::SampleFile,
 ) -> anyhow::Result<Uuid> {
-    let boundary = format!("docstream-demo-{}", Uuid::new_v4().simple());
-    let mut body = Vec::new();
+    let name = format!("{}.pdf", file.name);
+    let (content_type, body) = multipart_body(&file.request, &name, file.pdf)?;
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .header(reqwest::header::CONTENT_TYPE, content_type)
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("submitting the sample file {}", file.name))?;
+    accepted(response).await
+}
+
+/// A multipart submit of `request` (without its document) and the PDF
+/// `pdf` named `name`: its `Content-Type` and its body.
+pub fn multipart_body(
+    request: &serde_json::Value,
+    name: &str,
+    pdf: &[u8],
+) -> anyhow::Result<(String, Vec<u8>)> {
+    let boundary = format!("docstream-{}", Uuid::new_v4().simple());
+    let mut body = Vec::with_capacity(pdf.len() + 4096);
     let parts: [(&str, &str, &[u8]); 2] = [
-        (
-            "request",
-            "application/json",
-            &serde_json::to_vec(&file.request)?,
-        ),
-        ("file", "application/pdf", file.pdf),
+        ("request", "application/json", &serde_json::to_vec(request)?),
+        ("file", "application/pdf", pdf),
     ];
-    for (name, content_type, bytes) in parts {
+    for (part, content_type, bytes) in parts {
         let head = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{}.pdf\"\r\nContent-Type: {content_type}\r\n\r\n",
-            file.name
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{part}\"; filename=\"{name}\"\r\nContent-Type: {content_type}\r\n\r\n"
         );
         body.extend_from_slice(head.as_bytes());
         body.extend_from_slice(bytes);
         body.extend_from_slice(b"\r\n");
     }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-    let response = client
-        .post(format!("{base}/v1/extractions"))
-        .header(
-            reqwest::header::CONTENT_TYPE,
-            format!("multipart/form-data; boundary={boundary}"),
-        )
-        .body(body)
-        .send()
-        .await
-        .with_context(|| format!("submitting the sample file {}", file.name))?;
-    accepted(response).await
+    Ok((format!("multipart/form-data; boundary={boundary}"), body))
 }
 
 /// The id of a submit answered 202.
