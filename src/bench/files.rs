@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::pipeline::{start_pipeline, warm_up, Rig};
 use super::procs::Proc;
-use crate::demo::sample_files;
+use crate::demo::{accepted, sample_files};
 
 /// What the phase measured.
 #[derive(Debug, Clone, Serialize)]
@@ -213,16 +213,6 @@ async fn submit_file(
         .send()
         .await?;
     accepted(response).await
-}
-
-async fn accepted(response: reqwest::Response) -> anyhow::Result<Uuid> {
-    let status = response.status();
-    let body: serde_json::Value = response.json().await?;
-    anyhow::ensure!(
-        status == reqwest::StatusCode::ACCEPTED,
-        "submit answered {status}: {body}"
-    );
-    Ok(body["id"].as_str().context("an id")?.parse()?)
 }
 
 /// Waits for job `id`'s bbox refinement to succeed (polled every 2 ms),

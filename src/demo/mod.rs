@@ -298,7 +298,7 @@ pub fn multipart_body(
 }
 
 /// The id of a submit answered 202.
-async fn accepted(response: reqwest::Response) -> anyhow::Result<Uuid> {
+pub async fn accepted(response: reqwest::Response) -> anyhow::Result<Uuid> {
     let status = response.status();
     let body: serde_json::Value = response.json().await?;
     anyhow::ensure!(
