@@ -489,3 +489,99 @@ async fn the_tenant_replays_its_letter_once(env: &TestEnv) {
     );
     assert!(page["items"][1]["replayed_at"].is_string(), "{page}");
 }
+
+/// A record may name a file its tenant uploaded (`document.object`): it
+/// becomes a job the worker reads the PDF of, to bbox succeeded. One naming
+/// no file of the tenant's, and one with a URL (fetched by the HTTP API
+/// only), are dead letters saying so, and make no job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_request_may_name_an_uploaded_file() {
+    let files_dir = tempfile::tempdir().unwrap();
+    let dir = files_dir.path().display().to_string();
+    let env = TestEnv::with_settings("intake_files", |s| s.files_dir = dir).await;
+    let tenant: Uuid = sqlx::query_scalar("SELECT id FROM tenants WHERE name = 'default'")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let samples = concat!(env!("CARGO_MANIFEST_DIR"), "/samples/files");
+    let pdf = std::fs::read(format!("{samples}/receipt-bakery.pdf")).unwrap();
+    let sample: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{samples}/receipt-bakery.json")).unwrap(),
+    )
+    .unwrap();
+    let services = env.services().await;
+    let (file, _) = services
+        .files
+        .upload(tenant, Some("application/pdf"), pdf.into())
+        .await
+        .unwrap();
+    let body = |document: serde_json::Value| {
+        let mut request = sample["request"].clone();
+        request["document"] = document;
+        request.to_string()
+    };
+    let records = [
+        ("receipt-file", body(serde_json::json!({"object": file.id}))),
+        (
+            "no-such-file",
+            body(serde_json::json!({"object": "0".repeat(64)})),
+        ),
+        (
+            "a-url",
+            body(serde_json::json!({"url": "https://example.com/r.pdf"})),
+        ),
+    ]
+    .map(|(key, json)| Produced {
+        key: key.to_owned(),
+        requested: requested(key, json),
+    });
+    produced_to_the_intake_topic(&env, &records).await;
+    let mut children = the_intake_and_both_workers(&env);
+
+    wait_count(
+        &env.pool,
+        "the file's job at bbox succeeded",
+        "SELECT count(*) FROM extractions WHERE bbox_status = 'succeeded'",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let dlq = env.topic("extraction.dlq");
+    let brokers = env.settings.kafka_brokers.clone();
+    wait_for("two dead letters", Duration::from_secs(60), || {
+        let (brokers, dlq) = (brokers.clone(), dlq.clone());
+        async move {
+            match topic_size(&brokers, &dlq) {
+                n if n >= 2 => Ok(()),
+                n => Err(format!("{n} dead letters")),
+            }
+        }
+    })
+    .await;
+    stop(children.iter_mut()).await;
+
+    let letters: Vec<DeadLetter> = env
+        .read_topic("extraction.dlq")
+        .into_iter()
+        .map(|(_, value)| decode(&value).unwrap())
+        .collect();
+    let mut errors: Vec<&str> = letters.iter().map(|l| l.error.as_str()).collect();
+    errors.sort();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors[0].contains("document.object: no file"), "{errors:?}");
+    assert!(
+        errors[1].contains("document.url is fetched by POST /v1/extractions only"),
+        "{errors:?}"
+    );
+    let keys: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM extraction_requests")
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(keys, ["receipt-file"], "only the file's request made a job");
+    let (total,): (String,) =
+        sqlx::query_as("SELECT result -> 'fields' -> 'total' ->> 'value' FROM extraction_rows")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(total, "8.60");
+}
