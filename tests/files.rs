@@ -982,8 +982,8 @@ async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
 }
 
 /// A file no job names is deleted once its grace has passed, rows and
-/// bytes; one a job names is kept while the job is, and goes once the job
-/// is erased. Past its quota, a tenant's upload of new bytes gets 429.
+/// bytes; one a job names is kept while the job is, and goes with the
+/// job's content when the job is erased. Past its quota, a tenant's upload of new bytes gets 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_no_job_names_are_collected_and_a_tenant_keeps_its_quota() {
     let files = Files::start_with(Store::Dir, |s| s.tenant_max_file_bytes = 5_000).await;
@@ -1048,8 +1048,12 @@ async fn files_no_job_names_are_collected_and_a_tenant_keeps_its_quota() {
         .await
         .unwrap();
     assert!(erased.status().is_success(), "{}", erased.status());
-    assert_eq!(services.files.collect(now, 100).await.unwrap(), 1);
-    assert_eq!(files.stored().await, (0, 0));
+    assert_eq!(
+        files.stored().await,
+        (0, 0),
+        "the erased job's file, at once"
+    );
+    assert_eq!(services.files.collect(now, 100).await.unwrap(), 0);
     let (status, body) = files.submit(&request, None).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }

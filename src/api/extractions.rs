@@ -302,8 +302,14 @@ async fn erase(
     caller.require(Scope::Delete)?;
     let Path(id) = id?;
     match retention::erase(&services.pool, caller.tenant_id, id).await? {
-        Erased::Now(row) => {
+        Erased::Now(row, files) => {
             services.metrics.transition(Transition::Erase, &Some(&row));
+            // The job's file is content too: gone now unless another job
+            // names it. Left behind by a failure here, collection takes it
+            // after its grace.
+            if let Err(e) = services.files.forget(caller.tenant_id, &files).await {
+                tracing::warn!(%id, error = %e, "an erased job's file was not deleted");
+            }
             let emitted = services
                 .jobs
                 .emit(Transition::Erase, &row, None, PublishReason::Submit);

@@ -272,9 +272,8 @@ impl Files {
         let size = bytes.len() as i64;
         self.within_quota(tenant, &sha256, size).await?;
         let store = self.store().await?;
-        store
-            .put(&object_path(tenant, &sha256), PutPayload::from(bytes))
-            .await?;
+        let path = object_path(tenant, &sha256);
+        store.put(&path, PutPayload::from(bytes.clone())).await?;
         let row = FileRow {
             sha256,
             size,
@@ -282,6 +281,16 @@ impl Files {
             created_at: chrono::Utc::now(),
         };
         let (row, made) = files::record(&self.0.pool, tenant, &row).await?;
+        // A collector that deleted these bytes' earlier row may have deleted
+        // the object just written too; its transaction ended before `record`
+        // returned, so the object is either here now or gone for good.
+        match store.head(&path).await {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => {
+                store.put(&path, PutPayload::from(bytes)).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         Ok((StoredFile::of(row), made))
     }
 
@@ -360,25 +369,55 @@ impl Files {
     pub async fn collect(&self, grace: std::time::Duration, batch: i64) -> Result<u64, FileError> {
         let mut total = 0;
         loop {
-            let collected = files::collect(&self.0.pool, grace, batch).await?;
+            let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+            let collected = files::collect(&mut tx, grace, batch).await?;
             let n = collected.len();
-            if n > 0 {
-                let store = self.store().await?;
-                for (tenant, sha256) in collected {
-                    match store.delete(&object_path(tenant, &sha256)).await {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                        // The row is gone: the bytes are unreferenced, never
-                        // a file a job can name.
-                        Err(e) => tracing::warn!(%tenant, file = %sha256, error = %e,
-                            "a collected file's bytes were not deleted"),
-                    }
-                }
-            }
+            self.delete_objects(collected).await?;
+            tx.commit().await.map_err(StoreError::from)?;
             total += n as u64;
             if (n as i64) < batch {
                 return Ok(total);
             }
         }
+    }
+
+    /// Deletes tenant `tenant`'s files `sha256s` that no job names now,
+    /// rows and bytes, however recently they were used: the files of a job
+    /// whose content was erased. How many.
+    pub async fn forget(&self, tenant: Uuid, sha256s: &[String]) -> Result<u64, FileError> {
+        if sha256s.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+        let forgotten = files::forget(&mut tx, tenant, sha256s).await?;
+        let n = forgotten.len() as u64;
+        self.delete_objects(forgotten.into_iter().map(|sha256| (tenant, sha256)))
+            .await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(n)
+    }
+
+    /// Deletes the objects of files whose rows the caller deleted in a
+    /// transaction it commits next (see `store::files` for why in between).
+    async fn delete_objects(
+        &self,
+        doomed: impl IntoIterator<Item = (Uuid, String)>,
+    ) -> Result<(), FileError> {
+        let mut doomed = doomed.into_iter().peekable();
+        if doomed.peek().is_none() {
+            return Ok(());
+        }
+        let store = self.store().await?;
+        for (tenant, sha256) in doomed {
+            match store.delete(&object_path(tenant, &sha256)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                // The row goes all the same: the bytes are unreferenced,
+                // never a file a job can name.
+                Err(e) => tracing::warn!(%tenant, file = %sha256, error = %e,
+                    "a deleted file's bytes were not deleted"),
+            }
+        }
+        Ok(())
     }
 
     /// Tenant `tenant`'s file `id`: what it is, and its bytes.

@@ -2,9 +2,15 @@
 //! is written once its bytes are in the object store, so a row always has its
 //! object; an object whose row never came (a crash between the two) is
 //! unreferenced bytes, never a file a job can name.
+//!
+//! Deleting a file races a new upload of the same bytes, which writes the
+//! same object. The deleter removes the row and then the object inside one
+//! transaction, so an upload's `record` of the row waits for it; the
+//! uploader then checks that its object is still there and writes it again
+//! if the deleter took it (`Files::upload`).
 
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
+use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 use super::StoreError;
@@ -102,9 +108,10 @@ pub async fn stored_bytes<'e>(
 
 /// Deletes up to `batch` rows of files that no job names and nothing has
 /// used for `grace`; the tenant and SHA-256 of each, whose objects the
-/// caller deletes next. Collectors skip each other's rows.
+/// caller deletes next, before it commits `tx`. Collectors skip each
+/// other's rows.
 pub async fn collect(
-    pool: &sqlx::PgPool,
+    tx: &mut PgConnection,
     grace: std::time::Duration,
     batch: i64,
 ) -> Result<Vec<(Uuid, String)>, StoreError> {
@@ -119,9 +126,35 @@ pub async fn collect(
     )
     .bind(grace.as_secs_f64())
     .bind(batch)
-    .fetch_all(pool)
+    .fetch_all(tx)
     .await?;
     Ok(collected)
+}
+
+/// Deletes the rows of tenant `tenant`'s files `sha256s` that no job names
+/// now, however recently used (an erased job's file); the SHA-256 of each,
+/// whose objects the caller deletes next, before it commits `tx`. A file
+/// another transaction holds (a job naming it being submitted) is left to
+/// [`collect`].
+pub async fn forget(
+    tx: &mut PgConnection,
+    tenant: Uuid,
+    sha256s: &[String],
+) -> Result<Vec<String>, StoreError> {
+    let forgotten = sqlx::query_scalar(
+        "DELETE FROM files WHERE tenant_id = $1 AND sha256 IN (
+             SELECT f.sha256 FROM files f
+              WHERE f.tenant_id = $1 AND f.sha256 = ANY($2)
+                AND NOT EXISTS (SELECT 1 FROM file_jobs j
+                                 WHERE j.tenant_id = f.tenant_id AND j.sha256 = f.sha256)
+              FOR UPDATE OF f SKIP LOCKED)
+         RETURNING sha256",
+    )
+    .bind(tenant)
+    .bind(sha256s)
+    .fetch_all(tx)
+    .await?;
+    Ok(forgotten)
 }
 
 /// Files and their bytes per tenant (by name), for the census.

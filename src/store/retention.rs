@@ -28,8 +28,10 @@ use super::{Extraction, StoreError};
 /// What [`erase`] found.
 #[derive(Debug)]
 pub enum Erased {
-    /// The content is gone now; the tombstone.
-    Now(Extraction),
+    /// The content is gone now: the tombstone, and the files (SHA-256) the
+    /// job named, which the caller deletes unless another job names them
+    /// (`Files::forget`).
+    Now(Extraction, Vec<String>),
     /// It was erased before.
     Already,
     /// The job is not finished (or its bbox refinement is still to run):
@@ -40,11 +42,17 @@ pub enum Erased {
 }
 
 /// Erases tenant `tenant_id`'s finished job `id`: its request, results,
-/// the document read from its file and its claim on the file (which is
-/// deleted once no job names it: `files::collect`), webhook deliveries and
-/// error texts, in one statement that also logs the transition `erase`.
+/// the document read from its file and its claim on the file, webhook
+/// deliveries and error texts, in one statement that also logs the
+/// transition `erase`.
 pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, StoreError> {
-    let erased: Option<Extraction> = sqlx::query_as(
+    #[derive(sqlx::FromRow)]
+    struct Tombstone {
+        #[sqlx(flatten)]
+        job: Extraction,
+        files: Vec<String>,
+    }
+    let erased: Option<Tombstone> = sqlx::query_as(
         "WITH erased AS (
              UPDATE extractions SET erased_at = now(), error = NULL, bbox_error = NULL
               WHERE id = $1 AND tenant_id = $2 AND erased_at IS NULL
@@ -59,20 +67,21 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
          documents AS (
              DELETE FROM extraction_documents WHERE id IN (SELECT id FROM erased)),
          files AS (
-             DELETE FROM file_jobs WHERE extraction_id IN (SELECT id FROM erased)),
+             DELETE FROM file_jobs WHERE extraction_id IN (SELECT id FROM erased)
+             RETURNING sha256),
          hooks AS (
              DELETE FROM webhook_deliveries WHERE extraction_id IN (SELECT id FROM erased)),
          logged AS (
              INSERT INTO extraction_transitions (extraction_id, transition, token)
              SELECT id, 'erase', NULL FROM erased)
-         SELECT * FROM erased",
+         SELECT erased.*, ARRAY(SELECT sha256 FROM files) AS files FROM erased",
     )
     .bind(id)
     .bind(tenant_id)
     .fetch_optional(pool)
     .await?;
-    if let Some(row) = erased {
-        return Ok(Erased::Now(row));
+    if let Some(Tombstone { job, files }) = erased {
+        return Ok(Erased::Now(job, files));
     }
     match super::get_for_tenant(pool, tenant_id, id).await? {
         None => Ok(Erased::NotFound),
