@@ -4,7 +4,9 @@
 //! every record before it in its partition were delivered — the handler's row
 //! transition is durable and every event it publishes was acknowledged. Records
 //! of a partition are handled concurrently, up to `max_in_flight` per consumer;
-//! [`OffsetTracker`] turns out-of-order completions into the contiguous prefix.
+//! the [`Ledger`] turns arrivals, passes over full lanes and out-of-order
+//! completions into the commit point, in the one order that keeps the point
+//! behind every record not delivered.
 //!
 //! - **Backpressure.** At the in-flight bound the consumer pauses its partitions
 //!   and resumes them once in-flight work falls to half the bound; librdkafka's
@@ -46,8 +48,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{is_fatal, report_error, report_log};
 use super::lane::take_lane;
-use super::offsets::{OffsetTracker, Ticket, TopicPartition};
-use super::passing::{Arrival, Passing};
+use super::ledger::{Arrived, Ledger};
+use super::offsets::{Ticket, TopicPartition};
+use super::passing::Arrival;
 use super::Publisher;
 use crate::config::GroupProtocol;
 use crate::domain::schedule::{Scheduler, Weights};
@@ -225,12 +228,9 @@ struct Buffered {
 }
 
 /// Received records waiting for a slot, in the order [`Scheduler`] gives,
-/// the lanes they wait in per partition and where full ones were passed
-/// over ([`Passing`]), and the partitions paused because too many of
-/// theirs wait.
+/// and the partitions paused because too many of theirs wait.
 struct Buffer {
     scheduler: Scheduler<Buffered>,
-    passing: Passing,
     paused: BTreeSet<i32>,
 }
 
@@ -246,9 +246,10 @@ struct Shared {
     shutdown: CancellationToken,
 }
 
-#[derive(Default)]
 struct State {
-    tracker: OffsetTracker,
+    /// Arrivals, passes, deliveries and commit points of every partition
+    /// (`kafka::ledger`: the one place they meet).
+    ledger: Ledger,
     /// Fired when a partition is revoked: its records stop waiting or retrying.
     stops: HashMap<TopicPartition, CancellationToken>,
 }
@@ -262,7 +263,7 @@ impl Shared {
         let mut state = self.lock();
         for p in partitions.elements() {
             let tp = (p.topic().to_owned(), p.partition());
-            state.tracker.assign(tp.clone());
+            state.ledger.assign(tp.clone());
             state.stops.insert(tp, self.shutdown.child_token());
         }
         tracing::info!(partitions = partitions.count(), "partitions assigned");
@@ -310,14 +311,14 @@ impl Shared {
             .iter()
             .filter_map(|tp| {
                 state
-                    .tracker
+                    .ledger
                     .commit_point(tp)
                     .map(|point| (tp.clone(), point))
             })
             .collect();
         commit(consumer, &points);
         for tp in &revoked {
-            state.tracker.revoke(tp);
+            state.ledger.revoke(tp);
             state.stops.remove(tp);
         }
         tracing::info!(
@@ -333,7 +334,7 @@ impl Shared {
     fn wait_drained(&self, partitions: &[TopicPartition], deadline: Instant) -> usize {
         let mut state = self.lock();
         loop {
-            let running: usize = partitions.iter().map(|tp| state.tracker.running(tp)).sum();
+            let running: usize = partitions.iter().map(|tp| state.ledger.running(tp)).sum();
             let now = Instant::now();
             if running == 0 || now >= deadline {
                 return running;
@@ -354,39 +355,24 @@ impl Shared {
     fn finish(&self, ticket: &Ticket, delivered: bool, consumer: &Consumed) {
         {
             let mut state = self.lock();
-            if let Some(point) = state.tracker.finish(ticket, delivered) {
+            if let Some(point) = state.ledger.finish(ticket, delivered) {
                 store_offset(consumer, &ticket.partition, point);
             }
         }
         self.finished.notify_all();
     }
 
-    /// Records `record` as received: from now on it holds its partition's
-    /// commit point back until it is delivered.
-    fn receive(&self, record: &Record) -> u64 {
-        let tp = (record.topic.clone(), record.partition);
-        self.lock().tracker.receive(tp, record.offset).generation
-    }
-
-    /// The generation of `record`'s partition's assignment (0: none yet).
-    fn generation(&self, record: &Record) -> u64 {
-        self.generation_of(record.partition)
-    }
-
-    /// The generation of `partition`'s assignment (0: not assigned).
-    fn generation_of(&self, partition: i32) -> u64 {
-        let tp = (self.topic.clone(), partition);
-        self.lock().tracker.generation(&tp).unwrap_or(0)
-    }
-
-    /// Holds `partition`'s commit point at or below `hold`, or releases it
-    /// (storing the point if that moved it, as [`Shared::finish`] does).
-    fn hold(&self, partition: i32, hold: Option<i64>, consumer: &Consumed) {
-        let tp = (self.topic.clone(), partition);
+    /// A record of `lane` arrived while `waiting` of its partition's records
+    /// wait: what became of it (`Ledger::arrive`), storing the partition's
+    /// commit point if that moved it, under the lock as [`Shared::finish`]
+    /// does.
+    fn arrive(&self, record: &Record, lane: Lane, waiting: usize, consumer: &Consumed) -> Arrived {
         let mut state = self.lock();
-        if let Some(point) = state.tracker.hold(&tp, hold) {
-            store_offset(consumer, &tp, point);
+        let arrived = (state.ledger).arrive(record.partition, record.offset, lane, waiting);
+        if let Some(point) = arrived.point {
+            store_offset(consumer, &(self.topic.clone(), record.partition), point);
         }
+        arrived
     }
 
     /// Starts a received record: its ticket and stop token, or `None` when
@@ -398,7 +384,7 @@ impl Shared {
             offset: record.offset,
         };
         let mut state = self.lock();
-        if !state.tracker.start(&ticket) {
+        if !state.ledger.start(&ticket) {
             return None;
         }
         let stop = state
@@ -410,7 +396,7 @@ impl Shared {
     }
 
     fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
-        self.lock().tracker.commit_points()
+        self.lock().ledger.commit_points()
     }
 }
 
@@ -505,7 +491,10 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         shutdown: CancellationToken,
     ) -> Result<Self, ConsumerError> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                ledger: Ledger::new(&spec.topic, queue_bound(&spec), spec.pass_full_lanes),
+                stops: HashMap::new(),
+            }),
             finished: Condvar::new(),
             metrics: metrics.clone(),
             topic: spec.topic.clone(),
@@ -537,7 +526,6 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let mut tasks: JoinSet<()> = JoinSet::new();
         let mut buffer = Buffer {
             scheduler: Scheduler::new(self.spec.priority_max_wait, self.spec.weights.clone()),
-            passing: Passing::new(self.queue_bound(), self.spec.pass_full_lanes),
             paused: BTreeSet::new(),
         };
         let waiting = self.waiting_gauges();
@@ -546,7 +534,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                 let Some((next, partition)) = buffer.scheduler.pop(Instant::now()) else {
                     break;
                 };
-                buffer.passing.left(partition, next.lane);
+                self.shared.lock().ledger.left(partition, next.lane);
                 self.read_on_below_low_watermark(&mut buffer, partition);
                 match self.shared.start(&next.record, next.generation) {
                     Some((ticket, stop)) => self.start(&mut tasks, next.record, ticket, stop),
@@ -561,7 +549,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             // Paused partitions and seeks back are looked at after every
             // event, not only when one of their records starts: a partition
             // paused with nothing of its own waiting has none to start.
-            let mut due = buffer.passing.rewinding();
+            let mut due = self.shared.lock().ledger.rewinding();
             due.extend(buffer.paused.iter().copied());
             for partition in due {
                 self.read_on_below_low_watermark(&mut buffer, partition);
@@ -632,28 +620,22 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     }
 
     /// A record arrived: received and waiting for a slot, passed over (its
-    /// lane fills the partition's read-ahead: [`Passing`]), or left (it was
+    /// lane fills the partition's read-ahead: `kafka::passing`), or left (it was
     /// received before the last seek back).
     fn arrived(&self, buffer: &mut Buffer, record: Record, lane: Lane) {
         let partition = record.partition;
-        let generation = self.shared.generation(&record);
         let waiting = buffer.scheduler.waiting(partition);
-        let offset = record.offset;
-        let verdict = (buffer.passing).arrive(partition, generation, offset, lane, waiting);
-        if let Some(hold) = verdict.hold {
-            self.shared.hold(partition, hold, &self.consumer);
-        }
-        match verdict.arrival {
+        let arrived = self.shared.arrive(&record, lane, waiting, &self.consumer);
+        match arrived.arrival {
             Arrival::Again => {}
             Arrival::Pass => {
-                if verdict.hold.is_some() {
-                    tracing::debug!(partition, offset, waiting, "passing over a full lane");
-                }
+                let offset = record.offset;
+                tracing::trace!(partition, offset, waiting, "passing over a full lane");
                 let passed = &self.metrics.consumer.passed_over;
                 passed.with_label_values(&[&self.spec.topic]).inc();
             }
             Arrival::Take => {
-                let generation = self.shared.receive(&record);
+                let generation = arrived.generation;
                 let buffered = Buffered {
                     record,
                     generation,
@@ -669,7 +651,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     /// Pauses a partition once `read_ahead` of its records wait (at least
     /// twice the in-flight bound, so work stays ready while a resumed
     /// partition refetches; twice that when it passes over full lanes), or
-    /// it passed over as far as it may ([`Passing::must_pause`]). Pausing
+    /// it passed over as far as it may (`Passing::must_pause`). Pausing
     /// per partition keeps one deep backlog from starving the others.
     fn pause_at_bound(&self, buffer: &mut Buffer, partition: i32) {
         // Passing over, a partition takes the other lanes' records up to
@@ -678,8 +660,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             true => self.queue_bound() * 2,
             false => self.queue_bound(),
         };
-        let full =
-            buffer.scheduler.waiting(partition) >= bound || buffer.passing.must_pause(partition);
+        let full = buffer.scheduler.waiting(partition) >= bound
+            || self.shared.lock().ledger.must_pause(partition);
         if !full || buffer.paused.contains(&partition) {
             return;
         }
@@ -705,8 +687,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     /// if it was paused.
     fn read_on_below_low_watermark(&self, buffer: &mut Buffer, partition: i32) {
         let waiting = buffer.scheduler.waiting(partition);
-        let generation = self.shared.generation_of(partition);
-        if let Some(offset) = buffer.passing.rewind_due(partition, generation, waiting) {
+        let rewind = self.shared.lock().ledger.rewind_due(partition, waiting);
+        if let Some(offset) = rewind {
             // Asynchronous (no timeout): librdkafka drops what it fetched
             // past the offset. A seek that fails is tried again after the
             // next event; until it succeeds, the hold keeps the commit point
@@ -725,14 +707,14 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
                         waiting,
                         "sought back to the first record passed over"
                     );
-                    buffer.passing.sought(partition, offset)
+                    self.shared.lock().ledger.sought(partition, offset)
                 }
                 Err(e) => tracing::warn!(partition, offset, error = %e, "seek back failed"),
             }
         }
         if !buffer.paused.contains(&partition)
             || waiting > self.queue_bound() / 2
-            || buffer.passing.must_pause(partition)
+            || self.shared.lock().ledger.must_pause(partition)
         {
             return;
         }
@@ -748,7 +730,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
     }
 
     fn queue_bound(&self) -> usize {
-        self.spec.read_ahead.max(self.spec.max_in_flight * 2)
+        queue_bound(&self.spec)
     }
 
     /// Shutdown: pause, drain within the timeout, commit the delivered prefix.
@@ -821,6 +803,13 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             .paused_partitions
             .with_label_values(&[&self.shared.topic])
     }
+}
+
+/// Records of a partition that may wait for a slot before it pauses (or
+/// passes over full lanes): the read-ahead, at least twice the in-flight
+/// bound.
+fn queue_bound(spec: &ConsumerSpec) -> usize {
+    spec.read_ahead.max(spec.max_in_flight * 2)
 }
 
 fn client_config(spec: &ConsumerSpec) -> ClientConfig {

@@ -8,6 +8,7 @@ pub mod context;
 pub mod durability;
 pub mod groups;
 pub mod lane;
+pub mod ledger;
 pub mod offsets;
 pub mod passing;
 pub mod publisher;

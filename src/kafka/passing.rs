@@ -47,7 +47,8 @@ pub enum Arrival {
     Take,
     /// Pass it over: its lane is full.
     Pass,
-    /// Received before the seek back: leave it.
+    /// Leave it: received before the seek back, or fetched before it (and
+    /// so read again from the offset sought to).
     Again,
 }
 
@@ -102,8 +103,11 @@ struct Rereading {
     /// the position until it gets there.
     end: i64,
     /// Whether the record at `from` arrived. Until it does, what arrives
-    /// was fetched before the seek (librdkafka drops such records, but the
-    /// hold does not count on it) and moves nothing.
+    /// was fetched before the seek (librdkafka drops such records, but this
+    /// bookkeeping does not count on it): it lies at or past `from`, so the
+    /// reading reaches it again, and it is left and moves nothing. (Taking
+    /// it was tried: a stale record passed over moved the next seek back
+    /// past records not yet read again.)
     resumed: bool,
 }
 
@@ -164,11 +168,15 @@ impl Passing {
             };
         }
         match &mut state.rereading {
+            Some(again) if !again.resumed && offset != again.from => {
+                return Verdict {
+                    arrival: Arrival::Again,
+                    hold: None,
+                };
+            }
             Some(again) if !again.resumed => {
-                if offset == again.from {
-                    again.resumed = true;
-                    state.position = offset + 1;
-                }
+                again.resumed = true;
+                state.position = offset + 1;
             }
             _ => state.position = offset + 1,
         }
@@ -241,6 +249,12 @@ impl Passing {
             state.position = offset;
             state.rewind = None;
         }
+    }
+
+    /// Forgets `partition` (revoked): what it passed over is read by its
+    /// next owner from the committed offset.
+    pub fn forget(&mut self, partition: i32) {
+        self.partitions.remove(&partition);
     }
 
     /// Whether `partition` must pause rather than read on: it has read
@@ -341,8 +355,8 @@ mod tests {
         passing.left(0, a);
         passing.left(0, a);
         passing.sought(0, 2);
-        // 9 again, fetched before the seek: the hold stays at 2.
-        assert_eq!(passing.arrive(0, 1, 9, a, 0).hold, None);
+        // 9 again, fetched before the seek: left, and the hold stays at 2.
+        assert_eq!(passing.arrive(0, 1, 9, a, 0), verdict(Arrival::Again, None));
         assert_eq!(passing.arrive(0, 1, 2, a, 1).hold, Some(Some(3)));
         for offset in 3..9 {
             assert_eq!(
