@@ -614,6 +614,107 @@ async fn move_every_republish_an_hour_back(pool: &sqlx::PgPool) {
         .unwrap();
 }
 
+/// The last net: a job whose record the worker group committed past without
+/// delivering it (what the consumer's ledger rules out) is stamped
+/// published, so classes 1 and 3 leave it alone. Once the unclaimed grace
+/// passed, the extraction reaper revives it (class 7), and it succeeds on
+/// its first claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_committed_past_without_delivery_is_revived() {
+    let env = TestEnv::with_settings("committed_past", |s| {
+        fast_recovery(s);
+        s.unclaimed_orphan_threshold_s = common::secs(4.0);
+    })
+    .await;
+    let id = a_job_published_and_stamped(&env).await;
+    the_worker_group_commits_past_the_topic(&env);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut worker = env.spawn(
+        "worker",
+        &[("DOCSTREAM_METRICS_ADDR", metrics.clone())],
+        "committed-past-worker",
+    );
+    wait_count(
+        &env.pool,
+        "the job committed past to succeed",
+        &format!("SELECT count(*) FROM extractions WHERE id = '{id}' AND status = 'succeeded'"),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM extractions WHERE id = $1")
+        .bind(id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1, "claimed once, on the revived record");
+    let revived = scrape(&metrics, "docstream_orphans_republished_total{class=\"7\"}").await;
+    assert_eq!(revived, 1.0, "counted as class 7, once");
+    let records = env.read_topic("extraction.submitted").len();
+    assert_eq!(records, 2, "the record committed past, and the revived one");
+    stop([&mut worker]).await;
+}
+
+/// A queued job with its record on the submitted topic and its "published"
+/// stamp: one class-1 revival by a reaper in this process does both.
+async fn a_job_published_and_stamped(env: &TestEnv) -> Uuid {
+    let id = insert_job(&env.pool).await;
+    sqlx::query("UPDATE extractions SET submitted_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let services = env.services().await;
+    let reaper = Reaper::new(services, ReaperKind::Extraction);
+    let swept = reaper.sweep().await.unwrap();
+    assert_eq!(
+        swept,
+        Sweep::Swept {
+            found: 1,
+            republished: 1
+        }
+    );
+    wait_count(
+        &env.pool,
+        "the republished record's stamp",
+        &format!("SELECT count(*) FROM extractions WHERE id = '{id}' AND published_at IS NOT NULL"),
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    id
+}
+
+/// Commits the worker group's offset of every partition of the submitted
+/// topic at its end, as a consumer that committed past a record would.
+fn the_worker_group_commits_past_the_topic(env: &TestEnv) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let topic = env.settings.topic("extraction.submitted");
+    let group = env.settings.group(&env.settings.worker_group);
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.settings.kafka_brokers)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let metadata = (consumer)
+        .fetch_metadata(Some(&topic), Duration::from_secs(10))
+        .unwrap();
+    let mut offsets = TopicPartitionList::new();
+    for partition in metadata.topics()[0].partitions() {
+        let (_, end) = (consumer)
+            .fetch_watermarks(&topic, partition.id(), Duration::from_secs(10))
+            .unwrap();
+        offsets
+            .add_partition_offset(&topic, partition.id(), Offset::Offset(end))
+            .unwrap();
+    }
+    consumer.commit(&offsets, CommitMode::Sync).unwrap();
+    let committed = env.committed(&group, "extraction.submitted");
+    assert_eq!(committed.values().sum::<i64>(), 1, "past the one record");
+}
+
 /// A bbox worker SIGKILLed while it holds claims (stuck right after
 /// claiming): a second bbox worker heals every job; each held claim is
 /// claimed once more, with its recovery measured.

@@ -13,6 +13,7 @@ use docstream::store::tenants::DEFAULT_TENANT_ID;
 use std::future::Future;
 
 use docstream::domain::ExtractionRequest;
+use docstream::store::orphans::OrphanClass;
 use docstream::store::webhooks::{self, Final};
 use docstream::store::{
     self, leases, orphans, transitions, Extraction, NewExtraction, SubmitError, Submitted,
@@ -709,6 +710,7 @@ const THRESHOLDS: orphans::Thresholds = orphans::Thresholds {
     post_processing_pending_s: 10.0,
     bbox_lease_s: LEASE_S,
     webhook_pending_s: 10.0,
+    unclaimed_s: 7200.0,
 };
 
 /// The queued jobs past their threshold: one never claimed, one requeued for
@@ -804,6 +806,46 @@ async fn a_reaper_takes_it_once_per_threshold(pool: &PgPool, stuck: Uuid) {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// Classes 7 and 8, the last net: a stage whose event was acknowledged and
+/// that nobody claimed past the grace (two hours here) is taken, once per
+/// grace; one stamped within the grace is waiting in a backlog and is left
+/// alone.
+#[sqlx::test]
+async fn a_stamped_stage_unclaimed_past_the_grace_is_taken_once_per_grace(pool: PgPool) {
+    let pool = &pool;
+    let (waiting, lost) = (queued(pool).await, queued(pool).await);
+    let (bbox_waiting, bbox_lost) = (succeeded(pool).await, succeeded(pool).await);
+    exec(pool, "UPDATE extractions SET submitted_at = now() - interval '4 hours', published_at = now() - interval '1 hour' WHERE id = $1", waiting).await;
+    exec(pool, "UPDATE extractions SET submitted_at = now() - interval '4 hours', published_at = now() - interval '3 hours' WHERE id = $1", lost).await;
+    exec(
+        pool,
+        "UPDATE extractions SET bbox_published_at = now() - interval '1 hour' WHERE id = $1",
+        bbox_waiting,
+    )
+    .await;
+    exec(
+        pool,
+        "UPDATE extractions SET bbox_published_at = now() - interval '3 hours' WHERE id = $1",
+        bbox_lost,
+    )
+    .await;
+    assert_eq!(
+        orphans_of(pool, None).await,
+        vec![(7, lost), (8, bbox_lost)],
+        "stamped within the grace: a backlog, not an orphan"
+    );
+    for (stage, id, class) in [
+        (Stage::Extraction, lost, OrphanClass::QueuedUnclaimed),
+        (Stage::BboxRefinement, bbox_lost, OrphanClass::BboxUnclaimed),
+    ] {
+        let taken = orphans::take(pool, stage, THRESHOLDS, 100).await.unwrap();
+        let taken: Vec<_> = taken.iter().map(|o| (o.id, o.class)).collect();
+        assert_eq!(taken, vec![(id, class)], "{stage:?}");
+        let again = orphans::take(pool, stage, THRESHOLDS, 100).await.unwrap();
+        assert!(again.is_empty(), "{stage:?}: once per grace");
+    }
 }
 
 #[sqlx::test]

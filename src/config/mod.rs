@@ -356,6 +356,13 @@ settings! {
     /// A pending bbox refinement this long past its request (or the extraction's
     /// end) has lost its event (orphan class 4). Same reasoning as above.
     post_processing_pending_orphan_threshold_s: Seconds = Seconds::new(10), env "DOCSTREAM_POST_PROCESSING_PENDING_ORPHAN_THRESHOLD_S", positive;
+    /// A queued job or pending bbox refinement whose event was acknowledged
+    /// and that nobody claimed for this long is revived anyway (orphan
+    /// classes 7 and 8): the last net should an offset ever be committed
+    /// past a record not delivered. Well past any normal wait: a job in a
+    /// backlog older than this gets a second record, which its claim makes
+    /// harmless.
+    unclaimed_orphan_threshold_s: Seconds = Seconds::new(1800), env "DOCSTREAM_UNCLAIMED_ORPHAN_THRESHOLD_S", positive;
     /// Most orphans one sweep republishes; the rest wait for the next sweep.
     reaper_batch_size: i64 = 500_i64, env "DOCSTREAM_REAPER_BATCH_SIZE", at_least(1);
     /// First retry delay; each further attempt doubles it, with jitter.

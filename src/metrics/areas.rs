@@ -566,7 +566,7 @@ impl ReaperMetrics {
     }
 
     fn create_fixed_series(&self) {
-        for class in (1..=6).map(|c| c.to_string()) {
+        for class in (1..=8).map(|c| c.to_string()) {
             self.orphans_found.with_label_values(&[&class]);
             self.orphans_republished.with_label_values(&[&class]);
         }

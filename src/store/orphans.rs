@@ -10,6 +10,13 @@
 //! backlog has its stamp and is left alone. A running claim is an orphan once
 //! its lease expired (classes 2, 5).
 //!
+//! The last net (classes 7, 8): a stamped job nobody claimed within a long
+//! grace. Its record was acknowledged, so it should have been consumed; if
+//! it was not, an offset was committed past it (a bug the consumer's ledger
+//! exists to rule out) or a backlog is older than the grace. Either way a
+//! second record costs one more read and a claim that makes it harmless, and
+//! the job never stays queued for good.
+//!
 //! The reapers call [`take`], one stage each: one statement that finds the
 //! orphans, stamps them as republished, and returns them, so a row is handed
 //! out at most once per threshold however many reapers sweep (rows locked by
@@ -42,6 +49,10 @@ pub struct Thresholds {
     /// A pending webhook delivery due longer ago than this, held by nobody,
     /// lost its dispatcher: class 6 (`store::webhooks`).
     pub webhook_pending_s: f64,
+    /// A stage whose event was acknowledged and that nobody claimed for this
+    /// long is revived anyway (classes 7 and 8); also the least time
+    /// between two such revivals of one job.
+    pub unclaimed_s: f64,
 }
 
 impl Thresholds {
@@ -55,6 +66,7 @@ impl Thresholds {
             post_processing_pending_s: bbox.orphan_after.as_secs_f64(),
             bbox_lease_s: bbox.lease.as_secs_f64(),
             webhook_pending_s: settings.webhook_orphan_threshold_s.as_secs_f64(),
+            unclaimed_s: settings.unclaimed_orphan_threshold_s.as_secs_f64(),
         }
     }
 
@@ -67,8 +79,8 @@ impl Thresholds {
     }
 }
 
-/// The six ways a job can be left with nothing to deliver to it. The SQL
-/// below numbers them 1 to 6; the number is also the `class` label of the
+/// The eight ways a job can be left with nothing to deliver to it. The SQL
+/// below numbers them 1 to 8; the number is also the `class` label of the
 /// orphan metrics and what `docstream orphans` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(into = "i16")]
@@ -85,27 +97,34 @@ pub enum OrphanClass {
     BboxPastLease = 5,
     /// 6: a webhook delivery due, held by no dispatcher.
     WebhookUnsent = 6,
+    /// 7: queued, its event acknowledged, and unclaimed past the grace.
+    QueuedUnclaimed = 7,
+    /// 8: bbox refinement pending, its request acknowledged, and unclaimed
+    /// past the grace.
+    BboxUnclaimed = 8,
 }
 
 impl OrphanClass {
     /// Every class, in order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::QueuedNeverPublished,
         Self::RunningPastLease,
         Self::RetryPublishLost,
         Self::BboxNeverPublished,
         Self::BboxPastLease,
         Self::WebhookUnsent,
+        Self::QueuedUnclaimed,
+        Self::BboxUnclaimed,
     ];
 
-    /// The class's number, 1 to 6.
+    /// The class's number, 1 to 8.
     pub fn number(self) -> i16 {
         self as i16
     }
 
     /// The number as the `class` label of the orphan metrics.
     pub fn label(self) -> &'static str {
-        ["1", "2", "3", "4", "5", "6"][self as usize - 1]
+        ["1", "2", "3", "4", "5", "6", "7", "8"][self as usize - 1]
     }
 
     /// What the class means, for people.
@@ -117,6 +136,8 @@ impl OrphanClass {
             Self::BboxNeverPublished => "bbox pending, never published",
             Self::BboxPastLease => "bbox running past its lease",
             Self::WebhookUnsent => "webhook pending, nobody sending",
+            Self::QueuedUnclaimed => "queued, published, unclaimed past the grace",
+            Self::BboxUnclaimed => "bbox pending, published, unclaimed past the grace",
         }
     }
 }
@@ -164,36 +185,64 @@ pub struct Orphan {
     pub priority: Priority,
 }
 
-/// The extraction orphans (classes 1–3) with their class and since when they
-/// are orphans, `$threshold` being the queued threshold's parameter: the one
-/// definition that the reaper's take and the operator's list share.
+/// The extraction orphans (classes 1–3 and 7) with their class and since
+/// when they are orphans, `$threshold` being the queued threshold's
+/// parameter and `$grace` the unclaimed one's: the one definition that the
+/// reaper's take and the operator's list share. (Both queued conditions
+/// bound the due time first, so one range of `ix_extractions_queued` holds
+/// every candidate.)
 macro_rules! extraction_orphans {
-    ($threshold:literal) => {
+    ($threshold:literal, $grace:literal) => {
         concat!(
             "SELECT id,
-           CASE WHEN status = 'running' THEN 2 WHEN attempts = 0 THEN 1 ELSE 3 END AS class,
+           CASE WHEN status = 'running' THEN 2 WHEN published_at IS NOT NULL THEN 7
+                WHEN attempts = 0 THEN 1 ELSE 3 END AS class,
            CASE WHEN status = 'running' THEN lease_expires_at
+                WHEN published_at IS NOT NULL
+                THEN GREATEST(published_at, COALESCE(next_attempt_at, submitted_at))
+                     + make_interval(secs => ",
+            $grace,
+            ")
                 ELSE COALESCE(next_attempt_at, submitted_at) + make_interval(secs => ",
             $threshold,
             ") END AS since
       FROM extractions
-     WHERE ((status = 'queued' AND published_at IS NULL
-             AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => ",
+     WHERE ((status = 'queued'
+             AND COALESCE(next_attempt_at, submitted_at)
+                 < now() - make_interval(secs => LEAST(",
+            $threshold,
+            ", ",
+            $grace,
+            "))
+             AND ((published_at IS NULL
+                   AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => ",
             $threshold,
             "))
+                  OR (published_at < now() - make_interval(secs => ",
+            $grace,
+            ")
+                      AND COALESCE(next_attempt_at, submitted_at) < now() - make_interval(secs => ",
+            $grace,
+            "))))
             OR (status = 'running' AND lease_expires_at < now()))"
         )
     };
 }
 
-/// The bbox orphans (classes 4–5), as `extraction_orphans!` gives those of
-/// the extraction; `$threshold` is the post-processing threshold's parameter.
+/// The bbox orphans (classes 4–5 and 8), as `extraction_orphans!` gives
+/// those of the extraction; `$threshold` is the post-processing threshold's
+/// parameter and `$grace` the unclaimed one's.
 macro_rules! bbox_orphans {
-    ($threshold:literal) => {
+    ($threshold:literal, $grace:literal) => {
         concat!(
             "SELECT id,
-           CASE WHEN bbox_status = 'running' THEN 5 ELSE 4 END AS class,
+           CASE WHEN bbox_status = 'running' THEN 5 WHEN bbox_published_at IS NOT NULL THEN 8
+                ELSE 4 END AS class,
            CASE WHEN bbox_status = 'running' THEN bbox_lease_expires_at
+                WHEN bbox_published_at IS NOT NULL
+                THEN bbox_published_at + make_interval(secs => ",
+            $grace,
+            ")
                 ELSE COALESCE(bbox_requested_at, finished_at) + make_interval(secs => ",
             $threshold,
             ") END AS since
@@ -203,15 +252,20 @@ macro_rules! bbox_orphans {
              AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => ",
             $threshold,
             "))
+            OR (bbox_status = 'pending'
+                AND bbox_published_at < now() - make_interval(secs => ",
+            $grace,
+            "))
             OR (bbox_status = 'running' AND bbox_lease_expires_at < now()))"
         )
     };
 }
 
-/// A stage's take: its orphans (`$found`, over `$1` the pending threshold)
-/// less the rows republished within their class's threshold (`$2` the lease
-/// for a running claim), up to `$3`; it stamps those it takes. `$prefix` is
-/// the stage's column prefix (`bbox_` for the bbox refinement).
+/// A stage's take: its orphans (`$found`, over `$1` the pending threshold
+/// and `$4` the unclaimed grace) less the rows republished within their
+/// class's threshold (`$2` the lease for a running claim), up to `$3`; it
+/// stamps those it takes. `$prefix` is the stage's column prefix (`bbox_`
+/// for the bbox refinement).
 macro_rules! take_orphans {
     ($found:expr, $prefix:literal) => {
         concat!(
@@ -220,7 +274,9 @@ macro_rules! take_orphans {
             "
        AND (", $prefix, "republished_at IS NULL
             OR ", $prefix, "republished_at < now() - make_interval(secs =>
-                   CASE WHEN ", $prefix, "status = 'running' THEN $2 ELSE $1 END))
+                   CASE WHEN ", $prefix, "status = 'running' THEN $2
+                        WHEN ", $prefix, "published_at IS NOT NULL THEN $4
+                        ELSE $1 END))
      ORDER BY since
      LIMIT $3
        FOR UPDATE SKIP LOCKED)
@@ -234,21 +290,22 @@ RETURNING e.id, e.tenant_id, e.priority, found.class::int2 AS class, extract(epo
     };
 }
 
-const TAKE_EXTRACTION_ORPHANS: &str = take_orphans!(extraction_orphans!("$1"), "");
+const TAKE_EXTRACTION_ORPHANS: &str = take_orphans!(extraction_orphans!("$1", "$4"), "");
 
-const TAKE_BBOX_ORPHANS: &str = take_orphans!(bbox_orphans!("$1"), "bbox_");
+const TAKE_BBOX_ORPHANS: &str = take_orphans!(bbox_orphans!("$1", "$4"), "bbox_");
 
-/// Every orphan of the six classes with since when it is one: `$1`, `$2` and
-/// `$3` are the queued, post-processing and webhook thresholds.
+/// Every orphan of the eight classes with since when it is one: `$1`, `$2`
+/// and `$3` are the queued, post-processing and webhook thresholds, `$grace`
+/// the unclaimed grace's parameter.
 macro_rules! every_orphan {
-    () => {
+    ($grace:literal) => {
         concat!(
             "SELECT id, class::int2 AS class, since FROM (",
-            extraction_orphans!("$1"),
+            extraction_orphans!("$1", $grace),
             "
     UNION ALL
     ",
-            bbox_orphans!("$2"),
+            bbox_orphans!("$2", $grace),
             "
     UNION ALL
     SELECT extraction_id, 6, next_attempt_at + make_interval(secs => $3)
@@ -262,7 +319,7 @@ macro_rules! every_orphan {
 
 const LIST_ORPHANS: &str = concat!(
     "SELECT id, class, extract(epoch FROM now() - since)::float8 AS age_s FROM (",
-    every_orphan!(),
+    every_orphan!("$5"),
     ") o
 WHERE $4::uuid IS NULL OR id IN (SELECT id FROM extractions WHERE tenant_id = $4)
 ORDER BY class, since"
@@ -271,14 +328,14 @@ ORDER BY class, since"
 const COUNT_ORPHANS: &str = concat!(
     "SELECT class, count(*) AS open, extract(epoch FROM now() - min(since))::float8 AS oldest_s
   FROM (",
-    every_orphan!(),
+    every_orphan!("$4"),
     ") o
  GROUP BY class
  ORDER BY class"
 );
 
-/// Takes up to `limit` orphans of `stage` (classes 1–3 of the extraction,
-/// 4–5 of the bbox refinement) for republishing.
+/// Takes up to `limit` orphans of `stage` (classes 1–3 and 7 of the
+/// extraction, 4–5 and 8 of the bbox refinement) for republishing.
 pub async fn take<'e>(
     executor: impl PgExecutor<'e>,
     stage: Stage,
@@ -294,6 +351,7 @@ pub async fn take<'e>(
         .bind(pending_s)
         .bind(lease_s)
         .bind(limit)
+        .bind(thresholds.unclaimed_s)
         .fetch_all(executor)
         .await?;
     Ok(rows)
@@ -311,6 +369,7 @@ pub async fn list_orphans<'e>(
         .bind(thresholds.post_processing_pending_s)
         .bind(thresholds.webhook_pending_s)
         .bind(tenant)
+        .bind(thresholds.unclaimed_s)
         .fetch_all(executor)
         .await?;
     Ok(rows)
@@ -339,6 +398,7 @@ pub async fn count_open<'e>(
         .bind(thresholds.queued_s)
         .bind(thresholds.post_processing_pending_s)
         .bind(thresholds.webhook_pending_s)
+        .bind(thresholds.unclaimed_s)
         .fetch_all(executor)
         .await?;
     Ok(rows)

@@ -7,8 +7,9 @@
 //! so a legitimate backlog causes no storm; the atomic claim makes any
 //! duplicate harmless anyway.
 //!
-//! - [`Kind::Extraction`] (in `worker`): classes 1–3 → `extraction.submitted`.
-//! - [`Kind::Bbox`] (in `bbox-worker`): classes 4–5 →
+//! - [`Kind::Extraction`] (in `worker`): classes 1–3 and 7 →
+//!   `extraction.submitted`.
+//! - [`Kind::Bbox`] (in `bbox-worker`): classes 4–5 and 8 →
 //!   `extraction.post_processing.requested`.
 //! - [`Kind::Webhook`] (in every process with a worker or bbox worker):
 //!   class 6, a pending webhook delivery nobody works on → this process's
@@ -49,9 +50,9 @@ pub enum Sweep {
 /// The orphans a reaper sweeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// Classes 1–3: jobs of the extraction stage.
+    /// Classes 1–3 and 7: jobs of the extraction stage.
     Extraction,
-    /// Classes 4–5: jobs of the bbox refinement stage.
+    /// Classes 4–5 and 8: jobs of the bbox refinement stage.
     Bbox,
     /// Class 6: webhook deliveries.
     Webhook,
