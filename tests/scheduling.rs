@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use common::commits::{offset_ahead_violations, sample_offsets};
 use common::provider::{FakeProvider, Plan};
 use common::{
     add_extractor, assert_exactly_once, committed_offsets, every_worker_calls_the_warmup_extractor,
@@ -491,13 +492,17 @@ async fn a_rebalance_during_a_priority_flood_loses_nothing_and_repeats_nothing()
 /// A flood deeper than the worker's read-ahead (8 records per partition,
 /// 50 of A's in each): B's jobs, behind A's in every partition, are reached
 /// by passing over A's records, which are read again later, instead of
-/// after A's flood. Nothing is lost, done twice, or left uncommitted.
+/// after A's flood. Nothing is lost, done twice, or left uncommitted, and
+/// the group's committed offsets, sampled throughout the passes and seeks
+/// back, never pass a record whose job was not delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_deeper_than_the_read_ahead_is_passed_over_and_read_again() {
     let (env, _model, _warmup) = slow_model_env("sched_pass", |s| s.consumer_read_ahead = 8).await;
     let services = env.services().await;
     let b = tenants::create_tenant(&env.pool, "pass-b").await.unwrap();
     let (mut workers, metrics) = warm_workers(&env, &services, 1, "sched-pass").await;
+    let mut sampler = sample_offsets(&env, env.pool.clone());
+    sampler.first_sample().await;
     let a_ids = submit(&services, DEFAULT_TENANT_ID, 300, "normal").await;
     wait_under_way(&env, &a_ids, 10, "A's").await;
     let b_ids = submit(&services, b.key.tenant_id, 30, "normal").await;
@@ -521,5 +526,12 @@ async fn a_flood_deeper_than_the_read_ahead_is_passed_over_and_read_again() {
     won.retain(|id, _| ours.contains(id));
     assert_exactly_once(&won, &ids, "succeeded");
     wait_all_committed(&env).await;
+    let samples = sampler.finish().await;
+    let ahead = offset_ahead_violations(&env, &samples, false);
+    eprintln!(
+        "passing over: {} samples of the committed offsets",
+        samples.len()
+    );
+    assert_eq!(ahead, 0, "a committed offset passed an undelivered record");
     stop(workers.iter_mut()).await;
 }
