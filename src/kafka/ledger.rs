@@ -515,10 +515,12 @@ mod tests {
                 self.read_on();
                 if !self.paused && self.next < self.log.len() {
                     self.take(&Step::Arrive)?;
-                } else if self.waiting.is_empty() && self.running.is_empty() {
-                    if self.ledger.rewinding().is_empty() && self.next == self.log.len() {
-                        break;
-                    }
+                } else if self.waiting.is_empty()
+                    && self.running.is_empty()
+                    && self.ledger.rewinding().is_empty()
+                    && self.next == self.log.len()
+                {
+                    break;
                 }
             }
             let low = self.lowest_undelivered();
