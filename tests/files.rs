@@ -741,7 +741,7 @@ async fn a_document_url_is_fetched_through_the_ssrf_guard() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("not an address webhooks may reach"),
+        message.contains("is not a host the server may reach"),
         "{message}"
     );
     assert_eq!(guarded.stored().await, (0, 0));

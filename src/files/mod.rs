@@ -303,6 +303,7 @@ impl Files {
     pub async fn fetch(&self, tenant: Uuid, url: &str) -> Result<(StoredFile, bool), FileError> {
         let (guard, client) = &self.0.fetcher;
         guard.check(url).await.map_err(|e| {
+            tracing::debug!(%tenant, detail = %e.detail(), "document.url refused by the SSRF guard");
             FileError::Url(e.to_string().replacen("webhook_url", "document.url", 1))
         })?;
         let failed = |e: reqwest::Error| {
