@@ -748,7 +748,7 @@ async fn a_document_url_is_fetched_through_the_ssrf_guard() {
     drop(guarded);
 
     let files = Files::start_with(Store::Dir, |s| {
-        s.webhook_allow = "127.0.0.1".parse().unwrap();
+        s.file_fetch_allow = "127.0.0.1".parse().unwrap();
     })
     .await;
     let _workers = [
@@ -793,6 +793,34 @@ async fn a_document_url_is_fetched_through_the_ssrf_guard() {
         job["post_processing"]["bbox_refinement"]["status"],
         "succeeded"
     );
+}
+
+/// Allowing webhooks to reach an address does not let a `document.url`
+/// read from it: what the server fetched would come back in the job's
+/// results. The allow-list of webhooks is theirs alone, and document URLs
+/// have their own (`DOCSTREAM_FILE_FETCH_ALLOW`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_allow_list_does_not_open_document_urls() {
+    let (pdf, receipt) = sample(SAMPLES[2]);
+    let server = file_server(vec![("receipt.pdf", 200, pdf)]).await;
+    let mut request = receipt["request"].clone();
+    request["document"] = serde_json::json!({"url": format!("{server}/receipt.pdf")});
+    let files = Files::start_with(Store::Dir, |s| {
+        s.webhook_allow = "127.0.0.1".parse().unwrap();
+    })
+    .await;
+    let (status, body) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(files.stored().await, (0, 0), "nothing fetched or stored");
+    drop(files);
+
+    let files = Files::start_with(Store::Dir, |s| {
+        s.file_fetch_allow = "127.0.0.1".parse().unwrap();
+    })
+    .await;
+    let (status, body) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(files.stored().await, (1, 1));
 }
 
 /// The secret that signs file URLs (and deferred results) in the tests.

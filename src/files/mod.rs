@@ -60,7 +60,8 @@ struct Inner {
     max_bytes: usize,
     /// What a PDF may hold.
     pdf: PdfLimits,
-    /// Fetches a submitter's `document.url` past the SSRF guard.
+    /// Fetches a submitter's `document.url` past the SSRF guard (with the
+    /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
 }
 
@@ -237,7 +238,7 @@ impl Files {
             url_ttl: settings.file_url_ttl_s.get(),
             quota: settings.tenant_max_file_bytes,
             fetcher: {
-                let guard = Guard::new(settings.webhook_allow.clone());
+                let guard = Guard::new(settings.file_fetch_allow.clone());
                 let timeout = settings.file_fetch_timeout_s.get();
                 let agent = concat!("docstream-files/", env!("CARGO_PKG_VERSION"));
                 let client = crate::webhook::guarded_client(&guard, timeout, agent);
@@ -296,7 +297,8 @@ impl Files {
 
     /// Fetches `url` (a request's `document.url`) and stores what it
     /// answers as a file of `tenant`'s, as [`Files::upload`] would. The URL
-    /// passes the SSRF guard of webhooks first, and the connection goes
+    /// passes the SSRF guard first (admitting what `DOCSTREAM_FILE_FETCH_ALLOW`
+    /// names, not what webhooks may reach), and the connection goes
     /// only to the addresses it checked; redirects are not followed; the
     /// body is held to the file limit as it arrives, and the whole fetch to
     /// its timeout.
