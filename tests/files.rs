@@ -951,8 +951,8 @@ async fn protocol_2_through_the_python_example_provider() {
     protocol_2_reads_a_file_through_its_url(Store::Dir, &provider, false).await;
 }
 
-/// `serve` answers a job's file to a URL signed for that job, and to no
-/// other: not past its expiry, not for another job, not with its
+/// `serve` answers a job's file to a URL signed for that job's running
+/// attempt, and to no other: not past its expiry, not for another job, not with its
 /// signature changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
@@ -977,6 +977,11 @@ async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
                 .unwrap(),
         );
     }
+    // Its first attempt runs: the URL is that attempt's.
+    let pool = &files.env.pool;
+    let stage = docstream::domain::Stage::Extraction;
+    let claim = docstream::store::transitions::claim(pool, stage, jobs[0], 30.0).await;
+    assert_eq!(claim.unwrap().expect("the first claim").token, 1);
     let now = chrono::Utc::now().timestamp();
     let url = |id, expires| docstream::files::signed::url(&files.base, SECRET, id, 1, expires);
     let get = |url: String| {
@@ -1084,4 +1089,67 @@ async fn files_no_job_names_are_collected_and_a_tenant_keeps_its_quota() {
     assert_eq!(services.files.collect(now, 100).await.unwrap(), 0);
     let (status, body) = files.submit(&request, None).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
+
+/// A file URL opens its job's file only while the attempt it was signed
+/// for holds the job: once that attempt failed it answers 410, and after a
+/// retry only the new attempt's URL opens the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_file_url_closes_when_its_attempt_ends() {
+    use docstream::domain::Stage;
+    use docstream::store::transitions;
+    let files = Files::start_with(Store::Dir, |s| {
+        s.public_url = "http://127.0.0.1:9".into();
+        s.callback_secret = SECRET.into();
+    })
+    .await;
+    let pool = &files.env.pool;
+    let (pdf, invoice) = sample(SAMPLES[0]);
+    let (_, file) = files.upload(pdf, "application/pdf", None).await;
+    let mut request = invoice["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id: uuid::Uuid = accepted["id"].as_str().unwrap().parse().unwrap();
+    let expires = chrono::Utc::now().timestamp() + 600;
+    let url = |attempt| docstream::files::signed::url(&files.base, SECRET, id, attempt, expires);
+    let get = |url: String| {
+        let sent = files.env.client().get(url).send();
+        async move { sent.await.unwrap().status() }
+    };
+
+    let first = transitions::claim(pool, Stage::Extraction, id, 30.0)
+        .await
+        .unwrap()
+        .expect("the first claim");
+    assert_eq!(get(url(first.token)).await, StatusCode::OK, "while it runs");
+    transitions::fail(pool, Stage::Extraction, id, first.token, "provider down")
+        .await
+        .unwrap()
+        .expect("the attempt failed");
+    assert_eq!(
+        get(url(first.token)).await,
+        StatusCode::GONE,
+        "once it failed"
+    );
+
+    let retried = files
+        .env
+        .client()
+        .post(format!("{}/v1/extractions/{id}/retry", files.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(retried.status().is_success(), "{}", retried.status());
+    let second = transitions::claim(pool, Stage::Extraction, id, 30.0)
+        .await
+        .unwrap()
+        .expect("the second claim");
+    assert_ne!(second.token, first.token);
+    assert_eq!(get(url(second.token)).await, StatusCode::OK);
+    assert_eq!(
+        get(url(first.token)).await,
+        StatusCode::GONE,
+        "the first attempt's URL, while the second runs"
+    );
 }
