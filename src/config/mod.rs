@@ -322,6 +322,12 @@ settings! {
     /// gets 429. A quarter of `max_export_streams`, so that no tenant can
     /// hold them all (its socket cap alone allowed every one).
     max_export_streams_per_tenant: usize = 16_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS_PER_TENANT", at_least(1);
+    /// Bulk actions (`POST /v1/extractions/actions`) one tenant may have
+    /// running at once, across the deployment; one more gets 429 with
+    /// `Retry-After`. Each walks every job it names and writes an outcome
+    /// per job, so 4 lets a tenant overlap a few while hundreds at once
+    /// cannot hold the database.
+    bulk_max_running_per_tenant: usize = 4_usize, env "DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT", at_least(1);
     /// TCP connections each HTTP listener (the API's, the internal one)
     /// holds at once; past it a new connection is answered 503 and closed.
     /// 4,096 is far above what one process serves well, and below its file

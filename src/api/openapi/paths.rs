@@ -563,7 +563,10 @@ fn bulk_action() -> Value {
              operation as it is: 200 when it finished, 202 while it runs (follow \
              `Location`). If the server running it stops, another resumes it from its last \
              batch. With an `Idempotency-Key`, a repeat answers the first operation and \
-             does nothing; the same key with another action gets 422.",
+             does nothing; the same key with another action gets 422.\n\n\
+             A tenant runs at most `DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT` actions at \
+             once, across the deployment: one more gets 429 with `Retry-After` (a repeat \
+             of a running one is answered as it is).",
             max_ids = crate::pipeline::bulk::MAX_IDS,
             batch = crate::pipeline::bulk::BATCH,
         ),
