@@ -1111,6 +1111,93 @@ async fn an_erased_job_leaves_no_request_or_result_text_in_any_table() {
     common::assert_exactly_once(&erasures, &[a, b], "erase");
 }
 
+/// The tenant's dead letters of an erased job's key (a refused record that
+/// carried the job's request before or beside it) keep neither its excerpt
+/// nor its reason once the job is erased: DELETE leaves the document in no
+/// table. A letter of another key keeps its own.
+#[tokio::test]
+async fn an_erased_jobs_dead_letters_keep_no_excerpt_of_it() {
+    use docstream::domain::Scope;
+    use docstream::store::{letters, tenants::DEFAULT_TENANT_ID};
+    let api = Api::start("api_erase_letters").await;
+    let pool = &api.env.pool;
+    let marker = format!("ERASE-ME-{}", uuid::Uuid::new_v4().simple());
+    let kept = format!("KEEP-ME-{}", uuid::Uuid::new_v4().simple());
+    let deleter = docstream::store::tenants::create_key(pool, "default", &[Scope::Delete])
+        .await
+        .unwrap()
+        .api_key;
+    let body = json!({
+        "document": {"text": format!("Invoice {marker} total 12.50")},
+        "fields": [{"name": "number", "anchor": "Invoice"}],
+    });
+    let (status, answer) = api
+        .post("/v1/extractions", &body, Some("erase-letters"))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let id = answer["id"].as_str().unwrap().to_owned();
+    let (status, _) = api
+        .post(&format!("/v1/extractions/{id}/cancel"), &json!(null), None)
+        .await;
+    assert!(status.is_success(), "cancel: {status}");
+    let letter = |offset: i64, key: &'static str, text: String| {
+        let request = json!({"document": {"text": text.clone()}}).to_string();
+        let reason = format!("field \"number\": no value in {text}");
+        async move {
+            let source = ("extraction.requests", 0, offset);
+            let (kind, reason) = ("invalid_request", reason.as_str());
+            letters::record(
+                pool,
+                DEFAULT_TENANT_ID,
+                source,
+                (Some(key), Some(request.as_str())),
+                (kind, reason),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    letter(1, "erase-letters", format!("Invoice {marker}")).await;
+    letter(2, "another-key", format!("Invoice {kept}")).await;
+    let holding = tables_holding(pool, &marker).await;
+    assert!(
+        holding.contains(&("tenant_dead_letters".to_owned(), 1)),
+        "{holding:?}"
+    );
+
+    let erased = api
+        .client
+        .delete(format!("{}/v1/extractions/{id}", api.base))
+        .bearer_auth(&deleter)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        tables_holding(pool, &marker).await,
+        vec![],
+        "content left after the erasure"
+    );
+    assert_eq!(
+        tables_holding(pool, &kept).await,
+        vec![("tenant_dead_letters".to_owned(), 1)],
+        "another key's letter keeps its excerpt"
+    );
+    let (status, page) = api.get("/v1/dead-letters").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let listed: Vec<(Value, Value)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["idempotency_key"].clone(), l["excerpt"].clone()))
+        .collect();
+    assert_eq!(listed.len(), 2, "both letters are still listed: {page}");
+    assert!(
+        listed.contains(&(json!("erase-letters"), Value::Null)),
+        "{page}"
+    );
+}
+
 /// `docstream jobs` lists with the list's filters (JSON and a table), and
 /// retries by filter as a bulk operation: each failed job once, a repeat
 /// with the same key the same operation; a retry naming no jobs is refused.
