@@ -1153,3 +1153,42 @@ async fn a_signed_file_url_closes_when_its_attempt_ends() {
         "the first attempt's URL, while the second runs"
     );
 }
+
+/// An upload whose row the database refused leaves its bytes in the store
+/// with no row (no file a job can name): the collection deletes them once
+/// the grace has passed, as it deletes a file no job names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_whose_row_was_never_written_are_collected() {
+    let files = Files::start(Store::Dir).await;
+    let services = files.env.services().await;
+    let pool = &files.env.pool;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_files() RETURNS trigger LANGUAGE plpgsql
+             AS $$ BEGIN RAISE EXCEPTION 'the test refuses file rows'; END $$;
+         CREATE TRIGGER refuse_files BEFORE INSERT ON files
+             FOR EACH ROW EXECUTE FUNCTION refuse_files();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let (status, body) = files.upload(pdf_of(1_000), "application/pdf", None).await;
+    assert!(status.is_server_error(), "{status}: {body}");
+    assert_eq!(files.stored().await, (0, 1), "the bytes, without their row");
+    sqlx::raw_sql("DROP TRIGGER refuse_files ON files")
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let day = std::time::Duration::from_secs(86_400);
+    services.files.collect(day, 100).await.unwrap();
+    assert_eq!(files.stored().await, (0, 1), "within the grace, kept");
+    services
+        .files
+        .collect(std::time::Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(files.stored().await, (0, 0), "past it, collected");
+    let (status, body) = files.upload(pdf_of(1_000), "application/pdf", None).await;
+    assert_eq!(status, StatusCode::CREATED, "the same bytes again: {body}");
+    assert_eq!(files.stored().await, (1, 1));
+}

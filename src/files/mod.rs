@@ -274,6 +274,8 @@ impl Files {
         self.within_quota(tenant, &sha256, size).await?;
         let store = self.store().await?;
         let path = object_path(tenant, &sha256);
+        // Noted first, so bytes whose row never comes are collected.
+        files::note_upload(&self.0.pool, tenant, &sha256).await?;
         store.put(&path, PutPayload::from(bytes.clone())).await?;
         let row = FileRow {
             sha256,
@@ -282,8 +284,10 @@ impl Files {
             created_at: chrono::Utc::now(),
         };
         let (row, made) = files::record(&self.0.pool, tenant, &row).await?;
-        // A collector that deleted these bytes' earlier row may have deleted
-        // the object just written too; its transaction ended before `record`
+        files::clear_upload_note(&self.0.pool, tenant, &row.sha256).await?;
+        // A collector that deleted these bytes' earlier row (or an old note
+        // of them) may have deleted the object just written too; its
+        // transaction ended before `record` (or the note's clearing)
         // returned, so the object is either here now or gone for good.
         match store.head(&path).await {
             Ok(_) => {}
@@ -368,9 +372,11 @@ impl Files {
     }
 
     /// Deletes files no job names and nothing used for `grace`, `batch` at
-    /// a time until none is left: their rows, then their bytes. How many.
+    /// a time until none is left: their rows, then their bytes; and the
+    /// bytes of uploads begun longer than `grace` ago whose row never came.
+    /// How many of both.
     pub async fn collect(&self, grace: std::time::Duration, batch: i64) -> Result<u64, FileError> {
-        let mut total = 0;
+        let mut total = self.collect_unrecorded(grace, batch).await?;
         loop {
             let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
             let collected = files::collect(&mut tx, grace, batch).await?;
@@ -378,6 +384,32 @@ impl Files {
             self.delete_objects(collected).await?;
             tx.commit().await.map_err(StoreError::from)?;
             total += n as u64;
+            if (n as i64) < batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Deletes the bytes of uploads begun longer than `grace` ago whose row
+    /// was never written (`store::files::collect_unrecorded`), `batch` at a
+    /// time. How many.
+    async fn collect_unrecorded(
+        &self,
+        grace: std::time::Duration,
+        batch: i64,
+    ) -> Result<u64, FileError> {
+        let mut total = 0;
+        loop {
+            let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+            let noted = files::collect_unrecorded(&mut tx, grace, batch).await?;
+            let n = noted.len();
+            let unrecorded: Vec<(Uuid, String)> = (noted.into_iter())
+                .filter(|(_, _, recorded)| !recorded)
+                .map(|(tenant, sha256, _)| (tenant, sha256))
+                .collect();
+            total += unrecorded.len() as u64;
+            self.delete_objects(unrecorded).await?;
+            tx.commit().await.map_err(StoreError::from)?;
             if (n as i64) < batch {
                 return Ok(total);
             }
