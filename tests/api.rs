@@ -711,9 +711,10 @@ async fn an_abandoned_bulk_action_is_resumed_where_it_stopped() {
     let selection = Selection::Filter(params.clone().into_iter().collect());
     let owner = (docstream::store::tenants::DEFAULT_TENANT_ID, "resume-1");
     let lease = std::time::Duration::ZERO;
-    let (operation, _) = store_bulk::create(pool, owner, Action::Cancel, &selection, lease)
-        .await
-        .unwrap();
+    let made = store_bulk::create(pool, owner, (Action::Cancel, &selection), lease, 4).await;
+    let store_bulk::Created::New(operation) = made.unwrap() else {
+        panic!("the operation was not made");
+    };
     let filter = JobFilter::of(params.iter().map(|(k, v)| (k.as_str(), v.as_str()))).unwrap();
     let page = PageRequest {
         after: None,
@@ -745,6 +746,97 @@ async fn an_abandoned_bulk_action_is_resumed_where_it_stopped() {
     assert_eq!(outcomes, 450);
     let cancelled = common::wins(pool, "mark_cancelled").await;
     common::assert_exactly_once(&cancelled, &ids, "mark_cancelled");
+}
+
+/// Starts bulk action `body` with API key `key`: the status, the
+/// `Retry-After` header and the body of the answer.
+async fn start_bulk(api: &Api, body: &Value, key: &str) -> (StatusCode, Option<String>, Value) {
+    let response = api
+        .client
+        .post(format!("{}/v1/extractions/actions", api.base))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let retry_after = response.headers().get("retry-after");
+    let retry_after = retry_after.map(|v| v.to_str().unwrap().to_owned());
+    let (status, body) = answer(response).await;
+    (status, retry_after, body)
+}
+
+/// A tenant runs at most a few bulk actions at once (4 by default): of
+/// seven started at once, four are accepted and three are answered 429
+/// with Retry-After, while another tenant's is accepted. Once the four
+/// finished, the tenant may start another. Each operation is held running
+/// by a lock on the one job its filter names, so "at once" does not depend
+/// on how fast the machine is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_past_its_running_bulk_actions_is_answered_429_and_another_is_not() {
+    const CAP: usize = 4;
+    let api = Api::start("api_bulk_cap").await;
+    let pool = &api.env.pool;
+    let mine = insert_queued(pool, 1, "capped").await[0];
+    let other = docstream::store::tenants::create_tenant(pool, "bulk-cap-other")
+        .await
+        .unwrap()
+        .key;
+    let (status, theirs) = {
+        let sent = api
+            .client
+            .post(format!("{}/v1/extractions", api.base))
+            .bearer_auth(&other.api_key)
+            .json(&sample_body(1));
+        answer(sent.send().await.unwrap()).await
+    };
+    assert_eq!(status, StatusCode::ACCEPTED, "{theirs}");
+    let theirs: uuid::Uuid = theirs["id"].as_str().unwrap().parse().unwrap();
+    let mut hold = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM extractions WHERE id = ANY($1) FOR UPDATE")
+        .bind([mine, theirs])
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+
+    let cancel = json!({"action": "cancel", "filter": {"status": "queued"}});
+    let key = &api.env.api_key;
+    let started = join_all((0..CAP + 3).map(|_| start_bulk(&api, &cancel, key))).await;
+    let accepted: Vec<&Value> = (started.iter())
+        .filter(|(status, _, _)| *status == StatusCode::ACCEPTED)
+        .map(|(_, _, body)| body)
+        .collect();
+    let refused: Vec<_> = (started.iter())
+        .filter(|(status, _, _)| *status == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    let statuses: Vec<StatusCode> = started.iter().map(|(status, _, _)| *status).collect();
+    assert_eq!(
+        (accepted.len(), refused.len()),
+        (CAP, 3),
+        "answers: {statuses:?}"
+    );
+    for (_, retry_after, body) in &refused {
+        let wait: u64 = retry_after.as_deref().unwrap_or_default().parse().unwrap();
+        assert!(wait >= 1, "Retry-After: {retry_after:?}");
+        assert_eq!(body["error"]["code"], "too_many_requests", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("bulk actions running"), "{message}");
+    }
+    let (status, _, body) = start_bulk(&api, &cancel, &other.api_key).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "another tenant: {body}");
+
+    hold.rollback().await.unwrap();
+    for operation in accepted {
+        let path = format!(
+            "/v1/extractions/actions/{}",
+            operation["id"].as_str().unwrap()
+        );
+        finished(&api, &path, "a held bulk action to finish").await;
+    }
+    let (status, _, body) = start_bulk(&api, &cancel, key).await;
+    assert!(
+        status == StatusCode::OK || status == StatusCode::ACCEPTED,
+        "once the others finished: {status} {body}"
+    );
 }
 
 /// Inserts `n` queued jobs tagged `batch` straight into the store (no
@@ -1017,6 +1109,93 @@ async fn an_erased_job_leaves_no_request_or_result_text_in_any_table() {
         .all(|job| job["erased_at"].is_string() && job["metadata"].is_null()));
     let erasures = common::wins(pool, "erase").await;
     common::assert_exactly_once(&erasures, &[a, b], "erase");
+}
+
+/// The tenant's dead letters of an erased job's key (a refused record that
+/// carried the job's request before or beside it) keep neither its excerpt
+/// nor its reason once the job is erased: DELETE leaves the document in no
+/// table. A letter of another key keeps its own.
+#[tokio::test]
+async fn an_erased_jobs_dead_letters_keep_no_excerpt_of_it() {
+    use docstream::domain::Scope;
+    use docstream::store::{letters, tenants::DEFAULT_TENANT_ID};
+    let api = Api::start("api_erase_letters").await;
+    let pool = &api.env.pool;
+    let marker = format!("ERASE-ME-{}", uuid::Uuid::new_v4().simple());
+    let kept = format!("KEEP-ME-{}", uuid::Uuid::new_v4().simple());
+    let deleter = docstream::store::tenants::create_key(pool, "default", &[Scope::Delete])
+        .await
+        .unwrap()
+        .api_key;
+    let body = json!({
+        "document": {"text": format!("Invoice {marker} total 12.50")},
+        "fields": [{"name": "number", "anchor": "Invoice"}],
+    });
+    let (status, answer) = api
+        .post("/v1/extractions", &body, Some("erase-letters"))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let id = answer["id"].as_str().unwrap().to_owned();
+    let (status, _) = api
+        .post(&format!("/v1/extractions/{id}/cancel"), &json!(null), None)
+        .await;
+    assert!(status.is_success(), "cancel: {status}");
+    let letter = |offset: i64, key: &'static str, text: String| {
+        let request = json!({"document": {"text": text.clone()}}).to_string();
+        let reason = format!("field \"number\": no value in {text}");
+        async move {
+            let source = ("extraction.requests", 0, offset);
+            let (kind, reason) = ("invalid_request", reason.as_str());
+            letters::record(
+                pool,
+                DEFAULT_TENANT_ID,
+                source,
+                (Some(key), Some(request.as_str())),
+                (kind, reason),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    letter(1, "erase-letters", format!("Invoice {marker}")).await;
+    letter(2, "another-key", format!("Invoice {kept}")).await;
+    let holding = tables_holding(pool, &marker).await;
+    assert!(
+        holding.contains(&("tenant_dead_letters".to_owned(), 1)),
+        "{holding:?}"
+    );
+
+    let erased = api
+        .client
+        .delete(format!("{}/v1/extractions/{id}", api.base))
+        .bearer_auth(&deleter)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        tables_holding(pool, &marker).await,
+        vec![],
+        "content left after the erasure"
+    );
+    assert_eq!(
+        tables_holding(pool, &kept).await,
+        vec![("tenant_dead_letters".to_owned(), 1)],
+        "another key's letter keeps its excerpt"
+    );
+    let (status, page) = api.get("/v1/dead-letters").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let listed: Vec<(Value, Value)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["idempotency_key"].clone(), l["excerpt"].clone()))
+        .collect();
+    assert_eq!(listed.len(), 2, "both letters are still listed: {page}");
+    assert!(
+        listed.contains(&(json!("erase-letters"), Value::Null)),
+        "{page}"
+    );
 }
 
 /// `docstream jobs` lists with the list's filters (JSON and a table), and

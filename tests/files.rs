@@ -741,14 +741,14 @@ async fn a_document_url_is_fetched_through_the_ssrf_guard() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("not an address webhooks may reach"),
+        message.contains("is not a host the server may reach"),
         "{message}"
     );
     assert_eq!(guarded.stored().await, (0, 0));
     drop(guarded);
 
     let files = Files::start_with(Store::Dir, |s| {
-        s.webhook_allow = "127.0.0.1".parse().unwrap();
+        s.file_fetch_allow = "127.0.0.1".parse().unwrap();
     })
     .await;
     let _workers = [
@@ -793,6 +793,34 @@ async fn a_document_url_is_fetched_through_the_ssrf_guard() {
         job["post_processing"]["bbox_refinement"]["status"],
         "succeeded"
     );
+}
+
+/// Allowing webhooks to reach an address does not let a `document.url`
+/// read from it: what the server fetched would come back in the job's
+/// results. The allow-list of webhooks is theirs alone, and document URLs
+/// have their own (`DOCSTREAM_FILE_FETCH_ALLOW`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_allow_list_does_not_open_document_urls() {
+    let (pdf, receipt) = sample(SAMPLES[2]);
+    let server = file_server(vec![("receipt.pdf", 200, pdf)]).await;
+    let mut request = receipt["request"].clone();
+    request["document"] = serde_json::json!({"url": format!("{server}/receipt.pdf")});
+    let files = Files::start_with(Store::Dir, |s| {
+        s.webhook_allow = "127.0.0.1".parse().unwrap();
+    })
+    .await;
+    let (status, body) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(files.stored().await, (0, 0), "nothing fetched or stored");
+    drop(files);
+
+    let files = Files::start_with(Store::Dir, |s| {
+        s.file_fetch_allow = "127.0.0.1".parse().unwrap();
+    })
+    .await;
+    let (status, body) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(files.stored().await, (1, 1));
 }
 
 /// The secret that signs file URLs (and deferred results) in the tests.
@@ -923,8 +951,8 @@ async fn protocol_2_through_the_python_example_provider() {
     protocol_2_reads_a_file_through_its_url(Store::Dir, &provider, false).await;
 }
 
-/// `serve` answers a job's file to a URL signed for that job, and to no
-/// other: not past its expiry, not for another job, not with its
+/// `serve` answers a job's file to a URL signed for that job's running
+/// attempt, and to no other: not past its expiry, not for another job, not with its
 /// signature changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
@@ -949,6 +977,11 @@ async fn a_signed_file_url_opens_its_own_job_until_it_expires() {
                 .unwrap(),
         );
     }
+    // Its first attempt runs: the URL is that attempt's.
+    let pool = &files.env.pool;
+    let stage = docstream::domain::Stage::Extraction;
+    let claim = docstream::store::transitions::claim(pool, stage, jobs[0], 30.0).await;
+    assert_eq!(claim.unwrap().expect("the first claim").token, 1);
     let now = chrono::Utc::now().timestamp();
     let url = |id, expires| docstream::files::signed::url(&files.base, SECRET, id, 1, expires);
     let get = |url: String| {
@@ -1056,4 +1089,106 @@ async fn files_no_job_names_are_collected_and_a_tenant_keeps_its_quota() {
     assert_eq!(services.files.collect(now, 100).await.unwrap(), 0);
     let (status, body) = files.submit(&request, None).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
+
+/// A file URL opens its job's file only while the attempt it was signed
+/// for holds the job: once that attempt failed it answers 410, and after a
+/// retry only the new attempt's URL opens the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_file_url_closes_when_its_attempt_ends() {
+    use docstream::domain::Stage;
+    use docstream::store::transitions;
+    let files = Files::start_with(Store::Dir, |s| {
+        s.public_url = "http://127.0.0.1:9".into();
+        s.callback_secret = SECRET.into();
+    })
+    .await;
+    let pool = &files.env.pool;
+    let (pdf, invoice) = sample(SAMPLES[0]);
+    let (_, file) = files.upload(pdf, "application/pdf", None).await;
+    let mut request = invoice["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id: uuid::Uuid = accepted["id"].as_str().unwrap().parse().unwrap();
+    let expires = chrono::Utc::now().timestamp() + 600;
+    let url = |attempt| docstream::files::signed::url(&files.base, SECRET, id, attempt, expires);
+    let get = |url: String| {
+        let sent = files.env.client().get(url).send();
+        async move { sent.await.unwrap().status() }
+    };
+
+    let first = transitions::claim(pool, Stage::Extraction, id, 30.0)
+        .await
+        .unwrap()
+        .expect("the first claim");
+    assert_eq!(get(url(first.token)).await, StatusCode::OK, "while it runs");
+    transitions::fail(pool, Stage::Extraction, id, first.token, "provider down")
+        .await
+        .unwrap()
+        .expect("the attempt failed");
+    assert_eq!(
+        get(url(first.token)).await,
+        StatusCode::GONE,
+        "once it failed"
+    );
+
+    let retried = files
+        .env
+        .client()
+        .post(format!("{}/v1/extractions/{id}/retry", files.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(retried.status().is_success(), "{}", retried.status());
+    let second = transitions::claim(pool, Stage::Extraction, id, 30.0)
+        .await
+        .unwrap()
+        .expect("the second claim");
+    assert_ne!(second.token, first.token);
+    assert_eq!(get(url(second.token)).await, StatusCode::OK);
+    assert_eq!(
+        get(url(first.token)).await,
+        StatusCode::GONE,
+        "the first attempt's URL, while the second runs"
+    );
+}
+
+/// An upload whose row the database refused leaves its bytes in the store
+/// with no row (no file a job can name): the collection deletes them once
+/// the grace has passed, as it deletes a file no job names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_whose_row_was_never_written_are_collected() {
+    let files = Files::start(Store::Dir).await;
+    let services = files.env.services().await;
+    let pool = &files.env.pool;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_files() RETURNS trigger LANGUAGE plpgsql
+             AS $$ BEGIN RAISE EXCEPTION 'the test refuses file rows'; END $$;
+         CREATE TRIGGER refuse_files BEFORE INSERT ON files
+             FOR EACH ROW EXECUTE FUNCTION refuse_files();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let (status, body) = files.upload(pdf_of(1_000), "application/pdf", None).await;
+    assert!(status.is_server_error(), "{status}: {body}");
+    assert_eq!(files.stored().await, (0, 1), "the bytes, without their row");
+    sqlx::raw_sql("DROP TRIGGER refuse_files ON files")
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let day = std::time::Duration::from_secs(86_400);
+    services.files.collect(day, 100).await.unwrap();
+    assert_eq!(files.stored().await, (0, 1), "within the grace, kept");
+    services
+        .files
+        .collect(std::time::Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(files.stored().await, (0, 0), "past it, collected");
+    let (status, body) = files.upload(pdf_of(1_000), "application/pdf", None).await;
+    assert_eq!(status, StatusCode::CREATED, "the same bytes again: {body}");
+    assert_eq!(files.stored().await, (1, 1));
 }

@@ -6,7 +6,8 @@
 //! [`crate::pipeline::bulk`]); the POST waits for it briefly, so a short
 //! one is answered finished (200) and a long one running (202). Its
 //! `Idempotency-Key` makes a repeat the same operation: the repeat answers
-//! it as it is and does nothing.
+//! it as it is and does nothing. A tenant runs a few operations at once
+//! (`DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT`); one more is answered 429.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,13 +28,17 @@ use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{idempotency_key_is_valid, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::{bulk, Services};
-use crate::store::bulk::{Action, Operation, Outcome, Selection, Verdict};
+use crate::store::bulk::{Action, Created, Operation, Outcome, Selection, Verdict};
 use crate::store::list::{JobFilter, MAX_METADATA_KEYS};
 use crate::store::{self, StoreError};
 
 /// How long the POST waits for its operation to finish before it answers
 /// 202 (within the REST answer bound).
 const WAIT: Duration = Duration::from_millis(1_000);
+
+/// Seconds a tenant at its cap on running bulk actions is asked to wait: a
+/// few batches' time.
+const AT_CAP_RETRY_AFTER_S: u64 = 5;
 
 /// Outcomes per page when the query does not say.
 pub(super) const DEFAULT_OUTCOMES: i64 = 50;
@@ -246,7 +251,11 @@ async fn start(
     };
     let selection = selection(request.ids, request.filter)?;
     let owner = (caller.tenant_id, key.as_str());
-    let (operation, new) = bulk::create(&services, owner, request.action, &selection).await?;
+    let (operation, new) = match bulk::create(&services, owner, request.action, &selection).await? {
+        Created::New(operation) => (operation, true),
+        Created::Repeat(operation) => (operation, false),
+        Created::AtCap(running) => return Err(at_cap(running)),
+    };
     if !new && (operation.action() != request.action || operation.selection() != &selection) {
         return Err(ApiError::Unprocessable(
             "Idempotency-Key was used for another bulk action; use a new key".into(),
@@ -266,6 +275,19 @@ async fn start(
     let location = format!("/v1/extractions/actions/{}", operation.id);
     let view = view(&services, operation, None, None, DEFAULT_OUTCOMES).await?;
     Ok((status, [(header::LOCATION, location)], Json(view)).into_response())
+}
+
+/// The refusal of a tenant that runs `running` bulk actions, its cap: each
+/// walks every job it names and writes an outcome per job, so a tenant
+/// that starts hundreds at once would hold the database for everyone.
+fn at_cap(running: i64) -> ApiError {
+    ApiError::TooManyRequests {
+        message: format!(
+            "the tenant has {running} bulk actions running, the most it may \
+             (DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT): start this one once one of them finished"
+        ),
+        retry_after_s: AT_CAP_RETRY_AFTER_S,
+    }
 }
 
 /// The selection a request names: exactly one of ids and a filter, each

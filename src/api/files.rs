@@ -5,8 +5,8 @@
 //!
 //! `GET /v1/extractions/{id}/file`: a job's file, for the extractor of
 //! protocol version 2 that got the signed URL (`files::signed`): no API
-//! key, the signature is the credential, for one attempt of one job and
-//! until it expires.
+//! key, the signature is the credential, for one attempt of one job while
+//! that attempt runs, and until it expires (410 once the attempt ended).
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::ApiError;
 use crate::auth::Caller;
-use crate::domain::Scope;
+use crate::domain::{ExtractionStatus, Scope};
 use crate::files::signed::{self, Signed};
 use crate::files::StoredFile;
 use crate::pipeline::Services;
@@ -95,6 +95,17 @@ async fn job_file(
     let now = chrono::Utc::now().timestamp();
     signed::verify(secret, id, &signed, now).map_err(|e| ApiError::Forbidden(e.to_string()))?;
     let row = store::get(&services.pool, id).await?;
+    // The URL is the attempt's: once another holds the job, or it ended,
+    // the extractor that got it has no more business with the file.
+    let running = |row: &store::Extraction| {
+        row.status == ExtractionStatus::Running && row.attempts == signed.attempt
+    };
+    if row.as_ref().is_some_and(|row| !running(row)) {
+        return Err(ApiError::Gone(format!(
+            "attempt {} of extraction {id} has ended: this file URL no longer opens its file",
+            signed.attempt
+        )));
+    }
     let file = row.and_then(|row| {
         let object = row.request.and_then(|r| r.0.document.object)?;
         Some((row.tenant_id, object))

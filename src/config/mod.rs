@@ -217,9 +217,15 @@ settings! {
     /// decompression bomb (422). A PDF's pages are held to `max_pages`.
     file_max_inflated_bytes: usize = 128_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_INFLATED_BYTES", at_least(1);
     /// How long fetching a `document.url` may take, all of it (the SSRF
-    /// guard of webhooks judges the URL; `DOCSTREAM_WEBHOOK_ALLOW` admits
-    /// more); past it the submit gets 422.
+    /// guard judges the URL; `DOCSTREAM_FILE_FETCH_ALLOW` admits more);
+    /// past it the submit gets 422.
     file_fetch_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_FILE_FETCH_TIMEOUT_S", positive;
+    /// Addresses a `document.url` may be fetched from although the SSRF
+    /// guard refuses them: comma-separated IPs or CIDR blocks, as
+    /// `DOCSTREAM_WEBHOOK_ALLOW`. Its own list, since what is fetched comes
+    /// back in the job's results: a host webhooks may post to is not one
+    /// submitters may read. Empty, the default: only public addresses.
+    file_fetch_allow: AllowList = AllowList::default(), env "DOCSTREAM_FILE_FETCH_ALLOW";
     /// How long the URL an extractor of protocol version 2 gets for a job's
     /// file stays valid (signed by `serve` for the folder store, presigned
     /// by the bucket for S3).
@@ -316,6 +322,12 @@ settings! {
     /// gets 429. A quarter of `max_export_streams`, so that no tenant can
     /// hold them all (its socket cap alone allowed every one).
     max_export_streams_per_tenant: usize = 16_usize, env "DOCSTREAM_MAX_EXPORT_STREAMS_PER_TENANT", at_least(1);
+    /// Bulk actions (`POST /v1/extractions/actions`) one tenant may have
+    /// running at once, across the deployment; one more gets 429 with
+    /// `Retry-After`. Each walks every job it names and writes an outcome
+    /// per job, so 4 lets a tenant overlap a few while hundreds at once
+    /// cannot hold the database.
+    bulk_max_running_per_tenant: usize = 4_usize, env "DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT", at_least(1);
     /// TCP connections each HTTP listener (the API's, the internal one)
     /// holds at once; past it a new connection is answered 503 and closed.
     /// 4,096 is far above what one process serves well, and below its file
@@ -520,6 +532,7 @@ settings! {
     /// (loopback, private, link-local…): comma-separated IPs or CIDR blocks,
     /// e.g. `127.0.0.1/32,::1`. Empty, the default: only public addresses,
     /// since a job's submitter chooses the URL and the server makes the request.
+    /// Webhooks only: a `document.url` has `DOCSTREAM_FILE_FETCH_ALLOW`.
     webhook_allow: AllowList = AllowList::default(), env "DOCSTREAM_WEBHOOK_ALLOW";
     /// Longest one webhook attempt may take, connect to last byte. Bounded, so
     /// a slow receiver costs an attempt, not a stuck dispatcher.

@@ -186,9 +186,10 @@ struct ObjectDocument {
 #[allow(dead_code)]
 struct UrlDocument {
     /// An absolute http or https URL of at most {max_url_bytes} bytes. The
-    /// API fetches it at the submit through the SSRF guard of webhooks (a
-    /// host that is, or resolves to, an address webhooks may not reach gets
-    /// 422), following no redirect, within `DOCSTREAM_FILE_FETCH_TIMEOUT_S`
+    /// API fetches it at the submit through the SSRF guard (a host that
+    /// does not resolve, or resolves to a loopback, private, link-local or
+    /// other special-use address that `DOCSTREAM_FILE_FETCH_ALLOW` does not
+    /// admit, gets 422), following no redirect, within `DOCSTREAM_FILE_FETCH_TIMEOUT_S`
     /// and the file limit (413); what it answers is stored as a file of the
     /// tenant's, known by its bytes, and the job names it (`object`). Only
     /// `POST /v1/extractions` fetches: the import stream and the Kafka

@@ -60,7 +60,8 @@ struct Inner {
     max_bytes: usize,
     /// What a PDF may hold.
     pdf: PdfLimits,
-    /// Fetches a submitter's `document.url` past the SSRF guard.
+    /// Fetches a submitter's `document.url` past the SSRF guard (with the
+    /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
 }
 
@@ -237,7 +238,7 @@ impl Files {
             url_ttl: settings.file_url_ttl_s.get(),
             quota: settings.tenant_max_file_bytes,
             fetcher: {
-                let guard = Guard::new(settings.webhook_allow.clone());
+                let guard = Guard::new(settings.file_fetch_allow.clone());
                 let timeout = settings.file_fetch_timeout_s.get();
                 let agent = concat!("docstream-files/", env!("CARGO_PKG_VERSION"));
                 let client = crate::webhook::guarded_client(&guard, timeout, agent);
@@ -273,6 +274,8 @@ impl Files {
         self.within_quota(tenant, &sha256, size).await?;
         let store = self.store().await?;
         let path = object_path(tenant, &sha256);
+        // Noted first, so bytes whose row never comes are collected.
+        files::note_upload(&self.0.pool, tenant, &sha256).await?;
         store.put(&path, PutPayload::from(bytes.clone())).await?;
         let row = FileRow {
             sha256,
@@ -281,8 +284,10 @@ impl Files {
             created_at: chrono::Utc::now(),
         };
         let (row, made) = files::record(&self.0.pool, tenant, &row).await?;
-        // A collector that deleted these bytes' earlier row may have deleted
-        // the object just written too; its transaction ended before `record`
+        files::clear_upload_note(&self.0.pool, tenant, &row.sha256).await?;
+        // A collector that deleted these bytes' earlier row (or an old note
+        // of them) may have deleted the object just written too; its
+        // transaction ended before `record` (or the note's clearing)
         // returned, so the object is either here now or gone for good.
         match store.head(&path).await {
             Ok(_) => {}
@@ -296,13 +301,15 @@ impl Files {
 
     /// Fetches `url` (a request's `document.url`) and stores what it
     /// answers as a file of `tenant`'s, as [`Files::upload`] would. The URL
-    /// passes the SSRF guard of webhooks first, and the connection goes
+    /// passes the SSRF guard first (admitting what `DOCSTREAM_FILE_FETCH_ALLOW`
+    /// names, not what webhooks may reach), and the connection goes
     /// only to the addresses it checked; redirects are not followed; the
     /// body is held to the file limit as it arrives, and the whole fetch to
     /// its timeout.
     pub async fn fetch(&self, tenant: Uuid, url: &str) -> Result<(StoredFile, bool), FileError> {
         let (guard, client) = &self.0.fetcher;
         guard.check(url).await.map_err(|e| {
+            tracing::debug!(%tenant, detail = %e.detail(), "document.url refused by the SSRF guard");
             FileError::Url(e.to_string().replacen("webhook_url", "document.url", 1))
         })?;
         let failed = |e: reqwest::Error| {
@@ -365,9 +372,11 @@ impl Files {
     }
 
     /// Deletes files no job names and nothing used for `grace`, `batch` at
-    /// a time until none is left: their rows, then their bytes. How many.
+    /// a time until none is left: their rows, then their bytes; and the
+    /// bytes of uploads begun longer than `grace` ago whose row never came.
+    /// How many of both.
     pub async fn collect(&self, grace: std::time::Duration, batch: i64) -> Result<u64, FileError> {
-        let mut total = 0;
+        let mut total = self.collect_unrecorded(grace, batch).await?;
         loop {
             let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
             let collected = files::collect(&mut tx, grace, batch).await?;
@@ -375,6 +384,32 @@ impl Files {
             self.delete_objects(collected).await?;
             tx.commit().await.map_err(StoreError::from)?;
             total += n as u64;
+            if (n as i64) < batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Deletes the bytes of uploads begun longer than `grace` ago whose row
+    /// was never written (`store::files::collect_unrecorded`), `batch` at a
+    /// time. How many.
+    async fn collect_unrecorded(
+        &self,
+        grace: std::time::Duration,
+        batch: i64,
+    ) -> Result<u64, FileError> {
+        let mut total = 0;
+        loop {
+            let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+            let noted = files::collect_unrecorded(&mut tx, grace, batch).await?;
+            let n = noted.len();
+            let unrecorded: Vec<(Uuid, String)> = (noted.into_iter())
+                .filter(|(_, _, recorded)| !recorded)
+                .map(|(tenant, sha256, _)| (tenant, sha256))
+                .collect();
+            total += unrecorded.len() as u64;
+            self.delete_objects(unrecorded).await?;
+            tx.commit().await.map_err(StoreError::from)?;
             if (n as i64) < batch {
                 return Ok(total);
             }

@@ -1,7 +1,7 @@
 //! The URL an extractor of protocol version 2 fetches a job's file from,
 //! when the files are in the folder store: `serve` answers it
-//! (`GET /v1/extractions/{id}/file`), for one attempt of one job, until it
-//! expires. It is signed with the deployment's callback secret, which
+//! (`GET /v1/extractions/{id}/file`), for one attempt of one job while that
+//! attempt holds the job, until it expires. It is signed with the deployment's callback secret, which
 //! `serve` and the workers share, so no key of the tenant's travels with it
 //! and it opens no other file. (A bucket presigns its own URLs instead.)
 

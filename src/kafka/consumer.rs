@@ -124,6 +124,20 @@ pub enum HandlerError {
     Abandoned(String),
 }
 
+impl HandlerError {
+    /// What an operator's log says of this error. Of a poison, its kind
+    /// and not its reason: a reason may quote the record's document (a
+    /// value that did not parse, a field it names), and logs travel
+    /// further than the letter, which keeps the reason (found by the
+    /// record's topic, partition and offset).
+    pub fn for_log(&self) -> String {
+        match self {
+            Self::Poison { kind, .. } => format!("poison record ({kind})"),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// A record that does not decode is poison: the same bytes never will.
 impl From<CodecError> for HandlerError {
     fn from(e: CodecError) -> Self {
@@ -890,9 +904,8 @@ impl<H: RecordHandler> Delivery<H> {
         loop {
             let outcome = match self.handler.handle(record, stop).await {
                 Ok(()) => return true,
-                Err(HandlerError::Poison { kind, reason }) => {
-                    self.count_error(record, kind);
-                    self.dead_letter(record, kind, &reason).await
+                Err(poison @ HandlerError::Poison { .. }) => {
+                    self.dead_letter(record, &poison).await
                 }
                 Err(HandlerError::Transient(reason)) => Err(reason),
                 Err(HandlerError::Abandoned(reason)) => {
@@ -924,14 +937,16 @@ impl<H: RecordHandler> Delivery<H> {
         }
     }
 
-    async fn dead_letter(
-        &self,
-        record: &Record,
-        kind: &'static str,
-        reason: &str,
-    ) -> Result<(), String> {
+    /// Produces `poison`'s letter for `record`; an error that is not poison
+    /// is a passing failure, retried with the record.
+    async fn dead_letter(&self, record: &Record, poison: &HandlerError) -> Result<(), String> {
+        let HandlerError::Poison { kind, reason } = poison else {
+            return Err(poison.to_string());
+        };
+        let (kind, reason) = (*kind, reason.as_str());
+        self.count_error(record, kind);
         tracing::warn!(topic = %record.topic, partition = record.partition,
-            offset = record.offset, kind, reason, "poison record sent to the DLQ");
+            offset = record.offset, error = %poison.for_log(), "poison record sent to the DLQ");
         let source = Source {
             topic: &record.topic,
             partition: record.partition,
@@ -961,5 +976,24 @@ impl<H: RecordHandler> Delivery<H> {
             .handler_errors
             .with_label_values(&[record.topic.as_str(), kind])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A poison's reason may quote the record's document (a value that
+    /// did not parse); the log says its kind, and the letter keeps the rest.
+    #[test]
+    fn a_poisons_log_says_its_kind_and_not_the_document_it_quotes() {
+        let poison = HandlerError::Poison {
+            kind: "invalid_request",
+            reason: "request_json: invalid type: string \"4111 1111 1111 1111\", expected u32"
+                .into(),
+        };
+        let logged = poison.for_log();
+        assert!(logged.contains("invalid_request"), "{logged}");
+        assert!(!logged.contains("4111"), "{logged}");
     }
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::pipeline::{bulk, Services};
-use crate::store::bulk::{Action, Outcome, Selection, Verdict};
+use crate::store::bulk::{Action, Created, Outcome, Selection, Verdict};
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
 use crate::store::{self, tenants, Extraction};
 
@@ -241,7 +241,14 @@ async fn act(services: &Services, action: Action, args: ActArgs) -> anyhow::Resu
         false => Selection::Ids(args.ids.clone()),
     };
     let key = args.key.unwrap_or_else(|| Uuid::new_v4().to_string());
-    let (operation, new) = bulk::create(services, (tenant, &key), action, &selection).await?;
+    let (operation, new) = match bulk::create(services, (tenant, &key), action, &selection).await? {
+        Created::New(operation) => (operation, true),
+        Created::Repeat(operation) => (operation, false),
+        Created::AtCap(running) => anyhow::bail!(
+            "the tenant runs {running} bulk operations, the most it may \
+             (DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT): try again once one finished"
+        ),
+    };
     if !new && (operation.action() != action || operation.selection() != &selection) {
         anyhow::bail!("--key {key} was used for another operation");
     }

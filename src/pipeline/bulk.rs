@@ -19,7 +19,7 @@ use super::jobs::lane;
 use super::Services;
 use crate::domain::{Stage, Transition};
 use crate::events::PublishReason;
-use crate::store::bulk::{self, Action, Applied, Operation, Selection};
+use crate::store::bulk::{self, Action, Applied, Created, Operation, Selection};
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
 use crate::store::{orphans, StoreError};
 
@@ -40,15 +40,17 @@ const SWEEP: Duration = Duration::from_secs(5);
 /// runner leaves the operation to a sweep.
 const TRIES: u32 = 4;
 
-/// Makes the operation of `key` (or finds the one a first call with that key
-/// made: then `false`).
+/// Makes the operation of `key`, unless its tenant runs as many as
+/// `DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT` already; or finds the one a
+/// first call with that key made.
 pub async fn create(
     services: &Services,
     owner: (Uuid, &str),
     action: Action,
     selection: &Selection,
-) -> Result<(Operation, bool), StoreError> {
-    bulk::create(&services.pool, owner, action, selection, LEASE).await
+) -> Result<Created, StoreError> {
+    let cap = services.settings.bulk_max_running_per_tenant as i64;
+    bulk::create(&services.pool, owner, (action, selection), LEASE, cap).await
 }
 
 /// Runs `operation` to its end, or until another runner overtakes it or

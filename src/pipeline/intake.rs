@@ -362,8 +362,8 @@ async fn release_batch(services: &Services, batch: Vec<held::Held>) -> Result<bo
             Ok(_) => {}
             Err(DurableSubmitError::Submit(SubmitError::TooManyOpenJobs(_))) => return Ok(false),
             Err(e) => match refusal(e) {
-                HandlerError::Poison { kind, reason } => {
-                    dead_letter(services, &held, kind, &reason).await?;
+                poison @ HandlerError::Poison { .. } => {
+                    dead_letter(services, &held, &poison).await?
                 }
                 other => return Err(format!("{other:?}")),
             },
@@ -380,11 +380,14 @@ async fn release_batch(services: &Services, batch: Vec<held::Held>) -> Result<bo
 async fn dead_letter(
     services: &Services,
     held: &held::Held,
-    kind: &str,
-    reason: &str,
+    poison: &HandlerError,
 ) -> Result<(), String> {
+    let HandlerError::Poison { kind, reason } = poison else {
+        return Err(poison.to_string());
+    };
+    let (kind, reason) = (*kind, reason.as_str());
     tracing::warn!(topic = %held.origin.topic, partition = held.origin.partition,
-        offset = held.origin.offset, kind, reason, "held request refused; sent to the DLQ");
+        offset = held.origin.offset, error = %poison.for_log(), "held request refused; sent to the DLQ");
     let request = serde_json::to_vec(&held.new.request).unwrap_or_default();
     let key = held.new.idempotency_key.as_deref().map(str::as_bytes);
     let source = Source {

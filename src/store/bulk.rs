@@ -11,6 +11,9 @@
 //! and a serving process takes the operation over once its lease ran out
 //! ([`take_abandoned`]).
 //!
+//! **A tenant runs a few at once** ([`create`] refuses one past its cap):
+//! each walks every job it names and writes an outcome row per job.
+//!
 //! **The walk** goes newest first, by id: a filter's down the list's walk,
 //! an ids walk down the sorted ids. Its first batch is taken as the
 //! operation starts; jobs submitted later have larger ids (UUIDv7) than
@@ -160,20 +163,61 @@ pub struct Applied {
     pub outcomes: Vec<Outcome>,
 }
 
-/// Makes the operation of `key`, or finds the one a first call made (then
-/// `false`: a repeat changes nothing).
+/// What [`create`] came to.
+#[derive(Debug)]
+pub enum Created {
+    /// A new operation, for the caller to run.
+    New(Operation),
+    /// The operation a first call with this key made: a repeat changes
+    /// nothing.
+    Repeat(Operation),
+    /// The tenant runs this many operations already, its cap: nothing was
+    /// made.
+    AtCap(i64),
+}
+
+/// Makes the operation of `key`, unless the tenant runs `cap` operations
+/// already, or finds the one a first call with `key` made (whatever the
+/// tenant runs).
+///
+/// The tenant's row is held while its running operations are counted and
+/// the new one written (`FOR NO KEY UPDATE`, which the foreign-key checks
+/// of its submits do not wait for), so starts of one tenant at once each
+/// count the others' operations and never all pass the cap together.
 pub async fn create(
     pool: &PgPool,
     (tenant_id, key): (Uuid, &str),
-    action: Action,
-    selection: &Selection,
+    (action, selection): (Action, &Selection),
     lease: Duration,
-) -> Result<(Operation, bool), StoreError> {
-    let made: Option<Operation> = sqlx::query_as(
+    cap: i64,
+) -> Result<Created, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM tenants WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
+    let first: Option<Operation> =
+        sqlx::query_as("SELECT * FROM bulk_operations WHERE tenant_id = $1 AND operation_key = $2")
+            .bind(tenant_id)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(first) = first {
+        return Ok(Created::Repeat(first));
+    }
+    let running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM bulk_operations WHERE tenant_id = $1 AND finished_at IS NULL",
+    )
+    .bind(tenant_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if running >= cap {
+        return Ok(Created::AtCap(running));
+    }
+    let made = sqlx::query_as(
         "INSERT INTO bulk_operations
              (id, tenant_id, operation_key, action, selection, lease_until)
          VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
-         ON CONFLICT (tenant_id, operation_key) DO NOTHING
          RETURNING *",
     )
     .bind(crate::domain::new_job_id())
@@ -182,18 +226,10 @@ pub async fn create(
     .bind(action.as_str())
     .bind(Json(selection))
     .bind(lease.as_secs_f64())
-    .fetch_optional(pool)
+    .fetch_one(&mut *tx)
     .await?;
-    if let Some(made) = made {
-        return Ok((made, true));
-    }
-    let first =
-        sqlx::query_as("SELECT * FROM bulk_operations WHERE tenant_id = $1 AND operation_key = $2")
-            .bind(tenant_id)
-            .bind(key)
-            .fetch_one(pool)
-            .await?;
-    Ok((first, false))
+    tx.commit().await?;
+    Ok(Created::New(made))
 }
 
 /// Tenant `tenant_id`'s operation `id`.

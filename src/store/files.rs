@@ -3,11 +3,19 @@
 //! object; an object whose row never came (a crash between the two) is
 //! unreferenced bytes, never a file a job can name.
 //!
+//! An upload notes that it is about to store its bytes ([`note_upload`])
+//! and clears the note once their row is written ([`clear_upload_note`]):
+//! a note left behind (the row's insert failed, the process died between
+//! the two) names bytes no row describes, which the collection deletes
+//! once they are older than the grace ([`collect_unrecorded`]).
+//!
 //! Deleting a file races a new upload of the same bytes, which writes the
 //! same object. The deleter removes the row and then the object inside one
 //! transaction, so an upload's `record` of the row waits for it; the
 //! uploader then checks that its object is still there and writes it again
-//! if the deleter took it (`Files::upload`).
+//! if the deleter took it (`Files::upload`). Deleting the bytes of a note
+//! races the same way: the uploader's clearing of its note waits for the
+//! collector that holds it, then checks its object.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
@@ -55,6 +63,65 @@ pub async fn record<'e>(
     .fetch_one(executor)
     .await?;
     Ok((recorded.row, recorded.made))
+}
+
+/// Notes that tenant `tenant`'s bytes of `sha256` are about to be stored
+/// (a fresh note, if one was there).
+pub async fn note_upload<'e>(
+    executor: impl PgExecutor<'e>,
+    tenant: Uuid,
+    sha256: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO file_uploads (tenant_id, sha256) VALUES ($1, $2)
+         ON CONFLICT (tenant_id, sha256) DO UPDATE SET started_at = now()",
+    )
+    .bind(tenant)
+    .bind(sha256)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Clears the note of an upload whose row is written; waits for a
+/// collector that holds the note, so that the uploader's check of its
+/// object, next, sees what the collector left.
+pub async fn clear_upload_note<'e>(
+    executor: impl PgExecutor<'e>,
+    tenant: Uuid,
+    sha256: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM file_uploads WHERE tenant_id = $1 AND sha256 = $2")
+        .bind(tenant)
+        .bind(sha256)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Deletes up to `batch` notes of uploads that began longer than `grace`
+/// ago: the tenant and SHA-256 of each, and whether a row describes the
+/// bytes (then they stay). The caller deletes the others' objects before
+/// it commits `tx`. Collectors skip each other's notes.
+pub async fn collect_unrecorded(
+    tx: &mut PgConnection,
+    grace: std::time::Duration,
+    batch: i64,
+) -> Result<Vec<(Uuid, String, bool)>, StoreError> {
+    let collected = sqlx::query_as(
+        "DELETE FROM file_uploads u WHERE (u.tenant_id, u.sha256) IN (
+             SELECT tenant_id, sha256 FROM file_uploads
+              WHERE started_at < now() - make_interval(secs => $1)
+              LIMIT $2 FOR UPDATE SKIP LOCKED)
+         RETURNING u.tenant_id, u.sha256,
+                   EXISTS (SELECT 1 FROM files f
+                            WHERE f.tenant_id = u.tenant_id AND f.sha256 = u.sha256)",
+    )
+    .bind(grace.as_secs_f64())
+    .bind(batch)
+    .fetch_all(tx)
+    .await?;
+    Ok(collected)
 }
 
 /// Marks tenant `tenant`'s file `sha256` as used now (a job about to name

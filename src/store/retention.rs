@@ -5,15 +5,19 @@
 //!
 //! **Where a job's content lives:** the request (`extraction_requests`),
 //! the results (`extraction_results`), the webhook deliveries (their
-//! payloads carry the result and the metadata) and the error texts on the
-//! job row (an extractor's message may quote the document). An erasure
-//! removes all of these and keeps a tombstone: the job row and its request
-//! row without the request, so the idempotency key still names the job. A
-//! purge removes every row of the job, the transition log with it.
+//! payloads carry the result and the metadata), the error texts on the
+//! job row (an extractor's message may quote the document), and the
+//! tenant's dead letters of its idempotency key (`tenant_dead_letters`: a
+//! refused record of that key, whose excerpt and reason quote the request).
+//! An erasure removes all of these and keeps a tombstone: the job row and
+//! its request row without the request, so the idempotency key still names
+//! the job; a letter keeps where its record was and its kind. A purge
+//! removes every row of the job, the transition log with it.
 //!
 //! Copies outside Postgres are not reached: the events on the Kafka topics
-//! (which carry errors, never documents or results) and dead letters (which
-//! carry an excerpt of the record) expire with their topics' retention.
+//! (which carry errors, never documents or results) and the letters on
+//! the DLQ topic (which carry an excerpt of the record) expire with their
+//! topics' retention.
 //!
 //! Each purge statement deletes at most a batch, in one short transaction,
 //! skipping rows another purger holds; the callers loop.
@@ -41,10 +45,15 @@ pub enum Erased {
     NotFound,
 }
 
+/// What an erased job's dead letters say in place of their reason (whose
+/// text may quote the refused request); their kind stays.
+pub const ERASED_LETTER: &str = "erased on request with the extraction of its idempotency key";
+
 /// Erases tenant `tenant_id`'s finished job `id`: its request, results,
 /// the document read from its file and its claim on the file, webhook
-/// deliveries and error texts, in one statement that also logs the
-/// transition `erase`.
+/// deliveries, error texts, and the excerpts and reasons of the tenant's
+/// dead letters of its idempotency key, in one statement that also logs
+/// the transition `erase`.
 pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, StoreError> {
     #[derive(sqlx::FromRow)]
     struct Tombstone {
@@ -71,6 +80,10 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
              RETURNING sha256),
          hooks AS (
              DELETE FROM webhook_deliveries WHERE extraction_id IN (SELECT id FROM erased)),
+         letters AS (
+             UPDATE tenant_dead_letters l SET excerpt = NULL, error = $3
+               FROM erased JOIN extraction_requests q ON q.id = erased.id
+              WHERE l.tenant_id = erased.tenant_id AND l.idempotency_key = q.idempotency_key),
          logged AS (
              INSERT INTO extraction_transitions (extraction_id, transition, token)
              SELECT id, 'erase', NULL FROM erased)
@@ -78,6 +91,7 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
     )
     .bind(id)
     .bind(tenant_id)
+    .bind(ERASED_LETTER)
     .fetch_optional(pool)
     .await?;
     if let Some(Tombstone { job, files }) = erased {

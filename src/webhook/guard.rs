@@ -39,10 +39,11 @@ pub enum Forbidden {
     #[error("webhook_url has no host")]
     NoHost,
     /// An address the server must not reach. The answer names the host as
-    /// the client wrote it, never the address it resolved to: that would
-    /// tell a caller the server's internal DNS (`addr` and `kind` are for
-    /// the server's logs).
-    #[error("webhook_url host {host} is not an address webhooks may reach")]
+    /// the client wrote it, never the address it resolved to, and says the
+    /// same as for a name that does not resolve: either would tell a caller
+    /// the server's internal DNS ([`Forbidden::detail`] is for the
+    /// operator's log).
+    #[error("webhook_url host {host} {}", REFUSED)]
     Address {
         /// The host as written.
         host: String,
@@ -51,14 +52,35 @@ pub enum Forbidden {
         /// What kind of address it is.
         kind: &'static str,
     },
-    /// The name does not resolve.
-    #[error("webhook_url host {host} does not resolve: {reason}")]
+    /// The name does not resolve; answered as a refused address is.
+    #[error("webhook_url host {host} {}", REFUSED)]
     Unresolvable {
         /// The host as written.
         host: String,
         /// What the resolver said.
         reason: String,
     },
+}
+
+/// What a refused host is answered, whether it resolves to an address the
+/// server must not reach or does not resolve at all: one text, so that a
+/// caller cannot tell an internal name from an unknown one.
+const REFUSED: &str = "is not a host the server may reach";
+
+impl Forbidden {
+    /// The refusal with its cause (the address and its kind, or what the
+    /// resolver said), for the operator's log only.
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Address { host, addr, kind } => {
+                format!("host {host} resolves to {addr}, a {kind} address")
+            }
+            Self::Unresolvable { host, reason } => {
+                format!("host {host} does not resolve: {reason}")
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Whether `ip` is a public unicast address: not loopback, private, shared
@@ -303,6 +325,41 @@ mod tests {
         for resolved in ["127.0.0.1", "::1", "loopback"] {
             assert!(!message.contains(resolved), "{message}");
         }
+    }
+
+    /// A name that resolves to a refused address and a name that does not
+    /// resolve are refused in the same words, so the answer tells a caller
+    /// nothing of the server's DNS; the cause stays in the detail the
+    /// operator's log gets.
+    #[tokio::test]
+    async fn an_internal_name_and_an_unknown_name_are_refused_in_the_same_words() {
+        let guard = Guard::default();
+        let internal = guard.check("http://localhost:9/hook").await.unwrap_err();
+        let unknown = guard.check("http://no-such-host.invalid:9/hook").await;
+        let unknown = unknown.unwrap_err();
+        assert!(
+            matches!(internal, Forbidden::Address { .. }),
+            "{internal:?}"
+        );
+        assert!(
+            matches!(unknown, Forbidden::Unresolvable { .. }),
+            "{unknown:?}"
+        );
+        let words = |refused: &Forbidden, host: &str| refused.to_string().replace(host, "HOST");
+        assert_eq!(
+            words(&internal, "localhost"),
+            words(&unknown, "no-such-host.invalid")
+        );
+        assert!(
+            internal.detail().contains("loopback"),
+            "{}",
+            internal.detail()
+        );
+        assert!(
+            unknown.detail().contains("does not resolve"),
+            "{}",
+            unknown.detail()
+        );
     }
 
     #[tokio::test]

@@ -161,6 +161,7 @@ impl Webhooks {
                 Ok(())
             }
             Err(forbidden) => {
+                tracing::debug!(detail = %forbidden.detail(), "webhook_url refused at submit");
                 self.metrics
                     .webhooks
                     .ssrf_rejections
@@ -312,12 +313,16 @@ impl Dispatcher {
         match self.guard.check(&delivery.url).await {
             Ok(_) => {}
             Err(e @ Forbidden::Unresolvable { .. }) => {
+                tracing::info!(id = %delivery.id, detail = %e.detail(), "webhook host does not resolve");
                 return Outcome::Failed {
                     status: None,
                     error: e.to_string(),
-                }
+                };
             }
-            Err(forbidden) => return Outcome::Forbidden(forbidden.to_string()),
+            Err(forbidden) => {
+                tracing::warn!(id = %delivery.id, detail = %forbidden.detail(), "webhook refused by the SSRF guard");
+                return Outcome::Forbidden(forbidden.to_string());
+            }
         }
         self.metrics.webhooks.attempts.inc();
         let started = std::time::Instant::now();
@@ -391,7 +396,6 @@ impl Dispatcher {
                     .ssrf_rejections
                     .with_label_values(&["send"])
                     .inc();
-                tracing::warn!(id, %reason, "webhook refused by the SSRF guard");
                 outbox::finish(pool, id, attempt, Final::Failed, None, Some(&reason)).await?;
                 "forbidden"
             }

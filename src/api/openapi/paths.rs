@@ -420,9 +420,10 @@ fn job_file() -> Value {
         "description": "The bytes of the job's file, for the extraction service that got \
                         this URL in its call (files in the folder store; a bucket presigns \
                         its own URLs). No API key: the URL is signed with the deployment's \
-                        callback secret for one attempt of one job, and works until it \
-                        expires (`DOCSTREAM_FILE_URL_TTL_S`). An expired, altered or \
-                        unsigned URL gets 403.",
+                        callback secret for one attempt of one job, and works while that \
+                        attempt holds the job, until it expires (`DOCSTREAM_FILE_URL_TTL_S`). \
+                        An expired, altered or unsigned URL gets 403; one whose attempt \
+                        ended (the job finished, or another attempt holds it) 410.",
         "security": [],
         "parameters": [
             id_parameter(),
@@ -441,7 +442,7 @@ fn job_file() -> Value {
                     "text/plain": {"schema": {"type": "string"}},
                 },
             },
-        }), &[400, 403, 404, 503]),
+        }), &[400, 403, 404, 410, 503]),
     })
 }
 
@@ -562,7 +563,10 @@ fn bulk_action() -> Value {
              operation as it is: 200 when it finished, 202 while it runs (follow \
              `Location`). If the server running it stops, another resumes it from its last \
              batch. With an `Idempotency-Key`, a repeat answers the first operation and \
-             does nothing; the same key with another action gets 422.",
+             does nothing; the same key with another action gets 422.\n\n\
+             A tenant runs at most `DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT` actions at \
+             once, across the deployment: one more gets 429 with `Retry-After` (a repeat \
+             of a running one is answered as it is).",
             max_ids = crate::pipeline::bulk::MAX_IDS,
             batch = crate::pipeline::bulk::BATCH,
         ),
