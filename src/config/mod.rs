@@ -220,6 +220,17 @@ settings! {
     /// guard of webhooks judges the URL; `DOCSTREAM_WEBHOOK_ALLOW` admits
     /// more); past it the submit gets 422.
     file_fetch_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_FILE_FETCH_TIMEOUT_S", positive;
+    /// How long an upload's body (`POST /v1/files`, a multipart submit) may
+    /// take to arrive, all of it, from when its reading begins; past it the
+    /// request is answered 408 and its connection closed. 120 s takes a
+    /// file at the default 32 MiB limit at 2.3 Mbit/s; a client that
+    /// trickles its bytes holds its upload slot no longer.
+    http_body_timeout_s: Seconds = Seconds::new(120), env "DOCSTREAM_HTTP_BODY_TIMEOUT_S", positive;
+    /// Uploads one tenant may have in progress on one `serve` process
+    /// (`POST /v1/files`, multipart submits, `document.url` fetches); one
+    /// more gets 429 with `Retry-After`. Uploads take as long as their
+    /// bytes do, so no tenant may keep the process's time for itself.
+    tenant_max_uploads: usize = 8_usize, env "DOCSTREAM_TENANT_MAX_UPLOADS", at_least(1);
     /// How long the URL an extractor of protocol version 2 gets for a job's
     /// file stays valid (signed by `serve` for the folder store, presigned
     /// by the bucket for S3).
