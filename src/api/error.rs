@@ -180,9 +180,10 @@ impl From<JobError> for ApiError {
 impl From<FileError> for ApiError {
     fn from(e: FileError) -> Self {
         match e {
-            FileError::Empty | FileError::Pdf(_) | FileError::Url(_) => {
-                Self::Unprocessable(e.to_string())
-            }
+            FileError::Empty
+            | FileError::Pdf(_)
+            | FileError::Url(_)
+            | FileError::TooManyWords(_) => Self::Unprocessable(e.to_string()),
             FileError::Missing(id) => Self::NoSuchFile(id),
             FileError::TooLarge(limit) => Self::PayloadTooLarge(limit),
             FileError::Unsupported | FileError::Mismatch { .. } => {
