@@ -1153,3 +1153,37 @@ async fn a_jobs_kept_document_counts_against_its_tenants_quota() {
     let (status, body) = files.upload(pdf_of(3_000), "application/pdf", None).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
+
+/// A multipart submit's `request` part is read only up to the API's body
+/// limit: one past it is answered 413 as soon as the byte past the limit
+/// arrives, though the rest of the body never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_part_past_the_body_limit_is_refused_as_it_arrives() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limit = 64 * 1024;
+    let files = Files::start_with(Store::Dir, |s| s.http_body_limit_bytes = limit).await;
+    let addr = files.base.trim_start_matches("http://").to_owned();
+    let boundary = "docstream-part-limit";
+    let opening = format!(
+        "--{boundary}\r\ncontent-disposition: form-data; name=\"request\"\r\n\
+         content-type: application/json\r\n\r\n"
+    );
+    let head = format!(
+        "POST /v1/extractions HTTP/1.1\r\nhost: docstream\r\nauthorization: Bearer {}\r\n\
+         content-type: multipart/form-data; boundary={boundary}\r\ncontent-length: {}\r\n\r\n",
+        files.env.api_key,
+        4 * 1024 * 1024
+    );
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(opening.as_bytes()).await.unwrap();
+    socket.write_all(&vec![b' '; limit + 1]).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), socket.read(&mut answer));
+    let n = read
+        .await
+        .expect("an answer within 10 s, the rest of the body unsent")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
