@@ -24,6 +24,11 @@
 //!   cutting a limit that is not reached changes nothing but the next
 //!   burst's fate.
 //!
+//! A submit that moves a file's bytes (a multipart submit, a fetched
+//! `document.url`) holds no permit while they move: they take as long as
+//! their sender does, which says nothing of the process's room. It takes
+//! its permit once its file is stored, and its sample is the rest.
+//!
 //! The target is `submit_target_latency_ms`, or three times the submit
 //! INSERT's recent duration when that is longer: a database that is slow for
 //! everyone (a slow network, a failover) is not overload, and cutting the
@@ -248,6 +253,15 @@ impl Permit {
     }
 }
 
+impl Permit {
+    /// Leaves the limit without a sample: what the submit does next (move
+    /// a file's bytes) takes as long as its sender does, and says nothing
+    /// of the room the process has.
+    pub fn set_aside(mut self) {
+        self.sampled = true;
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.sampled {
@@ -341,6 +355,15 @@ mod tests {
         let start = admission.snapshot().0;
         drop(fill(&admission));
         assert_eq!(admission.snapshot(), ((start as f64 * CUT) as usize, 0));
+    }
+
+    #[test]
+    fn permits_set_aside_leave_without_cutting_the_limit() {
+        let admission = admission(4, 100);
+        admission.inner.lock().last_cut -= Duration::from_secs(10);
+        let start = admission.snapshot().0;
+        fill(&admission).into_iter().for_each(Permit::set_aside);
+        assert_eq!(admission.snapshot(), (start, 0));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::{Document, ExtractionRequest, RequestLimits};
 use crate::extract::protocol::{CallBody, ErrorBody, FileRef, ResultBody};
 use crate::extract::{find_fields, Deadline, ExtractError, RuleBudget};
-use crate::files::{self, pdf::PdfLimits, FileType};
+use crate::files::{self, pdf::PdfLimits, FileType, ReadLimits};
 
 /// How the reference provider behaves.
 #[derive(Debug, Clone, clap::Args)]
@@ -176,10 +176,13 @@ async fn read_file(file: &FileRef) -> Result<Document, Response> {
         let message = "the file is of a kind this provider does not read".to_owned();
         return Err(error(StatusCode::UNPROCESSABLE_ENTITY, message));
     };
-    let limits = PdfLimits {
-        pages: RequestLimits::DEFAULT.pages,
-        inflated_bytes: 128 * 1024 * 1024,
-        words_per_page: RequestLimits::DEFAULT.words_per_page,
+    let limits = ReadLimits {
+        pdf: PdfLimits {
+            pages: RequestLimits::DEFAULT.pages,
+            inflated_bytes: 128 * 1024 * 1024,
+            words_per_page: RequestLimits::DEFAULT.words_per_page,
+        },
+        text_words: RequestLimits::DEFAULT.text_words,
     };
     let read = tokio::task::spawn_blocking(move || {
         files::document(kind, &bytes, &limits, &Deadline::none())

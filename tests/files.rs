@@ -1192,3 +1192,133 @@ async fn bytes_whose_row_was_never_written_are_collected() {
     assert_eq!(status, StatusCode::CREATED, "the same bytes again: {body}");
     assert_eq!(files.stored().await, (1, 1));
 }
+
+/// Files and bytes the default tenant's rows hold.
+async fn stored_bytes(files: &Files) -> i64 {
+    let sql = "SELECT COALESCE(sum(size), 0)::int8 FROM files";
+    sqlx::query_scalar(sql)
+        .fetch_one(&files.env.pool)
+        .await
+        .unwrap()
+}
+
+/// Uploads sent at once cannot pass the quota together: 24 files of
+/// 1,000 bytes or so against a quota of 5,000 leave at most 5,000 bytes
+/// stored, the others refused 429 with their bytes gone from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_uploads_never_store_more_than_the_quota() {
+    let files = Files::start_with(Store::Dir, |s| {
+        s.tenant_max_file_bytes = 5_000;
+        s.tenant_max_uploads = 64;
+    })
+    .await;
+    let sent = (0..24).map(|i| files.upload(pdf_of(1_000 + i), "application/pdf", None));
+    let answers = futures::future::join_all(sent).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|(s, _)| s.as_u16()).collect();
+    statuses.sort();
+    let stored = stored_bytes(&files).await;
+    let (rows, objects) = files.stored().await;
+    eprintln!("files quota: {rows} files stored, {stored} bytes; answers {statuses:?}");
+    assert!(
+        stored <= 5_000,
+        "{stored} bytes stored past a quota of 5000"
+    );
+    let made = statuses.iter().filter(|s| **s == 201).count() as i64;
+    assert_eq!(made, rows, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| matches!(s, 201 | 429)),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        objects as i64, rows,
+        "no refused upload's bytes stay in the store"
+    );
+}
+
+/// A text file is held to the word limit of a text document
+/// (`DOCSTREAM_MAX_TEXT_WORDS`), uploaded or read: one past it is refused
+/// 422, as the same text in a JSON request is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_file_past_the_word_limit_is_refused() {
+    let files = Files::start_with(Store::Dir, |s| s.max_text_words = 10).await;
+    let words = |n: usize| vec!["word"; n].join(" ").into_bytes();
+    let (status, body) = files.upload(words(10), "text/plain", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = files.upload(words(11), "text/plain", None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("DOCSTREAM_MAX_TEXT_WORDS"), "{message}");
+    assert_eq!(files.stored().await, (1, 1));
+}
+
+/// The document a job keeps of its file (`extraction_documents`) is the
+/// tenant's storage too: with it, an upload that the files alone would
+/// leave within the quota is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_kept_document_counts_against_its_tenants_quota() {
+    let files = Files::start_with(Store::Dir, |s| s.tenant_max_file_bytes = 20_000).await;
+    let text = b"Invoice number: INV-1".to_vec();
+    let (status, file) = files.upload(text.clone(), "text/plain", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{file}");
+    let request = serde_json::json!({
+        "document": {"object": sha256_hex(&text)},
+        "fields": [{"name": "number", "pattern": "INV-\\d+"}],
+    });
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id: uuid::Uuid = accepted["id"].as_str().unwrap().parse().unwrap();
+    let pool = &files.env.pool;
+    let stage = docstream::domain::Stage::Extraction;
+    let claim = docstream::store::transitions::claim(pool, stage, id, 30.0)
+        .await
+        .unwrap()
+        .expect("the job claimed");
+    // What a worker keeps of a file it read: some 15,000 bytes here.
+    let document = docstream::domain::Document {
+        text: Some("word ".repeat(3_000)),
+        ..Default::default()
+    };
+    let kept = docstream::store::documents::keep(pool, (id, claim.token), &document);
+    assert!(kept.await.unwrap());
+
+    let (status, body) = files.upload(pdf_of(6_000), "application/pdf", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("quota of 20000 bytes"), "{message}");
+    let (status, body) = files.upload(pdf_of(3_000), "application/pdf", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// A multipart submit's `request` part is read only up to the API's body
+/// limit: one past it is answered 413 as soon as the byte past the limit
+/// arrives, though the rest of the body never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_part_past_the_body_limit_is_refused_as_it_arrives() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limit = 64 * 1024;
+    let files = Files::start_with(Store::Dir, |s| s.http_body_limit_bytes = limit).await;
+    let addr = files.base.trim_start_matches("http://").to_owned();
+    let boundary = "docstream-part-limit";
+    let opening = format!(
+        "--{boundary}\r\ncontent-disposition: form-data; name=\"request\"\r\n\
+         content-type: application/json\r\n\r\n"
+    );
+    let head = format!(
+        "POST /v1/extractions HTTP/1.1\r\nhost: docstream\r\nauthorization: Bearer {}\r\n\
+         content-type: multipart/form-data; boundary={boundary}\r\ncontent-length: {}\r\n\r\n",
+        files.env.api_key,
+        4 * 1024 * 1024
+    );
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(opening.as_bytes()).await.unwrap();
+    socket.write_all(&vec![b' '; limit + 1]).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), socket.read(&mut answer));
+    let n = read
+        .await
+        .expect("an answer within 10 s, the rest of the body unsent")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}

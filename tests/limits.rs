@@ -1523,3 +1523,388 @@ async fn past_the_admission_limit_a_submit_is_refused_at_once_and_nothing_is_wri
     assert_eq!(submit(3).await.status(), 202);
     stop([&mut serve]).await;
 }
+
+/// An HTTP/1.1 request written by hand on a connection of its own, so a
+/// test can send its headers and hold back its body; and the answers read
+/// off it (an interim `100 Continue` is one).
+struct RawRequest {
+    socket: TcpStream,
+    /// What was read and not yet taken as an answer.
+    read: Vec<u8>,
+}
+
+/// One answer on a [`RawRequest`]'s connection.
+#[derive(Debug)]
+struct RawAnswer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+/// The form's boundary of the hand-written multipart submits.
+const BOUNDARY: &str = "docstream-raw-boundary";
+
+/// The opening of a multipart submit's `file` part, whose bytes follow.
+fn file_part_opening() -> String {
+    format!(
+        "--{BOUNDARY}\r\ncontent-disposition: form-data; name=\"file\"; filename=\"f\"\r\n\
+         content-type: text/plain\r\n\r\n"
+    )
+}
+
+impl RawRequest {
+    /// Sends the headers of `POST path` with `key`, declaring `length` bytes
+    /// of `content_type` and asking to be told to go on (`Expect:
+    /// 100-continue`): the server says `100 Continue` once it reads the body.
+    async fn post(addr: &str, key: &str, path: &str, content_type: &str, length: u64) -> Self {
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: docstream\r\nauthorization: Bearer {key}\r\n\
+             content-type: {content_type}\r\ncontent-length: {length}\r\n\
+             expect: 100-continue\r\n\r\n"
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        Self {
+            socket,
+            read: Vec::new(),
+        }
+    }
+
+    /// A multipart submit declaring `length` bytes.
+    async fn multipart_submit(addr: &str, key: &str, length: u64) -> Self {
+        let content_type = format!("multipart/form-data; boundary={BOUNDARY}");
+        Self::post(addr, key, "/v1/extractions", &content_type, length).await
+    }
+
+    /// Writes `bytes` of the body; a connection the server closed takes
+    /// none, which the answer read next shows.
+    async fn send(&mut self, bytes: &[u8]) {
+        let _ = self.socket.write_all(bytes).await;
+    }
+
+    /// The next answer, if a whole one arrives within `bound`.
+    async fn answer(&mut self, bound: Duration) -> Option<RawAnswer> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if let Some(answer) = self.take_answer() {
+                return Some(answer);
+            }
+            let mut chunk = [0u8; 4096];
+            let read = tokio::time::timeout_at(deadline, self.socket.read(&mut chunk)).await;
+            match read {
+                Ok(Ok(n)) if n > 0 => self.read.extend_from_slice(&chunk[..n]),
+                // Closed, failed or out of time, with no whole answer.
+                _ => return None,
+            }
+        }
+    }
+
+    /// Whether an answer (or the end of the connection) is already waiting,
+    /// without waiting for one.
+    fn answered(&mut self) -> bool {
+        let mut chunk = [0u8; 4096];
+        match self.socket.try_read(&mut chunk) {
+            Ok(n) => {
+                self.read.extend_from_slice(&chunk[..n]);
+                true
+            }
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
+
+    /// A whole answer off the front of what was read, if there is one.
+    fn take_answer(&mut self) -> Option<RawAnswer> {
+        let end = self.read.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        let head = String::from_utf8_lossy(&self.read[..end]).into_owned();
+        let length = head
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+            .map_or(0, |(_, value)| value.trim().parse::<usize>().unwrap());
+        if self.read.len() < end + length {
+            return None;
+        }
+        let body = String::from_utf8_lossy(&self.read[end..end + length]).into_owned();
+        self.read.drain(..end + length);
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        Some(RawAnswer { status, head, body })
+    }
+}
+
+impl RawAnswer {
+    /// The value of header `name`, if the answer has it.
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.trim())
+    }
+
+    /// The error code of its JSON body.
+    fn code(&self) -> String {
+        let body: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_default();
+        body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// A `serve` process with `settings`, healthy: the child, its address and
+/// its metrics address.
+async fn serve_with(
+    env: &TestEnv,
+    settings: &[(&str, &str)],
+    log: &str,
+) -> (Child, String, String) {
+    let settings: Vec<(&str, String)> = settings
+        .iter()
+        .map(|(name, value)| (*name, (*value).to_owned()))
+        .collect();
+    let (serve, addr, metrics) = spawn_serve(env, &settings, log);
+    wait_healthy(&format!("http://{addr}")).await;
+    (serve, addr, metrics)
+}
+
+/// An upload whose body trickles in, a byte every 100 ms, is answered 408
+/// once the body timeout (1 s here) has passed, whether it is a file
+/// (`POST /v1/files`) or a multipart submit, and its connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_body_trickles_gets_408_at_the_body_timeout() {
+    let env = TestEnv::new("limits_body_timeout").await;
+    let timeout = [("DOCSTREAM_HTTP_BODY_TIMEOUT_S", "1")];
+    let (mut serve, addr, metrics) = serve_with(&env, &timeout, "limits-body-timeout").await;
+    let key = &env.api_key;
+    for n in 0..2 {
+        // One at a time: the timeout runs from when the body's reading begins.
+        let mut upload = match n {
+            0 => RawRequest::post(&addr, key, "/v1/files", "text/plain", 100_000).await,
+            _ => RawRequest::multipart_submit(&addr, key, 100_000).await,
+        };
+        let go_on = upload.answer(Duration::from_secs(10)).await;
+        assert_eq!(go_on.map(|a| a.status), Some(100), "upload {n}");
+        let started = Instant::now();
+        if n == 1 {
+            upload.send(file_part_opening().as_bytes()).await;
+        }
+        let answer = loop {
+            upload.send(b"x").await;
+            if let Some(answer) = upload.answer(Duration::from_millis(100)).await {
+                break answer;
+            }
+            let waited = started.elapsed();
+            assert!(
+                waited < Duration::from_secs(15),
+                "upload {n}: no answer after {waited:?} of a trickling body"
+            );
+        };
+        let waited = started.elapsed();
+        assert_eq!(answer.status, 408, "upload {n}: {answer:?}");
+        assert_eq!(answer.code(), "body_timeout", "{answer:?}");
+        assert_eq!(answer.header("connection"), Some("close"), "{answer:?}");
+        assert!(
+            waited >= Duration::from_millis(900),
+            "upload {n}: {waited:?}"
+        );
+        assert!(waited < Duration::from_secs(5), "upload {n}: {waited:?}");
+        eprintln!("limits body timeout: upload {n} answered 408 after {waited:?}");
+    }
+    let refused = "docstream_upload_refusals_total{reason=\"body_timeout\"}";
+    assert_eq!(scrape(&metrics, refused).await, 2.0);
+    stop([&mut serve]).await;
+}
+
+/// A tenant with as many uploads in progress as its cap (2 here) gets 429
+/// with `Retry-After` for the next, a file or a multipart submit, while
+/// another tenant's upload is served; once one of its own ends, its next
+/// upload is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_upload_cap_a_tenants_next_upload_gets_429_and_another_tenants_is_served() {
+    let env = TestEnv::new("limits_upload_cap").await;
+    let caps = [
+        ("DOCSTREAM_TENANT_MAX_UPLOADS", "2"),
+        ("DOCSTREAM_HTTP_BODY_TIMEOUT_S", "60"),
+    ];
+    let (mut serve, addr, metrics) = serve_with(&env, &caps, "limits-upload-cap").await;
+    let base = format!("http://{addr}");
+    let key = &env.api_key;
+    let mut held = vec![
+        RawRequest::post(&addr, key, "/v1/files", "text/plain", 100_000).await,
+        RawRequest::multipart_submit(&addr, key, 100_000).await,
+    ];
+    for upload in &mut held {
+        let go_on = upload.answer(Duration::from_secs(10)).await;
+        assert_eq!(
+            go_on.map(|a| a.status),
+            Some(100),
+            "a held upload reads its body"
+        );
+    }
+
+    let client = env.client();
+    let upload = |text: String, key: String| {
+        let request = client
+            .post(format!("{base}/v1/files"))
+            .header("content-type", "text/plain")
+            .header("authorization", format!("Bearer {key}"))
+            .body(text);
+        async move { request.send().await.unwrap() }
+    };
+    let refused = upload("one more file".into(), key.clone()).await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: serde_json::Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("most uploads in progress (2,"),
+        "{message}"
+    );
+    let mut submit = RawRequest::multipart_submit(&addr, key, 100_000).await;
+    let answer = submit.answer(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(answer.status, 429, "{answer:?}");
+    assert!(answer.header("retry-after").is_some(), "{answer:?}");
+
+    let created = env.run_cli(&["tenants", "create", "other"]).await;
+    let created: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
+    let other_key = created["api_key"].as_str().unwrap().to_owned();
+    let others = upload("another tenant's file".into(), other_key).await;
+    assert_eq!(others.status(), 201);
+
+    drop(held.pop());
+    let mut n = 0;
+    wait_for("an upload slot freed", Duration::from_secs(10), || {
+        n += 1;
+        let sent = upload(format!("a file once a slot is free {n}"), key.clone());
+        async move {
+            match sent.await.status().as_u16() {
+                201 => Ok(()),
+                status => Err(format!("answered {status}")),
+            }
+        }
+    })
+    .await;
+    let refusals = "docstream_upload_refusals_total{reason=\"tenant_cap\"}";
+    assert!(scrape(&metrics, refusals).await >= 2.0);
+    drop(held);
+    stop([&mut serve]).await;
+}
+
+/// A body declared past its route's limit is refused 413 from its headers
+/// alone: the server answers at once, without asking for a byte of it
+/// (no `100 Continue`), on each route that takes a body that large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_past_the_limit_gets_413_before_a_byte_is_read() {
+    let env = TestEnv::new("limits_declared_length").await;
+    let (mut serve, addr, _) = serve_with(&env, &[], "limits-declared-length").await;
+    let key = &env.api_key;
+    let huge = 1u64 << 40;
+    let multipart = format!("multipart/form-data; boundary={BOUNDARY}");
+    let routes = [
+        ("/v1/files", "application/pdf"),
+        ("/v1/extractions", multipart.as_str()),
+        ("/v1/extractions", "application/json"),
+    ];
+    for (path, content_type) in routes {
+        let mut request = RawRequest::post(&addr, key, path, content_type, huge).await;
+        let answer = request.answer(Duration::from_secs(5)).await;
+        let answer = answer.unwrap_or_else(|| panic!("{path} ({content_type}): no answer in 5 s"));
+        assert_eq!(answer.status, 413, "{path} ({content_type}): {answer:?}");
+        assert_eq!(answer.code(), "payload_too_large", "{answer:?}");
+    }
+    stop([&mut serve]).await;
+}
+
+/// Tenant A's 300 slow uploads (multipart submits that stall after their
+/// first bytes) leave tenant B's JSON submits answered 202, never 503
+/// `overloaded`: past its upload cap A's uploads get 429 at once, and the
+/// ones in progress hold no admission permit while their bytes move. Once
+/// they are abandoned, the admission limit has not been cut for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_300_slow_uploads_leave_another_tenants_submits_answered_202() {
+    let _machine = MACHINE.lock().await;
+    let env = TestEnv::new("limits_slow_uploads").await;
+    let settings = [
+        ("DOCSTREAM_HTTP_BODY_TIMEOUT_S", "60"),
+        // B's submits are answered by their row, not cut short by the
+        // answer bound on a loaded machine.
+        ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S", "10"),
+    ];
+    let (mut serve, addr, metrics) = serve_with(&env, &settings, "limits-slow-uploads").await;
+    let created = env.run_cli(&["tenants", "create", "tenant-b"]).await;
+    let created: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
+    let b_key = created["api_key"].as_str().unwrap().to_owned();
+
+    // A's uploads: each either reads its body (100 Continue) and stalls
+    // after its first bytes, or is refused.
+    let mut uploads = Vec::new();
+    for _ in 0..300 {
+        uploads.push(RawRequest::multipart_submit(&addr, &env.api_key, 1_000_000).await);
+    }
+    let (mut stalled, mut refused) = (Vec::new(), HashMap::<u16, usize>::new());
+    for mut upload in uploads {
+        let answer = upload.answer(Duration::from_secs(60)).await;
+        let answer = answer.expect("an answer to each upload's headers");
+        if answer.status == 100 {
+            upload.send(file_part_opening().as_bytes()).await;
+            upload.send(b"the first bytes of a slow file").await;
+            stalled.push(upload);
+        } else {
+            *refused.entry(answer.status).or_default() += 1;
+        }
+    }
+
+    let b_submits = |round: usize| {
+        let client = env.client();
+        let base = format!("http://{addr}");
+        let b_key = b_key.clone();
+        let sent = (0..32).map(move |i| {
+            let request = client
+                .post(format!("{base}/v1/extractions"))
+                .header("authorization", format!("Bearer {b_key}"))
+                .json(&common::sample_body(round * 32 + i));
+            async move { request.send().await.unwrap().status().as_u16() }
+        });
+        futures::future::join_all(sent)
+    };
+    let statuses = b_submits(0).await;
+    let mut answered = HashMap::<u16, usize>::new();
+    for status in &statuses {
+        *answered.entry(*status).or_default() += 1;
+    }
+    eprintln!(
+        "limits slow uploads: A's 300 uploads: {} stalled in progress, refused {refused:?}; \
+         B's 32 submits answered {answered:?}",
+        stalled.len()
+    );
+    assert_eq!(answered, HashMap::from([(202, 32)]), "B's submits");
+    let mut still_open = 0;
+    for upload in &mut stalled {
+        still_open += usize::from(!upload.answered());
+    }
+    assert_eq!(
+        still_open,
+        stalled.len(),
+        "A's stalled uploads were in progress"
+    );
+    assert!(!stalled.is_empty(), "some of A's uploads were in progress");
+    assert_eq!(refused.keys().copied().collect::<Vec<_>>(), [429]);
+    let overloaded = scrape(&metrics, "docstream_submit_overload_rejections_total").await;
+    assert_eq!(overloaded, 0.0);
+
+    // Abandoned, A's uploads leave; the limit was not cut for them.
+    let limit = scrape(&metrics, "docstream_submit_admission_limit").await;
+    drop(stalled);
+    wait_for("A's uploads to end", Duration::from_secs(30), || async {
+        match scrape(&metrics, "docstream_uploads_in_flight").await {
+            0.0 => Ok(()),
+            n => Err(format!("{n} in flight")),
+        }
+    })
+    .await;
+    let statuses = b_submits(1).await;
+    assert!(statuses.iter().all(|s| *s == 202), "{statuses:?}");
+    let after = scrape(&metrics, "docstream_submit_admission_limit").await;
+    assert!(after >= limit, "the limit went from {limit} to {after}");
+    stop([&mut serve]).await;
+}

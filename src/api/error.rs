@@ -29,6 +29,10 @@ pub enum ApiError {
     /// The body is larger than the configured limit.
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// An upload's body did not arrive whole within the body timeout
+    /// (`uploads`): 408, and the connection is closed.
+    #[error("the body did not arrive within {} s (DOCSTREAM_HTTP_BODY_TIMEOUT_S); send it faster, or a smaller file", .0.as_secs_f64())]
+    BodyTimeout(std::time::Duration),
     /// The body is not declared as JSON.
     #[error("expected a body with Content-Type: application/json")]
     UnsupportedMediaType,
@@ -97,6 +101,7 @@ impl ApiError {
             Self::Invalid(e) if e.is_syntax() => (StatusCode::BAD_REQUEST, e.code()),
             Self::Invalid(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.code()),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
             Self::UnsupportedMediaType | Self::UnsupportedFile(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
@@ -180,9 +185,10 @@ impl From<JobError> for ApiError {
 impl From<FileError> for ApiError {
     fn from(e: FileError) -> Self {
         match e {
-            FileError::Empty | FileError::Pdf(_) | FileError::Url(_) => {
-                Self::Unprocessable(e.to_string())
-            }
+            FileError::Empty
+            | FileError::Pdf(_)
+            | FileError::Url(_)
+            | FileError::TooManyWords(_) => Self::Unprocessable(e.to_string()),
             FileError::Missing(id) => Self::NoSuchFile(id),
             FileError::TooLarge(limit) => Self::PayloadTooLarge(limit),
             FileError::Unsupported | FileError::Mismatch { .. } => {
@@ -263,6 +269,12 @@ impl IntoResponse for ApiError {
         if let Self::TooManyRequests { retry_after_s, .. } = &self {
             let value = header::HeaderValue::from(*retry_after_s);
             response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still be on its way: the connection
+            // cannot carry another request.
+            let close = header::HeaderValue::from_static("close");
+            response.headers_mut().insert(header::CONNECTION, close);
         }
         if status == StatusCode::UNAUTHORIZED {
             let challenge = header::HeaderValue::from_static("Bearer");

@@ -14,6 +14,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::uploads::Uploads;
 use super::ApiError;
 use crate::admission::Permit;
 use crate::auth::Caller;
@@ -25,13 +26,14 @@ use crate::pipeline::Services;
 use crate::store::retention::{self, Erased};
 use crate::store::{self, transitions, BboxRefinement, Extraction, NewExtraction};
 
-/// Submit, read and cancel. A submit passes the process's admission limit
-/// first (`admission`), before its key is looked up or its body read.
+/// Submit, read and cancel. A JSON submit passes the process's admission
+/// limit first (`admission`), before its key is looked up or its body read;
+/// a multipart submit once its file is stored.
 pub(super) fn router(services: &Services) -> Router<Services> {
     let admit = middleware::from_fn_with_state(services.clone(), admit);
     // Large enough for a multipart submit's file; a JSON body is held to the
     // API's own limit (`upload`).
-    let limit = DefaultBodyLimit::max(files_body_limit(services));
+    let limit = DefaultBodyLimit::max(super::upload::multipart_limit(services));
     Router::new()
         .route(
             "/v1/extractions",
@@ -41,17 +43,6 @@ pub(super) fn router(services: &Services) -> Router<Services> {
         .route("/v1/extractions/{id}/cancel", post(cancel))
         .route("/v1/extractions/{id}/retry", post(retry))
         .route("/v1/extractions/{id}/transitions", get(transitions_of))
-}
-
-/// The largest multipart submit: a file at its limit, and room for the
-/// request part and the form's framing.
-fn files_body_limit(services: &Services) -> usize {
-    let request = services.settings.http_body_limit_bytes;
-    services
-        .files
-        .max_bytes()
-        .saturating_add(request)
-        .saturating_add(64 * 1024)
 }
 
 /// The answer to a submit.
@@ -148,11 +139,17 @@ const REFUSED_BODY_READ: std::time::Duration = std::time::Duration::from_millis(
 
 /// Lets a submit in if the process has room for it, else answers 503
 /// `overloaded` at once. The admitted submit carries its permit (an
-/// [`Admitted`] extension), which it marks when its row is durable.
+/// [`Admitted`] extension), which it marks when its row is durable. A
+/// multipart submit goes in without one: it takes its permit once its file
+/// is stored ([`Admitted::readmit`]).
 async fn admit(State(services): State<Services>, mut request: Request, next: Next) -> Response {
     let http = &services.metrics.http;
     let admission = &services.admission;
-    let response = match admission.try_admit() {
+    let permit = match super::upload::is_multipart(request.headers()) {
+        true => Some(None),
+        false => admission.try_admit().map(Some),
+    };
+    let response = match permit {
         Some(permit) => {
             let admitted = Admitted(Arc::new(Mutex::new(permit)));
             request.extensions_mut().insert(admitted.clone());
@@ -180,27 +177,61 @@ async fn admit(State(services): State<Services>, mut request: Request, next: Nex
     response
 }
 
-/// An admitted submit's permit; it leaves the limit when the request is done.
+/// An admitted submit's permit, while it holds one; it leaves the limit
+/// when the request is done.
 #[derive(Clone)]
-struct Admitted(Arc<Mutex<Permit>>);
+struct Admitted(Arc<Mutex<Option<Permit>>>);
 
 impl Admitted {
+    fn permit(&self) -> std::sync::MutexGuard<'_, Option<Permit>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The submit needs no more of the database: its row is durable, or it
     /// was refused or failed.
     fn durable(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).durable();
+        if let Some(permit) = self.permit().as_mut() {
+            permit.durable();
+        }
+    }
+
+    /// The submit moves a file's bytes now: it leaves the limit, uncounted.
+    fn set_aside(&self) {
+        if let Some(permit) = self.permit().take() {
+            permit.set_aside();
+        }
+    }
+
+    /// A permit again for a submit whose file is stored, or 503
+    /// `overloaded` when the process has no room now (the file stays the
+    /// tenant's). A no-op while it holds one.
+    fn readmit(&self, services: &Services) -> Result<(), ApiError> {
+        let mut permit = self.permit();
+        if permit.is_some() {
+            return Ok(());
+        }
+        *permit = services.admission.try_admit();
+        if permit.is_none() {
+            services.metrics.http.overload_rejections.inc();
+            let message = "this server has no room for another submit now; retry shortly";
+            return Err(ApiError::Overloaded(message.into()));
+        }
+        Ok(())
     }
 }
 
 async fn submit(
     Extension(admitted): Extension<Admitted>,
+    Extension(uploads): Extension<Uploads>,
     caller: Caller,
     State(services): State<Services>,
     body: Request,
 ) -> Result<Response, ApiError> {
     let max_open_jobs = super::auth::admit_submit(&services, &caller)?;
     let headers = body.headers().clone();
-    let request = super::upload::submitted(&services, &caller, body).await?;
+    let moving = || admitted.set_aside();
+    let request = super::upload::submitted(&services, &uploads, &caller, body, moving).await?;
+    admitted.readmit(&services)?;
     // A header that is not text is no key: it is refused as an empty one.
     let idempotency_key = headers
         .get("idempotency-key")

@@ -8,15 +8,15 @@
 //! key, the signature is the credential, for one attempt of one job while
 //! that attempt runs, and until it expires (410 once the attempt ended).
 
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use uuid::Uuid;
 
+use super::uploads::{self, Uploads};
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{ExtractionStatus, Scope};
@@ -25,36 +25,40 @@ use crate::files::StoredFile;
 use crate::pipeline::Services;
 use crate::store;
 
-/// The routes, with the files' own body limit in place of the API's.
-pub(super) fn router(services: &Services) -> Router<Services> {
+/// The routes. An upload is held to the bounds of uploads (`uploads`) and
+/// to the file limit, not to the API's body limit.
+pub(super) fn router() -> Router<Services> {
     Router::new()
         .route("/v1/files", post(upload))
         .route("/v1/files/{id}", get(read))
         .route("/v1/extractions/{id}/file", get(job_file))
-        .layer(DefaultBodyLimit::max(services.files.max_bytes()))
 }
 
+/// Stores the body as a file: refused 413 from its declared length, 429
+/// past the tenant's uploads in progress, 408 past the body timeout, all
+/// before the file is stored.
 async fn upload(
     caller: Caller,
     State(services): State<Services>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    Extension(uploads): Extension<Uploads>,
+    request: Request,
 ) -> Result<(StatusCode, Json<StoredFile>), ApiError> {
     caller.require(Scope::Submit)?;
     let limit = services.files.max_bytes();
-    let bytes = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(limit),
-        _ => ApiError::BadRequest(rejection.body_text()),
-    })?;
-    let declared = match headers.get(header::CONTENT_TYPE) {
+    uploads.declared_within(request.headers(), limit)?;
+    let declared = match request.headers().get(header::CONTENT_TYPE) {
         Some(value) => Some(value.to_str().map_err(|_| {
             ApiError::BadRequest("the Content-Type header is not ASCII text".into())
         })?),
         None => None,
     };
+    let declared = declared.map(str::to_owned);
+    let _slot = uploads.take(caller.tenant_id)?;
+    let body = uploads::body_within(request.into_body(), limit);
+    let bytes = uploads.within_body_timeout(body).await?;
     let (file, made) = services
         .files
-        .upload(caller.tenant_id, declared, bytes)
+        .upload(caller.tenant_id, declared.as_deref(), bytes)
         .await?;
     let status = if made {
         StatusCode::CREATED

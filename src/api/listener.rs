@@ -14,8 +14,11 @@
 //!   slowloris client that trickles its headers holds a connection for at
 //!   most this long. HTTP/2 connections are pinged at the same interval and
 //!   closed when a ping goes unanswered, so a peer that vanished while a
-//!   request was in progress is noticed too. Bodies are bounded by the REST
-//!   answer timeout; WebSocket streams, once upgraded, by their own protocol.
+//!   request was in progress is noticed too. A connection with a request in
+//!   progress is never closed here: the request bounds itself. Bodies are
+//!   bounded by the REST answer timeout, an upload's by the body timeout
+//!   (`uploads`: 408, then the connection closes); WebSocket streams, once
+//!   upgraded, by their own protocol.
 //! - **Shutdown**: the listener closes, requests in flight finish, idle
 //!   connections close; upgraded streams drain through the gate.
 

@@ -21,6 +21,7 @@ mod overview;
 mod results;
 mod sockets;
 mod upload;
+mod uploads;
 mod ws;
 
 pub use error::ApiError;
@@ -61,7 +62,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .merge(letters::replay_router())
         .merge(import::router())
         .merge(export::router())
-        .merge(files::router(&services))
+        .merge(files::router())
         .with_state(services.clone())
         .merge(probes_router(&services))
         .merge(openapi::router(&services.settings))
@@ -69,6 +70,10 @@ pub fn app(services: Services, gate: Gate) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(gate.clone()))
         .layer(axum::Extension(sockets::Sockets::new(&services.settings)))
+        .layer(axum::Extension(uploads::Uploads::new(
+            &services.settings,
+            &services.metrics.http,
+        )))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
 }

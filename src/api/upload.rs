@@ -7,17 +7,22 @@
 //! A JSON request's document may also be a URL (`document.url`): the
 //! file is fetched through the SSRF guard of webhooks and stored the same
 //! way. While a file's bytes move, the answer bound is lifted
-//! ([`BoundLifted`]).
+//! ([`BoundLifted`]) and the submit holds no admission permit; the bounds
+//! of uploads hold it instead (`uploads`): its declared length, its
+//! tenant's uploads in progress, the body timeout. Each part is read only
+//! up to its own limit.
 //!
 //! The request (or its part) is checked before the file is fetched or
 //! stored: a refused request stores nothing. A file stored for a submit that is then refused
 //! (its key was used with another request) stays the tenant's file.
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::Field;
 use axum::extract::{FromRequest, Multipart, Request};
 use axum::http::{header, HeaderMap};
 use axum::Json;
 
+use super::uploads::Uploads;
 use super::{ApiError, BoundLifted};
 use crate::auth::Caller;
 use crate::domain::{ExtractionRequest, RequestError};
@@ -33,16 +38,37 @@ pub(super) fn is_multipart(headers: &HeaderMap) -> bool {
     essence.eq_ignore_ascii_case("multipart/form-data")
 }
 
+/// The largest multipart submit: a file at its limit, and room for the
+/// request part and the form's framing.
+pub(super) fn multipart_limit(services: &Services) -> usize {
+    let request = services.settings.http_body_limit_bytes;
+    services
+        .files
+        .max_bytes()
+        .saturating_add(request)
+        .saturating_add(64 * 1024)
+}
+
 /// The request a submit's body holds, its file stored first if it has one.
+/// A file's bytes move within the bounds of uploads (`uploads`), and
+/// `moving` is called before they do.
 pub(super) async fn submitted(
     services: &Services,
+    uploads: &Uploads,
     caller: &Caller,
     request: Request,
+    moving: impl FnOnce(),
 ) -> Result<ExtractionRequest, ApiError> {
     let limit = services.settings.http_body_limit_bytes;
     let lifted = request.extensions().get::<BoundLifted>().cloned();
-    let lift = || lifted.as_ref().map(BoundLifted::lift);
+    let lift = || {
+        if let Some(lifted) = &lifted {
+            lifted.lift();
+        }
+        moving();
+    };
     if !is_multipart(request.headers()) {
+        super::uploads::declared_within(request.headers(), limit)?;
         // The route takes bodies as large as a file; a JSON one is held to
         // the API's own limit.
         let request = request.map(|body| Body::new(http_body_util::Limited::new(body, limit)));
@@ -70,13 +96,37 @@ pub(super) async fn submitted(
         // Checked first, with a placeholder for the file still to come.
         parsed.document.object = Some("0".repeat(64));
         parsed.validate(&services.settings.request_limits())?;
+        // The fetch has its own timeout (DOCSTREAM_FILE_FETCH_TIMEOUT_S).
+        let _slot = uploads.take(caller.tenant_id)?;
         lift();
         let (stored, _) = services.files.fetch(caller.tenant_id, &url).await?;
         parsed.document.object = Some(stored.id);
         return Ok(parsed);
     }
+    uploads.declared_within(request.headers(), multipart_limit(services))?;
+    let _slot = uploads.take(caller.tenant_id)?;
     lift();
     let max = services.files.max_bytes();
+    let form = uploads.within_body_timeout(form_parts(request, limit, max));
+    let (json, (declared, bytes)) = form.await?;
+    let mut request = request_without_document(&json)?;
+    request.validate(&services.settings.request_limits())?;
+    let (stored, _) = services
+        .files
+        .upload(caller.tenant_id, declared.as_deref(), bytes)
+        .await?;
+    request.document.object = Some(stored.id);
+    Ok(request)
+}
+
+/// A multipart submit's parts: the request (at most `limit` bytes) and the
+/// file (at most `max`) with its declared type. Each is refused 413 as soon
+/// as it passes its limit, before the rest of it is read.
+async fn form_parts(
+    request: Request,
+    limit: usize,
+    max: usize,
+) -> Result<(Bytes, (Option<String>, Bytes)), ApiError> {
     let multipart_error = |e| multipart_error(e, max);
     let mut form = Multipart::from_request(request, &())
         .await
@@ -85,11 +135,11 @@ pub(super) async fn submitted(
     while let Some(part) = form.next_field().await.map_err(multipart_error)? {
         match part.name() {
             Some("request") if json.is_none() => {
-                json = Some(part.bytes().await.map_err(multipart_error)?);
+                json = Some(part_within(part, limit, max).await?);
             }
             Some("file") if file.is_none() => {
                 let declared = part.content_type().map(str::to_owned);
-                file = Some((declared, part.bytes().await.map_err(multipart_error)?));
+                file = Some((declared, part_within(part, max, max).await?));
             }
             Some(name @ ("request" | "file")) => {
                 return Err(ApiError::BadRequest(format!(
@@ -105,18 +155,21 @@ pub(super) async fn submitted(
         }
     }
     let json = json.ok_or_else(|| missing("request"))?;
-    let (declared, bytes) = file.ok_or_else(|| missing("file"))?;
-    if json.len() > limit {
-        return Err(ApiError::PayloadTooLarge(limit));
+    let file = file.ok_or_else(|| missing("file"))?;
+    Ok((json, file))
+}
+
+/// The bytes of `part`, refused 413 as soon as they pass `limit` (`max`:
+/// the file limit, for a form that passed the route's own).
+async fn part_within(mut part: Field<'_>, limit: usize, max: usize) -> Result<Bytes, ApiError> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = part.chunk().await.map_err(|e| multipart_error(e, max))? {
+        if bytes.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge(limit));
+        }
+        bytes.extend_from_slice(&chunk);
     }
-    let mut request = request_without_document(&json)?;
-    request.validate(&services.settings.request_limits())?;
-    let (stored, _) = services
-        .files
-        .upload(caller.tenant_id, declared.as_deref(), bytes)
-        .await?;
-    request.document.object = Some(stored.id);
-    Ok(request)
+    Ok(bytes.into())
 }
 
 /// The request part, with a placeholder file for the one still to be

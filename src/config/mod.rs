@@ -226,6 +226,17 @@ settings! {
     /// back in the job's results: a host webhooks may post to is not one
     /// submitters may read. Empty, the default: only public addresses.
     file_fetch_allow: AllowList = AllowList::default(), env "DOCSTREAM_FILE_FETCH_ALLOW";
+    /// How long an upload's body (`POST /v1/files`, a multipart submit) may
+    /// take to arrive, all of it, from when its reading begins; past it the
+    /// request is answered 408 and its connection closed. 120 s takes a
+    /// file at the default 32 MiB limit at 2.3 Mbit/s; a client that
+    /// trickles its bytes holds its upload slot no longer.
+    http_body_timeout_s: Seconds = Seconds::new(120), env "DOCSTREAM_HTTP_BODY_TIMEOUT_S", positive;
+    /// Uploads one tenant may have in progress on one `serve` process
+    /// (`POST /v1/files`, multipart submits, `document.url` fetches); one
+    /// more gets 429 with `Retry-After`. Uploads take as long as their
+    /// bytes do, so no tenant may keep the process's time for itself.
+    tenant_max_uploads: usize = 8_usize, env "DOCSTREAM_TENANT_MAX_UPLOADS", at_least(1);
     /// How long the URL an extractor of protocol version 2 gets for a job's
     /// file stays valid (signed by `serve` for the folder store, presigned
     /// by the bucket for S3).

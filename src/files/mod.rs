@@ -25,7 +25,7 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
@@ -58,8 +58,8 @@ struct Inner {
     quota: u64,
     /// Largest file, in bytes.
     max_bytes: usize,
-    /// What a PDF may hold.
-    pdf: PdfLimits,
+    /// What a file may hold to be read as a document.
+    read: ReadLimits,
     /// Fetches a submitter's `document.url` past the SSRF guard (with the
     /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
@@ -156,6 +156,9 @@ pub enum FileError {
         /// What the bytes are.
         found: &'static str,
     },
+    /// A text file of more words than a text document may hold.
+    #[error("the text file has more than {0} words (DOCSTREAM_MAX_TEXT_WORDS); send a longer document as pages")]
+    TooManyWords(usize),
     /// A PDF that is damaged, a bomb, or past a limit.
     #[error(transparent)]
     Pdf(#[from] PdfError),
@@ -163,7 +166,7 @@ pub enum FileError {
     #[error("{0}")]
     Url(String),
     /// The tenant keeps as many bytes of files as its quota allows.
-    #[error("the tenant keeps {used} bytes of files; with this one it would pass its quota of {quota} bytes (DOCSTREAM_TENANT_MAX_FILE_BYTES): files no job names are deleted after DOCSTREAM_FILE_GRACE_S")]
+    #[error("the tenant keeps {used} bytes of files and of the documents its jobs read from them; with this one it would pass its quota of {quota} bytes (DOCSTREAM_TENANT_MAX_FILE_BYTES): files no job names are deleted after DOCSTREAM_FILE_GRACE_S")]
     Quota {
         /// Bytes it keeps.
         used: i64,
@@ -227,10 +230,13 @@ impl Files {
             location: Location::of(settings),
             store: OnceCell::new(),
             max_bytes: settings.file_max_bytes,
-            pdf: PdfLimits {
-                pages: settings.max_pages,
-                inflated_bytes: settings.file_max_inflated_bytes,
-                words_per_page: settings.max_words_per_page,
+            read: ReadLimits {
+                pdf: PdfLimits {
+                    pages: settings.max_pages,
+                    inflated_bytes: settings.file_max_inflated_bytes,
+                    words_per_page: settings.max_words_per_page,
+                },
+                text_words: settings.max_text_words,
             },
             signing: settings
                 .deferred_results()
@@ -264,14 +270,21 @@ impl Files {
         bytes: Bytes,
     ) -> Result<(StoredFile, bool), FileError> {
         let kind = check(declared, &bytes, self.0.max_bytes)?;
-        if kind == FileType::Pdf {
-            let (pdf, limits) = (bytes.clone(), self.0.pdf);
-            let checked = tokio::task::spawn_blocking(move || pdf::check(&pdf, &limits)).await;
-            checked.map_err(|e| PdfError::Unreadable(e.to_string()))??;
+        match kind {
+            FileType::Pdf => {
+                let (pdf, limits) = (bytes.clone(), self.0.read.pdf);
+                let checked = tokio::task::spawn_blocking(move || pdf::check(&pdf, &limits)).await;
+                checked.map_err(|e| PdfError::Unreadable(e.to_string()))??;
+            }
+            FileType::Text => text_within(&bytes, self.0.read.text_words)?,
+            _ => {}
         }
         let sha256 = crate::domain::sha256_hex(&bytes);
         let size = bytes.len() as i64;
-        self.within_quota(tenant, &sha256, size).await?;
+        // Refused before its bytes are written, as a rule; `record` decides.
+        let mut db = self.0.pool.acquire().await.map_err(StoreError::from)?;
+        self.within_quota(&mut db, tenant, &sha256, size).await?;
+        drop(db);
         let store = self.store().await?;
         let path = object_path(tenant, &sha256);
         // Noted first, so bytes whose row never comes are collected.
@@ -283,7 +296,7 @@ impl Files {
             content_type: kind.as_str().to_owned(),
             created_at: chrono::Utc::now(),
         };
-        let (row, made) = files::record(&self.0.pool, tenant, &row).await?;
+        let (row, made) = self.record(tenant, &row).await?;
         files::clear_upload_note(&self.0.pool, tenant, &row.sha256).await?;
         // A collector that deleted these bytes' earlier row (or an old note
         // of them) may have deleted the object just written too; its
@@ -356,19 +369,48 @@ impl Files {
     }
 
     /// Refuses `size` more bytes of `tenant`'s past its quota, unless it
-    /// keeps these bytes (`sha256`) already. Concurrent uploads may pass it
-    /// by what they add at once.
-    async fn within_quota(&self, tenant: Uuid, sha256: &str, size: i64) -> Result<(), FileError> {
+    /// keeps these bytes (`sha256`) already.
+    async fn within_quota(
+        &self,
+        db: &mut PgConnection,
+        tenant: Uuid,
+        sha256: &str,
+        size: i64,
+    ) -> Result<(), FileError> {
         let quota = self.0.quota;
         if quota == 0 {
             return Ok(());
         }
-        let used = files::stored_bytes(&self.0.pool, tenant).await?;
+        let used = files::stored_bytes(&mut *db, tenant).await?;
         let over = u64::try_from(used + size).unwrap_or(u64::MAX) > quota;
-        if over && files::get(&self.0.pool, tenant, sha256).await?.is_none() {
+        if over && files::get(&mut *db, tenant, sha256).await?.is_none() {
             return Err(FileError::Quota { used, quota });
         }
         Ok(())
+    }
+
+    /// Records `row` (its bytes are stored) as tenant `tenant`'s file,
+    /// within its quota: the check and the insert run under the tenant's
+    /// lock (`files::lock_tenant`), so uploads at once cannot pass the quota
+    /// together. Refused, its bytes are deleted under the same lock: an
+    /// upload of the same bytes waiting for it finds them gone after its
+    /// own `record`, and writes them again.
+    async fn record(&self, tenant: Uuid, row: &FileRow) -> Result<(FileRow, bool), FileError> {
+        if self.0.quota == 0 {
+            return Ok(files::record(&self.0.pool, tenant, row).await?);
+        }
+        let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+        files::lock_tenant(&mut tx, tenant).await?;
+        let within = self.within_quota(&mut tx, tenant, &row.sha256, row.size);
+        if let Err(refused) = within.await {
+            if matches!(refused, FileError::Quota { .. }) {
+                self.delete_objects([(tenant, row.sha256.clone())]).await?;
+            }
+            return Err(refused);
+        }
+        let recorded = files::record(&mut *tx, tenant, row).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(recorded)
     }
 
     /// Deletes files no job names and nothing used for `grace`, `batch` at
@@ -471,9 +513,9 @@ impl Files {
         Ok((file.content_type, bytes))
     }
 
-    /// What a PDF may hold here.
-    pub fn pdf_limits(&self) -> PdfLimits {
-        self.0.pdf
+    /// What a file may hold here to be read as a document.
+    pub fn read_limits(&self) -> ReadLimits {
+        self.0.read
     }
 
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
@@ -521,14 +563,34 @@ impl Files {
     }
 }
 
+/// What a file may hold to be read as a document.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    /// What a PDF may hold.
+    pub pdf: PdfLimits,
+    /// Most words of a text file, as of a text document.
+    pub text_words: usize,
+}
+
+/// Refuses a text file of more than `limit` words (runs of
+/// non-whitespace, as a text document's are counted).
+fn text_within(bytes: &[u8], limit: usize) -> Result<(), FileError> {
+    let text = String::from_utf8_lossy(bytes);
+    match text.split_whitespace().take(limit + 1).count() > limit {
+        true => Err(FileError::TooManyWords(limit)),
+        false => Ok(()),
+    }
+}
+
 /// The document a file of kind `kind` holds, for extractors that read
 /// words: a PDF's text layer, or a text file's text. An image has no words
-/// until something reads it, and a PDF without a text layer is a scan: both
-/// fail for good, naming the fix. CPU-bound: run it on the CPU pool.
+/// until something reads it, a PDF without a text layer is a scan, and a
+/// text file past the word limit is too long: all fail for good, naming
+/// the fix. CPU-bound: run it on the CPU pool.
 pub fn document(
     kind: FileType,
     bytes: &[u8],
-    limits: &PdfLimits,
+    limits: &ReadLimits,
     deadline: &Deadline,
 ) -> Result<Document, ExtractError> {
     const OCR: &str = "use an extractor that does OCR (an external extractor of the settings)";
@@ -538,7 +600,7 @@ pub fn document(
     };
     match kind {
         FileType::Pdf => {
-            let pages = pdf::words(bytes, limits, deadline).map_err(|e| match e {
+            let pages = pdf::words(bytes, &limits.pdf, deadline).map_err(|e| match e {
                 PdfError::Deadline => deadline.exceeded(),
                 e => refused(e.to_string()),
             })?;
@@ -553,6 +615,7 @@ pub fn document(
             })
         }
         FileType::Text => {
+            text_within(bytes, limits.text_words).map_err(|e| refused(e.to_string()))?;
             let text = String::from_utf8_lossy(bytes).into_owned();
             match text.trim().is_empty() {
                 true => Err(refused("the text file holds no words".into())),
@@ -631,6 +694,23 @@ mod tests {
         ] {
             assert_eq!(check(declared, pdf, 10).unwrap(), FileType::Pdf);
         }
+    }
+
+    #[test]
+    fn a_text_file_past_the_word_limit_is_not_read() {
+        let limits = ReadLimits {
+            pdf: PdfLimits {
+                pages: 1,
+                inflated_bytes: 1,
+                words_per_page: 1,
+            },
+            text_words: 3,
+        };
+        let read =
+            |text: &str| document(FileType::Text, text.as_bytes(), &limits, &Deadline::none());
+        assert!(read("one two\nthree").is_ok());
+        let refused = read("one two three four").unwrap_err().to_string();
+        assert!(refused.contains("DOCSTREAM_MAX_TEXT_WORDS"), "{refused}");
     }
 
     #[test]

@@ -483,6 +483,13 @@ pub struct HttpMetrics {
     pub admission_limit: IntGauge,
     /// `docstream_submits_in_flight`: submits admitted and not yet answered.
     pub submits_in_flight: IntGauge,
+    /// `docstream_uploads_in_flight`: uploads (files, multipart submits,
+    /// `document.url` fetches) in progress.
+    pub uploads_in_flight: IntGauge,
+    /// `docstream_upload_refusals_total{reason}`: uploads refused for a
+    /// bound of uploads: `too_large` (declared past the limit),
+    /// `tenant_cap` (the tenant's uploads in progress), `body_timeout`.
+    pub upload_refusals: IntCounterVec,
 }
 
 impl HttpMetrics {
@@ -524,7 +531,25 @@ impl HttpMetrics {
                 "docstream_submits_in_flight",
                 "Submits admitted and not yet answered.",
             ),
+            uploads_in_flight: gauge(
+                registry,
+                "docstream_uploads_in_flight",
+                "Uploads in progress: files, multipart submits, document.url fetches.",
+            ),
+            upload_refusals: counter_vec(
+                registry,
+                "docstream_upload_refusals_total",
+                "Uploads refused for a bound of uploads, by reason.",
+                &["reason"],
+            ),
         }
+        .with_upload_reasons()
+    }
+
+    fn with_upload_reasons(self) -> Self {
+        let reasons = [&["too_large"][..], &["tenant_cap"], &["body_timeout"]];
+        at_zero(&self.upload_refusals, &reasons);
+        self
     }
 }
 

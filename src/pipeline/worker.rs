@@ -289,7 +289,7 @@ impl ExtractionWorker {
             };
         }
         let (kind, bytes) = services.files.read(tenant, file).await.map_err(gone)?;
-        let limits = services.files.pdf_limits();
+        let limits = services.files.read_limits();
         let budget = services.settings.extraction_deadline_s.get();
         let read = move |deadline: &Deadline| files::document(kind, &bytes, &limits, deadline);
         let document = services.cpu.run(budget, usize::MAX, read).await?;

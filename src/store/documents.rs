@@ -11,22 +11,24 @@ use crate::domain::Document;
 
 /// Keeps `document` as job `id`'s, read under claim `token`: only while
 /// that claim holds the running extraction (else false, nothing written).
-/// A later claim's reading replaces an earlier one's.
+/// A later claim's reading replaces an earlier one's. Its size (as JSON)
+/// counts against the tenant's quota of files (`files::stored_bytes`).
 pub async fn keep(
     pool: &PgPool,
     (id, token): (Uuid, i32),
     document: &Document,
 ) -> Result<bool, StoreError> {
+    let json = serde_json::to_string(document).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     let kept: Option<(Uuid,)> = sqlx::query_as(
-        "INSERT INTO extraction_documents (id, document)
-         SELECT id, $3 FROM extractions
+        "INSERT INTO extraction_documents (id, tenant_id, size, document)
+         SELECT id, tenant_id, octet_length($3), $3::json FROM extractions
           WHERE id = $1 AND attempts = $2 AND status = 'running'
-         ON CONFLICT (id) DO UPDATE SET document = excluded.document
+         ON CONFLICT (id) DO UPDATE SET document = excluded.document, size = excluded.size
          RETURNING id",
     )
     .bind(id)
     .bind(token)
-    .bind(Json(document))
+    .bind(json)
     .fetch_optional(pool)
     .await?;
     Ok(kept.is_some())

@@ -160,17 +160,36 @@ pub async fn link<'e>(
     Ok(())
 }
 
-/// The bytes of files tenant `tenant` keeps.
+/// The bytes tenant `tenant` keeps: its files, and the documents its jobs
+/// read from them (`extraction_documents`), which can be many times larger.
 pub async fn stored_bytes<'e>(
     executor: impl PgExecutor<'e>,
     tenant: Uuid,
 ) -> Result<i64, StoreError> {
-    let bytes =
-        sqlx::query_scalar("SELECT COALESCE(sum(size), 0)::int8 FROM files WHERE tenant_id = $1")
-            .bind(tenant)
-            .fetch_one(executor)
-            .await?;
+    let bytes = sqlx::query_scalar(
+        "SELECT ((SELECT COALESCE(sum(size), 0) FROM files WHERE tenant_id = $1)
+               + (SELECT COALESCE(sum(size), 0) FROM extraction_documents WHERE tenant_id = $1)
+               )::int8",
+    )
+    .bind(tenant)
+    .fetch_one(executor)
+    .await?;
     Ok(bytes)
+}
+
+/// The advisory-lock class of a tenant's quota of files (with the hash of
+/// its id as the second key).
+const QUOTA_LOCK: i32 = 0x6669_6c65;
+
+/// Takes tenant `tenant`'s quota lock until `tx` ends: whoever checks the
+/// quota and records a file under it sees every file recorded before.
+pub async fn lock_tenant(tx: &mut PgConnection, tenant: Uuid) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2::text))")
+        .bind(QUOTA_LOCK)
+        .bind(tenant)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 /// Deletes up to `batch` rows of files that no job names and nothing has

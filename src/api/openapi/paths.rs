@@ -102,6 +102,7 @@ fn answers(success: Value, refusals: &[u16]) -> Value {
             401 => "Unauthorized",
             403 => "Forbidden",
             404 => "NotFound",
+            408 => "BodyTimeout",
             409 => "Conflict",
             410 => "Gone",
             413 => "PayloadTooLarge",
@@ -184,9 +185,16 @@ fn submit(settings: &Settings) -> Value {
          {file} bytes; a PDF, PNG, JPEG, TIFF or text file, known by its bytes). The \
          file is stored as `POST /v1/files` stores it and the job names it \
          (`document.object`), so the same key with the same file is the same job. A \
-         refused request part stores nothing.",
+         refused request part stores nothing.\n\n\
+         A multipart submit, or one whose `document.url` is fetched, is an upload: \
+         past the tenant's uploads in progress on this server ({uploads}, \
+         `DOCSTREAM_TENANT_MAX_UPLOADS`) it gets 429 with `Retry-After`; a body that \
+         does not arrive whole within {timeout} s (`DOCSTREAM_HTTP_BODY_TIMEOUT_S`) \
+         gets 408. A `Content-Length` past the limit gets 413 before a byte is read.",
         body = settings.http_body_limit_bytes,
         file = settings.file_max_bytes,
+        uploads = settings.tenant_max_uploads,
+        timeout = settings.http_body_timeout_s.get().as_secs_f64(),
     );
     json!({
         "operationId": "submitExtraction",
@@ -217,7 +225,7 @@ fn submit(settings: &Settings) -> Value {
                 "content": {"application/json": {"schema": schema("Accepted")}},
                 "links": links(&[("GetExtraction", "getExtraction"), ("CancelExtraction", "cancelExtraction")]),
             },
-        }), &[400, 401, 403, 410, 413, 415, 422, 429, 503]),
+        }), &[400, 401, 403, 408, 410, 413, 415, 422, 429, 503]),
     })
 }
 
@@ -352,8 +360,16 @@ fn upload_file(settings: &Settings) -> Value {
          naming another kind answers 415 (send `application/octet-stream` to let the bytes \
          say). The file's id is its SHA-256: the same bytes uploaded again by the same \
          tenant answer the same file, 200 instead of 201. A tenant never sees another's \
-         files.",
+         files.\n\n\
+         A `Content-Length` past the limit gets 413 before a byte is read. Past the \
+         tenant's uploads in progress on this server ({uploads}, \
+         `DOCSTREAM_TENANT_MAX_UPLOADS`) the answer is 429 with `Retry-After`, and so it \
+         is past the tenant's bytes of files and of the documents its jobs read from \
+         them (`DOCSTREAM_TENANT_MAX_FILE_BYTES`). A body that does not arrive whole \
+         within {timeout} s (`DOCSTREAM_HTTP_BODY_TIMEOUT_S`) gets 408.",
         max = settings.file_max_bytes,
+        uploads = settings.tenant_max_uploads,
+        timeout = settings.http_body_timeout_s.get().as_secs_f64(),
     );
     json!({
         "operationId": "uploadFile",
@@ -380,7 +396,7 @@ fn upload_file(settings: &Settings) -> Value {
                 "description": "The tenant had uploaded these bytes before: the same file.",
                 "content": {"application/json": {"schema": schema("File")}},
             },
-        }), &[400, 401, 403, 413, 415, 422, 429, 503]),
+        }), &[400, 401, 403, 408, 413, 415, 422, 429, 503]),
     })
 }
 
@@ -1082,14 +1098,27 @@ fn error_responses() -> Value {
         "NotFound": plain("No such extraction (or another tenant's)."),
         "Conflict": plain("The job's state does not allow it (e.g. it finished)."),
         "Gone": plain("The job's content was erased (`DELETE /v1/extractions/{id}`)."),
-        "PayloadTooLarge": plain("The body is larger than the limit."),
+        "BodyTimeout": {
+            "description": "An upload's body did not arrive whole within \
+                            `DOCSTREAM_HTTP_BODY_TIMEOUT_S` of when its reading began; \
+                            the connection is closed.",
+            "headers": {
+                "Connection": {"required": true, "schema": {"type": "string", "const": "close"}},
+            },
+            "content": {"application/json": {"schema": schema("Error")}},
+        },
+        "PayloadTooLarge": plain(
+            "The body is larger than the limit: refused from its `Content-Length` \
+             before a byte of it is read, or as soon as it passes the limit."
+        ),
         "UnsupportedMediaType": plain("The body is not declared as `application/json`."),
         "Unprocessable": plain(
             "The JSON does not describe a valid request, or the `Idempotency-Key` names \
              a job with another request."
         ),
         "TooManyRequests": {
-            "description": "Past a quota of the tenant (submit rate, open jobs, sockets).",
+            "description": "Past a quota of the tenant (submit rate, open jobs, sockets, \
+                            uploads in progress, bytes of files).",
             "headers": {"Retry-After": retry_after.clone()},
             "content": {"application/json": {"schema": schema("RetryError")}},
         },

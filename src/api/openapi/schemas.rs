@@ -248,7 +248,9 @@ fn error_detail() -> Value {
                                 `malformed_json` (400); `invalid_request`, \
                                 `limit_exceeded`, `too_deep`, `unrepresentable_text` \
                                 (422: a request refused for what it says); \
-                                `payload_too_large`, `unsupported_media_type`, \
+                                `body_timeout` (408: an upload's body did not \
+                                arrive in time), `payload_too_large`, \
+                                `unsupported_media_type`, \
                                 `unauthorized`, `forbidden`, `not_found`, `conflict`, \
                                 `too_many_requests`, `overloaded` (503: a submit \
                                 refused at once, nothing done), `shutting_down`, \
