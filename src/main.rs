@@ -77,6 +77,10 @@ enum Command {
     /// A reference extraction service (the extractor protocol, with the
     /// built-in rules): for the demo, the benchmark, and trying the protocol.
     ExtractorServe(docstream::provider::ProviderArgs),
+    /// Reads a PDF from standard input and writes its words as JSON: how a
+    /// worker reads a file's words in a process it can kill.
+    #[command(hide = true)]
+    ReadPdf(docstream::files::pdf::apart::ReadArgs),
     /// Benchmark: the Postgres and Kafka ceilings, graphile-worker, and
     /// docstream's burn-down and steady state, in one run (scripts/bench.sh).
     Bench(bench::BenchArgs),
@@ -84,6 +88,17 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before settings and tracing: a worker runs it per file, and its
+    // standard output is its answer.
+    if let Command::ReadPdf(args) = &cli.command {
+        return match docstream::files::pdf::apart::read_stdin(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("docstream read-pdf: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(settings) => settings,
         Err(e) => {
@@ -183,6 +198,8 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             print!("{}", bench::run(settings, args).await?);
             return Ok(());
         }
+        // Answered by `main` before anything is set up.
+        Command::ReadPdf(_) => return Ok(()),
         Command::Serve => Mix {
             serve: true,
             ..Mix::default()

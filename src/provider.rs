@@ -181,6 +181,7 @@ async fn read_file(file: &FileRef) -> Result<Document, Response> {
             pages: RequestLimits::DEFAULT.pages,
             inflated_bytes: 128 * 1024 * 1024,
             words_per_page: RequestLimits::DEFAULT.words_per_page,
+            content_objects: 1_000_000,
         },
         text_words: RequestLimits::DEFAULT.text_words,
     };

@@ -1322,3 +1322,154 @@ async fn a_request_part_past_the_body_limit_is_refused_as_it_arrives() {
     let answer = String::from_utf8_lossy(&answer[..n]);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
+
+/// A PDF whose one stream inflates to `inflated` zeros through two Flate
+/// layers: the check once measured only the outer one.
+fn chained_bomb(inflated: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut inner = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    let block = vec![0u8; 1 << 20];
+    for _ in 0..inflated / block.len() {
+        inner.write_all(&block).unwrap();
+    }
+    let mut outer = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    outer.write_all(&inner.finish().unwrap()).unwrap();
+    let data = outer.finish().unwrap();
+    let head = format!(
+        "%PDF-1.4\n1 0 obj\n<< /Length {} /Filter [/FlateDecode /FlateDecode] >>\nstream\n",
+        data.len()
+    );
+    let mut pdf = head.into_bytes();
+    pdf.extend_from_slice(&data);
+    pdf.extend_from_slice(b"\nendstream\nendobj\n%%EOF\n");
+    pdf
+}
+
+/// A PDF of one page whose content is `0 ` repeated `n` times: small
+/// compressed, within the inflate cap, and millions of objects parsed.
+fn zeros_page(n: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&b"0 ".repeat(n)).unwrap();
+    let data = z.finish().unwrap();
+    let mut pdf = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    let stream = {
+        let mut s = format!(
+            "<< /Length {} /Filter /FlateDecode >>\nstream\n",
+            data.len()
+        )
+        .into_bytes();
+        s.extend_from_slice(&data);
+        s.extend_from_slice(b"\nendstream");
+        s
+    };
+    let objects: [&[u8]; 4] = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 100 100] /Contents 4 0 R >>",
+        &stream,
+    ];
+    for (i, body) in objects.iter().enumerate() {
+        offsets.push(pdf.len());
+        pdf.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
+        pdf.extend_from_slice(body);
+        pdf.extend_from_slice(b"\nendobj\n");
+    }
+    let xref = pdf.len();
+    pdf.extend_from_slice(b"xref\n0 5\n0000000000 65535 f \n");
+    for offset in offsets {
+        pdf.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    let trailer = format!("trailer\n<< /Size 5 /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n");
+    pdf.extend_from_slice(trailer.as_bytes());
+    pdf
+}
+
+/// A bomb behind a filter chain, and content of millions of operands
+/// within the inflate cap, are refused at the upload, naming the limit
+/// each is past, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bombs_past_the_old_check_are_refused_at_the_upload_naming_their_limit() {
+    let files = Files::start_with(Store::Dir, |s| s.file_max_content_objects = 100_000).await;
+    let refusals = [
+        (
+            "a bomb of two flate layers",
+            chained_bomb(64 << 20),
+            "inflate to more than 6291456 bytes (DOCSTREAM_FILE_MAX_INFLATED_BYTES)",
+        ),
+        (
+            "two million operands",
+            zeros_page(2_000_000),
+            "more than 100000 operators and operands (DOCSTREAM_FILE_MAX_CONTENT_OBJECTS)",
+        ),
+    ];
+    for (what, pdf, says) in refusals {
+        assert!(pdf.len() < 1 << 20, "{what}: a small upload");
+        let (status, body) = files.upload(pdf, "application/pdf", None).await;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {body}");
+        assert!(message.contains(says), "{what}: {message}");
+        assert_eq!(files.stored().await, (0, 0), "{what}: nothing stored");
+    }
+}
+
+/// A worker reads a PDF's words in a process it kills at the deadline: a
+/// read that never ends fails its job for good, naming the limit, and the
+/// worker's one CPU slot serves the next job at once. The reader here is
+/// docstream behind a script that, for a file marked so, never answers
+/// (as a parse that runs on would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdf_read_past_its_deadline_fails_for_good_and_frees_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = dir.path().join("reader.sh");
+    let script = format!(
+        "#!/bin/sh\n\
+         input=$(mktemp)\n\
+         cat > \"$input\"\n\
+         if grep -q NEVER-ENDS \"$input\"; then rm -f \"$input\"; exec sleep 600; fi\n\
+         exec 3< \"$input\"\n\
+         rm -f \"$input\"\n\
+         exec '{}' \"$@\" <&3 3<&-\n",
+        env!("CARGO_BIN_EXE_docstream")
+    );
+    std::fs::write(&reader, script).unwrap();
+    std::fs::set_permissions(&reader, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let program = reader.display().to_string();
+    let files = Files::start_with(Store::Dir, |s| {
+        s.pdf_reader = program;
+        s.extraction_deadline_s = common::secs(1.0);
+        s.extraction_threads = 1;
+    })
+    .await;
+    let _workers = [
+        files.env.spawn("worker", &[], "files-deadline-worker"),
+        files
+            .env
+            .spawn("bbox-worker", &[], "files-deadline-bbox-worker"),
+    ];
+    let (pdf, sample) = sample(SAMPLES[0]);
+    let mut stuck = pdf.clone();
+    stuck.extend_from_slice(b"%NEVER-ENDS\n");
+    let mut jobs = Vec::new();
+    for bytes in [stuck, pdf] {
+        let (status, file) = files.upload(bytes, "application/pdf", None).await;
+        assert_eq!(status, StatusCode::CREATED, "{file}");
+        let mut request = sample["request"].clone();
+        request["document"] = serde_json::json!({"object": file["id"]});
+        let (status, accepted) = files.submit(&request, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+        jobs.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    let job = files.finished(&jobs[0]).await;
+    assert_eq!(job["status"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap_or_default();
+    assert!(error.contains("DOCSTREAM_EXTRACTION_DEADLINE_S"), "{error}");
+    assert_eq!(
+        job["attempts"], 1,
+        "a read past its deadline is not retried"
+    );
+    // The one slot was given back: the next file's read got it and ended.
+    let job = files.finished(&jobs[1]).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+}

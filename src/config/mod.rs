@@ -216,6 +216,18 @@ settings! {
     /// (and what its pages draw, with repeats); more is refused as a
     /// decompression bomb (422). A PDF's pages are held to `max_pages`.
     file_max_inflated_bytes: usize = 128_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_INFLATED_BYTES", at_least(1);
+    /// Most objects (operators and operands) a PDF page's content, or a form
+    /// it draws, may decode into: the parser holds them all, tens of bytes
+    /// each, so content within the inflate cap can still take gigabytes
+    /// (`0 ` repeated). More is refused (422). A dense page of text is tens
+    /// of thousands.
+    file_max_content_objects: usize = 1_000_000_usize, env "DOCSTREAM_FILE_MAX_CONTENT_OBJECTS", at_least(1);
+    /// The program a worker reads a PDF's words with, in a process of its
+    /// own that is killed at the extraction deadline (so a parse that runs
+    /// long gives its CPU slot back): it is run as `<program> read-pdf`.
+    /// Empty: this docstream binary. A wrapper (a script running `prlimit`
+    /// or a sandbox around docstream) may bound its memory too.
+    pdf_reader: String = "", env "DOCSTREAM_PDF_READER";
     /// How long fetching a `document.url` may take, all of it (the SSRF
     /// guard judges the URL; `DOCSTREAM_FILE_FETCH_ALLOW` admits more);
     /// past it the submit gets 422.

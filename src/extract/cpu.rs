@@ -17,6 +17,10 @@
 //! time even while one long regex search runs on. Such a search keeps its
 //! thread and its slot until it ends (the regex engine's time is linear in
 //! the text, so it does end), which is what keeps the pool bounded.
+//!
+//! Work that cannot check a deadline and need not end soon (parsing a PDF)
+//! runs in a child process instead ([`CpuPool::run_apart`]): at the deadline
+//! the process is killed and its slot is free at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,6 +122,28 @@ impl CpuPool {
         }
     }
 
+    /// Runs `work`, a future that drives a child process killed when the
+    /// future is dropped, once a slot is free, with a deadline `budget` away
+    /// (from when it starts). At the deadline the future is dropped, so
+    /// the process is killed and the slot is free again at once.
+    pub async fn run_apart<T, F, Fut>(&self, budget: Duration, work: F) -> Result<T, ExtractError>
+    where
+        F: FnOnce(Deadline) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ExtractError>>,
+    {
+        let _slot = self.slot().await;
+        let deadline = Deadline::after(budget);
+        match tokio::time::timeout(budget, work(deadline)).await {
+            Ok(result) => result,
+            Err(_) => Err(deadline.exceeded()),
+        }
+    }
+
+    /// Slots free now.
+    pub fn free_slots(&self) -> usize {
+        self.slots.available_permits()
+    }
+
     /// Runs `work` on a blocking thread once a slot is free, with no
     /// deadline: for work that is bounded on its own and must not be cut
     /// short, because what would follow it on the async runtime is worse
@@ -181,6 +207,39 @@ mod tests {
         });
         let ran_at = next.await.unwrap();
         assert!(ran_at - started >= Duration::from_millis(400));
+    }
+
+    #[tokio::test]
+    async fn a_child_past_its_deadline_is_killed_and_gives_its_slot_back() {
+        let pool = CpuPool::new(1);
+        let budget = Duration::from_millis(200);
+        let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+        let stuck = pool.run_apart(budget, |_| async move {
+            let mut child = tokio::process::Command::new("sleep")
+                .arg("600")
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            pid_tx.send(child.id().unwrap()).unwrap();
+            child.wait().await.unwrap();
+            Ok(())
+        });
+        assert_eq!(stuck.await, Err(ExtractError::DeadlineExceeded(0.2)));
+        assert_eq!(pool.free_slots(), 1, "the slot is free once the job failed");
+        // The process is gone: killed, and reaped by the runtime.
+        let pid = pid_rx.recv().unwrap();
+        let proc = format!("/proc/{pid}/stat");
+        let killed = || {
+            let state = std::fs::read_to_string(&proc).unwrap_or_default();
+            state.is_empty() || state.split(' ').nth(2) == Some("Z")
+        };
+        let bound = Instant::now() + Duration::from_secs(5);
+        while !killed() {
+            assert!(Instant::now() < bound, "the stuck process is still running");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let next = pool.run_apart(budget, |_| async { Ok(Instant::now()) });
+        assert!(next.await.is_ok());
     }
 
     #[tokio::test]

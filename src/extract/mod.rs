@@ -125,7 +125,7 @@ pub enum ExtractError {
     ResultTooLarge(String),
     /// CPU-bound extraction ran past its deadline (seconds). The same input
     /// would take as long again, so it is not retried.
-    #[error("deadline_exceeded: the extraction ran past its deadline of {0} s")]
+    #[error("deadline_exceeded: the extraction ran past its deadline of {0} s (DOCSTREAM_EXTRACTION_DEADLINE_S)")]
     DeadlineExceeded(f64),
     /// The extractor answered success with something that is not a result.
     #[error("extractor {extractor:?} answered with an invalid result: {reason}")]

@@ -60,6 +60,8 @@ struct Inner {
     max_bytes: usize,
     /// What a file may hold to be read as a document.
     read: ReadLimits,
+    /// The program that reads a PDF's words in a process of its own.
+    reader: PathBuf,
     /// Fetches a submitter's `document.url` past the SSRF guard (with the
     /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
@@ -235,8 +237,15 @@ impl Files {
                     pages: settings.max_pages,
                     inflated_bytes: settings.file_max_inflated_bytes,
                     words_per_page: settings.max_words_per_page,
+                    content_objects: settings.file_max_content_objects,
                 },
                 text_words: settings.max_text_words,
+            },
+            reader: match settings.pdf_reader.as_str() {
+                // Resolved now: the binary may be replaced on disk while
+                // this process runs.
+                "" => std::env::current_exe().unwrap_or_else(|_| "docstream".into()),
+                program => PathBuf::from(program),
             },
             signing: settings
                 .deferred_results()
@@ -518,6 +527,11 @@ impl Files {
         self.0.read
     }
 
+    /// The program that reads a PDF's words in a process of its own.
+    pub fn pdf_reader(&self) -> &std::path::Path {
+        &self.0.reader
+    }
+
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
         Ok(&self.opened().await?.0)
     }
@@ -582,6 +596,9 @@ fn text_within(bytes: &[u8], limit: usize) -> Result<(), FileError> {
     }
 }
 
+/// What a document with no words needs.
+const OCR: &str = "use an extractor that does OCR (an external extractor of the settings)";
+
 /// The document a file of kind `kind` holds, for extractors that read
 /// words: a PDF's text layer, or a text file's text. An image has no words
 /// until something reads it, a PDF without a text layer is a scan, and a
@@ -593,27 +610,12 @@ pub fn document(
     limits: &ReadLimits,
     deadline: &Deadline,
 ) -> Result<Document, ExtractError> {
-    const OCR: &str = "use an extractor that does OCR (an external extractor of the settings)";
     let refused = |message: String| ExtractError::Refused {
         extractor: crate::domain::RULES_EXTRACTOR.to_owned(),
         message,
     };
     match kind {
-        FileType::Pdf => {
-            let pages = pdf::words(bytes, &limits.pdf, deadline).map_err(|e| match e {
-                PdfError::Deadline => deadline.exceeded(),
-                e => refused(e.to_string()),
-            })?;
-            if pages.iter().all(|p| p.words.is_empty()) {
-                return Err(refused(format!(
-                    "the PDF has no text layer (a scan?): {OCR}"
-                )));
-            }
-            Ok(Document {
-                pages: Some(pages),
-                ..Document::default()
-            })
-        }
+        FileType::Pdf => pdf_document(pdf::words(bytes, &limits.pdf, deadline), deadline),
         FileType::Text => {
             text_within(bytes, limits.text_words).map_err(|e| refused(e.to_string()))?;
             let text = String::from_utf8_lossy(bytes).into_owned();
@@ -630,6 +632,51 @@ pub fn document(
             image.as_str()
         ))),
     }
+}
+
+/// [`document`], a PDF read in a process of its own (`reader`, see
+/// [`pdf::apart`]) that dropping the future kills: run it on the CPU pool
+/// with [`crate::extract::CpuPool::run_apart`], which drops it at the
+/// deadline and frees its slot.
+pub async fn document_apart(
+    reader: &std::path::Path,
+    kind: FileType,
+    bytes: Bytes,
+    limits: &ReadLimits,
+    deadline: &Deadline,
+) -> Result<Document, ExtractError> {
+    match kind {
+        FileType::Pdf => {
+            let read = pdf::apart::words(reader, bytes, &limits.pdf).await;
+            pdf_document(read, deadline)
+        }
+        other => document(other, &bytes, limits, deadline),
+    }
+}
+
+/// The document of a PDF whose words were `read`.
+fn pdf_document(
+    read: Result<Vec<crate::domain::Page>, PdfError>,
+    deadline: &Deadline,
+) -> Result<Document, ExtractError> {
+    let refused = |message: String| ExtractError::Refused {
+        extractor: crate::domain::RULES_EXTRACTOR.to_owned(),
+        message,
+    };
+    let pages = read.map_err(|e| match e {
+        PdfError::Deadline => deadline.exceeded(),
+        PdfError::Reader(why) => ExtractError::Unavailable(why),
+        e => refused(e.to_string()),
+    })?;
+    if pages.iter().all(|p| p.words.is_empty()) {
+        return Err(refused(format!(
+            "the PDF has no text layer (a scan?): {OCR}"
+        )));
+    }
+    Ok(Document {
+        pages: Some(pages),
+        ..Document::default()
+    })
 }
 
 /// What `bytes` are, or why they are refused: empty, over `max_bytes`, of a

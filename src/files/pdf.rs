@@ -4,18 +4,25 @@
 //!
 //! The text is read by `pdf-extract` (fonts, encodings, the text state), and
 //! words are put together here from each character's place. A hostile PDF
-//! is held off before it is parsed: every compressed stream is inflated
-//! under a cap first ([`check`]), since the parser inflates without one; a
-//! page's content cannot reach past the same cap by naming one stream many
-//! times; form XObjects may not nest past [`MAX_FORM_DEPTH`] or draw
-//! themselves (the parser follows them without a bound); and a panic in the
-//! parser is a refusal of the file, not a crash of the worker.
+//! is held off before it is parsed: every stream the bytes hold is found
+//! and inflated under a cap first, through the chain of filters its
+//! dictionary names ([`scan`], [`inflate`]), since the parser inflates
+//! without one; a page's content cannot reach past the same cap by naming
+//! one stream many times; a page's content (and each form it draws) may not
+//! decode into more objects than a limit ([`tokens`]), since the parser
+//! holds them all; form XObjects may not nest past [`MAX_FORM_DEPTH`] or
+//! draw themselves (the parser follows them without a bound); and a panic
+//! in the parser is a refusal of the file, not a crash of the worker.
 //!
 //! A word's box is its glyphs' em boxes: from 0.8 of the font size above the
 //! baseline to 0.2 below it, in points from the page's top-left corner.
 
+pub mod apart;
+mod inflate;
+mod scan;
+mod tokens;
+
 use std::collections::HashMap;
-use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pdf_extract::{Document as Pdf, MediaBox, Object, ObjectId, OutputDev, OutputError, Transform};
@@ -36,10 +43,13 @@ pub struct PdfLimits {
     pub inflated_bytes: usize,
     /// Most words on a page.
     pub words_per_page: usize,
+    /// Most objects (operators and operands) a page's content, or a form it
+    /// draws, may decode into.
+    pub content_objects: usize,
 }
 
 /// Why a PDF was refused, or had no text to read.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum PdfError {
     /// Not a PDF the parser can read.
     #[error("the PDF cannot be read: {0}")]
@@ -61,6 +71,15 @@ pub enum PdfError {
     /// A stream compressed in a way docstream does not inflate under a cap.
     #[error("the PDF has a stream compressed with {0}, which docstream does not read; save it with Flate compression")]
     Filter(String),
+    /// A page's content, or a form it draws, decodes into more objects than
+    /// the limit: a memory bomb within the inflate cap.
+    #[error("page {page} of the PDF draws more than {limit} operators and operands (DOCSTREAM_FILE_MAX_CONTENT_OBJECTS)")]
+    TooManyObjects {
+        /// The page, from 1.
+        page: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// Form XObjects nested too deep, or drawing themselves.
     #[error("the PDF's forms nest deeper than {MAX_FORM_DEPTH} levels or draw themselves")]
     Forms,
@@ -72,6 +91,10 @@ pub enum PdfError {
         /// The limit.
         limit: usize,
     },
+    /// The process that reads PDFs ([`apart`]) could not be run: a fault of
+    /// this machine, not of the file.
+    #[error("the PDF reader could not be run: {0}")]
+    Reader(String),
     /// Reading the text ran past the deadline.
     #[error("reading the PDF's text ran past its deadline")]
     Deadline,
@@ -82,7 +105,7 @@ pub enum PdfError {
 /// content (its streams with their repeats, and the forms it draws) within
 /// the inflate cap too. The number of pages.
 pub fn check(bytes: &[u8], limits: &PdfLimits) -> Result<usize, PdfError> {
-    inflate_all(bytes, limits.inflated_bytes)?;
+    scan::inflate_all(bytes, limits.inflated_bytes)?;
     let pdf = parse(bytes)?;
     let pages = pdf.get_pages();
     if pages.is_empty() {
@@ -94,9 +117,9 @@ pub fn check(bytes: &[u8], limits: &PdfLimits) -> Result<usize, PdfError> {
             limit: limits.pages,
         });
     }
-    let mut content = ContentSize::new(&pdf, limits.inflated_bytes);
-    for &page in pages.values() {
-        content.page(page)?;
+    let mut content = ContentSize::new(&pdf, limits);
+    for (number, &page) in pages.values().enumerate() {
+        content.page(number + 1, page)?;
     }
     Ok(pages.len())
 }
@@ -135,87 +158,6 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     format!("the parser failed ({})", text.unwrap_or_default())
 }
 
-/// Inflates every compressed stream of `bytes` under one cap, without
-/// parsing: from each `stream` keyword, the way the parser would. A stream
-/// the parser would inflate another way (LZW, run length) is refused.
-fn inflate_all(bytes: &[u8], cap: usize) -> Result<(), PdfError> {
-    let mut total = 0usize;
-    let mut at = 0;
-    while let Some(found) = find(&bytes[at..], b"stream") {
-        let keyword = at + found;
-        at = keyword + b"stream".len();
-        if bytes[..keyword].ends_with(b"end") {
-            continue;
-        }
-        let dictionary = &bytes[keyword.saturating_sub(4096)..keyword];
-        let dictionary = match rfind(dictionary, b"obj") {
-            Some(start) => &dictionary[start..],
-            None => dictionary,
-        };
-        for refused in [&b"/LZW"[..], b"/RunLength", b"/RL", b"/JBIG2", b"/Crypt"] {
-            if find(dictionary, refused).is_some() {
-                let name = String::from_utf8_lossy(&refused[1..]).into_owned();
-                return Err(PdfError::Filter(name));
-            }
-        }
-        if find(dictionary, b"/Fl").is_none() {
-            continue;
-        }
-        let mut data = &bytes[at..];
-        for eol in [&b"\r\n"[..], b"\n", b"\r"] {
-            if let Some(rest) = data.strip_prefix(eol) {
-                data = rest;
-                break;
-            }
-        }
-        total += inflated_len(data, cap - total.min(cap))?;
-        if total > cap {
-            return Err(PdfError::Inflates(cap));
-        }
-    }
-    Ok(())
-}
-
-/// How many bytes the zlib (or raw deflate) stream at the start of `data`
-/// inflates to, counting to one past `room`. A stream that is corrupt
-/// counts what it gave before the error, as the parser would keep.
-fn inflated_len(data: &[u8], room: usize) -> Result<usize, PdfError> {
-    let limit = room as u64 + 1;
-    let counted = count(flate2::read::ZlibDecoder::new(data).take(limit));
-    let deflate = || count(flate2::read::DeflateDecoder::new(data).take(limit));
-    let n = match counted {
-        (n, true) => n,
-        (0, false) => deflate().0,
-        (n, false) => n,
-    };
-    match n > room {
-        true => Err(PdfError::Inflates(room)),
-        false => Ok(n),
-    }
-}
-
-/// Bytes read from `reader` until its end or an error, and whether it ended
-/// cleanly.
-fn count(mut reader: impl Read) -> (usize, bool) {
-    let mut total = 0;
-    let mut buffer = [0u8; 16 * 1024];
-    loop {
-        match reader.read(&mut buffer) {
-            Ok(0) => return (total, true),
-            Ok(n) => total += n,
-            Err(_) => return (total, false),
-        }
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).rposition(|w| w == needle)
-}
-
 /// The inflated size of what pages draw: their content streams, each as
 /// often as it is named, and the forms they draw, followed as the text
 /// reader follows them.
@@ -223,26 +165,34 @@ struct ContentSize<'a> {
     pdf: &'a Pdf,
     cap: usize,
     total: usize,
+    /// Most objects one content stream may decode into.
+    content_objects: usize,
+    /// The page being measured, from 1.
+    page: usize,
     /// Inflated size of each stream measured so far.
     sizes: HashMap<ObjectId, usize>,
 }
 
 impl<'a> ContentSize<'a> {
-    fn new(pdf: &'a Pdf, cap: usize) -> Self {
+    fn new(pdf: &'a Pdf, limits: &PdfLimits) -> Self {
         Self {
             pdf,
-            cap,
+            cap: limits.inflated_bytes,
             total: 0,
+            content_objects: limits.content_objects,
+            page: 0,
             sizes: HashMap::new(),
         }
     }
 
-    fn page(&mut self, page: ObjectId) -> Result<(), PdfError> {
+    fn page(&mut self, number: usize, page: ObjectId) -> Result<(), PdfError> {
+        self.page = number;
         for stream in self.pdf.get_page_contents(page) {
             self.add(stream)?;
         }
-        let content = self.pdf.get_and_decode_page_content(page);
+        let content = self.pdf.get_page_content(page);
         let content = content.map_err(|e| PdfError::Unreadable(e.to_string()))?;
+        let content = self.decode(&content)?;
         let (resources, inherited) = self.pdf.get_page_resources(page).unwrap_or((None, vec![]));
         let mut scopes: Vec<&pdf_extract::Dictionary> = resources.into_iter().collect();
         scopes.extend(
@@ -282,8 +232,10 @@ impl<'a> ContentSize<'a> {
             let content = form
                 .decompressed_content()
                 .unwrap_or_else(|_| form.content.clone());
-            let Ok(content) = pdf_extract::content::Content::decode(&content) else {
-                continue;
+            let content = match self.decode(&content) {
+                Ok(content) => content,
+                Err(PdfError::Unreadable(_)) => continue,
+                Err(refused) => return Err(refused),
             };
             let own = form.dict.get(b"Resources").ok().and_then(|r| match r {
                 Object::Reference(id) => self.pdf.get_dictionary(*id).ok(),
@@ -307,16 +259,31 @@ impl<'a> ContentSize<'a> {
         xobjects.get(name).ok()?.as_reference().ok()
     }
 
-    /// Counts stream `id` once more.
+    /// The operations of `content`, once its objects are counted within
+    /// the limit (the parser holds them all at once).
+    fn decode(&self, content: &[u8]) -> Result<pdf_extract::content::Content, PdfError> {
+        let limit = self.content_objects;
+        if tokens::count(content, limit) > limit {
+            let page = self.page;
+            return Err(PdfError::TooManyObjects { page, limit });
+        }
+        pdf_extract::content::Content::decode(content)
+            .map_err(|e| PdfError::Unreadable(e.to_string()))
+    }
+
+    /// Counts stream `id` once more, measured under what is left of the
+    /// cap before the parser inflates it.
     fn add(&mut self, id: ObjectId) -> Result<(), PdfError> {
         let size = match self.sizes.get(&id) {
             Some(&size) => size,
             None => {
-                let stream = self.pdf.get_object(id).and_then(Object::as_stream);
-                let size = stream.map_or(0, |s| {
-                    s.decompressed_content()
-                        .map_or(s.content.len(), |c| c.len())
-                });
+                let room = self.cap - self.total.min(self.cap);
+                let size = match self.pdf.get_object(id).and_then(Object::as_stream) {
+                    Ok(s) => inflate::measure(&s.content, &inflate::chain_of(&s.dict)?, room)
+                        .map_err(|_| PdfError::Inflates(self.cap))?
+                        .max(s.content.len()),
+                    Err(_) => 0,
+                };
                 self.sizes.insert(id, size);
                 size
             }
@@ -504,6 +471,7 @@ mod tests {
         pages: 10,
         inflated_bytes: 1 << 20,
         words_per_page: 5000,
+        content_objects: 100_000,
     };
 
     #[test]
@@ -518,6 +486,190 @@ mod tests {
         assert_eq!(check(&pdf, &LIMITS), Err(PdfError::Inflates(1 << 20)));
         let lzw = b"%PDF-1.4\n1 0 obj\n<< /Filter /LZWDecode >>\nstream\nxx\nendstream\n";
         assert_eq!(check(lzw, &LIMITS), Err(PdfError::Filter("LZW".into())));
+    }
+
+    /// Zlib of `zeros` zero bytes, made without holding them.
+    fn zeros_zlib(zeros: usize) -> Vec<u8> {
+        use std::io::Write;
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let block = vec![0u8; 1 << 20];
+        for _ in 0..zeros / block.len() {
+            z.write_all(&block).unwrap();
+        }
+        z.finish().unwrap()
+    }
+
+    fn zlib(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(bytes).unwrap();
+        z.finish().unwrap()
+    }
+
+    fn ascii85(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for group in bytes.chunks(4) {
+            let mut word = [0u8; 4];
+            word[..group.len()].copy_from_slice(group);
+            let mut n = u32::from_be_bytes(word);
+            let mut digits = [0u8; 5];
+            for d in digits.iter_mut().rev() {
+                *d = (n % 85) as u8 + b'!';
+                n /= 85;
+            }
+            out.extend_from_slice(&digits[..group.len() + 1]);
+        }
+        out.extend_from_slice(b"~>");
+        out
+    }
+
+    /// Zeros a bomb inflates to: 64 times the cap of [`LIMITS`].
+    const BOMB: usize = 64 << 20;
+
+    /// The bombs that slipped past the check: a page whose content is a
+    /// stream inflating to [`BOMB`] zeros, in each form that was missed.
+    fn bypasses() -> Vec<(&'static str, Vec<u8>)> {
+        let bomb = zeros_zlib(BOMB);
+        let mut raw = b"??".to_vec();
+        raw.extend_from_slice(&bomb[2..]);
+        let forms: [(&str, &str, Vec<u8>); 5] = [
+            (
+                "ascii85 over flate",
+                "/Filter [/ASCII85Decode /FlateDecode]",
+                ascii85(&bomb),
+            ),
+            (
+                "flate over flate",
+                "/Filter [/FlateDecode /FlateDecode]",
+                zlib(&bomb),
+            ),
+            (
+                "a dictionary past 4 KiB",
+                &format!("/Filter /FlateDecode /Padding ({})", "x".repeat(5000)),
+                bomb.clone(),
+            ),
+            (
+                "(obj) in the dictionary",
+                "/Filter /FlateDecode /Note (obj)",
+                bomb.clone(),
+            ),
+            (
+                "a zlib header the parser skips",
+                "/Filter /FlateDecode",
+                raw,
+            ),
+        ];
+        forms
+            .into_iter()
+            .map(|(name, filter, data)| (name, page_drawing(filter, &data)))
+            .collect()
+    }
+
+    /// A one-page PDF whose content is a stream of `data`, with `filter`
+    /// (and more) in its dictionary.
+    fn page_drawing(filter: &str, data: &[u8]) -> Vec<u8> {
+        let mut stream = format!("<< /Length {} {filter} >>\nstream\n", data.len()).into_bytes();
+        stream.extend_from_slice(data);
+        stream.extend_from_slice(b"\nendstream");
+        pdf_of_bytes(&[
+            b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_vec(),
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 100 100] /Contents 4 0 R >>".to_vec(),
+            stream,
+        ])
+    }
+
+    /// Runs `case` of [`checked_in_a_process_of_its_own`] in this test
+    /// binary run again for it alone: what `check` answered, and the
+    /// process's peak resident memory in KiB.
+    fn check_alone(case: &str) -> (String, u64) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "files::pdf::tests::checked_in_a_process_of_its_own",
+                "--exact",
+                "--nocapture",
+            ])
+            .env("DOCSTREAM_TEST_PDF_CASE", case)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout.lines().find_map(|l| l.strip_prefix("checked: "));
+        let line = line.unwrap_or_else(|| panic!("{case}: {stdout}"));
+        let (peak, outcome) = line.split_once(' ').unwrap();
+        (outcome.to_owned(), peak.parse().unwrap())
+    }
+
+    /// Not a test of its own: [`check_alone`] runs it in a process of its
+    /// own, where the peak memory is the check's.
+    #[test]
+    fn checked_in_a_process_of_its_own() {
+        let Ok(case) = std::env::var("DOCSTREAM_TEST_PDF_CASE") else {
+            return;
+        };
+        let pdf = match case.strip_prefix("bypass:") {
+            Some(name) => bypasses().into_iter().find(|(n, _)| *n == name).unwrap().1,
+            None => zeros_page(),
+        };
+        // Room for the zeros' 4 MiB of content: what stops them is their count.
+        let limits = match case.as_str() {
+            "zeros" => PdfLimits {
+                inflated_bytes: 8 << 20,
+                ..LIMITS
+            },
+            _ => LIMITS,
+        };
+        let outcome = check(&pdf, &limits);
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let peak = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .unwrap();
+        let peak = peak.trim().trim_end_matches(" kB");
+        println!("checked: {peak} {outcome:?}");
+    }
+
+    /// Resident memory the check may add to a test process: buffers and the
+    /// file, not what a bomb inflates to.
+    const FLAT_KIB: u64 = 48 * 1024;
+
+    #[test]
+    fn every_form_of_bomb_is_refused_with_flat_memory() {
+        for (name, pdf) in bypasses() {
+            assert!(pdf.len() < 1 << 20, "{name}: a small upload");
+            let (outcome, peak) = check_alone(&format!("bypass:{name}"));
+            assert_eq!(outcome, "Err(Inflates(1048576))", "{name}");
+            assert!(peak < FLAT_KIB, "{name}: peak {peak} KiB");
+        }
+    }
+
+    /// A page whose content is `0 ` repeated: 2 million operands from 4 MiB,
+    /// within the inflate cap of the test.
+    fn zeros_page() -> Vec<u8> {
+        let content = zlib(&b"0 ".repeat(2_000_000));
+        page_drawing("/Filter /FlateDecode", &content)
+    }
+
+    #[test]
+    fn content_of_millions_of_operands_is_refused_before_it_is_decoded() {
+        let (outcome, peak) = check_alone("zeros");
+        assert_eq!(outcome, "Err(TooManyObjects { page: 1, limit: 100000 })");
+        assert!(peak < FLAT_KIB, "peak {peak} KiB");
+    }
+
+    #[test]
+    fn a_file_of_stream_keywords_is_refused_in_about_a_second() {
+        let mut pdf = b"%PDF-1.4\n".to_vec();
+        pdf.extend_from_slice(&b"stream".repeat((32 << 20) / 6));
+        let started = std::time::Instant::now();
+        let refused = check(&pdf, &LIMITS);
+        let took = started.elapsed();
+        assert!(
+            matches!(refused, Err(PdfError::Unreadable(_))),
+            "{refused:?}"
+        );
+        // Generous for a debug build on a shared machine; the quadratic
+        // scan took minutes.
+        assert!(took < std::time::Duration::from_secs(5), "{took:?}");
     }
 
     const SAMPLES: [(&[u8], &str); 3] = [
@@ -641,11 +793,19 @@ mod tests {
 
     /// A PDF of `objects`, numbered from 1, with a cross-reference table.
     fn pdf_of(objects: &[&str]) -> Vec<u8> {
+        let objects: Vec<Vec<u8>> = objects.iter().map(|o| o.as_bytes().to_vec()).collect();
+        pdf_of_bytes(&objects)
+    }
+
+    /// [`pdf_of`], of objects that may hold any bytes.
+    fn pdf_of_bytes(objects: &[Vec<u8>]) -> Vec<u8> {
         let mut out = b"%PDF-1.4\n".to_vec();
         let mut offsets = Vec::new();
         for (i, body) in objects.iter().enumerate() {
             offsets.push(out.len());
-            out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
+            out.extend_from_slice(format!("{} 0 obj\n", i + 1).as_bytes());
+            out.extend_from_slice(body);
+            out.extend_from_slice(b"\nendobj\n");
         }
         let xref = out.len();
         out.extend_from_slice(

@@ -291,8 +291,13 @@ impl ExtractionWorker {
         let (kind, bytes) = services.files.read(tenant, file).await.map_err(gone)?;
         let limits = services.files.read_limits();
         let budget = services.settings.extraction_deadline_s.get();
-        let read = move |deadline: &Deadline| files::document(kind, &bytes, &limits, deadline);
-        let document = services.cpu.run(budget, usize::MAX, read).await?;
+        // In a process of its own, killed at the deadline: a parse cannot
+        // check one, and must not keep its slot past it.
+        let reader = services.files.pdf_reader();
+        let read = |deadline: Deadline| async move {
+            files::document_apart(reader, kind, bytes, &limits, &deadline).await
+        };
+        let document = services.cpu.run_apart(budget, read).await?;
         let mut request = ExtractionRequest::clone(job.request);
         request.document = document;
         let request = std::sync::Arc::new(request);
