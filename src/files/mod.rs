@@ -750,6 +750,7 @@ mod tests {
                 pages: 1,
                 inflated_bytes: 1,
                 words_per_page: 1,
+                content_objects: 1,
             },
             text_words: 3,
         };
