@@ -45,7 +45,9 @@ async fn upload(
 ) -> Result<(StatusCode, Json<StoredFile>), ApiError> {
     caller.require(Scope::Submit)?;
     let limit = services.files.max_bytes();
-    uploads.declared_within(request.headers(), limit)?;
+    if let Err(refused) = uploads.declared_within(request.headers(), limit) {
+        return Err(uploads::linger(request, refused));
+    }
     let declared = match request.headers().get(header::CONTENT_TYPE) {
         Some(value) => Some(value.to_str().map_err(|_| {
             ApiError::BadRequest("the Content-Type header is not ASCII text".into())
@@ -53,7 +55,10 @@ async fn upload(
         None => None,
     };
     let declared = declared.map(str::to_owned);
-    let _slot = uploads.take(caller.tenant_id)?;
+    let _slot = match uploads.take(caller.tenant_id) {
+        Ok(slot) => slot,
+        Err(refused) => return Err(uploads::linger(request, refused)),
+    };
     let body = uploads::body_within(request.into_body(), limit);
     let bytes = uploads.within_body_timeout(body).await?;
     let (file, made) = services

@@ -68,7 +68,9 @@ pub(super) async fn submitted(
         moving();
     };
     if !is_multipart(request.headers()) {
-        super::uploads::declared_within(request.headers(), limit)?;
+        if let Err(refused) = super::uploads::declared_within(request.headers(), limit) {
+            return Err(super::uploads::linger(request, refused));
+        }
         // The route takes bodies as large as a file; a JSON one is held to
         // the API's own limit.
         let request = request.map(|body| Body::new(http_body_util::Limited::new(body, limit)));
@@ -103,8 +105,11 @@ pub(super) async fn submitted(
         parsed.document.object = Some(stored.id);
         return Ok(parsed);
     }
-    uploads.declared_within(request.headers(), multipart_limit(services))?;
-    let _slot = uploads.take(caller.tenant_id)?;
+    let early = uploads.declared_within(request.headers(), multipart_limit(services));
+    let _slot = match early.and_then(|()| uploads.take(caller.tenant_id)) {
+        Ok(slot) => slot,
+        Err(refused) => return Err(super::uploads::linger(request, refused)),
+    };
     lift();
     let max = services.files.max_bytes();
     let form = uploads.within_body_timeout(form_parts(request, limit, max));

@@ -13,6 +13,10 @@
 //!
 //! An upload holds no admission permit while its bytes move: a submit takes
 //! its permit once its file is stored (`api::extractions`).
+//!
+//! A refusal before the body is read lingers ([`linger`]): most clients
+//! write the whole body before they read an answer, and a connection closed
+//! under them reads as a broken pipe, not as the 413 or 429 it was.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -135,6 +139,35 @@ impl Drop for UploadSlot {
 }
 
 /// 413 for a request whose headers declare more than `limit` bytes of body.
+/// How long a refused upload's body is still read (and dropped).
+const LINGER: Duration = Duration::from_secs(5);
+
+/// Most bytes of a refused upload's body read (and dropped) while it lingers.
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
+
+/// Refuses `request` with `error` before its body was read, reading what
+/// is left of the body and dropping it, in a task of its own, for at most
+/// [`LINGER`] or [`LINGER_BYTES`]: the client then finishes writing and
+/// reads the refusal, as it would from a server that lingers on close.
+/// Nothing of the body is kept.
+pub(super) fn linger(request: axum::extract::Request, error: ApiError) -> ApiError {
+    let mut body = request.into_body().into_data_stream();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let drain = async {
+            let mut read = 0;
+            while let Some(Ok(chunk)) = body.next().await {
+                read += chunk.len();
+                if read > LINGER_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    });
+    error
+}
+
 pub(super) fn declared_within(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
     let declared = headers.get(header::CONTENT_LENGTH);
     let declared = declared.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
