@@ -499,29 +499,7 @@ mod tests {
         z.finish().unwrap()
     }
 
-    fn zlib(bytes: &[u8]) -> Vec<u8> {
-        use std::io::Write;
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-        z.write_all(bytes).unwrap();
-        z.finish().unwrap()
-    }
-
-    fn ascii85(bytes: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for group in bytes.chunks(4) {
-            let mut word = [0u8; 4];
-            word[..group.len()].copy_from_slice(group);
-            let mut n = u32::from_be_bytes(word);
-            let mut digits = [0u8; 5];
-            for d in digits.iter_mut().rev() {
-                *d = (n % 85) as u8 + b'!';
-                n /= 85;
-            }
-            out.extend_from_slice(&digits[..group.len() + 1]);
-        }
-        out.extend_from_slice(b"~>");
-        out
-    }
+    use super::inflate::tests::{ascii85, zlib};
 
     /// Zeros a bomb inflates to: 64 times the cap of [`LIMITS`].
     const BOMB: usize = 64 << 20;

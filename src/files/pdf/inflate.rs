@@ -329,17 +329,19 @@ impl<R: Read> Read for Ascii85<R> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::io::Write;
 
-    fn zlib(bytes: &[u8]) -> Vec<u8> {
+    /// `bytes` zlib-compressed, as a `/FlateDecode` stream holds them.
+    pub(crate) fn zlib(bytes: &[u8]) -> Vec<u8> {
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         z.write_all(bytes).unwrap();
         z.finish().unwrap()
     }
 
-    fn ascii85(bytes: &[u8]) -> Vec<u8> {
+    /// `bytes` in ASCII85, as an `/ASCII85Decode` stream holds them.
+    pub(crate) fn ascii85(bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         for group in bytes.chunks(4) {
             let mut word = [0u8; 4];

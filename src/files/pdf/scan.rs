@@ -270,11 +270,13 @@ fn unescape(text: &[u8]) -> Vec<u8> {
     name
 }
 
-fn is_space(b: u8) -> bool {
+/// PDF white space.
+pub(super) fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b'\x0c' | b'\0')
 }
 
-fn is_regular(b: u8) -> bool {
+/// A byte of a name or a number: neither white space nor a delimiter.
+pub(super) fn is_regular(b: u8) -> bool {
     !is_space(b) && !b"()<>[]{}/%".contains(&b)
 }
 

@@ -7,6 +7,8 @@
 //! inflated bytes does not bound that; a count of the objects does, and the
 //! count is one pass over bytes already inflated under the cap.
 
+use super::scan::{is_regular, is_space};
+
 /// The objects `content` decodes into (operators, operands, and the items
 /// of arrays and dictionaries), counted to one past `limit`.
 pub fn count(content: &[u8], limit: usize) -> usize {
@@ -68,14 +70,6 @@ fn end_of_string(content: &[u8], from: usize) -> usize {
         at += 1;
     }
     content.len()
-}
-
-fn is_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b'\x0c' | b'\0')
-}
-
-fn is_regular(b: u8) -> bool {
-    !is_space(b) && !b"()<>[]{}/%".contains(&b)
 }
 
 #[cfg(test)]
