@@ -7,8 +7,11 @@
 //! It speaks version 2: a call for a file carries a URL, which it fetches
 //! (within the file limit), reads as the worker's rules would (a PDF's text
 //! layer, a text file's text) and answers with the values and the words it
-//! read on each page. An image it cannot read: it refuses it (422), as a
-//! provider without OCR should.
+//! read on each page. Pages without text (an image, a scanned PDF page) it
+//! reads by OCR as the worker does (Tesseract in a child process per
+//! page), so a team can run OCR as a service of its own beside the workers;
+//! with `--ocr-tesseract ''` it refuses them (422), as a provider without
+//! OCR should.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::{Document, ExtractionRequest, RequestLimits};
 use crate::extract::protocol::{CallBody, ErrorBody, FileRef, ResultBody};
 use crate::extract::{find_fields, Deadline, ExtractError, RuleBudget};
+use crate::files::image::ImageLimits;
+use crate::files::ocr::OcrSettings;
 use crate::files::{self, pdf::PdfLimits, FileType, ReadLimits};
 
 /// How the reference provider behaves.
@@ -40,7 +45,33 @@ pub struct ProviderArgs {
     /// Require `Authorization: Bearer <token>`.
     #[arg(long, env = "DOCSTREAM_PROVIDER_TOKEN")]
     pub token: Option<String>,
+    /// The Tesseract program pages without text are read with; empty: no
+    /// OCR.
+    #[arg(long, env = "DOCSTREAM_OCR_TESSERACT", default_value = "tesseract")]
+    pub ocr_tesseract: String,
+    /// Tesseract's languages, `+`-separated.
+    #[arg(long, env = "DOCSTREAM_OCR_LANGUAGES", default_value = "eng")]
+    pub ocr_languages: String,
 }
+
+impl ProviderArgs {
+    /// How this provider reads pages without text, if it does.
+    fn ocr(&self) -> Option<OcrSettings> {
+        (!self.ocr_tesseract.is_empty()).then(|| OcrSettings {
+            tesseract: self.ocr_tesseract.clone().into(),
+            pdftoppm: "pdftoppm".into(),
+            languages: self.ocr_languages.clone(),
+            dpi: 300,
+            max_pixels: MAX_PIXELS,
+            page_timeout: Duration::from_secs(60),
+            memory_bytes: 1 << 30,
+            words_per_page: RequestLimits::DEFAULT.words_per_page,
+        })
+    }
+}
+
+/// Most pixels on a page of an image the provider reads.
+const MAX_PIXELS: u64 = 50_000_000;
 
 /// The path calls are posted to.
 pub const PATH: &str = "/extract";
@@ -96,7 +127,7 @@ async fn extract(
     tokio::time::sleep(Duration::from_millis(args.latency_ms)).await;
     let (document, from_file) = match (call.document, call.file) {
         (Some(document), _) => (document.into_owned(), false),
-        (None, Some(file)) => match read_file(&file).await {
+        (None, Some(file)) => match read_file(&file, args.ocr()).await {
             Ok(document) => (document, true),
             Err(response) => return response,
         },
@@ -112,6 +143,7 @@ async fn extract(
         metadata: None,
         extractor: None,
         priority: None,
+        min_confidence: None,
     };
     if let Some(field) = request
         .fields
@@ -153,7 +185,7 @@ const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 /// Fetches a call's file and reads its document, or the answer that
 /// refuses it: a URL that does not answer its bytes is retried (503), a
 /// file it cannot read refused (422).
-async fn read_file(file: &FileRef) -> Result<Document, Response> {
+async fn read_file(file: &FileRef, ocr: Option<OcrSettings>) -> Result<Document, Response> {
     let unavailable = |message: String| error(StatusCode::SERVICE_UNAVAILABLE, message);
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -184,19 +216,18 @@ async fn read_file(file: &FileRef) -> Result<Document, Response> {
             content_objects: 1_000_000,
         },
         text_words: RequestLimits::DEFAULT.text_words,
+        image: ImageLimits {
+            pixels: MAX_PIXELS,
+            pages: RequestLimits::DEFAULT.pages,
+        },
     };
-    let read = tokio::task::spawn_blocking(move || {
-        files::document(kind, &bytes, &limits, &Deadline::none())
-    });
-    match read.await {
-        Ok(Ok(document)) => Ok(document),
-        Ok(Err(ExtractError::Refused { message, .. })) => {
+    match files::read_all(kind, bytes, &limits, ocr.as_ref()).await {
+        Ok(document) => Ok(document),
+        Err(ExtractError::Refused { message, .. }) => {
             Err(error(StatusCode::UNPROCESSABLE_ENTITY, message))
         }
-        Ok(Err(refused)) => Err(error(StatusCode::UNPROCESSABLE_ENTITY, refused.to_string())),
-        Err(e) => Err(unavailable(format!(
-            "reading the file failed unexpectedly: {e}"
-        ))),
+        Err(ExtractError::Unavailable(why)) => Err(unavailable(why)),
+        Err(refused) => Err(error(StatusCode::UNPROCESSABLE_ENTITY, refused.to_string())),
     }
 }
 

@@ -328,8 +328,8 @@ async fn stored_once_per_tenant_and_seen_by_it_alone(store: Store) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refused_upload_gets_a_clear_4xx_and_stores_nothing() {
     let files = Files::start(Store::Dir).await;
-    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
-    let refusals: [(&str, Vec<u8>, &str, StatusCode, &str); 7] = [
+    let png = png_header(1700, 2200);
+    let refusals: [(&str, Vec<u8>, &str, StatusCode, &str); 9] = [
         (
             "a decompression bomb",
             bomb(4 * INFLATE_LIMIT),
@@ -378,6 +378,20 @@ async fn every_refused_upload_gets_a_clear_4xx_and_stores_nothing() {
             "application/json",
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "the bytes are application/pdf",
+        ),
+        (
+            "a PNG bomb: 30,000 × 30,000 pixels in a few bytes",
+            png_header(30_000, 30_000),
+            "image/png",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "more than the limit of 50000000 pixels a page (DOCSTREAM_OCR_MAX_PIXELS)",
+        ),
+        (
+            "a PNG cut short before its size",
+            png[..18].to_vec(),
+            "image/png",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the image cannot be read",
         ),
     ];
     for (what, bytes, content_type, expected, says) in refusals {
@@ -477,7 +491,7 @@ fn assert_close(got: &Value, want: &Value, at: &str) {
 
 /// Upload → job → a worker reads the PDF from the S3 bucket → the rule
 /// extractor's values → bbox refinement grounds them in the PDF's words,
-/// at the places the sample drew them. An image fails, naming the fix.
+/// at the places the sample drew them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sample_pdfs_in_an_s3_bucket_are_read_and_grounded_where_they_were_drawn() {
     let files = Files::start(Store::S3).await;
@@ -508,7 +522,7 @@ async fn sample_pdfs_in_an_s3_bucket_are_read_and_grounded_where_they_were_drawn
         drawn["document"] = serde_json::json!({"pages": sample["pages"]});
         let drawn: docstream::domain::ExtractionRequest = serde_json::from_value(drawn).unwrap();
         let values = docstream::extract::rule_extract(&drawn).unwrap();
-        let boxes = docstream::extract::ground(&drawn.document, &values);
+        let boxes = docstream::extract::ground(&drawn.document, &values, 0.8);
         assert_eq!(
             job["result"],
             serde_json::to_value(&values).unwrap(),
@@ -522,19 +536,6 @@ async fn sample_pdfs_in_an_s3_bucket_are_read_and_grounded_where_they_were_drawn
             "{name}: most fields are found and boxed: {boxes}"
         );
     }
-
-    // An image has no words until something reads it.
-    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
-    let (_, file) = files.upload(png, "image/png", None).await;
-    let mut request = sample(SAMPLES[0]).1["request"].clone();
-    request["document"] = serde_json::json!({"object": file["id"]});
-    let (status, accepted) = files.submit(&request, None).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
-    let job = files.finished(accepted["id"].as_str().unwrap()).await;
-    assert_eq!(job["status"], "failed", "{job}");
-    let error = job["error"].as_str().unwrap_or_default();
-    assert!(error.contains("use an extractor that does OCR"), "{error}");
-    assert_eq!(job["attempts"], 1, "a permanent failure is not retried");
 }
 
 /// A job naming a file its tenant does not have (another tenant's, or
@@ -834,6 +835,8 @@ async fn reference_provider() -> (String, tokio_util::sync::DropGuard) {
         addr: listener.local_addr().unwrap(),
         latency_ms: 0,
         token: None,
+        ocr_tesseract: "tesseract".into(),
+        ocr_languages: "eng".into(),
     };
     let url = format!("http://{}{}", args.addr, docstream::provider::PATH);
     let stop = tokio_util::sync::CancellationToken::new();
@@ -910,7 +913,8 @@ async fn protocol_2_reads_a_file_through_its_url(store: Store, provider: &str, r
         let rules = docstream::extract::rule_extract(&drawn).unwrap();
         assert_eq!(values, rules);
     }
-    let boxes = serde_json::to_value(docstream::extract::ground(&drawn.document, &values)).unwrap();
+    let boxes =
+        serde_json::to_value(docstream::extract::ground(&drawn.document, &values, 0.8)).unwrap();
     assert_close(&bbox["result"], &boxes, "invoice-northwind via protocol 2");
     let boxed = boxes["fields"]
         .as_object()
@@ -1472,4 +1476,270 @@ async fn a_pdf_read_past_its_deadline_fails_for_good_and_frees_its_slot() {
     // The one slot was given back: the next file's read got it and ended.
     let job = files.finished(&jobs[1]).await;
     assert_eq!(job["status"], "succeeded", "{job}");
+}
+
+/// A PNG's first bytes, declaring `width` × `height` pixels: an upload is
+/// checked from its headers alone.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+    png.extend(width.to_be_bytes());
+    png.extend(height.to_be_bytes());
+    png.extend([8, 0, 0, 0, 0]);
+    png
+}
+
+/// The first page of `pdf` as a scanner gives it: rendered by poppler at
+/// `dpi`, as `format` (`png`, `jpeg`, or `gray`: a PGM of 8-bit grey).
+fn render(pdf: &[u8], dpi: u32, format: &str) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("pdftoppm")
+        .args(["-r", &dpi.to_string(), "-f", "1", "-l", "1"])
+        .args([&format!("-{format}"), "-singlefile", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("pdftoppm (poppler-utils, which scripts/test.sh installs)");
+    let mut stdin = child.stdin.take().unwrap();
+    let pdf = pdf.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&pdf));
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(output.status.success(), "pdftoppm failed");
+    output.stdout
+}
+
+/// `pdf` with its page turned 90° clockwise, as a page scanned on its side
+/// (poppler reads past the offsets this moves).
+fn turned(pdf: &[u8]) -> Vec<u8> {
+    let at = pdf
+        .windows(19)
+        .position(|w| w == b"/Type /Page /Parent")
+        .unwrap();
+    let mut bytes = pdf[..at].to_vec();
+    bytes.extend_from_slice(b"/Type /Page /Rotate 90 /Parent");
+    bytes.extend_from_slice(&pdf[at + 19..]);
+    bytes
+}
+
+/// A PDF whose one page, `size` points, is the JPEG `jpeg` of `pixels`:
+/// a scanned page, without a text layer.
+fn image_pdf(jpeg: &[u8], pixels: (u32, u32), size: (f64, f64)) -> Vec<u8> {
+    let (width, height) = size;
+    let draw = format!("q {width} 0 0 {height} 0 0 cm /Im0 Do Q");
+    let objects: [Vec<u8>; 5] = [
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_vec(),
+        format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {width} {height}] /Resources << /XObject << /Im0 4 0 R >> >> /Contents 5 0 R >>").into_bytes(),
+        [
+            format!("<< /Type /XObject /Subtype /Image /Width {} /Height {} /ColorSpace /DeviceRGB /BitsPerComponent 8 /Filter /DCTDecode /Length {} >>\nstream\n", pixels.0, pixels.1, jpeg.len()).into_bytes(),
+            jpeg.to_vec(),
+            b"\nendstream".to_vec(),
+        ]
+        .concat(),
+        format!("<< /Length {} >>\nstream\n{draw}\nendstream", draw.len()).into_bytes(),
+    ];
+    let mut pdf = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(pdf.len());
+        pdf.extend(format!("{} 0 obj\n", i + 1).into_bytes());
+        pdf.extend(object);
+        pdf.extend(b"\nendobj\n");
+    }
+    let xref = pdf.len();
+    pdf.extend(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).into_bytes());
+    for offset in offsets {
+        pdf.extend(format!("{offset:010} 00000 n \n").into_bytes());
+    }
+    let trailer = format!(
+        "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+        objects.len() + 1
+    );
+    pdf.extend(trailer.into_bytes());
+    pdf
+}
+
+/// A TIFF of the grey pages `pgms` (as [`render`] gives them), each an
+/// uncompressed page of its own directory.
+fn tiff_of(pgms: &[Vec<u8>]) -> Vec<u8> {
+    let mut tiff = b"II*\0\0\0\0\0".to_vec();
+    let mut next_at = 4;
+    for pgm in pgms {
+        // "P5\n<width> <height>\n255\n" and the pixels.
+        let mut fields = pgm.splitn(5, |b| b.is_ascii_whitespace());
+        let _magic = fields.next();
+        let mut number = || -> u32 {
+            let field = fields.next().unwrap();
+            std::str::from_utf8(field).unwrap().parse().unwrap()
+        };
+        let (width, height, _max) = (number(), number(), number());
+        let pixels = &pgm[pgm.len() - (width * height) as usize..];
+        let data_at = tiff.len() as u32;
+        tiff.extend_from_slice(pixels);
+        if tiff.len() % 2 == 1 {
+            tiff.push(0);
+        }
+        let ifd_at = tiff.len() as u32;
+        tiff[next_at..next_at + 4].copy_from_slice(&ifd_at.to_le_bytes());
+        // (tag, type: 3 SHORT or 4 LONG, value), in tag order.
+        let entries: [(u16, u16, u32); 9] = [
+            (256, 4, width),
+            (257, 4, height),
+            (258, 3, 8),
+            (259, 3, 1),
+            (262, 3, 1),
+            (273, 4, data_at),
+            (277, 3, 1),
+            (278, 4, height),
+            (279, 4, width * height),
+        ];
+        tiff.extend((entries.len() as u16).to_le_bytes());
+        for (tag, kind, value) in entries {
+            tiff.extend(tag.to_le_bytes());
+            tiff.extend(kind.to_le_bytes());
+            tiff.extend(1u32.to_le_bytes());
+            match kind {
+                3 => tiff.extend([(value as u16).to_le_bytes().as_slice(), &[0, 0]].concat()),
+                _ => tiff.extend(value.to_le_bytes()),
+            }
+        }
+        next_at = tiff.len();
+        tiff.extend(0u32.to_le_bytes());
+    }
+    tiff
+}
+
+/// The area two boxes share over the area they cover.
+fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let area = |r: [f64; 4]| (r[2] - r[0]) * (r[3] - r[1]);
+    let shared = w * h;
+    shared / (area(a) + area(b) - shared)
+}
+
+/// What the rule extractor finds in the words sample `sample` drew, and
+/// where (in points): the truth a scan of it is read against.
+fn drawn(
+    sample: &Value,
+) -> (
+    docstream::extract::ExtractionOutput,
+    docstream::extract::Grounding,
+) {
+    let mut drawn = sample["request"].clone();
+    drawn["document"] = serde_json::json!({"pages": sample["pages"]});
+    let drawn: docstream::domain::ExtractionRequest = serde_json::from_value(drawn).unwrap();
+    let values = docstream::extract::rule_extract(&drawn).unwrap();
+    let boxes = docstream::extract::ground(&drawn.document, &values, 0.8);
+    (values, boxes)
+}
+
+/// A scan to submit: what it is, its bytes and media type, how a box of
+/// the sample (points) maps onto it, and the page the values are on.
+type Scan<'a> = (&'a str, Vec<u8>, &'a str, &'a dyn Fn([f64; 4]) -> [f64; 4], usize);
+
+/// Scans and photos are read by OCR, in the default deployment: a PNG, a
+/// JPEG of a page scanned on its side, a PDF made of a page image, and a
+/// two-page TIFF. Each job finds the values the sample's text layer gives,
+/// each value's box lands on the page as it was uploaded (IoU ≥ 0.5 with
+/// where the sample drew it, turned and scaled as the scan was), and each
+/// grounded value reports its words' lowest confidence, flagged for review
+/// under the request's `min_confidence`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scans_are_read_by_ocr_and_grounded_on_the_page_as_uploaded() {
+    let files = Files::start(Store::Dir).await;
+    let _workers = [
+        files.env.spawn("worker", &[], "ocr-worker"),
+        files.env.spawn("bbox-worker", &[], "ocr-bbox-worker"),
+    ];
+    let (pdf, sample) = sample("invoice-northwind");
+    let (values, boxes) = drawn(&sample);
+    let (receipt, _) = self::sample("receipt-bakery");
+    // From the sample's points to the scan's pixels at 200 dpi, upright or
+    // turned 90° clockwise (the page's height in pixels, 2200, becomes the
+    // scan's width).
+    let px = 200.0 / 72.0;
+    let upright = |b: [f64; 4]| b.map(|v| v * px);
+    let turned_90 = |b: [f64; 4]| {
+        let [x0, y0, x1, y1] = upright(b);
+        [2200.0 - y1, x0, 2200.0 - y0, x1]
+    };
+    let points = |b: [f64; 4]| b;
+    let jpeg = render(&pdf, 200, "jpeg");
+    let scans: [Scan; 4] = [
+        (
+            "a PNG at 200 dpi",
+            render(&pdf, 200, "png"),
+            "image/png",
+            &upright,
+            0,
+        ),
+        (
+            "a JPEG scanned on its side",
+            render(&turned(&pdf), 200, "jpeg"),
+            "image/jpeg",
+            &turned_90,
+            0,
+        ),
+        (
+            "a PDF of a page image",
+            image_pdf(&jpeg, (1700, 2200), (612.0, 792.0)),
+            "application/pdf",
+            &points,
+            0,
+        ),
+        (
+            "a TIFF of a receipt, then the invoice",
+            tiff_of(&[render(&receipt, 200, "gray"), render(&pdf, 200, "gray")]),
+            "image/tiff",
+            &upright,
+            1,
+        ),
+    ];
+    let mut jobs = Vec::new();
+    for (what, bytes, content_type, _, _) in &scans {
+        let (status, file) = files.upload(bytes.clone(), content_type, None).await;
+        assert_eq!(status, StatusCode::CREATED, "{what}: {file}");
+        let mut request = sample["request"].clone();
+        request["document"] = serde_json::json!({"object": file["id"]});
+        request["min_confidence"] = serde_json::json!(0.9);
+        let (status, accepted) = files.submit(&request, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{what}: {accepted}");
+        jobs.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    for ((what, _, _, to_scan, page), id) in scans.iter().zip(&jobs) {
+        let job = files.finished(id).await;
+        assert_eq!(job["status"], "succeeded", "{what}: {job}");
+        let bbox = &job["post_processing"]["bbox_refinement"];
+        assert_eq!(bbox["status"], "succeeded", "{what}: {job}");
+        let grounded = &bbox["result"]["fields"];
+        let mut review = 0;
+        for (field, value) in &values.fields {
+            let want = value.as_ref().unwrap();
+            assert_eq!(
+                job["result"]["fields"][field]["value"],
+                want.value.as_str(),
+                "{what}: {field}"
+            );
+            let truth = boxes.fields[field].as_ref().unwrap();
+            let got = &grounded[field];
+            assert_eq!(got["page"], *page, "{what}: {field}: {got}");
+            let bbox: [f64; 4] = serde_json::from_value(got["bbox"].clone()).unwrap();
+            let overlap = iou(bbox, to_scan(truth.bbox));
+            assert!(
+                overlap >= 0.5,
+                "{what}: {field}: {bbox:?} vs {:?} (IoU {overlap:.2})",
+                to_scan(truth.bbox)
+            );
+            let confidence = got["confidence"].as_f64().unwrap_or(-1.0);
+            assert!((0.0..=1.0).contains(&confidence), "{what}: {field}: {got}");
+            assert_eq!(
+                got["needs_review"],
+                confidence < 0.9,
+                "{what}: {field}: {got}"
+            );
+            review += usize::from(confidence < 0.9);
+        }
+        assert_eq!(bbox["result"]["needs_review"], review, "{what}: {bbox}");
+    }
 }

@@ -1,7 +1,10 @@
 # Sourced by the scripts that build and run: `prepare` makes sure the Rust
 # toolchain and the C build tools librdkafka needs are present (installing the
-# latter from Debian's packages when missing), starts the local services, and
-# exports DATABASE_URL and DOCSTREAM_KAFKA_BROKERS.
+# latter from Debian's packages when missing), and the programs workers read
+# scans with (Tesseract 5 with its English and orientation models, poppler's
+# pdftoppm, util-linux's prlimit) and the sample scans are made with
+# (Python's PIL), starts the local services, and exports DATABASE_URL and
+# DOCSTREAM_KAFKA_BROKERS.
 
 ensure_build_tools() {
     if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -24,8 +27,26 @@ ensure_build_tools() {
     fi
 }
 
+ensure_ocr_tools() {
+    local missing=()
+    command -v tesseract >/dev/null 2>&1 || missing+=(tesseract-ocr)
+    local data
+    data=$(tesseract --list-langs 2>/dev/null || true)
+    grep -qx eng <<<"$data" || missing+=(tesseract-ocr-eng)
+    grep -qx osd <<<"$data" || missing+=(tesseract-ocr-osd)
+    command -v pdftoppm >/dev/null 2>&1 || missing+=(poppler-utils)
+    command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
+    /usr/bin/python3 -c 'import PIL' 2>/dev/null || missing+=(python3-pil)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing the OCR tools: ${missing[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
+
 prepare() {
     ensure_build_tools
+    ensure_ocr_tools
     bash scripts/services.sh up
     eval "$(bash scripts/services.sh env)"
 }

@@ -187,6 +187,7 @@ impl From<FileError> for ApiError {
         match e {
             FileError::Empty
             | FileError::Pdf(_)
+            | FileError::Image(_)
             | FileError::Url(_)
             | FileError::TooManyWords(_) => Self::Unprocessable(e.to_string()),
             FileError::Missing(id) => Self::NoSuchFile(id),

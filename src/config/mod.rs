@@ -228,6 +228,33 @@ settings! {
     /// Empty: this docstream binary. A wrapper (a script running `prlimit`
     /// or a sandbox around docstream) may bound its memory too.
     pdf_reader: String = "", env "DOCSTREAM_PDF_READER";
+    /// The Tesseract 5 program that reads pages without text (an image
+    /// upload, a PDF page made of an image): run as a child process per
+    /// page. Empty: no OCR, and such pages fail naming the fix.
+    ocr_tesseract: String = "tesseract", env "DOCSTREAM_OCR_TESSERACT";
+    /// Poppler's `pdftoppm`, which renders a PDF page without text for OCR.
+    ocr_pdftoppm: String = "pdftoppm", env "DOCSTREAM_OCR_PDFTOPPM";
+    /// Tesseract's languages, `+`-separated (`eng+deu`); each needs its
+    /// traineddata installed (`tesseract-ocr-deu`).
+    ocr_languages: String = "eng", env "DOCSTREAM_OCR_LANGUAGES";
+    /// Resolution a PDF page without text is rendered at for OCR (lower for
+    /// a page that would pass `DOCSTREAM_OCR_MAX_PIXELS`).
+    ocr_dpi: u32 = 300_u32, env "DOCSTREAM_OCR_DPI", at_least(72);
+    /// Most pixels on one page of an image (a decompression bomb declares
+    /// billions in a few bytes): more is refused at the submit (422), from
+    /// the image's headers. 50 million is an A3 page at 600 dpi.
+    ocr_max_pixels: usize = 50_000_000_usize, env "DOCSTREAM_OCR_MAX_PIXELS", at_least(1);
+    /// Longest OCR may take on one page (a multi-page TIFF: this times its
+    /// pages); past it the job fails for good, naming the limit.
+    ocr_page_timeout_s: Seconds = Seconds::new(60), env "DOCSTREAM_OCR_PAGE_TIMEOUT_S", positive;
+    /// Most bytes of address space the OCR engine may use on a page; past
+    /// it the engine fails, and with it the attempt.
+    ocr_max_memory_bytes: usize = 1_usize << 30, env "DOCSTREAM_OCR_MAX_MEMORY_BYTES", at_least(64 << 20);
+    /// Pages read by OCR at once across the whole deployment (slots leased
+    /// in Postgres, as an external extractor's), besides the CPU pool each
+    /// holds: OCR cannot take every worker's CPU from the claim, heartbeat
+    /// and commit paths.
+    ocr_max_concurrency: usize = 2_usize, env "DOCSTREAM_OCR_MAX_CONCURRENCY", at_least(1);
     /// How long fetching a `document.url` may take, all of it (the SSRF
     /// guard judges the URL; `DOCSTREAM_FILE_FETCH_ALLOW` admits more);
     /// past it the submit gets 422.

@@ -170,6 +170,8 @@ async fn start_provider(
         addr: listener.local_addr()?,
         latency_ms: args.extractor_latency_ms,
         token: None,
+        ocr_tesseract: settings.ocr_tesseract.clone(),
+        ocr_languages: settings.ocr_languages.clone(),
     };
     let stop = shutdown.child_token();
     let server = tokio::spawn(async move { provider::serve(listener, &provider_args, stop).await });

@@ -87,7 +87,7 @@ mod tests {
             sample.request.validate(&limits).unwrap();
             let output =
                 rule_extract(&sample.request).unwrap_or_else(|e| panic!("{}: {e}", sample.name));
-            let grounding = ground(&sample.request.document, &output);
+            let grounding = ground(&sample.request.document, &output, 0.8);
             for (field, value) in &output.fields {
                 assert!(value.is_some(), "{}: {field} not found", sample.name);
                 assert!(

@@ -61,6 +61,12 @@ pub struct ExtractionRequest {
     /// value gets 422.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
+    /// A grounded value read from words less sure than this (0 to 1, else
+    /// 422) is reported but flagged `needs_review`; default 0.8. Only OCR gives words a confidence: a text layer's,
+    /// or words sent without one, never need review.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_confidence: Option<f64>,
 }
 
 /// The built-in rule extractor's name, used when a request names none.
@@ -230,6 +236,11 @@ pub struct Word {
     /// (else 422).
     #[schemars(inner(range(min = -schema::FINITE, max = schema::FINITE)))]
     pub bbox: [f64; 4],
+    /// How sure the reader is of the word, from 0 to 1 (else 422): OCR's
+    /// confidence. Absent for a text layer's words, which are certain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub confidence: Option<f64>,
 }
 
 /// One field to extract, and how to find it.
@@ -292,6 +303,8 @@ pub struct WordRef<'a> {
     pub page: usize,
     /// Its box, when the document has geometry.
     pub bbox: Option<[f64; 4]>,
+    /// Its reader's confidence (0 to 1), when the reader gave one (OCR).
+    pub confidence: Option<f64>,
 }
 
 /// Why a request was refused. Messages are shown to clients as they are;
@@ -348,6 +361,17 @@ pub enum RequestError {
         /// Word index within the page.
         word: usize,
     },
+    /// A word's confidence is not a number from 0 to 1.
+    #[error("page {page} word {word}: confidence must be a number from 0 to 1")]
+    BadConfidence {
+        /// Page index.
+        page: usize,
+        /// Word index within the page.
+        word: usize,
+    },
+    /// `min_confidence` is not a number from 0 to 1.
+    #[error("min_confidence must be a number from 0 to 1")]
+    BadMinConfidence,
     /// `fields` is empty.
     #[error("fields must list at least one field spec")]
     NoFields,
@@ -423,7 +447,15 @@ impl RequestError {
     }
 }
 
+/// The `min_confidence` of a request that names none.
+pub const DEFAULT_MIN_CONFIDENCE: f64 = 0.8;
+
 impl ExtractionRequest {
+    /// The confidence under which a grounded value needs review.
+    pub fn min_confidence(&self) -> f64 {
+        self.min_confidence.unwrap_or(DEFAULT_MIN_CONFIDENCE)
+    }
+
     /// `json` as a request, checked against `limits`: what every intake
     /// accepts.
     pub fn from_json(json: &str, limits: &RequestLimits) -> Result<Self, RequestError> {
@@ -459,6 +491,9 @@ impl ExtractionRequest {
             if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
                 return Err(RequestError::WebhookUrl);
             }
+        }
+        if (self.min_confidence).is_some_and(|c| !(0.0..=1.0).contains(&c)) {
+            return Err(RequestError::BadMinConfidence);
         }
         if let Some(metadata) = &self.metadata {
             check_json(metadata, "metadata", limits.json_depth)?;
@@ -573,6 +608,9 @@ impl Document {
                         if !finite || x0 > x1 || y0 > y1 {
                             return Err(RequestError::BadBox { page: p, word: w });
                         }
+                        if word.confidence.is_some_and(|c| !(0.0..=1.0).contains(&c)) {
+                            return Err(RequestError::BadConfidence { page: p, word: w });
+                        }
                     }
                 }
                 if pages.iter().all(|p| p.words.is_empty()) {
@@ -599,6 +637,7 @@ impl Document {
                     text: w.text.as_str(),
                     page,
                     bbox: Some(w.bbox),
+                    confidence: w.confidence,
                 })
             });
             return positioned.collect();
@@ -608,6 +647,7 @@ impl Document {
             text,
             page: 0,
             bbox: None,
+            confidence: None,
         });
         plain.collect()
     }

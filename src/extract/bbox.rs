@@ -1,5 +1,8 @@
 //! Bbox refinement: ground each extracted value to the boxes of the words it was
-//! read from, as the union box on the page of its first word.
+//! read from, as the union box on the page of its first word, and to how
+//! sure their reader was of them: the least confidence among those words
+//! (OCR gives one; a text layer's words have none, and are certain). A
+//! value less sure than its request's `min_confidence` needs review.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +20,14 @@ pub struct GroundedField {
     pub bbox: [f64; 4],
     /// The words it spans, as in the extraction result.
     pub words: [usize; 2],
+    /// The lowest confidence (0 to 1) among the words it spans on that
+    /// page; `None` when none has one (a text layer's words).
+    #[serde(default)]
+    pub confidence: Option<f64>,
+    /// Its confidence is under the request's `min_confidence`: reported,
+    /// but for a person to check.
+    #[serde(default)]
+    pub needs_review: bool,
 }
 
 /// Boxes by field; `null` for a field not found or a document without geometry.
@@ -24,10 +35,14 @@ pub struct GroundedField {
 pub struct Grounding {
     /// Per field.
     pub fields: BTreeMap<String, Option<GroundedField>>,
+    /// How many fields need review.
+    #[serde(default)]
+    pub needs_review: usize,
 }
 
-/// Grounds every value of `output` in `document`.
-pub fn ground(document: &Document, output: &ExtractionOutput) -> Grounding {
+/// Grounds every value of `output` in `document`; a value of confidence
+/// under `min_confidence` needs review.
+pub fn ground(document: &Document, output: &ExtractionOutput, min_confidence: f64) -> Grounding {
     let words = document.words();
     let fields = output
         .fields
@@ -36,18 +51,28 @@ pub fn ground(document: &Document, output: &ExtractionOutput) -> Grounding {
             let grounded = value.as_ref().and_then(|v| {
                 let [first, last] = v.words?;
                 let page = words.get(first)?.page;
-                let boxes = words.get(first..=last)?.iter().filter(|w| w.page == page);
-                let bbox = boxes.filter_map(|w| w.bbox).reduce(union)?;
+                let on_page = || words.get(first..=last).into_iter().flatten();
+                let on_page = || on_page().filter(|w| w.page == page);
+                let bbox = on_page().filter_map(|w| w.bbox).reduce(union)?;
+                let confidence = on_page().filter_map(|w| w.confidence).reduce(f64::min);
                 Some(GroundedField {
                     page,
                     bbox,
                     words: [first, last],
+                    confidence,
+                    needs_review: confidence.is_some_and(|c| c < min_confidence),
                 })
             });
             (name.clone(), grounded)
         })
-        .collect();
-    Grounding { fields }
+        .collect::<BTreeMap<_, _>>();
+    let needs_review = (fields.values().flatten())
+        .filter(|f| f.needs_review)
+        .count();
+    Grounding {
+        fields,
+        needs_review,
+    }
 }
 
 fn union(a: [f64; 4], b: [f64; 4]) -> [f64; 4] {
@@ -82,9 +107,38 @@ mod tests {
         };
         output.fields.insert("total".into(), Some(value));
         output.fields.insert("missing".into(), None);
-        let grounding = ground(&document, &output);
+        let grounding = ground(&document, &output, 0.8);
         let total = grounding.fields["total"].clone().unwrap();
         assert_eq!((total.page, total.bbox), (0, [60.0, 699.0, 130.0, 713.0]));
+        assert_eq!((total.confidence, total.needs_review), (None, false));
         assert_eq!(grounding.fields["missing"], None);
+        assert_eq!(grounding.needs_review, 0);
+    }
+
+    #[test]
+    fn a_value_is_as_sure_as_its_least_sure_word_and_needs_review_under_the_threshold() {
+        let document: Document = serde_json::from_value(serde_json::json!({"pages": [
+            {"width": 1700.0, "height": 2200.0, "words": [
+                {"text": "Total", "bbox": [10.0, 700.0, 50.0, 712.0], "confidence": 0.2},
+                {"text": "NW-", "bbox": [60.0, 700.0, 90.0, 712.0], "confidence": 0.41},
+                {"text": "2026-00417", "bbox": [95.0, 699.0, 130.0, 713.0], "confidence": 0.93}
+            ]}
+        ]}))
+        .unwrap();
+        let mut output = ExtractionOutput::default();
+        let value = |words| ExtractedValue {
+            value: "x".into(),
+            raw: None,
+            words: Some(words),
+        };
+        output.fields.insert("number".into(), Some(value([1, 2])));
+        output.fields.insert("sure".into(), Some(value([2, 2])));
+        let grounding = ground(&document, &output, 0.8);
+        let number = grounding.fields["number"].clone().unwrap();
+        assert_eq!((number.confidence, number.needs_review), (Some(0.41), true));
+        let sure = grounding.fields["sure"].clone().unwrap();
+        assert_eq!((sure.confidence, sure.needs_review), (Some(0.93), false));
+        assert_eq!(grounding.needs_review, 1);
+        assert_eq!(ground(&document, &output, 0.4).needs_review, 0);
     }
 }

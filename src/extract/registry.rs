@@ -9,11 +9,11 @@ use tokio_util::sync::CancellationToken;
 
 use sqlx::PgPool;
 
-use super::slots::SharedCaps;
+use super::slots::{SharedCap, SharedCaps, SharedSlot};
 use super::{CpuPool, ExtractError, Extracted, HttpExtractor, Job, ResultSize, RuleBudget};
 use crate::config::{Settings, RULES};
 use crate::domain::schedule::Weights;
-use crate::domain::ResultLimits;
+use crate::domain::{Lane, ResultLimits};
 use crate::metrics::Metrics;
 
 /// The extractors of one process.
@@ -28,7 +28,13 @@ pub struct Extractors {
     /// The result limits every extractor's results are held to.
     result: ResultLimits,
     http: Arc<HashMap<String, HttpExtractor>>,
+    /// The deployment's slots for pages read by OCR.
+    ocr: Arc<SharedCap>,
 }
+
+/// The name OCR's shared slots go by: not an extractor's (those have no
+/// colon), so it cannot share one's slots.
+pub const OCR_SLOTS: &str = "rules:ocr";
 
 impl Extractors {
     /// The rule extractor, on `cpu`, and every extractor in `settings`,
@@ -47,6 +53,7 @@ impl Extractors {
             let client = HttpExtractor::new(name, extractor, &shared)?;
             http.insert(name.clone(), client);
         }
+        let ocr = Arc::new(shared.extractor(OCR_SLOTS, settings.ocr_max_concurrency));
         let result = settings.result_limits();
         let rules = RuleBudget {
             program_bytes: settings.max_pattern_program_bytes,
@@ -58,7 +65,14 @@ impl Extractors {
             rules_deadline: settings.extraction_deadline_s.get(),
             result,
             http: Arc::new(http),
+            ocr,
         })
+    }
+
+    /// Waits for one of the deployment's slots for a page read by OCR
+    /// (`DOCSTREAM_OCR_MAX_CONCURRENCY`), in `lane`'s turn.
+    pub async fn ocr_slot(&self, lane: Lane) -> SharedSlot {
+        self.ocr.acquire(lane).await
     }
 
     /// Runs the extractor `name` on `job`. The rule extractor runs on the

@@ -7,10 +7,19 @@
 //! What a file is comes from its bytes ([`FileType::sniff`]); a declared
 //! `Content-Type` that names another kind is refused rather than believed.
 //! A PDF is checked before it is stored ([`pdf::check`]): its pages within
-//! the document limit, its streams within the inflate cap.
+//! the document limit, its streams within the inflate cap. An image is
+//! checked from its headers ([`image::pages`]): its pages within the
+//! document limit, each within the pixel cap.
+//!
+//! A file is read into the same document a JSON submit carries: a PDF's
+//! text layer page by page, a text file's text, and every page without text
+//! (an image, a PDF page made of one) read by OCR ([`ocr`]), its words
+//! with their confidence.
 //! Objects live at `tenants/<tenant>/<sha256>`, and every lookup goes
 //! through the caller's tenant, so one tenant can never name another's file.
 
+pub mod image;
+pub mod ocr;
 pub mod pdf;
 pub mod signed;
 mod sniff;
@@ -36,6 +45,8 @@ use crate::extract::{Deadline, ExtractError};
 use crate::store::files::{self, FileRow};
 use crate::store::StoreError;
 use crate::webhook::Guard;
+use image::{ImageError, ImageLimits};
+use ocr::{OcrError, OcrSettings};
 use pdf::{PdfError, PdfLimits};
 
 /// The files of every tenant; clones share the store.
@@ -62,6 +73,8 @@ struct Inner {
     read: ReadLimits,
     /// The program that reads a PDF's words in a process of its own.
     reader: PathBuf,
+    /// How pages without text are read; `None`: they are not.
+    ocr: Option<OcrSettings>,
     /// Fetches a submitter's `document.url` past the SSRF guard (with the
     /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
@@ -164,6 +177,9 @@ pub enum FileError {
     /// A PDF that is damaged, a bomb, or past a limit.
     #[error(transparent)]
     Pdf(#[from] PdfError),
+    /// An image that is damaged, a bomb, or past a limit.
+    #[error(transparent)]
+    Image(#[from] ImageError),
     /// A `document.url` refused by the SSRF guard, or whose fetch failed.
     #[error("{0}")]
     Url(String),
@@ -240,6 +256,10 @@ impl Files {
                     content_objects: settings.file_max_content_objects,
                 },
                 text_words: settings.max_text_words,
+                image: ImageLimits {
+                    pixels: settings.ocr_max_pixels as u64,
+                    pages: settings.max_pages,
+                },
             },
             reader: match settings.pdf_reader.as_str() {
                 // Resolved now: the binary may be replaced on disk while
@@ -247,6 +267,16 @@ impl Files {
                 "" => std::env::current_exe().unwrap_or_else(|_| "docstream".into()),
                 program => PathBuf::from(program),
             },
+            ocr: (!settings.ocr_tesseract.is_empty()).then(|| OcrSettings {
+                tesseract: PathBuf::from(&settings.ocr_tesseract),
+                pdftoppm: PathBuf::from(&settings.ocr_pdftoppm),
+                languages: settings.ocr_languages.clone(),
+                dpi: settings.ocr_dpi,
+                max_pixels: settings.ocr_max_pixels as u64,
+                page_timeout: settings.ocr_page_timeout_s.get(),
+                memory_bytes: settings.ocr_max_memory_bytes as u64,
+                words_per_page: settings.max_words_per_page,
+            }),
             signing: settings
                 .deferred_results()
                 .map(|(url, secret)| (url.to_owned(), secret.to_owned())),
@@ -286,7 +316,7 @@ impl Files {
                 checked.map_err(|e| PdfError::Unreadable(e.to_string()))??;
             }
             FileType::Text => text_within(&bytes, self.0.read.text_words)?,
-            _ => {}
+            image => drop(image::pages(image, &bytes, &self.0.read.image)?),
         }
         let sha256 = crate::domain::sha256_hex(&bytes);
         let size = bytes.len() as i64;
@@ -532,6 +562,11 @@ impl Files {
         &self.0.reader
     }
 
+    /// How pages without text are read, if they are.
+    pub fn ocr(&self) -> Option<&OcrSettings> {
+        self.0.ocr.as_ref()
+    }
+
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
         Ok(&self.opened().await?.0)
     }
@@ -584,6 +619,8 @@ pub struct ReadLimits {
     pub pdf: PdfLimits,
     /// Most words of a text file, as of a text document.
     pub text_words: usize,
+    /// What an image may be.
+    pub image: ImageLimits,
 }
 
 /// Refuses a text file of more than `limit` words (runs of
@@ -596,41 +633,102 @@ fn text_within(bytes: &[u8], limit: usize) -> Result<(), FileError> {
     }
 }
 
-/// What a document with no words needs.
-const OCR: &str = "use an extractor that does OCR (an external extractor of the settings)";
+/// What a document with no words needs when OCR is off.
+const OCR: &str = "OCR is off in this deployment (DOCSTREAM_OCR_TESSERACT is empty): \
+    turn it on, or use an extractor that does OCR (an external extractor of the settings)";
 
-/// The document a file of kind `kind` holds, for extractors that read
-/// words: a PDF's text layer, or a text file's text. An image has no words
-/// until something reads it, a PDF without a text layer is a scan, and a
-/// text file past the word limit is too long: all fail for good, naming
-/// the fix. CPU-bound: run it on the CPU pool.
+/// A file read as far as it can be without OCR: its document, and the
+/// pages of it still to read by OCR.
+#[derive(Debug, Clone, Default)]
+pub struct Reading {
+    /// What was read: a PDF's pages (empty where they have no text), a
+    /// text file's text; no pages yet for an image.
+    pub document: Document,
+    /// What OCR is to read.
+    pub scans: Vec<Scan>,
+}
+
+/// A part of a file to read by OCR.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scan {
+    /// The whole image, of this many pages (a TIFF's may be several).
+    Image {
+        /// Its pages.
+        pages: usize,
+    },
+    /// A PDF page without text: its index, and its size in points.
+    PdfPage {
+        /// From 0.
+        index: usize,
+        /// Width and height.
+        size: (f64, f64),
+    },
+}
+
+impl Reading {
+    /// The document once every scan is read, or why it cannot be: OCR is
+    /// off and nothing but scans is there, or nothing has words.
+    fn finish(self, ocr_on: bool) -> Result<Document, ExtractError> {
+        let words = (self.document.pages.iter().flatten()).any(|p| !p.words.is_empty());
+        let text = self.document.text.is_some();
+        match (words || text, self.scans.first()) {
+            (true, _) => Ok(self.document),
+            (false, Some(Scan::Image { .. })) if !ocr_on => Err(refused(format!(
+                "the file is an image, which has no text layer: {OCR}"
+            ))),
+            (false, Some(_)) if !ocr_on => Err(refused(format!(
+                "the PDF has no text layer (a scan?): {OCR}"
+            ))),
+            (false, _) => Err(refused("OCR found no text in the file".into())),
+        }
+    }
+}
+
+/// A refusal of the file by the built-in reading.
+fn refused(message: String) -> ExtractError {
+    ExtractError::Refused {
+        extractor: crate::domain::RULES_EXTRACTOR.to_owned(),
+        message,
+    }
+}
+
+/// The document a file of kind `kind` holds as far as it can be read
+/// without OCR ([`Reading`]): a PDF's text layer, a text file's text; an
+/// image is all scan. A text file past the word limit is too long, and
+/// fails for good. CPU-bound: run it on the CPU pool.
 pub fn document(
     kind: FileType,
     bytes: &[u8],
     limits: &ReadLimits,
     deadline: &Deadline,
-) -> Result<Document, ExtractError> {
-    let refused = |message: String| ExtractError::Refused {
-        extractor: crate::domain::RULES_EXTRACTOR.to_owned(),
-        message,
-    };
+) -> Result<Reading, ExtractError> {
     match kind {
-        FileType::Pdf => pdf_document(pdf::words(bytes, &limits.pdf, deadline), deadline),
+        FileType::Pdf => pdf_reading(pdf::words(bytes, &limits.pdf, deadline), deadline),
         FileType::Text => {
             text_within(bytes, limits.text_words).map_err(|e| refused(e.to_string()))?;
             let text = String::from_utf8_lossy(bytes).into_owned();
             match text.trim().is_empty() {
                 true => Err(refused("the text file holds no words".into())),
-                false => Ok(Document {
-                    text: Some(text),
-                    ..Document::default()
+                false => Ok(Reading {
+                    document: Document {
+                        text: Some(text),
+                        ..Document::default()
+                    },
+                    scans: Vec::new(),
                 }),
             }
         }
-        image => Err(refused(format!(
-            "the file is an image ({}), which has no text to read: {OCR}",
-            image.as_str()
-        ))),
+        image => {
+            let pages = image::pages(image, bytes, &limits.image);
+            let pages = pages.map_err(|e| refused(e.to_string()))?.len();
+            Ok(Reading {
+                document: Document {
+                    pages: Some(Vec::new()),
+                    ..Document::default()
+                },
+                scans: vec![Scan::Image { pages }],
+            })
+        }
     }
 }
 
@@ -644,38 +742,120 @@ pub async fn document_apart(
     bytes: Bytes,
     limits: &ReadLimits,
     deadline: &Deadline,
-) -> Result<Document, ExtractError> {
+) -> Result<Reading, ExtractError> {
     match kind {
         FileType::Pdf => {
             let read = pdf::apart::words(reader, bytes, &limits.pdf).await;
-            pdf_document(read, deadline)
+            pdf_reading(read, deadline)
         }
         other => document(other, &bytes, limits, deadline),
     }
 }
 
-/// The document of a PDF whose words were `read`.
-fn pdf_document(
+/// Reads `scan` of the file `bytes` by OCR into `reading`'s document. The
+/// engine's own failures (a crash, its memory cap) fail the attempt, to be
+/// retried; a page past its time or word limit fails for good.
+pub async fn read_scan(
+    ocr: &OcrSettings,
+    bytes: Bytes,
+    scan: &Scan,
+    reading: &mut Reading,
+) -> Result<(), ExtractError> {
+    let read = match *scan {
+        Scan::Image { pages } => ocr.image(bytes, pages).await,
+        Scan::PdfPage { index, size } => {
+            ocr.pdf_page(bytes, index + 1, size).await.map(|p| vec![p])
+        }
+    };
+    let pages = read.map_err(|e| match e {
+        OcrError::TimedOut { .. } | OcrError::TooManyWords { .. } => refused(e.to_string()),
+        OcrError::Failed(why) | OcrError::Unavailable(why) => ExtractError::Unavailable(why),
+    })?;
+    let document = reading.document.pages.get_or_insert_with(Vec::new);
+    match *scan {
+        Scan::Image { .. } => document.extend(pages),
+        Scan::PdfPage { index, .. } => {
+            if let (Some(slot), Some(page)) = (document.get_mut(index), pages.into_iter().next()) {
+                *slot = page;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The whole document of the file `bytes` of kind `kind`, every page
+/// without text read by `ocr` (if any) one after the other, with no
+/// deadline: for a reader of its own (the reference provider), not the
+/// worker, which bounds each step on its CPU pool.
+pub async fn read_all(
+    kind: FileType,
+    bytes: Bytes,
+    limits: &ReadLimits,
+    ocr: Option<&OcrSettings>,
+) -> Result<Document, ExtractError> {
+    let (file, limits) = (bytes.clone(), *limits);
+    let read =
+        tokio::task::spawn_blocking(move || document(kind, &file, &limits, &Deadline::none()));
+    let reading = read.await.map_err(|e| {
+        ExtractError::Unavailable(format!("reading the file failed unexpectedly: {e}"))
+    })??;
+    let run = |scan: Scan, mut reading: Reading| {
+        let bytes = bytes.clone();
+        async move {
+            let ocr = ocr.expect("scans are read only with OCR on");
+            read_scan(ocr, bytes, &scan, &mut reading).await?;
+            Ok(reading)
+        }
+    };
+    reading.read_scans(ocr, run).await
+}
+
+impl Reading {
+    /// The document, every scan read by `ocr` if there is one: each scan
+    /// run by `run` (which bounds it, in the worker on the CPU pool).
+    pub async fn read_scans<F, Fut>(
+        mut self,
+        ocr: Option<&OcrSettings>,
+        run: F,
+    ) -> Result<Document, ExtractError>
+    where
+        F: Fn(Scan, Reading) -> Fut,
+        Fut: std::future::Future<Output = Result<Reading, ExtractError>>,
+    {
+        if ocr.is_none() || self.scans.is_empty() {
+            return self.finish(ocr.is_some());
+        }
+        for scan in std::mem::take(&mut self.scans) {
+            self = run(scan, self).await?;
+        }
+        self.finish(true)
+    }
+}
+
+/// The reading of a PDF whose words were `read`: its pages without words
+/// are scans.
+fn pdf_reading(
     read: Result<Vec<crate::domain::Page>, PdfError>,
     deadline: &Deadline,
-) -> Result<Document, ExtractError> {
-    let refused = |message: String| ExtractError::Refused {
-        extractor: crate::domain::RULES_EXTRACTOR.to_owned(),
-        message,
-    };
+) -> Result<Reading, ExtractError> {
     let pages = read.map_err(|e| match e {
         PdfError::Deadline => deadline.exceeded(),
         PdfError::Reader(why) => ExtractError::Unavailable(why),
         e => refused(e.to_string()),
     })?;
-    if pages.iter().all(|p| p.words.is_empty()) {
-        return Err(refused(format!(
-            "the PDF has no text layer (a scan?): {OCR}"
-        )));
-    }
-    Ok(Document {
-        pages: Some(pages),
-        ..Document::default()
+    let scans = (pages.iter().enumerate())
+        .filter(|(_, p)| p.words.is_empty())
+        .map(|(index, p)| Scan::PdfPage {
+            index,
+            size: (p.width, p.height),
+        })
+        .collect();
+    Ok(Reading {
+        document: Document {
+            pages: Some(pages),
+            ..Document::default()
+        },
+        scans,
     })
 }
 
@@ -753,9 +933,15 @@ mod tests {
                 content_objects: 1,
             },
             text_words: 3,
+            image: ImageLimits {
+                pixels: 1,
+                pages: 1,
+            },
         };
-        let read =
-            |text: &str| document(FileType::Text, text.as_bytes(), &limits, &Deadline::none());
+        let read = |text: &str| {
+            let read = document(FileType::Text, text.as_bytes(), &limits, &Deadline::none());
+            read.and_then(|reading| reading.finish(false))
+        };
         assert!(read("one two\nthree").is_ok());
         let refused = read("one two three four").unwrap_err().to_string();
         assert!(refused.contains("DOCSTREAM_MAX_TEXT_WORDS"), "{refused}");

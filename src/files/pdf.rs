@@ -354,7 +354,11 @@ impl<'d> Words<'d> {
         // To the top-left origin of a document's boxes.
         let (left, top) = (self.media.llx, self.media.ury);
         let bbox = [x0 - left, top - y1, x1 - left, top - y0].map(|v| (v * 100.0).round() / 100.0);
-        page.words.push(Word { text, bbox });
+        page.words.push(Word {
+            text,
+            bbox,
+            confidence: None,
+        });
         Ok(())
     }
 }

@@ -40,7 +40,7 @@ impl BboxWorker {
     async fn grounding(
         &self,
         claim: &Claim,
-        request: Option<Result<Document, String>>,
+        request: Option<Result<(Document, f64), String>>,
     ) -> Result<serde_json::Value, String> {
         failpoints::hit("bbox.after_claim")
             .await
@@ -49,10 +49,10 @@ impl BboxWorker {
         let output: ExtractionOutput =
             serde_json::from_value(row.result.clone().unwrap_or_default())
                 .map_err(|e| format!("extraction result is unreadable: {e}"))?;
-        let document = request.ok_or("the claim returned no request")??;
+        let (document, min_confidence) = request.ok_or("the claim returned no request")??;
         let size = document.text_bytes() * output.fields.len().max(1);
         let grounded = self.services.cpu.run(self.budget, size, move |_| {
-            let grounding = ground(&document, &output);
+            let grounding = ground(&document, &output, min_confidence);
             Ok(serde_json::to_value(grounding).expect("grounding serialises"))
         });
         grounded.await.map_err(|e| e.to_string())
@@ -119,17 +119,20 @@ impl BboxWorker {
 }
 
 /// The document job `id`'s values were found in: the request's own, or for
-/// a file the words its extraction read and kept (an error if it kept none).
+/// a file the words its extraction read and kept (an error if it kept none);
+/// and the confidence under which a value needs review.
 async fn document_of(
     services: &Services,
     id: Uuid,
     request: ExtractionRequest,
-) -> Result<Result<Document, String>, JobError> {
+) -> Result<Result<(Document, f64), String>, JobError> {
+    let min_confidence = request.min_confidence();
     let Some(file) = request.document.object else {
-        return Ok(Ok(request.document));
+        return Ok(Ok((request.document, min_confidence)));
     };
     let kept = documents::get(&services.pool, id).await?;
-    Ok(kept.ok_or(format!("the document read from file {file} was not kept")))
+    let kept = kept.ok_or(format!("the document read from file {file} was not kept"));
+    Ok(kept.map(|document| (document, min_confidence)))
 }
 
 impl RecordHandler for BboxWorker {

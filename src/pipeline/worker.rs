@@ -294,10 +294,12 @@ impl ExtractionWorker {
         // In a process of its own, killed at the deadline: a parse cannot
         // check one, and must not keep its slot past it.
         let reader = services.files.pdf_reader();
+        let file = bytes.clone();
         let read = |deadline: Deadline| async move {
-            files::document_apart(reader, kind, bytes, &limits, &deadline).await
+            files::document_apart(reader, kind, file, &limits, &deadline).await
         };
-        let document = services.cpu.run_apart(budget, read).await?;
+        let reading = services.cpu.run_apart(budget, read).await?;
+        let document = self.read_scans(job, reading, bytes).await?;
         let mut request = ExtractionRequest::clone(job.request);
         request.document = document;
         let request = std::sync::Arc::new(request);
@@ -309,6 +311,44 @@ impl ExtractionWorker {
             Extracted::Output(output) => Ok(Extracted::Read(output, request.document.clone())),
             other => Ok(other),
         }
+    }
+
+    /// Reads by OCR the pages of `reading` that have no text, one page at a
+    /// time, each holding one of the deployment's OCR slots and one of the
+    /// CPU pool's for no longer than its limit (the engine's process is
+    /// killed past it).
+    async fn read_scans(
+        &self,
+        job: &Job<'_>,
+        reading: files::Reading,
+        bytes: axum::body::Bytes,
+    ) -> Result<Document, ExtractError> {
+        let services = &self.services;
+        let ocr = services.files.ocr();
+        let run = |scan: files::Scan, mut reading: files::Reading| {
+            let bytes = bytes.clone();
+            async move {
+                let ocr = ocr.expect("scans are read only with OCR on");
+                let pages = match scan {
+                    files::Scan::Image { pages } => pages.max(1),
+                    files::Scan::PdfPage { .. } => 1,
+                };
+                // The engine stops itself at the limit; the pool's budget
+                // is a backstop a little past it.
+                let budget = ocr.page_timeout * pages as u32 + Duration::from_secs(1);
+                let _slot = services.extractors.ocr_slot(job.lane).await;
+                let started = std::time::Instant::now();
+                let read = |_| files::read_scan(ocr, bytes, &scan, &mut reading);
+                services.cpu.run_apart(budget, read).await?;
+                let metrics = &services.metrics.jobs;
+                let seconds = started.elapsed().as_secs_f64() / pages as f64;
+                for _ in 0..pages {
+                    metrics.ocr_page_duration.observe(seconds);
+                }
+                Ok(reading)
+            }
+        };
+        reading.read_scans(ocr, run).await
     }
 
     /// The extractor will post the result: the claim is held until `deadline`
