@@ -4,6 +4,7 @@
 // The binary's own commands: they drive the library, and it does not know them.
 mod bench;
 mod demo;
+mod eval;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -74,6 +75,9 @@ enum Command {
     Dlq(ops::dlq::DlqCommand),
     /// Run the pipeline on the shipped sample documents and print a summary.
     Demo(demo::DemoArgs),
+    /// How well docstream reads: run a folder of documents with their
+    /// ground truth through the pipeline and print the shares read right.
+    Eval(eval::EvalArgs),
     /// A reference extraction service (the extractor protocol, with the
     /// built-in rules): for the demo, the benchmark, and trying the protocol.
     ExtractorServe(docstream::provider::ProviderArgs),
@@ -191,6 +195,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Demo(args) => return demo::run(settings, args, shutdown).await,
+        Command::Eval(args) => return eval::run(settings, args, shutdown).await,
         Command::ExtractorServe(args) => {
             return Ok(docstream::provider::run(args, shutdown).await?);
         }
@@ -275,7 +280,7 @@ impl Command {
             Self::Worker => "docstream-worker",
             Self::BboxWorker => "docstream-bbox-worker",
             Self::Intake => "docstream-intake",
-            Self::All | Self::Demo(_) => "docstream",
+            Self::All | Self::Demo(_) | Self::Eval(_) => "docstream",
             _ => "docstream-cli",
         }
     }

@@ -4,7 +4,7 @@
 use apache_avro::types::Value;
 use apache_avro::{GenericSingleObjectReader, Schema};
 use docstream::events::{
-    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, PostProcessingRequested,
+    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, FieldCorrection, PostProcessingRequested,
     PublishReason, Source,
 };
 
@@ -64,8 +64,8 @@ fn a_post_processing_request_decodes_with_its_step(id: uuid::Uuid) {
     );
 }
 
-/// A transition event decodes, its optional fields as unions: a token and a
-/// tenant set, no error.
+/// A transition event decodes, its optional fields as unions: a token, a
+/// tenant and a correction set, no error.
 fn an_extraction_event_decodes_with_its_optional_fields(id: uuid::Uuid) {
     let event = ExtractionEvent {
         extraction_id: id.to_string(),
@@ -77,6 +77,13 @@ fn an_extraction_event_decodes_with_its_optional_fields(id: uuid::Uuid) {
         reason: PublishReason::Submit,
         published_at_ms: 1,
         tenant_id: Some(id.to_string()),
+        correction: Some(FieldCorrection {
+            correction_id: 7,
+            field: "total".into(),
+            value: Some("678.66".into()),
+            key_id: id.to_string(),
+            reviewer: None,
+        }),
     };
     let bytes = encode(&event).unwrap();
     let value = reader("ExtractionEvent.avsc")
@@ -93,6 +100,14 @@ fn an_extraction_event_decodes_with_its_optional_fields(id: uuid::Uuid) {
     assert_eq!(
         field(&value, "tenant_id"),
         &Value::Union(1, Box::new(Value::String(id.to_string())))
+    );
+    let Value::Union(1, correction) = field(&value, "correction") else {
+        panic!("a correction: {value:?}");
+    };
+    assert_eq!(field(correction, "field"), &Value::String("total".into()));
+    assert_eq!(
+        field(correction, "value"),
+        &Value::Union(1, Box::new(Value::String("678.66".into())))
     );
 }
 

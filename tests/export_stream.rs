@@ -65,6 +65,7 @@ async fn produce_events_of(env: &TestEnv, n: usize, tenant_id: Uuid) {
                 reason: PublishReason::Submit,
                 published_at_ms: now_ms(),
                 tenant_id: Some(tenant_id.to_string()),
+                correction: None,
             };
             let payload = encode(&event).unwrap();
             let (producer, topic) = (producer.clone(), topic.clone());

@@ -7,6 +7,7 @@ mod account;
 mod auth;
 mod bulk;
 mod console;
+mod corrections;
 mod error;
 mod export;
 mod extractions;
@@ -50,6 +51,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
     let bound = services.settings.http_answer_timeout_s.get() + REST_MARGIN;
     let rest = Router::new()
         .merge(extractions::router(&services))
+        .merge(corrections::router())
         .merge(list::router())
         .merge(bulk::router())
         .merge(letters::router())

@@ -263,7 +263,7 @@ async fn submit_file(
     file: &samples::SampleFile,
 ) -> anyhow::Result<Uuid> {
     let name = format!("{}.pdf", file.name);
-    let (content_type, body) = multipart_body(&file.request, &name, file.pdf)?;
+    let (content_type, body) = multipart_body(&file.request, &name, "application/pdf", file.pdf)?;
     let response = client
         .post(format!("{base}/v1/extractions"))
         .header(reqwest::header::CONTENT_TYPE, content_type)
@@ -274,18 +274,20 @@ async fn submit_file(
     accepted(response).await
 }
 
-/// A multipart submit of `request` (without its document) and the PDF
-/// `pdf` named `name`: its `Content-Type` and its body.
+/// A multipart submit of `request` (without its document) and the file
+/// `file` named `name`, of media type `media_type`: its `Content-Type` and
+/// its body.
 pub fn multipart_body(
     request: &serde_json::Value,
     name: &str,
-    pdf: &[u8],
+    media_type: &str,
+    file: &[u8],
 ) -> anyhow::Result<(String, Vec<u8>)> {
     let boundary = format!("docstream-{}", Uuid::new_v4().simple());
-    let mut body = Vec::with_capacity(pdf.len() + 4096);
+    let mut body = Vec::with_capacity(file.len() + 4096);
     let parts: [(&str, &str, &[u8]); 2] = [
         ("request", "application/json", &serde_json::to_vec(request)?),
-        ("file", "application/pdf", pdf),
+        ("file", media_type, file),
     ];
     for (part, content_type, bytes) in parts {
         let head = format!(

@@ -151,6 +151,8 @@ pub enum Transition {
     RetryFailed,
     /// A finished job's content erased on request; the state stays.
     Erase,
+    /// A succeeded job's value corrected by a person; the state stays.
+    CorrectField,
 }
 
 impl Transition {
@@ -171,6 +173,7 @@ impl Transition {
             Self::RequeueBboxRefinement => "requeue_bbox_refinement",
             Self::RetryFailed => "retry_failed",
             Self::Erase => "erase",
+            Self::CorrectField => "correct_field",
         }
     }
 }

@@ -23,6 +23,9 @@ pub enum Scope {
     Admin,
     /// `DELETE /v1/extractions/{id}`: erasing a job's content.
     Delete,
+    /// Correcting an extracted value (`POST
+    /// /v1/extractions/{id}/fields/{field}/corrections`): a person's review.
+    Review,
     /// The deployment's operators: every tenant's queue, quotas and keys
     /// (`/v1/operator/…`). It crosses tenants, so no tenant's own key needs
     /// it; give it to the keys of a tenant kept for operators.
@@ -31,13 +34,14 @@ pub enum Scope {
 
 impl Scope {
     /// Every scope, in the order they are listed.
-    pub const ALL: [Scope; 7] = [
+    pub const ALL: [Scope; 8] = [
         Self::Submit,
         Self::Read,
         Self::Cancel,
         Self::Export,
         Self::Admin,
         Self::Delete,
+        Self::Review,
         Self::Operator,
     ];
 
@@ -54,6 +58,7 @@ impl Scope {
             Self::Export => "export",
             Self::Admin => "admin",
             Self::Delete => "delete",
+            Self::Review => "review",
             Self::Operator => "operator",
         }
     }

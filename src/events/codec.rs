@@ -37,8 +37,9 @@ const SCHEMA_SOURCES: [&str; 5] = [
 
 /// Earlier versions of the schemas, which records written before an upgrade
 /// carry: read only, never written.
-const HISTORY_SOURCES: [&str; 2] = [
+const HISTORY_SOURCES: [&str; 3] = [
     include_str!("../../schemas/history/ExtractionEvent.v1.avsc"),
+    include_str!("../../schemas/history/ExtractionEvent.v2.avsc"),
     include_str!("../../schemas/history/DeadLetter.v1.avsc"),
 ];
 
@@ -264,6 +265,7 @@ mod tests {
             reason: PublishReason::Retry,
             published_at_ms: 7,
             tenant_id: Some(uuid::Uuid::now_v7().to_string()),
+            correction: None,
         });
         round_trip(DeadLetter {
             topic: "extraction.submitted".into(),

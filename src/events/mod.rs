@@ -109,6 +109,26 @@ pub struct ExtractionEvent {
     /// (schema version 1), whose jobs belong to the tenant `default`.
     #[schemars(with = "Option<uuid::Uuid>")]
     pub tenant_id: Option<String>,
+    /// What a person corrected, on a `correct_field` event; null on every
+    /// other (and in events written before schema version 3).
+    #[serde(default)]
+    pub correction: Option<FieldCorrection>,
+}
+
+/// A value of a succeeded job corrected in review.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FieldCorrection {
+    /// The correction's id: the latest of a field is its value now.
+    pub correction_id: i64,
+    /// The field's name.
+    pub field: String,
+    /// The right value; null: the document does not hold the field.
+    pub value: Option<String>,
+    /// The API key that made it.
+    #[schemars(with = "uuid::Uuid")]
+    pub key_id: String,
+    /// The name the reviewer gave, if any.
+    pub reviewer: Option<String>,
 }
 
 impl ExtractionEvent {
@@ -267,6 +287,7 @@ impl ExtractionEvent {
             reason,
             published_at_ms: now_ms(),
             tenant_id: Some(row.tenant_id.to_string()),
+            correction: None,
         }
     }
 }

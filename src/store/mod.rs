@@ -10,6 +10,7 @@
 pub mod bulk;
 pub mod census;
 pub mod coalesce;
+pub mod corrections;
 pub mod documents;
 pub mod files;
 pub mod held;

@@ -75,6 +75,8 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
              DELETE FROM extraction_results WHERE id IN (SELECT id FROM erased)),
          documents AS (
              DELETE FROM extraction_documents WHERE id IN (SELECT id FROM erased)),
+         corrections AS (
+             DELETE FROM field_corrections WHERE extraction_id IN (SELECT id FROM erased)),
          files AS (
              DELETE FROM file_jobs WHERE extraction_id IN (SELECT id FROM erased)
              RETURNING sha256),
@@ -106,7 +108,7 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
 
 /// Deletes every row of the jobs the CTE `doomed` (a query of `id`s) names:
 /// the job, its request, results, the document read from its file, its
-/// claim on the file and its transition log (which have no foreign key), and through its foreign key
+/// corrections, its claim on the file and its transition log (which have no foreign key), and through its foreign key
 /// its webhook deliveries.
 macro_rules! purge {
     ($doomed:literal) => {
@@ -117,6 +119,8 @@ macro_rules! purge {
              requests AS (DELETE FROM extraction_requests WHERE id IN (SELECT id FROM doomed)),
              results AS (DELETE FROM extraction_results WHERE id IN (SELECT id FROM doomed)),
              documents AS (DELETE FROM extraction_documents WHERE id IN (SELECT id FROM doomed)),
+             corrections AS (DELETE FROM field_corrections
+                              WHERE extraction_id IN (SELECT id FROM doomed)),
              files AS (DELETE FROM file_jobs WHERE extraction_id IN (SELECT id FROM doomed)),
              log AS (DELETE FROM extraction_transitions
                       WHERE extraction_id IN (SELECT id FROM doomed)),

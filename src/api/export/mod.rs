@@ -161,5 +161,6 @@ fn running_event(id: &str) -> crate::events::ExtractionEvent {
         reason: crate::events::PublishReason::Submit,
         published_at_ms: 0,
         tenant_id: None,
+        correction: None,
     }
 }

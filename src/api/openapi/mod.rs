@@ -139,6 +139,8 @@ mod tests {
             ("/v1/extractions/{id}", "delete"),
             ("/v1/extractions/{id}", "get"),
             ("/v1/extractions/{id}/cancel", "post"),
+            ("/v1/extractions/{id}/corrections", "get"),
+            ("/v1/extractions/{id}/fields/{field}/corrections", "post"),
             ("/v1/extractions/{id}/file", "get"),
             ("/v1/extractions/{id}/result", "post"),
             ("/v1/extractions/{id}/retry", "post"),

@@ -70,6 +70,8 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/{id}/cancel": {"post": cancel()},
         "/v1/extractions/{id}/retry": {"post": retry()},
         "/v1/extractions/{id}/transitions": {"get": transitions()},
+        "/v1/extractions/{id}/fields/{field}/corrections": {"post": correct()},
+        "/v1/extractions/{id}/corrections": {"get": corrections()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
         "/v1/extractions/actions": {"post": bulk_action()},
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
@@ -477,6 +479,56 @@ fn transitions() -> Value {
                     "type": "array", "items": schema("TransitionLogEntry")}}},
             },
         }), &[400, 401, 403, 404, 429, 503]),
+    })
+}
+
+fn correct() -> Value {
+    json!({
+        "operationId": "correctExtractionField",
+        "tags": ["extractions"],
+        "summary": "Correct an extracted value",
+        "description": "A person's review of a succeeded job's value (scope `review`), most \
+                        often one flagged `needs_review`. The correction is stored beside the \
+                        extracted value, which stays in the result as the extractor gave it; \
+                        it is logged as the transition `correct_field`, published on the \
+                        events topic (and so the export stream) with what was corrected, and \
+                        sent to the job's webhook as `extraction.field_corrected`. A later \
+                        correction of the same field supersedes it. A job that has not \
+                        succeeded answers 409; an erased one 410; a field the request did \
+                        not name 422.",
+        "parameters": [id_parameter(), {
+            "name": "field", "in": "path", "required": true,
+            "description": "The field's name, as the request gave it.",
+            "schema": {"type": "string", "minLength": 1},
+        }],
+        "requestBody": {
+            "required": true,
+            "content": {"application/json": {"schema": schema("CorrectionRequest")}},
+        },
+        "responses": answers(json!({
+            "201": {
+                "description": "Stored.",
+                "content": {"application/json": {"schema": schema("Correction")}},
+            },
+        }), &[400, 401, 403, 404, 409, 410, 422, 429, 503]),
+    })
+}
+
+fn corrections() -> Value {
+    json!({
+        "operationId": "getExtractionCorrections",
+        "tags": ["extractions"],
+        "summary": "Read an extraction's corrections",
+        "description": "Every correction of the job's values, oldest first (scope `read`): \
+                        the latest of a field is its value now.",
+        "parameters": [id_parameter()],
+        "responses": answers(json!({
+            "200": {
+                "description": "The corrections.",
+                "content": {"application/json": {"schema": {
+                    "type": "array", "items": schema("Correction")}}},
+            },
+        }), &[400, 401, 403, 404, 410, 429, 503]),
     })
 }
 

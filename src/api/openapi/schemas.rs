@@ -24,6 +24,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     requests.subschema_for::<ExtractionRequest>();
     requests.subschema_for::<crate::api::import::Frame>();
     requests.subschema_for::<crate::api::bulk::BulkRequest>();
+    requests.subschema_for::<crate::api::corrections::CorrectionRequest>();
     let mut answers = generator(SchemaSettings::draft2020_12().for_serialize());
     answers.subschema_for::<crate::api::extractions::Accepted>();
     answers.subschema_for::<crate::api::extractions::ExtractionView>();
@@ -36,6 +37,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     answers.subschema_for::<crate::api::account::TenantView>();
     answers.subschema_for::<crate::api::account::TenantList>();
     answers.subschema_for::<crate::api::extractions::Logged>();
+    answers.subschema_for::<crate::store::corrections::Correction>();
     answers.subschema_for::<crate::api::results::Recorded>();
     answers.subschema_for::<crate::files::StoredFile>();
     answers.subschema_for::<crate::events::ExtractionEvent>();

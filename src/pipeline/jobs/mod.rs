@@ -159,8 +159,15 @@ impl Jobs {
         token: Option<i32>,
         reason: PublishReason,
     ) -> impl Future<Output = Result<(), JobError>> + use<'s> {
-        let event = ExtractionEvent::of(transition, row, token, reason);
-        let id = row.id;
+        self.announce(row.id, ExtractionEvent::of(transition, row, token, reason))
+    }
+
+    /// Publishes `event`, of job `id`, on the events topic.
+    pub fn announce<'s>(
+        &'s self,
+        id: Uuid,
+        event: ExtractionEvent,
+    ) -> impl Future<Output = Result<(), JobError>> + use<'s> {
         async move {
             let topic = &self.0.settings.events_topic;
             self.0.publisher.publish_job(topic, id, &event).await?;

@@ -1,0 +1,188 @@
+//! Review: a person with the `review` scope corrects a value of a succeeded
+//! job (`POST /v1/extractions/{id}/fields/{field}/corrections`), most often
+//! one flagged `needs_review`; anyone who may read the job reads its
+//! corrections (`GET /v1/extractions/{id}/corrections`). The extracted value
+//! is never overwritten: the correction is stored beside it
+//! (`store::corrections`), logged as the transition `correct_field`,
+//! announced on the events topic (so on the export stream) with what was
+//! corrected, and to the job's webhook as `extraction.field_corrected`.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::ApiError;
+use crate::auth::Caller;
+use crate::domain::{ExtractionStatus, Scope, Transition};
+use crate::events::{ExtractionEvent, FieldCorrection, PublishReason};
+use crate::pipeline::Services;
+use crate::store::corrections::{self, Correction, NewCorrection};
+use crate::store::{self, Extraction};
+
+/// Longest reviewer name, in bytes.
+const MAX_REVIEWER_BYTES: usize = 200;
+
+pub(super) fn router() -> Router<Services> {
+    Router::new()
+        .route(
+            "/v1/extractions/{id}/fields/{field}/corrections",
+            post(correct),
+        )
+        .route("/v1/extractions/{id}/corrections", get(corrections_of))
+}
+
+/// A correction's body.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(rename = "CorrectionRequest", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CorrectionRequest {
+    /// The right value (at most the result's limit of bytes per field), or
+    /// null when the document does not hold the field. Required.
+    #[schemars(with = "Option<String>")]
+    value: serde_json::Value,
+    /// Who reviewed it, as the console or the caller names them (at most
+    /// 200 bytes): the key says which key, this which person.
+    #[serde(default)]
+    #[schemars(length(max = 200))]
+    reviewer: Option<String>,
+}
+
+/// Stores a correction of field `field` of job `id` (201, the correction).
+/// A job of another tenant is not found; an erased one is gone (410); one
+/// that has not succeeded has no value to correct (409); a field its
+/// request did not name, or a value that is not text or null, is refused
+/// (422).
+async fn correct(
+    caller: Caller,
+    State(services): State<Services>,
+    path: Result<Path<(Uuid, String)>, PathRejection>,
+    body: Result<Json<CorrectionRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<Correction>), ApiError> {
+    caller.require(Scope::Review)?;
+    let Path((id, field)) = path?;
+    let Json(body) = body.map_err(|e| ApiError::Unprocessable(e.body_text()))?;
+    let value = match &body.value {
+        serde_json::Value::String(value) => Some(value.as_str()),
+        serde_json::Value::Null => None,
+        _ => {
+            return Err(ApiError::Unprocessable(
+                "value must be a string, or null when the document does not hold the field".into(),
+            ))
+        }
+    };
+    let limit = services.settings.result_limits().field_bytes;
+    let storable = |text: &str| !text.contains('\0');
+    if value.is_some_and(|v| v.len() > limit || !storable(v)) {
+        return Err(ApiError::Unprocessable(format!(
+            "value must be at most {limit} bytes of text without NUL characters"
+        )));
+    }
+    let reviewer = body.reviewer.as_deref();
+    if reviewer.is_some_and(|r| r.len() > MAX_REVIEWER_BYTES || !storable(r)) {
+        return Err(ApiError::Unprocessable(format!(
+            "reviewer must be at most {MAX_REVIEWER_BYTES} bytes of text without NUL characters"
+        )));
+    }
+    let job = correctable(&services, &caller, id, &field).await?;
+    let new = NewCorrection {
+        extraction_id: id,
+        tenant_id: caller.tenant_id,
+        field: &field,
+        value,
+        key_id: caller.key_id,
+        reviewer,
+    };
+    // Between the check and the statement the job may have been erased;
+    // the statement judges again, and its refusal is told as the check's.
+    let Some(made) = corrections::correct(&services.pool, &new).await? else {
+        correctable(&services, &caller, id, &field).await?;
+        return Err(ApiError::Conflict(
+            "the job changed while it was being corrected; try again".into(),
+        ));
+    };
+    services
+        .metrics
+        .transition(Transition::CorrectField, &Some(&job));
+    services
+        .webhooks
+        .wake(made.webhook_id.as_deref(), caller.tenant_id);
+    let correction = made.correction;
+    let mut event = ExtractionEvent::of(Transition::CorrectField, &job, None, PublishReason::Submit);
+    event.correction = Some(FieldCorrection {
+        correction_id: correction.id,
+        field: correction.field.clone(),
+        value: correction.value.clone(),
+        key_id: correction.key_id.to_string(),
+        reviewer: correction.reviewer.clone(),
+    });
+    // The correction is stored; an event the broker did not take is a gap
+    // in the stream, not a lost correction.
+    if let Err(e) = services.jobs.announce(id, event).await {
+        tracing::warn!(%id, error = %e, "correction event not published");
+    }
+    tracing::info!(%id, field = %correction.field, correction = correction.id, "value corrected");
+    Ok((StatusCode::CREATED, Json(correction)))
+}
+
+/// The caller's job `id`, if its field `field` can be corrected now.
+async fn correctable(
+    services: &Services,
+    caller: &Caller,
+    id: Uuid,
+    field: &str,
+) -> Result<Extraction, ApiError> {
+    let job = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
+    let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    if let Some(at) = job.erased_at {
+        return Err(ApiError::Gone(format!("extraction {id} was erased at {at}")));
+    }
+    if job.status != ExtractionStatus::Succeeded {
+        return Err(ApiError::Conflict(format!(
+            "only a succeeded job's values can be corrected; this one is {}",
+            job.status
+        )));
+    }
+    if !request_names(services, id, field).await? {
+        return Err(ApiError::Unprocessable(format!(
+            "the job's request names no field {field:?}"
+        )));
+    }
+    Ok(job)
+}
+
+/// Whether job `id`'s request names field `field`.
+async fn request_names(services: &Services, id: Uuid, field: &str) -> Result<bool, ApiError> {
+    let named: Option<(bool,)> = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM json_array_elements(request->'fields') f
+                         WHERE f->>'name' = $2)
+           FROM extraction_requests WHERE id = $1",
+    )
+    .bind(id)
+    .bind(field)
+    .fetch_optional(&services.pool)
+    .await
+    .map_err(store::StoreError::from)?;
+    Ok(named.is_some_and(|(named,)| named))
+}
+
+/// Every correction of job `id`, oldest first: the latest of a field is its
+/// value now.
+async fn corrections_of(
+    caller: Caller,
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<Vec<Correction>>, ApiError> {
+    caller.require(Scope::Read)?;
+    let Path(id) = id?;
+    let job = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
+    let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    if let Some(at) = job.erased_at {
+        return Err(ApiError::Gone(format!("extraction {id} was erased at {at}")));
+    }
+    Ok(Json(corrections::of_job(&services.pool, id).await?))
+}

@@ -1,0 +1,448 @@
+//! `docstream eval`: how well docstream reads, measured on documents whose
+//! values are known. It runs the real pipeline in this process (the API,
+//! a worker, a bbox worker, on the local Kafka and Postgres), submits every
+//! document of a folder as a file, one at a time, and compares each job's
+//! values and boxes with the document's ground truth, then prints by
+//! document kind and by variant (resolution, rotation, noise, …):
+//!
+//! - the share of fields whose value is exactly the truth's;
+//! - the share whose box overlaps the truth's with IoU ≥ 0.5, on its page;
+//! - the share flagged `needs_review`;
+//! - pages per second per core, from the CPU time this process and its
+//!   children (the OCR engine, the PDF reader) spent while the jobs ran,
+//!   and the worker's time per page (p50/p99), from each job's start and
+//!   end.
+//!
+//! A document `<name>.<ext>` comes with `<name>.truth.json`: its kind, its
+//! variant, the request's fields, and each field's value, page and box in
+//! the document's own unit (`scripts/make_scans.py` writes the shipped
+//! samples' scans so; a tenant's corrected fields are exported so).
+//! Documents are submitted one at a time, so a page's time is its own, not
+//! a queue's.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use docstream::config::Settings;
+use docstream::roles::{self, Mix};
+
+/// Options of `docstream eval`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalArgs {
+    /// The folder of documents and their `.truth.json` files.
+    #[arg(default_value = "samples/scans")]
+    pub dir: PathBuf,
+    /// Only the documents whose variant is one of these (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<String>,
+    /// The `min_confidence` every job is submitted with (default: the
+    /// request's own, or docstream's default).
+    #[arg(long)]
+    pub min_confidence: Option<f64>,
+    /// Fail unless at least this share of fields (0 to 1) is exact, over
+    /// the documents of at least `--at-dpi` (and the PDFs).
+    #[arg(long)]
+    pub min_exact: Option<f64>,
+    /// Fail unless at least this share of boxes has IoU ≥ 0.5, over the same.
+    #[arg(long)]
+    pub min_iou: Option<f64>,
+    /// The least resolution the targets hold for.
+    #[arg(long, default_value_t = 200)]
+    pub at_dpi: u32,
+    /// Give up on a document after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_s: u64,
+}
+
+/// A document's ground truth.
+#[derive(Debug, Deserialize)]
+struct Truth {
+    /// The document's file name, in the truth's folder.
+    document: String,
+    /// `invoice`, `receipt`, …
+    kind: String,
+    /// How it was made: `300dpi`, `rot90`, `text`, `corrected`, …
+    variant: String,
+    /// The resolution of a scan; none for a PDF.
+    #[serde(default)]
+    dpi: Option<u32>,
+    /// Its pages.
+    #[serde(default = "one")]
+    pages: usize,
+    /// The request to submit with it (its fields).
+    request: serde_json::Value,
+    /// Each field's truth; `null` for a field the document does not have.
+    fields: BTreeMap<String, Option<FieldTruth>>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// One field's truth.
+#[derive(Debug, Deserialize)]
+struct FieldTruth {
+    value: String,
+    #[serde(default)]
+    page: usize,
+    /// `[x0, y0, x1, y1]` in the document's unit; none when unknown.
+    #[serde(default)]
+    bbox: Option<[f64; 4]>,
+}
+
+/// How one document was read.
+#[derive(Debug, Default, Clone)]
+struct Scored {
+    fields: usize,
+    exact: usize,
+    /// Fields with a truth box, and those read within IoU ≥ 0.5 of it.
+    boxed: usize,
+    overlapping: usize,
+    needs_review: usize,
+    pages: usize,
+    /// The worker's time on the job, per page.
+    per_page: Vec<f64>,
+    /// Documents that failed outright.
+    failed: usize,
+    documents: usize,
+}
+
+impl Scored {
+    fn add(&mut self, other: &Scored) {
+        self.fields += other.fields;
+        self.exact += other.exact;
+        self.boxed += other.boxed;
+        self.overlapping += other.overlapping;
+        self.needs_review += other.needs_review;
+        self.pages += other.pages;
+        self.per_page.extend(&other.per_page);
+        self.failed += other.failed;
+        self.documents += other.documents;
+    }
+}
+
+/// Runs the evaluation; see the module docs.
+pub async fn run(
+    settings: Settings,
+    args: EvalArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let truths = load(&args)?;
+    anyhow::ensure!(
+        !truths.is_empty(),
+        "no *.truth.json in {} (write the sample scans with: /usr/bin/python3 scripts/make_scans.py)",
+        args.dir.display()
+    );
+    let mut settings = settings;
+    settings.metrics_addr = ([127, 0, 0, 1], 0).into();
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let services = roles::connect(settings).await?;
+    let pool = services.pool.clone();
+    let key = crate::demo::unlimited_key(&pool, "eval")
+        .await
+        .context("making the evaluation's API key (did `docstream migrate` run?)")?;
+    let mix = Mix {
+        serve: true,
+        workers: 1,
+        bbox_workers: 1,
+        intakes: 0,
+    };
+    let stop = shutdown.child_token();
+    let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));
+    let client = crate::demo::api_client(&key.api_key)?;
+    let scored = evaluate(&client, &base, &args, &truths, &shutdown).await;
+    stop.cancel();
+    pipeline.await??;
+    docstream::store::tenants::revoke_key(&pool, key.key_id).await?;
+    let (by_document, cpu_s, ocr_cpu_s) = scored?;
+    report(&truths, &by_document, cpu_s, ocr_cpu_s);
+    check_targets(&args, &truths, &by_document)
+}
+
+/// Every truth of the folder, in name order, of the variants asked for.
+fn load(args: &EvalArgs) -> anyhow::Result<Vec<(PathBuf, Truth)>> {
+    let listing = std::fs::read_dir(&args.dir)
+        .with_context(|| format!("reading {}", args.dir.display()))?;
+    let mut paths: Vec<PathBuf> = listing
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".truth.json"))
+        .collect();
+    paths.sort();
+    let mut truths = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)?;
+        let truth: Truth = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a truth file", path.display()))?;
+        if args.variants.is_empty() || args.variants.contains(&truth.variant) {
+            let document = path.with_file_name(&truth.document);
+            truths.push((document, truth));
+        }
+    }
+    Ok(truths)
+}
+
+/// Submits each document alone, waits for its job, and scores it: the
+/// scores by document, and the CPU seconds this process and its children
+/// spent, all of it and the children's alone.
+async fn evaluate(
+    client: &reqwest::Client,
+    base: &str,
+    args: &EvalArgs,
+    truths: &[(PathBuf, Truth)],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(Vec<Scored>, f64, f64)> {
+    let before = cpu_seconds()?;
+    let mut scored = Vec::new();
+    for (path, truth) in truths {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut request = truth.request.clone();
+        if let Some(min) = args.min_confidence {
+            request["min_confidence"] = serde_json::json!(min);
+        }
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let (content_type, body) =
+            crate::demo::multipart_body(&request, &name, "application/octet-stream", &bytes)?;
+        let response = client
+            .post(format!("{base}/v1/extractions"))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send()
+            .await
+            .with_context(|| format!("submitting {name}"))?;
+        let id = crate::demo::accepted(response).await?;
+        let job = finished(client, base, id, args.timeout_s, shutdown).await?;
+        let score = score(truth, &job);
+        if score.failed > 0 {
+            println!("{name}: {}: {}", job["status"], job["error"]);
+        }
+        scored.push(score);
+    }
+    let after = cpu_seconds()?;
+    Ok((scored, after.0 - before.0, after.1 - before.1))
+}
+
+/// Job `id` once its extraction failed or its bbox refinement ended.
+async fn finished(
+    client: &reqwest::Client,
+    base: &str,
+    id: uuid::Uuid,
+    timeout_s: u64,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout_s);
+    loop {
+        let job: serde_json::Value = client
+            .get(format!("{base}/v1/extractions/{id}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let bbox = job["post_processing"]["bbox_refinement"]["status"].as_str();
+        match (job["status"].as_str(), bbox) {
+            (Some("failed" | "cancelled"), _) => return Ok(job),
+            (_, Some("succeeded" | "failed")) => return Ok(job),
+            _ => {}
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "job {id} did not finish in {timeout_s} s: {job}"
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => anyhow::bail!("interrupted"),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+/// How `job` read the document of `truth`.
+fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
+    let mut scored = Scored {
+        documents: 1,
+        pages: truth.pages,
+        fields: truth.fields.len(),
+        ..Scored::default()
+    };
+    if job["status"] != "succeeded" {
+        scored.failed = 1;
+        scored.boxed = truth.fields.values().flatten().filter(|f| f.bbox.is_some()).count();
+        return scored;
+    }
+    let times = (job["started_at"].as_str(), job["finished_at"].as_str());
+    if let (Some(started), Some(finished)) = times {
+        let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+        if let (Some(started), Some(finished)) = (at(started), at(finished)) {
+            let seconds = (finished - started).num_microseconds().unwrap_or(0) as f64 / 1e6;
+            scored.per_page = vec![seconds / truth.pages.max(1) as f64; truth.pages.max(1)];
+        }
+    }
+    let grounded = &job["post_processing"]["bbox_refinement"]["result"]["fields"];
+    for (name, want) in &truth.fields {
+        let value = job["result"]["fields"][name]["value"].as_str();
+        let got = &grounded[name];
+        if got["needs_review"] == true {
+            scored.needs_review += 1;
+        }
+        let Some(want) = want else {
+            scored.exact += usize::from(value.is_none());
+            continue;
+        };
+        scored.exact += usize::from(value == Some(want.value.as_str()));
+        let Some(truth_box) = want.bbox else {
+            continue;
+        };
+        scored.boxed += 1;
+        let bbox: Option<[f64; 4]> = serde_json::from_value(got["bbox"].clone()).ok();
+        let on_page = got["page"].as_u64() == Some(want.page as u64);
+        if bbox.is_some_and(|b| on_page && iou(b, truth_box) >= 0.5) {
+            scored.overlapping += 1;
+        }
+    }
+    scored
+}
+
+/// The area two boxes share over the area they cover together.
+fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let area = |r: [f64; 4]| (r[2] - r[0]).max(0.0) * (r[3] - r[1]).max(0.0);
+    let shared = w * h;
+    let total = area(a) + area(b) - shared;
+    match total > 0.0 {
+        true => shared / total,
+        false => 0.0,
+    }
+}
+
+/// CPU seconds (user and system) this process has used, and those of its
+/// children that ended (the OCR engine, the PDF reader), from
+/// `/proc/self/stat`.
+fn cpu_seconds() -> anyhow::Result<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Past the command's name, which may hold spaces: fields 14 to 17
+    // (utime, stime, cutime, cstime), in clock ticks.
+    let rest = stat.rsplit_once(')').context("an unreadable /proc/self/stat")?.1;
+    let fields: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    anyhow::ensure!(fields.len() == 4, "an unreadable /proc/self/stat");
+    // Linux reports in USER_HZ, 100 on every platform it runs on.
+    let tick = 100.0;
+    let own = (fields[0] + fields[1]) / tick;
+    let children = (fields[2] + fields[3]) / tick;
+    Ok((own + children, children))
+}
+
+/// The tables: by kind, by variant, and the whole.
+fn report(truths: &[(PathBuf, Truth)], scored: &[Scored], cpu_s: f64, ocr_cpu_s: f64) {
+    let group = |key: &dyn Fn(&Truth) -> String| {
+        let mut groups: BTreeMap<String, Scored> = BTreeMap::new();
+        for ((_, truth), score) in truths.iter().zip(scored) {
+            groups.entry(key(truth)).or_default().add(score);
+        }
+        groups
+    };
+    let mut all = Scored::default();
+    scored.iter().for_each(|s| all.add(s));
+    println!("{}", header("kind"));
+    for (kind, s) in group(&|t| t.kind.clone()) {
+        println!("{}", row(&kind, &s));
+    }
+    println!("{}", row("all", &all));
+    println!("\n{}", header("variant"));
+    for (variant, s) in group(&|t| t.variant.clone()) {
+        println!("{}", row(&variant, &s));
+    }
+    let pages = all.pages as f64;
+    println!(
+        "\n{} pages in {cpu_s:.1} CPU-seconds: {:.2} pages/s per core, the whole pipeline \
+         (API, worker, bbox worker, the OCR engine and the PDF reader); the OCR engine and \
+         the PDF reader alone: {ocr_cpu_s:.1} CPU-seconds, {:.2} pages/s per core",
+        all.pages,
+        pages / cpu_s.max(f64::EPSILON),
+        pages / ocr_cpu_s.max(f64::EPSILON),
+    );
+}
+
+fn header(by: &str) -> String {
+    format!(
+        "{by:<10} {:>5} {:>7} {:>8} {:>10} {:>13} {:>10} {:>10}",
+        "docs", "fields", "exact", "IoU≥0.5", "needs_review", "p50 s/page", "p99 s/page"
+    )
+}
+
+fn row(name: &str, s: &Scored) -> String {
+    let share = |n: usize, of: usize| match of {
+        0 => "-".to_owned(),
+        _ => format!("{:.1}%", 100.0 * n as f64 / of as f64),
+    };
+    let failed = match s.failed {
+        0 => String::new(),
+        n => format!("  ({n} failed)"),
+    };
+    format!(
+        "{name:<10} {:>5} {:>7} {:>8} {:>10} {:>13} {:>10} {:>10}{failed}",
+        s.documents,
+        s.fields,
+        share(s.exact, s.fields),
+        share(s.overlapping, s.boxed),
+        share(s.needs_review, s.fields),
+        quantile(&s.per_page, 0.5),
+        quantile(&s.per_page, 0.99),
+    )
+}
+
+/// The `q` quantile of `values` (nearest rank), in seconds to 3 places.
+fn quantile(values: &[f64], q: f64) -> String {
+    if values.is_empty() {
+        return "-".into();
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    format!("{:.3}", sorted[rank - 1])
+}
+
+/// Fails when the documents the targets hold for (scans of at least
+/// `--at-dpi`, and PDFs) read below `--min-exact` or `--min-iou`.
+fn check_targets(
+    args: &EvalArgs,
+    truths: &[(PathBuf, Truth)],
+    scored: &[Scored],
+) -> anyhow::Result<()> {
+    let mut held = Scored::default();
+    for ((_, truth), score) in truths.iter().zip(scored) {
+        if truth.dpi.is_none_or(|dpi| dpi >= args.at_dpi) {
+            held.add(score);
+        }
+    }
+    let share = |n: usize, of: usize| n as f64 / of.max(1) as f64;
+    let exact = share(held.exact, held.fields);
+    let overlapping = share(held.overlapping, held.boxed);
+    if let Some(min) = args.min_exact {
+        anyhow::ensure!(
+            exact >= min,
+            "{:.1}% of fields exact, under the target of {:.1}%",
+            exact * 100.0,
+            min * 100.0
+        );
+    }
+    if let Some(min) = args.min_iou {
+        anyhow::ensure!(
+            overlapping >= min,
+            "{:.1}% of boxes with IoU ≥ 0.5, under the target of {:.1}%",
+            overlapping * 100.0,
+            min * 100.0
+        );
+    }
+    Ok(())
+}
