@@ -168,8 +168,8 @@ pub async fn run(
 
 /// Every truth of the folder, in name order, of the variants asked for.
 fn load(args: &EvalArgs) -> anyhow::Result<Vec<(PathBuf, Truth)>> {
-    let listing = std::fs::read_dir(&args.dir)
-        .with_context(|| format!("reading {}", args.dir.display()))?;
+    let listing =
+        std::fs::read_dir(&args.dir).with_context(|| format!("reading {}", args.dir.display()))?;
     let mut paths: Vec<PathBuf> = listing
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|p| p.to_string_lossy().ends_with(".truth.json"))
@@ -271,7 +271,12 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
     };
     if job["status"] != "succeeded" {
         scored.failed = 1;
-        scored.boxed = truth.fields.values().flatten().filter(|f| f.bbox.is_some()).count();
+        scored.boxed = truth
+            .fields
+            .values()
+            .flatten()
+            .filter(|f| f.bbox.is_some())
+            .count();
         return scored;
     }
     let times = (job["started_at"].as_str(), job["finished_at"].as_str());
@@ -327,7 +332,10 @@ fn cpu_seconds() -> anyhow::Result<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     // Past the command's name, which may hold spaces: fields 14 to 17
     // (utime, stime, cutime, cstime), in clock ticks.
-    let rest = stat.rsplit_once(')').context("an unreadable /proc/self/stat")?.1;
+    let rest = stat
+        .rsplit_once(')')
+        .context("an unreadable /proc/self/stat")?
+        .1;
     let fields: Vec<f64> = rest
         .split_whitespace()
         .skip(11)

@@ -4,8 +4,8 @@
 use apache_avro::types::Value;
 use apache_avro::{GenericSingleObjectReader, Schema};
 use docstream::events::{
-    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, FieldCorrection, PostProcessingRequested,
-    PublishReason, Source,
+    encode, DeadLetter, ExtractionEvent, ExtractionSubmitted, FieldCorrection,
+    PostProcessingRequested, PublishReason, Source,
 };
 
 fn reader(file: &str) -> GenericSingleObjectReader {

@@ -1636,7 +1636,13 @@ fn drawn(
 
 /// A scan to submit: what it is, its bytes and media type, how a box of
 /// the sample (points) maps onto it, and the page the values are on.
-type Scan<'a> = (&'a str, Vec<u8>, &'a str, &'a dyn Fn([f64; 4]) -> [f64; 4], usize);
+type Scan<'a> = (
+    &'a str,
+    Vec<u8>,
+    &'a str,
+    &'a dyn Fn([f64; 4]) -> [f64; 4],
+    usize,
+);
 
 /// Scans and photos are read by OCR, in the default deployment: a PNG, a
 /// JPEG of a page scanned on its side, a PDF made of a page image, and a
@@ -1741,5 +1747,107 @@ async fn scans_are_read_by_ocr_and_grounded_on_the_page_as_uploaded() {
             review += usize::from(confidence < 0.9);
         }
         assert_eq!(bbox["result"]["needs_review"], review, "{what}: {bbox}");
+    }
+    review_queue_and_ground_truth(&files, &scans[0].1).await;
+}
+
+/// A scan whose every value is under its `min_confidence` is in the
+/// reviewers' queue (`needs_review=true`) until each flagged value is
+/// corrected; the corrections export as ground truth for `docstream eval`,
+/// beside the document.
+async fn review_queue_and_ground_truth(files: &Files, png: &[u8]) {
+    let (_, file) = files.upload(png.to_vec(), "image/png", None).await;
+    let (_, sample) = sample("invoice-northwind");
+    let mut request = sample["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    request["min_confidence"] = serde_json::json!(1.0);
+    let (_, accepted) = files.submit(&request, None).await;
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    let job = files.finished(&id).await;
+    let grounded = job["post_processing"]["bbox_refinement"]["result"].clone();
+    let flagged: Vec<String> = (grounded["fields"].as_object().unwrap().iter())
+        .filter(|(_, place)| place["needs_review"] == true)
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(grounded["needs_review"], flagged.len(), "{grounded}");
+    assert!(!flagged.is_empty(), "OCR is never certain: {grounded}");
+    let queue = |flag: &'static str| async move {
+        let url = format!(
+            "{}/v1/extractions?needs_review={flag}&limit=200",
+            files.base
+        );
+        let page: Value = files
+            .env
+            .client()
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ids: Vec<String> = (page["items"].as_array().unwrap().iter())
+            .map(|j| j["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids
+    };
+    assert!(queue("true").await.contains(&id));
+    assert!(!queue("false").await.contains(&id));
+
+    let reviewer = docstream::store::tenants::create_key(
+        &files.env.pool,
+        "default",
+        &[docstream::domain::Scope::Review],
+    )
+    .await
+    .unwrap();
+    for (n, field) in flagged.iter().enumerate() {
+        let url = format!(
+            "{}/v1/extractions/{id}/fields/{field}/corrections",
+            files.base
+        );
+        // The first one set right by hand; the others confirmed as read.
+        let value = match n {
+            0 => serde_json::json!("corrected by hand"),
+            _ => job["result"]["fields"][field]["value"].clone(),
+        };
+        let response = (files.env.client().post(url))
+            .bearer_auth(&reviewer.api_key)
+            .json(&serde_json::json!({"value": value}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "{field}");
+        let still = queue("true").await.contains(&id);
+        assert_eq!(still, n + 1 < flagged.len(), "after {} corrections", n + 1);
+    }
+    assert!(queue("false").await.contains(&id));
+
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let exported = files
+        .env
+        .run_cli(&["jobs", "truth", "--tenant", "default", "--out", dir])
+        .await;
+    assert!(exported.status.success(), "{exported:?}");
+    let truth: Value = serde_json::from_slice(
+        &std::fs::read(out.path().join(format!("{id}.truth.json"))).unwrap(),
+    )
+    .unwrap();
+    let document = std::fs::read(out.path().join(truth["document"].as_str().unwrap())).unwrap();
+    assert_eq!(document, png, "the document beside its truth is the file");
+    assert_eq!(truth["fields"].as_object().unwrap().len(), flagged.len());
+    let first = &truth["fields"][&flagged[0]];
+    assert_eq!(first["value"], "corrected by hand");
+    assert!(
+        first["bbox"].is_null(),
+        "nobody said where the right value is"
+    );
+    let confirmed = flagged.get(1).map(|field| &truth["fields"][field]);
+    if let Some(confirmed) = confirmed {
+        assert!(
+            confirmed["bbox"].is_array(),
+            "a confirmed value keeps its box: {truth}"
+        );
     }
 }

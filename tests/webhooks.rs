@@ -1481,3 +1481,154 @@ async fn a_tenant_whose_endpoint_is_a_tarpit_does_not_delay_another_tenants_deli
         "the tarpit's tenant held {held} attempts at once, past its share"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Review: a correction is stored beside the value, logged, published and
+// delivered as an event of its own.
+// ---------------------------------------------------------------------------
+
+/// A person with the `review` scope corrects a value of a succeeded job:
+/// the result keeps the extracted value, the correction is listed beside it
+/// with who made it, the transition `correct_field` is logged, the events
+/// topic carries it with what was corrected, and the job's webhook gets
+/// `extraction.field_corrected`, signed, once. A key without the scope, a
+/// field the request did not name and a value that is not text are
+/// refused; erasing the job erases its corrections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered() {
+    let env = TestEnv::new("webhooks_correction").await;
+    sign_with_secret(&env).await;
+    let receiver = a_receiver_that_answers_200().await;
+    let port = free_port();
+    let (api, _children) = a_healthy_pipeline(&env, &webhook_env(true), port, "correction").await;
+    let job = submit(&env, &api, &receiver.url).await.unwrap();
+    wait_delivered(&env.pool, "delivered", 1, Duration::from_secs(60)).await;
+    let read = |key: Option<String>| {
+        let mut get = env.client().get(format!("{api}/v1/extractions/{job}"));
+        if let Some(key) = key {
+            get = get.bearer_auth(key);
+        }
+        async move { get.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let extracted = read(None).await["result"]["fields"]["total"].clone();
+    assert!(extracted["value"].is_string(), "{extracted}");
+
+    let reviewer = tenants::create_key(
+        &env.pool,
+        "default",
+        &[
+            docstream::domain::Scope::Read,
+            docstream::domain::Scope::Review,
+            docstream::domain::Scope::Delete,
+        ],
+    )
+    .await
+    .unwrap();
+    let correct = |key: &str, field: &str, body: Value| {
+        let post = env
+            .client()
+            .post(format!(
+                "{api}/v1/extractions/{job}/fields/{field}/corrections"
+            ))
+            .bearer_auth(key)
+            .json(&body);
+        async move {
+            let response = post.send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let (status, _) = correct(&env.api_key, "total", json!({"value": "999.00"})).await;
+    assert_eq!(status, 403, "the submitting key has no review scope");
+    let (status, body) = correct(&reviewer.api_key, "nope", json!({"value": "1"})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = correct(&reviewer.api_key, "total", json!({"value": 5})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, made) = correct(
+        &reviewer.api_key,
+        "total",
+        json!({"value": "999.00", "reviewer": "Ada"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(
+        (&made["field"], &made["value"], &made["reviewer"]),
+        (&json!("total"), &json!("999.00"), &json!("Ada"))
+    );
+    assert_eq!(made["key_id"], json!(reviewer.key_id.to_string()));
+
+    // Beside the value, never over it.
+    assert_eq!(read(None).await["result"]["fields"]["total"], extracted);
+    let listed: Value = env
+        .client()
+        .get(format!("{api}/v1/extractions/{job}/corrections"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    let log: Value = env
+        .client()
+        .get(format!("{api}/v1/extractions/{job}/transitions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let corrected = (log.as_array().unwrap().iter())
+        .filter(|t| t["transition"] == "correct_field")
+        .count();
+    assert_eq!(corrected, 1, "{log}");
+
+    // Announced to the webhook, under an id of its own, once.
+    wait_delivered(&env.pool, "delivered", 2, Duration::from_secs(60)).await;
+    let id = format!("msg_{}_corrected_{}", job.simple(), made["id"]);
+    let by_id = receiver.by_id();
+    let receipts = by_id.get(&id).unwrap_or_else(|| panic!("{id}: {by_id:?}"));
+    assert_eq!(receipts.len(), 1);
+    assert!(receipts[0].signed);
+    let data = &receipts[0].body["data"];
+    assert_eq!(receipts[0].body["type"], "extraction.field_corrected");
+    assert_eq!(
+        (&data["field"], &data["value"]),
+        (&json!("total"), &json!("999.00"))
+    );
+    assert_eq!(data["extracted"], extracted);
+
+    // And on the events topic, so on the export stream.
+    let topic = env.topic("extraction.events");
+    let events = common::read_topic_as(&env.settings.kafka_brokers, &topic, |m| {
+        use rdkafka::Message;
+        docstream::events::decode::<docstream::events::ExtractionEvent>(m.payload().unwrap())
+            .unwrap()
+    });
+    let announced: Vec<_> = (events.iter())
+        .filter(|e| e.transition == "correct_field")
+        .collect();
+    assert_eq!(announced.len(), 1, "{events:?}");
+    let correction = announced[0].correction.as_ref().unwrap();
+    assert_eq!(correction.field, "total");
+    assert_eq!(correction.value.as_deref(), Some("999.00"));
+    assert_eq!(correction.reviewer.as_deref(), Some("Ada"));
+
+    // Erasing the job erases its corrections.
+    let erased = env
+        .client()
+        .delete(format!("{api}/v1/extractions/{job}"))
+        .bearer_auth(&reviewer.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), StatusCode::NO_CONTENT);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM field_corrections")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}

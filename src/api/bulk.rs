@@ -116,6 +116,10 @@ pub(super) struct FilterBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64), regex(pattern = r"^[^\u0000]+$"))]
     error_prefix: Option<String>,
+    /// `true`: jobs with a value flagged `needs_review` not corrected yet;
+    /// `false`: jobs with none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    needs_review: Option<bool>,
     /// Top-level metadata keys and the value each must have (as text).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend(
@@ -140,6 +144,7 @@ impl FilterBody {
             ("finished_before", time(&self.finished_before)),
             ("idempotency_key", self.idempotency_key.clone()),
             ("error_prefix", self.error_prefix.clone()),
+            ("needs_review", self.needs_review.map(|b| b.to_string())),
         ];
         let named = named
             .into_iter()
@@ -164,6 +169,7 @@ impl FilterBody {
                 "finished_before" => body.finished_before = time(value),
                 "idempotency_key" => body.idempotency_key = text,
                 "error_prefix" => body.error_prefix = text,
+                "needs_review" => body.needs_review = value.parse().ok(),
                 other => {
                     let key = other.strip_prefix("metadata.").unwrap_or(other);
                     body.metadata.insert(key.to_owned(), value.clone());

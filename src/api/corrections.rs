@@ -112,7 +112,8 @@ async fn correct(
         .webhooks
         .wake(made.webhook_id.as_deref(), caller.tenant_id);
     let correction = made.correction;
-    let mut event = ExtractionEvent::of(Transition::CorrectField, &job, None, PublishReason::Submit);
+    let mut event =
+        ExtractionEvent::of(Transition::CorrectField, &job, None, PublishReason::Submit);
     event.correction = Some(FieldCorrection {
         correction_id: correction.id,
         field: correction.field.clone(),
@@ -139,7 +140,9 @@ async fn correctable(
     let job = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
     let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if let Some(at) = job.erased_at {
-        return Err(ApiError::Gone(format!("extraction {id} was erased at {at}")));
+        return Err(ApiError::Gone(format!(
+            "extraction {id} was erased at {at}"
+        )));
     }
     if job.status != ExtractionStatus::Succeeded {
         return Err(ApiError::Conflict(format!(
@@ -182,7 +185,9 @@ async fn corrections_of(
     let job = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
     let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if let Some(at) = job.erased_at {
-        return Err(ApiError::Gone(format!("extraction {id} was erased at {at}")));
+        return Err(ApiError::Gone(format!(
+            "extraction {id} was erased at {at}"
+        )));
     }
     Ok(Json(corrections::of_job(&services.pool, id).await?))
 }

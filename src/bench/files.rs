@@ -205,7 +205,8 @@ async fn submit_file(
     request: &serde_json::Value,
     pdf: Vec<u8>,
 ) -> anyhow::Result<Uuid> {
-    let (content_type, body) = crate::demo::multipart_body(request, "invoice.pdf", "application/pdf", &pdf)?;
+    let (content_type, body) =
+        crate::demo::multipart_body(request, "invoice.pdf", "application/pdf", &pdf)?;
     let response = client
         .post(format!("{base}/v1/extractions"))
         .header(reqwest::header::CONTENT_TYPE, content_type)

@@ -2,7 +2,9 @@
 //! `GET /v1/extractions`. `list` and `show` read them; `retry` and `cancel`
 //! run a bulk operation (by ids or by the filters) in this process, exactly
 //! as `POST /v1/extractions/actions` does, and print each job's outcome. A
-//! table for people, `--json` for scripts.
+//! table for people, `--json` for scripts. `truth` exports the fields
+//! people corrected, with their documents, as ground truth for `docstream
+//! eval`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,6 +49,20 @@ pub enum JobsCommand {
     /// Cancel jobs, named by id or by the filters: a queued one at once, a
     /// running one at its holder's next heartbeat.
     Cancel(ActArgs),
+    /// Export the fields people corrected, with the files they were read
+    /// from, as ground truth for `docstream eval`: a document and its
+    /// `.truth.json` per job with a correction, newest first.
+    Truth {
+        /// Whose corrections.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// The folder to write (made if missing).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Most jobs.
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+    },
 }
 
 /// The filters of `GET /v1/extractions`, and whose jobs they look at.
@@ -82,6 +98,10 @@ pub struct FilterArgs {
     /// Jobs whose error starts with this.
     #[arg(long)]
     error_prefix: Option<String>,
+    /// `true`: jobs with a value flagged needs_review not corrected yet;
+    /// `false`: jobs with none.
+    #[arg(long)]
+    needs_review: Option<String>,
     /// KEY=VALUE: jobs whose metadata has KEY with this value (repeatable).
     #[arg(long, value_parser = key_value)]
     metadata: Vec<(String, String)>,
@@ -120,6 +140,7 @@ impl FilterArgs {
             ("finished_before", &self.finished_before),
             ("idempotency_key", &self.idempotency_key),
             ("error_prefix", &self.error_prefix),
+            ("needs_review", &self.needs_review),
         ];
         let named = (named.into_iter()).filter_map(|(n, v)| Some((n.to_owned(), v.clone()?)));
         let metadata = (self.metadata.iter()).map(|(k, v)| (format!("metadata.{k}"), v.clone()));
@@ -215,7 +236,93 @@ pub async fn jobs(services: &Services, command: JobsCommand) -> anyhow::Result<S
         }
         JobsCommand::Retry(args) => act(services, Action::Retry, args).await,
         JobsCommand::Cancel(args) => act(services, Action::Cancel, args).await,
+        JobsCommand::Truth { tenant, out, limit } => truth(services, &tenant, &out, limit).await,
     }
+}
+
+/// Writes each of `tenant`'s jobs with a correction (at most `limit`, the
+/// newest first) whose document is a file: the file, and a truth of the
+/// fields corrected, in `docstream eval`'s form. A field's truth is its
+/// latest correction; its box, the grounded one when the correction kept
+/// the extracted value (else none: nobody said where the right one is).
+async fn truth(
+    services: &Services,
+    tenant: &str,
+    out: &std::path::Path,
+    limit: i64,
+) -> anyhow::Result<String> {
+    use crate::store::corrections;
+    let pool = &services.pool;
+    let owner = tenants::tenant_by_name(pool, tenant).await?.tenant_id;
+    std::fs::create_dir_all(out)?;
+    let (mut written, mut fields) = (0, 0);
+    for id in corrections::corrected_jobs(pool, owner, limit).await? {
+        let Some(row) = store::get_for_tenant(pool, owner, id).await? else {
+            continue;
+        };
+        let Some(request) = row.request.map(|r| r.0) else {
+            continue; // erased
+        };
+        let Some(object) = request.document.object.as_deref() else {
+            continue; // a JSON document: nothing to read again
+        };
+        let (kind, bytes) = services.files.read(owner, object).await?;
+        let extension = match kind.as_str() {
+            "application/pdf" => "pdf",
+            "image/png" => "png",
+            "image/jpeg" => "jpg",
+            "image/tiff" => "tif",
+            _ => "txt",
+        };
+        let document = format!("{id}.{extension}");
+        std::fs::write(out.join(&document), &bytes)?;
+        let latest: BTreeMap<String, Option<String>> = corrections::of_job(pool, id)
+            .await?
+            .into_iter()
+            .map(|c| (c.field, c.value))
+            .collect();
+        let extracted = |name: &str| row.result.as_ref().map(|r| &r["fields"][name]);
+        let grounded = |name: &str| row.bbox_result.as_ref().map(|r| &r["fields"][name]);
+        let truths: serde_json::Map<String, serde_json::Value> = (latest.iter())
+            .map(|(name, value)| {
+                let kept = extracted(name).and_then(|v| v["value"].as_str()) == value.as_deref();
+                let place = grounded(name).filter(|_| kept && value.is_some());
+                let truth = value.as_ref().map(|value| {
+                    json!({
+                        "value": value,
+                        "page": place.map_or(json!(0), |p| p["page"].clone()),
+                        "bbox": place.map_or(json!(null), |p| p["bbox"].clone()),
+                    })
+                });
+                (name.clone(), truth.unwrap_or(json!(null)))
+            })
+            .collect();
+        let pages = crate::store::documents::get(pool, id)
+            .await?
+            .and_then(|d| d.pages.map(|p| p.len()))
+            .unwrap_or(1);
+        let kind_of = (request.metadata.as_ref())
+            .and_then(|m| m["kind"].as_str())
+            .unwrap_or("corrected");
+        let truth = json!({
+            "document": document,
+            "sample": id,
+            "kind": kind_of,
+            "variant": "corrected",
+            "dpi": null,
+            "pages": pages,
+            "request": {"fields": request.fields, "min_confidence": request.min_confidence},
+            "fields": truths,
+        });
+        let path = out.join(format!("{id}.truth.json"));
+        std::fs::write(path, serde_json::to_string_pretty(&truth)? + "\n")?;
+        written += 1;
+        fields += latest.len();
+    }
+    Ok(format!(
+        "wrote {written} documents with {fields} corrected fields to {}\n",
+        out.display()
+    ))
 }
 
 /// Runs a bulk `action` on the jobs `args` name, to its end, here.

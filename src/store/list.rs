@@ -64,6 +64,9 @@ pub struct JobFilter {
     pub idempotency_key: Option<String>,
     /// Jobs whose error starts with this.
     pub error_prefix: Option<String>,
+    /// `true`: jobs with a value flagged `needs_review` that no correction
+    /// settled yet (a reviewer's queue); `false`: jobs with none.
+    pub needs_review: Option<bool>,
 }
 
 /// Longest error prefix, in characters.
@@ -114,6 +117,10 @@ impl JobFilter {
                     "1 to {MAX_ERROR_PREFIX_CHARS} characters, none a NUL"
                 ))
             }
+            "needs_review" => {
+                let flag = value.parse().map_err(|_| "`true` or `false`".to_owned());
+                self.needs_review = Some(flag?)
+            }
             other => match other.strip_prefix("metadata.") {
                 Some(key) if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {
                     if self.metadata.len() == MAX_METADATA_KEYS {
@@ -138,6 +145,7 @@ impl JobFilter {
             || self.finished_before.is_some()
             || !self.metadata.is_empty()
             || self.error_prefix.is_some()
+            || self.needs_review.is_some()
     }
 }
 
@@ -435,6 +443,19 @@ fn matched(
         sql.push(" AND starts_with(e.error, ")
             .push_bind(prefix.clone())
             .push(")");
+    }
+    if let Some(flagged) = filter.needs_review {
+        // A grounded value under its request's `min_confidence`, not
+        // corrected since.
+        let not = if flagged { "" } else { "NOT " };
+        sql.push(format_args!(
+            " AND {not}EXISTS (SELECT 1 FROM extraction_results g,
+                      json_each(g.result->'fields') AS f(field, place)
+                WHERE g.id = e.id AND g.stage = 'bbox_refinement'
+                  AND (f.place->>'needs_review')::boolean
+                  AND NOT EXISTS (SELECT 1 FROM field_corrections c
+                                   WHERE c.extraction_id = e.id AND c.field = f.field))"
+        ));
     }
     sql.push(format_args!(" ORDER BY s.id {} LIMIT ", page.order.sql()))
         .push_bind(limit);

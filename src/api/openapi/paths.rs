@@ -302,6 +302,11 @@ fn list() -> Value {
                     "maxLength": MAX_ERROR_PREFIX_CHARS,
                     "pattern": "^[^\\u0000]+$",
                 })),
+            query_parameter("needs_review", false,
+                "`true`: jobs with a grounded value flagged `needs_review` (under its \
+                 request's `min_confidence`) that no correction settled yet, a reviewer's \
+                 queue; `false`: jobs with none.",
+                json!({"type": "string", "enum": ["true", "false"]})),
             query_parameter("limit", false, "Jobs per page.",
                 json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE})),
             query_parameter("cursor", false, "The previous page's `next_cursor`.",

@@ -163,16 +163,10 @@ impl Jobs {
     }
 
     /// Publishes `event`, of job `id`, on the events topic.
-    pub fn announce<'s>(
-        &'s self,
-        id: Uuid,
-        event: ExtractionEvent,
-    ) -> impl Future<Output = Result<(), JobError>> + use<'s> {
-        async move {
-            let topic = &self.0.settings.events_topic;
-            self.0.publisher.publish_job(topic, id, &event).await?;
-            Ok(())
-        }
+    pub async fn announce(&self, id: Uuid, event: ExtractionEvent) -> Result<(), JobError> {
+        let topic = &self.0.settings.events_topic;
+        self.0.publisher.publish_job(topic, id, &event).await?;
+        Ok(())
     }
 
     /// Concludes a completing transition of claim `token`: publishes its event
