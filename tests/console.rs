@@ -1,7 +1,8 @@
 //! The console in a real Chromium: `tests/console/browser.py` (Playwright,
 //! Debian's `chromium`) against `serve` (in this process), a worker and a
 //! bbox worker (processes), Kafka and Postgres. The jobs it looks at are
-//! made here: four samples run through both stages (boxes to draw), a failed
+//! made here: four samples run through both stages (boxes to draw), a scan
+//! read by OCR (its page drawn under its boxes, to review), a failed
 //! one to retry from the list, a failed one whose metadata and error are
 //! markup, a dead letter to replay, and 10,000 finished jobs of a third tenant whose
 //! list's first render is timed. Skipped, with a line saying so, when `DOCSTREAM_TEST_PLAYWRIGHT`
@@ -40,6 +41,7 @@ async fn the_console_in_chromium() {
         Duration::from_secs(60),
     )
     .await;
+    let scanned = a_scanned_job(&env, &base).await;
     let failed = failed_job(
         &env,
         sample_body(1),
@@ -78,6 +80,7 @@ async fn the_console_in_chromium() {
         .env("LETTER", letter.to_string())
         .env("SAMPLE", sample_body(7).to_string())
         .env("BOXED", done[0].to_string())
+        .env("SCANNED", &scanned)
         .env("FAILED", failed.to_string())
         .env("XSS", xss.to_string())
         .env("OUT", &out)
@@ -92,6 +95,66 @@ async fn the_console_in_chromium() {
         String::from_utf8_lossy(&run.stderr)
     );
     eprintln!("console: screenshots in {}", out.display());
+}
+
+/// A scan of the sample invoice (its PDF rendered by poppler at 150 dpi)
+/// uploaded and read by OCR through both stages, with a `min_confidence`
+/// some of its values fall under: the job's id.
+async fn a_scanned_job(env: &TestEnv, base: &str) -> String {
+    let pdf = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/samples/files/invoice-northwind.pdf"
+    );
+    let rendered = std::process::Command::new("pdftoppm")
+        .args(["-r", "150", "-png", "-singlefile", pdf])
+        .output()
+        .expect("pdftoppm (poppler-utils, which scripts/test.sh installs)");
+    assert!(rendered.status.success());
+    let client = env.client();
+    let file: serde_json::Value = client
+        .post(format!("{base}/v1/files"))
+        .header("content-type", "image/png")
+        .body(rendered.stdout)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sample = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/samples/files/invoice-northwind.json"
+    ))
+    .unwrap();
+    let mut request =
+        serde_json::from_str::<serde_json::Value>(&sample).unwrap()["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    request["min_confidence"] = serde_json::json!(0.97);
+    let accepted: serde_json::Value = client
+        .post(format!("{base}/v1/extractions"))
+        .json(&request)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = (accepted["id"].as_str())
+        .unwrap_or_else(|| panic!("the scan's submit: {accepted}; its file: {file}"))
+        .to_owned();
+    common::wait_for("the scan's job", Duration::from_secs(60), || {
+        let get = client.get(format!("{base}/v1/extractions/{id}")).send();
+        async move {
+            let job: serde_json::Value =
+                get.await.map_err(|e| e.to_string())?.json().await.unwrap();
+            match job["post_processing"]["bbox_refinement"]["status"].as_str() {
+                Some("succeeded") => Ok(()),
+                _ => Err(job.to_string()),
+            }
+        }
+    })
+    .await;
+    id
 }
 
 /// A job of the default tenant that failed with `error` on its first attempt.

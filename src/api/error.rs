@@ -188,9 +188,11 @@ impl From<FileError> for ApiError {
             FileError::Empty
             | FileError::Pdf(_)
             | FileError::Image(_)
+            | FileError::NotDrawn(_)
             | FileError::Url(_)
             | FileError::TooManyWords(_) => Self::Unprocessable(e.to_string()),
             FileError::Missing(id) => Self::NoSuchFile(id),
+            FileError::NoPage(_) => Self::NotFound(e.to_string()),
             FileError::TooLarge(limit) => Self::PayloadTooLarge(limit),
             FileError::Unsupported | FileError::Mismatch { .. } => {
                 Self::UnsupportedFile(e.to_string())

@@ -7,6 +7,11 @@
 //! protocol version 2 that got the signed URL (`files::signed`): no API
 //! key, the signature is the credential, for one attempt of one job while
 //! that attempt runs, and until it expires (410 once the attempt ended).
+//!
+//! `GET /v1/extractions/{id}/document`: the words a job was read from, on
+//! their pages (for a file, what its extraction read, OCR's confidence
+//! included); `GET /v1/extractions/{id}/pages/{page}`: a page of its file
+//! as an image, for people to check a box against (the console).
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
@@ -32,6 +37,70 @@ pub(super) fn router() -> Router<Services> {
         .route("/v1/files", post(upload))
         .route("/v1/files/{id}", get(read))
         .route("/v1/extractions/{id}/file", get(job_file))
+        .route("/v1/extractions/{id}/document", get(job_document))
+        .route("/v1/extractions/{id}/pages/{page}", get(job_page))
+}
+
+/// The caller's job `id`, with its request, unless erased (410).
+async fn readable_job(
+    services: &Services,
+    caller: &Caller,
+    id: Uuid,
+) -> Result<(store::Extraction, crate::domain::ExtractionRequest), ApiError> {
+    caller.require(Scope::Read)?;
+    let row = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
+    let mut row = row.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    if let Some(at) = row.erased_at {
+        return Err(ApiError::Gone(format!(
+            "extraction {id} was erased at {at}"
+        )));
+    }
+    let request = row.request.take().map(|r| r.0);
+    let request = request.ok_or_else(|| ApiError::NotFound(format!("{id} has no request")))?;
+    Ok((row, request))
+}
+
+/// The document job `id` was read from: its request's, or for a file what
+/// its extraction read (404 until it read it).
+async fn job_document(
+    caller: Caller,
+    State(services): State<Services>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<crate::domain::Document>, ApiError> {
+    let Path(id) = id?;
+    let (_, request) = readable_job(&services, &caller, id).await?;
+    if request.document.object.is_none() {
+        return Ok(Json(request.document));
+    }
+    match store::documents::get(&services.pool, id).await? {
+        Some(document) => Ok(Json(document)),
+        None => Err(ApiError::NotFound(format!(
+            "extraction {id} has not read its file yet"
+        ))),
+    }
+}
+
+/// Page `page` (from 0) of job `id`'s file as an image: a PNG's or JPEG's
+/// own bytes, a PDF page rendered to a PNG. A job of no file, or a TIFF,
+/// has no page to draw.
+async fn job_page(
+    caller: Caller,
+    State(services): State<Services>,
+    path: Result<Path<(Uuid, usize)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path((id, page)) = path?;
+    let (row, request) = readable_job(&services, &caller, id).await?;
+    let Some(object) = request.document.object else {
+        return Err(ApiError::NotFound(format!(
+            "extraction {id} has no file: its document was sent as JSON"
+        )));
+    };
+    let (kind, bytes) = services
+        .files
+        .page_image(row.tenant_id, &object, page)
+        .await?;
+    let private = (header::CACHE_CONTROL, "private, max-age=300");
+    Ok(([(header::CONTENT_TYPE, kind), private], bytes).into_response())
 }
 
 /// Stores the body as a file: refused 413 from its declared length, 429

@@ -73,8 +73,10 @@ struct Inner {
     read: ReadLimits,
     /// The program that reads a PDF's words in a process of its own.
     reader: PathBuf,
-    /// How pages without text are read; `None`: they are not.
-    ocr: Option<OcrSettings>,
+    /// How pages without text are read (and PDF pages drawn for people).
+    ocr: OcrSettings,
+    /// Whether pages without text are read at all.
+    ocr_on: bool,
     /// Fetches a submitter's `document.url` past the SSRF guard (with the
     /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
@@ -195,6 +197,12 @@ pub enum FileError {
     /// key that signs it.
     #[error("files in the folder store reach an extractor of protocol version 2 through serve: set DOCSTREAM_PUBLIC_URL and DOCSTREAM_CALLBACK_SECRET")]
     NoUrl,
+    /// The file has no page of this index.
+    #[error("the file has no page {0} (pages count from 0)")]
+    NoPage(usize),
+    /// The page cannot be drawn as an image.
+    #[error("{0}")]
+    NotDrawn(String),
     /// The tenant has no file of this id (or it was deleted).
     #[error("no file {0} of this tenant: upload it with POST /v1/files first")]
     Missing(String),
@@ -267,7 +275,8 @@ impl Files {
                 "" => std::env::current_exe().unwrap_or_else(|_| "docstream".into()),
                 program => PathBuf::from(program),
             },
-            ocr: (!settings.ocr_tesseract.is_empty()).then(|| OcrSettings {
+            ocr_on: !settings.ocr_tesseract.is_empty(),
+            ocr: OcrSettings {
                 tesseract: PathBuf::from(&settings.ocr_tesseract),
                 pdftoppm: PathBuf::from(&settings.ocr_pdftoppm),
                 languages: settings.ocr_languages.clone(),
@@ -276,7 +285,7 @@ impl Files {
                 page_timeout: settings.ocr_page_timeout_s.get(),
                 memory_bytes: settings.ocr_max_memory_bytes as u64,
                 words_per_page: settings.max_words_per_page,
-            }),
+            },
             signing: settings
                 .deferred_results()
                 .map(|(url, secret)| (url.to_owned(), secret.to_owned())),
@@ -564,7 +573,40 @@ impl Files {
 
     /// How pages without text are read, if they are.
     pub fn ocr(&self) -> Option<&OcrSettings> {
-        self.0.ocr.as_ref()
+        self.0.ocr_on.then_some(&self.0.ocr)
+    }
+
+    /// Page `index` (from 0) of tenant `tenant`'s file `id` as an image a
+    /// browser draws, and its media type: a PNG's or a JPEG's own bytes
+    /// (their one page), a PDF page rendered to a PNG at [`DRAWN_DPI`] (in
+    /// a process of its own, under OCR's limits). A TIFF is not drawn:
+    /// browsers do not read it.
+    pub async fn page_image(
+        &self,
+        tenant: Uuid,
+        id: &str,
+        index: usize,
+    ) -> Result<(&'static str, Bytes), FileError> {
+        let (kind, bytes) = self.read(tenant, id).await?;
+        match kind {
+            FileType::Png | FileType::Jpeg if index == 0 => Ok((kind.as_str(), bytes)),
+            FileType::Png | FileType::Jpeg => Err(FileError::NoPage(index)),
+            FileType::Pdf => {
+                let (pdf, limits) = (bytes.clone(), self.0.read.pdf);
+                let checked = tokio::task::spawn_blocking(move || pdf::check(&pdf, &limits)).await;
+                let pages = checked.map_err(|e| PdfError::Unreadable(e.to_string()))??;
+                if index >= pages {
+                    return Err(FileError::NoPage(index));
+                }
+                let png = self.0.ocr.render(bytes, index + 1, DRAWN_DPI).await;
+                let png = png.map_err(|e| FileError::NotDrawn(e.to_string()))?;
+                Ok((FileType::Png.as_str(), Bytes::from(png)))
+            }
+            FileType::Tiff | FileType::Text => Err(FileError::NotDrawn(format!(
+                "a {} file is not drawn as an image (browsers do not read it)",
+                kind.as_str()
+            ))),
+        }
     }
 
     async fn store(&self) -> Result<&Arc<dyn ObjectStore>, FileError> {
@@ -611,6 +653,10 @@ impl Files {
         })
     }
 }
+
+/// The resolution a PDF page is drawn at for people (the console): sharp
+/// enough on a screen, a fraction of OCR's pixels.
+pub const DRAWN_DPI: f64 = 100.0;
 
 /// What a file may hold to be read as a document.
 #[derive(Debug, Clone, Copy)]

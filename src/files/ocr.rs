@@ -114,30 +114,7 @@ impl OcrSettings {
     ) -> Result<Page, OcrError> {
         let dpi = self.dpi_for(width, height);
         let what = format!("page {number} of the PDF");
-        let args = [
-            "-r".to_owned(),
-            format!("{dpi:.2}"),
-            "-f".to_owned(),
-            number.to_string(),
-            "-l".to_owned(),
-            number.to_string(),
-            "-png".to_owned(),
-            "-".to_owned(),
-        ];
-        let rendered = run(
-            &self.pdftoppm,
-            &args,
-            pdf,
-            (self.page_timeout, self.memory_bytes),
-        );
-        let png = match rendered.await {
-            Ok(png) => png,
-            Err(Run::TimedOut) => return Err(self.timed_out(&what)),
-            Err(Run::Failed(why)) => {
-                return Err(OcrError::Failed(format!("rendering {what} failed: {why}")))
-            }
-            Err(Run::Unavailable(why)) => return Err(OcrError::Unavailable(why)),
-        };
+        let png = self.render(pdf, number, dpi).await?;
         let tsv = self.tesseract(Bytes::from(png), self.page_timeout, &what);
         let mut pages = parse_tsv(&tsv.await?, self.words_per_page).map_err(|e| match e {
             OcrError::TooManyWords { limit, .. } => OcrError::TooManyWords {
@@ -162,6 +139,32 @@ impl OcrSettings {
             height,
             words,
         })
+    }
+
+    /// Page `number` (from 1) of the PDF `pdf` as a PNG at `dpi`, rendered
+    /// by poppler under the page's limits.
+    pub async fn render(&self, pdf: Bytes, number: usize, dpi: f64) -> Result<Vec<u8>, OcrError> {
+        let what = format!("page {number} of the PDF");
+        let args = [
+            "-r".to_owned(),
+            format!("{dpi:.2}"),
+            "-f".to_owned(),
+            number.to_string(),
+            "-l".to_owned(),
+            number.to_string(),
+            "-png".to_owned(),
+            "-".to_owned(),
+        ];
+        let limits = (self.page_timeout, self.memory_bytes);
+        match run(&self.pdftoppm, &args, pdf, limits).await {
+            Ok(png) if png.is_empty() => Err(OcrError::Failed(format!("{what} does not exist"))),
+            Ok(png) => Ok(png),
+            Err(Run::TimedOut) => Err(self.timed_out(&what)),
+            Err(Run::Failed(why)) => {
+                Err(OcrError::Failed(format!("rendering {what} failed: {why}")))
+            }
+            Err(Run::Unavailable(why)) => Err(OcrError::Unavailable(why)),
+        }
     }
 
     /// The resolution to render a page of `width` × `height` points at: the

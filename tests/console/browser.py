@@ -5,7 +5,8 @@ the failed check's message; screenshots go to $OUT.
 Environment: BASE (serve's URL), KEY and KEY_B (tenants A and B, the first
 keys' scopes), KEY_OP (a key of A with every scope, `admin` and `operator`
 too), KEY_MANY (a tenant with 10,000 finished jobs), BOXED (a job of A with
-boxes), FAILED (a failed job of A that a retry makes succeed), XSS (a failed
+boxes), SCANNED (a scan of A read by OCR, some values under its
+min_confidence), FAILED (a failed job of A that a retry makes succeed), XSS (a failed
 job of A whose metadata and error are markup), LETTER (a dead letter of A),
 SAMPLE (a request to submit), OUT, CHROMIUM (the browser's path).
 
@@ -26,6 +27,7 @@ BASE, KEY, KEY_B = os.environ["BASE"], os.environ["KEY"], os.environ["KEY_B"]
 KEY_OP, KEY_MANY = os.environ["KEY_OP"], os.environ["KEY_MANY"]
 BOXED, FAILED, XSS = os.environ["BOXED"], os.environ["FAILED"], os.environ["XSS"]
 LETTER, OUT = os.environ["LETTER"], os.environ["OUT"]
+SCANNED = os.environ["SCANNED"]
 AXE = Axe()
 WCAG = {"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]}}
 
@@ -89,6 +91,54 @@ def boxes_are_where_the_result_says(page):
     expect(page.locator("#request pre")).to_contain_text('"pages"')
     page.screenshot(path=f"{OUT}/job.png", full_page=True)
     print(f"console: {checked} field boxes drawn where the bbox result says")
+
+
+def a_scan_is_drawn_under_its_boxes(page):
+    """A scanned job's page is drawn, spanning the page; each field's box sits
+    where its stored coordinates say, scaled to the drawn page, and those OCR
+    was less sure of than min_confidence are marked; a correction made in the
+    console is stored beside the value, which stays."""
+    job = api(f"/v1/extractions/{SCANNED}")
+    grounded = job["post_processing"]["bbox_refinement"]["result"]["fields"]
+    document = api(f"/v1/extractions/{SCANNED}/document")
+    page.goto(f"{BASE}/console#/job/{SCANNED}")
+    expect(page.locator("#status")).to_have_text("succeeded")
+    expect(page.locator("svg.page image.scan")).to_have_count(1)
+    svg = page.locator('svg.page[data-page="0"]')
+    outer = svg.bounding_box()
+    left, top, width = svg.evaluate("e => [e.clientLeft, e.clientTop, e.clientWidth]")
+    size = document["pages"][0]
+    scale = width / size["width"]
+    image = page.locator("svg.page image.scan").bounding_box()
+    assert abs(image["x"] - (outer["x"] + left)) <= 1 and abs(image["y"] - (outer["y"] + top)) <= 1, image
+    assert abs(image["width"] - width) <= 1 and abs(image["height"] - size["height"] * scale) <= 1, image
+    checked, marked = 0, 0
+    for name, box in grounded.items():
+        if box is None:
+            continue
+        rect = page.locator(f'rect.field[data-field="{name}"]')
+        drawn = rect.bounding_box()
+        x0, y0, x1, y1 = box["bbox"]
+        center = (outer["x"] + left + (x0 + x1) / 2 * scale, outer["y"] + top + (y0 + y1) / 2 * scale)
+        middle = (drawn["x"] + drawn["width"] / 2, drawn["y"] + drawn["height"] / 2)
+        assert all(abs(d - e) <= 1.5 for d, e in zip(middle, center)), f"{name}: centre {middle}, stored {center}"
+        classes = rect.get_attribute("class").split()
+        assert ("review" in classes) == box["needs_review"], f"{name}: {classes} vs {box}"
+        marked += box["needs_review"]
+        checked += 1
+    assert checked >= 4, f"only {checked} boxes to compare"
+    accessible(page, "scanned job")
+    page.screenshot(path=f"{OUT}/scan.png", full_page=True)
+    name = next(n for n, b in grounded.items() if b is not None)
+    before = job["result"]["fields"][name]
+    page.click(f'tr[data-field="{name}"] button.correct')
+    page.fill(f'tr[data-field="{name}"] input[name=value]', "fixed by hand")
+    page.click(f'tr[data-field="{name}"] form.correction button[type=submit]')
+    expect(page.locator(f'tr[data-field="{name}"] td.corrected')).to_contain_text("fixed by hand")
+    corrections = api(f"/v1/extractions/{SCANNED}/corrections")
+    assert [c["value"] for c in corrections] == ["fixed by hand"], corrections
+    assert api(f"/v1/extractions/{SCANNED}")["result"]["fields"][name] == before
+    print(f"console: a scan drawn under {checked} boxes ({marked} marked for review); a correction stored beside its value")
 
 
 def retry_a_failed_job(page):
@@ -281,6 +331,7 @@ def main():
         keyboard_only(page)
         narrow_window(page)
         operator_views(page)
+        a_scan_is_drawn_under_its_boxes(page)
         first_render_of_a_long_list(page)
         another_tenant_sees_nothing(page)
         csp = [e for e in errors if "Content Security Policy" in e]

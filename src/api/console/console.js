@@ -108,7 +108,7 @@ function login() {
 
 // --- jobs ----------------------------------------------------------------------
 
-const FILTERS = ["status", "extractor", "error_prefix", "idempotency_key"];
+const FILTERS = ["status", "needs_review", "extractor", "error_prefix", "idempotency_key"];
 
 async function jobs(params) {
   const form = el("form", { class: "filters", on: { submit: (event) => {
@@ -129,6 +129,10 @@ async function jobs(params) {
       el("select", { name: "status" },
         ["", "queued", "running", "succeeded", "failed", "cancelled"].map((s) =>
           el("option", { value: s, selected: params.get("status") === s }, s || "any")))),
+    el("label", {}, "Needs review",
+      el("select", { name: "needs_review" },
+        [["", "any"], ["true", "yes"], ["false", "no"]].map(([value, label]) =>
+          el("option", { value, selected: (params.get("needs_review") || "") === value }, label)))),
     el("label", {}, "Extractor", el("input", { name: "extractor", value: params.get("extractor") || "" })),
     el("label", {}, "Error starts with", el("input", { name: "error_prefix", value: params.get("error_prefix") || "" })),
     el("label", {}, "Idempotency key", el("input", { name: "idempotency_key", value: params.get("idempotency_key") || "" })),
@@ -254,13 +258,42 @@ async function job(id) {
   const boxes = (row.post_processing.bbox_refinement && row.post_processing.bbox_refinement.result) || {};
   const grounded = boxes.fields || {};
   const fields = Object.entries(row.result ? row.result.fields || {} : {});
-  const fieldRows = fields.map(([name, value]) =>
-    el("tr", { "data-field": name },
+  // A file's words are what its extraction read of it; its pages are drawn
+  // under the boxes. A JSON document's words are in its request.
+  const file = row.request && row.request.document && row.request.document.object;
+  let pages = (row.request && row.request.document && row.request.document.pages) || [];
+  let corrections = [];
+  try {
+    if (file) pages = (await api(`/v1/extractions/${encodeURIComponent(id)}/document`)).pages || [];
+    corrections = await api(`/v1/extractions/${encodeURIComponent(id)}/corrections`);
+  } catch (error) {
+    if (error.status !== 404) throw error;
+  }
+  const images = file ? await Promise.all(pages.map((_, index) => pageImage(id, index))) : [];
+  if (view !== state.view) return;
+  const latest = {};
+  for (const c of corrections) latest[c.field] = c;
+  const bar = el("div", { class: "bar", id: "review-bar", "aria-live": "polite" });
+  const fieldRows = fields.map(([name, value]) => {
+    const box = grounded[name];
+    const corrected = latest[name];
+    const review = el("td", {});
+    if (row.status === "succeeded") {
+      review.append(el("button", { type: "button", class: "correct", "aria-label": `Correct ${name}`,
+        on: { click: () => correctField(review, id, name, corrected ? corrected.value : value && value.value, bar) } },
+        "Correct"));
+    }
+    return el("tr", { "data-field": name, class: box && box.needs_review ? "needs-review" : "" },
       el("td", {}, name),
       el("td", {}, value === null ? "(not found)" : String(value.value ?? "")),
-      el("td", {}, grounded[name] ? `page ${grounded[name].page + 1}` : "")));
-  const pages = (row.request && row.request.document && row.request.document.pages) || [];
-  const drawings = pages.map((page, index) => drawPage(page, index, grounded));
+      el("td", { class: "confidence" }, confidenceOf(box)),
+      el("td", { class: "corrected optional" }, corrected
+        ? `${corrected.value ?? "(not in the document)"} (${corrected.reviewer || "a reviewer"}, ${when(corrected.corrected_at)})`
+        : ""),
+      el("td", { class: "optional" }, box ? `page ${box.page + 1}` : ""),
+      review);
+  });
+  const drawings = pages.map((page, index) => drawPage(page, index, grounded, images[index]));
   for (const tr of fieldRows) {
     const name = tr.getAttribute("data-field");
     const hot = (on) => {
@@ -286,8 +319,12 @@ async function job(id) {
       el("dt", {}, "Metadata"), el("dd", { id: "metadata" }, row.metadata ? JSON.stringify(row.metadata) : ""),
     ),
     el("h2", {}, "Fields"),
+    boxes.needs_review ? el("p", { id: "needs-review" }, `${boxes.needs_review} of the fields need review: OCR was less sure of them than the request's min_confidence.`) : "",
+    bar,
     fields.length
-      ? el("table", { id: "fields" }, el("thead", {}, el("tr", {}, el("th", {}, "Field"), el("th", {}, "Value"), el("th", {}, "Where"))),
+      ? el("table", { id: "fields" }, el("thead", {}, el("tr", {}, el("th", {}, "Field"), el("th", {}, "Value"),
+          el("th", {}, "Confidence"), el("th", { class: "optional" }, "Corrected"),
+          el("th", { class: "optional" }, "Where"), el("th", {}, "Review"))),
         el("tbody", {}, fieldRows))
       : el("p", { class: "empty-state" }, "No result yet."),
     el("h2", {}, "Document"),
@@ -303,10 +340,54 @@ async function job(id) {
   );
 }
 
-/** Page `index` drawn to scale: its words, and each grounded field's box. */
-function drawPage(page, index, grounded) {
-  const drawing = svg("svg", { class: "page", viewBox: `0 0 ${page.width} ${page.height}`,
+/** A grounded field's confidence as a person reads it ("" for a text layer's). */
+function confidenceOf(box) {
+  if (!box || box.confidence === null || box.confidence === undefined) return "";
+  const percent = `${(box.confidence * 100).toFixed(0)}%`;
+  return box.needs_review ? `${percent}, needs review` : percent;
+}
+
+/** Page `index` of job `id`'s file as an object URL, or null when it is not drawn (a TIFF). */
+async function pageImage(id, index) {
+  const response = await fetch(`/v1/extractions/${encodeURIComponent(id)}/pages/${index}`, {
+    headers: { Authorization: `Bearer ${state.key}` }, credentials: "omit" });
+  if (!response.ok) return null;
+  return URL.createObjectURL(await response.blob());
+}
+
+/** An inline form in `cell` that stores a correction of field `name` of job `id`. */
+function correctField(cell, id, name, current, bar) {
+  const input = el("input", { name: "value", value: current ?? "", "aria-label": `Right value of ${name}` });
+  const absent = el("input", { type: "checkbox", name: "absent" });
+  const form = el("form", { class: "correction", on: { submit: async (event) => {
+    event.preventDefault();
+    const body = { value: absent.checked ? null : input.value };
+    try {
+      await api(`/v1/extractions/${encodeURIComponent(id)}/fields/${encodeURIComponent(name)}/corrections`,
+        { method: "POST", body });
+      route();
+    } catch (error) {
+      bar.replaceChildren(errorState(error));
+    }
+  } } },
+    el("label", {}, "Right value", input),
+    el("label", { class: "inline" }, absent, "Not in the document"),
+    el("button", { type: "submit" }, "Save"));
+  cell.replaceChildren(form);
+  input.focus();
+}
+
+/** Page `index` drawn to scale: the page itself when it is an image (a
+ * scan, a rendered PDF page), its words, and each grounded field's box,
+ * those under the request's min_confidence marked for review. Boxes are in
+ * the page's own unit, as the image spans it. */
+function drawPage(page, index, grounded, image) {
+  const drawing = svg("svg", { class: image ? "page drawn" : "page", viewBox: `0 0 ${page.width} ${page.height}`,
     role: "img", "aria-label": `page ${index + 1}`, "data-page": index });
+  if (image) {
+    drawing.append(svg("image", { class: "scan", href: image, x: 0, y: 0,
+      width: page.width, height: page.height, preserveAspectRatio: "none" }));
+  }
   for (const word of page.words) {
     const [x0, y0, x1, y1] = word.bbox;
     const rect = svg("rect", { class: "word", x: x0, y: y0, width: x1 - x0, height: y1 - y0 });
@@ -318,9 +399,10 @@ function drawPage(page, index, grounded) {
   for (const [name, box] of Object.entries(grounded)) {
     if (!box || box.page !== index) continue;
     const [x0, y0, x1, y1] = box.bbox;
-    const rect = svg("rect", { class: "field", "data-field": name, x: x0, y: y0, width: x1 - x0, height: y1 - y0 });
+    const rect = svg("rect", { class: box.needs_review ? "field review" : "field", "data-field": name,
+      x: x0, y: y0, width: x1 - x0, height: y1 - y0 });
     const title = svg("title");
-    title.textContent = name;
+    title.textContent = box.confidence === null || box.confidence === undefined ? name : `${name}: ${confidenceOf(box)}`;
     rect.append(title);
     drawing.append(rect);
   }

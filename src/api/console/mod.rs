@@ -5,7 +5,9 @@
 //!
 //! Every answer carries a strict Content-Security-Policy: scripts and
 //! styles only from this origin (no inline script), requests only to it,
-//! no framing, no forms posting elsewhere.
+//! images from it or from blobs the page made (a scan's page is fetched
+//! with the key, which an image element cannot send), no framing, no forms
+//! posting elsewhere.
 
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -14,7 +16,7 @@ use axum::Router;
 
 /// The policy of every console answer.
 pub(super) const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
-     connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'self'; \
+     connect-src 'self'; img-src 'self' blob:; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
 
 const INDEX: &str = include_str!("index.html");

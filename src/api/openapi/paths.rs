@@ -72,6 +72,8 @@ pub(super) fn paths(settings: &Settings) -> Value {
         "/v1/extractions/{id}/transitions": {"get": transitions()},
         "/v1/extractions/{id}/fields/{field}/corrections": {"post": correct()},
         "/v1/extractions/{id}/corrections": {"get": corrections()},
+        "/v1/extractions/{id}/document": {"get": job_document()},
+        "/v1/extractions/{id}/pages/{page}": {"get": job_page()},
         "/v1/extractions/{id}/result": {"post": deferred_result(settings)},
         "/v1/extractions/actions": {"post": bulk_action()},
         "/v1/extractions/actions/{id}": {"get": bulk_operation()},
@@ -516,6 +518,53 @@ fn correct() -> Value {
                 "content": {"application/json": {"schema": schema("Correction")}},
             },
         }), &[400, 401, 403, 404, 409, 410, 422, 429, 503]),
+    })
+}
+
+fn job_document() -> Value {
+    json!({
+        "operationId": "getExtractionDocument",
+        "tags": ["extractions"],
+        "summary": "Read the document an extraction was read from",
+        "description": "The words the job's values were found in, on their pages (scope \
+                        `read`): the request's document, or for a file what its extraction \
+                        read of it (a text layer's words, or OCR's with their `confidence`). \
+                        404 until a file's extraction read it; 410 once erased.",
+        "parameters": [id_parameter()],
+        "responses": answers(json!({
+            "200": {
+                "description": "The document.",
+                "content": {"application/json": {"schema": schema("Document")}},
+            },
+        }), &[400, 401, 403, 404, 410, 429, 503]),
+    })
+}
+
+fn job_page() -> Value {
+    json!({
+        "operationId": "getExtractionPage",
+        "tags": ["extractions"],
+        "summary": "Draw a page of an extraction's file",
+        "description": "Page `page` (from 0, as a grounded field's `page`) of the job's file as \
+                        an image, to check a box against (scope `read`): a PNG's or JPEG's own \
+                        bytes, or a PDF page rendered to a PNG at 100 dpi (its boxes are in \
+                        points: scale by 100/72). A TIFF is not drawn (422): browsers do not \
+                        read it. A job whose document was JSON, or a page past the last, is \
+                        404.",
+        "parameters": [id_parameter(), {
+            "name": "page", "in": "path", "required": true,
+            "description": "The page, from 0.",
+            "schema": {"type": "integer", "minimum": 0},
+        }],
+        "responses": answers(json!({
+            "200": {
+                "description": "The page.",
+                "content": {
+                    "image/png": {"schema": {"type": "string", "format": "binary"}},
+                    "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+                },
+            },
+        }), &[400, 401, 403, 404, 410, 422, 429, 503]),
     })
 }
 
