@@ -2,8 +2,10 @@
 //! bbox worker) and the reference extraction service (`extractor-serve`),
 //! submits the shipped sample documents over HTTP for that service to extract,
 //! and the sample PDFs as files (multipart) for the built-in rules to read,
-//! shows progress while they flow, and prints a summary. It fails when any
-//! document does not reach bbox succeeded.
+//! beside scans of them (each PDF rendered by poppler at 200 dpi, a PNG
+//! with no text layer, read by OCR), shows progress while they flow, and
+//! prints a summary, with the fields of a scan and OCR's confidence in
+//! them. It fails when any document does not reach bbox succeeded.
 //!
 //! The jobs take the path a team's own extraction service would: each one is
 //! an HTTP call under the extractor protocol, with its limits and metrics.
@@ -23,6 +25,7 @@ use uuid::Uuid;
 
 use docstream::config::Settings;
 use docstream::domain::{ExtractionRequest, Scope};
+use docstream::files::ocr::OcrSettings;
 use docstream::provider;
 use docstream::roles::{self, Mix};
 use docstream::store::tenants;
@@ -105,6 +108,7 @@ pub async fn run(
     };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
+    let scans = scans_of(&OcrSettings::of(&settings), sample_files()).await?;
     let services = roles::connect(settings).await?;
     let pool = services.pool.clone();
     // A key of the tenant `demo` (made on the first run), revoked at the end.
@@ -128,7 +132,15 @@ pub async fn run(
     );
     println!("{console}");
     let client = api_client(&key.api_key)?;
-    let outcome = drive(&client, &base, &pool, &args, extractor.is_some(), &shutdown).await;
+    let outcome = drive(
+        &client,
+        &base,
+        (&pool, &scans),
+        &args,
+        extractor.is_some(),
+        &shutdown,
+    )
+    .await;
     let report = |summary: &report::Summary| {
         match extractor {
             Some(url) => println!("extractor: {REFERENCE:?}, docstream extractor-serve at {url}"),
@@ -186,7 +198,7 @@ async fn start_provider(
 async fn drive(
     client: &reqwest::Client,
     base: &str,
-    pool: &sqlx::PgPool,
+    (pool, scans): (&sqlx::PgPool, &[Scan]),
     args: &DemoArgs,
     reference: bool,
     shutdown: &CancellationToken,
@@ -194,7 +206,7 @@ async fn drive(
     let samples = sample_requests();
     let files = sample_files();
     let started = Instant::now();
-    let progress = report::Progress::new((args.documents + files.len()) as u64);
+    let progress = report::Progress::new((args.documents + files.len() + scans.len()) as u64);
     // The PDFs as files: read by the built-in rules (an extractor of the
     // protocol's version 1 takes documents as JSON only).
     let mut ids: Vec<Uuid> = stream::iter(&files)
@@ -205,6 +217,16 @@ async fn drive(
         .await
         .into_iter()
         .collect::<anyhow::Result<_>>()?;
+    // The scans: read by OCR, as a scanned or photographed page would be.
+    let scanned: Vec<Uuid> = stream::iter(scans)
+        .map(|(file, png)| submit_scan(client, base, file, png))
+        .buffer_unordered(args.concurrency.max(1))
+        .inspect(|_| progress.submitted())
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    ids.extend(&scanned);
     let documents: Vec<Uuid> = stream::iter(0..args.documents)
         .map(|i| {
             let mut request = samples[i % samples.len()].request.clone();
@@ -239,7 +261,54 @@ async fn drive(
         }
     }
     progress.finish();
-    Ok(report::Summary::query(pool, &ids, started.elapsed()).await?)
+    Ok(report::Summary::query(pool, &ids, &scanned, started.elapsed()).await?)
+}
+
+/// The resolution the demo scans its sample PDFs at.
+const SCAN_DPI: f64 = 200.0;
+
+/// A sample PDF and a scan of it.
+type Scan = (samples::SampleFile, Vec<u8>);
+
+/// Each one-page sample PDF as a scan: its page rendered to a PNG by
+/// poppler (what a scanner gives: pixels, no text layer). A PNG holds one
+/// page; `docstream eval` reads the multi-page samples as TIFFs.
+async fn scans_of(ocr: &OcrSettings, files: Vec<samples::SampleFile>) -> anyhow::Result<Vec<Scan>> {
+    let mut scans = Vec::new();
+    for file in files.into_iter().filter(|f| f.pages == 1) {
+        let pdf = axum::body::Bytes::from_static(file.pdf);
+        let png = ocr.render(pdf, 1, SCAN_DPI).await;
+        let png = png.with_context(|| {
+            format!(
+                "scanning the sample {} (is poppler-utils installed?)",
+                file.name
+            )
+        })?;
+        scans.push((file, png));
+    }
+    Ok(scans)
+}
+
+/// Submits the scan `png` of `file` as `multipart/form-data`, with the
+/// file's request.
+async fn submit_scan(
+    client: &reqwest::Client,
+    base: &str,
+    file: &samples::SampleFile,
+    png: &[u8],
+) -> anyhow::Result<Uuid> {
+    let name = format!("{}.scan.png", file.name);
+    let mut request = file.request.clone();
+    request["metadata"]["scan"] = serde_json::json!(true);
+    let (content_type, body) = multipart_body(&request, &name, "image/png", png)?;
+    let response = client
+        .post(format!("{base}/v1/extractions"))
+        .header(reqwest::header::CONTENT_TYPE, content_type)
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("submitting the scan of {}", file.name))?;
+    accepted(response).await
 }
 
 async fn submit(

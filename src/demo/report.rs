@@ -129,6 +129,8 @@ pub struct Summary {
     pub to_bbox: (f64, f64),
     /// One result with its boxes.
     pub sample: Option<(Uuid, serde_json::Value, serde_json::Value)>,
+    /// One scan's result with its boxes: fields read by OCR.
+    pub scan: Option<(Uuid, serde_json::Value, serde_json::Value)>,
 }
 
 impl Summary {
@@ -136,6 +138,7 @@ impl Summary {
     pub async fn query(
         pool: &PgPool,
         ids: &[Uuid],
+        scans: &[Uuid],
         elapsed: Duration,
     ) -> Result<Self, sqlx::Error> {
         let counts = Counts::query(pool, ids).await?;
@@ -156,14 +159,17 @@ impl Summary {
             .bind(ids)
             .fetch_one(pool)
             .await?;
-        let sample: Option<(Uuid, serde_json::Value, serde_json::Value)> = sqlx::query_as(
-            "SELECT id, result, bbox_result FROM extraction_rows
-              WHERE id = ANY($1) AND bbox_status = 'succeeded'
-              ORDER BY submitted_at LIMIT 1",
-        )
-        .bind(ids)
-        .fetch_optional(pool)
-        .await?;
+        let first = |ids: &[Uuid]| {
+            sqlx::query_as::<_, (Uuid, serde_json::Value, serde_json::Value)>(
+                "SELECT id, result, bbox_result FROM extraction_rows
+                  WHERE id = ANY($1) AND bbox_status = 'succeeded'
+                  ORDER BY submitted_at LIMIT 1",
+            )
+            .bind(ids.to_vec())
+            .fetch_optional(pool)
+        };
+        let sample = first(ids).await?;
+        let scan = first(scans).await?;
         Ok(Self {
             total: ids.len() as i64,
             bbox_succeeded: counts.bbox_succeeded,
@@ -172,6 +178,7 @@ impl Summary {
             to_succeeded,
             to_bbox,
             sample,
+            scan,
         })
     }
 
@@ -224,6 +231,33 @@ impl fmt::Display for Summary {
                         value["value"].as_str().unwrap_or("-"),
                         bbox["page"],
                         bbox["bbox"]
+                    )?;
+                }
+            }
+        }
+        if let Some((id, result, boxes)) = &self.scan {
+            writeln!(
+                f,
+                "read by OCR {id} (a 200 dpi scan; {} of its fields need review)",
+                boxes["needs_review"]
+            )?;
+            if let (Some(values), Some(grounded)) =
+                (result["fields"].as_object(), boxes["fields"].as_object())
+            {
+                for (name, value) in values {
+                    let place = &grounded.get(name).cloned().unwrap_or_default();
+                    let confidence = place["confidence"]
+                        .as_f64()
+                        .map_or("-".to_owned(), |c| format!("{:.0}%", c * 100.0));
+                    let review = match place["needs_review"].as_bool() {
+                        Some(true) => " needs review",
+                        _ => "",
+                    };
+                    writeln!(
+                        f,
+                        "  {name:<16} {:<24} confidence={confidence}{review} bbox={}",
+                        value["value"].as_str().unwrap_or("-"),
+                        place["bbox"]
                     )?;
                 }
             }

@@ -31,6 +31,8 @@ pub struct SampleFile {
     pub pdf: &'static [u8],
     /// The request part of its multipart submit.
     pub request: serde_json::Value,
+    /// Its pages.
+    pub pages: usize,
 }
 
 const FILES: [(&str, &[u8], &str); 3] = [
@@ -62,6 +64,7 @@ pub fn sample_files() -> Vec<SampleFile> {
                 name,
                 pdf,
                 request: sample["request"].clone(),
+                pages: sample["pages"].as_array().map_or(1, Vec::len),
             }
         })
         .collect()

@@ -276,16 +276,7 @@ impl Files {
                 program => PathBuf::from(program),
             },
             ocr_on: !settings.ocr_tesseract.is_empty(),
-            ocr: OcrSettings {
-                tesseract: PathBuf::from(&settings.ocr_tesseract),
-                pdftoppm: PathBuf::from(&settings.ocr_pdftoppm),
-                languages: settings.ocr_languages.clone(),
-                dpi: settings.ocr_dpi,
-                max_pixels: settings.ocr_max_pixels as u64,
-                page_timeout: settings.ocr_page_timeout_s.get(),
-                memory_bytes: settings.ocr_max_memory_bytes as u64,
-                words_per_page: settings.max_words_per_page,
-            },
+            ocr: OcrSettings::of(settings),
             signing: settings
                 .deferred_results()
                 .map(|(url, secret)| (url.to_owned(), secret.to_owned())),

@@ -86,6 +86,20 @@ pub enum OcrError {
 }
 
 impl OcrSettings {
+    /// OCR as `settings` configure it.
+    pub fn of(settings: &crate::config::Settings) -> Self {
+        Self {
+            tesseract: PathBuf::from(&settings.ocr_tesseract),
+            pdftoppm: PathBuf::from(&settings.ocr_pdftoppm),
+            languages: settings.ocr_languages.clone(),
+            dpi: settings.ocr_dpi,
+            max_pixels: settings.ocr_max_pixels as u64,
+            page_timeout: settings.ocr_page_timeout_s.get(),
+            memory_bytes: settings.ocr_max_memory_bytes as u64,
+            words_per_page: settings.max_words_per_page,
+        }
+    }
+
     /// The words of the image `bytes` (a PNG, a JPEG, or a TIFF of `pages`
     /// pages), in its pixels: one [`Page`] per image page.
     pub async fn image(&self, bytes: Bytes, pages: usize) -> Result<Vec<Page>, OcrError> {
