@@ -60,6 +60,7 @@ impl ProviderArgs {
         (!self.ocr_tesseract.is_empty()).then(|| OcrSettings {
             tesseract: self.ocr_tesseract.clone().into(),
             pdftoppm: "pdftoppm".into(),
+            convert: "convert".into(),
             languages: self.ocr_languages.clone(),
             dpi: 300,
             max_pixels: MAX_PIXELS,

@@ -2,7 +2,7 @@
 # toolchain and the C build tools librdkafka needs are present (installing the
 # latter from Debian's packages when missing), and the programs workers read
 # scans with (Tesseract 5 with its English and orientation models, poppler's
-# pdftoppm, util-linux's prlimit) and the sample scans are made with
+# pdftoppm, ImageMagick's convert, util-linux's prlimit) and the sample scans are made with
 # (Python's PIL), starts the local services, and exports DATABASE_URL and
 # DOCSTREAM_KAFKA_BROKERS.
 
@@ -35,6 +35,7 @@ ensure_ocr_tools() {
     grep -qx eng <<<"$data" || missing+=(tesseract-ocr-eng)
     grep -qx osd <<<"$data" || missing+=(tesseract-ocr-osd)
     command -v pdftoppm >/dev/null 2>&1 || missing+=(poppler-utils)
+    command -v convert >/dev/null 2>&1 || missing+=(imagemagick)
     command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
     /usr/bin/python3 -c 'import PIL' 2>/dev/null || missing+=(python3-pil)
     if [ ${#missing[@]} -gt 0 ]; then

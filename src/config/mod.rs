@@ -234,6 +234,10 @@ settings! {
     ocr_tesseract: String = "tesseract", env "DOCSTREAM_OCR_TESSERACT";
     /// Poppler's `pdftoppm`, which renders a PDF page without text for OCR.
     ocr_pdftoppm: String = "pdftoppm", env "DOCSTREAM_OCR_PDFTOPPM";
+    /// ImageMagick's `convert`, which prepares a page for OCR: grey,
+    /// despeckled, turned upright when skewed. Empty: pages go to the
+    /// engine as they are (a skewed or noisy scan then reads worse).
+    ocr_convert: String = "convert", env "DOCSTREAM_OCR_CONVERT";
     /// Tesseract's languages, `+`-separated (`eng+deu`); each needs its
     /// traineddata installed (`tesseract-ocr-deu`).
     ocr_languages: String = "eng", env "DOCSTREAM_OCR_LANGUAGES";

@@ -73,6 +73,11 @@ pub fn pages(
     Ok(sizes)
 }
 
+/// The size of the PNG `bytes`, from its header.
+pub fn png_size(bytes: &[u8]) -> Option<(u64, u64)> {
+    png(bytes).ok()
+}
+
 fn png(bytes: &[u8]) -> Result<(u64, u64), ImageError> {
     // Signature (8), then the first chunk: its length (4), `IHDR` (4),
     // width (4), height (4).

@@ -685,13 +685,17 @@ pub struct Reading {
     pub scans: Vec<Scan>,
 }
 
-/// A part of a file to read by OCR.
+/// A page of a file to read by OCR.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Scan {
-    /// The whole image, of this many pages (a TIFF's may be several).
-    Image {
-        /// Its pages.
-        pages: usize,
+    /// A page of an image (a TIFF may have several).
+    ImagePage {
+        /// What the image is.
+        kind: FileType,
+        /// From 0.
+        index: usize,
+        /// Its size in pixels.
+        size: (u64, u64),
     },
     /// A PDF page without text: its index, and its size in points.
     PdfPage {
@@ -710,7 +714,7 @@ impl Reading {
         let text = self.document.text.is_some();
         match (words || text, self.scans.first()) {
             (true, _) => Ok(self.document),
-            (false, Some(Scan::Image { .. })) if !ocr_on => Err(refused(format!(
+            (false, Some(Scan::ImagePage { .. })) if !ocr_on => Err(refused(format!(
                 "the file is an image, which has no text layer: {OCR}"
             ))),
             (false, Some(_)) if !ocr_on => Err(refused(format!(
@@ -757,13 +761,25 @@ pub fn document(
         }
         image => {
             let pages = image::pages(image, bytes, &limits.image);
-            let pages = pages.map_err(|e| refused(e.to_string()))?.len();
+            let pages = pages.map_err(|e| refused(e.to_string()))?;
+            let blank = |&(width, height): &(u64, u64)| crate::domain::Page {
+                width: width as f64,
+                height: height as f64,
+                words: Vec::new(),
+            };
+            let scans = (pages.iter().enumerate())
+                .map(|(index, &size)| Scan::ImagePage {
+                    kind: image,
+                    index,
+                    size,
+                })
+                .collect();
             Ok(Reading {
                 document: Document {
-                    pages: Some(Vec::new()),
+                    pages: Some(pages.iter().map(blank).collect()),
                     ..Document::default()
                 },
-                scans: vec![Scan::Image { pages }],
+                scans,
             })
         }
     }
@@ -798,24 +814,20 @@ pub async fn read_scan(
     scan: &Scan,
     reading: &mut Reading,
 ) -> Result<(), ExtractError> {
-    let read = match *scan {
-        Scan::Image { pages } => ocr.image(bytes, pages).await,
-        Scan::PdfPage { index, size } => {
-            ocr.pdf_page(bytes, index + 1, size).await.map(|p| vec![p])
+    let (read, index) = match *scan {
+        Scan::ImagePage { kind, index, size } => {
+            (ocr.image_page(bytes, kind, index, size).await, index)
         }
+        Scan::PdfPage { index, size } => (ocr.pdf_page(bytes, index + 1, size).await, index),
     };
-    let pages = read.map_err(|e| match e {
+    let page = read.map_err(|e| match e {
         OcrError::TimedOut { .. } | OcrError::TooManyWords { .. } => refused(e.to_string()),
         OcrError::Failed(why) | OcrError::Unavailable(why) => ExtractError::Unavailable(why),
     })?;
-    let document = reading.document.pages.get_or_insert_with(Vec::new);
-    match *scan {
-        Scan::Image { .. } => document.extend(pages),
-        Scan::PdfPage { index, .. } => {
-            if let (Some(slot), Some(page)) = (document.get_mut(index), pages.into_iter().next()) {
-                *slot = page;
-            }
-        }
+    // The page's place was kept for it, blank.
+    let pages = reading.document.pages.get_or_insert_with(Vec::new);
+    if let Some(slot) = pages.get_mut(index) {
+        *slot = page;
     }
     Ok(())
 }

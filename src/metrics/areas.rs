@@ -28,8 +28,8 @@ pub struct JobMetrics {
     pub extraction_duration: HistogramVec,
     /// `docstream_bbox_refinement_duration_seconds`.
     pub bbox_duration: Histogram,
-    /// `docstream_ocr_page_seconds`: time OCR took on one page, rendering
-    /// included (a multi-page image: its pages' mean).
+    /// `docstream_ocr_page_seconds`: time OCR took on one page, its
+    /// rendering and preparation included.
     pub ocr_page_duration: Histogram,
     /// `docstream_recovery_seconds{claim}`: from lease expiry or orphaning to the
     /// claim that recovered the job.
@@ -88,7 +88,7 @@ impl JobMetrics {
             ocr_page_duration: histogram(
                 registry,
                 "docstream_ocr_page_seconds",
-                "Time OCR took on one page, rendering included.",
+                "Time OCR took on one page, its rendering and preparation included.",
                 &[0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 60.0],
             ),
             recovery: histogram_vec(

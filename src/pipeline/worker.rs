@@ -329,22 +329,15 @@ impl ExtractionWorker {
             let bytes = bytes.clone();
             async move {
                 let ocr = ocr.expect("scans are read only with OCR on");
-                let pages = match scan {
-                    files::Scan::Image { pages } => pages.max(1),
-                    files::Scan::PdfPage { .. } => 1,
-                };
-                // The engine stops itself at the limit; the pool's budget
-                // is a backstop a little past it.
-                let budget = ocr.page_timeout * pages as u32 + Duration::from_secs(1);
+                // The page stops itself at its limit; the pool's budget is
+                // a backstop a little past it.
+                let budget = ocr.page_timeout + Duration::from_secs(1);
                 let _slot = services.extractors.ocr_slot(job.lane).await;
                 let started = std::time::Instant::now();
                 let read = |_| files::read_scan(ocr, bytes, &scan, &mut reading);
                 services.cpu.run_apart(budget, read).await?;
-                let metrics = &services.metrics.jobs;
-                let seconds = started.elapsed().as_secs_f64() / pages as f64;
-                for _ in 0..pages {
-                    metrics.ocr_page_duration.observe(seconds);
-                }
+                let seconds = started.elapsed().as_secs_f64();
+                services.metrics.jobs.ocr_page_duration.observe(seconds);
                 Ok(reading)
             }
         };
