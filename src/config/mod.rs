@@ -64,6 +64,10 @@ const RETIRED_ASYNC_TIMEOUT: &str = "DOCSTREAM_ASYNC_TIMEOUT_S";
 /// within it.
 pub const MAX_API_KEY_CACHE_S: f64 = 5.0;
 
+/// The most pages `DOCSTREAM_MAX_PAGES` may allow: the API describes a page
+/// number as at most this.
+pub const MAX_PAGES: usize = 65_535;
+
 /// Declares the settings once: field, type, default, variable, and the
 /// rules of the one setting (see [`rules`]). It generates the struct, its
 /// defaults, reading the environment, writing it back ([`Settings::to_env`])
@@ -322,7 +326,7 @@ settings! {
     max_anchor_bytes: usize = RequestLimits::DEFAULT.anchor_bytes, env "DOCSTREAM_MAX_ANCHOR_BYTES", at_least(1);
     /// Most pages of one document. 1,000 pages of OCR words do not fit the
     /// body limit anyway; the cap keeps an empty-page flood out.
-    max_pages: usize = RequestLimits::DEFAULT.pages, env "DOCSTREAM_MAX_PAGES", at_least(1);
+    max_pages: usize = RequestLimits::DEFAULT.pages, env "DOCSTREAM_MAX_PAGES", within(1, MAX_PAGES);
     /// Most words on one page. A dense A4 page has about 1,000; 10,000 is ten
     /// times that.
     max_words_per_page: usize = RequestLimits::DEFAULT.words_per_page, env "DOCSTREAM_MAX_WORDS_PER_PAGE", at_least(1);

@@ -32,9 +32,9 @@ pub(super) fn at_most<T: PartialOrd + Display>(max: T) -> impl Fn(&T) -> Verdict
     move |v| ok_if(*v <= max, || format!("must be at most {max}"))
 }
 
-pub(super) fn within(min: f64, max: f64) -> impl Fn(&f64) -> Verdict {
+pub(super) fn within<T: PartialOrd + Display>(min: T, max: T) -> impl Fn(&T) -> Verdict {
     move |v| {
-        ok_if((min..=max).contains(v), || {
+        ok_if(min <= *v && *v <= max, || {
             format!("must be between {min} and {max}")
         })
     }

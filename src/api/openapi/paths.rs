@@ -553,8 +553,8 @@ fn job_page() -> Value {
                         404.",
         "parameters": [id_parameter(), {
             "name": "page", "in": "path", "required": true,
-            "description": "The page, from 0.",
-            "schema": {"type": "integer", "minimum": 0},
+            "description": "The page, from 0 (no file has more pages than this maximum).",
+            "schema": {"type": "integer", "minimum": 0, "maximum": crate::config::MAX_PAGES - 1},
         }],
         "responses": answers(json!({
             "200": {
