@@ -305,24 +305,11 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
         scored.boxed += 1;
         let bbox: Option<[f64; 4]> = serde_json::from_value(got["bbox"].clone()).ok();
         let on_page = got["page"].as_u64() == Some(want.page as u64);
-        if bbox.is_some_and(|b| on_page && iou(b, truth_box) >= 0.5) {
+        if bbox.is_some_and(|b| on_page && docstream::extract::iou(b, truth_box) >= 0.5) {
             scored.overlapping += 1;
         }
     }
     scored
-}
-
-/// The area two boxes share over the area they cover together.
-fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
-    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
-    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let area = |r: [f64; 4]| (r[2] - r[0]).max(0.0) * (r[3] - r[1]).max(0.0);
-    let shared = w * h;
-    let total = area(a) + area(b) - shared;
-    match total > 0.0 {
-        true => shared / total,
-        false => 0.0,
-    }
 }
 
 /// CPU seconds (user and system) this process has used, and those of its

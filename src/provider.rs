@@ -26,12 +26,12 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{Document, ExtractionRequest, RequestLimits};
+use crate::config::Settings;
+use crate::domain::{Document, ExtractionRequest};
 use crate::extract::protocol::{CallBody, ErrorBody, FileRef, ResultBody};
 use crate::extract::{find_fields, Deadline, ExtractError, RuleBudget};
-use crate::files::image::ImageLimits;
 use crate::files::ocr::OcrSettings;
-use crate::files::{self, pdf::PdfLimits, FileType, ReadLimits};
+use crate::files::{self, FileType, ReadLimits};
 
 /// How the reference provider behaves.
 #[derive(Debug, Clone, clap::Args)]
@@ -55,24 +55,16 @@ pub struct ProviderArgs {
 }
 
 impl ProviderArgs {
-    /// How this provider reads pages without text, if it does.
-    fn ocr(&self) -> Option<OcrSettings> {
-        (!self.ocr_tesseract.is_empty()).then(|| OcrSettings {
-            tesseract: self.ocr_tesseract.clone().into(),
-            pdftoppm: "pdftoppm".into(),
-            convert: "convert".into(),
-            languages: self.ocr_languages.clone(),
-            dpi: 300,
-            max_pixels: MAX_PIXELS,
-            page_timeout: Duration::from_secs(60),
-            memory_bytes: 1 << 30,
-            words_per_page: RequestLimits::DEFAULT.words_per_page,
-        })
+    /// The settings this provider reads files within: a deployment's
+    /// defaults, with its OCR program and languages.
+    fn settings(&self) -> Settings {
+        Settings {
+            ocr_tesseract: self.ocr_tesseract.clone(),
+            ocr_languages: self.ocr_languages.clone(),
+            ..Settings::default()
+        }
     }
 }
-
-/// Most pixels on a page of an image the provider reads.
-const MAX_PIXELS: u64 = 50_000_000;
 
 /// The path calls are posted to.
 pub const PATH: &str = "/extract";
@@ -128,7 +120,7 @@ async fn extract(
     tokio::time::sleep(Duration::from_millis(args.latency_ms)).await;
     let (document, from_file) = match (call.document, call.file) {
         (Some(document), _) => (document.into_owned(), false),
-        (None, Some(file)) => match read_file(&file, args.ocr()).await {
+        (None, Some(file)) => match read_file(&file, &args.settings()).await {
             Ok(document) => (document, true),
             Err(response) => return response,
         },
@@ -180,13 +172,10 @@ async fn extract(
     }
 }
 
-/// Most bytes of a file the reference provider fetches.
-const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
-
-/// Fetches a call's file and reads its document, or the answer that
-/// refuses it: a URL that does not answer its bytes is retried (503), a
-/// file it cannot read refused (422).
-async fn read_file(file: &FileRef, ocr: Option<OcrSettings>) -> Result<Document, Response> {
+/// Fetches a call's file and reads its document within `settings`' limits,
+/// or the answer that refuses it: a URL that does not answer its bytes is
+/// retried (503), a file it cannot read refused (422).
+async fn read_file(file: &FileRef, settings: &Settings) -> Result<Document, Response> {
     let unavailable = |message: String| error(StatusCode::SERVICE_UNAVAILABLE, message);
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -201,27 +190,17 @@ async fn read_file(file: &FileRef, ocr: Option<OcrSettings>) -> Result<Document,
     }
     let bytes = response.bytes().await;
     let bytes = bytes.map_err(|e| unavailable(format!("fetching the file failed: {e}")))?;
-    if bytes.len() > MAX_FILE_BYTES {
-        let message = format!("the file is larger than {MAX_FILE_BYTES} bytes");
+    if bytes.len() > settings.file_max_bytes {
+        let limit = settings.file_max_bytes;
+        let message = format!("the file is larger than {limit} bytes");
         return Err(error(StatusCode::UNPROCESSABLE_ENTITY, message));
     }
     let Some(kind) = FileType::sniff(&bytes) else {
         let message = "the file is of a kind this provider does not read".to_owned();
         return Err(error(StatusCode::UNPROCESSABLE_ENTITY, message));
     };
-    let limits = ReadLimits {
-        pdf: PdfLimits {
-            pages: RequestLimits::DEFAULT.pages,
-            inflated_bytes: 128 * 1024 * 1024,
-            words_per_page: RequestLimits::DEFAULT.words_per_page,
-            content_objects: 1_000_000,
-        },
-        text_words: RequestLimits::DEFAULT.text_words,
-        image: ImageLimits {
-            pixels: MAX_PIXELS,
-            pages: RequestLimits::DEFAULT.pages,
-        },
-    };
+    let limits = ReadLimits::of(settings);
+    let ocr = (!settings.ocr_tesseract.is_empty()).then(|| OcrSettings::of(settings));
     match files::read_all(kind, bytes, &limits, ocr.as_ref()).await {
         Ok(document) => Ok(document),
         Err(ExtractError::Refused { message, .. }) => {

@@ -105,16 +105,12 @@ async fn a_scanned_job(env: &TestEnv, base: &str) -> String {
         env!("CARGO_MANIFEST_DIR"),
         "/samples/files/invoice-northwind.pdf"
     );
-    let rendered = std::process::Command::new("pdftoppm")
-        .args(["-r", "150", "-png", "-singlefile", pdf])
-        .output()
-        .expect("pdftoppm (poppler-utils, which scripts/test.sh installs)");
-    assert!(rendered.status.success());
+    let scan = common::scans::render(&std::fs::read(pdf).unwrap(), 150, "png");
     let client = env.client();
     let file: serde_json::Value = client
         .post(format!("{base}/v1/files"))
         .header("content-type", "image/png")
-        .body(rendered.stdout)
+        .body(scan)
         .send()
         .await
         .unwrap()

@@ -10,6 +10,7 @@ mod common;
 
 use std::path::Path;
 
+use common::scans::render;
 use common::TestEnv;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -1488,26 +1489,6 @@ fn png_header(width: u32, height: u32) -> Vec<u8> {
     png
 }
 
-/// The first page of `pdf` as a scanner gives it: rendered by poppler at
-/// `dpi`, as `format` (`png`, `jpeg`, or `gray`: a PGM of 8-bit grey).
-fn render(pdf: &[u8], dpi: u32, format: &str) -> Vec<u8> {
-    use std::io::Write;
-    let mut child = std::process::Command::new("pdftoppm")
-        .args(["-r", &dpi.to_string(), "-f", "1", "-l", "1"])
-        .args([&format!("-{format}"), "-singlefile", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("pdftoppm (poppler-utils, which scripts/test.sh installs)");
-    let mut stdin = child.stdin.take().unwrap();
-    let pdf = pdf.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&pdf));
-    let output = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(output.status.success(), "pdftoppm failed");
-    output.stdout
-}
-
 /// `pdf` with its page turned 90° clockwise, as a page scanned on its side
 /// (poppler reads past the offsets this moves).
 fn turned(pdf: &[u8]) -> Vec<u8> {
@@ -1607,15 +1588,6 @@ fn tiff_of(pgms: &[Vec<u8>]) -> Vec<u8> {
         tiff.extend(0u32.to_le_bytes());
     }
     tiff
-}
-
-/// The area two boxes share over the area they cover.
-fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
-    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
-    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let area = |r: [f64; 4]| (r[2] - r[0]) * (r[3] - r[1]);
-    let shared = w * h;
-    shared / (area(a) + area(b) - shared)
 }
 
 /// What the rule extractor finds in the words sample `sample` drew, and
@@ -1731,7 +1703,7 @@ async fn scans_are_read_by_ocr_and_grounded_on_the_page_as_uploaded() {
             let got = &grounded[field];
             assert_eq!(got["page"], *page, "{what}: {field}: {got}");
             let bbox: [f64; 4] = serde_json::from_value(got["bbox"].clone()).unwrap();
-            let overlap = iou(bbox, to_scan(truth.bbox));
+            let overlap = docstream::extract::iou(bbox, to_scan(truth.bbox));
             assert!(
                 overlap >= 0.5,
                 "{what}: {field}: {bbox:?} vs {:?} (IoU {overlap:.2})",

@@ -210,7 +210,13 @@ async fn drive(
     // The PDFs as files: read by the built-in rules (an extractor of the
     // protocol's version 1 takes documents as JSON only).
     let mut ids: Vec<Uuid> = stream::iter(&files)
-        .map(|file| submit_file(client, base, file))
+        .map(|file| {
+            let name = format!("{}.pdf", file.name);
+            async move {
+                let pdf = (name.as_str(), "application/pdf", file.pdf);
+                submit_multipart(client, base, &file.request, pdf).await
+            }
+        })
         .buffer_unordered(args.concurrency.max(1))
         .inspect(|_| progress.submitted())
         .collect::<Vec<_>>()
@@ -219,7 +225,15 @@ async fn drive(
         .collect::<anyhow::Result<_>>()?;
     // The scans: read by OCR, as a scanned or photographed page would be.
     let scanned: Vec<Uuid> = stream::iter(scans)
-        .map(|(file, png)| submit_scan(client, base, file, png))
+        .map(|(file, png)| {
+            let name = format!("{}.scan.png", file.name);
+            let mut request = file.request.clone();
+            request["metadata"]["scan"] = serde_json::json!(true);
+            async move {
+                let png = (name.as_str(), "image/png", png.as_slice());
+                submit_multipart(client, base, &request, png).await
+            }
+        })
         .buffer_unordered(args.concurrency.max(1))
         .inspect(|_| progress.submitted())
         .collect::<Vec<_>>()
@@ -289,28 +303,6 @@ async fn scans_of(ocr: &OcrSettings, files: Vec<samples::SampleFile>) -> anyhow:
     Ok(scans)
 }
 
-/// Submits the scan `png` of `file` as `multipart/form-data`, with the
-/// file's request.
-async fn submit_scan(
-    client: &reqwest::Client,
-    base: &str,
-    file: &samples::SampleFile,
-    png: &[u8],
-) -> anyhow::Result<Uuid> {
-    let name = format!("{}.scan.png", file.name);
-    let mut request = file.request.clone();
-    request["metadata"]["scan"] = serde_json::json!(true);
-    let (content_type, body) = multipart_body(&request, &name, "image/png", png)?;
-    let response = client
-        .post(format!("{base}/v1/extractions"))
-        .header(reqwest::header::CONTENT_TYPE, content_type)
-        .body(body)
-        .send()
-        .await
-        .with_context(|| format!("submitting the scan of {}", file.name))?;
-    accepted(response).await
-}
-
 async fn submit(
     client: &reqwest::Client,
     base: &str,
@@ -325,21 +317,22 @@ async fn submit(
     accepted(response).await
 }
 
-/// Submits `file` as `multipart/form-data`: its request and its PDF.
-async fn submit_file(
+/// Submits `request` with `file`, named `name` and of `media_type`, as
+/// `multipart/form-data`.
+async fn submit_multipart(
     client: &reqwest::Client,
     base: &str,
-    file: &samples::SampleFile,
+    request: &serde_json::Value,
+    (name, media_type, file): (&str, &str, &[u8]),
 ) -> anyhow::Result<Uuid> {
-    let name = format!("{}.pdf", file.name);
-    let (content_type, body) = multipart_body(&file.request, &name, "application/pdf", file.pdf)?;
+    let (content_type, body) = multipart_body(request, name, media_type, file)?;
     let response = client
         .post(format!("{base}/v1/extractions"))
         .header(reqwest::header::CONTENT_TYPE, content_type)
         .body(body)
         .send()
         .await
-        .with_context(|| format!("submitting the sample file {}", file.name))?;
+        .with_context(|| format!("submitting the sample file {name}"))?;
     accepted(response).await
 }
 

@@ -84,10 +84,34 @@ fn union(a: [f64; 4], b: [f64; 4]) -> [f64; 4] {
     ]
 }
 
+/// How well two boxes agree: the area they share over the area they cover
+/// together (0 for boxes that do not meet or have no area). `docstream
+/// eval` counts a box right at 0.5 or more.
+pub fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let area = |r: [f64; 4]| (r[2] - r[0]).max(0.0) * (r[3] - r[1]).max(0.0);
+    let shared = w * h;
+    let total = area(a) + area(b) - shared;
+    match total > 0.0 {
+        true => shared / total,
+        false => 0.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::extract::ExtractedValue;
+
+    #[test]
+    fn iou_of_boxes_that_meet_apart_or_have_no_area() {
+        let a = [0.0, 0.0, 10.0, 10.0];
+        assert_eq!(iou(a, a), 1.0);
+        assert_eq!(iou(a, [5.0, 0.0, 15.0, 10.0]), 50.0 / 150.0);
+        assert_eq!(iou(a, [20.0, 20.0, 30.0, 30.0]), 0.0);
+        assert_eq!(iou([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]), 0.0);
+    }
 
     #[test]
     fn union_box_on_the_first_page() {

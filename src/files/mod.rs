@@ -256,19 +256,7 @@ impl Files {
             location: Location::of(settings),
             store: OnceCell::new(),
             max_bytes: settings.file_max_bytes,
-            read: ReadLimits {
-                pdf: PdfLimits {
-                    pages: settings.max_pages,
-                    inflated_bytes: settings.file_max_inflated_bytes,
-                    words_per_page: settings.max_words_per_page,
-                    content_objects: settings.file_max_content_objects,
-                },
-                text_words: settings.max_text_words,
-                image: ImageLimits {
-                    pixels: settings.ocr_max_pixels as u64,
-                    pages: settings.max_pages,
-                },
-            },
+            read: ReadLimits::of(settings),
             reader: match settings.pdf_reader.as_str() {
                 // Resolved now: the binary may be replaced on disk while
                 // this process runs.
@@ -658,6 +646,25 @@ pub struct ReadLimits {
     pub text_words: usize,
     /// What an image may be.
     pub image: ImageLimits,
+}
+
+impl ReadLimits {
+    /// The limits `settings` set.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            pdf: PdfLimits {
+                pages: settings.max_pages,
+                inflated_bytes: settings.file_max_inflated_bytes,
+                words_per_page: settings.max_words_per_page,
+                content_objects: settings.file_max_content_objects,
+            },
+            text_words: settings.max_text_words,
+            image: ImageLimits {
+                pixels: settings.ocr_max_pixels as u64,
+                pages: settings.max_pages,
+            },
+        }
+    }
 }
 
 /// Refuses a text file of more than `limit` words (runs of

@@ -8,9 +8,10 @@
 //! three-node Kafka cluster: who leads what),
 //! [`process`] (children, signals, waiting), [`kafka`] (reading topics,
 //! offsets, watermarks), [`ws`] (WebSocket clients), [`jobs`] (jobs and
-//! counts), [`provider`] (a fake extraction provider) and [`workers`] (worker
-//! processes with external extractors). Everything is
-//! re-exported here, so tests import from `common` directly.
+//! counts), [`provider`] (a fake extraction provider), [`scans`] (the
+//! samples as scans) and [`workers`] (worker processes with external
+//! extractors). Most is re-exported here, so tests import from `common`
+//! directly.
 #![allow(dead_code)]
 
 pub mod cluster;
@@ -22,6 +23,7 @@ pub mod jobs;
 pub mod kafka;
 pub mod process;
 pub mod provider;
+pub mod scans;
 pub mod workers;
 pub mod ws;
 
