@@ -29,6 +29,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::bench::procs;
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
 
@@ -157,13 +158,31 @@ pub async fn run(
     let stop = shutdown.child_token();
     let pipeline = tokio::spawn(roles::run(services, mix, Some(listener), stop.clone()));
     let client = crate::demo::api_client(&key.api_key)?;
+    let sampling = CancellationToken::new();
+    let children = tokio::spawn(children_peak_rss_mib(sampling.clone()));
     let scored = evaluate(&client, &base, &args, &truths, &shutdown).await;
+    sampling.cancel();
+    let memory = Memory {
+        pipeline_mib: procs::peak_rss_mib_of(std::process::id())?,
+        child_mib: children.await?,
+    };
     stop.cancel();
     pipeline.await??;
     docstream::store::tenants::revoke_key(&pool, key.key_id).await?;
     let (by_document, cpu_s, ocr_cpu_s) = scored?;
     report(&truths, &by_document, cpu_s, ocr_cpu_s);
+    println!(
+        "peak resident memory: {:.1} MiB this process (the API, the worker and the bbox worker \
+         together), {:.1} MiB the largest child (one page's OCR engine, ImageMagick or poppler)",
+        memory.pipeline_mib, memory.child_mib
+    );
     check_targets(&args, &truths, &by_document)
+}
+
+/// The peak resident memory of an evaluation, MiB.
+struct Memory {
+    pipeline_mib: f64,
+    child_mib: f64,
 }
 
 /// Every truth of the folder, in name order, of the variants asked for.
@@ -313,28 +332,29 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
 }
 
 /// CPU seconds (user and system) this process has used, and those of its
-/// children that ended (the OCR engine, the PDF reader), from
-/// `/proc/self/stat`.
+/// children that ended (the OCR engine, the PDF reader).
 fn cpu_seconds() -> anyhow::Result<(f64, f64)> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Past the command's name, which may hold spaces: fields 14 to 17
-    // (utime, stime, cutime, cstime), in clock ticks.
-    let rest = stat
-        .rsplit_once(')')
-        .context("an unreadable /proc/self/stat")?
-        .1;
-    let fields: Vec<f64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|f| f.parse().unwrap_or(0.0))
-        .collect();
-    anyhow::ensure!(fields.len() == 4, "an unreadable /proc/self/stat");
-    // Linux reports in USER_HZ, 100 on every platform it runs on.
-    let tick = 100.0;
-    let own = (fields[0] + fields[1]) / tick;
-    let children = (fields[2] + fields[3]) / tick;
-    Ok((own + children, children))
+    let times = procs::cpu_of(std::process::id())?;
+    Ok((times.own + times.reaped_children, times.reaped_children))
+}
+
+/// The largest peak resident set size of this process's children (the OCR
+/// engine, ImageMagick, poppler, the PDF reader), MiB: sampled every 20 ms
+/// until `stop`, each child's own peak so far, so a child's peak counts
+/// when it lives 20 ms or more.
+async fn children_peak_rss_mib(stop: CancellationToken) -> f64 {
+    let me = std::process::id();
+    let mut peak: f64 = 0.0;
+    while !stop.is_cancelled() {
+        for child in procs::children_of(me) {
+            peak = peak.max(procs::peak_rss_mib_of(child).unwrap_or(0.0));
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    peak
 }
 
 /// The tables: by kind, by variant, and the whole.

@@ -23,7 +23,7 @@ mod files;
 mod history;
 mod pipeline;
 mod postgres;
-mod procs;
+pub(crate) mod procs;
 mod report;
 mod saturation;
 

@@ -38,6 +38,39 @@ pub fn cpu_of(pid: u32) -> anyhow::Result<CpuTimes> {
     })
 }
 
+/// Peak resident set size of process `pid` over its life so far (VmHWM),
+/// MiB.
+pub fn peak_rss_mib_of(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM")?;
+    Ok(kib / 1024.0)
+}
+
+/// The live children of process `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parent = |child: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        // The 4th field overall, the 2nd after the parenthesised command.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| parent(child) == Some(pid))
+        .collect()
+}
+
 /// The processes on this machine whose command line contains `needle`.
 pub fn pids_matching(needle: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -125,13 +158,7 @@ impl Proc {
 
     /// Peak resident set size (VmHWM), MiB.
     pub fn peak_rss_mib(&self) -> anyhow::Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
-        let kib: f64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmHWM")?;
-        Ok(kib / 1024.0)
+        peak_rss_mib_of(self.pid)
     }
 
     /// The cost since `cpu_at_start` (from [`cpu_s`](Self::cpu_s)).
