@@ -111,6 +111,8 @@ struct Scored {
     per_page: Vec<f64>,
     /// Documents that failed outright.
     failed: usize,
+    /// The fields read wrong, a line each.
+    misses: Vec<String>,
     documents: usize,
 }
 
@@ -241,6 +243,9 @@ async fn evaluate(
         if score.failed > 0 {
             println!("{name}: {}: {}", job["status"], job["error"]);
         }
+        for miss in &score.misses {
+            println!("{name}: {miss}");
+        }
         scored.push(score);
     }
     let after = cpu_seconds()?;
@@ -313,11 +318,16 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
         if got["needs_review"] == true {
             scored.needs_review += 1;
         }
+        let want_value = want.as_ref().map(|w| w.value.as_str());
+        match value == want_value {
+            true => scored.exact += 1,
+            false => scored
+                .misses
+                .push(format!("{name}: read {value:?}, truth {want_value:?}")),
+        }
         let Some(want) = want else {
-            scored.exact += usize::from(value.is_none());
             continue;
         };
-        scored.exact += usize::from(value == Some(want.value.as_str()));
         let Some(truth_box) = want.bbox else {
             continue;
         };
