@@ -164,10 +164,8 @@ pub async fn run(
     let children = tokio::spawn(children_peak_rss_mib(sampling.clone()));
     let scored = evaluate(&client, &base, &args, &truths, &shutdown).await;
     sampling.cancel();
-    let memory = Memory {
-        pipeline_mib: procs::peak_rss_mib_of(std::process::id())?,
-        child_mib: children.await?,
-    };
+    let pipeline_mib = procs::peak_rss_mib_of(std::process::id())?;
+    let child_mib = children.await?;
     stop.cancel();
     pipeline.await??;
     docstream::store::tenants::revoke_key(&pool, key.key_id).await?;
@@ -176,15 +174,9 @@ pub async fn run(
     println!(
         "peak resident memory: {:.1} MiB this process (the API, the worker and the bbox worker \
          together), {:.1} MiB the largest child (one page's OCR engine, ImageMagick or poppler)",
-        memory.pipeline_mib, memory.child_mib
+        pipeline_mib, child_mib
     );
     check_targets(&args, &truths, &by_document)
-}
-
-/// The peak resident memory of an evaluation, MiB.
-struct Memory {
-    pipeline_mib: f64,
-    child_mib: f64,
 }
 
 /// Every truth of the folder, in name order, of the variants asked for.

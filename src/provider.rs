@@ -73,7 +73,7 @@ pub const PATH: &str = "/extract";
 pub fn router(args: &ProviderArgs) -> Router {
     Router::new()
         .route(PATH, post(extract))
-        .with_state(Arc::new(args.clone()))
+        .with_state(Arc::new((args.clone(), args.settings())))
 }
 
 /// Serves on `listener` until `shutdown`, letting calls in progress finish.
@@ -97,10 +97,11 @@ pub async fn run(args: ProviderArgs, shutdown: CancellationToken) -> std::io::Re
 }
 
 async fn extract(
-    State(args): State<Arc<ProviderArgs>>,
+    State(provider): State<Arc<(ProviderArgs, Settings)>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let (args, settings) = &*provider;
     if let Some(token) = &args.token {
         let expected = format!("Bearer {token}");
         let given = headers
@@ -120,7 +121,7 @@ async fn extract(
     tokio::time::sleep(Duration::from_millis(args.latency_ms)).await;
     let (document, from_file) = match (call.document, call.file) {
         (Some(document), _) => (document.into_owned(), false),
-        (None, Some(file)) => match read_file(&file, &args.settings()).await {
+        (None, Some(file)) => match read_file(&file, settings).await {
             Ok(document) => (document, true),
             Err(response) => return response,
         },

@@ -50,11 +50,18 @@ pub fn peak_rss_mib_of(pid: u32) -> anyhow::Result<f64> {
     Ok(kib / 1024.0)
 }
 
-/// The live children of process `pid`.
-pub fn children_of(pid: u32) -> Vec<u32> {
+/// Every process on this machine.
+fn pids() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
+/// The live children of process `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
     let parent = |child: u32| -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
         // The 4th field overall, the 2nd after the parenthesised command.
@@ -65,19 +72,16 @@ pub fn children_of(pid: u32) -> Vec<u32> {
             .parse()
             .ok()
     };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    pids()
+        .into_iter()
         .filter(|&child| parent(child) == Some(pid))
         .collect()
 }
 
 /// The processes on this machine whose command line contains `needle`.
 pub fn pids_matching(needle: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    pids()
+        .into_iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
