@@ -5,11 +5,15 @@
 # schema and queues N no-op jobs (untimed), then starts a worker with
 # concurrency C and times until the job table is empty.
 #
-#   scripts/bench/peer.sh --jobs N [--concurrency C] [--database-url URL]
+#   scripts/bench/peer.sh --jobs N [--mode noop|chain] [--concurrency C] [--database-url URL]
 #
 # --database-url defaults to $DATABASE_URL; the role must be able to create
-# databases.  Last stdout line, one JSON object:
-#   {"peer":"graphile-worker","version":"0.16.6","jobs":N,"concurrency":C,"seconds":S,"jobs_per_s":X}
+# databases.  --mode noop (the default) queues one-stage no-op jobs; --mode
+# chain queues N first-stage jobs whose task adds a second-stage job
+# (`helpers.addJob`), as graphile-worker's documentation chains work.  Last
+# stdout line, one JSON object:
+#   {"peer":"graphile-worker","version":"0.16.6","mode":M,"stages":1|2,"documents":N,
+#    "jobs":N*stages,"concurrency":C,"seconds":S,"jobs_per_s":X,"documents_per_s":D}
 # Progress goes to stderr; exits non-zero on failure.
 # graphile-worker is installed with `npm ci` into $REPO/.bench/peer (git-ignored).
 set -euo pipefail
@@ -20,16 +24,18 @@ DEST="$REPO/.bench/peer"
 
 die() { echo "peer.sh: $*" >&2; exit 1; }
 
-JOBS="" CONCURRENCY=16 DB_URL="${DATABASE_URL:-}"
+JOBS="" MODE=noop CONCURRENCY=16 DB_URL="${DATABASE_URL:-}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --jobs) JOBS="${2:-}"; shift 2 ;;
+        --mode) MODE="${2:-}"; shift 2 ;;
         --concurrency) CONCURRENCY="${2:-}"; shift 2 ;;
         --database-url) DB_URL="${2:-}"; shift 2 ;;
-        *) die "unknown argument '$1' (usage: --jobs N [--concurrency C] [--database-url URL])" ;;
+        *) die "unknown argument '$1' (usage: --jobs N [--mode noop|chain] [--concurrency C] [--database-url URL])" ;;
     esac
 done
 [[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || die "--jobs N (a positive integer) is required"
+[[ "$MODE" =~ ^(noop|chain)$ ]] || die "--mode must be noop or chain"
 [[ "$CONCURRENCY" =~ ^[1-9][0-9]*$ ]] || die "--concurrency must be a positive integer"
 [ -n "$DB_URL" ] || die "no database: pass --database-url or set DATABASE_URL"
 
@@ -50,5 +56,5 @@ if [ "$(cat "$DEST/.stamp" 2>/dev/null || true)" != "$stamp" ]; then
     echo "$stamp" > "$DEST/.stamp"
 fi
 
-exec env NODE_PATH="$DEST/node_modules" PEER_JOBS="$JOBS" PEER_CONCURRENCY="$CONCURRENCY" \
+exec env NODE_PATH="$DEST/node_modules" PEER_JOBS="$JOBS" PEER_CONCURRENCY="$CONCURRENCY" PEER_MODE="$MODE" \
     PEER_DATABASE_URL="$DB_URL" node "$SRC/run.js"

@@ -1,6 +1,6 @@
 //! The ceilings measured by other programs: Kafka's own perf tools and the peer
-//! job queue (graphile-worker), each run by its script in `scripts/bench/`,
-//! which prints one JSON object as its last line.
+//! job queues (graphile-worker, River), each run by its script in
+//! `scripts/bench/`, which prints one JSON object as its last line.
 
 use std::path::Path;
 
@@ -8,27 +8,28 @@ use anyhow::Context;
 use tokio::process::Command;
 
 /// Runs `scripts/bench/<script>` with `args`; returns its JSON answer. Its
-/// progress (stderr) goes to `<logs>/<script>.log`.
+/// progress (stderr) goes to `<logs>/<log>.log`.
 pub async fn run(
     scripts: &Path,
-    script: &str,
+    (script, log): (&str, &str),
     args: &[String],
     logs: &Path,
 ) -> anyhow::Result<serde_json::Value> {
     let path = scripts.join(script);
+    let log = logs.join(format!("{log}.log"));
     let output = Command::new("bash")
         .arg(&path)
         .args(args)
         .output()
         .await
         .with_context(|| format!("running {}", path.display()))?;
-    std::fs::write(logs.join(format!("{script}.log")), &output.stderr)?;
+    std::fs::write(&log, &output.stderr)?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     anyhow::ensure!(
         output.status.success(),
         "{script} failed ({}); see {}: {}",
         output.status,
-        logs.join(format!("{script}.log")).display(),
+        log.display(),
         String::from_utf8_lossy(&output.stderr)
             .lines()
             .last()

@@ -5,11 +5,13 @@
 //!
 //! Phases, in order: the Postgres ceiling (pgbench on docstream's own
 //! statements, one row and many rows per statement), the Kafka ceiling (Kafka's
-//! perf tools), the peers (graphile-worker and River burning down no-op jobs),
+//! perf tools), the peers (graphile-worker and River burning down no-op jobs,
+//! then two-stage chains, each the way its documentation chains jobs),
 //! docstream's burn-down, the same with two and three worker processes of each
 //! kind, docstream's steady state (by default at half the burn-down's rate),
 //! the saturation curve (0.5× to 3× the burn-down's rate over HTTP, and the
-//! recovery from 3×), the steady state through an
+//! recovery from 3×), what a refusal costs against an accepted submit, the
+//! steady state through an
 //! external extractor (`extractor-serve` with a fixed latency), and fairness
 //! between two tenants (one floods, one does not; with and without a cap).
 //! A refused submit is a row of the report, never the end of the run. Every phase runs on a scratch
@@ -24,6 +26,7 @@ mod history;
 mod pipeline;
 mod postgres;
 pub(crate) mod procs;
+mod refusals;
 mod report;
 mod saturation;
 
@@ -65,6 +68,9 @@ pub struct BenchArgs {
     /// Saturation: seconds of each offered load.
     #[arg(long, default_value_t = 15.0)]
     pub saturation_s: f64,
+    /// Refusals: seconds of each window (accepted, then refused).
+    #[arg(long, default_value_t = 5.0)]
+    pub refusal_s: f64,
     /// Saturation: the capacity the loads are multiples of, jobs/s (default:
     /// measured at the start of the phase by a closed loop).
     #[arg(long)]
@@ -145,7 +151,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 15)]
     pub file_jobs: usize,
     /// Phases to leave out: postgres, kafka, peer, river, burndown, scaling,
-    /// steady, saturation, provider, fairness, history.
+    /// steady, saturation, refusals, provider, fairness, history, files.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// A seconds-long run of every phase (sizes override the others), to check
@@ -167,6 +173,7 @@ impl BenchArgs {
             self.rate = Some(100.0);
             self.duration_s = 2.0;
             self.saturation_s = 1.0;
+            self.refusal_s = 1.0;
             self.pg_seconds = 1;
             self.kafka_records = 5_000;
             self.flood = 300;
@@ -208,7 +215,7 @@ impl BenchArgs {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 12] = [
+const PHASES: [&str; 13] = [
     "postgres",
     "kafka",
     "peer",
@@ -217,11 +224,20 @@ const PHASES: [&str; 12] = [
     "scaling",
     "steady",
     "saturation",
+    "refusals",
     "provider",
     "fairness",
     "history",
     "files",
 ];
+
+/// How graphile-worker runs: its no-op job, then two stages chained the way
+/// its documentation says (the first task's `helpers.addJob`), the same work
+/// as a docstream job's extraction and bbox refinement.
+const GRAPHILE_WORKER_MODES: [&str; 2] = ["noop", "chain"];
+/// How River runs: its no-op job, then both chains its documentation gives
+/// (`Insert` from the first worker; `InsertTx` with `JobCompleteTx`).
+const RIVER_MODES: [&str; 3] = ["noop", "chain", "chain-tx"];
 
 /// The steady rate when neither `--rate` nor a burn-down gives one.
 const FALLBACK_RATE: f64 = 300.0;
@@ -244,10 +260,17 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         report.kafka = Some(kafka_ceiling(&args, &logs).await?);
     }
     if args.runs("peer") {
-        report.peer = Some(graphile_worker(&settings, &args, &logs).await?);
+        for mode in GRAPHILE_WORKER_MODES {
+            let answer = graphile_worker(&settings, &args, mode, &logs).await?;
+            report.peer.push(answer);
+        }
     }
     if args.runs("river") {
-        report.river = Some(river(&settings, &args, &logs).await?);
+        for mode in RIVER_MODES {
+            report
+                .river
+                .push(river(&settings, &args, mode, &logs).await?);
+        }
     }
     // Each burn-down starts from a fresh database and fresh topics, so that
     // none inherits the dead rows, the vacuum debt and the bigger indexes of
@@ -266,7 +289,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             report.scaling.push(outcome?);
         }
     }
-    if ["steady", "saturation", "provider"]
+    if ["steady", "saturation", "refusals", "provider"]
         .iter()
         .any(|phase| args.runs(phase))
     {
@@ -361,35 +384,42 @@ async fn kafka_ceiling(args: &BenchArgs, logs: &Path) -> anyhow::Result<serde_js
     let records = ["--records".into(), args.kafka_records.to_string()];
     let size = ["--record-size".into(), args.record_size.to_string()];
     let name = "kafka ceiling (perf tools)";
-    external_phase(args, name, "kafka.sh", &[records, size], logs).await
+    let script = ("kafka.sh", "kafka");
+    external_phase(args, name, script, &[records, size], logs).await
 }
 
-/// graphile-worker's burn-down (`peer.sh`).
+/// graphile-worker's burn-down (`peer.sh`) of `--jobs` documents in `mode`.
 async fn graphile_worker(
     settings: &Settings,
     args: &BenchArgs,
+    mode: &str,
     logs: &Path,
 ) -> anyhow::Result<serde_json::Value> {
     let jobs = ["--jobs".into(), args.jobs.to_string()];
+    let how = ["--mode".into(), mode.to_owned()];
     let concurrency = ["--concurrency".into(), args.peer_concurrency.to_string()];
     let database = ["--database-url".into(), settings.database_url.clone()];
-    let name = "peer: graphile-worker burn-down";
-    let options = [jobs, concurrency, database];
-    external_phase(args, name, "peer.sh", &options, logs).await
+    let name = format!("peer: graphile-worker burn-down, {mode}");
+    let options = [jobs, how, concurrency, database];
+    let script = ("peer.sh", &*format!("peer-{mode}"));
+    external_phase(args, &name, script, &options, logs).await
 }
 
-/// River's burn-down (`river.sh`).
+/// River's burn-down (`river.sh`) of `--jobs` documents in `mode`.
 async fn river(
     settings: &Settings,
     args: &BenchArgs,
+    mode: &str,
     logs: &Path,
 ) -> anyhow::Result<serde_json::Value> {
     let jobs = ["--jobs".into(), args.jobs.to_string()];
+    let how = ["--mode".into(), mode.to_owned()];
     let workers = ["--max-workers".into(), args.river_max_workers.to_string()];
     let database = ["--database-url".into(), settings.database_url.clone()];
-    let name = "peer: River burn-down";
-    let options = [jobs, workers, database];
-    external_phase(args, name, "river.sh", &options, logs).await
+    let name = format!("peer: River burn-down, {mode}");
+    let options = [jobs, how, workers, database];
+    let script = ("river.sh", &*format!("river-{mode}"));
+    external_phase(args, &name, script, &options, logs).await
 }
 
 /// The steady state and the steady state through extractor-serve (each
@@ -424,6 +454,12 @@ async fn steady_states(
         let outcome = saturation::saturation(&rig, capacity, seconds, mix, &bar).await;
         bar.finish();
         report.saturation = Some(outcome?);
+    }
+    if args.runs("refusals") {
+        let bar = spinner("refusals: CPU of a 503 against a 202");
+        let outcome = refusals::refusals(&rig, args.refusal_s).await;
+        bar.finish();
+        report.refusals = Some(outcome?);
     }
     if args.runs("provider") {
         let bar = phase_bar("steady state through extractor-serve", 0);
@@ -493,11 +529,12 @@ async fn fresh_burn_down(
     outcome
 }
 
-/// Runs `scripts/<script>` with `options` (flag, value) under a spinner.
+/// Runs `scripts/<script>` with `options` (flag, value) under a spinner;
+/// `script` is the script and the name of its log.
 async fn external_phase(
     args: &BenchArgs,
     name: &str,
-    script: &str,
+    script: (&str, &str),
     options: &[[String; 2]],
     logs: &Path,
 ) -> anyhow::Result<serde_json::Value> {

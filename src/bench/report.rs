@@ -11,6 +11,7 @@ use super::external::number;
 use super::fairness::{Fairness, Run};
 use super::pipeline::{BurnDown, Hop, Latency, ProviderSteady, StatementCost, Steady};
 use super::postgres::PgCeiling;
+use super::refusals::{Refusals, REFUSAL_SHARE};
 use super::saturation::{Saturation, RECOVERED_P99_MS};
 use super::BenchArgs;
 
@@ -76,10 +77,12 @@ pub struct Report {
     pub postgres: Vec<PgCeiling>,
     /// Kafka's perf tools (`scripts/bench/kafka.sh`).
     pub kafka: Option<serde_json::Value>,
-    /// graphile-worker (`scripts/bench/peer.sh`).
-    pub peer: Option<serde_json::Value>,
-    /// River (`scripts/bench/river.sh`).
-    pub river: Option<serde_json::Value>,
+    /// graphile-worker (`scripts/bench/peer.sh`), one answer per mode: its
+    /// no-op job, then its two-stage chain.
+    pub peer: Vec<serde_json::Value>,
+    /// River (`scripts/bench/river.sh`), one answer per mode: its no-op job,
+    /// then its two chains.
+    pub river: Vec<serde_json::Value>,
     /// docstream draining a queued backlog.
     pub burn_down: Option<BurnDown>,
     /// The same with two and three processes of each worker kind.
@@ -88,6 +91,8 @@ pub struct Report {
     pub steady: Option<Steady>,
     /// docstream under 0.5× to 3× its capacity, and its recovery.
     pub saturation: Option<Saturation>,
+    /// What a refusal costs against an accepted submit.
+    pub refusals: Option<Refusals>,
     /// The same through an external extractor with a fixed latency.
     pub provider: Option<ProviderSteady>,
     /// One tenant's flood and another's steady jobs: without A's cap, then with it.
@@ -110,12 +115,13 @@ impl Report {
             smoke: args.smoke,
             postgres: Vec::new(),
             kafka: None,
-            peer: None,
-            river: None,
+            peer: Vec::new(),
+            river: Vec::new(),
             burn_down: None,
             scaling: Vec::new(),
             steady: None,
             saturation: None,
+            refusals: None,
             provider: None,
             fairness: Vec::new(),
             history: None,
@@ -126,8 +132,9 @@ impl Report {
 
     /// Computes the ratios and checks from what was measured.
     pub(super) fn finish(&mut self) {
-        let rate = |peer: &Option<serde_json::Value>| {
-            peer.as_ref().and_then(|p| number(p, "jobs_per_s").ok())
+        let rate = |runs: &[serde_json::Value]| {
+            let noop = runs.iter().find(|r| r["mode"] == "noop")?;
+            number(noop, "jobs_per_s").ok()
         };
         self.machine.graphile_worker_jobs_per_s = rate(&self.peer);
         self.machine.river_jobs_per_s = rate(&self.river);
@@ -140,6 +147,9 @@ impl Report {
         }
         if let Some(saturation) = &self.saturation {
             checks.extend(saturation_checks(saturation));
+        }
+        if let Some(refusals) = &self.refusals {
+            checks.push(refusal_check(refusals));
         }
         if let Some(provider) = &self.provider {
             checks.extend(provider_checks(provider));
@@ -172,6 +182,12 @@ impl Report {
                 None,
             ));
         }
+        checks.push(at_most(
+            "CPU per job, every process (burn-down)".into(),
+            burn.cost.total_cpu_ms,
+            "ms",
+            CPU_MS_PER_JOB,
+        ));
         checks.push(worker_rss_check(burn));
         checks
     }
@@ -198,23 +214,51 @@ impl Report {
         checks
     }
 
-    /// The burn-down's `rate` over graphile-worker's and River's.
+    /// The burn-down's `rate` over graphile-worker's and River's: on the same
+    /// work (documents through two stages per second, against the faster of
+    /// a peer's chains), with a target; and against a single-stage no-op
+    /// job, for reference only (it compares two stages with one).
     fn peer_ratios(&self, rate: f64) -> Vec<Check> {
-        let jobs_per_s = |peer: &Option<serde_json::Value>| {
-            peer.as_ref().and_then(|p| number(p, "jobs_per_s").ok())
-        };
         let mut checks = Vec::new();
-        if let Some(peer) = jobs_per_s(&self.peer) {
-            checks.push(ratio("burn-down / graphile-worker", rate / peer, Some(2.0)));
+        let peers = [
+            (
+                "graphile-worker",
+                &self.peer,
+                SAME_WORK_OVER_GRAPHILE_WORKER,
+            ),
+            ("River", &self.river, SAME_WORK_OVER_RIVER),
+        ];
+        for (name, runs, target) in peers {
+            let chained = runs
+                .iter()
+                .filter(|r| r["stages"] == 2)
+                .filter_map(|r| Some((number(r, "documents_per_s").ok()?, r["mode"].as_str()?)))
+                .max_by(|a, b| a.0.total_cmp(&b.0));
+            if let Some((documents_per_s, mode)) = chained {
+                let what = format!("burn-down / {name}, same work (two stages; its {mode})");
+                checks.push(ratio(&what, rate / documents_per_s, Some(target)));
+            }
         }
-        if let Some(river) = jobs_per_s(&self.river) {
-            // A docstream job is two stages; half of River's rate is
-            // River's rate per stage (the issue's stretch target).
-            checks.push(ratio("burn-down / River", rate / river, Some(0.5)));
+        for (name, runs, _) in peers {
+            let noop = runs.iter().find(|r| r["mode"] == "noop");
+            if let Some(jobs_per_s) = noop.and_then(|r| number(r, "jobs_per_s").ok()) {
+                let what =
+                    format!("burn-down / {name}, single-stage no-op job (not the same work)");
+                checks.push(ratio(&what, rate / jobs_per_s, None));
+            }
         }
         checks
     }
 }
+
+/// Documents through two stages per second, docstream's over graphile-worker's
+/// on the same work: at least this.
+const SAME_WORK_OVER_GRAPHILE_WORKER: f64 = 4.0;
+/// The same over the faster of River's two chains.
+const SAME_WORK_OVER_RIVER: f64 = 2.0;
+/// CPU per job of every process in the burn-down (docstream's, Postgres, the
+/// broker), ms: at most this.
+const CPU_MS_PER_JOB: f64 = 0.45;
 
 /// A ratio, with its target when it has one (at least `at_least`).
 fn ratio(name: &str, value: f64, at_least: Option<f64>) -> Check {
@@ -302,6 +346,14 @@ fn saturation_checks(curve: &Saturation) -> Vec<Check> {
     checks
 }
 
+/// A refusal's CPU on the server side (`serve`, Postgres, the broker) as a
+/// share of an accepted submit's.
+fn refusal_check(r: &Refusals) -> Check {
+    let share = r.refused.server_cpu_us() / r.accepted.server_cpu_us().max(f64::EPSILON);
+    let name = "refusal CPU / accepted submit CPU (serve, Postgres, broker)".into();
+    at_most(name, share, "x", REFUSAL_SHARE)
+}
+
 /// How much of the extractor's capacity was used, and the latency it added.
 fn provider_checks(p: &ProviderSteady) -> [Check; 2] {
     let utilisation = Check {
@@ -362,6 +414,9 @@ impl fmt::Display for Report {
         if let Some(s) = &self.saturation {
             saturation(f, s)?;
         }
+        if let Some(r) = &self.refusals {
+            refusal_costs(f, r)?;
+        }
         if let Some(p) = &self.provider {
             provider(f, p)?;
         }
@@ -406,26 +461,17 @@ impl Report {
                 n("consumer_records_per_s")
             )?;
         }
-        if let Some(p) = &self.peer {
-            writeln!(
-                f,
-                "  graphile-worker {} burn-down       {:>10.0} jobs/s  ({} jobs)",
-                p["version"].as_str().unwrap_or("?"),
-                number(p, "jobs_per_s").unwrap_or(f64::NAN),
-                p["jobs"]
-            )?;
+        for p in &self.peer {
+            let name = format!("graphile-worker {}", p["version"].as_str().unwrap_or("?"));
+            peer_line(f, &name, p, &format!("concurrency {}", p["concurrency"]))?;
         }
-        if let Some(r) = &self.river {
-            writeln!(
-                f,
-                "  River {} burn-down                  {:>10.0} jobs/s  ({} jobs; MaxWorkers {}, FetchCooldown {} ms, FetchPollInterval {} ms)",
-                r["version"].as_str().unwrap_or("?"),
-                number(r, "jobs_per_s").unwrap_or(f64::NAN),
-                r["jobs"],
-                r["max_workers"],
-                r["fetch_cooldown_ms"],
-                r["fetch_poll_interval_ms"]
-            )?;
+        for r in &self.river {
+            let name = format!("River {}", r["version"].as_str().unwrap_or("?"));
+            let how = format!(
+                "MaxWorkers {}, FetchCooldown {} ms, FetchPollInterval {} ms",
+                r["max_workers"], r["fetch_cooldown_ms"], r["fetch_poll_interval_ms"]
+            );
+            peer_line(f, &name, r, &how)?;
         }
         Ok(())
     }
@@ -453,6 +499,25 @@ impl Report {
         }
         Ok(())
     }
+}
+
+/// One peer run: its documents through every stage per second, and its jobs.
+fn peer_line(
+    f: &mut fmt::Formatter<'_>,
+    name: &str,
+    run: &serde_json::Value,
+    how: &str,
+) -> fmt::Result {
+    let mode = run["mode"].as_str().unwrap_or("?");
+    writeln!(
+        f,
+        "  {:<38} {:>10.0} documents/s  ({} stage(s), {:.0} jobs/s; {} documents; {how})",
+        format!("{name}, {mode}"),
+        number(run, "documents_per_s").unwrap_or(f64::NAN),
+        run["stages"],
+        number(run, "jobs_per_s").unwrap_or(f64::NAN),
+        run["documents"],
+    )
 }
 
 /// The burn-down section: its rates, then its processes, statements and cost.
@@ -614,6 +679,28 @@ fn saturation(f: &mut fmt::Formatter<'_>, c: &Saturation) -> fmt::Result {
         ),
         None => writeln!(f, "  p99 never came back under {RECOVERED_P99_MS} ms"),
     }
+}
+
+/// The refusals section: CPU per answer, accepted and refused.
+fn refusal_costs(f: &mut fmt::Formatter<'_>, r: &Refusals) -> fmt::Result {
+    writeln!(
+        f,
+        "\nrefusals (limit pinned at {}, {} submitters in a closed loop; CPU per answer)",
+        r.limit, r.clients
+    )?;
+    writeln!(
+        f,
+        "  {:<10} {:>8} {:>9} {:>12} {:>18} {:>12}",
+        "answer", "answers", "per s", "serve µs", "Postgres+broker µs", "client µs"
+    )?;
+    for (name, c) in [("202", &r.accepted), ("503", &r.refused)] {
+        writeln!(
+            f,
+            "  {name:<10} {:>8} {:>9.0} {:>12.1} {:>18.1} {:>12.1}",
+            c.answers, c.per_s, c.serve_cpu_us, c.services_cpu_us, c.client_cpu_us
+        )?;
+    }
+    Ok(())
 }
 
 /// How many of `sent` were accepted, and why the others were not.
@@ -907,17 +994,35 @@ mod tests {
             kafka: Some(json(
                 r#"{"producer_records_per_s": 50000.0, "consumer_records_per_s": 80000.0}"#,
             )),
-            peer: Some(json(
-                r#"{"version": "0.16.6", "jobs": 300, "jobs_per_s": 400.0}"#,
-            )),
-            river: Some(json(
-                r#"{"version": "v0.11.4", "jobs": 300, "jobs_per_s": 900.0, "max_workers": 1000,
-                    "fetch_cooldown_ms": 1, "fetch_poll_interval_ms": 20}"#,
-            )),
+            peer: vec![
+                json(
+                    r#"{"version": "0.16.6", "mode": "noop", "stages": 1, "documents": 300,
+                        "jobs": 300, "jobs_per_s": 400.0, "documents_per_s": 400.0}"#,
+                ),
+                json(
+                    r#"{"version": "0.16.6", "mode": "chain", "stages": 2, "documents": 300,
+                        "jobs": 600, "jobs_per_s": 200.0, "documents_per_s": 100.0}"#,
+                ),
+            ],
+            river: ["noop", "chain", "chain-tx"]
+                .iter()
+                .zip([(1, 900.0), (2, 250.0), (2, 200.0)])
+                .map(|(mode, (stages, documents_per_s))| {
+                    json(&format!(
+                        r#"{{"version": "0.51.2", "mode": "{mode}", "stages": {stages},
+                            "documents": 300, "jobs": {}, "jobs_per_s": {},
+                            "documents_per_s": {documents_per_s}, "max_workers": 1000,
+                            "fetch_cooldown_ms": 1, "fetch_poll_interval_ms": 20}}"#,
+                        300 * stages,
+                        documents_per_s * f64::from(stages)
+                    ))
+                })
+                .collect(),
             burn_down: Some(burn(1, 500.0)),
             scaling: vec![burn(2, 480.0), burn(3, 430.0)],
             steady: Some(steady(100.0)),
             saturation: None,
+            refusals: None,
             provider: Some(ProviderSteady {
                 latency_ms: 200,
                 cap: 32,
@@ -965,12 +1070,43 @@ mod tests {
         let refused = text.lines().find(|l| l.contains("refused: 503 overloaded"));
         assert!(refused.is_some_and(|l| l.ends_with(" 3")), "{text}");
         // Every check of a full run, in order, each on its own line.
-        assert_eq!(report.checks.len(), 16, "{:#?}", report.checks);
+        assert_eq!(report.checks.len(), 19, "{:#?}", report.checks);
         let lines: Vec<&str> = text.lines().collect();
         let table = &lines[lines.len() - report.checks.len()..];
         for (line, check) in table.iter().zip(&report.checks) {
             assert!(line.contains(&check.name), "{line:?} is not {check:?}");
         }
+        // The same work against the faster chain of each peer, with a
+        // target; the no-op jobs for reference, without one.
+        let peers: Vec<(&str, f64, Option<bool>)> = report.checks[2..6]
+            .iter()
+            .map(|c| (c.name.as_str(), c.value, c.met))
+            .collect();
+        assert_eq!(
+            peers,
+            [
+                (
+                    "burn-down / graphile-worker, same work (two stages; its chain)",
+                    5.0,
+                    Some(true)
+                ),
+                (
+                    "burn-down / River, same work (two stages; its chain)",
+                    2.0,
+                    Some(true)
+                ),
+                (
+                    "burn-down / graphile-worker, single-stage no-op job (not the same work)",
+                    1.25,
+                    None
+                ),
+                (
+                    "burn-down / River, single-stage no-op job (not the same work)",
+                    500.0 / 900.0,
+                    None
+                ),
+            ]
+        );
         let fairness: Vec<_> = report.checks[report.checks.len() - 4..].to_vec();
         let values: Vec<(f64, Option<bool>)> = fairness.iter().map(|c| (c.value, c.met)).collect();
         assert_eq!(

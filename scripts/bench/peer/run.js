@@ -1,10 +1,15 @@
 // Peer benchmark driver for scripts/bench/peer.sh (run it through that script,
 // which installs graphile-worker and sets NODE_PATH).
 //
-// In a fresh database: install the graphile-worker schema and queue JOBS no-op
-// jobs (untimed), then start a worker (run(), CONCURRENCY workers) and time
-// until the job table is empty.  Prints one JSON object on stdout; everything
-// else goes to stderr.  The database is dropped afterwards.
+// In a fresh database: install the graphile-worker schema and queue JOBS jobs
+// (untimed), then start a worker (run(), CONCURRENCY workers) and time until
+// the job table is empty.  PEER_MODE says what a job is:
+//   noop   one stage: a task that does nothing;
+//   chain  two stages, the way graphile-worker's documentation chains them:
+//          the first task adds the second job (`helpers.addJob`), whose task
+//          does nothing.  A document is done when its second job is.
+// Prints one JSON object on stdout; everything else goes to stderr.  The
+// database is dropped afterwards.
 "use strict";
 const { Client, Pool } = require("pg");
 const { run, runMigrations, Logger } = require("graphile-worker");
@@ -12,6 +17,10 @@ const { run, runMigrations, Logger } = require("graphile-worker");
 const jobs = Number(process.env.PEER_JOBS);
 const concurrency = Number(process.env.PEER_CONCURRENCY);
 const adminUrl = process.env.PEER_DATABASE_URL;
+const mode = process.env.PEER_MODE || "noop";
+// The task queued, and the jobs each document runs.
+const FIRST = { noop: "noop", chain: "first" }[mode];
+const STAGES = { noop: 1, chain: 2 }[mode];
 const BATCH = 10000;
 
 const log = (msg) => process.stderr.write(`[peer] ${msg}\n`);
@@ -52,9 +61,9 @@ async function benchWith(pgPool) {
       checkSignal();
       await c.query(
         `select count(*) from graphile_worker.add_jobs(array(
-           select row('noop', null, null, null, null, null, null, null)::graphile_worker.job_spec
+           select row($2::text, null, null, null, null, null, null, null)::graphile_worker.job_spec
            from generate_series(1, $1)))`,
-        [Math.min(BATCH, left)],
+        [Math.min(BATCH, left), FIRST],
       );
     }
   });
@@ -67,6 +76,7 @@ async function benchWith(pgPool) {
       (await c.query("select not exists (select 1 from graphile_worker._private_jobs) as e")).rows[0].e;
     if ((await count()) !== jobs) throw new Error(`queued ${await count()} jobs, wanted ${jobs}`);
     let failures = 0;
+    let secondRuns = 0; // second-stage jobs run
     const t0 = process.hrtime.bigint();
     const runner = await run({
       pgPool,
@@ -74,7 +84,11 @@ async function benchWith(pgPool) {
       noHandleSignals: true,
       pollInterval: 100,
       logger,
-      taskList: { noop: async () => {} },
+      taskList: {
+        noop: async () => {},
+        first: async (_payload, helpers) => { await helpers.addJob("second", {}); },
+        second: async () => { secondRuns += 1; },
+      },
     });
     runner.events.on("job:error", () => { failures += 1; });
     try {
@@ -83,7 +97,9 @@ async function benchWith(pgPool) {
         checkSignal();
         await sleep(50);
       }
-      return Number(process.hrtime.bigint() - t0) / 1e9;
+      const took = Number(process.hrtime.bigint() - t0) / 1e9;
+      if (mode === "chain" && secondRuns !== jobs) throw new Error(`${secondRuns} second-stage jobs ran, wanted ${jobs}`);
+      return took;
     } finally {
       await runner.stop();
       await runner.promise;
@@ -93,6 +109,7 @@ async function benchWith(pgPool) {
 
 async function main() {
   if (!(jobs > 0 && concurrency > 0 && adminUrl)) throw new Error("PEER_JOBS, PEER_CONCURRENCY, PEER_DATABASE_URL required");
+  if (!FIRST) throw new Error(`PEER_MODE must be noop or chain, not ${mode}`);
   const db = `bench_peer_${process.pid}_${Date.now()}`;
   const url = new URL(adminUrl);
   url.pathname = `/${db}`;
@@ -107,9 +124,10 @@ async function main() {
   }
   const version = require("graphile-worker/package.json").version;
   console.log(JSON.stringify({
-    peer: "graphile-worker", version, jobs, concurrency,
+    peer: "graphile-worker", version, mode, stages: STAGES, documents: jobs, jobs: jobs * STAGES, concurrency,
     seconds: Number(seconds.toFixed(3)),
-    jobs_per_s: Math.round(jobs / seconds),
+    jobs_per_s: Math.round((jobs * STAGES) / seconds),
+    documents_per_s: Math.round(jobs / seconds),
   }));
 }
 

@@ -1,10 +1,19 @@
 // Peer benchmark driver for scripts/bench/river.sh (run it through that
 // script, which builds this program).
 //
-// In a fresh database: run River's migrations and queue -jobs no-op jobs
-// (untimed), then start a River client with -max-workers workers and time from
-// Start until every job has completed.  Prints one JSON object on stdout;
-// everything else goes to stderr.  The database is dropped afterwards.
+// In a fresh database: run River's migrations and queue -jobs jobs (untimed),
+// then start a River client with -max-workers workers and time from Start
+// until every job has completed.  -mode says what a job is:
+//
+//	noop      one stage: a worker that does nothing;
+//	chain     two stages: the first job's worker inserts the second job
+//	          (ClientFromContext(ctx).Insert), whose worker does nothing;
+//	chain-tx  two stages, transactionally: the first job's worker inserts the
+//	          second job and completes itself in one transaction (InsertTx
+//	          and JobCompleteTx), so the hand-over happens exactly once.
+//
+// A document is done when its last stage is.  Prints one JSON object on
+// stdout; everything else goes to stderr.  The database is dropped afterwards.
 package main
 
 import (
@@ -51,6 +60,64 @@ type noopWorker struct {
 
 func (noopWorker) Work(context.Context, *river.Job[noopArgs]) error { return nil }
 
+// The first stage of a chain; its worker hands over to secondArgs.
+type firstArgs struct{}
+
+func (firstArgs) Kind() string { return "first" }
+
+type secondArgs struct{}
+
+func (secondArgs) Kind() string { return "second" }
+
+type secondWorker struct {
+	river.WorkerDefaults[secondArgs]
+}
+
+func (secondWorker) Work(context.Context, *river.Job[secondArgs]) error { return nil }
+
+// chainWorker inserts the second stage with the client from the context.
+type chainWorker struct {
+	river.WorkerDefaults[firstArgs]
+}
+
+func (chainWorker) Work(ctx context.Context, _ *river.Job[firstArgs]) error {
+	_, err := river.ClientFromContext[pgx.Tx](ctx).Insert(ctx, secondArgs{}, nil)
+	return err
+}
+
+// chainTxWorker inserts the second stage and completes the first in one
+// transaction.
+type chainTxWorker struct {
+	river.WorkerDefaults[firstArgs]
+	pool *pgxpool.Pool
+}
+
+func (w chainTxWorker) Work(ctx context.Context, job *river.Job[firstArgs]) error {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
+	if _, err := river.ClientFromContext[pgx.Tx](ctx).InsertTx(ctx, tx, secondArgs{}, nil); err != nil {
+		return err
+	}
+	if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// stagesOf is how many jobs each document runs in mode, 0 for no such mode.
+func stagesOf(mode string) int {
+	switch mode {
+	case "noop":
+		return 1
+	case "chain", "chain-tx":
+		return 2
+	}
+	return 0
+}
+
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[river] "+format+"\n", args...)
 }
@@ -59,9 +126,11 @@ func main() {
 	jobs := flag.Int("jobs", 0, "number of jobs (required)")
 	maxWorkers := flag.Int("max-workers", 1000, "MaxWorkers of the default queue")
 	adminURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; the role must be able to create databases")
+	mode := flag.String("mode", "noop", "noop, chain or chain-tx")
 	flag.Parse()
-	if *jobs < 1 || *maxWorkers < 1 || *adminURL == "" {
-		logf("usage: -jobs N [-max-workers W] [-database-url URL]")
+	stages := stagesOf(*mode)
+	if *jobs < 1 || *maxWorkers < 1 || *adminURL == "" || stages == 0 {
+		logf("usage: -jobs N [-mode noop|chain|chain-tx] [-max-workers W] [-database-url URL]")
 		os.Exit(2)
 	}
 
@@ -69,7 +138,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	seconds, err := run(ctx, *adminURL, *jobs, *maxWorkers)
+	seconds, err := run(ctx, *adminURL, *mode, *jobs, *maxWorkers)
 	if err != nil {
 		logf("ERROR: %v", err)
 		os.Exit(1)
@@ -78,22 +147,27 @@ func main() {
 	out, _ := json.Marshal(struct {
 		Peer                string  `json:"peer"`
 		Version             string  `json:"version"`
+		Mode                string  `json:"mode"`
+		Stages              int     `json:"stages"`
+		Documents           int     `json:"documents"`
 		Jobs                int     `json:"jobs"`
 		MaxWorkers          int     `json:"max_workers"`
 		FetchCooldownMs     int64   `json:"fetch_cooldown_ms"`
 		FetchPollIntervalMs int64   `json:"fetch_poll_interval_ms"`
 		Seconds             float64 `json:"seconds"`
 		JobsPerS            float64 `json:"jobs_per_s"`
+		DocumentsPerS       float64 `json:"documents_per_s"`
 	}{
-		"river", riverVersion(), *jobs, *maxWorkers,
+		"river", riverVersion(), *mode, stages, *jobs, *jobs * stages, *maxWorkers,
 		fetchCooldown.Milliseconds(), fetchPollInterval.Milliseconds(),
-		math.Round(seconds*1000) / 1000, math.Round(float64(*jobs) / seconds),
+		math.Round(seconds*1000) / 1000, math.Round(float64(*jobs*stages) / seconds),
+		math.Round(float64(*jobs) / seconds),
 	})
 	fmt.Println(string(out))
 }
 
 // run creates a scratch database, benchmarks in it and drops it.
-func run(ctx context.Context, adminURL string, jobs, maxWorkers int) (seconds float64, err error) {
+func run(ctx context.Context, adminURL, mode string, jobs, maxWorkers int) (seconds float64, err error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return 0, fmt.Errorf("connecting: %w", err)
@@ -127,10 +201,10 @@ func run(ctx context.Context, adminURL string, jobs, maxWorkers int) (seconds fl
 		return 0, err
 	}
 	defer pool.Close()
-	return bench(ctx, pool, jobs, maxWorkers)
+	return bench(ctx, pool, mode, jobs, maxWorkers)
 }
 
-func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float64, error) {
+func bench(ctx context.Context, pool *pgxpool.Pool, mode string, jobs, maxWorkers int) (float64, error) {
 	driver := riverpgxv5.New(pool)
 	migrator, err := rivermigrate.New(driver, nil)
 	if err != nil {
@@ -141,7 +215,20 @@ func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float
 	}
 
 	workers := river.NewWorkers()
-	river.AddWorker(workers, noopWorker{})
+	var first river.JobArgs = noopArgs{}
+	switch mode {
+	case "noop":
+		river.AddWorker(workers, noopWorker{})
+	case "chain":
+		first = firstArgs{}
+		river.AddWorker(workers, chainWorker{})
+		river.AddWorker(workers, secondWorker{})
+	case "chain-tx":
+		first = firstArgs{}
+		river.AddWorker(workers, chainTxWorker{pool: pool})
+		river.AddWorker(workers, secondWorker{})
+	}
+	total := jobs * stagesOf(mode)
 	client, err := river.NewClient(driver, &river.Config{
 		FetchCooldown:     fetchCooldown,
 		FetchPollInterval: fetchPollInterval,
@@ -157,7 +244,7 @@ func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float
 	// Queue the jobs before starting the client: not timed.
 	params := make([]river.InsertManyParams, batch)
 	for i := range params {
-		params[i] = river.InsertManyParams{Args: noopArgs{}}
+		params[i] = river.InsertManyParams{Args: first}
 	}
 	for left := jobs; left > 0; left -= batch {
 		if _, err := client.InsertManyFast(ctx, params[:min(batch, left)]); err != nil {
@@ -170,7 +257,7 @@ func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float
 	// full is dropped.  Room for every job's event means none is lost, even
 	// if this loop falls behind.
 	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{
-		ChanSize: jobs,
+		ChanSize: total,
 		Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
 	})
 	defer cancel()
@@ -188,7 +275,7 @@ func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float
 	}()
 
 	stall := time.NewTimer(stallTimeout)
-	for completed := 0; completed < jobs; {
+	for completed := 0; completed < total; {
 		select {
 		case ev := <-events:
 			if ev.Kind == river.EventKindJobFailed {
@@ -197,13 +284,13 @@ func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float
 			completed++
 			stall.Reset(stallTimeout)
 		case <-stall.C:
-			return 0, fmt.Errorf("stalled: %d of %d jobs completed, none in %s", completed, jobs, stallTimeout)
+			return 0, fmt.Errorf("stalled: %d of %d jobs completed, none in %s", completed, total, stallTimeout)
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
 	}
 	seconds := time.Since(t0).Seconds()
-	logf("%d jobs completed in %.3f s", jobs, seconds)
+	logf("%d jobs (%d documents) completed in %.3f s", total, jobs, seconds)
 
 	// Cross-check in the table; the completer's batched writes may lag the
 	// events by a little.
@@ -212,12 +299,12 @@ func bench(ctx context.Context, pool *pgxpool.Pool, jobs, maxWorkers int) (float
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state = 'completed'").Scan(&n); err != nil {
 			return 0, err
 		}
-		if n == jobs || time.Now().After(deadline) {
+		if n == total || time.Now().After(deadline) {
 			break
 		}
 	}
-	if n != jobs {
-		return 0, fmt.Errorf("river_job has %d completed jobs, wanted %d", n, jobs)
+	if n != total {
+		return 0, fmt.Errorf("river_job has %d completed jobs, wanted %d", n, total)
 	}
 	return seconds, nil
 }
