@@ -1,9 +1,10 @@
 //! Admission of submits: `serve` lets a submit in only while it has room to
 //! answer it quickly, and refuses the rest at once (503 `overloaded` with
-//! `Retry-After`), before their body is read, their key looked up or a pool
-//! connection taken. An overloaded process therefore answers every request
-//! in milliseconds, and the submits it admits finish near the target latency
-//! instead of queueing into the answer bound.
+//! `Retry-After`), once their caller is known (from the key cache, as a
+//! rule) and before their body is read or a pool connection taken. An
+//! overloaded process therefore answers every request in milliseconds, and
+//! the submits it admits finish near the target latency instead of queueing
+//! into the answer bound.
 //!
 //! The room is a limit on submits in flight, adapted to what the process can
 //! do right now by additive increase and multiplicative decrease, as TCP's
@@ -29,6 +30,18 @@
 //! their sender does, which says nothing of the process's room. It takes
 //! its permit once its file is stored, and its sample is the rest.
 //!
+//! The limit is shared fairly between tenants, by the weights the workers
+//! share their slots by (`docstream tenants set-weight`). Below the limit
+//! every submit is admitted, whoever sends it. At the limit, a submit is
+//! still admitted while its tenant holds fewer than its share of the limit,
+//! `limit × weight ÷ the weights of the tenants with submits in flight`
+//! (its own included), and at least one: a tenant that floods takes the
+//! refusals, and another tenant's submits still get in. Those admissions go
+//! past the limit; they stop at twice it, which is what the shares of all
+//! tenants can add up to, so the overshoot is bounded. This is the partitioned
+//! limit of Netflix's concurrency-limits: guaranteed shares that lend what
+//! they do not use.
+//!
 //! The target is `submit_target_latency_ms`, or three times the submit
 //! INSERT's recent duration when that is longer: a database that is slow for
 //! everyone (a slow network, a failover) is not overload, and cutting the
@@ -37,8 +50,11 @@
 //! of the answer bound. Under overload the limit settles where rows become durable in about
 //! the target; with less load the limit is never reached.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use uuid::Uuid;
 
 use crate::config::Settings;
 
@@ -80,12 +96,25 @@ struct State {
     latency_s: f64,
     /// When the limit was last cut.
     last_cut: Instant,
+    /// The tenants with submits in flight: how many, and the weight each
+    /// had when its first was admitted.
+    tenants: HashMap<Uuid, Held>,
+    /// The sum of the weights in `tenants`.
+    weight_in_flight: u64,
+}
+
+/// One tenant's submits in flight.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    in_flight: usize,
+    weight: u32,
 }
 
 /// A submit admitted; it leaves the limit when dropped. One dropped before
 /// its row was [`durable`](Permit::durable) counts as late.
 pub struct Permit {
     inner: Arc<Inner>,
+    tenant: Uuid,
     admitted: Instant,
     /// Whether half the limit or more was in use when it was admitted.
     busy: bool,
@@ -106,6 +135,9 @@ const STATEMENTS_PER_TARGET: f64 = 3.0;
 const BINDING: f64 = 0.9;
 /// What a late submit leaves of the limit.
 const CUT: f64 = 0.9;
+/// The most submits in flight, as a multiple of the limit, that tenants
+/// below their shares may take it to.
+const SHARES_OVER_LIMIT: f64 = 2.0;
 
 impl AdmissionSettings {
     /// The limit's settings in `settings`.
@@ -131,6 +163,8 @@ impl Admission {
             last_statement_s: 0.0,
             latency_s: 0.0,
             last_cut: Instant::now(),
+            tenants: HashMap::new(),
+            weight_in_flight: 0,
         };
         let settings = AdmissionSettings {
             min_limit: min as usize,
@@ -145,16 +179,28 @@ impl Admission {
         }
     }
 
-    /// A permit if a submit has room now; `None` means refuse it.
-    pub fn try_admit(&self) -> Option<Permit> {
+    /// A permit if a submit of `tenant`, whose weight is `weight`, has room
+    /// now: below the limit, or within the tenant's share of it; `None`
+    /// means refuse it.
+    pub fn try_admit(&self, tenant: Uuid, weight: u32) -> Option<Permit> {
         let mut state = self.inner.lock();
-        if state.in_flight as f64 >= state.limit.floor() {
+        let limit = state.limit.floor();
+        if state.in_flight as f64 >= limit && !state.within_share(tenant, weight, limit) {
             return None;
         }
         state.in_flight += 1;
+        let held = state.tenants.entry(tenant).or_insert(Held {
+            in_flight: 0,
+            weight: weight.max(1),
+        });
+        held.in_flight += 1;
+        if held.in_flight == 1 {
+            state.weight_in_flight += u64::from(held.weight);
+        }
         let busy = state.in_flight as f64 * 2.0 >= state.limit;
         Some(Permit {
             inner: self.inner.clone(),
+            tenant,
             admitted: Instant::now(),
             busy,
             sampled: false,
@@ -183,6 +229,35 @@ impl Admission {
     fn target(&self) -> Duration {
         let state = self.inner.lock();
         self.inner.target(&state)
+    }
+}
+
+impl State {
+    /// Whether `tenant` (weight `weight`) holds fewer submits than its share
+    /// of `limit`, and the whole is below [`SHARES_OVER_LIMIT`] times it.
+    fn within_share(&self, tenant: Uuid, weight: u32, limit: f64) -> bool {
+        if self.in_flight as f64 >= limit * SHARES_OVER_LIMIT {
+            return false;
+        }
+        let (held, weight) = match self.tenants.get(&tenant) {
+            Some(held) => (held.in_flight, held.weight),
+            None => (0, weight.max(1)),
+        };
+        let others = self.weight_in_flight - if held > 0 { u64::from(weight) } else { 0 };
+        let share = (limit * f64::from(weight) / (others + u64::from(weight)) as f64).floor();
+        (held as f64) < share.max(1.0)
+    }
+
+    /// A permit of `tenant` left.
+    fn release(&mut self, tenant: Uuid) {
+        self.in_flight -= 1;
+        if let Some(held) = self.tenants.get_mut(&tenant) {
+            held.in_flight -= 1;
+            if held.in_flight == 0 {
+                self.weight_in_flight -= u64::from(held.weight);
+                self.tenants.remove(&tenant);
+            }
+        }
     }
 }
 
@@ -267,13 +342,17 @@ impl Drop for Permit {
         if !self.sampled {
             self.inner.sample(None, self.busy);
         }
-        self.inner.lock().in_flight -= 1;
+        self.inner.lock().release(self.tenant);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two tenants.
+    const A: Uuid = Uuid::from_u128(0xa);
+    const B: Uuid = Uuid::from_u128(0xb);
 
     fn admission(min: usize, max: usize) -> Admission {
         Admission::new(AdmissionSettings {
@@ -287,11 +366,11 @@ mod tests {
     #[test]
     fn refuses_past_the_limit_and_admits_again_once_one_leaves() {
         let admission = admission(4, 4);
-        let permits: Vec<Permit> = (0..4).map(|_| admission.try_admit().unwrap()).collect();
-        assert!(admission.try_admit().is_none());
+        let permits: Vec<Permit> = (0..4).map(|_| admission.try_admit(A, 1).unwrap()).collect();
+        assert!(admission.try_admit(A, 1).is_none());
         drop(permits);
         assert_eq!(admission.snapshot().1, 0);
-        assert!(admission.try_admit().is_some());
+        assert!(admission.try_admit(A, 1).is_some());
     }
 
     #[test]
@@ -299,7 +378,9 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         for _ in 0..200 {
-            let permits: Vec<Permit> = (0..start).filter_map(|_| admission.try_admit()).collect();
+            let permits: Vec<Permit> = (0..start)
+                .filter_map(|_| admission.try_admit(A, 1))
+                .collect();
             for mut permit in permits {
                 permit.durable();
             }
@@ -312,14 +393,14 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         for _ in 0..1000 {
-            admission.try_admit().unwrap().durable();
+            admission.try_admit(A, 1).unwrap().durable();
         }
         assert_eq!(admission.snapshot().0, start);
     }
 
     /// Every permit the limit gives now: with them held, it is binding.
     fn fill(admission: &Admission) -> Vec<Permit> {
-        std::iter::from_fn(|| admission.try_admit()).collect()
+        std::iter::from_fn(|| admission.try_admit(A, 1)).collect()
     }
 
     #[test]
@@ -342,7 +423,7 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         admission.inner.lock().last_cut -= Duration::from_secs(10);
-        let mut permit = admission.try_admit().unwrap();
+        let mut permit = admission.try_admit(A, 1).unwrap();
         std::thread::sleep(Duration::from_millis(101));
         permit.durable();
         assert_eq!(admission.snapshot().0, start);
@@ -411,5 +492,46 @@ mod tests {
                 .sample(Some(Duration::from_millis(500)), false);
         }
         assert!(admission.snapshot().0 < start);
+    }
+
+    #[test]
+    fn at_the_limit_a_tenant_below_its_share_is_still_admitted() {
+        let admission = admission(4, 4);
+        let flood = fill(&admission);
+        assert_eq!(flood.len(), 4);
+        // B's share of 4 beside A, both of weight 1: 2.
+        let b: Vec<Permit> = (0..2).map(|_| admission.try_admit(B, 1).unwrap()).collect();
+        assert!(admission.try_admit(B, 1).is_none());
+        assert!(admission.try_admit(A, 1).is_none());
+        assert_eq!(admission.snapshot(), (4, 6));
+        // A is refused until it is back under its own share.
+        drop(flood);
+        let a: Vec<Permit> = (0..2).map(|_| admission.try_admit(A, 1).unwrap()).collect();
+        assert!(admission.try_admit(A, 1).is_none());
+        drop((a, b));
+        let state = admission.inner.lock();
+        assert_eq!((state.in_flight, state.weight_in_flight), (0, 0));
+        assert!(state.tenants.is_empty());
+    }
+
+    #[test]
+    fn shares_follow_the_weights() {
+        let admission = admission(8, 8);
+        let _flood = fill(&admission);
+        // B of weight 3 beside A of weight 1: 6 of 8.
+        let b: Vec<Permit> = std::iter::from_fn(|| admission.try_admit(B, 3)).collect();
+        assert_eq!(b.len(), 6);
+    }
+
+    #[test]
+    fn admissions_past_the_limit_stop_at_twice_it() {
+        let admission = admission(4, 4);
+        let _flood = fill(&admission);
+        // Every tenant's share is at least one: many tenants, one each.
+        let many: Vec<Permit> = (1..100u128)
+            .filter_map(|n| admission.try_admit(Uuid::from_u128(0x100 + n), 1))
+            .collect();
+        assert_eq!(many.len(), 4);
+        assert_eq!(admission.snapshot(), (4, 8));
     }
 }

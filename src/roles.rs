@@ -315,6 +315,10 @@ pub async fn run(
         let reaper =
             companion(Reaper::new(services.clone(), ReaperKind::Webhook).run(stop.clone()));
         roles.push(("webhook-reaper", Box::pin(reaper)));
+    }
+    // The workers share their slots by the tenants' weights, and `serve` its
+    // admission limit.
+    if mix.serve || mix.workers + mix.bbox_workers > 0 {
         let weights = crate::pipeline::weights::keep_current(services.clone(), stop.clone());
         roles.push(("weights", Box::pin(companion(weights))));
     }

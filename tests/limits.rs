@@ -1524,6 +1524,130 @@ async fn past_the_admission_limit_a_submit_is_refused_at_once_and_nothing_is_wri
     stop([&mut serve]).await;
 }
 
+/// At its admission limit, `serve` shares the limit between tenants by
+/// their weights: tenant A floods past the limit and gets the 503s, while
+/// tenant B, submitting at 10/s meanwhile, is admitted every time. (The
+/// limit is pinned at 8 and each admitted submit is held 200 ms after its
+/// INSERT by a failpoint, so A's flood keeps the limit full; B's submits,
+/// two in flight at 10/s, stay under its share of 4.) With one limit for
+/// everyone, B's submits met a full limit and were refused like A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_tenant_takes_the_refusals_and_another_is_still_admitted() {
+    let env = TestEnv::new("limits_fair_admission").await;
+    let pinned = [
+        ("DOCSTREAM_SUBMIT_MIN_IN_FLIGHT", "8".to_owned()),
+        ("DOCSTREAM_SUBMIT_MAX_IN_FLIGHT", "8".to_owned()),
+        (
+            "DOCSTREAM_FAILPOINTS",
+            "submit.after_insert=sleep(200)".to_owned(),
+        ),
+        // The flood meets the admission limit, not the tenant's rate.
+        ("DOCSTREAM_TENANT_SUBMIT_RATE_PER_S", "0".to_owned()),
+    ];
+    let (mut serve, addr, metrics) = spawn_serve(&env, &pinned, "limits-fair-serve");
+    let base = format!("http://{addr}");
+    wait_healthy(&base).await;
+    let b_key = docstream::store::tenants::create_tenant(&env.pool, "fair-b")
+        .await
+        .unwrap()
+        .key
+        .api_key;
+
+    // A: 16 submitters, each sending its next as soon as the last is
+    // answered (10 ms after a refusal).
+    let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let a_refused = Arc::new(AtomicUsize::new(0));
+    let a_accepted = Arc::new(AtomicUsize::new(0));
+    let flood: Vec<_> = (0..16)
+        .map(|n| {
+            let (client, url) = (env.client(), format!("{base}/v1/extractions"));
+            let (flooding, refused) = (flooding.clone(), a_refused.clone());
+            let accepted = a_accepted.clone();
+            tokio::spawn(async move {
+                let mut i = n * 100_000;
+                while flooding.load(Ordering::Relaxed) {
+                    i += 1;
+                    let body = common::sample_body(i);
+                    let answer = client.post(&url).json(&body).send().await.unwrap();
+                    match answer.status().as_u16() {
+                        202 => accepted.fetch_add(1, Ordering::Relaxed),
+                        503 => {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            refused.fetch_add(1, Ordering::Relaxed)
+                        }
+                        other => panic!("A's submit answered {other}"),
+                    };
+                }
+            })
+        })
+        .collect();
+    let refusals = "docstream_submit_overload_rejections_total";
+    wait_for("A's flood to be refused", Duration::from_secs(30), || {
+        let metrics = metrics.clone();
+        async move {
+            match scrape(&metrics, refusals).await {
+                n if n >= 20.0 => Ok(()),
+                n => Err(format!("{n} refusals")),
+            }
+        }
+    })
+    .await;
+
+    // B: 30 submits at 10/s, each on its own, so the rate holds whatever
+    // the answers' timing.
+    let a_refused_before = a_refused.load(Ordering::Relaxed);
+    let b_client = reqwest::Client::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut b_submits = Vec::new();
+    for i in 0..30 {
+        tick.tick().await;
+        let request = b_client
+            .post(format!("{base}/v1/extractions"))
+            .bearer_auth(&b_key)
+            .json(&common::sample_body(i));
+        b_submits.push(tokio::spawn(async move {
+            let answer = request.send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.text().await.unwrap())
+        }));
+    }
+    let mut b_answers = Vec::new();
+    for submit in b_submits {
+        b_answers.push(submit.await.unwrap());
+    }
+    let a_refused_meanwhile = a_refused.load(Ordering::Relaxed) - a_refused_before;
+    flooding.store(false, Ordering::Relaxed);
+    for submitter in flood {
+        submitter.await.unwrap();
+    }
+
+    let b_refused: Vec<_> = b_answers
+        .iter()
+        .filter(|(status, _)| *status != 202)
+        .collect();
+    eprintln!(
+        "limits fair admission: while B sent 30 submits at 10/s, A had {a_refused_meanwhile} \
+         refused ({} accepted, {} refused in all); B had {} refused",
+        a_accepted.load(Ordering::Relaxed),
+        a_refused.load(Ordering::Relaxed),
+        b_refused.len()
+    );
+    assert!(
+        a_refused_meanwhile >= 30,
+        "A's flood was not past the limit while B submitted: {a_refused_meanwhile} refusals"
+    );
+    assert!(b_refused.is_empty(), "B was refused: {b_refused:?}");
+    let b_tenant: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM extractions e JOIN tenants t ON t.id = e.tenant_id
+         WHERE t.name = 'fair-b'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(b_tenant, 30, "B's accepted submits are its rows");
+    stop([&mut serve]).await;
+}
+
 /// An HTTP/1.1 request written by hand on a connection of its own, so a
 /// test can send its headers and hold back its body; and the answers read
 /// off it (an interim `100 Continue` is one).

@@ -53,6 +53,10 @@ impl FromRequestParts<Services> for Caller {
         parts: &mut Parts,
         services: &Services,
     ) -> Result<Self, Self::Rejection> {
+        // Already known: a middleware (the submit's admission) asked first.
+        if let Some(caller) = parts.extensions.get::<Caller>() {
+            return Ok(caller.clone());
+        }
         let presented = match parts.headers.get(AUTHORIZATION) {
             None => None,
             Some(value) => {

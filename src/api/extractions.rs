@@ -3,7 +3,7 @@
 use axum::extract::rejection::PathRejection;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -27,7 +27,7 @@ use crate::store::retention::{self, Erased};
 use crate::store::{self, transitions, BboxRefinement, Extraction, NewExtraction};
 
 /// Submit, read and cancel. A JSON submit passes the process's admission
-/// limit first (`admission`), before its key is looked up or its body read;
+/// limit (`admission`) once its caller is known, before its body is read;
 /// a multipart submit once its file is stored.
 pub(super) fn router(services: &Services) -> Router<Services> {
     let admit = middleware::from_fn_with_state(services.clone(), admit);
@@ -138,20 +138,31 @@ impl From<Extraction> for ExtractionView {
 const REFUSED_BODY_READ: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Lets a submit in if the process has room for it, else answers 503
-/// `overloaded` at once. The admitted submit carries its permit (an
-/// [`Admitted`] extension), which it marks when its row is durable. A
-/// multipart submit goes in without one: it takes its permit once its file
-/// is stored ([`Admitted::readmit`]).
-async fn admit(State(services): State<Services>, mut request: Request, next: Next) -> Response {
+/// `overloaded` at once. Room is the process's admission limit, shared by
+/// the tenants' weights (`admission`): the caller is known first (from the
+/// key cache, as a rule), and kept for the handler. The admitted submit
+/// carries its permit (an [`Admitted`] extension), which it marks when its
+/// row is durable. A multipart submit goes in without one: it takes its
+/// permit once its file is stored ([`Admitted::readmit`]).
+async fn admit(State(services): State<Services>, request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let caller = match Caller::from_request_parts(&mut parts, &services).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused.into_response(),
+    };
     let http = &services.metrics.http;
     let admission = &services.admission;
-    let permit = match super::upload::is_multipart(request.headers()) {
+    let weight = services.weights.of(Some(caller.tenant_id));
+    let permit = match super::upload::is_multipart(&parts.headers) {
         true => Some(None),
-        false => admission.try_admit().map(Some),
+        false => admission.try_admit(caller.tenant_id, weight).map(Some),
     };
+    parts.extensions.insert(caller);
+    let request = Request::from_parts(parts, body);
     let response = match permit {
         Some(permit) => {
             let admitted = Admitted(Arc::new(Mutex::new(permit)));
+            let mut request = request;
             request.extensions_mut().insert(admitted.clone());
             let response = next.run(request).await;
             // Answered without a row (refused, unauthenticated, failed):
@@ -202,15 +213,16 @@ impl Admitted {
         }
     }
 
-    /// A permit again for a submit whose file is stored, or 503
-    /// `overloaded` when the process has no room now (the file stays the
-    /// tenant's). A no-op while it holds one.
-    fn readmit(&self, services: &Services) -> Result<(), ApiError> {
+    /// A permit again for a submit of `tenant` whose file is stored, or 503
+    /// `overloaded` when the process has no room for it now (the file stays
+    /// the tenant's). A no-op while it holds one.
+    fn readmit(&self, services: &Services, tenant: Uuid) -> Result<(), ApiError> {
         let mut permit = self.permit();
         if permit.is_some() {
             return Ok(());
         }
-        *permit = services.admission.try_admit();
+        let weight = services.weights.of(Some(tenant));
+        *permit = services.admission.try_admit(tenant, weight);
         if permit.is_none() {
             services.metrics.http.overload_rejections.inc();
             let message = "this server has no room for another submit now; retry shortly";
@@ -231,7 +243,7 @@ async fn submit(
     let headers = body.headers().clone();
     let moving = || admitted.set_aside();
     let request = super::upload::submitted(&services, &uploads, &caller, body, moving).await?;
-    admitted.readmit(&services)?;
+    admitted.readmit(&services, caller.tenant_id)?;
     // A header that is not text is no key: it is refused as an empty one.
     let idempotency_key = headers
         .get("idempotency-key")
