@@ -6,14 +6,18 @@
 //! flood with both at weight 1 and no cap (the workers' shares alone), the
 //! same with A capped, priorities (A's flood `low` and the 100 jobs A's too
 //! but `high`), and starvation (A's flood `high`, the 100 jobs `low`, with
-//! the workers' bound on passing a record over at [`STARVED_BOUND_S`]).
-//! Neither tenant has a submit rate.
+//! the workers' bound on passing a record over at [`STARVED_BOUND_S`]), and
+//! admission: A floods past `serve`'s admission limit (pinned at
+//! [`ADMISSION_LIMIT`], [`ADMISSION_FLOOD`] submits in flight), where the
+//! limit's shares must keep B's submits admitted. Neither tenant has a
+//! submit rate. A refusal of B's is counted, not the end of the run.
 //!
 //! Every job is extracted by `extractor-serve` with a model's latency (200 ms,
 //! 32 calls at a time: 160 jobs/s), so that, as with a real model, the
 //! extraction and not the HTTP edge sets the pace, and a flood builds a
 //! backlog in the job topics.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -44,6 +48,10 @@ const PROVIDER_CAP: usize = 32;
 /// The starvation run's `DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S`: shorter
 /// than the high flood lasts, so the bound is what starts the low jobs.
 pub const STARVED_BOUND_S: u64 = 10;
+/// The admission run's limit on `serve`'s submits in flight, pinned.
+pub const ADMISSION_LIMIT: usize = 32;
+/// A's submits in flight in the admission run: well past the limit.
+const ADMISSION_FLOOD: usize = 256;
 
 /// What one run of the phase puts beside B's 100 jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,11 +68,20 @@ pub enum Run {
     /// A's flood at priority `high`; the 100 jobs are A's too, at `low`,
     /// and a worker passes a record over for [`STARVED_BOUND_S`] at most.
     Starved,
+    /// A's flood past `serve`'s admission limit, both tenants at weight 1.
+    Admission,
 }
 
 impl Run {
     /// The kinds `--fairness-runs` names.
-    pub const KINDS: [&'static str; 5] = ["alone", "shared", "capped", "priority", "starved"];
+    pub const KINDS: [&'static str; 6] = [
+        "alone",
+        "shared",
+        "capped",
+        "priority",
+        "starved",
+        "admission",
+    ];
 
     /// Its kind, as `--fairness-runs` names it.
     pub fn kind(self) -> &'static str {
@@ -74,6 +91,7 @@ impl Run {
             Run::Capped(_) => "capped",
             Run::Priority => "priority",
             Run::Starved => "starved",
+            Run::Admission => "admission",
         }
     }
 
@@ -85,6 +103,7 @@ impl Run {
             Run::Capped(cap) => format!("cap{cap}"),
             Run::Priority => "priority".into(),
             Run::Starved => "starved".into(),
+            Run::Admission => "admission".into(),
         }
     }
 
@@ -98,6 +117,10 @@ impl Run {
             Run::Starved => format!(
                 "A's flood high, the 100 jobs A's and low, passed over {STARVED_BOUND_S} s at most"
             ),
+            Run::Admission => format!(
+                "A past serve's admission limit, pinned at {ADMISSION_LIMIT}; {ADMISSION_FLOOD} \
+                 of A's submits in flight"
+            ),
         }
     }
 }
@@ -109,12 +132,16 @@ pub struct Fairness {
     pub run: Run,
     /// Jobs A submitted (all were accepted in the end).
     pub a_jobs: usize,
-    /// Submits of A's answered 429 (each retried).
+    /// Submits of A's answered 429 or 503 (each retried).
     pub a_refusals: u64,
+    /// Of them, 503 `overloaded`: the admission limit's.
+    pub a_overloaded: u64,
     /// From A's first submit until its last job was done, s.
     pub a_done_s: f64,
-    /// B's jobs.
+    /// B's jobs (accepted).
     pub b_jobs: usize,
+    /// B's submits not accepted, by why.
+    pub b_refused: BTreeMap<String, usize>,
     /// B's submit (the moment it was due) to its first claim.
     pub b_submit_to_start: Latency,
     /// B's submit (the moment it was due) to bbox succeeded.
@@ -135,6 +162,12 @@ pub async fn fairness(
     if run_kind == Run::Starved {
         let bound = ("DOCSTREAM_WORKER_PRIORITY_MAX_WAIT_S", STARVED_BOUND_S);
         rig.env.push((bound.0.into(), bound.1.to_string()));
+    }
+    if run_kind == Run::Admission {
+        for bound in ["MIN", "MAX"] {
+            let name = format!("DOCSTREAM_SUBMIT_{bound}_IN_FLIGHT");
+            rig.env.push((name, ADMISSION_LIMIT.to_string()));
+        }
     }
     let flood = if run_kind == Run::Alone { 0 } else { flood };
     let outcome = run(&rig, flood, run_kind, progress).await;
@@ -177,14 +210,19 @@ async fn run(
     let started = SystemTime::now();
     let flooding = {
         let (client, base, samples) = (a_client.clone(), base.clone(), a_samples);
+        let in_flight = match run_kind {
+            Run::Admission => ADMISSION_FLOOD,
+            _ => A_CONCURRENCY,
+        };
+        let flood = (flood, in_flight);
         tokio::spawn(async move { flood_jobs(&client, &base, &samples, flood).await })
     };
     // B starts once A's flood is under way.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let b_sent = send_b_jobs(&b_client, &base, &b_samples, progress).await?;
-    let (a_ids, a_refusals) = flooding.await??;
+    let (b_sent, b_refused) = send_b_jobs(&b_client, &base, &b_samples, progress).await?;
+    let (a_ids, (a_refusals, a_overloaded)) = flooding.await??;
     progress.set_message("waiting for the last jobs");
-    let total = 20 + flood + B_JOBS;
+    let total = 20 + flood + b_sent.len();
     let hidden = ProgressBar::hidden();
     wait_all_done(rig, total, &mut procs, Duration::from_secs(600), &hidden).await?;
     for proc in procs {
@@ -200,6 +238,7 @@ async fn run(
         run: run_kind,
         a_jobs: a_ids.len(),
         a_refusals,
+        a_overloaded,
         // B alone: A submitted nothing, and finished nothing.
         a_done_s: if a_ids.is_empty() {
             0.0
@@ -207,6 +246,7 @@ async fn run(
             a_last - a_first
         },
         b_jobs: b_ids.len(),
+        b_refused,
         b_submit_to_start: Latency::of(&b_start),
         b_submit_to_bbox: Latency::of(&b_times.to_bbox),
         b_hops: hops(&b_times.hops),
@@ -248,13 +288,14 @@ fn with_priority(samples: &[ExtractionRequest], priority: Priority) -> Vec<Extra
         .collect()
 }
 
-/// Sends B's `B_JOBS` jobs at `B_RATE`: each job's id, and when it was due.
+/// Sends B's `B_JOBS` jobs at `B_RATE`: each accepted job's id and when it
+/// was due, and the submits not accepted, by why.
 async fn send_b_jobs(
     client: &reqwest::Client,
     base: &str,
     samples: &[ExtractionRequest],
     progress: &ProgressBar,
-) -> anyhow::Result<Vec<(Uuid, SystemTime)>> {
+) -> anyhow::Result<(Vec<(Uuid, SystemTime)>, BTreeMap<String, usize>)> {
     let interval = Duration::from_secs_f64(1.0 / B_RATE);
     let start = tokio::time::Instant::now();
     let mut sends = tokio::task::JoinSet::new();
@@ -271,11 +312,14 @@ async fn send_b_jobs(
         progress.inc(1);
     }
     let mut b_sent = Vec::with_capacity(B_JOBS);
+    let mut refused = BTreeMap::new();
     while let Some(joined) = sends.join_next().await {
-        let (id, due) = joined?;
-        b_sent.push((id.context("B's submit")?, due));
+        match joined? {
+            (Ok(id), due) => b_sent.push((id, due)),
+            (Err(why), _) => *refused.entry(why.0).or_default() += 1,
+        }
     }
-    Ok(b_sent)
+    Ok((b_sent, refused))
 }
 
 /// B's jobs `b_ids`, each `b_sent` with its due time: due to first claim, µs.
@@ -305,24 +349,31 @@ async fn last_bbox_succeeded(rig: &Rig, a_ids: &[Uuid]) -> anyhow::Result<f64> {
         .fold(0.0_f64, f64::max))
 }
 
-/// Submits `n` jobs with `A_CONCURRENCY` in flight, each retried after its
-/// `Retry-After` until accepted: their ids, and how many 429s it took.
+/// Submits `n` jobs with `in_flight` at once, each retried after its
+/// `Retry-After` until accepted: their ids, and how many 429s and 503s it
+/// took, and of them the 503s.
 async fn flood_jobs(
     client: &reqwest::Client,
     base: &str,
     samples: &[ExtractionRequest],
-    n: usize,
-) -> anyhow::Result<(Vec<Uuid>, u64)> {
-    let answers: Vec<anyhow::Result<(Uuid, u64)>> = stream::iter(0..n)
+    (n, in_flight): (usize, usize),
+) -> anyhow::Result<(Vec<Uuid>, (u64, u64))> {
+    let answers: Vec<anyhow::Result<(Uuid, u64, u64)>> = stream::iter(0..n)
         .map(|i| async move {
-            let mut refusals = 0;
+            let (mut refusals, mut overloaded) = (0, 0);
             loop {
                 let response = client
                     .post(format!("{base}/v1/extractions"))
                     .json(&samples[i % samples.len()])
                     .send()
                     .await?;
-                if response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                let status = response.status();
+                if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                    overloaded += 1;
+                }
+                if status == reqwest::StatusCode::TOO_MANY_REQUESTS
+                    || status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+                {
                     refusals += 1;
                     let wait = response
                         .headers()
@@ -332,25 +383,25 @@ async fn flood_jobs(
                     tokio::time::sleep(Duration::from_secs(wait)).await;
                     continue;
                 }
-                let status = response.status();
                 let body: serde_json::Value = response.json().await?;
                 anyhow::ensure!(
                     status == reqwest::StatusCode::ACCEPTED,
                     "A's submit answered {status}: {body}"
                 );
                 let id = body["id"].as_str().context("answer without id")?.parse()?;
-                return Ok((id, refusals));
+                return Ok((id, refusals, overloaded));
             }
         })
-        .buffer_unordered(A_CONCURRENCY)
+        .buffer_unordered(in_flight)
         .collect()
         .await;
     let mut ids = Vec::with_capacity(n);
-    let mut refusals = 0;
+    let (mut refusals, mut overloaded) = (0, 0);
     for answer in answers {
-        let (id, refused) = answer?;
+        let (id, refused, over) = answer?;
         ids.push(id);
         refusals += refused;
+        overloaded += over;
     }
-    Ok((ids, refusals))
+    Ok((ids, (refusals, overloaded)))
 }

@@ -126,12 +126,12 @@ pub struct BenchArgs {
     /// Fairness phase: A's cap on open jobs in the capped run.
     #[arg(long, default_value_t = 500)]
     pub flood_cap: i64,
-    /// Fairness phase: the runs to make, of alone, shared, capped, priority
-    /// and starved (all by default; the ratios need `alone`).
+    /// Fairness phase: the runs to make, of alone, shared, capped, priority,
+    /// starved and admission (all by default; the ratios need `alone`).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "alone,shared,capped,priority,starved"
+        default_value = "alone,shared,capped,priority,starved,admission"
     )]
     pub fairness_runs: Vec<String>,
     /// History phase: the sizes (jobs) at which list pages are timed, each
@@ -303,6 +303,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             Run::Capped(args.flood_cap),
             Run::Priority,
             Run::Starved,
+            Run::Admission,
         ] {
             if !args.fairness_runs.iter().any(|r| *r == run.kind()) {
                 continue;

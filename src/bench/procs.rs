@@ -1,6 +1,13 @@
 //! The pipeline's processes as the benchmark runs them: children of this very
 //! binary, measured from `/proc` (CPU seconds, peak RSS) and stopped with SIGTERM
 //! like any deployment would stop them.
+//!
+//! A heap profile of some of them: `DOCSTREAM_BENCH_HEAPTRACK=worker-1,serve`
+//! (process names as the report gives them) starts each named process with
+//! heaptrack's preload library, which writes to a FIFO that heaptrack's
+//! interpreter reads into `<logs>/<name>.heaptrack.gz` (read it with
+//! `heaptrack_print`). The process keeps its own pid, so its CPU and memory
+//! are still measured, with heaptrack's cost on top.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -138,9 +145,14 @@ impl Proc {
         logs: &Path,
     ) -> anyhow::Result<Self> {
         let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+        let heaptrack = heap_profiled(name)
+            .then(|| heaptrack(name, logs))
+            .transpose()?
+            .unwrap_or_default();
         let child = Command::new(std::env::current_exe()?)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(heaptrack)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -195,4 +207,50 @@ impl Proc {
         anyhow::ensure!(status.success(), "{} exited with {status}", self.name);
         Ok(())
     }
+}
+
+/// Whether `DOCSTREAM_BENCH_HEAPTRACK` names process `name`.
+fn heap_profiled(name: &str) -> bool {
+    let names = std::env::var("DOCSTREAM_BENCH_HEAPTRACK").unwrap_or_default();
+    names.split(',').any(|n| n.trim() == name)
+}
+
+/// heaptrack's installation (Debian's `heaptrack` package).
+const HEAPTRACK_PRELOAD: &str = "/usr/lib/heaptrack/libheaptrack_preload.so";
+const HEAPTRACK_INTERPRET: &str = "/usr/lib/heaptrack/libexec/heaptrack_interpret";
+
+/// Starts heaptrack's interpreter on a FIFO that process `name` is to write
+/// to, into `<logs>/<name>.heaptrack.gz`: the environment that makes the
+/// process write there. The interpreter ends when the process does.
+fn heaptrack(name: &str, logs: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    for path in [HEAPTRACK_PRELOAD, HEAPTRACK_INTERPRET] {
+        anyhow::ensure!(
+            Path::new(path).exists(),
+            "DOCSTREAM_BENCH_HEAPTRACK: no {path} (apt-get install heaptrack)"
+        );
+    }
+    let fifo = logs.join(format!("{name}.heaptrack.fifo"));
+    let output = logs.join(format!("{name}.heaptrack.gz"));
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status()?;
+    anyhow::ensure!(made.success(), "mkfifo {} failed", fifo.display());
+    let script = format!(
+        "{HEAPTRACK_INTERPRET} < '{}' | gzip > '{}'; rm -f '{}'",
+        fifo.display(),
+        output.display(),
+        fifo.display()
+    );
+    // It reads until the profiled process closes the FIFO; reaped then.
+    let mut interpreter = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting heaptrack_interpret")?;
+    tokio::spawn(async move { interpreter.wait().await });
+    Ok(vec![
+        ("LD_PRELOAD".into(), HEAPTRACK_PRELOAD.into()),
+        (
+            "DUMP_HEAPTRACK_OUTPUT".into(),
+            fifo.to_string_lossy().into_owned(),
+        ),
+    ])
 }

@@ -778,6 +778,19 @@ fn fairness_checks(runs: &[Fairness]) -> Vec<Check> {
         let name = "priorities: high p99 under a low flood / idle";
         checks.push(at_most(name.into(), high / alone, "x", 2.0));
     }
+    if let Some(admission) = (runs.iter()).find(|r| r.run == Run::Admission) {
+        let refused: usize = admission.b_refused.values().sum();
+        let name = "admission: B's submits refused, A past the limit";
+        checks.push(at_most(name.into(), refused as f64, "", 0.0));
+        let name = "admission: B's p99 submit -> started, A past the limit / alone";
+        let alone_start = (runs.iter())
+            .find(|r| r.run == Run::Alone)
+            .map_or(f64::EPSILON, |r| {
+                r.b_submit_to_start.p99_ms.max(f64::EPSILON)
+            });
+        let start = admission.b_submit_to_start.p99_ms / alone_start;
+        checks.push(ratio(name, start, None));
+    }
     if let Some(starved) = (runs.iter()).find(|r| r.run == Run::Starved) {
         // Passed over for the bound, then started: its wait for a slot, and
         // the pipeline's second, come on top.
@@ -800,9 +813,12 @@ fn fairness(f: &mut fmt::Formatter<'_>, run: &Fairness) -> fmt::Result {
     if run.a_jobs > 0 {
         writeln!(
             f,
-            "  A done after                           {:>10.1} s  ({} submits answered 429, each retried)",
-            run.a_done_s, run.a_refusals
+            "  A done after                           {:>10.1} s  ({} submits answered 429 or 503, {} of them 503 overloaded; each retried)",
+            run.a_done_s, run.a_refusals, run.a_overloaded
         )?;
+    }
+    for (why, count) in &run.b_refused {
+        writeln!(f, "  B refused: {why:<29} {count:>10}")?;
     }
     latency(f, "B: submit -> started", &run.b_submit_to_start)?;
     latency(f, "B: submit -> bbox succeeded", &run.b_submit_to_bbox)?;
@@ -965,8 +981,10 @@ mod tests {
             run,
             a_jobs: 300,
             a_refusals: 7,
+            a_overloaded: 0,
             a_done_s: 12.5,
             b_jobs: 100,
+            b_refused: std::collections::BTreeMap::new(),
             b_submit_to_start: latency(b_p50 / 2.0),
             b_submit_to_bbox: latency(b_p50),
             b_hops: Vec::new(),
@@ -1038,6 +1056,7 @@ mod tests {
                 fairness(Run::Capped(50), 250.0),
                 fairness(Run::Priority, 500.0),
                 fairness(Run::Starved, 4000.0),
+                fairness(Run::Admission, 300.0),
             ],
             history: None,
             files: None,
@@ -1070,7 +1089,7 @@ mod tests {
         let refused = text.lines().find(|l| l.contains("refused: 503 overloaded"));
         assert!(refused.is_some_and(|l| l.ends_with(" 3")), "{text}");
         // Every check of a full run, in order, each on its own line.
-        assert_eq!(report.checks.len(), 19, "{:#?}", report.checks);
+        assert_eq!(report.checks.len(), 21, "{:#?}", report.checks);
         let lines: Vec<&str> = text.lines().collect();
         let table = &lines[lines.len() - report.checks.len()..];
         for (line, check) in table.iter().zip(&report.checks) {
@@ -1107,7 +1126,7 @@ mod tests {
                 ),
             ]
         );
-        let fairness: Vec<_> = report.checks[report.checks.len() - 4..].to_vec();
+        let fairness: Vec<_> = report.checks[report.checks.len() - 6..].to_vec();
         let values: Vec<(f64, Option<bool>)> = fairness.iter().map(|c| (c.value, c.met)).collect();
         assert_eq!(
             values,
@@ -1115,10 +1134,13 @@ mod tests {
                 (1.5, Some(true)),
                 (1.25, None),
                 (2.5, Some(false)),
+                (0.0, Some(true)),
+                (1.5, None),
                 (8.0, Some(true))
             ],
-            "B's p99 (latency() makes it twice the p50) over B alone's, and the starved \
-             run's longest start (4 times its p50, in s): {fairness:#?}"
+            "B's p99 (latency() makes it twice the p50) over B alone's, B's refusals \
+             and its p99 start beside a flood past the admission limit over alone's, and \
+             the starved run's longest start (4 times its p50, in s): {fairness:#?}"
         );
     }
 }
