@@ -6,7 +6,8 @@
 # (FetchCooldown 1 ms, FetchPollInterval 20 ms) and times until all N jobs
 # have completed.
 #
-#   scripts/bench/river.sh --jobs N [--mode noop|chain|chain-tx] [--max-workers W] [--database-url URL]
+#   scripts/bench/river.sh --jobs N [--mode noop|chain|chain-tx] [--max-workers W]
+#                          [--max-conns C] [--database-url URL]
 #
 # --mode noop (the default): one-stage no-op jobs.  chain: the first job's
 # worker inserts a second job (ClientFromContext(ctx).Insert); chain-tx: it
@@ -16,7 +17,7 @@
 # --max-workers defaults to 1000; --database-url to $DATABASE_URL (the role
 # must be able to create databases).  Last stdout line, one JSON object:
 #   {"peer":"river","version":"0.51.2","mode":M,"stages":1|2,"documents":N,"jobs":N*stages,
-#    "max_workers":W,"fetch_cooldown_ms":1,"fetch_poll_interval_ms":20,"seconds":S,
+#    "max_workers":W,"max_conns":C,"fetch_cooldown_ms":1,"fetch_poll_interval_ms":20,"seconds":S,
 #    "jobs_per_s":X,"documents_per_s":D}
 # Progress goes to stderr; exits non-zero on failure.
 # The driver (scripts/bench/river/main.go) is built with `go build` into
@@ -29,12 +30,13 @@ DEST="$REPO/.bench/river"
 
 die() { echo "river.sh: $*" >&2; exit 1; }
 
-JOBS="" MODE=noop MAX_WORKERS=1000 DB_URL="${DATABASE_URL:-}"
+JOBS="" MODE=noop MAX_WORKERS=1000 MAX_CONNS=0 DB_URL="${DATABASE_URL:-}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --jobs) JOBS="${2:-}"; shift 2 ;;
         --mode) MODE="${2:-}"; shift 2 ;;
         --max-workers) MAX_WORKERS="${2:-}"; shift 2 ;;
+        --max-conns) MAX_CONNS="${2:-}"; shift 2 ;;
         --database-url) DB_URL="${2:-}"; shift 2 ;;
         *) die "unknown argument '$1' (usage: --jobs N [--mode noop|chain|chain-tx] [--max-workers W] [--database-url URL])" ;;
     esac
@@ -42,6 +44,7 @@ done
 [[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || die "--jobs N (a positive integer) is required"
 [[ "$MODE" =~ ^(noop|chain|chain-tx)$ ]] || die "--mode must be noop, chain or chain-tx"
 [[ "$MAX_WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--max-workers must be a positive integer"
+[[ "$MAX_CONNS" =~ ^[0-9]+$ ]] || die "--max-conns must be a number (0: pgxpool's default)"
 [ -n "$DB_URL" ] || die "no database: pass --database-url or set DATABASE_URL"
 
 # Go: the machine's (also /usr/local/go), else Debian's golang-go.
@@ -71,4 +74,4 @@ if [ "$(cat "$DEST/.stamp" 2>/dev/null || true)" != "$stamp" ] || [ ! -x "$DEST/
     echo "$stamp" > "$DEST/.stamp"
 fi
 
-exec "$DEST/river-bench" -jobs "$JOBS" -mode "$MODE" -max-workers "$MAX_WORKERS" -database-url "$DB_URL"
+exec "$DEST/river-bench" -jobs "$JOBS" -mode "$MODE" -max-workers "$MAX_WORKERS" -max-conns "$MAX_CONNS" -database-url "$DB_URL"

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::cost::services_cpu_s;
@@ -185,10 +185,24 @@ async fn hold_every_permit(
         match post(client, base, request).await {
             Err(refused) if refused.0 == "503 overloaded" => return Ok(held),
             answer => {
-                let late = Instant::now() >= deadline;
-                anyhow::ensure!(!late, "the held submits took no permit: last {answer:?}");
+                if Instant::now() >= deadline {
+                    let answered = first_answer(&mut held[0]).await;
+                    anyhow::bail!(
+                        "the held submits took no permit: last {answer:?}; a held one: {answered}"
+                    );
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+    }
+}
+
+/// What a held submit's connection was answered, if anything, for the error.
+async fn first_answer(socket: &mut TcpStream) -> String {
+    let mut read = vec![0; 512];
+    match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut read)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&read[..n]).into_owned(),
+        Ok(Err(e)) => format!("read failed: {e}"),
+        Err(_) => "no answer".into(),
     }
 }

@@ -468,8 +468,11 @@ impl Report {
         for r in &self.river {
             let name = format!("River {}", r["version"].as_str().unwrap_or("?"));
             let how = format!(
-                "MaxWorkers {}, FetchCooldown {} ms, FetchPollInterval {} ms",
-                r["max_workers"], r["fetch_cooldown_ms"], r["fetch_poll_interval_ms"]
+                "MaxWorkers {}, {} connections, FetchCooldown {} ms, FetchPollInterval {} ms",
+                r["max_workers"],
+                r["max_conns"],
+                r["fetch_cooldown_ms"],
+                r["fetch_poll_interval_ms"]
             );
             peer_line(f, &name, r, &how)?;
         }

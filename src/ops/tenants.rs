@@ -62,8 +62,9 @@ pub enum TenantsCommand {
         days: Setting<u32>,
     },
     /// Set a tenant's weight: its share of the workers when several tenants
-    /// have work waiting (1 to 1000; every tenant starts at 1). Workers use
-    /// it within 5 s; prints it.
+    /// have work waiting, and of a `serve`'s admission limit when submits
+    /// exceed it (1 to 1000; every tenant starts at 1). Workers and `serve`
+    /// use it within 5 s; prints it.
     SetWeight {
         /// The tenant's name.
         name: String,

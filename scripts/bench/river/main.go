@@ -26,6 +26,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -107,6 +108,15 @@ func (w chainTxWorker) Work(ctx context.Context, job *river.Job[firstArgs]) erro
 	return tx.Commit(ctx)
 }
 
+// poolSize is the pool's connections for -max-conns: pgxpool's default,
+// max(4, CPUs), when 0.
+func poolSize(maxConns int) int {
+	if maxConns > 0 {
+		return maxConns
+	}
+	return max(4, runtime.NumCPU())
+}
+
 // stagesOf is how many jobs each document runs in mode, 0 for no such mode.
 func stagesOf(mode string) int {
 	switch mode {
@@ -127,6 +137,7 @@ func main() {
 	maxWorkers := flag.Int("max-workers", 1000, "MaxWorkers of the default queue")
 	adminURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; the role must be able to create databases")
 	mode := flag.String("mode", "noop", "noop, chain or chain-tx")
+	maxConns := flag.Int("max-conns", 0, "the pool's connections (0: pgxpool's default, max(4, CPUs))")
 	flag.Parse()
 	stages := stagesOf(*mode)
 	if *jobs < 1 || *maxWorkers < 1 || *adminURL == "" || stages == 0 {
@@ -138,7 +149,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	seconds, err := run(ctx, *adminURL, *mode, *jobs, *maxWorkers)
+	seconds, err := run(ctx, *adminURL, *mode, *jobs, *maxWorkers, int32(*maxConns))
 	if err != nil {
 		logf("ERROR: %v", err)
 		os.Exit(1)
@@ -152,13 +163,14 @@ func main() {
 		Documents           int     `json:"documents"`
 		Jobs                int     `json:"jobs"`
 		MaxWorkers          int     `json:"max_workers"`
+		MaxConns            int     `json:"max_conns"`
 		FetchCooldownMs     int64   `json:"fetch_cooldown_ms"`
 		FetchPollIntervalMs int64   `json:"fetch_poll_interval_ms"`
 		Seconds             float64 `json:"seconds"`
 		JobsPerS            float64 `json:"jobs_per_s"`
 		DocumentsPerS       float64 `json:"documents_per_s"`
 	}{
-		"river", riverVersion(), *mode, stages, *jobs, *jobs * stages, *maxWorkers,
+		"river", riverVersion(), *mode, stages, *jobs, *jobs * stages, *maxWorkers, poolSize(*maxConns),
 		fetchCooldown.Milliseconds(), fetchPollInterval.Milliseconds(),
 		math.Round(seconds*1000) / 1000, math.Round(float64(*jobs*stages) / seconds),
 		math.Round(float64(*jobs) / seconds),
@@ -167,7 +179,7 @@ func main() {
 }
 
 // run creates a scratch database, benchmarks in it and drops it.
-func run(ctx context.Context, adminURL, mode string, jobs, maxWorkers int) (seconds float64, err error) {
+func run(ctx context.Context, adminURL, mode string, jobs, maxWorkers int, maxConns int32) (seconds float64, err error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return 0, fmt.Errorf("connecting: %w", err)
@@ -195,7 +207,11 @@ func run(ctx context.Context, adminURL, mode string, jobs, maxWorkers int) (seco
 		return 0, err
 	}
 	cfg.ConnConfig.Database = db
-	// pgxpool's default size, max(4, CPUs): 20 connections measured no faster.
+	// pgxpool's default size, max(4, CPUs), unless -max-conns: for no-op
+	// jobs 20 connections measured no faster.
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return 0, err
