@@ -1,6 +1,8 @@
 //! The benchmark keeps working: a seconds-long `docstream bench --smoke` runs
-//! every phase (pgbench, Kafka's perf tools, graphile-worker, docstream's
-//! burn-down, steady state and saturation curve, and the steady state through extractor-serve) against the real services and writes a report
+//! every phase (pgbench, Kafka's perf tools, graphile-worker and River with
+//! their chains, docstream's burn-down, steady state, saturation curve,
+//! refusals, the steady state through extractor-serve, and fairness)
+//! against the real services and writes a report
 //! in which each phase measured something. It measures nothing worth keeping:
 //! performance is the benchmark's job (`scripts/bench.sh`), not this test's.
 
@@ -20,7 +22,26 @@ fn a_smoke_run_measures_every_phase() {
     the_queues_and_the_burn_down_measured(&report);
     both_steady_states_measured(&report);
     the_saturation_curve_measured(&report);
+    refusals_and_fair_admission_measured(&report);
     every_check_is_reported(&report);
+}
+
+/// The refusals phase got both answers and priced them; the fairness
+/// phase's admission run had A refused past the limit and B admitted.
+fn refusals_and_fair_admission_measured(report: &serde_json::Value) {
+    for answer in ["accepted", "refused"] {
+        assert!(number(report, &format!("/refusals/{answer}/answers")) > 0.0);
+        assert!(number(report, &format!("/refusals/{answer}/serve_cpu_us")) > 0.0);
+    }
+    let runs = report["fairness"].as_array().unwrap();
+    let admission = runs.iter().find(|r| r["run"] == "admission");
+    let admission = admission.unwrap_or_else(|| panic!("no admission run: {runs:?}"));
+    assert!(
+        admission["a_overloaded"].as_u64().unwrap() > 0,
+        "{admission}"
+    );
+    assert_eq!(admission["b_refused"], serde_json::json!({}), "{admission}");
+    assert_eq!(admission["b_jobs"], 100);
 }
 
 /// Runs `docstream bench --smoke` into a temporary directory, checks that it
@@ -64,12 +85,25 @@ fn it_is_a_smoke_report_with_the_ceilings_measured(report: &serde_json::Value) {
     assert!(number(report, "/kafka/consumer_records_per_s") > 0.0);
 }
 
-/// graphile-worker, River (300 jobs) and docstream's burn-down (300 jobs)
-/// each measured a rate, and the burn-down each of its costs.
+/// graphile-worker (no-op jobs, then its chain), River (no-op jobs, then
+/// both its chains), 300 documents each, and docstream's burn-down (300
+/// jobs) each measured a rate, and the burn-down each of its costs.
 fn the_queues_and_the_burn_down_measured(report: &serde_json::Value) {
-    assert!(number(report, "/peer/jobs_per_s") > 0.0);
-    assert!(number(report, "/river/jobs_per_s") > 0.0);
-    assert_eq!(number(report, "/river/jobs"), 300.0);
+    let peers = [
+        ("peer", vec!["noop", "chain"]),
+        ("river", vec!["noop", "chain", "chain-tx"]),
+    ];
+    for (peer, modes) in peers {
+        let runs = report[peer].as_array().unwrap();
+        let ran: Vec<&str> = runs.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+        assert_eq!(ran, modes, "{peer}");
+        for (i, mode) in modes.iter().enumerate() {
+            assert_eq!(number(report, &format!("/{peer}/{i}/documents")), 300.0);
+            let stages = if *mode == "noop" { 1.0 } else { 2.0 };
+            assert_eq!(number(report, &format!("/{peer}/{i}/jobs")), 300.0 * stages);
+            assert!(number(report, &format!("/{peer}/{i}/documents_per_s")) > 0.0);
+        }
+    }
     assert_eq!(number(report, "/burn_down/jobs"), 300.0);
     assert!(number(report, "/burn_down/jobs_per_s") > 0.0);
     for cost in ["total_cpu_ms", "wal_bytes", "kafka_records", "kafka_bytes"] {
@@ -132,8 +166,12 @@ fn the_saturation_curve_measured(report: &serde_json::Value) {
 fn every_check_is_reported(report: &serde_json::Value) {
     let checks = report["checks"].as_array().unwrap();
     for name in [
-        "graphile-worker",
-        "River",
+        "graphile-worker, same work",
+        "River, same work",
+        "single-stage no-op job",
+        "CPU per job",
+        "refusal CPU",
+        "admission: B's submits refused",
         "Postgres ceiling, 1 row",
         "peak RSS",
         "steady p99",
