@@ -35,7 +35,9 @@ ensure_ocr_tools() {
     grep -qx eng <<<"$data" || missing+=(tesseract-ocr-eng)
     grep -qx osd <<<"$data" || missing+=(tesseract-ocr-osd)
     command -v pdftoppm >/dev/null 2>&1 || missing+=(poppler-utils)
-    command -v convert >/dev/null 2>&1 || missing+=(imagemagick)
+    # Debian's package, not merely a `convert` on the PATH: a stand-in there may
+    # hand real work on to /usr/bin/convert.
+    dpkg -s imagemagick >/dev/null 2>&1 || missing+=(imagemagick)
     command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
     /usr/bin/python3 -c 'import PIL' 2>/dev/null || missing+=(python3-pil)
     if [ ${#missing[@]} -gt 0 ]; then

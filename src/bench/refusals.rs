@@ -1,15 +1,15 @@
 //! What a refusal costs against what an accepted submit costs, in CPU.
 //!
-//! A `serve` of its own, without workers (the jobs it accepts wait in the
-//! scratch database, dropped afterwards), its admission limit pinned at
-//! [`LIMIT`] submits in flight and its answer bound raised so that a held
-//! submit keeps its permit through the measurement:
+//! Two `serve`s of their own, without workers (the jobs they accept wait in
+//! the scratch database, dropped afterwards), their admission limit pinned
+//! at [`LIMIT`] submits in flight:
 //! 1. accepted: [`CLIENTS`] submitters in a closed loop, fewer than the
 //!    limit, so every submit is admitted;
-//! 2. refused: [`LIMIT`] submits hold every permit (their headers sent,
-//!    their bodies held back: a JSON submit takes its permit before its body
-//!    is read), and the same submitters, of the same tenant, are refused
-//!    with 503 `overloaded`.
+//! 2. refused: on the second `serve`, every submit stalls after its INSERT
+//!    (the `submit.after_insert` failpoint) for longer than the window, so
+//!    [`LIMIT`] submits hold every permit, and the same submitters, of the
+//!    same tenant, are refused with 503 `overloaded`. The held ones are
+//!    answered 202 after the window, before that `serve` stops.
 //!
 //! Each window gives `serve`'s CPU, Postgres's and the broker's, and this
 //! process's (the HTTP client's), per answer.
@@ -17,8 +17,6 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::cost::services_cpu_s;
 use super::pipeline::{post, requests_for, spawn_serve, wait_healthy, Rig};
@@ -69,45 +67,90 @@ impl Cost {
 
 /// Runs both windows on `rig`, each `seconds` long.
 pub async fn refusals(rig: &Rig, seconds: f64) -> anyhow::Result<Refusals> {
-    let mut rig_env = rig.env.clone();
-    rig_env.extend([
-        ("DOCSTREAM_SUBMIT_MIN_IN_FLIGHT".into(), LIMIT.to_string()),
-        ("DOCSTREAM_SUBMIT_MAX_IN_FLIGHT".into(), LIMIT.to_string()),
-        ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S".into(), "120".into()),
-        // The tenant's own rate would refuse first (429).
-        ("DOCSTREAM_TENANT_SUBMIT_RATE_PER_S".into(), "0".into()),
-    ]);
-    let pinned = Rig {
-        settings: rig.settings.clone(),
-        env: rig_env,
-        pool: rig.pool.clone(),
-        logs: rig.logs.clone(),
-    };
-    let (base, serve) = spawn_serve(&pinned)?;
-    let mut procs = vec![serve];
+    let seconds = seconds.max(2.0);
     let key = crate::demo::unlimited_key(&rig.pool, "bench").await?;
     let client = crate::demo::api_client(&key.api_key)?;
-    wait_healthy(&client, &base, &mut procs).await?;
-    let window = Window {
-        client: &client,
-        base: &base,
-        serve: &procs[0],
-        seconds: seconds.max(2.0),
+    let accepted = {
+        let serve = Pinned::start(rig, &client, None).await?;
+        let cost = serve.window(&client, seconds).closed_loop("202").await;
+        serve.stop().await?;
+        cost?
     };
-
-    let accepted = window.closed_loop("202").await?;
-    let held = hold_every_permit(&base, &key.api_key, &client).await?;
-    let refused = window.closed_loop("503 overloaded").await?;
-    drop(held);
-    for proc in procs {
-        proc.stop().await?;
-    }
+    // Held past the window, so that no permit frees while it runs.
+    let stall = Duration::from_secs_f64(seconds + 5.0);
+    let serve = Pinned::start(rig, &client, Some(stall)).await?;
+    let refused = match hold_every_permit(&client, &serve.base, &rig.pool).await {
+        Ok(held) => {
+            let cost = serve
+                .window(&client, seconds)
+                .closed_loop("503 overloaded")
+                .await;
+            for submit in held {
+                submit.await?;
+            }
+            cost
+        }
+        Err(e) => Err(e),
+    };
+    serve.stop().await?;
     Ok(Refusals {
         limit: LIMIT,
         clients: CLIENTS,
         accepted,
-        refused,
+        refused: refused?,
     })
+}
+
+/// A `serve` with its limit pinned at [`LIMIT`], every submit stalled after
+/// its INSERT for `stall` when given.
+struct Pinned {
+    base: String,
+    proc: Proc,
+}
+
+impl Pinned {
+    async fn start(
+        rig: &Rig,
+        client: &reqwest::Client,
+        stall: Option<Duration>,
+    ) -> anyhow::Result<Self> {
+        let mut env = rig.env.clone();
+        env.extend([
+            ("DOCSTREAM_SUBMIT_MIN_IN_FLIGHT".into(), LIMIT.to_string()),
+            ("DOCSTREAM_SUBMIT_MAX_IN_FLIGHT".into(), LIMIT.to_string()),
+            ("DOCSTREAM_HTTP_ANSWER_TIMEOUT_S".into(), "120".into()),
+            // The tenant's own rate would refuse first (429).
+            ("DOCSTREAM_TENANT_SUBMIT_RATE_PER_S".into(), "0".into()),
+        ]);
+        if let Some(stall) = stall {
+            let point = format!("submit.after_insert=sleep({})", stall.as_millis());
+            env.push(("DOCSTREAM_FAILPOINTS".into(), point));
+        }
+        let pinned = Rig {
+            settings: rig.settings.clone(),
+            env,
+            pool: rig.pool.clone(),
+            logs: rig.logs.clone(),
+        };
+        let (base, proc) = spawn_serve(&pinned)?;
+        let mut procs = [proc];
+        wait_healthy(client, &base, &mut procs).await?;
+        let [proc] = procs;
+        Ok(Self { base, proc })
+    }
+
+    fn window<'a>(&'a self, client: &'a reqwest::Client, seconds: f64) -> Window<'a> {
+        Window {
+            client,
+            base: &self.base,
+            serve: &self.proc,
+            seconds,
+        }
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.proc.stop().await
+    }
 }
 
 /// What a closed loop sends to.
@@ -160,49 +203,40 @@ impl Window<'_> {
     }
 }
 
-/// [`LIMIT`] submits that hold every permit: their headers sent, their
-/// bodies never. Held until the connections are dropped; answers once a
-/// submit is refused.
+/// [`LIMIT`] submits that hold every permit (each stalls after its
+/// INSERT): answers once all their rows are written and a submit is
+/// refused. Each held one is a task that ends with its 202.
 async fn hold_every_permit(
-    base: &str,
-    api_key: &str,
     client: &reqwest::Client,
-) -> anyhow::Result<Vec<TcpStream>> {
-    let addr = base.trim_start_matches("http://");
-    let head = format!(
-        "POST /v1/extractions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {api_key}\r\n\
-         content-type: application/json\r\ncontent-length: 100000\r\n\r\n{{"
-    );
-    let mut held = Vec::new();
-    for _ in 0..LIMIT {
-        let mut socket = TcpStream::connect(addr).await?;
-        socket.write_all(head.as_bytes()).await?;
-        held.push(socket);
-    }
+    base: &str,
+    pool: &sqlx::PgPool,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let rows = "SELECT count(*) FROM extractions";
+    let before: i64 = sqlx::query_scalar(rows).fetch_one(pool).await?;
     let request = &requests_for(None)[0];
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let held: Vec<_> = (0..LIMIT)
+        .map(|_| {
+            let (client, base, request) = (client.clone(), base.to_owned(), request.clone());
+            tokio::spawn(async move {
+                let _ = post(&client, &base, &request).await;
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match post(client, base, request).await {
-            Err(refused) if refused.0 == "503 overloaded" => return Ok(held),
-            answer => {
-                if Instant::now() >= deadline {
-                    let answered = first_answer(&mut held[0]).await;
-                    anyhow::bail!(
-                        "the held submits took no permit: last {answer:?}; a held one: {answered}"
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        let now: i64 = sqlx::query_scalar(rows).fetch_one(pool).await?;
+        if now - before >= LIMIT as i64 {
+            break;
         }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {LIMIT} held submits wrote their rows",
+            now - before
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// What a held submit's connection was answered, if anything, for the error.
-async fn first_answer(socket: &mut TcpStream) -> String {
-    let mut read = vec![0; 512];
-    match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut read)).await {
-        Ok(Ok(n)) => String::from_utf8_lossy(&read[..n]).into_owned(),
-        Ok(Err(e)) => format!("read failed: {e}"),
-        Err(_) => "no answer".into(),
+    match post(client, base, request).await {
+        Err(refused) if refused.0 == "503 overloaded" => Ok(held),
+        answer => anyhow::bail!("with every permit held, a submit was answered {answer:?}"),
     }
 }
