@@ -56,6 +56,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use crate::domain::schedule::Weights;
+
 use crate::config::Settings;
 
 /// The limit's bounds and its start.
@@ -79,6 +81,8 @@ pub struct Admission {
 
 struct Inner {
     settings: AdmissionSettings,
+    /// The tenants' weights, which their shares of the limit follow.
+    weights: Weights,
     state: Mutex<State>,
 }
 
@@ -152,8 +156,9 @@ impl AdmissionSettings {
 }
 
 impl Admission {
-    /// A limit starting at a quarter of the way from `min_limit` to `max_limit`.
-    pub fn new(settings: AdmissionSettings) -> Self {
+    /// A limit starting at a quarter of the way from `min_limit` to
+    /// `max_limit`, shared by `weights` at its top.
+    pub fn new(settings: AdmissionSettings, weights: Weights) -> Self {
         let min = settings.min_limit.max(1) as f64;
         let max = (settings.max_limit as f64).max(min);
         let state = State {
@@ -174,15 +179,16 @@ impl Admission {
         Self {
             inner: Arc::new(Inner {
                 settings,
+                weights,
                 state: Mutex::new(state),
             }),
         }
     }
 
-    /// A permit if a submit of `tenant`, whose weight is `weight`, has room
-    /// now: below the limit, or within the tenant's share of it; `None`
-    /// means refuse it.
-    pub fn try_admit(&self, tenant: Uuid, weight: u32) -> Option<Permit> {
+    /// A permit if a submit of `tenant` has room now: below the limit, or
+    /// within the tenant's share of it; `None` means refuse it.
+    pub fn try_admit(&self, tenant: Uuid) -> Option<Permit> {
+        let weight = self.inner.weights.of(Some(tenant));
         let mut state = self.inner.lock();
         let limit = state.limit.floor();
         if state.in_flight as f64 >= limit && !state.within_share(tenant, weight, limit) {
@@ -355,22 +361,23 @@ mod tests {
     const B: Uuid = Uuid::from_u128(0xb);
 
     fn admission(min: usize, max: usize) -> Admission {
-        Admission::new(AdmissionSettings {
+        let settings = AdmissionSettings {
             target: Duration::from_millis(100),
             answer_bound: Duration::from_secs(2),
             min_limit: min,
             max_limit: max,
-        })
+        };
+        Admission::new(settings, Weights::default())
     }
 
     #[test]
     fn refuses_past_the_limit_and_admits_again_once_one_leaves() {
         let admission = admission(4, 4);
-        let permits: Vec<Permit> = (0..4).map(|_| admission.try_admit(A, 1).unwrap()).collect();
-        assert!(admission.try_admit(A, 1).is_none());
+        let permits: Vec<Permit> = (0..4).map(|_| admission.try_admit(A).unwrap()).collect();
+        assert!(admission.try_admit(A).is_none());
         drop(permits);
         assert_eq!(admission.snapshot().1, 0);
-        assert!(admission.try_admit(A, 1).is_some());
+        assert!(admission.try_admit(A).is_some());
     }
 
     #[test]
@@ -378,9 +385,7 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         for _ in 0..200 {
-            let permits: Vec<Permit> = (0..start)
-                .filter_map(|_| admission.try_admit(A, 1))
-                .collect();
+            let permits: Vec<Permit> = (0..start).filter_map(|_| admission.try_admit(A)).collect();
             for mut permit in permits {
                 permit.durable();
             }
@@ -393,14 +398,14 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         for _ in 0..1000 {
-            admission.try_admit(A, 1).unwrap().durable();
+            admission.try_admit(A).unwrap().durable();
         }
         assert_eq!(admission.snapshot().0, start);
     }
 
     /// Every permit the limit gives now: with them held, it is binding.
     fn fill(admission: &Admission) -> Vec<Permit> {
-        std::iter::from_fn(|| admission.try_admit(A, 1)).collect()
+        std::iter::from_fn(|| admission.try_admit(A)).collect()
     }
 
     #[test]
@@ -423,7 +428,7 @@ mod tests {
         let admission = admission(4, 100);
         let start = admission.snapshot().0;
         admission.inner.lock().last_cut -= Duration::from_secs(10);
-        let mut permit = admission.try_admit(A, 1).unwrap();
+        let mut permit = admission.try_admit(A).unwrap();
         std::thread::sleep(Duration::from_millis(101));
         permit.durable();
         assert_eq!(admission.snapshot().0, start);
@@ -500,14 +505,14 @@ mod tests {
         let flood = fill(&admission);
         assert_eq!(flood.len(), 4);
         // B's share of 4 beside A, both of weight 1: 2.
-        let b: Vec<Permit> = (0..2).map(|_| admission.try_admit(B, 1).unwrap()).collect();
-        assert!(admission.try_admit(B, 1).is_none());
-        assert!(admission.try_admit(A, 1).is_none());
+        let b: Vec<Permit> = (0..2).map(|_| admission.try_admit(B).unwrap()).collect();
+        assert!(admission.try_admit(B).is_none());
+        assert!(admission.try_admit(A).is_none());
         assert_eq!(admission.snapshot(), (4, 6));
         // A is refused until it is back under its own share.
         drop(flood);
-        let a: Vec<Permit> = (0..2).map(|_| admission.try_admit(A, 1).unwrap()).collect();
-        assert!(admission.try_admit(A, 1).is_none());
+        let a: Vec<Permit> = (0..2).map(|_| admission.try_admit(A).unwrap()).collect();
+        assert!(admission.try_admit(A).is_none());
         drop((a, b));
         let state = admission.inner.lock();
         assert_eq!((state.in_flight, state.weight_in_flight), (0, 0));
@@ -519,7 +524,8 @@ mod tests {
         let admission = admission(8, 8);
         let _flood = fill(&admission);
         // B of weight 3 beside A of weight 1: 6 of 8.
-        let b: Vec<Permit> = std::iter::from_fn(|| admission.try_admit(B, 3)).collect();
+        admission.inner.weights.replace([(B, 3)].into());
+        let b: Vec<Permit> = std::iter::from_fn(|| admission.try_admit(B)).collect();
         assert_eq!(b.len(), 6);
     }
 
@@ -529,7 +535,7 @@ mod tests {
         let _flood = fill(&admission);
         // Every tenant's share is at least one: many tenants, one each.
         let many: Vec<Permit> = (1..100u128)
-            .filter_map(|n| admission.try_admit(Uuid::from_u128(0x100 + n), 1))
+            .filter_map(|n| admission.try_admit(Uuid::from_u128(0x100 + n)))
             .collect();
         assert_eq!(many.len(), 4);
         assert_eq!(admission.snapshot(), (4, 8));

@@ -150,19 +150,16 @@ async fn admit(State(services): State<Services>, request: Request, next: Next) -
         Ok(caller) => caller,
         Err(refused) => return refused.into_response(),
     };
-    let http = &services.metrics.http;
     let admission = &services.admission;
-    let weight = services.weights.of(Some(caller.tenant_id));
     let permit = match super::upload::is_multipart(&parts.headers) {
         true => Some(None),
-        false => admission.try_admit(caller.tenant_id, weight).map(Some),
+        false => admission.try_admit(caller.tenant_id).map(Some),
     };
     parts.extensions.insert(caller);
-    let request = Request::from_parts(parts, body);
+    let mut request = Request::from_parts(parts, body);
     let response = match permit {
         Some(permit) => {
             let admitted = Admitted(Arc::new(Mutex::new(permit)));
-            let mut request = request;
             request.extensions_mut().insert(admitted.clone());
             let response = next.run(request).await;
             // Answered without a row (refused, unauthenticated, failed):
@@ -171,18 +168,17 @@ async fn admit(State(services): State<Services>, request: Request, next: Next) -
             response
         }
         None => {
-            http.overload_rejections.inc();
             // The body is read (it is in the socket already, as a rule) and
             // dropped: a body left unread closes the connection, and a
             // client turned away would pay for a new one on its retry.
             let limit = services.settings.http_body_limit_bytes;
             let body = axum::body::to_bytes(request.into_body(), limit);
             let _ = tokio::time::timeout(REFUSED_BODY_READ, body).await;
-            let message = "this server has no room for another submit now; retry shortly";
-            ApiError::Overloaded(message.into()).into_response()
+            overloaded(&services).into_response()
         }
     };
     let (limit, in_flight) = admission.snapshot();
+    let http = &services.metrics.http;
     http.admission_limit.set(limit as i64);
     http.submits_in_flight.set(in_flight as i64);
     response
@@ -221,15 +217,19 @@ impl Admitted {
         if permit.is_some() {
             return Ok(());
         }
-        let weight = services.weights.of(Some(tenant));
-        *permit = services.admission.try_admit(tenant, weight);
-        if permit.is_none() {
-            services.metrics.http.overload_rejections.inc();
-            let message = "this server has no room for another submit now; retry shortly";
-            return Err(ApiError::Overloaded(message.into()));
+        *permit = services.admission.try_admit(tenant);
+        match permit.is_some() {
+            true => Ok(()),
+            false => Err(overloaded(services)),
         }
-        Ok(())
     }
+}
+
+/// A submit refused for want of room, counted.
+fn overloaded(services: &Services) -> ApiError {
+    services.metrics.http.overload_rejections.inc();
+    let message = "this server has no room for another submit now; retry shortly";
+    ApiError::Overloaded(message.into())
 }
 
 async fn submit(

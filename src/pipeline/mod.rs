@@ -109,7 +109,8 @@ pub struct Parts {
     /// The limit on this process's submits in flight (the HTTP route's).
     pub admission: Admission,
     /// Tenants' weights, for the share of a consumer's slots each gets when
-    /// several have records waiting (kept current by `weights::keep_current`).
+    /// several have records waiting, and of the admission limit (kept
+    /// current by `weights::keep_current`).
     pub weights: Weights,
     /// The files tenants uploaded.
     pub files: Files,
@@ -124,7 +125,8 @@ impl Services {
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, reqwest::Error> {
-        let admission = Admission::new(AdmissionSettings::of(&settings));
+        let weights = Weights::default();
+        let admission = Admission::new(AdmissionSettings::of(&settings), weights.clone());
         let stages = PerStage::new(|stage| settings.stage(stage));
         let limits = BatchLimits::of(&settings);
         let batched = Batched::new(limits, &stages, &pool, &health, &metrics, &admission);
@@ -144,7 +146,6 @@ impl Services {
             webhooks.clone(),
         );
         let cpu = CpuPool::new(settings.extraction_threads);
-        let weights = Weights::default();
         let extractors = Extractors::new(&settings, &metrics, cpu.clone(), (&pool, &weights))?;
         let key_cache = settings.api_key_cache_s.get();
         let answer_bound = settings.http_answer_timeout_s.get();
