@@ -817,7 +817,8 @@ pub(super) async fn wait_healthy(
 async fn open_count(pool: &PgPool) -> anyhow::Result<i64> {
     let open = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM extractions WHERE status IN ('queued', 'running'))
-              + (SELECT count(*) FROM extractions WHERE bbox_status IN ('pending', 'running'))",
+              + (SELECT count(*) FROM extractions WHERE status = 'succeeded'
+                   AND bbox_finished_at IS NULL AND bbox_status IN ('pending', 'running'))",
     )
     .fetch_one(pool)
     .await?;

@@ -49,6 +49,10 @@ const TAKE_TURN: &str = "UPDATE census_turn SET taken_at = now()
  WHERE taken_at < now() - make_interval(secs => $1)
 RETURNING true";
 
+/// What the open-bbox index reads (see its migration): a query for pending or
+/// running refinements names it so the planner can use that index.
+const BBOX_OPEN: &str = "status = 'succeeded' AND bbox_finished_at IS NULL AND ";
+
 /// The census's counts, of every job (`scope` empty) or of those `scope`
 /// names (`"tenant_id = $1 AND "`).
 fn count_statement(scope: &str) -> String {
@@ -56,8 +60,8 @@ fn count_statement(scope: &str) -> String {
         "SELECT
   (SELECT count(*) FROM extractions WHERE {scope}status = 'queued') AS queued,
   (SELECT count(*) FROM extractions WHERE {scope}status = 'running') AS running,
-  (SELECT count(*) FROM extractions WHERE {scope}bbox_status = 'pending') AS bbox_pending,
-  (SELECT count(*) FROM extractions WHERE {scope}bbox_status = 'running') AS bbox_running,
+  (SELECT count(*) FROM extractions WHERE {scope}{BBOX_OPEN}bbox_status = 'pending') AS bbox_pending,
+  (SELECT count(*) FROM extractions WHERE {scope}{BBOX_OPEN}bbox_status = 'running') AS bbox_running,
   (SELECT COALESCE(extract(epoch FROM now() - min(COALESCE(next_attempt_at, submitted_at))), 0)
      FROM extractions
     WHERE {scope}status = 'queued' AND COALESCE(next_attempt_at, submitted_at) <= now())::float8
@@ -65,9 +69,9 @@ fn count_statement(scope: &str) -> String {
   (SELECT COALESCE(extract(epoch FROM now() - min(started_at)), 0)
      FROM extractions WHERE {scope}status = 'running')::float8 AS oldest_running_s,
   (SELECT COALESCE(extract(epoch FROM now() - min(COALESCE(bbox_requested_at, finished_at))), 0)
-     FROM extractions WHERE {scope}bbox_status = 'pending')::float8 AS oldest_bbox_pending_s,
+     FROM extractions WHERE {scope}{BBOX_OPEN}bbox_status = 'pending')::float8 AS oldest_bbox_pending_s,
   (SELECT COALESCE(extract(epoch FROM now() - min(bbox_started_at)), 0)
-     FROM extractions WHERE {scope}bbox_status = 'running')::float8 AS oldest_bbox_running_s"
+     FROM extractions WHERE {scope}{BBOX_OPEN}bbox_status = 'running')::float8 AS oldest_bbox_running_s"
     )
 }
 
@@ -200,7 +204,9 @@ const RECORD_SAMPLES: &str = "WITH prev AS (
   SELECT tenant_id,
          count(*) FILTER (WHERE bbox_status = 'pending') AS bbox_pending,
          count(*) FILTER (WHERE bbox_status = 'running') AS bbox_running
-    FROM extractions WHERE bbox_status IN ('pending', 'running') GROUP BY tenant_id
+    FROM extractions
+   WHERE status = 'succeeded' AND bbox_finished_at IS NULL AND bbox_status IN ('pending', 'running')
+   GROUP BY tenant_id
 ), recent AS (
   SELECT tenant_id, count(*) AS submitted FROM extractions
    WHERE id >= uuid_floor(COALESCE((SELECT at FROM prev), now() - make_interval(secs => $1)))

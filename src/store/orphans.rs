@@ -247,7 +247,8 @@ macro_rules! bbox_orphans {
             $threshold,
             ") END AS since
       FROM extractions
-     WHERE bbox_status IN ('pending', 'running')
+     WHERE status = 'succeeded' AND bbox_finished_at IS NULL
+       AND bbox_status IN ('pending', 'running')
        AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
              AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => ",
             $threshold,
