@@ -188,7 +188,7 @@ where
         let _ = EXPORTING.set(false);
         return Ok((None, Exporter(None)));
     }
-    crate::install_tls_provider();
+    crate::outbound::install_tls_provider();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()

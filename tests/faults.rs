@@ -809,7 +809,7 @@ impl Rig {
     /// finished, within 60 s).
     /// Every topic of the test.
     fn topics(&self) -> Vec<String> {
-        docstream::kafka::admin::topic_specs(&self.env.settings)
+        docstream::kafka::topics::topic_specs(&self.env.settings)
             .into_iter()
             .map(|spec| spec.name)
             .collect()

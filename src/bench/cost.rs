@@ -15,7 +15,7 @@ use sqlx::PgPool;
 
 use super::procs::{cpu_of, pids_matching, server_cpu_s, ProcCost};
 use docstream::config::Settings;
-use docstream::kafka::admin::topic_specs;
+use docstream::kafka::topics::topic_specs;
 
 /// One job's cost, averaged over a burn-down.
 #[derive(Debug, Clone, Serialize)]

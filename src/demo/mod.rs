@@ -80,7 +80,7 @@ pub async fn unlimited_key(pool: &sqlx::PgPool, name: &str) -> anyhow::Result<te
 
 /// An HTTP client that sends `api_key` with every request.
 pub fn api_client(api_key: &str) -> anyhow::Result<reqwest::Client> {
-    docstream::install_tls_provider();
+    docstream::outbound::install_tls_provider();
     let mut headers = reqwest::header::HeaderMap::new();
     let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {api_key}"))?;
     value.set_sensitive(true);

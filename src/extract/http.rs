@@ -34,8 +34,8 @@ use super::{check_required, ExtractError, Extracted, ExtractionOutput, Job};
 use crate::config::ExtractorSettings;
 use crate::domain::Document;
 use crate::domain::Lane;
-use crate::error_chain;
 use crate::metrics::ExtractorMetrics;
+use crate::outbound::error_chain;
 
 /// The shortest wait a `Retry-After` answer buys.
 const MIN_RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -99,7 +99,7 @@ impl HttpExtractor {
         settings: &ExtractorSettings,
         caps: &SharedCaps,
     ) -> reqwest::Result<Self> {
-        crate::install_tls_provider();
+        crate::outbound::install_tls_provider();
         // No proxy, whatever HTTP(S)_PROXY say: a proxy between docstream
         // and its own extraction service would see every document.
         let client = reqwest::Client::builder()

@@ -355,7 +355,7 @@ impl Files {
         let failed = |e: reqwest::Error| {
             let what = match e.is_timeout() {
                 true => "did not answer in time".to_owned(),
-                false => format!("failed: {}", crate::error_chain(&e)),
+                false => format!("failed: {}", crate::outbound::error_chain(&e)),
             };
             FileError::Url(format!("fetching document.url {what}"))
         };

@@ -8,16 +8,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::durability::{self, Replication};
+use super::topics::{topic_specs, TopicSpec};
 use crate::config::Settings;
-
-/// A topic to create.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicSpec {
-    /// Full name, prefix included.
-    pub name: String,
-    /// Partition count.
-    pub partitions: i32,
-}
 
 /// What happened to one topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,24 +18,6 @@ pub enum TopicOutcome {
     Created,
     /// It was there already (left as it is).
     Existed,
-}
-
-/// Every topic docstream uses, with its configured partition count.
-pub fn topic_specs(settings: &Settings) -> Vec<TopicSpec> {
-    let spec = |name: &str, partitions| TopicSpec {
-        name: settings.topic(name),
-        partitions,
-    };
-    vec![
-        spec(&settings.topic_requests, settings.stream_topic_partitions),
-        spec(&settings.topic_submitted, settings.job_topic_partitions),
-        spec(
-            &settings.topic_post_processing,
-            settings.job_topic_partitions,
-        ),
-        spec(&settings.topic_events, settings.stream_topic_partitions),
-        spec(&settings.topic_dlq, settings.dlq_topic_partitions),
-    ]
 }
 
 /// Why topics could not be created.

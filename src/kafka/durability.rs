@@ -186,7 +186,7 @@ pub async fn survey(settings: &Settings) -> Result<Survey, KafkaError> {
         .create()?;
     let timeout = Duration::from_secs(10);
     let metadata = admin.inner().fetch_metadata(None, timeout)?;
-    let wanted: Vec<String> = super::admin::topic_specs(settings)
+    let wanted: Vec<String> = super::topics::topic_specs(settings)
         .into_iter()
         .map(|spec| spec.name)
         .collect();

@@ -6,7 +6,7 @@
 
 use uuid::Uuid;
 
-use super::consumer::Record;
+use super::record::Record;
 use crate::domain::{Lane, Priority};
 
 /// Header naming the job's tenant (its id, as text). Not `docstream-tenant`:

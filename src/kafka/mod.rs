@@ -13,7 +13,10 @@ pub mod offsets;
 pub mod passing;
 pub mod publisher;
 pub mod reader;
+pub mod record;
+pub mod topics;
 
-pub use consumer::{ConsumerSpec, HandlerError, Record, RecordHandler};
+pub use consumer::{ConsumerSpec, HandlerError, RecordHandler};
 pub use lane::lane_of;
 pub use publisher::{PublishError, Publisher};
+pub use record::Record;

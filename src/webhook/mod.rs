@@ -40,9 +40,9 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::Backoff;
-use crate::error_chain;
 use crate::failpoints;
 use crate::metrics::Metrics;
+use crate::outbound::error_chain;
 use crate::store::webhooks::{self as outbox, Delivery, Final};
 use crate::trace;
 use fair::Shares;
@@ -178,7 +178,7 @@ impl Webhooks {
 /// request past the guard), bounded time, the guard as resolver, and HTTPS
 /// verified against the system's root certificates.
 pub fn guarded_client(guard: &Guard, timeout: Duration, agent: &'static str) -> reqwest::Client {
-    crate::install_tls_provider();
+    crate::outbound::install_tls_provider();
     let builder = |native_roots: bool| {
         let builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())

@@ -109,7 +109,7 @@ impl TestEnv {
             docstream::kafka::admin::create_topics(&settings)
                 .await
                 .expect("create topics");
-            for spec in docstream::kafka::admin::topic_specs(&settings) {
+            for spec in docstream::kafka::topics::topic_specs(&settings) {
                 wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
             }
         }
@@ -196,7 +196,7 @@ async fn remove(settings: &Settings) {
         .set("bootstrap.servers", &settings.kafka_brokers)
         .create()
         .expect("admin client");
-    let names: Vec<String> = docstream::kafka::admin::topic_specs(settings)
+    let names: Vec<String> = docstream::kafka::topics::topic_specs(settings)
         .into_iter()
         .map(|t| t.name)
         .collect();
@@ -249,7 +249,7 @@ pub fn secs(s: f64) -> docstream::config::Seconds {
 /// with the provider it installs, and reqwest is built without one of its
 /// own, so every client a test makes starts here.
 pub fn http_builder() -> reqwest::ClientBuilder {
-    docstream::install_tls_provider();
+    docstream::outbound::install_tls_provider();
     reqwest::Client::builder()
 }
 
