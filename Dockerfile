@@ -25,11 +25,15 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --no-create-home docstream
+ && useradd --system --uid 10001 --no-create-home docstream \
+ && install -d -o docstream -g docstream /var/lib/docstream/files
 COPY --from=builder /out/docstream /usr/local/bin/docstream
 USER docstream
+# Uploaded documents: every process that reads or writes them must see the
+# same folder (the compose stack mounts one volume there in each).
 ENV DOCSTREAM_HTTP_ADDR=0.0.0.0:8080 \
-    DOCSTREAM_METRICS_ADDR=0.0.0.0:9464
+    DOCSTREAM_METRICS_ADDR=0.0.0.0:9464 \
+    DOCSTREAM_FILES_DIR=/var/lib/docstream/files
 EXPOSE 8080 9464
 ENTRYPOINT ["docstream"]
 CMD ["--help"]
