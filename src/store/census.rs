@@ -49,9 +49,8 @@ const TAKE_TURN: &str = "UPDATE census_turn SET taken_at = now()
  WHERE taken_at < now() - make_interval(secs => $1)
 RETURNING true";
 
-/// What the open-bbox index reads (see its migration): a query for pending or
-/// running refinements names it so the planner can use that index.
-const BBOX_OPEN: &str = "status = 'succeeded' AND bbox_finished_at IS NULL AND ";
+/// `bbox_open!` as the head of a `WHERE` clause's conditions.
+const BBOX_OPEN: &str = concat!(bbox_open!(), " AND ");
 
 /// The census's counts, of every job (`scope` empty) or of those `scope`
 /// names (`"tenant_id = $1 AND "`).
@@ -189,7 +188,8 @@ pub async fn record_samples<'e>(
     Ok(())
 }
 
-const RECORD_SAMPLES: &str = "WITH prev AS (
+const RECORD_SAMPLES: &str = concat!(
+    "WITH prev AS (
   SELECT max(taken_at) AS at FROM census_samples
    WHERE tenant_id IS NULL AND taken_at > now() - make_interval(secs => 4 * $1)
 ), open AS (
@@ -205,7 +205,9 @@ const RECORD_SAMPLES: &str = "WITH prev AS (
          count(*) FILTER (WHERE bbox_status = 'pending') AS bbox_pending,
          count(*) FILTER (WHERE bbox_status = 'running') AS bbox_running
     FROM extractions
-   WHERE status = 'succeeded' AND bbox_finished_at IS NULL AND bbox_status IN ('pending', 'running')
+   WHERE ",
+    bbox_open!(),
+    " AND bbox_status IN ('pending', 'running')
    GROUP BY tenant_id
 ), recent AS (
   SELECT tenant_id, count(*) AS submitted FROM extractions
@@ -241,7 +243,8 @@ SELECT now(), NULL, COALESCE(sum(queued), 0), COALESCE(sum(running), 0),
        COALESCE(sum(bbox_pending), 0), COALESCE(sum(bbox_running), 0),
        COALESCE(max(oldest_queued_s), 0), COALESCE(sum(submitted), 0),
        COALESCE(sum(finished), 0), $2, $3
-  FROM tenant";
+  FROM tenant"
+);
 
 /// The last hour's samples of tenant `tenant_id` (the deployment's with
 /// `None`), oldest first: one per census turn, zeros where the tenant had no

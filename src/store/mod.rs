@@ -7,6 +7,17 @@
 //! statement. Submits are idempotent per `Idempotency-Key` (`submit`).
 //! Lease arithmetic always uses the database clock (`now()`), never the caller's.
 
+/// The rows the open-bbox index holds (see the migration `hot_bbox_claim`):
+/// a bbox refinement requested and not ended. Its columns are ones the bbox
+/// claim and its lease renewals leave alone, which keeps those updates HOT. A
+/// query for pending or running refinements names this condition, so the
+/// planner can use that index.
+macro_rules! bbox_open {
+    () => {
+        "status = 'succeeded' AND bbox_finished_at IS NULL"
+    };
+}
+
 pub mod bulk;
 pub mod census;
 pub mod coalesce;

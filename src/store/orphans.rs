@@ -247,7 +247,9 @@ macro_rules! bbox_orphans {
             $threshold,
             ") END AS since
       FROM extractions
-     WHERE status = 'succeeded' AND bbox_finished_at IS NULL
+     WHERE ",
+            bbox_open!(),
+            "
        AND bbox_status IN ('pending', 'running')
        AND ((bbox_status = 'pending' AND bbox_published_at IS NULL
              AND COALESCE(bbox_requested_at, finished_at) < now() - make_interval(secs => ",
