@@ -157,74 +157,6 @@ fn main() -> ExitCode {
 async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
     let mix = match command {
-        Command::Migrate => {
-            let pool = store::connect(&settings.database_url, 2).await?;
-            store::migrate(&pool).await?;
-            println!("migrations applied");
-            return Ok(());
-        }
-        Command::Topics => {
-            let (replication, outcomes) = kafka::admin::create_topics(&settings).await?;
-            for (topic, outcome) in outcomes {
-                println!(
-                    "{:<48} partitions={:<3} {:?}",
-                    topic.name, topic.partitions, outcome
-                );
-            }
-            println!(
-                "new topics: replication factor {}, min.insync.replicas {} (topics that existed are left as they are)",
-                replication.factor, replication.min_insync
-            );
-            return Ok(());
-        }
-        Command::Orphans { json, tenant } => {
-            let pool = store::connect(&settings.database_url, 2).await?;
-            let report = ops::orphans_report(&pool, &settings, tenant.as_deref(), json).await?;
-            print!("{report}");
-            return Ok(());
-        }
-        Command::Tenants(command) => {
-            let pool = store::connect(&settings.database_url, 2).await?;
-            print!("{}", ops::tenants::tenants(&pool, command).await?);
-            return Ok(());
-        }
-        Command::Keys(command) => {
-            let pool = store::connect(&settings.database_url, 2).await?;
-            print!("{}", ops::tenants::keys(&pool, command).await?);
-            return Ok(());
-        }
-        Command::Jobs(command) => {
-            let services = roles::connect(settings).await?;
-            print!("{}", ops::jobs::jobs(&services, command).await?);
-            services
-                .publisher
-                .flush(std::time::Duration::from_secs(10))?;
-            return Ok(());
-        }
-        Command::Dlq(command) => {
-            let pool = store::connect(&settings.database_url, 2).await?;
-            print!("{}", ops::dlq::dlq(&settings, &pool, command).await?);
-            return Ok(());
-        }
-        Command::Reclaim { id, tenant } => {
-            let services = roles::connect(settings).await?;
-            print!("{}", ops::reclaim(&services, id, tenant.as_deref()).await?);
-            services
-                .publisher
-                .flush(std::time::Duration::from_secs(10))?;
-            return Ok(());
-        }
-        Command::Demo(args) => return demo::run(settings, args, shutdown).await,
-        Command::Eval(args) => return eval::run(settings, args, shutdown).await,
-        Command::ExtractorServe(args) => {
-            return Ok(docstream::provider::run(args, shutdown).await?);
-        }
-        Command::Bench(args) => {
-            print!("{}", bench::run(settings, args).await?);
-            return Ok(());
-        }
-        // Answered by `main` before anything is set up.
-        Command::ReadPdf(_) => return Ok(()),
         Command::Serve => Mix {
             serve: true,
             ..Mix::default()
@@ -247,6 +179,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             bbox_workers: 1,
             intakes: 1,
         },
+        once => return run_once(once, settings, shutdown).await,
     };
     let http = match mix.serve {
         true => Some(roles::bind_http(&settings).await?),
@@ -254,6 +187,82 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     };
     let services = roles::connect(settings).await?;
     roles::run(services, mix, http, shutdown).await
+}
+
+/// A command that does its work and exits: not one of the roles.
+async fn run_once(
+    command: Command,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    match command {
+        Command::Migrate => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            store::migrate(&pool).await?;
+            println!("migrations applied");
+        }
+        Command::Topics => topics(&settings).await?,
+        Command::Orphans { json, tenant } => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            let report = ops::orphans_report(&pool, &settings, tenant.as_deref(), json).await?;
+            print!("{report}");
+        }
+        Command::Tenants(command) => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::tenants::tenants(&pool, command).await?);
+        }
+        Command::Keys(command) => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::tenants::keys(&pool, command).await?);
+        }
+        Command::Jobs(command) => {
+            let services = roles::connect(settings).await?;
+            print!("{}", ops::jobs::jobs(&services, command).await?);
+            services
+                .publisher
+                .flush(std::time::Duration::from_secs(10))?;
+        }
+        Command::Dlq(command) => {
+            let pool = store::connect(&settings.database_url, 2).await?;
+            print!("{}", ops::dlq::dlq(&settings, &pool, command).await?);
+        }
+        Command::Reclaim { id, tenant } => {
+            let services = roles::connect(settings).await?;
+            print!("{}", ops::reclaim(&services, id, tenant.as_deref()).await?);
+            services
+                .publisher
+                .flush(std::time::Duration::from_secs(10))?;
+        }
+        Command::Demo(args) => demo::run(settings, args, shutdown).await?,
+        Command::Eval(args) => eval::run(settings, args, shutdown).await?,
+        Command::ExtractorServe(args) => docstream::provider::run(args, shutdown).await?,
+        Command::Bench(args) => {
+            print!("{}", bench::run(settings, args).await?);
+        }
+        // Answered by `main` before anything is set up.
+        Command::ReadPdf(_) => {}
+        Command::Serve | Command::Worker | Command::BboxWorker | Command::Intake | Command::All => {
+            unreachable!("a role is run by `run`, not once")
+        }
+    }
+    Ok(())
+}
+
+/// `docstream topics`: creates the topics that are missing and says what it
+/// found.
+async fn topics(settings: &Settings) -> anyhow::Result<()> {
+    let (replication, outcomes) = kafka::admin::create_topics(settings).await?;
+    for (topic, outcome) in outcomes {
+        println!(
+            "{:<48} partitions={:<3} {:?}",
+            topic.name, topic.partitions, outcome
+        );
+    }
+    println!(
+        "new topics: replication factor {}, min.insync.replicas {} (topics that existed are left as they are)",
+        replication.factor, replication.min_insync
+    );
+    Ok(())
 }
 
 /// A token cancelled on the first SIGTERM or SIGINT.

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::pipeline::{start_pipeline, warm_up, Rig};
 use super::procs::Proc;
-use crate::demo::{accepted, sample_files};
+use crate::demo::{accepted, sample_files, SampleFile};
 
 /// What the phase measured.
 #[derive(Debug, Clone, Serialize)]
@@ -82,30 +82,7 @@ pub async fn files(rig: &Rig, jobs: usize, progress: &ProgressBar) -> anyhow::Re
     )
     .await?;
     let sample = &sample_files()[0];
-
-    let mut uploads = Vec::new();
-    for (bytes, files, concurrency) in [(SIZES[0], 40, 4), (SIZES[1], 6, 2)] {
-        progress.set_message(format!("uploading {files} files of {bytes} bytes"));
-        let pdfs: Vec<Vec<u8>> = (0..files)
-            .map(|_| padded(sample.pdf, bytes))
-            .collect::<anyhow::Result<_>>()?;
-        let started = Instant::now();
-        let sent: Vec<anyhow::Result<()>> = futures::stream::iter(pdfs)
-            .map(|pdf| upload(&client, &base, pdf))
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-        sent.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-        let seconds = started.elapsed().as_secs_f64();
-        uploads.push(Uploads {
-            bytes,
-            files,
-            concurrency,
-            seconds,
-            mb_per_s: (bytes * files) as f64 / 1e6 / seconds,
-        });
-    }
-
+    let uploads = upload_rates(&client, &base, sample.pdf, progress).await?;
     let mut latency: Vec<FileLatency> = Vec::new();
     for bytes in [0, SIZES[0], SIZES[1]] {
         let document = match bytes {
@@ -113,21 +90,8 @@ pub async fn files(rig: &Rig, jobs: usize, progress: &ProgressBar) -> anyhow::Re
             n => format!("the sample as a PDF of {} MB", n / 1_000_000),
         };
         progress.set_message(format!("jobs on {document}, one at a time"));
-        let mut took = Vec::with_capacity(jobs);
-        for _ in 0..jobs {
-            let pdf = match bytes {
-                0 => None,
-                n => Some(padded(sample.pdf, n)?),
-            };
-            let started = Instant::now();
-            let id = match pdf {
-                None => submit_json(&client, &base, &sample.request).await?,
-                Some(pdf) => submit_file(&client, &base, &sample.request, pdf).await?,
-            };
-            until_bbox_succeeded(&rig, id, &mut procs).await?;
-            took.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-        took.sort_by(f64::total_cmp);
+        let job = (&client, base.as_str(), sample, bytes);
+        let took = one_at_a_time(&rig, job, jobs, &mut procs).await?;
         let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
         let baseline = latency.first().map_or(at(0.5), |l| l.p50_ms);
         latency.push(FileLatency {
@@ -144,6 +108,66 @@ pub async fn files(rig: &Rig, jobs: usize, progress: &ProgressBar) -> anyhow::Re
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Files { uploads, latency })
+}
+
+/// Uploads of files of each of [`SIZES`] (the sample `pdf`, padded), a few
+/// at a time, and the rate each size went at.
+async fn upload_rates(
+    client: &reqwest::Client,
+    base: &str,
+    pdf: &[u8],
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<Uploads>> {
+    let mut uploads = Vec::new();
+    for (bytes, files, concurrency) in [(SIZES[0], 40, 4), (SIZES[1], 6, 2)] {
+        progress.set_message(format!("uploading {files} files of {bytes} bytes"));
+        let pdfs: Vec<Vec<u8>> = (0..files)
+            .map(|_| padded(pdf, bytes))
+            .collect::<anyhow::Result<_>>()?;
+        let started = Instant::now();
+        let sent: Vec<anyhow::Result<()>> = futures::stream::iter(pdfs)
+            .map(|pdf| upload(client, base, pdf))
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        sent.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        let seconds = started.elapsed().as_secs_f64();
+        uploads.push(Uploads {
+            bytes,
+            files,
+            concurrency,
+            seconds,
+            mb_per_s: (bytes * files) as f64 / 1e6 / seconds,
+        });
+    }
+    Ok(uploads)
+}
+
+/// `jobs` jobs on `sample`, one at a time: as JSON when `bytes` is 0, else
+/// with its PDF padded to `bytes`. Each one's milliseconds from submit to
+/// its boxes, sorted.
+async fn one_at_a_time(
+    rig: &Rig,
+    (client, base, sample, bytes): (&reqwest::Client, &str, &SampleFile, usize),
+    jobs: usize,
+    procs: &mut [Proc],
+) -> anyhow::Result<Vec<f64>> {
+    let mut took = Vec::with_capacity(jobs);
+    for _ in 0..jobs {
+        let pdf = match bytes {
+            0 => None,
+            n => Some(padded(sample.pdf, n)?),
+        };
+        let started = Instant::now();
+        let id = match pdf {
+            None => submit_json(client, base, &sample.request).await?,
+            Some(pdf) => submit_file(client, base, &sample.request, pdf).await?,
+        };
+        until_bbox_succeeded(rig, id, procs).await?;
+        took.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    took.sort_by(f64::total_cmp);
+    Ok(took)
 }
 
 /// `pdf` with an undrawn stream of random bytes added, `size` bytes in all.

@@ -260,31 +260,78 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
     std::fs::create_dir_all(&logs)?;
     let mut report = Report::new(&args);
 
+    ceilings(&settings, &args, stamp, &logs, &mut report).await?;
+    burn_downs(&settings, &args, stamp, &logs, &mut report).await?;
+    if ["steady", "saturation", "refusals", "provider"]
+        .iter()
+        .any(|phase| args.runs(phase))
+    {
+        steady_states(&settings, &args, stamp, &logs, &mut report).await?;
+    }
+    fairness_runs(&settings, &args, stamp, &logs, &mut report).await?;
+    if args.runs("history") {
+        let bar = phase_bar("history: list pages, purge through a short retention", 0);
+        let churn = (args.churn_rounds, args.churn_jobs);
+        let history = history::run(&settings, stamp, &args.history_jobs, churn).await;
+        bar.finish();
+        report.history = Some(history?);
+    }
+
+    if args.runs("files") {
+        report.files = Some(files_phase(&settings, &args, stamp, &logs).await?);
+    }
+
+    report.finish();
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(logs.join("report.json"), &json)?;
+    std::fs::write(args.out.join("latest.json"), &json)?;
+    Ok(report)
+}
+
+/// The ceilings and the peers: Postgres alone, the broker alone,
+/// graphile-worker and River, each on the same machine.
+async fn ceilings(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    logs: &Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     if args.runs("postgres") {
-        report.postgres = postgres_ceilings(&settings, &args, stamp, &logs).await?;
+        report.postgres = postgres_ceilings(settings, args, stamp, logs).await?;
     }
     if args.runs("kafka") {
-        report.kafka = Some(kafka_ceiling(&args, &logs).await?);
+        report.kafka = Some(kafka_ceiling(args, logs).await?);
     }
     if args.runs("peer") {
         for mode in GRAPHILE_WORKER_MODES {
-            let answer = graphile_worker(&settings, &args, mode, &logs).await?;
+            let answer = graphile_worker(settings, args, mode, logs).await?;
             report.peer.push(answer);
         }
     }
     if args.runs("river") {
         for mode in RIVER_MODES {
-            report
-                .river
-                .push(river(&settings, &args, mode, &logs).await?);
+            report.river.push(river(settings, args, mode, logs).await?);
         }
     }
+    Ok(())
+}
+
+/// The burn-downs: one worker and one bbox worker, then more processes on
+/// the same cores.
+async fn burn_downs(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    logs: &Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     // Each burn-down starts from a fresh database and fresh topics, so that
     // none inherits the dead rows, the vacuum debt and the bigger indexes of
     // the one before it (the scaling runs compare with the first).
     if args.runs("burndown") {
         let mix = (args.workers, args.bbox_workers);
-        let outcome = fresh_burn_down(&settings, &args, stamp, mix, &logs).await;
+        let outcome = fresh_burn_down(settings, args, stamp, mix, logs).await;
         report.burn_down = Some(outcome?);
     }
     if args.runs("scaling") {
@@ -292,16 +339,21 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
         // here, but they must not lose much of it either.
         for processes in [2, 3] {
             let mix = (processes, processes);
-            let outcome = fresh_burn_down(&settings, &args, stamp, mix, &logs).await;
+            let outcome = fresh_burn_down(settings, args, stamp, mix, logs).await;
             report.scaling.push(outcome?);
         }
     }
-    if ["steady", "saturation", "refusals", "provider"]
-        .iter()
-        .any(|phase| args.runs(phase))
-    {
-        steady_states(&settings, &args, stamp, &logs, &mut report).await?;
-    }
+    Ok(())
+}
+
+/// The fairness runs `--fairness-runs` names, in their order.
+async fn fairness_runs(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    logs: &Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     if args.runs("fairness") {
         use fairness::Run;
         for run in [
@@ -315,39 +367,32 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<Report> 
             if !args.fairness_runs.iter().any(|r| *r == run.kind()) {
                 continue;
             }
-            let run = fairness_run(&settings, &args, stamp, run, &logs).await?;
+            let run = fairness_run(settings, args, stamp, run, logs).await?;
             report.fairness.push(run);
         }
     }
+    Ok(())
+}
 
-    if args.runs("history") {
-        let bar = phase_bar("history: list pages, purge through a short retention", 0);
-        let churn = (args.churn_rounds, args.churn_jobs);
-        let history = history::run(&settings, stamp, &args.history_jobs, churn).await;
-        bar.finish();
-        report.history = Some(history?);
-    }
-
-    if args.runs("files") {
-        let name = format!("docstream_bench_{stamp}_files");
-        let scratch = Scratch::create(&settings, &name).await?;
-        let rig = scratch
-            .rig(&settings, &format!("bench{stamp}files."), logs.clone())
-            .await?;
-        let bar = phase_bar("files: uploads, and what a file adds to a job", 0);
-        let outcome = files::files(&rig, args.file_jobs, &bar).await;
-        bar.finish();
-        delete_topics(&rig.settings).await;
-        rig.pool.close().await;
-        scratch.drop_database().await?;
-        report.files = Some(outcome?);
-    }
-
-    report.finish();
-    let json = serde_json::to_string_pretty(&report)?;
-    std::fs::write(logs.join("report.json"), &json)?;
-    std::fs::write(args.out.join("latest.json"), &json)?;
-    Ok(report)
+/// The files phase, on a database and topics of its own.
+async fn files_phase(
+    settings: &Settings,
+    args: &BenchArgs,
+    stamp: u64,
+    logs: &Path,
+) -> anyhow::Result<files::Files> {
+    let name = format!("docstream_bench_{stamp}_files");
+    let scratch = Scratch::create(settings, &name).await?;
+    let rig = scratch
+        .rig(settings, &format!("bench{stamp}files."), logs.to_path_buf())
+        .await?;
+    let bar = phase_bar("files: uploads, and what a file adds to a job", 0);
+    let outcome = files::files(&rig, args.file_jobs, &bar).await;
+    bar.finish();
+    delete_topics(&rig.settings).await;
+    rig.pool.close().await;
+    scratch.drop_database().await?;
+    outcome
 }
 
 /// The Postgres ceilings, one row and `--pg-batch` rows per statement, on a

@@ -13,7 +13,7 @@
 mod report;
 mod samples;
 
-pub use samples::{sample_files, sample_requests};
+pub use samples::{sample_files, sample_requests, SampleFile};
 
 use std::time::{Duration, Instant};
 
@@ -258,24 +258,35 @@ async fn drive(
     ids.extend(documents);
 
     let deadline = started + Duration::from_secs(args.timeout_s);
+    until_settled(pool, &ids, &progress, (deadline, args.timeout_s), shutdown).await?;
+    progress.finish();
+    Ok(report::Summary::query(pool, &ids, &scanned, started.elapsed()).await?)
+}
+
+/// Waits until every job of `ids` has settled (or `deadline`, after
+/// `timeout_s`, or `shutdown`), drawing their counts meanwhile.
+async fn until_settled(
+    pool: &sqlx::PgPool,
+    ids: &[Uuid],
+    progress: &report::Progress,
+    (deadline, timeout_s): (Instant, u64),
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     loop {
-        let counts = report::Counts::query(pool, &ids).await?;
+        let counts = report::Counts::query(pool, ids).await?;
         progress.update(&counts);
         if counts.settled() == ids.len() as i64 {
-            break;
+            return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "timed out after {} s: {counts:?}",
-            args.timeout_s
+            "timed out after {timeout_s} s: {counts:?}"
         );
         tokio::select! {
             _ = shutdown.cancelled() => anyhow::bail!("interrupted"),
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
     }
-    progress.finish();
-    Ok(report::Summary::query(pool, &ids, &scanned, started.elapsed()).await?)
 }
 
 /// The resolution the demo scans its sample PDFs at.

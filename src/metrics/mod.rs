@@ -105,69 +105,47 @@ pub struct CensusMetrics {
 impl CensusMetrics {
     fn register(registry: &Registry) -> Self {
         let metrics = Self {
-            jobs: register(
+            jobs: gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new("docstream_jobs", "Open jobs, by stage and status (queue census)."),
-                    &["stage", "status"],
-                ),
+                "docstream_jobs",
+                "Open jobs, by stage and status (queue census).",
+                &["stage", "status"],
             ),
-            oldest_age: register(
+            oldest_age: float_gauge_vec(
                 registry,
-                prometheus::GaugeVec::new(
-                    Opts::new(
-                        "docstream_oldest_job_age_seconds",
-                        "Age of the oldest open job, by stage and status: waiting since due, or running since claimed (queue census).",
-                    ),
-                    &["stage", "status"],
-                ),
+                "docstream_oldest_job_age_seconds",
+                "Age of the oldest open job, by stage and status: waiting since due, or running since claimed (queue census).",
+                &["stage", "status"],
             ),
-            orphans_open: register(
+            orphans_open: gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new("docstream_orphans_open", "Orphans open now, by class (queue census)."),
-                    &["class"],
-                ),
+                "docstream_orphans_open",
+                "Orphans open now, by class (queue census).",
+                &["class"],
             ),
-            oldest_orphan_age: register(
+            oldest_orphan_age: float_gauge_vec(
                 registry,
-                prometheus::GaugeVec::new(
-                    Opts::new(
-                        "docstream_oldest_orphan_age_seconds",
-                        "Since when the oldest open orphan of each class is one (queue census).",
-                    ),
-                    &["class"],
-                ),
+                "docstream_oldest_orphan_age_seconds",
+                "Since when the oldest open orphan of each class is one (queue census).",
+                &["class"],
             ),
-            queued: register(
+            queued: gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "docstream_queued_jobs",
-                        "Queued jobs by tenant and priority, for the tenants with the most queued; the rest as tenant=\"(others)\" (queue census).",
-                    ),
-                    &["tenant", "priority"],
-                ),
+                "docstream_queued_jobs",
+                "Queued jobs by tenant and priority, for the tenants with the most queued; the rest as tenant=\"(others)\" (queue census).",
+                &["tenant", "priority"],
             ),
-            file_bytes: register(
+            file_bytes: gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "docstream_tenant_file_bytes",
-                        "Bytes of files each tenant keeps, against its quota (queue census).",
-                    ),
-                    &["tenant"],
-                ),
+                "docstream_tenant_file_bytes",
+                "Bytes of files each tenant keeps, against its quota (queue census).",
+                &["tenant"],
             ),
-            files: register(
+            files: gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "docstream_tenant_files",
-                        "Files each tenant keeps (queue census).",
-                    ),
-                    &["tenant"],
-                ),
+                "docstream_tenant_files",
+                "Files each tenant keeps (queue census).",
+                &["tenant"],
             ),
             runs: counter_vec(
                 registry,
@@ -222,6 +200,32 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
 /// An [`IntGaugeVec`], registered.
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     register(registry, IntGaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// A [`prometheus::GaugeVec`] (floating point), registered.
+fn float_gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::GaugeVec {
+    register(
+        registry,
+        prometheus::GaugeVec::new(Opts::new(name, help), labels),
+    )
+}
+
+/// A [`prometheus::CounterVec`] (floating point), registered.
+fn float_counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::CounterVec {
+    register(
+        registry,
+        prometheus::CounterVec::new(Opts::new(name, help), labels),
+    )
 }
 
 /// An [`IntCounter`], registered.
@@ -298,102 +302,68 @@ pub struct ExtractorMetrics {
 
 impl ExtractorMetrics {
     fn register(registry: &Registry) -> Self {
-        let calls = register(
-            registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "docstream_extractor_calls_total",
-                    "Calls to external extractors, by extractor and outcome.",
-                ),
+        let by_extractor = &["extractor"];
+        Self {
+            calls: counter_vec(
+                registry,
+                "docstream_extractor_calls_total",
+                "Calls to external extractors, by extractor and outcome.",
                 &["extractor", "outcome"],
             ),
-        );
-        // Model services take from tens of milliseconds to many minutes.
-        let call_buckets = vec![
-            0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-            600.0, 1200.0,
-        ];
-        let call_seconds = register(
-            registry,
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "docstream_extractor_call_seconds",
-                    "Duration of one call to an external extractor.",
-                )
-                .buckets(call_buckets.clone()),
-                &["extractor"],
+            call_seconds: histogram_vec(
+                registry,
+                "docstream_extractor_call_seconds",
+                "Duration of one call to an external extractor.",
+                CALL_BUCKETS,
+                by_extractor,
             ),
-        );
-        let in_flight = register(
-            registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "docstream_extractor_in_flight_calls",
-                    "Calls to an external extractor in progress in this process.",
-                ),
-                &["extractor"],
+            in_flight: gauge_vec(
+                registry,
+                "docstream_extractor_in_flight_calls",
+                "Calls to an external extractor in progress in this process.",
+                by_extractor,
             ),
-        );
-        let max_concurrency = register(
-            registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "docstream_extractor_max_concurrency",
-                    "The most calls the whole deployment makes to an external extractor at once.",
-                ),
-                &["extractor"],
+            max_concurrency: gauge_vec(
+                registry,
+                "docstream_extractor_max_concurrency",
+                "The most calls the whole deployment makes to an external extractor at once.",
+                by_extractor,
             ),
-        );
-        let shared_slots_held = register(
-            registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "docstream_extractor_shared_slots_held",
-                    "Slots of an extractor's deployment-wide cap this process holds.",
-                ),
-                &["extractor"],
+            shared_slots_held: gauge_vec(
+                registry,
+                "docstream_extractor_shared_slots_held",
+                "Slots of an extractor's deployment-wide cap this process holds.",
+                by_extractor,
             ),
-        );
-        let shared_slot_losses = register(
-            registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "docstream_extractor_shared_slot_losses_total",
-                    "Leases of deployment-wide slots that ran out while a call held them.",
-                ),
-                &["extractor"],
+            shared_slot_losses: counter_vec(
+                registry,
+                "docstream_extractor_shared_slot_losses_total",
+                "Leases of deployment-wide slots that ran out while a call held them.",
+                by_extractor,
             ),
-        );
-        let wait_seconds = register(registry, HistogramVec::new(
-            HistogramOpts::new(
+            wait_seconds: histogram_vec(
+                registry,
                 "docstream_extractor_wait_seconds",
                 "Time a call waited for this process's slot (wait=slot), its tenant's share of the extractor's slots (wait=tenant_slot, when it has one), a deployment-wide slot (wait=shared_slot), then the rate limit (wait=token).",
-            )
-            .buckets(vec![0.001, 0.005].into_iter().chain(call_buckets).collect()),
-            &["extractor", "wait"],
-        ));
-        let retry_after_seconds = register(
-            registry,
-            prometheus::CounterVec::new(
-                Opts::new(
-                    "docstream_extractor_retry_after_seconds_total",
-                    "Seconds waited on Retry-After answers of an external extractor.",
-                ),
-                &["extractor"],
+                &[[0.001, 0.005].as_slice(), CALL_BUCKETS].concat(),
+                &["extractor", "wait"],
             ),
-        );
-        Self {
-            calls,
-            call_seconds,
-            in_flight,
-            max_concurrency,
-            shared_slots_held,
-            shared_slot_losses,
-            wait_seconds,
-            retry_after_seconds,
+            retry_after_seconds: float_counter_vec(
+                registry,
+                "docstream_extractor_retry_after_seconds_total",
+                "Seconds waited on Retry-After answers of an external extractor.",
+                by_extractor,
+            ),
         }
     }
 }
+
+/// Buckets of a call to an external extractor: model services take from
+/// tens of milliseconds to many minutes.
+const CALL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1200.0,
+];
 
 impl Metrics {
     /// Creates and registers every metric on a fresh registry.

@@ -280,58 +280,87 @@ async fn replay(
             before.last().expect("a replay")
         );
     }
-    let number = before.len() as i32 + 1;
-    let claimed = sqlx::query(
-        "INSERT INTO dead_letter_replays
-             (dlq_topic, dlq_partition, dlq_offset, replay, edited, target_topic)
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-    )
-    .bind(dlq_topic)
-    .bind(id.partition)
-    .bind(id.offset)
-    .bind(number)
-    .bind(edit.is_some())
-    .bind(&topic)
-    .execute(pool)
-    .await?;
-    if claimed.rows_affected() == 0 {
+    let row = ReplayRow {
+        dlq_topic,
+        id,
+        number: before.len() as i32 + 1,
+    };
+    if !row.claim(pool, edit.is_some(), &topic).await? {
         anyhow::bail!("letter {id} is being replayed by someone else right now");
     }
     let produced = produce_copy(&settings.kafka_brokers, &topic, &original, &value).await;
-    let release = || async {
+    let (partition, offset) = match produced {
+        Ok(place) => place,
+        Err(e) => {
+            row.release(pool).await?;
+            anyhow::bail!("the broker did not take the replayed record: {e}");
+        }
+    };
+    row.placed(pool, partition, offset).await?;
+    let number = row.number;
+    let done = json!({"letter": id.to_string(), "replay": number, "edited": edit.is_some(),
+                      "to": topic, "partition": partition, "offset": offset});
+    Ok(serde_json::to_string_pretty(&done)? + "\n")
+}
+
+/// A replay's row in `dead_letter_replays`: the letter, and which replay of
+/// it this is. Claiming it is what makes a replay one of a kind.
+struct ReplayRow<'a> {
+    dlq_topic: &'a str,
+    id: LetterId,
+    number: i32,
+}
+
+impl ReplayRow<'_> {
+    /// Inserts the row; false when it exists (another replay took it).
+    async fn claim(&self, pool: &PgPool, edited: bool, target: &str) -> sqlx::Result<bool> {
+        let claimed = sqlx::query(
+            "INSERT INTO dead_letter_replays
+                 (dlq_topic, dlq_partition, dlq_offset, replay, edited, target_topic)
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(self.dlq_topic)
+        .bind(self.id.partition)
+        .bind(self.id.offset)
+        .bind(self.number)
+        .bind(edited)
+        .bind(target)
+        .execute(pool)
+        .await?;
+        Ok(claimed.rows_affected() > 0)
+    }
+
+    /// Gives the row back: the record was not produced.
+    async fn release(&self, pool: &PgPool) -> sqlx::Result<()> {
         sqlx::query(
             "DELETE FROM dead_letter_replays
               WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 AND replay = $4",
         )
-        .bind(dlq_topic)
-        .bind(id.partition)
-        .bind(id.offset)
-        .bind(number)
+        .bind(self.dlq_topic)
+        .bind(self.id.partition)
+        .bind(self.id.offset)
+        .bind(self.number)
         .execute(pool)
-        .await
-    };
-    let (partition, offset) = match produced {
-        Ok(place) => place,
-        Err(e) => {
-            release().await?;
-            anyhow::bail!("the broker did not take the replayed record: {e}");
-        }
-    };
-    sqlx::query(
-        "UPDATE dead_letter_replays SET target_partition = $5, target_offset = $6
-          WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 AND replay = $4",
-    )
-    .bind(dlq_topic)
-    .bind(id.partition)
-    .bind(id.offset)
-    .bind(number)
-    .bind(partition)
-    .bind(offset)
-    .execute(pool)
-    .await?;
-    let done = json!({"letter": id.to_string(), "replay": number, "edited": edit.is_some(),
-                      "to": topic, "partition": partition, "offset": offset});
-    Ok(serde_json::to_string_pretty(&done)? + "\n")
+        .await?;
+        Ok(())
+    }
+
+    /// Records where the replayed record went.
+    async fn placed(&self, pool: &PgPool, partition: i32, offset: i64) -> sqlx::Result<()> {
+        sqlx::query(
+            "UPDATE dead_letter_replays SET target_partition = $5, target_offset = $6
+              WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 AND replay = $4",
+        )
+        .bind(self.dlq_topic)
+        .bind(self.id.partition)
+        .bind(self.id.offset)
+        .bind(self.number)
+        .bind(partition)
+        .bind(offset)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
 }
 
 /// The intake record of an edited request: `{"idempotency_key", "request"}`.

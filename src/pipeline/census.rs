@@ -73,8 +73,24 @@ async fn take(
         metrics.clear();
         return Ok(false);
     }
-    let counts = census::count(pool).await?;
+    export_jobs(metrics, &census::count(pool).await?);
     let open = orphans::count_open(pool, thresholds).await?;
+    export_orphans(metrics, &open);
+    export_queued(metrics, census::queued_by_tenant(pool).await?);
+    export_files(metrics, crate::store::files::by_tenant(pool).await?);
+    let orphans: serde_json::Map<String, serde_json::Value> = open
+        .iter()
+        .map(|o| (o.class.label().to_owned(), o.open.into()))
+        .collect();
+    // Fresh for three turns (at least 10 s): a read slower than a turn
+    // still counts, a broker gone for longer leaves the lag out.
+    let lag = lags.latest(services, (interval * 3).max(Duration::from_secs(10)));
+    census::record_samples(pool, interval.as_secs_f64(), &orphans.into(), lag.as_ref()).await?;
+    Ok(true)
+}
+
+/// The open jobs of each stage and status, and the oldest one's age.
+fn export_jobs(metrics: &CensusMetrics, counts: &census::Census) {
     let jobs = [
         (
             "extraction",
@@ -108,8 +124,12 @@ async fn take(
             .with_label_values(&[stage, status])
             .set(oldest_s);
     }
-    // Every class has a series, 0 when none is open, so an alert on it
-    // ends when the reaper catches up instead of going stale.
+}
+
+/// The open orphans of each class. Every class has a series, 0 when none is
+/// open, so an alert on it ends when the reaper catches up instead of going
+/// stale.
+fn export_orphans(metrics: &CensusMetrics, open: &[orphans::OpenOrphans]) {
     for class in orphans::OrphanClass::ALL {
         let found = open.iter().find(|o| o.class == class);
         let (count, oldest_s) = found.map_or((0, 0.0), |o| (o.open, o.oldest_s));
@@ -120,9 +140,12 @@ async fn take(
             .with_label_values(&label)
             .set(oldest_s);
     }
-    // Set whole each turn: a tenant whose queue emptied loses its series.
-    // The others' are always there (0 when none), as every orphan class is.
-    let queued = census::queued_by_tenant(pool).await?;
+}
+
+/// The queued jobs of the busiest tenants, by priority. Set whole each turn:
+/// a tenant whose queue emptied loses its series. The others' are always
+/// there (0 when none), as every orphan class is.
+fn export_queued(metrics: &CensusMetrics, queued: Vec<census::Queued>) {
     metrics.queued.reset();
     for priority in Priority::ALL {
         (metrics.queued)
@@ -134,23 +157,17 @@ async fn take(
             .with_label_values(&[&q.tenant, &q.priority])
             .set(q.jobs);
     }
-    // Set whole too: a tenant whose files were all deleted loses its series.
-    let files = crate::store::files::by_tenant(pool).await?;
+}
+
+/// Each tenant's files and their bytes. Set whole too: a tenant whose files
+/// were all deleted loses its series.
+fn export_files(metrics: &CensusMetrics, files: Vec<(String, i64, i64)>) {
     metrics.file_bytes.reset();
     metrics.files.reset();
     for (tenant, count, bytes) in files {
         metrics.files.with_label_values(&[&tenant]).set(count);
         metrics.file_bytes.with_label_values(&[&tenant]).set(bytes);
     }
-    let orphans: serde_json::Map<String, serde_json::Value> = open
-        .iter()
-        .map(|o| (o.class.label().to_owned(), o.open.into()))
-        .collect();
-    // Fresh for three turns (at least 10 s): a read slower than a turn
-    // still counts, a broker gone for longer leaves the lag out.
-    let lag = lags.latest(services, (interval * 3).max(Duration::from_secs(10)));
-    census::record_samples(pool, interval.as_secs_f64(), &orphans.into(), lag.as_ref()).await?;
-    Ok(true)
 }
 
 /// The consumer groups' lag, read off the census's path: a turn starts a

@@ -279,6 +279,49 @@ pub async fn apply(
     lease: Duration,
 ) -> Result<Option<Applied>, StoreError> {
     let mut tx = pool.begin().await?;
+    if !advance(&mut tx, operation, next, lease).await? {
+        return Ok(None);
+    }
+    // Only the tenant's own jobs: another tenant's id is not found.
+    let owned: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM extractions WHERE id = ANY($1) AND tenant_id = $2")
+            .bind(ids)
+            .bind(operation.tenant_id)
+            .fetch_all(&mut *tx)
+            .await?;
+    let (mut applied, rest) = act(&mut tx, operation.action(), &owned).await?;
+    let mut outcomes = outcomes_of_rest(&mut tx, operation.action(), rest).await?;
+    for row in applied
+        .cancelled
+        .iter()
+        .chain(&applied.cancel_requested)
+        .chain(&applied.retried)
+    {
+        outcomes.insert(row.id, outcome(row.id, Verdict::Done, Some(row.status)));
+    }
+    // Each id once, in the walk's order; an id not owned is not found.
+    let mut seen = std::collections::HashSet::new();
+    for &id in ids.iter().filter(|id| seen.insert(**id)) {
+        applied.outcomes.push(
+            outcomes
+                .remove(&id)
+                .unwrap_or_else(|| outcome(id, Verdict::NotFound, None)),
+        );
+    }
+    record(&mut tx, operation.id, &applied.outcomes).await?;
+    tx.commit().await?;
+    Ok(Some(applied))
+}
+
+/// Moves `operation`'s cursor to `next` and holds it for `lease` more (and
+/// finishes it when `next` is `None`), fenced on the cursor this runner read:
+/// `false` when another runner moved it first.
+async fn advance(
+    tx: &mut sqlx::PgConnection,
+    operation: &Operation,
+    next: Option<Uuid>,
+    lease: Duration,
+) -> Result<bool, StoreError> {
     let fenced = sqlx::query(
         "UPDATE bulk_operations
             SET cursor = $3, lease_until = now() + make_interval(secs => $4),
@@ -292,37 +335,46 @@ pub async fn apply(
     .bind(next.is_none())
     .execute(&mut *tx)
     .await?;
-    if fenced.rows_affected() == 0 {
-        return Ok(None);
-    }
-    // Only the tenant's own jobs: another tenant's id is not found.
-    let owned: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM extractions WHERE id = ANY($1) AND tenant_id = $2")
-            .bind(ids)
-            .bind(operation.tenant_id)
-            .fetch_all(&mut *tx)
-            .await?;
+    Ok(fenced.rows_affected() > 0)
+}
+
+/// Applies `action` to the `owned` jobs it fits: the jobs changed, and the
+/// ids left over (in a state the action does not fit, or gone).
+async fn act(
+    tx: &mut sqlx::PgConnection,
+    action: Action,
+    owned: &[Uuid],
+) -> Result<(Applied, Vec<Uuid>), StoreError> {
     let mut applied = Applied::default();
-    let rest = match operation.action() {
+    let rest = match action {
         Action::Retry => {
-            let won = transitions::retry_failed_many(&mut *tx, &owned).await?;
+            let won = transitions::retry_failed_many(&mut *tx, owned).await?;
             let lost;
-            (applied.retried, lost) = split(&owned, won);
+            (applied.retried, lost) = split(owned, won);
             lost
         }
         Action::Cancel => {
-            let won = transitions::cancel_queued_many(&mut *tx, &owned).await?;
+            let won = transitions::cancel_queued_many(&mut *tx, owned).await?;
             let not_queued;
-            (applied.cancelled, not_queued) = split(&owned, won);
+            (applied.cancelled, not_queued) = split(owned, won);
             let won = transitions::request_cancel_many(&mut *tx, &not_queued).await?;
             let lost;
             (applied.cancel_requested, lost) = split(&not_queued, won);
             lost
         }
     };
-    // What the rest are now: a running job whose cancel was requested before
-    // is being cancelled (done, as the single route answers it); any other
-    // is refused with its state.
+    Ok((applied, rest))
+}
+
+/// What the ids `action` did not change are now: a running job whose cancel
+/// was requested before is being cancelled (done, as the single route
+/// answers it); any other is refused with its state, or not found when it was
+/// deleted between the two reads.
+async fn outcomes_of_rest(
+    tx: &mut sqlx::PgConnection,
+    action: Action,
+    rest: Vec<Uuid>,
+) -> Result<HashMap<Uuid, Outcome>, StoreError> {
     let states: HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
         "SELECT id, status FROM extractions WHERE id = ANY($1)",
     )
@@ -331,62 +383,33 @@ pub async fn apply(
     .await?
     .into_iter()
     .collect();
-    let action = operation.action();
-    let mut outcomes: HashMap<Uuid, Outcome> = HashMap::new();
-    let done = |row: &Extraction| Outcome {
-        id: row.id,
-        verdict: Verdict::Done,
-        status: Some(row.status),
+    Ok(rest
+        .into_iter()
+        .map(|id| {
+            let status: Option<ExtractionStatus> = states.get(&id).and_then(|s| s.parse().ok());
+            let outcome = match (action, status) {
+                (Action::Cancel, Some(ExtractionStatus::Running)) => {
+                    outcome(id, Verdict::Done, status)
+                }
+                (_, Some(now)) => Outcome {
+                    reason: Some(refusal(action, now)),
+                    ..outcome(id, Verdict::Refused, status)
+                },
+                (_, None) => outcome(id, Verdict::NotFound, None),
+            };
+            (id, outcome)
+        })
+        .collect())
+}
+
+/// The outcome of `id`, with no reason.
+fn outcome(id: Uuid, verdict: Verdict, status: Option<ExtractionStatus>) -> Outcome {
+    Outcome {
+        id,
+        verdict,
+        status,
         reason: None,
-    };
-    for row in applied
-        .cancelled
-        .iter()
-        .chain(&applied.cancel_requested)
-        .chain(&applied.retried)
-    {
-        outcomes.insert(row.id, done(row));
     }
-    for id in rest {
-        let status: Option<ExtractionStatus> = states.get(&id).and_then(|s| s.parse().ok());
-        let outcome = match (action, status) {
-            (Action::Cancel, Some(ExtractionStatus::Running)) => Outcome {
-                id,
-                verdict: Verdict::Done,
-                status,
-                reason: None,
-            },
-            (_, Some(now)) => Outcome {
-                id,
-                verdict: Verdict::Refused,
-                status,
-                reason: Some(refusal(action, now)),
-            },
-            // Deleted between the two reads.
-            (_, None) => Outcome {
-                id,
-                verdict: Verdict::NotFound,
-                status: None,
-                reason: None,
-            },
-        };
-        outcomes.insert(id, outcome);
-    }
-    // Each id once, in the walk's order; an id not owned is not found.
-    let mut seen = std::collections::HashSet::new();
-    for &id in ids.iter().filter(|id| seen.insert(**id)) {
-        applied
-            .outcomes
-            .push(outcomes.remove(&id).unwrap_or(Outcome {
-                id,
-                verdict: Verdict::NotFound,
-                status: None,
-                reason: None,
-            }));
-    }
-    record(&mut tx, operation.id, &applied.outcomes).await?;
-    tx.commit().await?;
-    Ok(Some(applied))
 }
 
 /// Why `action` does not apply to a job in state `now`.
