@@ -461,7 +461,7 @@ node.id=1
 # Static single-voter quorum (kraft.version 0): survives port changes, no
 # --standalone bootstrap needed.
 controller.quorum.voters=1@$HOST:$KAFKA_CTRL_PORT
-# PROXIED is for clients behind a fault proxy (toxiproxy in tests/faults.rs):
+# PROXIED is for clients behind a fault proxy (toxiproxy in tests/it/faults.rs):
 # it advertises the proxy's port, so the client's every connection crosses it.
 listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CTRL_PORT,PROXIED://$HOST:$KAFKA_PROXIED_PORT
 advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT,PROXIED://$HOST:$KAFKA_PROXY_PORT

@@ -6,7 +6,7 @@
 #   scripts/test.sh           the suite (about 12 minutes warm here; 28 from a fresh clone beside a one-job cargo build, about 17 of them building)
 #   scripts/test.sh --long    also the long variants: the 30 s broker outage, the
 #                             three-node cluster's faults, and the Postgres failovers
-#                             and split brains (tests/faults.rs, about 25 minutes)
+#                             and split brains (tests/it/faults.rs, about 25 minutes)
 # Other arguments go to `cargo test` (e.g. a test name filter).
 # Before the cargo tests, promtool checks the compose stack's Prometheus config
 # and alert rules and runs the rules' unit tests (seconds). After them, a
@@ -16,7 +16,7 @@
 # sources; seconds, after a one-time build of the tool of about 4 minutes).
 # The file tests keep uploads in s3s-fs, an S3-compatible server built once
 # from crates.io (scripts/lib/s3.sh; about 4 minutes).
-# The console's browser test (tests/console.rs) runs in Debian's chromium,
+# The console's browser test (tests/it/console.rs) runs in Debian's chromium,
 # driven by Playwright for Python, both installed here once (about a minute).
 # The suite fails if any step does. With a test filter, only the tests run.
 set -euo pipefail
@@ -66,9 +66,28 @@ cargo build --locked --bins
 # suite needs no cleanup and can be re-run at once.
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+# The integration tests are one binary, `it` (tests/it/main.rs). Its `faults`
+# and `limits` areas run in passes of their own, after the rest, as they did
+# when each area was a binary: the faults stop the services every test
+# shares, and some limits tests flood the machine or time its answers. With a
+# test filter, one `cargo test` runs with it.
+status=0
+run_tests() {
+    echo "== cargo test $* ==" >&2
+    cargo test --locked --no-fail-fast "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ]; then status=$rc; fi
+}
 set +e
-cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+if [ $# -eq 0 ]; then
+    run_tests --lib --bins
+    run_tests --doc
+    run_tests --test it -- --skip faults:: --skip limits::
+    run_tests --test it limits::
+    run_tests --test it faults::
+else
+    run_tests "$@"
+fi
 set -e
 
 # ---------------------------------------------------------------------------
@@ -84,7 +103,7 @@ if [ $# -eq 0 ]; then
     set -e
 fi
 
-# One closing line for the whole suite, summed over every test binary.
+# One closing line for the whole suite, summed over every pass and test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 case "$deps" in

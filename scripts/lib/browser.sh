@@ -1,7 +1,7 @@
 # The browser tests' tools: Debian's `chromium` (apt; no browser download)
 # and Playwright for Python with axe-core's checks (PyPI, pinned: axe-playwright-python
 # carries axe.min.js, so nothing is fetched at run time) in a virtualenv under
-# .services/tools/, driven by tests/console/browser.py from tests/console.rs.
+# .services/tools/, driven by tests/it/console/browser.py from tests/it/console.rs.
 # `ensure_browser` installs both once and exports DOCSTREAM_TEST_PLAYWRIGHT
 # (the virtualenv's python), which the console test needs to run.
 

@@ -2,7 +2,7 @@
 # into a virtualenv under .services/tools/ (git-ignored), once, and exports
 # DOCSTREAM_TEST_PYPDF_PYTHON with the path of its python. The Python example
 # provider (examples/extractor-provider/) reads a PDF's text layer with it in
-# extractor protocol version 2, and tests/files.rs runs a PDF through it.
+# extractor protocol version 2, and tests/it/files.rs runs a PDF through it.
 
 PYPDF_VERSION=7.1.1
 

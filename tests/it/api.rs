@@ -2,7 +2,7 @@
 //! under concurrency, and bad input gets a clear error with nothing written or
 //! published.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};

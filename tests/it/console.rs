@@ -1,4 +1,4 @@
-//! The console in a real Chromium: `tests/console/browser.py` (Playwright,
+//! The console in a real Chromium: `tests/it/console/browser.py` (Playwright,
 //! Debian's `chromium`) against `serve` (in this process), a worker and a
 //! bbox worker (processes), Kafka and Postgres. The jobs it looks at are
 //! made here: four samples run through both stages (boxes to draw), a scan
@@ -8,7 +8,7 @@
 //! list's first render is timed. Skipped, with a line saying so, when `DOCSTREAM_TEST_PLAYWRIGHT`
 //! (the Python that has Playwright; `scripts/test.sh` installs it) is unset.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -69,7 +69,7 @@ async fn the_console_in_chromium() {
 
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console");
     std::fs::create_dir_all(&out).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/console/browser.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/console/browser.py");
     let run = tokio::process::Command::new(python)
         .arg(script)
         .env("BASE", &base)

@@ -3,7 +3,7 @@
 //! revived by the reapers, retries back off and give up, and operators cancel and
 //! reclaim. Every check is on sets of ids and counts of transitions.
 
-mod common;
+use crate::common;
 
 use docstream::domain::Stage;
 use std::collections::{HashMap, HashSet};

@@ -3,7 +3,7 @@
 //! rebalance under load (both group protocols), poison records, a backlog far
 //! larger than memory should hold, and a `serve` stopped mid-burst.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! strategies count every drop while memory stays bounded, and a server
 //! shutdown with both streams busy drains, commits and closes normally.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,7 +7,7 @@
 //! providers the project ships (`docstream extractor-serve` and the Python
 //! example).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -39,7 +39,7 @@
 //! broker outage and the cluster scenarios run only with `scripts/test.sh
 //! --long` (`DOCSTREAM_TEST_LONG=1`).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::process::ExitStatus;

@@ -6,7 +6,7 @@
 //! unknown kind, or not the kind its Content-Type says) gets a clear 4xx
 //! with nothing stored.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! and carried through; nothing is accepted without an answer on a server
 //! shutdown, which ends with a normal close.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

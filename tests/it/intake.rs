@@ -4,7 +4,7 @@
 //! invalid request goes to the DLQ with its reason, and every valid one is
 //! carried through to bbox succeeded by separate processes.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

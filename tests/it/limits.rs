@@ -3,7 +3,7 @@
 //! request or record does can stall a partition, buy unbounded memory, or
 //! hold up the runtime.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! Existing data moves by migration, never by a reset: jobs written under the
 //! wide layout (migrations 1–4) read back the same under the narrow one.
 
-mod common;
+use crate::common;
 
 use docstream::domain::BboxStatus;
 use docstream::domain::Stage;

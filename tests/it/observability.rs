@@ -6,7 +6,7 @@
 //! matchers, a value the matcher selects). A renamed metric or label breaks
 //! this test.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,9 +1,9 @@
 //! The checked-in contract: `docs/openapi.json` is what a `serve` with the
 //! default limits answers at `GET /openapi.json`, byte for byte (pretty
 //! JSON and a newline). When they differ, the test says how to regenerate
-//! the file: `DOCSTREAM_UPDATE_OPENAPI=1 cargo test --test openapi`.
+//! the file: `DOCSTREAM_UPDATE_OPENAPI=1 cargo test --test it openapi::`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -86,7 +86,7 @@ fn it_is_the_checked_in_file_byte_for_byte(rendered: &str) {
             "{CHECKED_IN} is not the document `serve` answers with the default settings \
              (first difference at line {line}: {:?} served, {:?} checked in). If the API \
              changed on purpose, regenerate it with\n\n    \
-             DOCSTREAM_UPDATE_OPENAPI=1 cargo test --test openapi\n\nand commit the file.",
+             DOCSTREAM_UPDATE_OPENAPI=1 cargo test --test it openapi::\n\nand commit the file.",
             rendered.lines().nth(line - 1).unwrap_or("<end>"),
             checked_in.lines().nth(line - 1).unwrap_or("<end>"),
         );

@@ -4,7 +4,7 @@
 //! must have run exactly once, and no transition may have won twice — checked on
 //! the transition log and, independently, on the events topic.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! against a provider that takes 200 ms a call, so records wait in the
 //! worker and the order it starts them in is what the test sees.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! (it reads `DATABASE_URL`, as `scripts/test.sh` sets it); the database is
 //! dropped when the test passes and kept for a look when it fails.
 
-mod common;
+use crate::common;
 
 use docstream::domain::Stage;
 use docstream::store::tenants::DEFAULT_TENANT_ID;

@@ -4,7 +4,7 @@
 //! are per tenant; a revoked key, or one whose tenant was deleted, is refused
 //! within 5 s by a running `serve` and by the intake.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;

@@ -4,7 +4,7 @@
 //! process exports its spans of the job over OTLP/HTTP (received here by a
 //! minimal receiver that keeps the request bodies).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -7,7 +7,7 @@
 //! overlap ends. A 410 from a URL too long for a btree key is recorded, and
 //! its delivery is not retried.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};

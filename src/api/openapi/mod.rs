@@ -2,7 +2,7 @@
 //! [`Settings`] so that every limit it states is the one this server
 //! enforces. `serve` answers it at `GET /openapi.json` (no key needed);
 //! `docs/openapi.json` is the document with the default settings
-//! (`tests/openapi.rs` keeps the two equal), and `scripts/fuzz-api.sh` runs
+//! (`tests/it/openapi.rs` keeps the two equal), and `scripts/fuzz-api.sh` runs
 //! schemathesis against a live `serve` with it.
 //!
 //! The bodies' schemas are read off the Rust types that parse and answer

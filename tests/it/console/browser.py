@@ -1,5 +1,5 @@
 """The console in a real Chromium (Debian's), driven by Playwright, against
-the `serve` and workers that tests/console.rs started. Exits non-zero with
+the `serve` and workers that tests/it/console.rs started. Exits non-zero with
 the failed check's message; screenshots go to $OUT.
 
 Environment: BASE (serve's URL), KEY and KEY_B (tenants A and B, the first
