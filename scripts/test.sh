@@ -16,6 +16,8 @@
 # sources; seconds, after a one-time build of the tool of about 4 minutes).
 # The file tests keep uploads in s3s-fs, an S3-compatible server built once
 # from crates.io (scripts/lib/s3.sh; about 4 minutes).
+# The manual (docs/) is built with mdBook, installed once from crates.io (about
+# two minutes), and its links checked (scripts/lib/book.sh; seconds).
 # The console's browser test (tests/it/console.rs) runs in Debian's chromium,
 # driven by Playwright for Python, both installed here once (about a minute).
 # The suite fails if any step does. With a test filter, only the tests run.
@@ -35,6 +37,7 @@ source scripts/lib/fuzz-api.sh
 source scripts/lib/promtool.sh
 source scripts/lib/deny.sh
 source scripts/lib/browser.sh
+source scripts/lib/book.sh
 prepare
 ensure_toxiproxy
 ensure_s3
@@ -46,6 +49,7 @@ ensure_browser
 
 deps=skipped
 alerts=skipped
+book=skipped
 if [ $# -eq 0 ]; then
     echo "== deps: cargo deny check licenses bans sources ==" >&2
     set +e
@@ -56,6 +60,12 @@ if [ $# -eq 0 ]; then
     set +e
     check_alerts
     alerts=$?
+    set -e
+    echo "== book: mdbook build docs, and its links ==" >&2
+    ensure_mdbook
+    set +e
+    check_book
+    book=$?
     set -e
 fi
 
@@ -116,6 +126,11 @@ case "$alerts" in
     skipped) echo "alerts: skipped (a test filter was given)"; alerts=0 ;;
     *) echo "alerts: FAILED (promtool, scripts/compose/prometheus/)" ;;
 esac
+case "$book" in
+    0) echo "book: passed" ;;
+    skipped) echo "book: skipped (a test filter was given; scripts/book.sh builds it alone)"; book=0 ;;
+    *) echo "book: FAILED (scripts/book.sh: mdbook build docs, then its links)" ;;
+esac
 case "$fuzz" in
     0) echo "fuzz: passed" ;;
     skipped) echo "fuzz: skipped (a test filter was given; scripts/fuzz-api.sh runs it alone)"; fuzz=0 ;;
@@ -124,4 +139,5 @@ esac
 if [ "$status" != 0 ]; then exit "$status"; fi
 if [ "$deps" != 0 ]; then exit "$deps"; fi
 if [ "$alerts" != 0 ]; then exit "$alerts"; fi
+if [ "$book" != 0 ]; then exit "$book"; fi
 exit "$fuzz"

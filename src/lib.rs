@@ -1,9 +1,10 @@
 //! docstream: a Kafka-native stream processor that runs an asynchronous
 //! document-extraction pipeline safely across any number of worker replicas.
 //!
-//! `docs/architecture.md` states what the code promises (the four invariants,
-//! the state machine's legal predecessors, the delivery contract, the orphan
-//! classes) and where each promise is kept.
+//! The manual's Architecture chapter (`docs/src/architecture.md`) states what
+//! the code promises (the four invariants, the state machine's legal
+//! predecessors, the delivery contract, the orphan classes) and where each
+//! promise is kept.
 //!
 //! The binary (`src/main.rs`, with its `demo` and `bench` commands) drives
 //! this library; nothing here knows of them.

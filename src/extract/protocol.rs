@@ -1,7 +1,7 @@
 //! The extractor protocol's wire types, shared by the HTTP extractor (the
 //! client) and `docstream extractor-serve` (a reference server). One call per
 //! attempt: `POST <url>` with a [`CallBody`], answered by a [`ResultBody`] (200)
-//! or a status that tells the worker what to do next. The README and
+//! or a status that tells the worker what to do next. The manual (`docs/src/extractors.md`) and
 //! `docs/extractor-protocol.openapi.yaml` document it for provider authors.
 //!
 //! Version 2 adds files: a call for a job whose document is a file carries

@@ -1,5 +1,5 @@
 //! Orphans: jobs that nothing is going to deliver to (the orphan classes
-//! are listed in the README, "Operating it").
+//! are listed in the manual, "Operating it").
 //!
 //! An event that the broker acknowledged is not lost: the consumer groups commit
 //! offsets only after delivery, so it will be consumed. Each publisher therefore

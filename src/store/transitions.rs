@@ -1,4 +1,4 @@
-//! One function per transition of the state machine (README, "How it works").
+//! One function per transition of the state machine (the manual, "How it works").
 //! Each runs ONE statement: a conditional `UPDATE … WHERE id = $1 AND
 //! <legal predecessors> RETURNING *`, wrapped in a data-modifying CTE that logs the
 //! win in `extraction_transitions`. A caller that loses the race gets `Ok(None)`
