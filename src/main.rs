@@ -5,6 +5,7 @@
 mod bench;
 mod demo;
 mod eval;
+mod reference;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -85,6 +86,14 @@ enum Command {
     /// worker reads a file's words in a process it can kill.
     #[command(hide = true)]
     ReadPdf(docstream::files::pdf::apart::ReadArgs),
+    /// Prints a table of the manual, made from the code (the test that keeps
+    /// docs/src/reference/ current runs it).
+    #[command(hide = true)]
+    Reference {
+        /// Which table.
+        #[arg(value_enum)]
+        table: reference::Table,
+    },
     /// Benchmark: the Postgres and Kafka ceilings, graphile-worker, and
     /// docstream's burn-down and steady state, in one run (scripts/bench.sh).
     Bench(bench::BenchArgs),
@@ -114,6 +123,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before settings and tracing: a worker runs it per file, and its
     // standard output is its answer.
+    if let Command::Reference { table } = &cli.command {
+        let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+        let _inside = runtime.enter();
+        print!(
+            "{}",
+            reference::render(*table, &<Cli as clap::CommandFactory>::command())
+        );
+        return ExitCode::SUCCESS;
+    }
     if let Command::ReadPdf(args) = &cli.command {
         return match docstream::files::pdf::apart::read_stdin(args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -240,7 +258,7 @@ async fn run_once(
             print!("{}", bench::run(settings, args).await?);
         }
         // Answered by `main` before anything is set up.
-        Command::ReadPdf(_) => {}
+        Command::ReadPdf(_) | Command::Reference { .. } => {}
         Command::Serve | Command::Worker | Command::BboxWorker | Command::Intake | Command::All => {
             unreachable!("a role is run by `run`, not once")
         }

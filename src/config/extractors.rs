@@ -30,67 +30,105 @@ const MAX_SECONDS: f64 = 86_400.0;
 /// The lowest rate limit: one call in 1,000 seconds.
 const MIN_RATE: f64 = 0.001;
 
-/// One external extractor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ExtractorSettings {
+/// Declares an extractor's settings once: field, type, default, and the
+/// suffix of its variable (`DOCSTREAM_EXTRACTOR_<NAME>_<SUFFIX>`). It
+/// generates the struct, its defaults, reading the environment, writing it
+/// for another process, and the description the manual's table is made of.
+macro_rules! extractor_settings {
+    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, suffix $suffix:literal; )*) => {
+        /// One external extractor.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct ExtractorSettings {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        impl Default for ExtractorSettings {
+            fn default() -> Self {
+                Self { $( $field: $default, )* }
+            }
+        }
+
+        impl ExtractorSettings {
+            /// Overrides each setting whose variable (of extractor `name`)
+            /// `lookup` knows.
+            fn apply_env(
+                &mut self,
+                name: &str,
+                lookup: &dyn Fn(&str) -> Option<String>,
+            ) -> Result<(), ConfigError> {
+                $(
+                    let var = env_var(name, $suffix);
+                    if let Some(value) = lookup(&var) {
+                        self.$field = value.parse().map_err(|e: <$ty as std::str::FromStr>::Err| {
+                            ConfigError::Env { var, value, reason: e.to_string() }
+                        })?;
+                    }
+                )*
+                Ok(())
+            }
+
+            /// Every setting as the variables (of extractor `name`) that set it.
+            fn env(&self, name: &str) -> Vec<(String, String)> {
+                vec![$( (env_var(name, $suffix), self.$field.to_string()), )*]
+            }
+
+            /// Each setting's variable (with `<NAME>` for the extractor's
+            /// name), its default and what it is for.
+            pub fn described() -> Vec<super::Described> {
+                let defaults = Self::default().env("<NAME>");
+                let docs: Vec<&[&str]> = vec![$( &[$($doc),*] ),*];
+                defaults
+                    .into_iter()
+                    .zip(docs)
+                    .map(|((var, default), doc)| super::Described::new(var, default, doc))
+                    .collect()
+            }
+        }
+    };
+}
+
+extractor_settings! {
     /// Where calls are posted: an absolute http(s) URL. Operators configure it,
     /// so it is trusted (no SSRF guard: the provider usually lives next door).
-    pub url: String,
+    url: String = String::new(), suffix "URL";
     /// Longest one call may take, connect to last byte; past it the attempt
     /// fails and is retried. 300 s: model services take seconds to minutes.
     /// The claim's heartbeats run all along, so this may exceed the lease.
-    pub timeout_s: f64,
+    timeout_s: f64 = 300.0, suffix "TIMEOUT_S";
     /// Calls the whole deployment makes at once, however many worker
     /// replicas run: each call leases one of this many slots in Postgres
     /// (see `extract::slots`). Records beyond it wait for a slot while their
     /// claims are renewed. 8 suits a small model service.
-    pub max_concurrency: usize,
+    max_concurrency: usize = 8, suffix "MAX_CONCURRENCY";
     /// Calls one worker process makes at once, a second, local bound under
     /// `max_concurrency`; 0, the default, sets none (the deployment's cap
     /// alone).
-    pub process_max_concurrency: usize,
+    process_max_concurrency: usize = 0, suffix "PROCESS_MAX_CONCURRENCY";
     /// Calls one tenant's jobs make at once across the deployment, a share
     /// of `max_concurrency` so that one tenant cannot take every slot (each
     /// call then also leases one of its tenant's slots: see
     /// `extract::slots`). 0, the default, sets none.
-    pub tenant_max_concurrency: usize,
+    tenant_max_concurrency: usize = 0, suffix "TENANT_MAX_CONCURRENCY";
     /// Calls per second the whole deployment starts, spaced evenly (a next
     /// start time in Postgres that each call moves on). 0, the default,
     /// sets no limit.
-    pub requests_per_second: f64,
+    requests_per_second: f64 = 0.0, suffix "REQUESTS_PER_SECOND";
     /// Sent as `Authorization: Bearer …` when not empty.
-    pub token: String,
+    token: String = String::new(), suffix "TOKEN";
     /// The longest one attempt waits in total on `Retry-After` answers (429,
     /// 503) before it counts as failed and spends an attempt: a provider that
     /// only ever asks to wait cannot hold a job forever. 600 s.
-    pub retry_after_budget_s: f64,
+    retry_after_budget_s: f64 = 600.0, suffix "RETRY_AFTER_BUDGET_S";
     /// The longest a deferred extraction (answered 202) holds its claim
     /// waiting for its result; the provider's `deadline_s` is capped at it.
     /// Past it, the job is retried. 1,200 s: the reference design's 20 minutes.
-    pub deferred_deadline_s: f64,
+    deferred_deadline_s: f64 = 1200.0, suffix "DEFERRED_DEADLINE_S";
     /// The version of the extractor protocol the provider speaks: 1 (the
     /// default) takes documents as JSON only; 2 also takes a job's file,
     /// as a signed URL to fetch it from, and may answer the words it found
     /// on each page.
-    pub protocol: u32,
-}
-
-impl Default for ExtractorSettings {
-    fn default() -> Self {
-        Self {
-            url: String::new(),
-            timeout_s: 300.0,
-            max_concurrency: 8,
-            process_max_concurrency: 0,
-            tenant_max_concurrency: 0,
-            requests_per_second: 0.0,
-            token: String::new(),
-            retry_after_budget_s: 600.0,
-            deferred_deadline_s: 1200.0,
-            protocol: 1,
-        }
-    }
+    protocol: u32 = 1, suffix "PROTOCOL";
 }
 
 impl ExtractorSettings {
@@ -168,24 +206,6 @@ impl ExtractorSettings {
     }
 }
 
-/// Calls `$then!(field, "SUFFIX")` for every setting of an extractor and the
-/// suffix of its variable: the one list that reading the environment and
-/// writing it for another process share.
-macro_rules! for_each_variable {
-    ($then:ident) => {
-        $then!(url, "URL");
-        $then!(timeout_s, "TIMEOUT_S");
-        $then!(max_concurrency, "MAX_CONCURRENCY");
-        $then!(process_max_concurrency, "PROCESS_MAX_CONCURRENCY");
-        $then!(tenant_max_concurrency, "TENANT_MAX_CONCURRENCY");
-        $then!(requests_per_second, "REQUESTS_PER_SECOND");
-        $then!(token, "TOKEN");
-        $then!(retry_after_budget_s, "RETRY_AFTER_BUDGET_S");
-        $then!(deferred_deadline_s, "DEFERRED_DEADLINE_S");
-        $then!(protocol, "PROTOCOL");
-    };
-}
-
 /// The environment variable of `setting` of extractor `name`.
 pub fn env_var(name: &str, setting: &str) -> String {
     let upper = name.to_ascii_uppercase().replace('-', "_");
@@ -205,43 +225,8 @@ pub(super) fn apply_env(
             )));
         }
         let entry = extractors.entry(name.to_owned()).or_default();
-        apply_one(name, entry, lookup)?;
+        entry.apply_env(name, lookup)?;
     }
-    Ok(())
-}
-
-fn apply_one(
-    name: &str,
-    settings: &mut ExtractorSettings,
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
-    fn parse<T: std::str::FromStr>(
-        var: String,
-        value: String,
-        target: &mut T,
-    ) -> Result<(), ConfigError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        *target = value.parse().map_err(|e: T::Err| ConfigError::Env {
-            var,
-            value,
-            reason: e.to_string(),
-        })?;
-        Ok(())
-    }
-    let get = |setting: &str| {
-        let var = env_var(name, setting);
-        lookup(&var).map(|value| (var, value))
-    };
-    macro_rules! read {
-        ($field:ident, $suffix:literal) => {
-            if let Some((var, value)) = get($suffix) {
-                parse(var, value, &mut settings.$field)?;
-            }
-        };
-    }
-    for_each_variable!(read);
     Ok(())
 }
 
@@ -251,12 +236,7 @@ pub fn env_of(extractors: &BTreeMap<String, ExtractorSettings>) -> Vec<(String, 
     let names: Vec<&str> = extractors.keys().map(String::as_str).collect();
     let mut env = vec![("DOCSTREAM_EXTRACTORS".to_owned(), names.join(","))];
     for (name, settings) in extractors {
-        macro_rules! write {
-            ($field:ident, $suffix:literal) => {
-                env.push((env_var(name, $suffix), settings.$field.to_string()));
-            };
-        }
-        for_each_variable!(write);
+        env.extend(settings.env(name));
     }
     env
 }

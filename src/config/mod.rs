@@ -69,11 +69,13 @@ pub const MAX_API_KEY_CACHE_S: f64 = 5.0;
 pub const MAX_PAGES: usize = 65_535;
 
 /// Declares the settings once: field, type, default, variable, and the
-/// rules of the one setting (see [`rules`]). It generates the struct, its
-/// defaults, reading the environment, writing it back ([`Settings::to_env`])
-/// and checking each setting's rules.
+/// rules of the one setting (see [`rules`]); `#[section = "…"]` starts a
+/// heading of the manual's tables. It generates the struct, its defaults,
+/// reading the environment, writing it back ([`Settings::to_env`]), checking
+/// each setting's rules, and the description the manual's tables are made of
+/// ([`Settings::described`]).
 macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, env $var:literal $(, $rule:expr)* ; )*) => {
+    ($( $(#[section = $section:literal])? $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, env $var:literal $(, $rule:expr)* ; )*) => {
         /// Every setting of a docstream process.
         #[derive(Debug, Clone, Serialize, Deserialize)]
         #[serde(default, deny_unknown_fields)]
@@ -115,6 +117,22 @@ macro_rules! settings {
                 env
             }
 
+            /// Each setting's variable, its default and what it is for, under
+            /// the heading of the manual's table it belongs to.
+            pub fn described() -> Vec<(&'static str, Described)> {
+                let defaults = Self::default();
+                let mut section: &'static str;
+                let mut described = Vec::new();
+                $(
+                    $( section = $section; )?
+                    described.push((
+                        section,
+                        Described::new($var.to_owned(), defaults.$field.to_string(), &[$($doc),*]),
+                    ));
+                )*
+                described
+            }
+
             /// Checks each setting against its own rules.
             fn check_each(&self) -> Result<(), ConfigError> {
                 $( $(
@@ -127,12 +145,35 @@ macro_rules! settings {
     };
 }
 
+/// One setting as the manual's tables list it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// The environment variable that sets it.
+    pub var: String,
+    /// Its default, as the variable would give it.
+    pub default: String,
+    /// What it is for: its doc comment, as one paragraph.
+    pub doc: String,
+}
+
+impl Described {
+    fn new(var: String, default: String, doc: &[&str]) -> Self {
+        let doc = doc
+            .iter()
+            .map(|line| line.trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        Self { var, default, doc }
+    }
+}
+
 /// A loopback listen address: exposing a port is a decision, not a default.
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 settings! {
+    #[section = "Services, topics and groups"]
     /// Postgres connection string. Default: the cluster `scripts/services.sh` starts.
     database_url: String = "postgres://docstream:docstream@127.0.0.1:55432/docstream", env "DATABASE_URL";
     /// Kafka bootstrap servers. Default: the broker `scripts/services.sh` starts.
@@ -183,6 +224,7 @@ settings! {
     /// `serve` included: it belongs on an internal network, apart from the API.
     /// Port 0 picks a free one, which is what tests running several processes want.
     metrics_addr: SocketAddr = loopback(9464), env "DOCSTREAM_METRICS_ADDR";
+    #[section = "Tenants and keys"]
     /// How long a process trusts what it looked up about an API key. A revoked
     /// key, or one whose tenant was deleted, is refused by every process within
     /// this time; 2 s keeps a busy client to one lookup per key every 2 s, and
@@ -203,18 +245,24 @@ settings! {
     /// small enough that a flood cannot bury everyone else's jobs behind it.
     /// 0: no cap.
     tenant_max_open_jobs: u32 = 10_000_u32, env "DOCSTREAM_TENANT_MAX_OPEN_JOBS";
-    /// Requests per second one peer address may make that present no valid
-    /// API key (ten seconds' worth at once); past it, a key the process
-    /// does not know gets 429 without being looked up. Keys it knows pass.
+    #[section = "Limits"]
+    /// Requests per second one peer address may make that present a well-formed
+    /// API key that is not valid, each a lookup in Postgres (ten seconds' worth
+    /// at once); past it, a key the process does not know gets 429 without
+    /// being looked up. Keys it knows pass, so behind a proxy, where every
+    /// client shares the proxy's address, only their new keys wait.
     auth_failures_per_peer_per_s: u32 = 10_u32, env "DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S", at_least(1);
     /// Requests from the Kafka intake one tenant may have held while it is at
     /// its cap on open jobs (they become jobs as its jobs finish); a record
     /// past it is dead-lettered as `too_many_open_jobs`.
     max_held_requests_per_tenant: u32 = 100_000_u32, env "DOCSTREAM_MAX_HELD_REQUESTS_PER_TENANT", at_least(1);
     /// Largest accepted request body. 4 MiB fits a multi-page OCR document with
-    /// word geometry; larger bodies get 413.
+    /// word geometry; larger bodies get 413. It is also the largest import
+    /// frame (one past it closes the socket with 1009) and the largest
+    /// `request_json` of an intake record.
     http_body_limit_bytes: usize = 4_usize * 1024 * 1024, env "DOCSTREAM_HTTP_BODY_LIMIT_BYTES", at_least(1);
-    /// Largest file `POST /v1/files` takes, in bytes (its own body limit).
+    /// Largest file, in bytes, that `POST /v1/files`, a multipart submit or a
+    /// `document.url` fetch takes: their own body limit; a larger one gets 413.
     file_max_bytes: usize = 32_usize * 1024 * 1024, env "DOCSTREAM_FILE_MAX_BYTES", at_least(1);
     /// Most bytes a PDF's compressed streams may inflate to, all together
     /// (and what its pages draw, with repeats); more is refused as a
@@ -319,8 +367,15 @@ settings! {
     /// compiled program is size-limited too (`max_pattern_program_bytes`).
     max_pattern_bytes: usize = RequestLimits::DEFAULT.pattern_bytes, env "DOCSTREAM_MAX_PATTERN_BYTES", at_least(1);
     /// Largest compiled pattern, in bytes (the regex size limit; the lazy DFA
-    /// gets the same cache). 1 MiB compiles `\d{1,100}` on Unicode text
-    /// and refuses `\w{1000}` blown up to tens of MiB.
+    /// gets the same cache). 1 MiB compiles `\d{1,100}` on Unicode text and
+    /// refuses `\w{1000}`, blown up to tens of MiB, at submit. Compiling one
+    /// near the limit takes about 5 ms, so patterns the process has not met
+    /// compile on blocking threads of their own (one per CPU at once), never on
+    /// the threads that answer requests or the extraction pool; compiled
+    /// patterns and refusals are kept (1,024 to 2,048 per process, in two
+    /// generations), so a template's patterns compile once. Eight clients
+    /// sending 100 new patterns each held `/healthz` for 1.9 s when they
+    /// compiled on the runtime; off it, `/healthz` answered within 10 ms.
     max_pattern_program_bytes: usize = RequestLimits::DEFAULT.pattern_program_bytes, env "DOCSTREAM_MAX_PATTERN_PROGRAM_BYTES", at_least(1);
     /// Longest anchor, in bytes: a label such as "Invoice number".
     max_anchor_bytes: usize = RequestLimits::DEFAULT.anchor_bytes, env "DOCSTREAM_MAX_ANCHOR_BYTES", at_least(1);
@@ -344,8 +399,10 @@ settings! {
     /// Longest `webhook_url`, in bytes. 8 KiB is what common HTTP servers
     /// accept in a request line.
     max_url_bytes: usize = RequestLimits::DEFAULT.url_bytes, env "DOCSTREAM_MAX_URL_BYTES", at_least(1);
-    /// Largest extracted value of one field, as JSON. 64 KiB holds any value
-    /// a form has; a pattern like `(.+)` over a whole document does not fit.
+    /// Largest extracted value of one field, as JSON, from any extractor. 64
+    /// KiB holds any value a form has; a pattern like `(.+)` over a whole
+    /// document does not fit, and fails the job at once with `result_too_large`
+    /// (not retried).
     max_result_field_bytes: usize = ResultLimits::DEFAULT.field_bytes, env "DOCSTREAM_MAX_RESULT_FIELD_BYTES", at_least(1);
     /// Largest result of one job, as JSON. A job whose result is larger fails
     /// at once (`result_too_large`) and is not retried. 1 MiB is 100 fields
@@ -358,7 +415,11 @@ settings! {
     /// Longest the rules extractor or bbox grounding may run on one job; past
     /// it the job fails (`deadline_exceeded`) and is not retried, since the
     /// same input would take as long again. 10 s is a hundred times what a
-    /// dense document takes.
+    /// dense document takes. It holds within one search too: over a long text a
+    /// search checks it at least every 64 KiB and every few milliseconds of
+    /// work (a worst-case pattern over 4 MiB of accented words ran 33 s in one
+    /// `regex` search before). It replaces `DOCSTREAM_ASYNC_TIMEOUT_S`, which
+    /// is refused at start-up.
     extraction_deadline_s: Seconds = Seconds::new(10), env "DOCSTREAM_EXTRACTION_DEADLINE_S", positive;
     /// WebSocket connections (import and export streams) one `serve` process
     /// holds at once; one more is refused with 503. Each stream costs a task
@@ -391,12 +452,20 @@ settings! {
     /// 4,096 is far above what one process serves well, and below its file
     /// descriptor limit.
     http_max_connections: usize = 4_096_usize, env "DOCSTREAM_HTTP_MAX_CONNECTIONS", at_least(1);
-    /// Longest a client may take to send a request's headers; then the
-    /// connection is closed. The timer runs whenever a connection waits for
-    /// a request, so this is also the idle timeout of a kept-alive
-    /// connection. 10 s: a slowloris client holds a connection that long at
-    /// most, and a client pausing between requests keeps its connection.
+    /// The idle limit: a connection with no request in progress for this long
+    /// is closed, whatever its protocol and whatever it sends meanwhile: a
+    /// socket that never sends a byte, one stuck in the HTTP/2 preface, a
+    /// kept-alive HTTP/1 connection, an HTTP/2 connection that answers pings
+    /// but opens no stream (it gets a GOAWAY, and is dropped 1 s later if it
+    /// does not go). HTTP/2 connections are pinged at this interval and closed
+    /// when a ping goes unanswered as long. 10 s: a slowloris client holds a
+    /// connection that long at most (bodies are bounded by
+    /// `DOCSTREAM_HTTP_ANSWER_TIMEOUT_S`), and a client pausing between
+    /// requests keeps its connection. With 5 s, 4,096 idle sockets (the default
+    /// cap) were all closed 5.0-6.0 s after they opened, and a real client was
+    /// served 4.5 s after they had filled the cap.
     http_header_read_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_HTTP_HEADER_READ_TIMEOUT_S", positive;
+    #[section = "Leases, reapers and retries"]
     /// How long a claim on an extraction lasts without a heartbeat. The holder
     /// renews it while it works, so a job may run far longer; only a dead or
     /// frozen holder loses it. 10 s bounds recovery after a crash to seconds
@@ -435,12 +504,14 @@ settings! {
     unclaimed_orphan_threshold_s: Seconds = Seconds::new(1800), env "DOCSTREAM_UNCLAIMED_ORPHAN_THRESHOLD_S", positive;
     /// Most orphans one sweep republishes; the rest wait for the next sweep.
     reaper_batch_size: i64 = 500_i64, env "DOCSTREAM_REAPER_BATCH_SIZE", at_least(1);
-    /// First retry delay; each further attempt doubles it, with jitter.
+    /// First retry delay; each further attempt doubles it, up to
+    /// `DOCSTREAM_RETRY_MAX_DELAY_S`, and each delay is drawn from [d/2, d].
     retry_base_delay_s: Seconds = Seconds::new(1), env "DOCSTREAM_RETRY_BASE_DELAY_S", positive;
     /// Cap on the retry delay: a flaky dependency is retried at least this often.
     retry_max_delay_s: Seconds = Seconds::new(30), env "DOCSTREAM_RETRY_MAX_DELAY_S", positive;
     /// Attempts (claims) before a failing job is marked failed with its last error.
     max_attempts: i32 = 5, env "DOCSTREAM_MAX_ATTEMPTS", at_least(1);
+    #[section = "Consumers and the publisher"]
     /// Kafka consumer session timeout: how soon the group notices a dead member
     /// and hands its partitions on. 10 s is librdkafka's order of magnitude and
     /// matches the lease, so a dead worker's partitions and claims free up together.
@@ -469,15 +540,20 @@ settings! {
     /// publisher's queue to drain before it flushes and closes the listener.
     publisher_drain_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_PUBLISHER_DRAIN_TIMEOUT_S", positive;
     /// Records a consumer works on at once. Their statements are grouped
-    /// (`db_batch_max`), so a few hundred in flight cost a few commits, not a
-    /// few hundred.
+    /// (`DOCSTREAM_DB_BATCH_MAX`), so a few hundred in flight cost a few
+    /// commits, not a few hundred connections: 384 ran as fast as 512 in the
+    /// burn-down, with less memory. The records waiting in front of them are
+    /// bounded by `DOCSTREAM_CONSUMER_READ_AHEAD`.
     consumer_max_in_flight: usize = 384_usize, env "DOCSTREAM_CONSUMER_MAX_IN_FLIGHT", at_least(1);
     /// Records of one partition a consumer receives ahead of its free slots
-    /// before it pauses the partition. The worker chooses what to start
-    /// among the records it received (priority, then tenants' shares), so
-    /// this is how deep into a backlog that choice sees: a partition's record
-    /// further back waits its turn in the log. A waiting record costs its
-    /// few hundred bytes, and holds its partition's commit point back.
+    /// before it pauses the partition (at least twice
+    /// `DOCSTREAM_CONSUMER_MAX_IN_FLIGHT`; a job stage passes over a lane that
+    /// fills half of it instead, and pauses at twice it). The worker chooses
+    /// what to start among the records it received (priority, then tenants'
+    /// shares), so this is how deep into a backlog that choice sees, and enough
+    /// that a resumed partition's refetch leaves no worker idle. A waiting
+    /// record costs its few hundred bytes, and holds its partition's commit
+    /// point back.
     consumer_read_ahead: usize = 2_048_usize, env "DOCSTREAM_CONSUMER_READ_AHEAD", at_least(1);
     /// The longest a received record is passed over by more urgent ones:
     /// past it, it starts in the order it arrived, whatever its priority.
@@ -487,6 +563,7 @@ settings! {
     subscriber_drain_timeout_s: Seconds = Seconds::new(10), env "DOCSTREAM_SUBSCRIBER_DRAIN_TIMEOUT_S", positive;
     /// Longest the producer keeps trying to deliver one record (message.timeout.ms).
     publish_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_PUBLISH_TIMEOUT_S", positive;
+    #[section = "Answers and admission"]
     /// The longest a REST request of the API waits on Postgres and Kafka
     /// before it is answered: a submit whose row is durable gets 202 (its
     /// event goes out when the broker is back), and anything still waiting on
@@ -507,6 +584,7 @@ settings! {
     submit_min_in_flight: usize = 64_usize, env "DOCSTREAM_SUBMIT_MIN_IN_FLIGHT", at_least(1);
     /// The most submits one `serve` admits at once, however fast it is.
     submit_max_in_flight: usize = 1_024_usize, env "DOCSTREAM_SUBMIT_MAX_IN_FLIGHT", at_least(1);
+    #[section = "Postgres, probes, census and retention"]
     /// The longest a caller waits for a pooled Postgres connection before the
     /// call fails as passing (the pool keeps trying to reconnect).
     db_acquire_timeout_s: Seconds = Seconds::new(5), env "DOCSTREAM_DB_ACQUIRE_TIMEOUT_S", positive;
@@ -543,6 +621,7 @@ settings! {
     /// form the next batch. One gives the largest batches, hence the fewest
     /// commits and the fastest burn-down.
     db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY", at_least(1);
+    #[section = "The export stream"]
     /// Consumer groups of export streams are this prefix, the tenant, `-` and
     /// the client's `group` name, so an export never joins a pipeline role's
     /// group, nor another tenant's.
@@ -569,17 +648,22 @@ settings! {
     /// take them over. 30 s leaves room for a client that acknowledges in
     /// batches or pauses for a moment.
     export_ack_timeout_s: Seconds = Seconds::new(30), env "DOCSTREAM_EXPORT_ACK_TIMEOUT_S", positive;
-    /// How often the import and export streams ping their client; a client
-    /// that sends nothing (not even the pong) for two of these is gone, and
-    /// its stream is closed. A half-open socket (the client's machine
-    /// vanished) would otherwise hold its socket slot, and an export
-    /// stream's group member, for as long as the server runs.
+    /// How often the import and export streams ping their client; a client that
+    /// sends nothing (not even the pong) for two of these is gone, and its
+    /// stream is closed. A half-open socket (the client's machine vanished)
+    /// would otherwise hold its socket slot, and an export stream's group
+    /// member, for as long as the server runs. Any WebSocket client that reads
+    /// its socket answers pings by itself. At each ping the stream's key is
+    /// checked again. With 1 s, a silent export and a silent import stream were
+    /// closed 4.1 s after they opened, while a stream whose client read stayed
+    /// open.
     ws_ping_interval_s: Seconds = Seconds::new(20), env "DOCSTREAM_WS_PING_INTERVAL_S", positive;
     /// Malformed client frames in a row after which an export stream is
     /// closed by force: such a client is broken, and holds a consumer-group
     /// member. (A send that fails or outlasts the drain timeout closes the
     /// stream at once.)
     export_max_consecutive_errors: u32 = 5_u32, env "DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS", at_least(1);
+    #[section = "Webhooks"]
     /// Whether jobs may name a `webhook_url`. Each tenant signs its webhooks
     /// with a secret of its own (`docstream tenants rotate-webhook-secret`).
     /// On by default: the SSRF guard keeps them to public addresses. Off, a
@@ -614,6 +698,7 @@ settings! {
     /// answers would otherwise hold them all. Its further deliveries wait
     /// their turn; other tenants' go on.
     webhook_concurrency_per_tenant: usize = 4_usize, env "DOCSTREAM_WEBHOOK_CONCURRENCY_PER_TENANT", at_least(1);
+    #[section = "Deferred results and logs"]
     /// The API's base URL as extraction services reach it, e.g.
     /// `https://docstream.internal`. With `callback_secret`, it turns deferred
     /// results on: each call names where to post its result later. Empty, the
@@ -622,7 +707,8 @@ settings! {
     /// The key that signs the token of each deferred result; `serve` and the
     /// workers must share it. At least 16 bytes; empty turns deferred results off.
     callback_secret: String = "", env "DOCSTREAM_CALLBACK_SECRET", empty_or_at_least_16_bytes;
-    /// Logs as JSON lines instead of text.
+    /// Logs as JSON lines instead of text. `DOCSTREAM_LOG` sets the filter (for
+    /// example `debug`, or `docstream=debug,rdkafka=info`).
     log_json: bool = false, env "DOCSTREAM_LOG_JSON";
 }
 

@@ -3,13 +3,11 @@
 //! [`at_zero`]). The census's and the extractors' structs live in `mod.rs`
 //! beside what only they use.
 
-use prometheus::{
-    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
-};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use super::{
-    at_zero, counter, counter_vec, gauge, gauge_vec, histogram, histogram_vec, LATENCY_BUCKETS,
-    STAGE_BUCKETS,
+    at_zero, counter, counter_vec, gauge, gauge_vec, histogram, histogram_vec, Registrar,
+    LATENCY_BUCKETS, STAGE_BUCKETS,
 };
 
 /// Claims, transitions and stage work of extraction and bbox jobs.
@@ -40,7 +38,7 @@ pub struct JobMetrics {
 }
 
 impl JobMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             transitions: counter_vec(
                 registry,
@@ -140,7 +138,7 @@ pub struct ConsumerMetrics {
 }
 
 impl ConsumerMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         Self {
             events_consumed: counter_vec(
                 registry,
@@ -218,7 +216,7 @@ pub struct DrainMetrics {
 }
 
 impl DrainMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             rebalance_drains: counter_vec(
                 registry,
@@ -256,7 +254,7 @@ pub struct OffsetMetrics {
 }
 
 impl OffsetMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let partition = &["group", "topic", "partition"];
         Self {
             lag: gauge_vec(
@@ -298,7 +296,7 @@ pub struct ProducerMetrics {
 }
 
 impl ProducerMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         Self {
             events_produced: counter_vec(
                 registry,
@@ -365,7 +363,7 @@ pub struct StreamMetrics {
 }
 
 impl StreamMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             queue_depth: gauge_vec(
                 registry,
@@ -435,7 +433,7 @@ pub struct WebhookMetrics {
 }
 
 impl WebhookMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             deliveries: counter_vec(
                 registry,
@@ -502,7 +500,7 @@ pub struct HttpMetrics {
 }
 
 impl HttpMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         Self {
             requests: counter_vec(
                 registry,
@@ -574,7 +572,7 @@ pub struct ReaperMetrics {
 }
 
 impl ReaperMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             orphans_found: counter_vec(
                 registry,
@@ -624,7 +622,7 @@ pub struct DependencyMetrics {
 }
 
 impl DependencyMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             up: gauge_vec(
                 registry,
@@ -656,7 +654,7 @@ pub struct StoreMetrics {
 }
 
 impl StoreMetrics {
-    pub(super) fn register(registry: &Registry) -> Self {
+    pub(super) fn register(registry: &Registrar) -> Self {
         Self {
             retries: counter_vec(
                 registry,

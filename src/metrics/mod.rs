@@ -44,7 +44,7 @@ impl Deref for Metrics {
 
 /// Every metric docstream exports, grouped by the area that counts it.
 pub struct Families {
-    registry: Registry,
+    registry: Registrar,
     /// Claims, transitions and stage work of jobs.
     pub jobs: JobMetrics,
     /// What the Kafka consumers receive, hold and give up on.
@@ -103,7 +103,7 @@ pub struct CensusMetrics {
 }
 
 impl CensusMetrics {
-    fn register(registry: &Registry) -> Self {
+    fn register(registry: &Registrar) -> Self {
         let metrics = Self {
             jobs: gauge_vec(
                 registry,
@@ -193,18 +193,18 @@ fn at_zero(vec: &IntCounterVec, values: &[&[&str]]) {
 }
 
 /// An [`IntCounterVec`], registered.
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+fn counter_vec(registry: &Registrar, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     register(registry, IntCounterVec::new(Opts::new(name, help), labels))
 }
 
 /// An [`IntGaugeVec`], registered.
-fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+fn gauge_vec(registry: &Registrar, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     register(registry, IntGaugeVec::new(Opts::new(name, help), labels))
 }
 
 /// A [`prometheus::GaugeVec`] (floating point), registered.
 fn float_gauge_vec(
-    registry: &Registry,
+    registry: &Registrar,
     name: &str,
     help: &str,
     labels: &[&str],
@@ -217,7 +217,7 @@ fn float_gauge_vec(
 
 /// A [`prometheus::CounterVec`] (floating point), registered.
 fn float_counter_vec(
-    registry: &Registry,
+    registry: &Registrar,
     name: &str,
     help: &str,
     labels: &[&str],
@@ -229,18 +229,18 @@ fn float_counter_vec(
 }
 
 /// An [`IntCounter`], registered.
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+fn counter(registry: &Registrar, name: &str, help: &str) -> IntCounter {
     register(registry, IntCounter::new(name, help))
 }
 
 /// An [`IntGauge`], registered.
-fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+fn gauge(registry: &Registrar, name: &str, help: &str) -> IntGauge {
     register(registry, IntGauge::new(name, help))
 }
 
 /// A [`HistogramVec`] with `buckets`, registered.
 fn histogram_vec(
-    registry: &Registry,
+    registry: &Registrar,
     name: &str,
     help: &str,
     buckets: &[f64],
@@ -251,21 +251,80 @@ fn histogram_vec(
 }
 
 /// A [`Histogram`] with `buckets`, registered.
-fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+fn histogram(registry: &Registrar, name: &str, help: &str, buckets: &[f64]) -> Histogram {
     let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
     register(registry, Histogram::with_opts(opts))
 }
 
 /// Registers `metric` (created by `new`) on `registry` and returns it.
-fn register<M>(registry: &Registry, metric: prometheus::Result<M>) -> M
+fn register<M>(registry: &Registrar, metric: prometheus::Result<M>) -> M
 where
     M: prometheus::core::Collector + Clone + 'static,
 {
     let metric = metric.expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("unique metric");
+    registry.add(Box::new(metric.clone()));
     metric
+}
+
+/// The process's registry, which also remembers what was registered on it:
+/// the manual's table of metrics is made of that ([`Metrics::described`]).
+struct Registrar {
+    registry: Registry,
+    described: std::sync::Mutex<Vec<DescribedMetric>>,
+}
+
+/// One metric as the manual's table lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescribedMetric {
+    /// Its name.
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// The labels its series carry.
+    pub labels: Vec<String>,
+    /// What it counts: its help text.
+    pub help: String,
+}
+
+impl Registrar {
+    fn new() -> Self {
+        Self {
+            registry: Registry::new(),
+            described: Default::default(),
+        }
+    }
+
+    /// Registers `collector`, and describes each metric it collects.
+    fn add(&self, collector: Box<dyn prometheus::core::Collector>) {
+        let kinds: Vec<(String, &'static str)> = collector
+            .collect()
+            .iter()
+            .map(|family| (family.name().to_owned(), kind_of(family.get_field_type())))
+            .collect();
+        let described = collector.desc().into_iter().map(|desc| DescribedMetric {
+            name: desc.fq_name.clone(),
+            kind: kinds
+                .iter()
+                .find(|(name, _)| *name == desc.fq_name)
+                .map_or("gauge", |(_, kind)| kind),
+            labels: desc.variable_labels.clone(),
+            help: desc.help.clone(),
+        });
+        let mut list = self.described.lock().expect("not poisoned");
+        list.extend(described);
+        drop(list);
+        self.registry.register(collector).expect("unique metric");
+    }
+}
+
+fn kind_of(kind: prometheus::proto::MetricType) -> &'static str {
+    use prometheus::proto::MetricType;
+    match kind {
+        MetricType::COUNTER => "counter",
+        MetricType::HISTOGRAM => "histogram",
+        MetricType::SUMMARY => "summary",
+        _ => "gauge",
+    }
 }
 
 /// Calls to external extractors, each series labelled with the extractor's name.
@@ -301,7 +360,7 @@ pub struct ExtractorMetrics {
 }
 
 impl ExtractorMetrics {
-    fn register(registry: &Registry) -> Self {
+    fn register(registry: &Registrar) -> Self {
         let by_extractor = &["extractor"];
         Self {
             calls: counter_vec(
@@ -368,14 +427,12 @@ const CALL_BUCKETS: &[f64] = &[
 impl Metrics {
     /// Creates and registers every metric on a fresh registry.
     pub fn new() -> Self {
-        let registry = Registry::new();
+        let registry = Registrar::new();
         // RSS, CPU seconds, open and maximum file descriptors, threads:
         // process_resident_memory_bytes, process_cpu_seconds_total, ….
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .expect("unique metric");
+        registry.add(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ));
         Self(Arc::new(Families {
             jobs: JobMetrics::register(&registry),
             consumer: ConsumerMetrics::register(&registry),
@@ -405,14 +462,26 @@ impl Metrics {
 
     /// Adds a collector read at each scrape (the pool's).
     pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
-        self.registry.register(collector).expect("unique metric");
+        self.registry.add(collector);
+    }
+
+    /// Every metric registered so far, by name.
+    pub fn described(&self) -> Vec<DescribedMetric> {
+        let mut described = self
+            .registry
+            .described
+            .lock()
+            .expect("not poisoned")
+            .clone();
+        described.sort_by(|a, b| a.name.cmp(&b.name));
+        described
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buffer)
+            .encode(&self.registry.registry.gather(), &mut buffer)
             .expect("text encoding cannot fail");
         String::from_utf8(buffer).expect("Prometheus text is UTF-8")
     }

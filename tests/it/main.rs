@@ -25,6 +25,7 @@ mod migrations;
 mod observability;
 mod openapi;
 mod pipeline_e2e;
+mod reference;
 mod scheduling;
 mod store_transitions;
 mod tenancy;
