@@ -199,7 +199,7 @@ _BEYOND_THE_SCHEMA = (
      re.compile(r"^field .*: invalid pattern: ", re.S),
      lambda case, body, m: _has_pattern(body)),
     ("a webhook host that is, or resolves to, an address webhooks may not reach",
-     re.compile(r"^webhook_url host .* which webhooks may not reach$", re.S),
+     re.compile(r"^webhook_url host .* is not a host the server may reach$", re.S),
      lambda case, body, m: _webhook_given(body)),
     ("a file id of no file the tenant uploaded",
      re.compile(r"^document\.object: no file ([0-9a-f]{64}) of this tenant"),

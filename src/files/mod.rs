@@ -42,9 +42,9 @@ use crate::config::Settings;
 use crate::domain::Document;
 use crate::extract::protocol::FileRef;
 use crate::extract::{Deadline, ExtractError};
+use crate::outbound::ssrf::{guarded_client, Guard};
 use crate::store::files::{self, FileRow};
 use crate::store::StoreError;
-use crate::webhook::Guard;
 use image::{ImageError, ImageLimits};
 use ocr::{OcrError, OcrSettings};
 use pdf::{PdfError, PdfLimits};
@@ -274,7 +274,7 @@ impl Files {
                 let guard = Guard::new(settings.file_fetch_allow.clone());
                 let timeout = settings.file_fetch_timeout_s.get();
                 let agent = concat!("docstream-files/", env!("CARGO_PKG_VERSION"));
-                let client = crate::webhook::guarded_client(&guard, timeout, agent);
+                let client = guarded_client(&guard, timeout, agent);
                 (guard, client)
             },
         }))
@@ -342,7 +342,7 @@ impl Files {
     /// Fetches `url` (a request's `document.url`) and stores what it
     /// answers as a file of `tenant`'s, as [`Files::upload`] would. The URL
     /// passes the SSRF guard first (admitting what `DOCSTREAM_FILE_FETCH_ALLOW`
-    /// names, not what webhooks may reach), and the connection goes
+    /// names, not `DOCSTREAM_WEBHOOK_ALLOW`), and the connection goes
     /// only to the addresses it checked; redirects are not followed; the
     /// body is held to the file limit as it arrives, and the whole fetch to
     /// its timeout.
@@ -350,7 +350,7 @@ impl Files {
         let (guard, client) = &self.0.fetcher;
         guard.check(url).await.map_err(|e| {
             tracing::debug!(%tenant, detail = %e.detail(), "document.url refused by the SSRF guard");
-            FileError::Url(e.to_string().replacen("webhook_url", "document.url", 1))
+            FileError::Url(e.of("document.url"))
         })?;
         let failed = |e: reqwest::Error| {
             let what = match e.is_timeout() {

@@ -18,7 +18,7 @@
 //! which tells the reaper it is not lost.
 //!
 //! A request naming a `webhook_url` is refused before anything is written if
-//! the SSRF guard refuses the URL (`webhook::Guard`) or webhooks are off, and
+//! the SSRF guard refuses the URL (`outbound::ssrf::Guard`) or webhooks are off, and
 //! so is one naming an extractor that the settings do not have, or a file
 //! (`document.object`) its tenant does not have.
 

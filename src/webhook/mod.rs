@@ -23,11 +23,9 @@
 //!   where it is also the client's resolver.
 
 mod fair;
-mod guard;
 mod sign;
 
 pub use fair::Due;
-pub use guard::{is_public, AllowList, Forbidden, Guard};
 pub use sign::{signature_header, Signer};
 
 use std::sync::Arc;
@@ -43,6 +41,7 @@ use crate::domain::Backoff;
 use crate::failpoints;
 use crate::metrics::Metrics;
 use crate::outbound::error_chain;
+use crate::outbound::ssrf::{guarded_client, AllowList, Forbidden, Guard, LOOKUP_TIMEOUT};
 use crate::store::webhooks::{self as outbox, Delivery, Final};
 use crate::trace;
 use fair::Shares;
@@ -115,8 +114,7 @@ impl Webhooks {
             shares: Shares::new(settings.concurrency_per_tenant, WAKE_QUEUE),
             // The lease outlives an attempt (its lookup, then its request),
             // so only a dead dispatcher's attempt is ever taken over.
-            lease_s: (settings.timeout + guard::LOOKUP_TIMEOUT + settings.orphan_after)
-                .as_secs_f64(),
+            lease_s: (settings.timeout + LOOKUP_TIMEOUT + settings.orphan_after).as_secs_f64(),
             max_attempts: settings.max_attempts,
             backoff: settings.backoff,
         };
@@ -167,36 +165,10 @@ impl Webhooks {
                     .ssrf_rejections
                     .with_label_values(&["submit"])
                     .inc();
-                Err(forbidden.to_string())
+                Err(forbidden.of("webhook_url"))
             }
         }
     }
-}
-
-/// The client of requests to addresses a submitter chose (webhook attempts,
-/// `document.url` fetches): no redirects, no proxy (either would take the
-/// request past the guard), bounded time, the guard as resolver, and HTTPS
-/// verified against the system's root certificates.
-pub fn guarded_client(guard: &Guard, timeout: Duration, agent: &'static str) -> reqwest::Client {
-    crate::outbound::install_tls_provider();
-    let builder = |native_roots: bool| {
-        let builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .dns_resolver(Arc::new(guard.clone()))
-            .user_agent(agent);
-        if native_roots {
-            builder.build()
-        } else {
-            builder.tls_certs_only([]).build()
-        }
-    };
-    builder(true).unwrap_or_else(|e| {
-        tracing::error!(error = %e, "the system's root certificates did not load; https webhooks will fail until they do");
-        builder(false).expect("a client without root certificates always builds")
-    })
 }
 
 /// How one attempt went.
@@ -316,12 +288,12 @@ impl Dispatcher {
                 tracing::info!(id = %delivery.id, detail = %e.detail(), "webhook host does not resolve");
                 return Outcome::Failed {
                     status: None,
-                    error: e.to_string(),
+                    error: e.of("webhook_url"),
                 };
             }
             Err(forbidden) => {
                 tracing::warn!(id = %delivery.id, detail = %forbidden.detail(), "webhook refused by the SSRF guard");
-                return Outcome::Forbidden(forbidden.to_string());
+                return Outcome::Forbidden(forbidden.of("webhook_url"));
             }
         }
         self.metrics.webhooks.attempts.inc();

@@ -1,6 +1,9 @@
 //! What every outbound HTTP client shares (webhooks, HTTP extractors, document
 //! URLs, the OTLP exporter): the process's TLS provider, and the error text
-//! that keeps the useful cause.
+//! that keeps the useful cause; and for the URLs a submitter chooses (a
+//! webhook's, a document's), the SSRF guard ([`ssrf`]).
+
+pub mod ssrf;
 
 /// Makes rustls with the *ring* provider the process's TLS, for every
 /// outbound HTTPS client: webhooks, HTTP extractors, the OTLP exporter. The

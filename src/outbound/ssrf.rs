@@ -1,7 +1,7 @@
-//! The SSRF guard: a job's submitter chooses its webhook URL and the server
-//! makes the request, so a URL must not reach what only the server can reach
-//! (loopback, private networks, link-local and cloud metadata addresses,
-//! reserved ranges), and must be http or https.
+//! The SSRF guard. A submitter chooses a URL the server then requests (a
+//! job's `webhook_url`, a `document.url`), so a URL must not reach what only
+//! the server can reach (loopback, private networks, link-local and cloud
+//! metadata addresses, reserved ranges), and must be http or https.
 //!
 //! URLs are parsed as browsers do (the `url` crate, WHATWG), so `0x7f000001`,
 //! `2130706433` and `127.1` are all 127.0.0.1, and an IPv4-mapped IPv6 address
@@ -11,8 +11,10 @@
 //! client's resolver: the connection goes only to addresses it checked, so a
 //! name that resolves elsewhere the second time (DNS rebinding) gains nothing.
 //!
-//! An allow-list ([`AllowList`], `DOCSTREAM_WEBHOOK_ALLOW`) admits chosen
-//! addresses anyway, for development and tests.
+//! An allow-list ([`AllowList`]: `DOCSTREAM_WEBHOOK_ALLOW` for webhooks,
+//! `DOCSTREAM_FILE_FETCH_ALLOW` for documents) admits chosen addresses
+//! anyway, for development and tests. [`guarded_client`] is the HTTP client
+//! both send with.
 
 use crate::config::canonical;
 pub use crate::config::AllowList;
@@ -26,24 +28,25 @@ use url::{Host, Url};
 /// unresolvable (for now: a failed lookup may pass).
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why a webhook URL is refused.
+/// Why a URL is refused. It reads after the name of the field that held the
+/// URL: [`Forbidden::of`] puts them together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Forbidden {
     /// Not a URL at all.
-    #[error("webhook_url is not a URL")]
+    #[error("is not a URL")]
     Malformed,
     /// Not http or https.
-    #[error("webhook_url must be http or https, not {0}")]
+    #[error("must be http or https, not {0}")]
     Scheme(String),
     /// No host to send to.
-    #[error("webhook_url has no host")]
+    #[error("has no host")]
     NoHost,
     /// An address the server must not reach. The answer names the host as
     /// the client wrote it, never the address it resolved to, and says the
     /// same as for a name that does not resolve: either would tell a caller
     /// the server's internal DNS ([`Forbidden::detail`] is for the
     /// operator's log).
-    #[error("webhook_url host {host} {}", REFUSED)]
+    #[error("host {host} {}", REFUSED)]
     Address {
         /// The host as written.
         host: String,
@@ -53,7 +56,7 @@ pub enum Forbidden {
         kind: &'static str,
     },
     /// The name does not resolve; answered as a refused address is.
-    #[error("webhook_url host {host} {}", REFUSED)]
+    #[error("host {host} {}", REFUSED)]
     Unresolvable {
         /// The host as written.
         host: String,
@@ -68,6 +71,12 @@ pub enum Forbidden {
 const REFUSED: &str = "is not a host the server may reach";
 
 impl Forbidden {
+    /// The refusal of the URL in `field`, as the caller is answered:
+    /// "webhook_url has no host".
+    pub fn of(&self, field: &str) -> String {
+        format!("{field} {self}")
+    }
+
     /// The refusal with its cause (the address and its kind, or what the
     /// resolver said), for the operator's log only.
     pub fn detail(&self) -> String {
@@ -156,7 +165,7 @@ impl Guard {
         }
     }
 
-    /// Whether webhooks may reach `ip`.
+    /// Whether the guard admits `ip`: a public address, or one its allow-list names.
     pub fn admits(&self, ip: IpAddr) -> bool {
         is_public(ip) || self.allow.contains(ip)
     }
@@ -223,6 +232,32 @@ impl reqwest::dns::Resolve for Guard {
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
     }
+}
+
+/// The client of requests to addresses a submitter chose (webhook attempts,
+/// `document.url` fetches): no redirects, no proxy (either would take the
+/// request past the guard), bounded time, the guard as resolver, and HTTPS
+/// verified against the system's root certificates.
+pub fn guarded_client(guard: &Guard, timeout: Duration, agent: &'static str) -> reqwest::Client {
+    crate::outbound::install_tls_provider();
+    let builder = |native_roots: bool| {
+        let builder = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .dns_resolver(Arc::new(guard.clone()))
+            .user_agent(agent);
+        if native_roots {
+            builder.build()
+        } else {
+            builder.tls_certs_only([]).build()
+        }
+    };
+    builder(true).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "the system's root certificates did not load; https webhooks and document fetches will fail until they do");
+        builder(false).expect("a client without root certificates always builds")
+    })
 }
 
 #[cfg(test)]
