@@ -23,7 +23,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::list::{cursor, cursor_of, page_limit, MAX_QUERY_TEXT};
+use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{idempotency_key_is_valid, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
@@ -351,22 +351,18 @@ async fn follow(
 /// The outcome filter and page a query asks for.
 fn outcome_query(query: &str) -> Result<(Option<Verdict>, Option<Uuid>, i64), ApiError> {
     let (mut verdict, mut after, mut limit) = (None, None, DEFAULT_OUTCOMES);
-    let mut seen = std::collections::HashSet::new();
-    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-        let bad = |why: &str| ApiError::BadRequest(format!("query parameter `{name}`: {why}"));
-        if !seen.insert(name.to_string()) {
-            return Err(bad("given twice"));
-        }
-        match name.as_ref() {
+    each_param(query, |name, value| {
+        match name {
             "outcome" => {
-                let parsed = serde_json::from_value(serde_json::Value::String(value.to_string()));
-                verdict = Some(parsed.map_err(|_| bad("`done`, `refused` or `not_found`"))?);
+                let parsed = serde_json::from_value(serde_json::Value::String(value.to_owned()));
+                verdict = Some(parsed.map_err(|_| "`done`, `refused` or `not_found`")?);
             }
-            "cursor" => after = Some(cursor(&value).ok_or_else(|| bad("not a cursor"))?),
-            "limit" => limit = page_limit(&value).map_err(|e| bad(&e))?,
-            _ => return Err(bad("unknown")),
+            "cursor" => after = Some(cursor(value)?),
+            "limit" => limit = page_limit(value)?,
+            _ => return Err("unknown".into()),
         }
-    }
+        Ok(())
+    })?;
     Ok((verdict, after, limit))
 }
 

@@ -16,6 +16,7 @@ use base64::Engine;
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::query::{each_param, page_limit};
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
@@ -163,22 +164,18 @@ async fn list_letters(
 /// The page a query asks for: `cursor` and `limit`.
 fn parse(query: &str) -> Result<(Option<i64>, i64), ApiError> {
     let (mut before, mut limit) = (None, DEFAULT_LETTERS);
-    let mut seen = std::collections::HashSet::new();
-    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-        let bad = |why: &str| ApiError::BadRequest(format!("query parameter `{name}`: {why}"));
-        if !seen.insert(name.to_string()) {
-            return Err(bad("given twice"));
-        }
-        match name.as_ref() {
+    each_param(query, |name, value| {
+        match name {
             "cursor" => {
                 let bytes = URL_SAFE_NO_PAD.decode(value.as_bytes()).ok();
                 let id = bytes.and_then(|b| <[u8; 8]>::try_from(b).ok());
-                before = Some(i64::from_be_bytes(id.ok_or_else(|| bad("not a cursor"))?));
+                before = Some(i64::from_be_bytes(id.ok_or("not a cursor")?));
             }
-            "limit" => limit = super::list::page_limit(&value).map_err(|e| bad(&e))?,
-            _ => return Err(bad("unknown")),
+            "limit" => limit = page_limit(value)?,
+            _ => return Err("unknown".into()),
         }
-    }
+        Ok(())
+    })?;
     Ok((before, limit))
 }
 

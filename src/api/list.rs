@@ -6,25 +6,20 @@
 use axum::extract::{RawQuery, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use schemars::JsonSchema;
 use serde::Serialize;
-use uuid::Uuid;
 
 use super::extractions::ExtractionView;
+use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
 use crate::pipeline::Services;
-use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
+use crate::store::list::{self, JobFilter, Order, PageRequest};
 use crate::store::StoreError;
 
 /// Jobs a page holds when the query does not say.
 pub(super) const DEFAULT_PAGE: i64 = 50;
-
-/// Longest metadata key or value, error prefix, or cursor a query may hold.
-pub(super) const MAX_QUERY_TEXT: usize = 256;
 
 pub(super) fn router() -> axum::Router<Services> {
     Router::new().route("/v1/extractions", get(list_jobs))
@@ -68,51 +63,23 @@ fn parse(query: &str) -> Result<(JobFilter, PageRequest), ApiError> {
         order: Order::NewestFirst,
         with_results: false,
     };
-    let mut seen = std::collections::HashSet::new();
-    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-        let bad = |why: &str| ApiError::BadRequest(format!("query parameter `{name}`: {why}"));
-        if !seen.insert(name.to_string()) {
-            return Err(bad("given twice"));
-        }
+    each_param(query, |name, value| {
         if value.len() > MAX_QUERY_TEXT {
-            return Err(bad(&format!("longer than {MAX_QUERY_TEXT} bytes")));
+            return Err(format!("longer than {MAX_QUERY_TEXT} bytes"));
         }
-        match name.as_ref() {
-            "limit" => page.limit = page_limit(&value).map_err(|e| bad(&e))?,
-            "cursor" => page.after = Some(cursor(&value).ok_or_else(|| bad("not a cursor"))?),
-            "order" => match value.as_ref() {
-                "desc" => page.order = Order::NewestFirst,
-                "asc" => page.order = Order::OldestFirst,
-                _ => return Err(bad("`desc` or `asc`")),
-            },
-            "include" => match value.as_ref() {
-                "result" => page.with_results = true,
-                _ => return Err(bad("only `result`")),
-            },
-            _ => filter.set(&name, &value).map_err(|e| bad(&e))?,
+        match (name, value) {
+            ("limit", _) => page.limit = page_limit(value)?,
+            ("cursor", _) => page.after = Some(cursor(value)?),
+            ("order", "desc") => page.order = Order::NewestFirst,
+            ("order", "asc") => page.order = Order::OldestFirst,
+            ("order", _) => return Err("`desc` or `asc`".into()),
+            ("include", "result") => page.with_results = true,
+            ("include", _) => return Err("only `result`".into()),
+            _ => filter.set(name, value)?,
         }
-    }
+        Ok(())
+    })?;
     Ok((filter, page))
-}
-
-/// A page size a query asks for: 1 to [`MAX_PAGE`] (the list's, an
-/// operation's outcomes, the dead letters).
-pub(super) fn page_limit(value: &str) -> Result<i64, String> {
-    match value.parse::<i64>() {
-        Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
-        _ => Err(format!("not a whole number from 1 to {MAX_PAGE}")),
-    }
-}
-
-/// The cursor of a page that continues after job `id`.
-pub(super) fn cursor_of(id: Uuid) -> String {
-    URL_SAFE_NO_PAD.encode(id.as_bytes())
-}
-
-/// A cursor [`cursor_of`] made.
-pub(super) fn cursor(value: &str) -> Option<Uuid> {
-    let bytes = URL_SAFE_NO_PAD.decode(value).ok()?;
-    Uuid::from_slice(&bytes).ok()
 }
 
 #[cfg(test)]
@@ -169,7 +136,6 @@ mod tests {
     #[test]
     fn a_cursor_is_the_id_it_was_made_of() {
         let id = crate::domain::new_job_id();
-        let made = URL_SAFE_NO_PAD.encode(id.as_bytes());
-        assert_eq!(cursor(&made), Some(id));
+        assert_eq!(cursor(&cursor_of(id)), Ok(id));
     }
 }

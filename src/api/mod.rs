@@ -19,6 +19,7 @@ mod list;
 mod listener;
 mod openapi;
 mod overview;
+mod query;
 mod results;
 mod sockets;
 mod upload;

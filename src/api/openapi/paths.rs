@@ -278,11 +278,11 @@ fn list() -> Value {
             // admits any length; the list refuses every value past its bound.
             query_parameter("status", false, "Comma-separated job states: jobs in one of them.",
                 json!({"type": "string", "pattern": names_pattern(&statuses),
-                       "maxLength": crate::api::list::MAX_QUERY_TEXT})),
+                       "maxLength": crate::api::query::MAX_QUERY_TEXT})),
             query_parameter("bbox_status", false,
                 "Comma-separated bbox refinement states: jobs whose refinement is in one of them.",
                 json!({"type": "string", "pattern": names_pattern(&bbox_statuses),
-                       "maxLength": crate::api::list::MAX_QUERY_TEXT})),
+                       "maxLength": crate::api::query::MAX_QUERY_TEXT})),
             query_parameter("extractor", false,
                 "Jobs of this extractor (`rules` includes the requests that named none).",
                 json!({"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"})),
