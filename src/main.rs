@@ -204,7 +204,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         false => None,
     };
     let services = roles::connect(settings).await?;
-    roles::run(services, mix, http, shutdown).await
+    Ok(roles::run(services, mix, http, shutdown).await?)
 }
 
 /// A command that does its work and exits: not one of the roles.

@@ -17,6 +17,50 @@ use crate::pipeline::{Services, Stage};
 use crate::store;
 use crate::store::orphans::{self, Orphan};
 
+/// Why an operator's command did not do what it was asked. Printed as it is
+/// by the command line.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// Not done as asked, and the text says why: a tenant, job or letter
+    /// that is not there, arguments that do not fit together, a state that
+    /// refuses it.
+    #[error("{0}")]
+    Refused(String),
+    /// Postgres failed a statement, or is not there.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// Postgres failed a statement, or is not there.
+    #[error(transparent)]
+    Postgres(#[from] sqlx::Error),
+    /// A tenant or key that is not there, or a name or quota refused.
+    #[error(transparent)]
+    Tenant(#[from] store::tenants::TenantStoreError),
+    /// The broker failed a request, or is not there.
+    #[error(transparent)]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// A topic could not be read back.
+    #[error(transparent)]
+    Read(#[from] crate::kafka::reader::ReadError),
+    /// A value that should be JSON is not, or did not serialise.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A file the command reads or writes.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A job's file could not be read from the store.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    /// A scope list that names no scope.
+    #[error(transparent)]
+    Scope(#[from] crate::domain::TenantError),
+    /// A job's event could not be published again.
+    #[error(transparent)]
+    Republish(#[from] crate::pipeline::jobs::RepublishError),
+    /// A record could not be encoded.
+    #[error(transparent)]
+    Codec(#[from] crate::events::CodecError),
+}
+
 /// The current orphans (of tenant `tenant`'s jobs only, when given), as a
 /// table or as JSON.
 pub async fn orphans_report(
@@ -24,7 +68,7 @@ pub async fn orphans_report(
     settings: &Settings,
     tenant: Option<&str>,
     json: bool,
-) -> anyhow::Result<String> {
+) -> Result<String, OpsError> {
     let tenant_id = match tenant {
         Some(name) => Some(store::tenants::tenant_by_name(pool, name).await?.tenant_id),
         None => None,
@@ -64,18 +108,22 @@ pub async fn reclaim(
     services: &Services,
     id: Uuid,
     tenant: Option<&str>,
-) -> anyhow::Result<String> {
+) -> Result<String, OpsError> {
     if let Some(name) = tenant {
         let owner = store::tenants::tenant_by_name(&services.pool, name).await?;
         if store::get_for_tenant(&services.pool, owner.tenant_id, id)
             .await?
             .is_none()
         {
-            anyhow::bail!("tenant {name:?} has no extraction {id}");
+            return Err(OpsError::Refused(format!(
+                "tenant {name:?} has no extraction {id}"
+            )));
         }
     }
     let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
-        anyhow::bail!("extraction {id} is unknown or has nothing left to do");
+        return Err(OpsError::Refused(format!(
+            "extraction {id} is unknown or has nothing left to do"
+        )));
     };
     let lane = match store::get(&services.pool, id).await? {
         Some(row) => crate::pipeline::jobs::lane(&row),

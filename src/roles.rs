@@ -24,15 +24,62 @@ use crate::pipeline::{
 };
 use crate::store;
 
-/// A role's failure, with the role's name.
-pub type RoleResult = anyhow::Result<()>;
+/// Why a process could not start, or a role of it stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    /// Postgres refused or failed a statement a role needed.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// Postgres could not be reached or refused a statement.
+    #[error(transparent)]
+    Postgres(#[from] sqlx::Error),
+    /// The broker, or the client's configuration of it.
+    #[error(transparent)]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// A listener could not be bound, or a socket failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// An HTTP client (webhooks, extractors, file fetches) could not be built.
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    /// A role's task panicked or was cancelled.
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
+    /// A consumer could not subscribe, or stopped on an error.
+    #[error(transparent)]
+    Consumer(#[from] crate::kafka::consumer::ConsumerError),
+    /// Role `role` failed with `source`; the process stops.
+    #[error("{role} failed: {source}")]
+    Failed {
+        /// The role's name.
+        role: &'static str,
+        /// Why.
+        source: Box<RoleError>,
+    },
+    /// A role returned although the process was not shutting down.
+    #[error("{0} ended unexpectedly")]
+    Ended(&'static str),
+    /// The HTTP server returned while the process was not shutting down.
+    #[error("the HTTP server stopped on its own")]
+    ServerStopped,
+    /// `serve`'s requests or its publisher's queue were not drained in time.
+    #[error("serve: drain timed out after {0} ms")]
+    DrainTimedOut(u64),
+    /// The mix runs `serve` but was given no listener.
+    #[error("serve needs a listener")]
+    NoListener,
+}
+
+/// A role's outcome: `Ok` once it stopped because the process is shutting
+/// down.
+pub type RoleResult = Result<(), RoleError>;
 
 type Role = Pin<Box<dyn Future<Output = RoleResult> + Send>>;
 
 /// The pool and the producer for `settings`. Neither needs its dependency up
 /// yet: a process started during an outage comes up not ready, and becomes
 /// ready when the probes reach both (see [`run`]).
-pub async fn connect(settings: Settings) -> anyhow::Result<Services> {
+pub async fn connect(settings: Settings) -> Result<Services, RoleError> {
     let metrics = Metrics::new();
     let health = Health::new(metrics.clone());
     let pool = store::connect_lazy(
@@ -138,7 +185,7 @@ pub async fn serve(
         _ = shutdown.cancelled() => {}
         ended = &mut server => {
             ended??;
-            anyhow::bail!("the HTTP server stopped on its own");
+            return Err(RoleError::ServerStopped);
         }
     }
     let started = std::time::Instant::now();
@@ -167,7 +214,7 @@ pub async fn serve(
             queue_drained,
             "serve: forced shutdown"
         );
-        anyhow::bail!("serve: drain timed out after {drain_ms} ms")
+        Err(RoleError::DrainTimedOut(drain_ms))
     }
 }
 
@@ -278,7 +325,7 @@ pub async fn run(
             "serve",
             Box::pin(serve(services.clone(), listener, stop.clone())),
         )),
-        (true, None) => anyhow::bail!("serve needs a listener"),
+        (true, None) => return Err(RoleError::NoListener),
         (false, _) => {}
     }
     roles.push((
@@ -337,11 +384,14 @@ async fn supervise(roles: Vec<(&'static str, Role)>, stop: CancellationToken) ->
         if let Err(e) = result {
             tracing::error!(role = name, error = %e, "role failed; stopping the process");
             stop.cancel();
-            first_error.get_or_insert(e.context(format!("{name} failed")));
+            first_error.get_or_insert(RoleError::Failed {
+                role: name,
+                source: Box::new(e),
+            });
         } else if !stop.is_cancelled() {
             tracing::error!(role = name, "role ended on its own; stopping the process");
             stop.cancel();
-            first_error.get_or_insert(anyhow::anyhow!("{name} ended unexpectedly"));
+            first_error.get_or_insert(RoleError::Ended(name));
         }
     }
     first_error.map_or(Ok(()), Err)
@@ -352,7 +402,7 @@ async fn supervise(roles: Vec<(&'static str, Role)>, stop: CancellationToken) ->
 /// usual 128, a burst of connects (clients coming back after a restart)
 /// had every 129th SYN dropped and retried a second later here, however
 /// fast `serve` accepted.
-pub async fn bind_http(settings: &Settings) -> anyhow::Result<TcpListener> {
+pub async fn bind_http(settings: &Settings) -> Result<TcpListener, RoleError> {
     let addr = settings.http_addr;
     let socket = match addr {
         std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,

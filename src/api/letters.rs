@@ -93,12 +93,12 @@ async fn replay_claimed(
     let read = {
         let topic = topic.clone();
         tokio::task::spawn_blocking(move || {
-            TopicReader::new(&brokers)?
-                .read_one(&topic, partition, offset)
-                .map_err(anyhow::Error::from)
+            TopicReader::new(&brokers)?.read_one(&topic, partition, offset)
         })
     };
-    let original = match read.await.map_err(anyhow::Error::from).and_then(|r| r) {
+    // A read that panicked is answered as one the broker did not answer.
+    let read = read.await.map_err(|e| e.to_string());
+    let original = match read.and_then(|r| r.map_err(|e| e.to_string())) {
         Ok(Some(original)) => original,
         Ok(None) => {
             letters::finish_replay(pool, id, None).await?;

@@ -8,6 +8,7 @@
 //! A letter is named by its place on the dead-letter topic,
 //! `PARTITION:OFFSET`, as `list` prints it.
 
+use super::OpsError;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -111,7 +112,7 @@ pub async fn dlq(
     settings: &Settings,
     pool: &PgPool,
     command: DlqCommand,
-) -> anyhow::Result<String> {
+) -> Result<String, OpsError> {
     let reader = TopicReader::new(&settings.kafka_brokers)?;
     let dlq_topic = settings.topic(&settings.topic_dlq);
     match command {
@@ -169,13 +170,20 @@ pub async fn dlq(
 }
 
 /// The letter at `id`, or why there is none.
-fn fetch_letter(reader: &TopicReader, dlq_topic: &str, id: LetterId) -> anyhow::Result<DeadLetter> {
+fn fetch_letter(
+    reader: &TopicReader,
+    dlq_topic: &str,
+    id: LetterId,
+) -> Result<DeadLetter, OpsError> {
     let record = reader
         .read_one(dlq_topic, id.partition, id.offset)?
         .ok_or_else(|| {
-            anyhow::anyhow!("no letter at {id} of {dlq_topic} (never, or no longer retained)")
+            OpsError::Refused(format!(
+                "no letter at {id} of {dlq_topic} (never, or no longer retained)"
+            ))
         })?;
-    letter_of(&record).ok_or_else(|| anyhow::anyhow!("the record at {id} is not a dead letter"))
+    letter_of(&record)
+        .ok_or_else(|| OpsError::Refused(format!("the record at {id} is not a dead letter")))
 }
 
 fn letter_of(record: &OwnedMessage) -> Option<DeadLetter> {
@@ -220,7 +228,7 @@ fn original_of(record: &OwnedMessage, from_intake: bool) -> Value {
 }
 
 /// The replays recorded for letter `id`.
-async fn replays(pool: &PgPool, dlq_topic: &str, id: LetterId) -> anyhow::Result<Vec<Value>> {
+async fn replays(pool: &PgPool, dlq_topic: &str, id: LetterId) -> Result<Vec<Value>, OpsError> {
     type Row = (i32, DateTime<Utc>, bool, String, Option<i32>, Option<i64>);
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT replay, replayed_at, edited, target_topic, target_partition, target_offset
@@ -251,17 +259,15 @@ async fn replay(
     (dlq_topic, id): (&str, LetterId),
     edit: Option<PathBuf>,
     force: bool,
-) -> anyhow::Result<String> {
+) -> Result<String, OpsError> {
     let letter = fetch_letter(reader, dlq_topic, id)?;
     let original = reader
         .read_one(&letter.topic, letter.partition, letter.offset)?
         .ok_or_else(|| {
-            anyhow::anyhow!(
+            OpsError::Refused(format!(
                 "the original record ({}/{}/{}) is no longer retained: nothing to replay",
-                letter.topic,
-                letter.partition,
-                letter.offset
-            )
+                letter.topic, letter.partition, letter.offset
+            ))
         })?;
     let (topic, value) = match &edit {
         None => (
@@ -275,10 +281,10 @@ async fn replay(
     };
     let before = replays(pool, dlq_topic, id).await?;
     if !before.is_empty() && !force {
-        anyhow::bail!(
+        return Err(OpsError::Refused(format!(
             "letter {id} was replayed before ({}); --force to replay it again",
             before.last().expect("a replay")
-        );
+        )));
     }
     let row = ReplayRow {
         dlq_topic,
@@ -286,14 +292,18 @@ async fn replay(
         number: before.len() as i32 + 1,
     };
     if !row.claim(pool, edit.is_some(), &topic).await? {
-        anyhow::bail!("letter {id} is being replayed by someone else right now");
+        return Err(OpsError::Refused(format!(
+            "letter {id} is being replayed by someone else right now"
+        )));
     }
     let produced = produce_copy(&settings.kafka_brokers, &topic, &original, &value).await;
     let (partition, offset) = match produced {
         Ok(place) => place,
         Err(e) => {
             row.release(pool).await?;
-            anyhow::bail!("the broker did not take the replayed record: {e}");
+            return Err(OpsError::Refused(format!(
+                "the broker did not take the replayed record: {e}"
+            )));
         }
     };
     row.placed(pool, partition, offset).await?;
@@ -364,20 +374,25 @@ impl ReplayRow<'_> {
 }
 
 /// The intake record of an edited request: `{"idempotency_key", "request"}`.
-fn edited_request(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+fn edited_request(path: &PathBuf) -> Result<Vec<u8>, OpsError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| OpsError::Refused(format!("{}: {e}", path.display())))?;
     let edited: Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", path.display()))?;
+        .map_err(|e| OpsError::Refused(format!("{}: not JSON: {e}", path.display())))?;
     let key = edited["idempotency_key"].as_str().ok_or_else(|| {
-        anyhow::anyhow!(
+        OpsError::Refused(format!(
             "{}: expected {{\"idempotency_key\": \"…\", \"request\": {{…}}}}",
             path.display()
-        )
+        ))
     })?;
     let request = match &edited["request"] {
         Value::Object(_) => edited["request"].to_string(),
-        _ => anyhow::bail!("{}: `request` must be the request object", path.display()),
+        _ => {
+            return Err(OpsError::Refused(format!(
+                "{}: `request` must be the request object",
+                path.display()
+            )))
+        }
     };
     let requested = ExtractionRequested {
         idempotency_key: key.to_owned(),

@@ -6,6 +6,7 @@
 //! people corrected, with their documents, as ground truth for `docstream
 //! eval`.
 
+use super::OpsError;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -148,11 +149,11 @@ impl FilterArgs {
     }
 
     /// The filter, checked as the list checks its query.
-    fn filter(&self) -> anyhow::Result<JobFilter> {
+    fn filter(&self) -> Result<JobFilter, OpsError> {
         let params = self.params();
         let pairs = params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         JobFilter::of(pairs)
-            .map_err(|e| anyhow::anyhow!("--{}: {}", e.name.replace('_', "-"), e.why))
+            .map_err(|e| OpsError::Refused(format!("--{}: {}", e.name.replace('_', "-"), e.why)))
     }
 }
 
@@ -183,7 +184,7 @@ impl From<&Extraction> for Listed {
 }
 
 /// Runs a `jobs` command on `services`; what it prints.
-pub async fn jobs(services: &Services, command: JobsCommand) -> anyhow::Result<String> {
+pub async fn jobs(services: &Services, command: JobsCommand) -> Result<String, OpsError> {
     let pool = &services.pool;
     match command {
         JobsCommand::List {
@@ -220,7 +221,9 @@ pub async fn jobs(services: &Services, command: JobsCommand) -> anyhow::Result<S
         JobsCommand::Show { id, tenant } => {
             let owner = tenants::tenant_by_name(pool, &tenant).await?.tenant_id;
             let Some(row) = store::get_for_tenant(pool, owner, id).await? else {
-                anyhow::bail!("tenant {tenant:?} has no extraction {id}");
+                return Err(OpsError::Refused(format!(
+                    "tenant {tenant:?} has no extraction {id}"
+                )));
             };
             let shown = json!({
                 "job": Listed::from(&row),
@@ -250,7 +253,7 @@ async fn truth(
     tenant: &str,
     out: &std::path::Path,
     limit: i64,
-) -> anyhow::Result<String> {
+) -> Result<String, OpsError> {
     use crate::store::corrections;
     let pool = &services.pool;
     let owner = tenants::tenant_by_name(pool, tenant).await?.tenant_id;
@@ -326,24 +329,31 @@ async fn truth(
 }
 
 /// Runs a bulk `action` on the jobs `args` name, to its end, here.
-async fn act(services: &Services, action: Action, args: ActArgs) -> anyhow::Result<String> {
+async fn act(services: &Services, action: Action, args: ActArgs) -> Result<String, OpsError> {
     let pool = &services.pool;
     let tenant = tenants::tenant_by_name(pool, &args.filter.tenant)
         .await?
         .tenant_id;
     let selection = match args.ids.is_empty() {
         true if args.filter.params().is_empty() => {
-            anyhow::bail!("name the jobs: by ids, or by at least one filter (--status failed, …)")
+            return Err(OpsError::Refused(
+                "name the jobs: by ids, or by at least one filter (--status failed, …)".into(),
+            ))
         }
         true => {
             args.filter.filter()?;
             Selection::Filter(args.filter.params())
         }
         false if args.ids.len() > bulk::MAX_IDS => {
-            anyhow::bail!("at most {} ids at once; use the filters", bulk::MAX_IDS)
+            return Err(OpsError::Refused(format!(
+                "at most {} ids at once; use the filters",
+                bulk::MAX_IDS
+            )))
         }
         false if !args.filter.params().is_empty() => {
-            anyhow::bail!("name the jobs by ids or by filters, not both")
+            return Err(OpsError::Refused(
+                "name the jobs by ids or by filters, not both".into(),
+            ))
         }
         false => Selection::Ids(args.ids.clone()),
     };
@@ -351,25 +361,32 @@ async fn act(services: &Services, action: Action, args: ActArgs) -> anyhow::Resu
     let (operation, new) = match bulk::create(services, (tenant, &key), action, &selection).await? {
         Created::New(operation) => (operation, true),
         Created::Repeat(operation) => (operation, false),
-        Created::AtCap(running) => anyhow::bail!(
-            "the tenant runs {running} bulk operations, the most it may \
+        Created::AtCap(running) => {
+            return Err(OpsError::Refused(format!(
+                "the tenant runs {running} bulk operations, the most it may \
              (DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT): try again once one finished"
-        ),
+            )))
+        }
     };
     if !new && (operation.action() != action || operation.selection() != &selection) {
-        anyhow::bail!("--key {key} was used for another operation");
+        return Err(OpsError::Refused(format!(
+            "--key {key} was used for another operation"
+        )));
     }
     if new {
         bulk::run(services.clone(), operation.clone()).await;
     }
     let Some(done) = store::bulk::get(pool, tenant, operation.id).await? else {
-        anyhow::bail!("operation {} vanished", operation.id);
+        return Err(OpsError::Refused(format!(
+            "operation {} vanished",
+            operation.id
+        )));
     };
     if done.finished_at.is_none() {
-        anyhow::bail!(
+        return Err(OpsError::Refused(format!(
             "operation {} paused (the database?): a serving process resumes it",
             done.id
-        );
+        )));
     }
     let mut outcomes = Vec::new();
     let mut after = None;

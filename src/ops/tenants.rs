@@ -2,6 +2,7 @@
 //! tenants and API keys. Every command prints JSON, for scripts; a key's
 //! secret is printed once, when it is made, and never again.
 
+use super::OpsError;
 use clap::Subcommand;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -142,7 +143,7 @@ async fn purge_jobs(
     pool: &PgPool,
     tenant_id: Uuid,
     wait: std::time::Duration,
-) -> anyhow::Result<Purged> {
+) -> Result<Purged, OpsError> {
     use crate::store::{retention, transitions};
     const BATCH: i64 = 500;
     let deadline = std::time::Instant::now() + wait;
@@ -183,12 +184,12 @@ async fn purge_jobs(
     }
 }
 
-fn json(value: &impl Serialize) -> anyhow::Result<String> {
+fn json(value: &impl Serialize) -> Result<String, OpsError> {
     Ok(serde_json::to_string_pretty(value)? + "\n")
 }
 
 /// Runs a `tenants` command; its JSON output.
-pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<String> {
+pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> Result<String, OpsError> {
     match command {
         TenantsCommand::Create { name } => json(&tenants::create_tenant(pool, &name).await?),
         TenantsCommand::List => json(&tenants::list_tenants(pool).await?),
@@ -231,12 +232,11 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<S
             let wait = std::time::Duration::from_secs(wait_s);
             let purged = purge_jobs(pool, deleted.tenant_id, wait).await?;
             if purged.left > 0 {
-                anyhow::bail!(
+                return Err(OpsError::Refused(format!(
                     "tenant {name} deleted; {} jobs purged, {} still running after {wait_s} s \
                      (are the workers up?): run the command again",
-                    purged.purged,
-                    purged.left
-                );
+                    purged.purged, purged.left
+                )));
             }
             json(&serde_json::json!({"tenant": deleted, "purged_jobs": purged.purged}))
         }
@@ -253,7 +253,7 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> anyhow::Result<S
 }
 
 /// Runs a `keys` command; its JSON output.
-pub async fn keys(pool: &PgPool, command: KeysCommand) -> anyhow::Result<String> {
+pub async fn keys(pool: &PgPool, command: KeysCommand) -> Result<String, OpsError> {
     match command {
         KeysCommand::Create { tenant, scopes } => {
             let scopes = Scope::parse_list(&scopes)?;
