@@ -2,6 +2,15 @@
 //! manage tenants and their API keys (`tenants`), and read and replay dead
 //! letters (`dlq`).
 
+/// Returns [`OpsError::Refused`] with the text `format!` makes of the
+/// arguments: what the operator asked cannot be done, and why. Defined
+/// before the submodules, so that they have it too.
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err($crate::ops::OpsError::Refused(format!($($arg)*)))
+    };
+}
+
 pub mod dlq;
 pub mod jobs;
 pub mod tenants;
@@ -115,15 +124,11 @@ pub async fn reclaim(
             .await?
             .is_none()
         {
-            return Err(OpsError::Refused(format!(
-                "tenant {name:?} has no extraction {id}"
-            )));
+            refuse!("tenant {name:?} has no extraction {id}");
         }
     }
     let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
-        return Err(OpsError::Refused(format!(
-            "extraction {id} is unknown or has nothing left to do"
-        )));
+        refuse!("extraction {id} is unknown or has nothing left to do");
     };
     let lane = match store::get(&services.pool, id).await? {
         Some(row) => crate::pipeline::jobs::lane(&row),

@@ -1,15 +1,19 @@
-//! The URL an extractor of protocol version 2 fetches a job's file from,
-//! when the files are in the folder store: `serve` answers it
-//! (`GET /v1/extractions/{id}/file`), for one attempt of one job while that
-//! attempt holds the job, until it expires. It is signed with the deployment's callback secret, which
-//! `serve` and the workers share, so no key of the tenant's travels with it
-//! and it opens no other file. (A bucket presigns its own URLs instead.)
+//! The URL an extractor of protocol version 2 fetches a job's file from
+//! ([`Files::url_for`]). With the files in a bucket, the bucket presigns
+//! it. With the folder store, `serve` answers it (`GET
+//! /v1/extractions/{id}/file`), for one attempt of one job while that
+//! attempt holds the job, until it expires; it is signed with the
+//! deployment's callback secret, which `serve` and the workers share, so no
+//! key of the tenant's travels with it and it opens no other file.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use uuid::Uuid;
 
+use super::backend::object_path;
+use super::{FileError, Files};
 use crate::extract::deferred::{sign, signed_by};
+use crate::extract::protocol::FileRef;
 
 /// Why a file URL was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -57,6 +61,43 @@ pub fn verify(secret: &str, id: Uuid, signed: &Signed, now: i64) -> Result<(), R
     match now <= signed.expires {
         true => Ok(()),
         false => Err(Refused::Expired),
+    }
+}
+
+impl Files {
+    /// Where an extractor of protocol version 2 fetches tenant `tenant`'s
+    /// file `id` for attempt `attempt` of job `job`, and what the file is:
+    /// a URL the bucket presigned, or one `serve` answers, signed for this
+    /// attempt of this job. Valid for `DOCSTREAM_FILE_URL_TTL_S`.
+    pub async fn url_for(
+        &self,
+        tenant: Uuid,
+        id: &str,
+        (job, attempt): (Uuid, i32),
+    ) -> Result<FileRef, FileError> {
+        let file = self.get(tenant, id).await?;
+        let file = file.ok_or_else(|| FileError::Missing(id.to_owned()))?;
+        let ttl = self.0.url_ttl;
+        let expires_at = chrono::Utc::now() + ttl;
+        let url = match &self.opened().await?.1 {
+            Some(bucket) => {
+                use object_store::signer::Signer;
+                let path = object_path(tenant, &file.sha256);
+                let signed = bucket.signed_url(reqwest::Method::GET, &path, ttl).await?;
+                signed.to_string()
+            }
+            None => {
+                let (public_url, secret) = self.0.signing.as_ref().ok_or(FileError::NoUrl)?;
+                url(public_url, secret, job, attempt, expires_at.timestamp())
+            }
+        };
+        Ok(FileRef {
+            url,
+            content_type: file.content_type.as_str().to_owned(),
+            size: file.size,
+            sha256: file.sha256,
+            expires_at,
+        })
     }
 }
 

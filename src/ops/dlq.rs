@@ -281,10 +281,10 @@ async fn replay(
     };
     let before = replays(pool, dlq_topic, id).await?;
     if !before.is_empty() && !force {
-        return Err(OpsError::Refused(format!(
+        refuse!(
             "letter {id} was replayed before ({}); --force to replay it again",
             before.last().expect("a replay")
-        )));
+        );
     }
     let row = ReplayRow {
         dlq_topic,
@@ -292,18 +292,14 @@ async fn replay(
         number: before.len() as i32 + 1,
     };
     if !row.claim(pool, edit.is_some(), &topic).await? {
-        return Err(OpsError::Refused(format!(
-            "letter {id} is being replayed by someone else right now"
-        )));
+        refuse!("letter {id} is being replayed by someone else right now");
     }
     let produced = produce_copy(&settings.kafka_brokers, &topic, &original, &value).await;
     let (partition, offset) = match produced {
         Ok(place) => place,
         Err(e) => {
             row.release(pool).await?;
-            return Err(OpsError::Refused(format!(
-                "the broker did not take the replayed record: {e}"
-            )));
+            refuse!("the broker did not take the replayed record: {e}");
         }
     };
     row.placed(pool, partition, offset).await?;
@@ -388,10 +384,7 @@ fn edited_request(path: &PathBuf) -> Result<Vec<u8>, OpsError> {
     let request = match &edited["request"] {
         Value::Object(_) => edited["request"].to_string(),
         _ => {
-            return Err(OpsError::Refused(format!(
-                "{}: `request` must be the request object",
-                path.display()
-            )))
+            refuse!("{}: `request` must be the request object", path.display())
         }
     };
     let requested = ExtractionRequested {

@@ -221,9 +221,7 @@ pub async fn jobs(services: &Services, command: JobsCommand) -> Result<String, O
         JobsCommand::Show { id, tenant } => {
             let owner = tenants::tenant_by_name(pool, &tenant).await?.tenant_id;
             let Some(row) = store::get_for_tenant(pool, owner, id).await? else {
-                return Err(OpsError::Refused(format!(
-                    "tenant {tenant:?} has no extraction {id}"
-                )));
+                refuse!("tenant {tenant:?} has no extraction {id}");
             };
             let shown = json!({
                 "job": Listed::from(&row),
@@ -336,24 +334,17 @@ async fn act(services: &Services, action: Action, args: ActArgs) -> Result<Strin
         .tenant_id;
     let selection = match args.ids.is_empty() {
         true if args.filter.params().is_empty() => {
-            return Err(OpsError::Refused(
-                "name the jobs: by ids, or by at least one filter (--status failed, …)".into(),
-            ))
+            refuse!("name the jobs: by ids, or by at least one filter (--status failed, …)")
         }
         true => {
             args.filter.filter()?;
             Selection::Filter(args.filter.params())
         }
         false if args.ids.len() > bulk::MAX_IDS => {
-            return Err(OpsError::Refused(format!(
-                "at most {} ids at once; use the filters",
-                bulk::MAX_IDS
-            )))
+            refuse!("at most {} ids at once; use the filters", bulk::MAX_IDS)
         }
         false if !args.filter.params().is_empty() => {
-            return Err(OpsError::Refused(
-                "name the jobs by ids or by filters, not both".into(),
-            ))
+            refuse!("name the jobs by ids or by filters, not both")
         }
         false => Selection::Ids(args.ids.clone()),
     };
@@ -362,31 +353,26 @@ async fn act(services: &Services, action: Action, args: ActArgs) -> Result<Strin
         Created::New(operation) => (operation, true),
         Created::Repeat(operation) => (operation, false),
         Created::AtCap(running) => {
-            return Err(OpsError::Refused(format!(
+            refuse!(
                 "the tenant runs {running} bulk operations, the most it may \
              (DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT): try again once one finished"
-            )))
+            )
         }
     };
     if !new && (operation.action() != action || operation.selection() != &selection) {
-        return Err(OpsError::Refused(format!(
-            "--key {key} was used for another operation"
-        )));
+        refuse!("--key {key} was used for another operation");
     }
     if new {
         bulk::run(services.clone(), operation.clone()).await;
     }
     let Some(done) = store::bulk::get(pool, tenant, operation.id).await? else {
-        return Err(OpsError::Refused(format!(
-            "operation {} vanished",
-            operation.id
-        )));
+        refuse!("operation {} vanished", operation.id);
     };
     if done.finished_at.is_none() {
-        return Err(OpsError::Refused(format!(
+        refuse!(
             "operation {} paused (the database?): a serving process resumes it",
             done.id
-        )));
+        );
     }
     let mut outcomes = Vec::new();
     let mut after = None;

@@ -232,11 +232,12 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> Result<String, O
             let wait = std::time::Duration::from_secs(wait_s);
             let purged = purge_jobs(pool, deleted.tenant_id, wait).await?;
             if purged.left > 0 {
-                return Err(OpsError::Refused(format!(
+                refuse!(
                     "tenant {name} deleted; {} jobs purged, {} still running after {wait_s} s \
                      (are the workers up?): run the command again",
-                    purged.purged, purged.left
-                )));
+                    purged.purged,
+                    purged.left
+                );
             }
             json(&serde_json::json!({"tenant": deleted, "purged_jobs": purged.purged}))
         }
