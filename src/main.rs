@@ -226,8 +226,12 @@ async fn run_once(
             print!("{report}");
         }
         Command::Tenants(command) => {
-            let pool = store::connect(&settings.database_url, 2).await?;
-            print!("{}", ops::tenants::tenants(&pool, command).await?);
+            // Deleting a tenant cancels its jobs, with their events.
+            let services = roles::connect(settings).await?;
+            print!("{}", ops::tenants::tenants(&services, command).await?);
+            services
+                .publisher
+                .flush(std::time::Duration::from_secs(10))?;
         }
         Command::Keys(command) => {
             let pool = store::connect(&settings.database_url, 2).await?;

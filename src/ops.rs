@@ -65,6 +65,9 @@ pub enum OpsError {
     /// A job's event could not be published again.
     #[error(transparent)]
     Republish(#[from] crate::pipeline::jobs::RepublishError),
+    /// A job's change could not be made.
+    #[error(transparent)]
+    Job(#[from] crate::pipeline::jobs::JobError),
     /// A record could not be encoded.
     #[error(transparent)]
     Codec(#[from] crate::events::CodecError),

@@ -22,9 +22,10 @@ use crate::domain::{ExtractionRequest, ExtractionStatus, Priority, Scope, Transi
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::pipeline;
+use crate::pipeline::jobs::Cancel;
 use crate::pipeline::Services;
 use crate::store::retention::{self, Erased};
-use crate::store::{self, transitions, BboxRefinement, Extraction, NewExtraction};
+use crate::store::{self, BboxRefinement, Extraction, NewExtraction};
 
 /// Submit, read and cancel. A JSON submit passes the process's admission
 /// limit (`admission`) once its caller is known, before its body is read;
@@ -421,29 +422,14 @@ async fn cancel(
     let Path(id) = id?;
     // A job never changes tenant, so checking its owner first is race-free.
     owned(&services, &caller, id).await?;
-    let cancelled = transitions::mark_cancelled(&services.pool, id, None).await?;
-    services
-        .metrics
-        .transition(Transition::MarkCancelled, &cancelled);
-    if let Some(row) = cancelled {
-        services
-            .webhooks
-            .wake(row.webhook_id.as_deref(), row.tenant_id);
-        if let Err(e) = services
-            .jobs
-            .emit(Transition::MarkCancelled, &row, None, PublishReason::Submit)
-            .await
-        {
-            tracing::warn!(%id, error = %e, "lifecycle event not published");
+    match services.jobs.cancel(id).await? {
+        Cancel::Cancelled(row) => {
+            return Ok((StatusCode::OK, Json(ExtractionView::from(row))).into_response())
         }
-        return Ok((StatusCode::OK, Json(ExtractionView::from(row))).into_response());
-    }
-    let requested = transitions::request_cancel(&services.pool, id).await?;
-    services
-        .metrics
-        .transition(Transition::RequestCancel, &requested);
-    if let Some(row) = requested {
-        return Ok((StatusCode::ACCEPTED, Json(ExtractionView::from(row))).into_response());
+        Cancel::Requested(row) => {
+            return Ok((StatusCode::ACCEPTED, Json(ExtractionView::from(row))).into_response())
+        }
+        Cancel::Neither => {}
     }
     match store::get(&services.pool, id).await? {
         None => Err(ApiError::NotFound(id.to_string())),

@@ -9,6 +9,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::domain::Scope;
+use crate::pipeline::Services;
 use crate::store::tenants;
 
 /// `docstream tenants …`
@@ -79,8 +80,9 @@ pub enum TenantsCommand {
         /// The tenant's name.
         name: String,
         /// Also purge every job of the tenant: queued ones are cancelled,
-        /// running ones asked to stop (neither publishes an event), and each
-        /// is purged once finished (every row, in every table). Fails, with
+        /// running ones asked to stop (each cancel with its event, as a
+        /// client's), and each is purged once finished (every row, in every
+        /// table). Fails, with
         /// the count left, if some are still running after `--wait-s`; run
         /// it again then.
         #[arg(long)]
@@ -140,12 +142,13 @@ struct Purged {
 /// the running ones to stop, and purges each finished one, in batches;
 /// waits up to `wait` for the running ones.
 async fn purge_jobs(
-    pool: &PgPool,
+    services: &Services,
     tenant_id: Uuid,
     wait: std::time::Duration,
 ) -> Result<Purged, OpsError> {
-    use crate::store::{retention, transitions};
+    use crate::store::retention;
     const BATCH: i64 = 500;
+    let pool = &services.pool;
     let deadline = std::time::Instant::now() + wait;
     let mut purged = 0;
     loop {
@@ -160,8 +163,7 @@ async fn purge_jobs(
             .bind(BATCH)
             .fetch_all(pool)
             .await?;
-            transitions::cancel_queued_many(pool, &open).await?;
-            transitions::request_cancel_many(pool, &open).await?;
+            services.jobs.cancel_many(&open).await?;
             if open.len() < BATCH as usize {
                 break;
             }
@@ -189,7 +191,8 @@ fn json(value: &impl Serialize) -> Result<String, OpsError> {
 }
 
 /// Runs a `tenants` command; its JSON output.
-pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> Result<String, OpsError> {
+pub async fn tenants(services: &Services, command: TenantsCommand) -> Result<String, OpsError> {
+    let pool = &services.pool;
     match command {
         TenantsCommand::Create { name } => json(&tenants::create_tenant(pool, &name).await?),
         TenantsCommand::List => json(&tenants::list_tenants(pool).await?),
@@ -230,7 +233,7 @@ pub async fn tenants(pool: &PgPool, command: TenantsCommand) -> Result<String, O
                 return json(&deleted);
             }
             let wait = std::time::Duration::from_secs(wait_s);
-            let purged = purge_jobs(pool, deleted.tenant_id, wait).await?;
+            let purged = purge_jobs(services, deleted.tenant_id, wait).await?;
             if purged.left > 0 {
                 refuse!(
                     "tenant {name} deleted; {} jobs purged, {} still running after {wait_s} s \

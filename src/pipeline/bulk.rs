@@ -11,17 +11,13 @@
 
 use std::time::Duration;
 
-use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::jobs::lane;
 use super::Services;
-use crate::domain::{Stage, Transition};
-use crate::events::PublishReason;
-use crate::store::bulk::{self, Action, Applied, Created, Operation, Selection};
+use crate::store::bulk::{self, Action, Created, Operation, Selection};
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
-use crate::store::{orphans, StoreError};
+use crate::store::StoreError;
 
 /// How long a runner holds its operation past each batch. A runner that
 /// makes no batch for this long is taken for dead.
@@ -116,7 +112,7 @@ async fn step(
     let Some(applied) = bulk::apply(&services.pool, operation, &ids, next, LEASE).await? else {
         return Ok(None);
     };
-    effects(services, applied).await;
+    services.jobs.followed_batch(&applied).await;
     Ok(Some(next))
 }
 
@@ -158,51 +154,6 @@ fn ids_batch(ids: &[Uuid], cursor: Option<Uuid>) -> (Vec<Uuid>, Option<Uuid>) {
     below.truncate(BATCH as usize);
     let next = more.then(|| below.last().copied()).flatten();
     (below, next)
-}
-
-/// What a committed batch's transitions owe, as the single-job routes owe
-/// it: the event of each, the webhook of each cancel, and a retried job's
-/// hand-over (stamped once acknowledged). A lost event is logged; a lost
-/// hand-over leaves the job queued and unstamped, which the reaper revives.
-async fn effects(services: &Services, applied: Applied) {
-    let (jobs, metrics) = (&services.jobs, &services.metrics);
-    for row in &applied.cancel_requested {
-        metrics.transition(Transition::RequestCancel, &Some(row));
-    }
-    let cancelled = applied.cancelled.iter().map(|row| async move {
-        metrics.transition(Transition::MarkCancelled, &Some(row));
-        services
-            .webhooks
-            .wake(row.webhook_id.as_deref(), row.tenant_id);
-        let emitted = jobs.emit(Transition::MarkCancelled, row, None, PublishReason::Submit);
-        if let Err(e) = emitted.await {
-            tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
-        }
-    });
-    let retried = applied.retried.iter().map(|row| async move {
-        metrics.transition(Transition::RetryFailed, &Some(row));
-        let reason = PublishReason::Retry;
-        let emitted = jobs.emit(Transition::RetryFailed, row, None, reason);
-        if let Err(e) = emitted.await {
-            tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
-        }
-        match jobs.hand_over(Stage::Extraction, row.id, lane(row), reason).await {
-            Ok(()) => Some(row.id),
-            Err(e) => {
-                tracing::warn!(id = %row.id, error = %e, "retried job not published; the reaper will");
-                None
-            }
-        }
-    });
-    let (_, handed) = tokio::join!(join_all(cancelled), join_all(retried));
-    let handed: Vec<Uuid> = handed.into_iter().flatten().collect();
-    if !handed.is_empty() {
-        if let Err(e) =
-            orphans::record_published_many(&services.pool, Stage::Extraction, &handed).await
-        {
-            tracing::warn!(error = %e, "retried jobs' publish not recorded; the reaper may republish them");
-        }
-    }
 }
 
 #[cfg(test)]

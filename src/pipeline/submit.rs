@@ -25,8 +25,8 @@
 use super::jobs::lane;
 use super::Services;
 use crate::config::RULES;
-use crate::domain::{ExtractionStatus, Transition};
-use crate::events::{ExtractionSubmitted, PublishReason};
+use crate::domain::{ExtractionStatus, Stage};
+use crate::events::PublishReason;
 use crate::failpoints;
 use crate::health::Dependency;
 use crate::kafka::PublishError;
@@ -109,7 +109,7 @@ pub async fn submit_durably(
         Submitted::Replayed(row)
             if row.status == ExtractionStatus::Queued && row.published_at.is_none() =>
         {
-            publish_job(services, row).await?
+            publish_again(services, row).await?
         }
         Submitted::Replayed(_) => {}
     }
@@ -169,27 +169,20 @@ fn known_extractor(services: &Services, name: &str) -> Result<(), SubmitError> {
 /// The second half of a submit: a new job's `extraction.submitted` event,
 /// and its `submit` lifecycle event.
 pub async fn publish_created(services: &Services, row: &Extraction) -> Result<(), PublishError> {
-    let (published, emitted) = tokio::join!(
-        publish_job(services, row),
-        services
-            .jobs
-            .emit(Transition::Submit, row, None, PublishReason::Submit),
-    );
-    if let Err(e) = emitted {
-        tracing::warn!(id = %row.id, error = %e, "lifecycle event not published");
-    }
-    published
+    services.jobs.submitted(row).await?;
+    services.stamps.published(row.id);
+    Ok(())
 }
 
-/// Publishes the job's `extraction.submitted` event and, once acknowledged,
-/// has the row stamped (later, see `stamps`).
-async fn publish_job(services: &Services, row: &Extraction) -> Result<(), PublishError> {
-    let topic = services.settings.topic(&services.settings.topic_submitted);
-    let event = ExtractionSubmitted::new(row.id, PublishReason::Submit);
-    let lane = Some(lane(row));
+/// A repeated submit's job whose first hand-over was never acknowledged
+/// (its submitter failed in between): handed over now, without a second
+/// `submit` event, and stamped once acknowledged.
+async fn publish_again(services: &Services, row: &Extraction) -> Result<(), PublishError> {
+    let reason = PublishReason::Submit;
+    let lane = lane(row);
     services
-        .publisher
-        .publish_job_in(&topic, row.id, lane, &event)
+        .jobs
+        .hand_over(Stage::Extraction, row.id, lane, reason)
         .await?;
     services.stamps.published(row.id);
     Ok(())

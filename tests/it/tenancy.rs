@@ -36,6 +36,62 @@ async fn cli(env: &TestEnv, args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).expect("JSON output")
 }
 
+/// Deleting a tenant with `--purge` cancels its queued jobs through the
+/// lifecycle, as a client's cancel does: each one's `mark_cancelled` is one
+/// transition and one `ExtractionEvent` on `extraction.events`, before the
+/// purge takes every row. Another tenant's jobs are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_tenants_queued_jobs_are_cancelled_with_their_events() {
+    let env = TestEnv::new("tenancy_purge").await;
+    let services = env.services().await;
+    let doomed = cli(&env, &["tenants", "create", "doomed"]).await;
+    let doomed_id = Uuid::parse_str(doomed["tenant_id"].as_str().unwrap()).unwrap();
+    let kept = cli(&env, &["tenants", "create", "kept"]).await;
+    let kept_id = Uuid::parse_str(kept["tenant_id"].as_str().unwrap()).unwrap();
+    // No worker runs: every job stays queued.
+    let purged = common::submit_as(&services, doomed_id, 12, sample_body).await;
+    let left = common::submit_as(&services, kept_id, 3, sample_body).await;
+    services.publisher.flush(Duration::from_secs(10)).unwrap();
+
+    let deleted = cli(&env, &["tenants", "delete", "doomed", "--purge"]).await;
+    assert_eq!(deleted["purged_jobs"], 12, "{deleted}");
+
+    let events = env.topic(&env.settings.topic_events);
+    let cancels: Vec<Uuid> = common::read_topic(&env.settings.kafka_brokers, &events)
+        .into_iter()
+        .map(|(_, payload)| decode::<docstream::events::ExtractionEvent>(&payload).unwrap())
+        .filter(|event| event.transition == "mark_cancelled")
+        .map(|event| Uuid::parse_str(&event.extraction_id).unwrap())
+        .collect();
+    let mut expected = purged.clone();
+    expected.sort();
+    let mut got = cancels.clone();
+    got.sort();
+    assert_eq!(
+        got, expected,
+        "one mark_cancelled event per purged job, and no other"
+    );
+    let pool = &services.pool;
+    let rows = common::count(
+        pool,
+        &format!("SELECT count(*) FROM extractions WHERE tenant_id = '{doomed_id}'"),
+    )
+    .await;
+    assert_eq!(rows, 0, "the purge left rows behind");
+    let queued = common::count(
+        pool,
+        &format!(
+            "SELECT count(*) FROM extractions WHERE tenant_id = '{kept_id}' AND status = 'queued'"
+        ),
+    )
+    .await;
+    assert_eq!(
+        queued,
+        left.len() as i64,
+        "another tenant's jobs were touched"
+    );
+}
+
 /// A `serve` process on a free port; its base URL.
 fn serve(env: &TestEnv, log: &str) -> (tokio::process::Child, String) {
     let addr = format!("127.0.0.1:{}", free_port());

@@ -2,9 +2,13 @@
 //! the events it owes. [`Jobs`] claims a stage (or waits out a live holder),
 //! holds the claim with heartbeats, ends it (succeeded, failed, retried,
 //! cancelled), publishes one `ExtractionEvent` per transition won, and hands
-//! a job to a stage again. The workers, the API's deferred results, the
-//! reapers and `docstream reclaim` all go through it.
+//! a job to a stage again. The workers, the API (submits, cancels, retries,
+//! bulk actions, deferred results), the reapers and the operator's commands
+//! all go through it: no caller changes a job's state and then repeats the
+//! follow-up by hand.
 //!
+//! - `client`: what clients and operators ask: a new job's hand-over, a
+//!   cancel, a bulk action's batch, a deleted tenant's jobs.
 //! - `stage`: what both stages do alike, over a [`Stage`].
 //! - `extraction`: how an extraction attempt ends.
 //! - `persist`: completions retried in place through a database outage.
@@ -13,10 +17,12 @@
 //! it into a `HandlerError` (a missing row is poison, the rest transient),
 //! the API into an `ApiError`.
 
+mod client;
 mod extraction;
 mod persist;
 mod stage;
 
+pub use client::Cancel;
 pub use persist::{persist, persist_completion};
 pub use stage::RepublishError;
 
