@@ -263,14 +263,16 @@ impl Shared {
             .iter()
             .map(|p| (p.topic().to_owned(), p.partition()))
             .collect();
-        for tp in &revoked {
-            if let Some(stop) = self.lock().stops.get(tp) {
-                stop.cancel();
-            }
-        }
         let started = Instant::now();
-        let abandoned =
-            blocking(|| self.wait_drained(&revoked, started + self.rebalance_drain_timeout));
+        let deadline = started + self.rebalance_drain_timeout;
+        let abandoned = blocking(|| {
+            self.drain(consumer, &revoked, deadline, |state| {
+                for tp in &revoked {
+                    state.ledger.revoke(tp);
+                    state.stops.remove(tp);
+                }
+            })
+        });
         let outcome = if abandoned == 0 {
             "drained"
         } else {
@@ -288,9 +290,39 @@ impl Shared {
                 .with_label_values(&["revoke"])
                 .inc_by(abandoned as u64);
         }
+        tracing::info!(
+            partitions = revoked.len(),
+            abandoned,
+            drain_ms = started.elapsed().as_millis() as u64,
+            "partitions revoked: drained and committed"
+        );
+    }
+
+    /// The one drain, of a revoke and of a shutdown alike: `partitions`'
+    /// records are told to stop (their stop tokens; a shutdown has
+    /// cancelled them all already), waited for until none runs or
+    /// `deadline`, and their delivered prefix is committed. Then, under the
+    /// same lock as the commit, `then` updates the bookkeeping (a revoke
+    /// forgets the partitions), so no record finishing meanwhile stores an
+    /// offset in between. How many were still running: those are not
+    /// committed, and are delivered again (to the partition's next owner,
+    /// or after a restart). Blocks: call it where blocking is allowed.
+    fn drain<C: ConsumerContext>(
+        &self,
+        consumer: &impl Consumer<C>,
+        partitions: &[TopicPartition],
+        deadline: Instant,
+        then: impl FnOnce(&mut State),
+    ) -> usize {
+        {
+            let state = self.lock();
+            for stop in partitions.iter().filter_map(|tp| state.stops.get(tp)) {
+                stop.cancel();
+            }
+        }
+        let abandoned = self.wait_drained(partitions, deadline);
         let mut state = self.lock();
-        let points: Vec<(TopicPartition, i64)> = revoked
-            .iter()
+        let points: Vec<(TopicPartition, i64)> = (partitions.iter())
             .filter_map(|tp| {
                 state
                     .ledger
@@ -299,16 +331,8 @@ impl Shared {
             })
             .collect();
         commit(consumer, &points);
-        for tp in &revoked {
-            state.ledger.revoke(tp);
-            state.stops.remove(tp);
-        }
-        tracing::info!(
-            partitions = revoked.len(),
-            abandoned,
-            drain_ms = started.elapsed().as_millis() as u64,
-            "partitions revoked: drained and committed"
-        );
+        then(&mut state);
+        abandoned
     }
 
     /// Waits until none of `partitions` has a record running, or `deadline`;
@@ -377,8 +401,9 @@ impl Shared {
         Some((ticket, stop))
     }
 
-    fn commit_points(&self) -> Vec<(TopicPartition, i64)> {
-        self.lock().ledger.commit_points()
+    /// Every partition this consumer owns now.
+    fn owned(&self) -> Vec<TopicPartition> {
+        self.lock().stops.keys().cloned().collect()
     }
 }
 
@@ -450,6 +475,25 @@ impl ConsumerContext for RuntimeContext {
 }
 
 type Consumed = StreamConsumer<RuntimeContext>;
+
+/// A started record, until its task ends: however it ends (delivered, given
+/// up, panicked, or aborted at a forced shutdown), the record finishes in
+/// the ledger, so a drain never waits for a task that is gone, and its
+/// in-flight gauge comes down.
+struct Running {
+    shared: Arc<Shared>,
+    consumer: Arc<Consumed>,
+    ticket: Ticket,
+    gauge: prometheus::IntGauge,
+    delivered: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        (self.shared).finish(&self.ticket, self.delivered, &self.consumer);
+        self.gauge.dec();
+    }
+}
 
 /// The consumer loop of one role.
 pub struct ConsumerRuntime<H> {
@@ -592,12 +636,17 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
             dlq_topic: self.spec.dlq_topic.clone(),
             dlq_excerpt_bytes: self.spec.dlq_excerpt_bytes,
         };
-        let shared = self.shared.clone();
-        let consumer = self.consumer.clone();
+        let running = Running {
+            shared: self.shared.clone(),
+            consumer: self.consumer.clone(),
+            ticket,
+            gauge,
+            delivered: false,
+        };
         tasks.spawn(async move {
-            let delivered = delivery.deliver(&record, &stop).await;
-            shared.finish(&ticket, delivered, &consumer);
-            gauge.dec();
+            // The whole guard moves into the task, to be dropped when it ends.
+            let mut running = running;
+            running.delivered = delivery.deliver(&record, &stop).await;
         });
     }
 
@@ -715,7 +764,8 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         queue_bound(&self.spec)
     }
 
-    /// Shutdown: pause, drain within the timeout, commit the delivered prefix.
+    /// Shutdown: pause, then the drain a revoke makes ([`Shared::drain`]),
+    /// of every partition, within the drain timeout.
     async fn stop(self, mut tasks: JoinSet<()>) -> Result<(), ConsumerError> {
         if let Ok(assignment) = self.consumer.assignment() {
             let _ = self.consumer.pause(&assignment);
@@ -723,43 +773,48 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let pending = tasks.len();
         let started = Instant::now();
         tracing::info!(pending, "shutdown: draining in-flight records");
-        let drained = tokio::time::timeout(self.spec.drain_timeout, async {
-            while let Some(joined) = tasks.join_next().await {
-                joined.map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
-            }
-            Ok::<_, ConsumerError>(())
-        })
-        .await;
-        let abandoned = tasks.len();
+        let deadline = started + self.spec.drain_timeout;
+        let (shared, consumer) = (self.shared.clone(), self.consumer.clone());
+        let drained = tokio::task::spawn_blocking(move || {
+            shared.drain(consumer.as_ref(), &shared.owned(), deadline, |_| {})
+        });
+        let abandoned = drained
+            .await
+            .map_err(|e| ConsumerError::HandlerPanicked(e.to_string()))?;
+        // What still runs is not committed; a record that panicked finished
+        // (undelivered) as it unwound, and is reported here.
         tasks.abort_all();
-        commit(self.consumer.as_ref(), &self.shared.commit_points());
-        let drain_ms = started.elapsed().as_millis() as u64;
-        let shutdowns = &self.metrics.drains.shutdowns;
-        match drained {
-            Ok(result) => {
-                shutdowns.with_label_values(&["graceful"]).inc();
-                tracing::info!(
-                    pending,
-                    drain_ms,
-                    "shutdown: graceful; delivered offsets committed"
-                );
-                result
-            }
-            Err(_) => {
-                shutdowns.with_label_values(&["forced"]).inc();
-                self.metrics
-                    .drains
-                    .records_abandoned
-                    .with_label_values(&["shutdown"])
-                    .inc_by(abandoned as u64);
-                tracing::error!(
-                    abandoned,
-                    drain_ms,
-                    "shutdown: forced; undelivered records not committed"
-                );
-                Err(ConsumerError::DrainTimedOut { abandoned })
+        let mut panicked = None;
+        while let Some(joined) = tasks.join_next().await {
+            if let Err(e) = joined.map_err(|e| (e.is_panic(), e.to_string())) {
+                if e.0 {
+                    panicked.get_or_insert(ConsumerError::HandlerPanicked(e.1));
+                }
             }
         }
+        let drain_ms = started.elapsed().as_millis() as u64;
+        let shutdowns = &self.metrics.drains.shutdowns;
+        if abandoned == 0 {
+            shutdowns.with_label_values(&["graceful"]).inc();
+            tracing::info!(
+                pending,
+                drain_ms,
+                "shutdown: graceful; delivered offsets committed"
+            );
+            return panicked.map_or(Ok(()), Err);
+        }
+        shutdowns.with_label_values(&["forced"]).inc();
+        self.metrics
+            .drains
+            .records_abandoned
+            .with_label_values(&["shutdown"])
+            .inc_by(abandoned as u64);
+        tracing::error!(
+            abandoned,
+            drain_ms,
+            "shutdown: forced; undelivered records not committed"
+        );
+        Err(ConsumerError::DrainTimedOut { abandoned })
     }
 
     fn in_flight_gauge(&self, ticket: &Ticket) -> prometheus::IntGauge {

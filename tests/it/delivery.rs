@@ -53,6 +53,79 @@ async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice
     stop([&mut replacement]).await;
 }
 
+/// A worker whose records outlast its drain timeout is stopped by force: it
+/// exits non-zero soon after the timeout and says so, and commits nothing it
+/// did not deliver. Its records stall after their success and before their
+/// bbox request is published (the follow-up the record owes), so a
+/// replacement gets them again, publishes each follow-up, and runs no job
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_past_its_timeout_is_forced_and_commits_nothing_undelivered() {
+    let env = TestEnv::with_settings("forced_drain", |s| {
+        fast_recovery(s);
+        s.subscriber_drain_timeout_s = common::secs(1.0);
+    })
+    .await;
+    let services = env.services().await;
+    let stalled = [(
+        "DOCSTREAM_FAILPOINTS",
+        "worker.after_mark_succeeded=sleep(60000)".to_owned(),
+    )];
+    let mut first = env.spawn("worker", &stalled, "forced-drain-first");
+    let ids = submit_jobs(&services, 8).await;
+    wait_count(
+        &env.pool,
+        "a success",
+        SUCCEEDED,
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+
+    let signalled = Instant::now();
+    signal(&first, "TERM").await;
+    let status = first.wait().await.unwrap();
+    let took = signalled.elapsed();
+    assert!(!status.success(), "a forced drain exited {status}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the drain of 1 s took {took:?} to give up"
+    );
+    let log = std::fs::read_to_string(common::log_path("forced-drain-first")).unwrap();
+    assert!(
+        log.contains("shutdown: forced; undelivered records not committed"),
+        "the worker did not say its shutdown was forced"
+    );
+
+    let mut replacement = env.spawn("worker", &[], "forced-drain-replacement");
+    let topic = env.topic(&env.settings.topic_post_processing);
+    let brokers = env.settings.kafka_brokers.clone();
+    let requested = || {
+        common::read_topic(&brokers, &topic)
+            .into_iter()
+            .filter_map(|(_, payload)| {
+                decode::<docstream::events::PostProcessingRequested>(&payload).ok()
+            })
+            .filter_map(|event| Uuid::parse_str(&event.extraction_id).ok())
+            .collect::<HashSet<Uuid>>()
+    };
+    let every_bbox_request = || async {
+        let missing = ids.iter().filter(|id| !requested().contains(id)).count();
+        match missing {
+            0 => Ok(()),
+            n => Err(format!("{n} jobs without a bbox request")),
+        }
+    };
+    wait_for(
+        "every job's bbox request",
+        Duration::from_secs(90),
+        every_bbox_request,
+    )
+    .await;
+    common::assert_exactly_once(&wins(&env.pool, "mark_succeeded").await, &ids, "successes");
+    stop([&mut replacement]).await;
+}
+
 /// Starts the first worker, 50 ms per extraction.
 fn a_worker_taking_50ms_per_job(env: &TestEnv) -> Child {
     let slow = [(
