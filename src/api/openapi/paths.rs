@@ -240,16 +240,6 @@ fn names_pattern(names: &[&str]) -> String {
 }
 
 fn list() -> Value {
-    let statuses: Vec<&str> = ExtractionStatus::ALL.map(ExtractionStatus::as_str).to_vec();
-    let bbox_statuses: Vec<&str> = BboxStatus::ALL.map(BboxStatus::as_str).to_vec();
-    let time = |name: &str, description: &str| {
-        query_parameter(
-            name,
-            false,
-            description,
-            json!({"type": "string", "format": "date-time"}),
-        )
-    };
     json!({
         "operationId": "listExtractions",
         "tags": ["extractions"],
@@ -273,51 +263,7 @@ fn list() -> Value {
              form gets 400.",
             budget = SCAN_BUDGET,
         ),
-        "parameters": [
-            // Repeats are allowed (and mean nothing), so the pattern alone
-            // admits any length; the list refuses every value past its bound.
-            query_parameter("status", false, "Comma-separated job states: jobs in one of them.",
-                json!({"type": "string", "pattern": names_pattern(&statuses),
-                       "maxLength": crate::api::query::MAX_QUERY_TEXT})),
-            query_parameter("bbox_status", false,
-                "Comma-separated bbox refinement states: jobs whose refinement is in one of them.",
-                json!({"type": "string", "pattern": names_pattern(&bbox_statuses),
-                       "maxLength": crate::api::query::MAX_QUERY_TEXT})),
-            query_parameter("extractor", false,
-                "Jobs of this extractor (`rules` includes the requests that named none).",
-                json!({"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"})),
-            time("submitted_after", "Jobs submitted at or after this time (RFC 3339)."),
-            time("submitted_before", "Jobs submitted before this time."),
-            time("finished_after", "Jobs finished at or after this time."),
-            time("finished_before", "Jobs finished before this time."),
-            query_parameter("idempotency_key", false, "The job submitted with this key.",
-                json!({
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
-                    "pattern": "^[\\u0020-\\u007e]+$",
-                })),
-            query_parameter("error_prefix", false, "Jobs whose `error` starts with this text.",
-                json!({
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": MAX_ERROR_PREFIX_CHARS,
-                    "pattern": "^[^\\u0000]+$",
-                })),
-            query_parameter("needs_review", false,
-                "`true`: jobs with a grounded value flagged `needs_review` (under its \
-                 request's `min_confidence`) that no correction settled yet, a reviewer's \
-                 queue; `false`: jobs with none.",
-                json!({"type": "string", "enum": ["true", "false"]})),
-            query_parameter("limit", false, "Jobs per page.",
-                json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE})),
-            query_parameter("cursor", false, "The previous page's `next_cursor`.",
-                json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{21}[AQgw]$"})),
-            query_parameter("order", false, "`desc` (newest first) or `asc`.",
-                json!({"type": "string", "enum": ["desc", "asc"], "default": "desc"})),
-            query_parameter("include", false, "`result`: each job with its result.",
-                json!({"type": "string", "enum": ["result"]})),
-        ],
+        "parameters": list_parameters(),
         "responses": answers(json!({
             "200": {
                 "description": "A page of jobs.",
@@ -329,6 +275,119 @@ fn list() -> Value {
             },
         }), &[400, 401, 403, 429, 503]),
     })
+}
+
+/// The list's query parameters: its filters, then its page.
+fn list_parameters() -> Value {
+    let mut parameters = list_filters();
+    parameters.extend(list_page());
+    Value::Array(parameters)
+}
+
+/// The list's filters.
+fn list_filters() -> Vec<Value> {
+    let statuses: Vec<&str> = ExtractionStatus::ALL.map(ExtractionStatus::as_str).to_vec();
+    let bbox_statuses: Vec<&str> = BboxStatus::ALL.map(BboxStatus::as_str).to_vec();
+    let time = |name: &str, description: &str| {
+        query_parameter(
+            name,
+            false,
+            description,
+            json!({"type": "string", "format": "date-time"}),
+        )
+    };
+    vec![
+        // Repeats are allowed (and mean nothing), so the pattern alone
+        // admits any length; the list refuses every value past its bound.
+        query_parameter(
+            "status",
+            false,
+            "Comma-separated job states: jobs in one of them.",
+            json!({"type": "string", "pattern": names_pattern(&statuses),
+                   "maxLength": crate::api::query::MAX_QUERY_TEXT}),
+        ),
+        query_parameter(
+            "bbox_status",
+            false,
+            "Comma-separated bbox refinement states: jobs whose refinement is in one of them.",
+            json!({"type": "string", "pattern": names_pattern(&bbox_statuses),
+                   "maxLength": crate::api::query::MAX_QUERY_TEXT}),
+        ),
+        query_parameter(
+            "extractor",
+            false,
+            "Jobs of this extractor (`rules` includes the requests that named none).",
+            json!({"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"}),
+        ),
+        time(
+            "submitted_after",
+            "Jobs submitted at or after this time (RFC 3339).",
+        ),
+        time("submitted_before", "Jobs submitted before this time."),
+        time("finished_after", "Jobs finished at or after this time."),
+        time("finished_before", "Jobs finished before this time."),
+        query_parameter(
+            "idempotency_key",
+            false,
+            "The job submitted with this key.",
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+                "pattern": "^[\\u0020-\\u007e]+$",
+            }),
+        ),
+        query_parameter(
+            "error_prefix",
+            false,
+            "Jobs whose `error` starts with this text.",
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_ERROR_PREFIX_CHARS,
+                "pattern": "^[^\\u0000]+$",
+            }),
+        ),
+        query_parameter(
+            "needs_review",
+            false,
+            "`true`: jobs with a grounded value flagged `needs_review` (under its \
+             request's `min_confidence`) that no correction settled yet, a reviewer's \
+             queue; `false`: jobs with none.",
+            json!({"type": "string", "enum": ["true", "false"]}),
+        ),
+    ]
+}
+
+/// The list's page: its size, where it continues, its order, and whether
+/// each job comes with its result.
+fn list_page() -> Vec<Value> {
+    vec![
+        query_parameter(
+            "limit",
+            false,
+            "Jobs per page.",
+            json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}),
+        ),
+        query_parameter(
+            "cursor",
+            false,
+            "The previous page's `next_cursor`.",
+            json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{21}[AQgw]$"}),
+        ),
+        query_parameter(
+            "order",
+            false,
+            "`desc` (newest first) or `asc`.",
+            json!({"type": "string", "enum": ["desc", "asc"], "default": "desc"}),
+        ),
+        query_parameter(
+            "include",
+            false,
+            "`result`: each job with its result.",
+            json!({"type": "string", "enum": ["result"]}),
+        ),
+    ]
 }
 
 fn read() -> Value {
