@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::types::{ConfigError, Described};
 
 /// The built-in rule extractor's name; no external extractor may take it.
 pub const RULES: &str = crate::domain::RULES_EXTRACTOR;
@@ -75,13 +75,13 @@ macro_rules! extractor_settings {
 
             /// Each setting's variable (with `<NAME>` for the extractor's
             /// name), its default and what it is for.
-            pub fn described() -> Vec<super::Described> {
+            pub fn described() -> Vec<Described> {
                 let defaults = Self::default().env("<NAME>");
                 let docs: Vec<&[&str]> = vec![$( &[$($doc),*] ),*];
                 defaults
                     .into_iter()
                     .zip(docs)
-                    .map(|((var, default), doc)| super::Described::new(var, default, doc))
+                    .map(|((var, default), doc)| Described::new(var, default, doc))
                     .collect()
             }
         }

@@ -20,37 +20,13 @@ use rules::{
     at_least, at_most, empty_or_at_least_16_bytes, http_url_or_empty, positive,
     revocations_in_time, within, zero_or_more,
 };
-pub use types::{canonical, AllowList, Backpressure, GroupProtocol, Seconds};
+pub use types::{
+    canonical, AllowList, Backpressure, ConfigError, Described, GroupProtocol, Seconds,
+};
 
 pub use extractors::{
     env_of as extractors_env, env_var as extractor_env_var, ExtractorSettings, RULES,
 };
-
-/// Why settings were refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The TOML file could not be read or parsed.
-    #[error("config file {path}: {reason}")]
-    File {
-        /// The file.
-        path: String,
-        /// What went wrong.
-        reason: String,
-    },
-    /// An environment variable does not parse as its setting's type.
-    #[error("{var}={value:?}: {reason}")]
-    Env {
-        /// The variable.
-        var: String,
-        /// Its value.
-        value: String,
-        /// What the parser said.
-        reason: String,
-    },
-    /// A combination of settings that cannot work.
-    #[error("invalid settings: {0}")]
-    Invalid(String),
-}
 
 /// The deployment-wide webhook secret of the releases before tenants: refused
 /// when set, so an upgrade never signs with a secret nobody expects.
@@ -143,28 +119,6 @@ macro_rules! settings {
             }
         }
     };
-}
-
-/// One setting as the manual's tables list it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Described {
-    /// The environment variable that sets it.
-    pub var: String,
-    /// Its default, as the variable would give it.
-    pub default: String,
-    /// What it is for: its doc comment, as one paragraph.
-    pub doc: String,
-}
-
-impl Described {
-    fn new(var: String, default: String, doc: &[&str]) -> Self {
-        let doc = doc
-            .iter()
-            .map(|line| line.trim())
-            .collect::<Vec<_>>()
-            .join(" ");
-        Self { var, default, doc }
-    }
 }
 
 /// A loopback listen address: exposing a port is a decision, not a default.

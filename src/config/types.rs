@@ -1,7 +1,8 @@
 //! The types settings are written in: each parses from its environment
 //! variable's text, reads from and writes to TOML, and prints back to the
 //! text it parsed from (so [`super::Settings::to_env`] hands a child process
-//! exactly the settings of its parent).
+//! exactly the settings of its parent). Also why settings are refused
+//! ([`ConfigError`]) and how the manual lists one ([`Described`]).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -238,6 +239,54 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
+    }
+}
+
+/// Why settings were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML file could not be read or parsed.
+    #[error("config file {path}: {reason}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// An environment variable does not parse as its setting's type.
+    #[error("{var}={value:?}: {reason}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A combination of settings that cannot work.
+    #[error("invalid settings: {0}")]
+    Invalid(String),
+}
+
+/// One setting as the manual's tables list it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// The environment variable that sets it.
+    pub var: String,
+    /// Its default, as the variable would give it.
+    pub default: String,
+    /// What it is for: its doc comment, as one paragraph.
+    pub doc: String,
+}
+
+impl Described {
+    pub(super) fn new(var: String, default: String, doc: &[&str]) -> Self {
+        let doc = doc
+            .iter()
+            .map(|line| line.trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        Self { var, default, doc }
     }
 }
 

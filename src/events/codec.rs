@@ -18,8 +18,13 @@ use apache_avro::rabin::Rabin;
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
+use serde::{Deserialize, Serialize};
 
-use super::Event;
+/// A Rust type bound to one `.avsc` file.
+pub trait Event: Serialize + for<'de> Deserialize<'de> {
+    /// The schema's full name, e.g. `dev.docstream.events.ExtractionSubmitted`.
+    const NAME: &'static str;
+}
 
 /// The two marker bytes that open every single-object encoded value.
 pub const SINGLE_OBJECT_MAGIC: [u8; 2] = [0xC3, 0x01];

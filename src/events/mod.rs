@@ -6,7 +6,7 @@
 
 mod codec;
 
-pub use codec::{decode, encode, CodecError, SINGLE_OBJECT_MAGIC};
+pub use codec::{decode, encode, CodecError, Event, SINGLE_OBJECT_MAGIC};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,12 +39,6 @@ impl PublishReason {
             Self::Operator => "operator",
         }
     }
-}
-
-/// A Rust type bound to one `.avsc` file.
-pub trait Event: Serialize + for<'de> Deserialize<'de> {
-    /// The schema's full name, e.g. `dev.docstream.events.ExtractionSubmitted`.
-    const NAME: &'static str;
 }
 
 /// `extraction.requests`: a submission from a Kafka producer (the intake role

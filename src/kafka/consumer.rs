@@ -530,7 +530,7 @@ impl<H: RecordHandler> ConsumerRuntime<H> {
         let context = RuntimeContext {
             shared: shared.clone(),
             health: health.clone(),
-            stats: KafkaStats::consumer(metrics.clone(), &spec.group, spec.from_earliest),
+            stats: KafkaStats::consumer(metrics.offsets.clone(), &spec.group, spec.from_earliest),
         };
         let consumer: Consumed = client_config(&spec).create_with_context(context)?;
         consumer.subscribe(&[&spec.topic])?;

@@ -178,7 +178,7 @@ impl Publisher {
             .set("socket.nagle.disable", "true")
             .set("statistics.interval.ms", statistics_interval_ms.to_string());
         super::durability::check_producer(&config)?;
-        let stats = KafkaStats::producer(metrics.clone());
+        let stats = KafkaStats::producer(metrics.producer.clone());
         let context = Reporting { health, stats };
         let producer: KafkaProducer = config.create_with_context(context.clone())?;
         let send_point = SendPoint {

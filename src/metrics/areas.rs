@@ -1,11 +1,11 @@
 //! The metrics of most areas of the pipeline, one struct per area, each
 //! registering its own series (and creating its fixed series at 0, see
-//! [`at_zero`]). The census's and the extractors' structs live in `mod.rs`
-//! beside what only they use.
+//! [`at_zero`], with the helpers of `registrar`). The census's and the
+//! extractors' structs live in `mod.rs` beside what only they use.
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
-use super::{
+use super::registrar::{
     at_zero, counter, counter_vec, gauge, gauge_vec, histogram, histogram_vec, Registrar,
     LATENCY_BUCKETS, STAGE_BUCKETS,
 };

@@ -7,17 +7,14 @@ use std::sync::{Arc, Mutex};
 
 use rdkafka::Statistics;
 
-use super::Metrics;
+use super::areas::{OffsetMetrics, ProducerMetrics};
 
 /// Turns one client's statistics into series. A consumer's series are those
 /// of the partitions it holds now: a partition it lost (to a rebalance) is
 /// removed at its next report, so the group's lag is never counted twice.
 #[derive(Clone)]
 pub struct KafkaStats {
-    metrics: Metrics,
-    /// The consumer's group and whether it starts from the earliest offset;
-    /// `None` for a producer.
-    group: Option<(String, bool)>,
+    client: Client,
     /// The (topic, partition) series this client set at its last report.
     reported: Arc<Mutex<HashSet<(String, String)>>>,
 }
@@ -25,43 +22,38 @@ pub struct KafkaStats {
 impl KafkaStats {
     /// The statistics of a consumer in `group`, which starts from the
     /// earliest offset when it has none committed, if `from_earliest`.
-    pub fn consumer(metrics: Metrics, group: &str, from_earliest: bool) -> Self {
+    pub fn consumer(offsets: OffsetMetrics, group: &str, from_earliest: bool) -> Self {
+        let group = group.to_owned();
         Self {
-            metrics,
-            group: Some((group.to_owned(), from_earliest)),
+            client: Client::Consumer(offsets, group, from_earliest),
             reported: Arc::default(),
         }
     }
 
     /// The statistics of the producer.
-    pub fn producer(metrics: Metrics) -> Self {
+    pub fn producer(producer: ProducerMetrics) -> Self {
         Self {
-            metrics,
-            group: None,
+            client: Client::Producer(producer),
             reported: Arc::default(),
         }
     }
 
     /// Records one report.
     pub fn report(&self, statistics: &Statistics) {
-        match &self.group {
-            Some((group, from_earliest)) => self.report_consumer(group, *from_earliest, statistics),
-            None => self.report_producer(statistics),
+        match &self.client {
+            Client::Consumer(offsets, group, from_earliest) => {
+                self.report_consumer(offsets, (group, *from_earliest), statistics)
+            }
+            Client::Producer(producer) => report_producer(producer, statistics),
         }
     }
 
-    fn report_producer(&self, statistics: &Statistics) {
-        let metrics = &self.metrics;
-        metrics
-            .producer
-            .queue_records
-            .set(i64::try_from(statistics.msg_cnt).unwrap_or(i64::MAX));
-        let waiting: i64 = statistics.brokers.values().map(|b| b.waitresp_cnt).sum();
-        metrics.producer.in_flight_requests.set(waiting);
-    }
-
-    fn report_consumer(&self, group: &str, from_earliest: bool, statistics: &Statistics) {
-        let metrics = &self.metrics;
+    fn report_consumer(
+        &self,
+        offsets: &OffsetMetrics,
+        (group, from_earliest): (&str, bool),
+        statistics: &Statistics,
+    ) {
         let mut now = HashSet::new();
         for (topic, stats) in &statistics.topics {
             // Partition -1 is librdkafka's internal "unassigned" queue; a
@@ -71,16 +63,15 @@ impl KafkaStats {
                 .values()
                 .filter(|p| p.partition >= 0 && p.fetch_state != "none");
             for p in held {
-                let offsets = (p.committed_offset, p.lo_offset, p.hi_offset);
-                let Some(lag) = lag(p.consumer_lag, offsets, from_earliest) else {
+                let positions = (p.committed_offset, p.lo_offset, p.hi_offset);
+                let Some(lag) = lag(p.consumer_lag, positions, from_earliest) else {
                     continue;
                 };
                 let partition = p.partition.to_string();
                 let labels = [group, topic.as_str(), partition.as_str()];
-                metrics.offsets.lag.with_label_values(&labels).set(lag);
+                offsets.lag.with_label_values(&labels).set(lag);
                 if p.committed_offset >= 0 {
-                    metrics
-                        .offsets
+                    offsets
                         .committed
                         .with_label_values(&labels)
                         .set(p.committed_offset);
@@ -91,11 +82,26 @@ impl KafkaStats {
         let mut reported = self.reported.lock().expect("stats lock");
         for (topic, partition) in reported.difference(&now) {
             let labels = [group, topic.as_str(), partition.as_str()];
-            let _ = metrics.offsets.lag.remove_label_values(&labels);
-            let _ = metrics.offsets.committed.remove_label_values(&labels);
+            let _ = offsets.lag.remove_label_values(&labels);
+            let _ = offsets.committed.remove_label_values(&labels);
         }
         *reported = now;
     }
+}
+
+/// Whose statistics: a consumer's (its group's positions, the group, and
+/// whether it starts from the earliest offset), or the producer's.
+#[derive(Clone)]
+enum Client {
+    Consumer(OffsetMetrics, String, bool),
+    Producer(ProducerMetrics),
+}
+
+/// The producer's queue and its requests in flight.
+fn report_producer(producer: &ProducerMetrics, statistics: &Statistics) {
+    (producer.queue_records).set(i64::try_from(statistics.msg_cnt).unwrap_or(i64::MAX));
+    let waiting: i64 = statistics.brokers.values().map(|b| b.waitresp_cnt).sum();
+    producer.in_flight_requests.set(waiting);
 }
 
 /// A partition's lag: librdkafka's (high watermark less the committed

@@ -23,6 +23,7 @@ pub mod census;
 pub mod coalesce;
 pub mod corrections;
 pub mod documents;
+mod error;
 pub mod files;
 pub mod held;
 pub mod leases;
@@ -37,6 +38,7 @@ pub mod tenants;
 pub mod transitions;
 pub mod webhooks;
 
+pub use error::StoreError;
 pub use row::{BboxRefinement, Claim, Extraction};
 
 pub use submit::{
@@ -44,59 +46,11 @@ pub use submit::{
     Refusal, SubmitError, Submitted,
 };
 
-use std::sync::Arc;
-
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
 
 /// The migrations shipped in `migrations/`, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
-/// A database failure; operators see the detail in logs, clients never do.
-/// Cloneable, so one failed batch statement can fail each of its requests.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("database error: {0}")]
-pub struct StoreError(pub Arc<sqlx::Error>);
-
-impl StoreError {
-    /// Whether the database could not be reached or stopped answering
-    /// (connection refused or lost, no free connection in time, the server
-    /// restarting or out of connections): a failure that passes, so the call
-    /// may be made again unchanged, and it says nothing about the job.
-    pub fn is_unavailable(&self) -> bool {
-        match self.0.as_ref() {
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::WorkerCrashed => true,
-            sqlx::Error::Database(e) => e.code().is_some_and(|code| {
-                // 08: connection exception; 57P01-03: admin shutdown, crash
-                // shutdown, cannot connect now; 53300: too many connections.
-                code.starts_with("08") || ["57P01", "57P02", "57P03", "53300"].contains(&&*code)
-            }),
-            _ => false,
-        }
-    }
-
-    /// Whether the statement failed for a value it was given (SQLSTATE
-    /// class 22, data exception, such as text Postgres cannot store; class
-    /// 54, a value past a program limit): the same values fail again.
-    pub fn is_data_error(&self) -> bool {
-        match self.0.as_ref() {
-            sqlx::Error::Database(e) => e
-                .code()
-                .is_some_and(|code| code.starts_with("22") || code.starts_with("54")),
-            _ => false,
-        }
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        Self(Arc::new(e))
-    }
-}
 
 /// Opens a pool with `max_connections` connections.
 pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool, StoreError> {

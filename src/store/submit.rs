@@ -13,7 +13,8 @@ use std::future::Future;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{Extraction, StoreError};
+use super::error::StoreError;
+use super::row::Extraction;
 use crate::domain::{
     idempotency_key_is_valid, ExtractionRequest, RequestError, RequestLimits,
     MAX_IDEMPOTENCY_KEY_LEN,
