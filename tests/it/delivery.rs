@@ -55,7 +55,9 @@ async fn sigterm_under_load_drains_commits_only_delivered_and_runs_nothing_twice
 
 /// A worker whose records outlast its drain timeout is stopped by force: it
 /// exits non-zero soon after the timeout and says so, and commits nothing it
-/// did not deliver. Its records stall after their success and before their
+/// did not deliver: the worker group's committed offsets, sampled through
+/// the run and once after the exit, never pass a record whose job is not
+/// delivered. Its records stall after their success and before their
 /// bbox request is published (the follow-up the record owes), so a
 /// replacement gets them again, publishes each follow-up, and runs no job
 /// twice.
@@ -73,6 +75,8 @@ async fn a_drain_past_its_timeout_is_forced_and_commits_nothing_undelivered() {
     )];
     let mut first = env.spawn("worker", &stalled, "forced-drain-first");
     let ids = submit_jobs(&services, 8).await;
+    let mut sampler = sample_offsets(&env, env.pool.clone());
+    sampler.first_sample().await;
     wait_count(
         &env.pool,
         "a success",
@@ -95,6 +99,22 @@ async fn a_drain_past_its_timeout_is_forced_and_commits_nothing_undelivered() {
     assert!(
         log.contains("shutdown: forced; undelivered records not committed"),
         "the worker did not say its shutdown was forced"
+    );
+    // The last sample is taken now, after the forced drain's commit and
+    // before a replacement delivers anything: the stalled jobs are still
+    // undelivered, and no committed offset may have passed their records.
+    let samples = sampler.finish().await;
+    let last = samples.last().expect("a sample after the forced drain");
+    assert!(
+        !last.undelivered.is_empty(),
+        "no job was undelivered after the forced drain: the check would check nothing"
+    );
+    let violations = offset_ahead_violations(&env, &samples, false);
+    assert_eq!(
+        violations,
+        0,
+        "a committed offset passed a record not delivered ({} samples)",
+        samples.len()
     );
 
     let mut replacement = env.spawn("worker", &[], "forced-drain-replacement");
