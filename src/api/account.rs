@@ -4,24 +4,30 @@
 //! use, its keys, its disabled webhook endpoints), and the same for every
 //! tenant at `GET /v1/operator/tenants` (scope `operator`).
 
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::openapi::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
 use crate::pipeline::Services;
 use crate::store::tenants::{self, Account, ApiKey, DisabledEndpoint};
 
-pub(super) fn router() -> Router<Services> {
-    Router::new()
-        .route("/v1/me", get(me))
-        .route("/v1/tenant", get(tenant))
-        .route("/v1/operator/tenants", get(every_tenant))
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new()
+        .api_route("/v1/me", get_with(me, describe_me))
+        .api_route("/v1/tenant", get_with(tenant, describe_tenant))
+        .api_route(
+            "/v1/operator/tenants",
+            get_with(every_tenant, describe_every_tenant),
+        )
 }
 
 /// The caller: its tenant and what its key may do.
@@ -93,6 +99,17 @@ async fn me(caller: Caller) -> Json<Me> {
     })
 }
 
+fn describe_me(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    describe::operation(
+        op,
+        "getMe",
+        "tenant",
+        "Who the key belongs to",
+        "The key's tenant and its scopes (any key), so a client can tell what it may offer.",
+    )
+    .response_with::<200, Json<Me>, _>(|a| a.description("The caller."))
+}
+
 async fn tenant(
     caller: Caller,
     State(services): State<Services>,
@@ -107,6 +124,21 @@ async fn tenant(
     Ok(Json(TenantView::of(account, &services)))
 }
 
+fn describe_tenant(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getTenant",
+        "tenant",
+        "The tenant's quotas, keys and disabled webhook endpoints",
+        "The caller's tenant (scope `admin`): its quotas in force (its own, else the \
+         deployment's) and its open jobs against them, its retention, every key it has \
+         had (prefix, scopes, created, revoked; never the key), and the webhook \
+         endpoints its deliveries stopped going to.",
+    );
+    let op = op.response_with::<200, Json<TenantView>, _>(|a| a.description("The tenant."));
+    describe::refusals(op, &[403])
+}
+
 async fn every_tenant(
     caller: Caller,
     State(services): State<Services>,
@@ -118,4 +150,16 @@ async fn every_tenant(
         .map(|a| TenantView::of(a, &services))
         .collect();
     Ok(Json(TenantList { items }))
+}
+
+fn describe_every_tenant(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "listTenants",
+        "operators",
+        "Every tenant's quotas, keys and disabled webhook endpoints",
+        "What `GET /v1/tenant` answers, for every live tenant by name (scope `operator`).",
+    );
+    let op = op.response_with::<200, Json<TenantList>, _>(|a| a.description("The tenants."));
+    describe::refusals(op, &[403])
 }

@@ -53,10 +53,6 @@ impl FromRequestParts<Services> for Caller {
         parts: &mut Parts,
         services: &Services,
     ) -> Result<Self, Self::Rejection> {
-        // Already known: a middleware (the submit's admission) asked first.
-        if let Some(caller) = parts.extensions.get::<Caller>() {
-            return Ok(caller.clone());
-        }
         let presented = match parts.headers.get(AUTHORIZATION) {
             None => None,
             Some(value) => {
@@ -85,6 +81,20 @@ impl FromRequestParts<Services> for Caller {
             let _ = failures.take(peer, rate, burst);
         }
         Ok(authenticated?)
+    }
+}
+
+/// A keyed route's contract: its key, the refusals of a key that is missing
+/// or not valid (401), and of an address that keeps presenting such keys
+/// (429). The scope a handler checks is its own to declare (403).
+impl aide::OperationInput for Caller {
+    fn operation_input(
+        _: &mut aide::generate::GenContext,
+        operation: &mut aide::openapi::Operation,
+    ) {
+        let key = aide::openapi::SecurityRequirement::from_iter([("ApiKey".to_owned(), vec![])]);
+        operation.security = vec![key];
+        super::openapi::describe::refuse(operation, &[401, 429]);
     }
 }
 

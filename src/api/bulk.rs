@@ -12,24 +12,28 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use uuid::Uuid;
 
+use super::openapi::describe;
 use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{idempotency_key_is_valid, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::{bulk, Services};
 use crate::store::bulk::{Action, Created, Operation, Outcome, Selection, Verdict};
-use crate::store::list::{JobFilter, MAX_METADATA_KEYS};
+use crate::store::list::{JobFilter, MAX_METADATA_KEYS, MAX_PAGE};
 use crate::store::{self, StoreError};
 
 /// How long the POST waits for its operation to finish before it answers
@@ -43,10 +47,13 @@ const AT_CAP_RETRY_AFTER_S: u64 = 5;
 /// Outcomes per page when the query does not say.
 pub(super) const DEFAULT_OUTCOMES: i64 = 50;
 
-pub(super) fn router() -> Router<Services> {
-    Router::new()
-        .route("/v1/extractions/actions", post(start))
-        .route("/v1/extractions/actions/{id}", get(follow))
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new()
+        .api_route("/v1/extractions/actions", post_with(start, describe_start))
+        .api_route(
+            "/v1/extractions/actions/{id}",
+            get_with(follow, describe_follow),
+        )
 }
 
 /// A bulk action: what to do, and to which jobs (exactly one of `ids` and
@@ -283,6 +290,47 @@ async fn start(
     Ok((status, [(header::LOCATION, location)], Json(view)).into_response())
 }
 
+fn describe_start(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let description = format!(
+        "Cancels or retries many of the caller's tenant's jobs (scope `cancel`), named by \
+         `ids` (up to {max_ids}) or by `filter`, the parameters of `GET /v1/extractions` \
+         (the jobs it admits as the walk reaches them, newest first; jobs submitted after \
+         the action began are not acted on). Each job is treated as its own route treats \
+         it: a cancel cancels a queued job and asks a running one to stop; a retry sends \
+         a failed job back to the queue with a fresh budget of attempts. A job the action \
+         does not apply to is `refused` with the reason, and the rest go on; an id that \
+         is none of the caller's jobs is `not_found`.\n\n\
+         The action runs in batches of {batch} jobs, each its own short transaction, so \
+         that no lock is held for its length; the answer waits briefly, then gives the \
+         operation as it is: 200 when it finished, 202 while it runs (follow \
+         `Location`). If the server running it stops, another resumes it from its last \
+         batch. With an `Idempotency-Key`, a repeat answers the first operation and does \
+         nothing; the same key with another action gets 422.\n\n\
+         A tenant runs at most `DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT` actions at once, \
+         across the deployment: one more gets 429 with `Retry-After` (a repeat of a \
+         running one is answered as it is).",
+        max_ids = bulk::MAX_IDS,
+        batch = bulk::BATCH,
+    );
+    let op = describe::operation(
+        op,
+        "startBulkAction",
+        "extractions",
+        "Cancel or retry many extractions",
+        &description,
+    );
+    let op = describe::body_described(
+        op,
+        "The action and its jobs. A body that is not JSON gets 400, one that does not \
+         describe an action 422.",
+    );
+    let op = describe::parameters(op, [describe::idempotency_key_header("bulk action")]);
+    let op = op
+        .response_with::<200, Json<OperationView>, _>(operation_answer)
+        .response_with::<202, Json<OperationView>, _>(operation_answer);
+    describe::refusals(op, &[400, 403, 415, 422, 429])
+}
+
 /// The refusal of a tenant that runs `running` bulk actions, its cap: each
 /// walks every job it names and writes an outcome per job, so a tenant
 /// that starts hundreds at once would hold the database for everyone.
@@ -346,6 +394,58 @@ async fn follow(
     Ok(Json(
         view(&services, operation, verdict, after, limit).await?,
     ))
+}
+
+/// A bulk action's answer, whether it finished (200) or runs (202).
+fn operation_answer(
+    answer: aide::transform::TransformResponse<'_, OperationView>,
+) -> aide::transform::TransformResponse<'_, OperationView> {
+    let answer =
+        answer.description("The operation: its counts so far and the first page of its outcomes.");
+    let answer = describe::with_header(
+        answer,
+        "Location",
+        "`/v1/extractions/actions/{id}`: follow the operation there.",
+        json!({"type": "string", "pattern": "^/v1/extractions/actions/[0-9a-f-]{36}$"}),
+    );
+    describe::links(answer, &[("GetBulkOperation", "getBulkOperation")])
+}
+
+fn describe_follow(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getBulkOperation",
+        "extractions",
+        "Follow a bulk action",
+        "A bulk operation of the caller's tenant (scope `read`): its state, its counts, \
+         and a page of its outcomes, newest job first. Follow `next_cursor` for the \
+         rest; `outcome` keeps one kind.",
+    );
+    let query = |name: &str, description: &str, schema| {
+        describe::query_parameter(name, false, description, schema)
+    };
+    let parameters = [
+        describe::uuid_parameter("The operation's id (a UUID); anything else gets 400."),
+        query(
+            "outcome",
+            "Only the outcomes of this kind.",
+            json!({"type": "string", "enum": ["done", "refused", "not_found"]}),
+        ),
+        query(
+            "limit",
+            "Outcomes per page.",
+            json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE,
+                   "default": DEFAULT_OUTCOMES}),
+        ),
+        query(
+            "cursor",
+            "The previous page's `next_cursor`.",
+            json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{21}[AQgw]$"}),
+        ),
+    ];
+    let op = describe::parameters(op, parameters);
+    let op = op.response_with::<200, Json<OperationView>, _>(|a| a.description("The operation."));
+    describe::refusals(op, &[400, 403, 404])
 }
 
 /// The outcome filter and page a query asks for.

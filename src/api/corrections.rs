@@ -7,15 +7,19 @@
 //! announced on the events topic (so on the export stream) with what was
 //! corrected, and to the job's webhook as `extraction.field_corrected`.
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use schemars::JsonSchema;
 use serde::Deserialize;
+use serde_json::json;
 use uuid::Uuid;
 
+use super::openapi::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{ExtractionStatus, Scope, Transition};
@@ -27,13 +31,16 @@ use crate::store::{self, Extraction};
 /// Longest reviewer name, in bytes.
 const MAX_REVIEWER_BYTES: usize = 200;
 
-pub(super) fn router() -> Router<Services> {
-    Router::new()
-        .route(
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new()
+        .api_route(
             "/v1/extractions/{id}/fields/{field}/corrections",
-            post(correct),
+            post_with(correct, describe_correct),
         )
-        .route("/v1/extractions/{id}/corrections", get(corrections_of))
+        .api_route(
+            "/v1/extractions/{id}/corrections",
+            get_with(corrections_of, describe_corrections),
+        )
 }
 
 /// A correction's body.
@@ -65,7 +72,8 @@ async fn correct(
 ) -> Result<(StatusCode, Json<Correction>), ApiError> {
     caller.require(Scope::Review)?;
     let Path((id, field)) = path?;
-    let Json(body) = body.map_err(|e| ApiError::Unprocessable(e.body_text()))?;
+    let limit = services.settings.http_body_limit_bytes;
+    let Json(body) = body.map_err(|e| ApiError::from_json_rejection(e, limit))?;
     let value = match &body.value {
         serde_json::Value::String(value) => Some(value.as_str()),
         serde_json::Value::Null => None,
@@ -130,6 +138,37 @@ async fn correct(
     Ok((StatusCode::CREATED, Json(correction)))
 }
 
+fn describe_correct(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "correctExtractionField",
+        "extractions",
+        "Correct an extracted value",
+        "A person's review of a succeeded job's value (scope `review`), most often one \
+         flagged `needs_review`. The correction is stored beside the extracted value, \
+         which stays in the result as the extractor gave it; it is logged as the \
+         transition `correct_field`, published on the events topic (and so the export \
+         stream) with what was corrected, and sent to the job's webhook as \
+         `extraction.field_corrected`. A later correction of the same field supersedes \
+         it. A job that has not succeeded answers 409; an erased one 410; a field the \
+         request did not name 422.",
+    );
+    let field = describe::path_parameter(
+        "field",
+        "The field's name, as the request gave it.",
+        json!({"type": "string", "minLength": 1}),
+    );
+    let op = describe::parameters(op, [describe::id_parameter(), field]);
+    let op = describe::body_described(
+        op,
+        "The corrected value. A body that is not JSON gets 400, one without \
+         `Content-Type: application/json` 415, one that does not describe a \
+         correction 422.",
+    );
+    let op = op.response_with::<201, Json<Correction>, _>(|a| a.description("Stored."));
+    describe::refusals(op, &[400, 403, 404, 409, 410, 415, 422])
+}
+
 /// The caller's job `id`, if its field `field` can be corrected now.
 async fn correctable(
     services: &Services,
@@ -190,4 +229,19 @@ async fn corrections_of(
         )));
     }
     Ok(Json(corrections::of_job(&services.pool, id).await?))
+}
+
+fn describe_corrections(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getExtractionCorrections",
+        "extractions",
+        "Read an extraction's corrections",
+        "Every correction of the job's values, oldest first (scope `read`): the latest of \
+         a field is its value now.",
+    );
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op =
+        op.response_with::<200, Json<Vec<Correction>>, _>(|a| a.description("The corrections."));
+    describe::refusals(op, &[400, 403, 404, 410])
 }

@@ -294,3 +294,9 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// Which errors a route answers is its own to declare (its describing
+/// function, beside the handler): the error type alone cannot say.
+impl aide::OperationOutput for ApiError {
+    type Inner = ();
+}

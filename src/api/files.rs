@@ -13,17 +13,22 @@
 //! included); `GET /v1/extractions/{id}/pages/{page}`: a page of its file
 //! as an image, for people to check a box against (the console).
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
+use serde_json::json;
 use uuid::Uuid;
 
+use super::openapi::describe;
 use super::uploads::{self, Uploads};
 use super::ApiError;
 use crate::auth::Caller;
+use crate::config::Settings;
 use crate::domain::{ExtractionStatus, Scope};
 use crate::files::signed::{self, Signed};
 use crate::files::StoredFile;
@@ -32,13 +37,25 @@ use crate::store;
 
 /// The routes. An upload is held to the bounds of uploads (`uploads`) and
 /// to the file limit, not to the API's body limit.
-pub(super) fn router() -> Router<Services> {
-    Router::new()
-        .route("/v1/files", post(upload))
-        .route("/v1/files/{id}", get(read))
-        .route("/v1/extractions/{id}/file", get(job_file))
-        .route("/v1/extractions/{id}/document", get(job_document))
-        .route("/v1/extractions/{id}/pages/{page}", get(job_page))
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+    ApiRouter::new()
+        .api_route(
+            "/v1/files",
+            post_with(upload, |op| describe_upload(op, settings)),
+        )
+        .api_route("/v1/files/{id}", get_with(read, describe_read))
+        .api_route(
+            "/v1/extractions/{id}/file",
+            get_with(job_file, describe_job_file),
+        )
+        .api_route(
+            "/v1/extractions/{id}/document",
+            get_with(job_document, describe_job_document),
+        )
+        .api_route(
+            "/v1/extractions/{id}/pages/{page}",
+            get_with(job_page, describe_job_page),
+        )
 }
 
 /// The caller's job `id`, with its request, unless erased (410).
@@ -80,6 +97,23 @@ async fn job_document(
     }
 }
 
+fn describe_job_document(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getExtractionDocument",
+        "extractions",
+        "Read the document an extraction was read from",
+        "The words the job's values were found in, on their pages (scope `read`): the \
+         request's document, or for a file what its extraction read of it (a text \
+         layer's words, or OCR's with their `confidence`). 404 until a file's extraction \
+         read it; 410 once erased.",
+    );
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op = op
+        .response_with::<200, Json<crate::domain::Document>, _>(|a| a.description("The document."));
+    describe::refusals(op, &[400, 403, 404, 410])
+}
+
 /// Page `page` (from 0) of job `id`'s file as an image: a PNG's or JPEG's
 /// own bytes, a PDF page rendered to a PNG. A job of no file, or a TIFF,
 /// has no page to draw.
@@ -101,6 +135,36 @@ async fn job_page(
         .await?;
     let private = (header::CACHE_CONTROL, "private, max-age=300");
     Ok(([(header::CONTENT_TYPE, kind), private], bytes).into_response())
+}
+
+fn describe_job_page(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getExtractionPage",
+        "extractions",
+        "Draw a page of an extraction's file",
+        "Page `page` (from 0, as a grounded field's `page`) of the job's file as an \
+         image, to check a box against (scope `read`): a PNG's or JPEG's own bytes, or a \
+         PDF page rendered to a PNG at 100 dpi (its boxes are in points: scale by \
+         100/72). A TIFF is not drawn (422): browsers do not read it. A job whose \
+         document was JSON, or a page past the last, is 404.",
+    );
+    let page = describe::path_parameter(
+        "page",
+        "The page, from 0 (no file has more pages than this maximum).",
+        json!({"type": "integer", "minimum": 0, "maximum": crate::config::MAX_PAGES - 1}),
+    );
+    let op = describe::parameters(op, [describe::id_parameter(), page]);
+    let image = json!({"schema": {"type": "string", "format": "binary"}});
+    let op = describe::raw_answer(
+        op,
+        200,
+        json!({
+            "description": "The page.",
+            "content": {"image/png": image, "image/jpeg": image},
+        }),
+    );
+    describe::refusals(op, &[400, 403, 404, 410, 422])
 }
 
 /// Stores the body as a file: refused 413 from its declared length, 429
@@ -143,6 +207,51 @@ async fn upload(
     Ok((status, Json(file)))
 }
 
+fn describe_upload<'t>(op: TransformOperation<'t>, settings: &Settings) -> TransformOperation<'t> {
+    let description = format!(
+        "Stores a document sent as its bytes, the whole body (scope `submit`): a PDF, \
+         PNG, JPEG, TIFF or UTF-8 text file of at most {max} bytes \
+         (`DOCSTREAM_FILE_MAX_BYTES`). What it is comes from its bytes; a `Content-Type` \
+         naming another kind answers 415 (send `application/octet-stream` to let the \
+         bytes say). The file's id is its SHA-256: the same bytes uploaded again by the \
+         same tenant answer the same file, 200 instead of 201. A tenant never sees \
+         another's files.\n\n\
+         A `Content-Length` past the limit gets 413 before a byte is read. Past the \
+         tenant's uploads in progress on this server ({uploads}, \
+         `DOCSTREAM_TENANT_MAX_UPLOADS`) the answer is 429 with `Retry-After`, and so it \
+         is past the tenant's bytes of files and of the documents its jobs read from \
+         them (`DOCSTREAM_TENANT_MAX_FILE_BYTES`). A body that does not arrive whole \
+         within {timeout} s (`DOCSTREAM_HTTP_BODY_TIMEOUT_S`) gets 408.",
+        max = settings.file_max_bytes,
+        uploads = settings.tenant_max_uploads,
+        timeout = settings.http_body_timeout_s.get().as_secs_f64(),
+    );
+    let op = describe::operation(op, "uploadFile", "files", "Upload a file", &description);
+    let binary = json!({"schema": {
+        "type": "string",
+        "contentMediaType": "application/octet-stream",
+        "minLength": 1,
+    }});
+    let media = [
+        "application/octet-stream",
+        "application/pdf",
+        "image/png",
+        "image/jpeg",
+    ];
+    let media = media.into_iter().chain(["image/tiff", "text/plain"]);
+    let content: serde_json::Map<String, serde_json::Value> =
+        media.map(|m| (m.to_owned(), binary.clone())).collect();
+    let op = describe::raw_body(op, json!({"required": true, "content": content}));
+    let op = op
+        .response_with::<201, Json<StoredFile>, _>(|a| {
+            a.description("Stored: these bytes are new to the tenant.")
+        })
+        .response_with::<200, Json<StoredFile>, _>(|a| {
+            a.description("The tenant had uploaded these bytes before: the same file.")
+        });
+    describe::refusals(op, &[400, 403, 408, 413, 415, 422, 429])
+}
+
 async fn read(
     caller: Caller,
     State(services): State<Services>,
@@ -153,6 +262,26 @@ async fn read(
         Some(file) => Ok(Json(file)),
         None => Err(ApiError::NoSuchFile(id)),
     }
+}
+
+fn describe_read(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getFile",
+        "files",
+        "Read a file's description",
+        "The tenant's file (scope `read`): its id, SHA-256, size, kind and when it was \
+         first uploaded. Another tenant's file is not found, exactly like one that does \
+         not exist.",
+    );
+    let id = describe::path_parameter(
+        "id",
+        "The file's id: its SHA-256, lower-case hex.",
+        json!({"type": "string"}),
+    );
+    let op = describe::parameters(op, [id]);
+    let op = op.response_with::<200, Json<StoredFile>, _>(|a| a.description("The file."));
+    describe::refusals(op, &[403, 404])
 }
 
 /// A job's file, to the holder of its signed URL.
@@ -193,4 +322,37 @@ async fn job_file(
     };
     let (kind, bytes) = services.files.read(tenant, &object).await?;
     Ok(([(header::CONTENT_TYPE, kind.as_str())], bytes).into_response())
+}
+
+/// The signed file route's contract: no key, its query (`Signed`) the
+/// URL's signature.
+fn describe_job_file(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getExtractionFile",
+        "files",
+        "Fetch a job's file (extractor protocol version 2)",
+        "The bytes of the job's file, for the extraction service that got this URL in \
+         its call (files in the folder store; a bucket presigns its own URLs). No API \
+         key: the URL is signed with the deployment's callback secret for one attempt of \
+         one job, and works while that attempt holds the job, until it expires \
+         (`DOCSTREAM_FILE_URL_TTL_S`). An expired, altered or unsigned URL gets 403; one \
+         whose attempt ended (the job finished, or another attempt holds it) 410.",
+    );
+    let mut op = describe::parameters(op, [describe::id_parameter()]);
+    // The id first, then the query the type gave.
+    op.inner_mut().parameters.rotate_right(1);
+    let bytes = json!({"schema": {"type": "string", "format": "binary"}});
+    let op = describe::raw_answer(
+        op,
+        200,
+        json!({
+            "description": "The file's bytes, with its sniffed media type.",
+            "content": {
+                "application/pdf": bytes, "image/png": bytes, "image/jpeg": bytes,
+                "image/tiff": bytes, "text/plain": {"schema": {"type": "string"}},
+            },
+        }),
+    );
+    describe::refusals(op, &[400, 403, 404, 410])
 }

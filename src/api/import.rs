@@ -23,12 +23,13 @@
 
 use std::sync::Arc;
 
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{close_code, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use futures::{SinkExt, StreamExt};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -37,6 +38,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::openapi::describe;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
@@ -50,8 +52,8 @@ pub const IN_FLIGHT: usize = 64;
 /// The `stream` label of this stream's metrics.
 const STREAM: &str = "import";
 
-pub(super) fn router() -> Router<Services> {
-    Router::new().route("/v1/import", get(upgrade))
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new().api_route("/v1/import", get_with(upgrade, describe_upgrade))
 }
 
 /// A client frame of the import stream: one submission.
@@ -87,6 +89,33 @@ async fn upgrade(
         }))
     };
     open().unwrap_or_else(IntoResponse::into_response)
+}
+
+fn describe_upgrade(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let protocol = "Each text frame from the client is one submission, an `ImportFrame`: \
+        `{\"ref\": any, \"idempotency_key\": \"…\" (optional), \"request\": {…}}`, where \
+        `request` is the body `POST /v1/extractions` takes. It takes the submit path of \
+        the REST API (the same checks, quotas, idempotency and answers) and is answered on \
+        the socket, in completion order, with an `ImportAnswer`: `{\"ref\", \"id\", \
+        \"status\"}` or `{\"ref\", \"error\": {\"code\", \"message\"}}` with the REST API's \
+        codes. A binary frame is answered with `bad_request`. At most 64 submissions of a \
+        socket are in progress; the next frame is read only when one finishes, so a fast \
+        client is slowed down, never dropped. When the client closes, reading stops and \
+        every frame already read is still written, published and answered. When the \
+        server shuts down it stops reading, answers every frame it read, and closes with \
+        1000; a client should read until the server's close.";
+    let description = format!(
+        "Upgrades to a WebSocket on which a client streams submissions (scope \
+         `submit`). A request that is not a WebSocket upgrade gets 400.\n\n{protocol}"
+    );
+    let op = describe::operation(
+        op,
+        "importStream",
+        "streams",
+        "Import stream (WebSocket)",
+        &description,
+    );
+    ws::describe_upgrade(op, protocol)
 }
 
 #[derive(Debug, PartialEq)]

@@ -8,14 +8,18 @@
 //! was fixed, …): the same bytes, key and headers, so its idempotency key
 //! still makes a second arrival the same job.
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::{Path, RawQuery, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use schemars::JsonSchema;
 use serde::Serialize;
+use serde_json::json;
 
+use super::openapi::describe;
 use super::query::{each_param, page_limit};
 use super::ApiError;
 use crate::auth::Caller;
@@ -27,14 +31,17 @@ use crate::store::letters::{self, ReplayRefused, TenantLetter};
 /// Letters a page holds when the query does not say.
 pub(super) const DEFAULT_LETTERS: i64 = 50;
 
-pub(super) fn router() -> Router<Services> {
-    Router::new().route("/v1/dead-letters", get(list_letters))
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new().api_route("/v1/dead-letters", get_with(list_letters, describe_list))
 }
 
 /// The replay, outside the REST answer bound: reading the original and
 /// producing its copy may take the broker's time (30 s at most each).
-pub(super) fn replay_router() -> Router<Services> {
-    Router::new().route("/v1/dead-letters/{id}/replay", post(replay_letter))
+pub(super) fn replay_routes() -> ApiRouter<Services> {
+    ApiRouter::new().api_route(
+        "/v1/dead-letters/{id}/replay",
+        post_with(replay_letter, describe_replay),
+    )
 }
 
 /// Where a replayed letter's record went.
@@ -80,6 +87,28 @@ async fn replay_letter(
     replay
         .await
         .map_err(|e| ApiError::Unavailable(format!("the replay stopped: {e}")))?
+}
+
+fn describe_replay(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "replayDeadLetter",
+        "extractions",
+        "Replay a dead letter",
+        "Produces the letter's original record to its topic again (scope `submit`): the \
+         same bytes, key and headers, once. Use it when what refused the record has \
+         changed; its idempotency key still makes a record that became a job the same \
+         job. A record the intake refuses again is a new letter. 409 when the letter was \
+         replayed before, 410 when the topic no longer retains the record.",
+    );
+    let id = describe::path_parameter(
+        "id",
+        "The letter's `id`.",
+        json!({"type": "integer", "format": "int64", "minimum": 1}),
+    );
+    let op = describe::parameters(op, [id]);
+    let op = op.response_with::<200, Json<Replayed>, _>(|a| a.description("Where the copy went."));
+    describe::refusals(op, &[400, 403, 404, 409, 410])
 }
 
 /// Replays claimed letter `id`, whose original is at `source`.
@@ -159,6 +188,38 @@ async fn list_letters(
     let next_cursor = (more.then(|| items.last().map(|l| l.id)).flatten())
         .map(|id| URL_SAFE_NO_PAD.encode(id.to_be_bytes()));
     Ok(Json(LetterPage { items, next_cursor }))
+}
+
+fn describe_list(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "listDeadLetters",
+        "extractions",
+        "List dead letters",
+        "The caller's tenant's dead letters, newest first (scope `read`): the records of \
+         the Kafka intake that were refused after their key named the tenant (an invalid \
+         request, a reused key, a full queue), each with where it was and why. Records \
+         refused before (no key, a wrong one) belong to no tenant, and only operators \
+         see them. Follow `next_cursor` until it is null.",
+    );
+    let parameters = [
+        describe::query_parameter(
+            "limit",
+            false,
+            "Letters per page.",
+            json!({"type": "integer", "minimum": 1, "maximum": crate::store::list::MAX_PAGE,
+                   "default": DEFAULT_LETTERS}),
+        ),
+        describe::query_parameter(
+            "cursor",
+            false,
+            "The previous page's `next_cursor`.",
+            json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{10}[AEIMQUYcgkosw048]$"}),
+        ),
+    ];
+    let op = describe::parameters(op, parameters);
+    let op = op.response_with::<200, Json<LetterPage>, _>(|a| a.description("A page of letters."));
+    describe::refusals(op, &[400, 403])
 }
 
 /// The page a query asks for: `cursor` and `limit`.

@@ -3,26 +3,31 @@
 //! a page costs). Another tenant's jobs are never read: every walk starts
 //! from the caller's tenant.
 
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::{RawQuery, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
+use serde_json::{json, Value};
 
 use super::extractions::ExtractionView;
+use super::openapi::describe;
 use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;
-use crate::domain::Scope;
+use crate::domain::{BboxStatus, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
 use crate::pipeline::Services;
 use crate::store::list::{self, JobFilter, Order, PageRequest};
+use crate::store::list::{MAX_ERROR_PREFIX_CHARS, MAX_METADATA_KEYS, MAX_PAGE, SCAN_BUDGET};
 use crate::store::StoreError;
 
 /// Jobs a page holds when the query does not say.
 pub(super) const DEFAULT_PAGE: i64 = 50;
 
-pub(super) fn router() -> axum::Router<Services> {
-    Router::new().route("/v1/extractions", get(list_jobs))
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new().api_route("/v1/extractions", get_with(list_jobs, describe_list))
 }
 
 /// A page of the caller's tenant's jobs.
@@ -51,6 +56,139 @@ async fn list_jobs(
     let items = listed.jobs.into_iter().map(ExtractionView::from).collect();
     let next_cursor = listed.next.map(cursor_of);
     Ok(Json(JobPage { items, next_cursor }))
+}
+
+fn describe_list(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let description = format!(
+        "The caller's tenant's jobs a page at a time (scope `read`), newest first by id \
+         (a UUIDv7, so submit order to the millisecond), narrowed by the parameters; \
+         another tenant's jobs never appear. Follow `next_cursor` until it is null: a \
+         page continues strictly after the previous one, so no job is on two pages and \
+         none that existed when the walk began is skipped, however many are submitted \
+         meanwhile (new jobs land before the first page).\n\n\
+         `metadata.KEY=VALUE` (up to {MAX_METADATA_KEYS} of them) keeps the jobs whose \
+         `metadata` has the top-level KEY with that value, compared as text (`7` \
+         matches the number and the string). Each job is the `Extraction` that `GET \
+         /v1/extractions/{{id}}` answers, but its `result` is null unless \
+         `include=result`.\n\n\
+         A page of statuses and an idempotency key reads only the jobs it returns. The \
+         other filters are checked job by job, over at most {SCAN_BUDGET} jobs per page: \
+         such a page may return fewer than `limit` jobs (even none) and a `next_cursor` \
+         to go on. A parameter given twice, unknown, or not of its form gets 400.",
+    );
+    let op = describe::operation(
+        op,
+        "listExtractions",
+        "extractions",
+        "List extractions",
+        &description,
+    );
+    let op = describe::parameters(op, filters().into_iter().chain(page()));
+    let op = op.response_with::<200, Json<JobPage>, _>(|answer| {
+        let answer = answer.description("A page of jobs.");
+        describe::links_from(
+            answer,
+            "$response.body#/items/0/id",
+            &[
+                ("GetFirstExtraction", "getExtraction"),
+                ("RetryFirstExtraction", "retryExtraction"),
+            ],
+        )
+    });
+    describe::refusals(op, &[400, 403])
+}
+
+/// The list's filters, as query parameters.
+fn filters() -> Vec<Value> {
+    let statuses: Vec<&str> = ExtractionStatus::ALL.map(ExtractionStatus::as_str).to_vec();
+    let bbox_statuses: Vec<&str> = BboxStatus::ALL.map(BboxStatus::as_str).to_vec();
+    let query = |name: &str, description: &str, schema: Value| {
+        describe::query_parameter(name, false, description, schema)
+    };
+    let time = |name: &str, description: &str| {
+        query(
+            name,
+            description,
+            json!({"type": "string", "format": "date-time"}),
+        )
+    };
+    vec![
+        // Repeats are allowed (and mean nothing), so the pattern alone
+        // admits any length; the list refuses every value past its bound.
+        query(
+            "status",
+            "Comma-separated job states: jobs in one of them.",
+            json!({"type": "string", "pattern": describe::names_pattern(&statuses),
+                   "maxLength": MAX_QUERY_TEXT}),
+        ),
+        query(
+            "bbox_status",
+            "Comma-separated bbox refinement states: jobs whose refinement is in one of them.",
+            json!({"type": "string", "pattern": describe::names_pattern(&bbox_statuses),
+                   "maxLength": MAX_QUERY_TEXT}),
+        ),
+        query(
+            "extractor",
+            "Jobs of this extractor (`rules` includes the requests that named none).",
+            json!({"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"}),
+        ),
+        time(
+            "submitted_after",
+            "Jobs submitted at or after this time (RFC 3339).",
+        ),
+        time("submitted_before", "Jobs submitted before this time."),
+        time("finished_after", "Jobs finished at or after this time."),
+        time("finished_before", "Jobs finished before this time."),
+        query(
+            "idempotency_key",
+            "The job submitted with this key.",
+            json!({"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+                   "pattern": "^[\\u0020-\\u007e]+$"}),
+        ),
+        query(
+            "error_prefix",
+            "Jobs whose `error` starts with this text.",
+            json!({"type": "string", "minLength": 1, "maxLength": MAX_ERROR_PREFIX_CHARS,
+                   "pattern": "^[^\\u0000]+$"}),
+        ),
+        query(
+            "needs_review",
+            "`true`: jobs with a grounded value flagged `needs_review` (under its \
+             request's `min_confidence`) that no correction settled yet, a reviewer's \
+             queue; `false`: jobs with none.",
+            json!({"type": "string", "enum": ["true", "false"]}),
+        ),
+    ]
+}
+
+/// The list's page: its size, where it continues, its order, and whether
+/// each job comes with its result.
+fn page() -> Vec<Value> {
+    let query = |name: &str, description: &str, schema: Value| {
+        describe::query_parameter(name, false, description, schema)
+    };
+    vec![
+        query(
+            "limit",
+            "Jobs per page.",
+            json!({"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}),
+        ),
+        query(
+            "cursor",
+            "The previous page's `next_cursor`.",
+            json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{21}[AQgw]$"}),
+        ),
+        query(
+            "order",
+            "`desc` (newest first) or `asc`.",
+            json!({"type": "string", "enum": ["desc", "asc"], "default": "desc"}),
+        ),
+        query(
+            "include",
+            "`result`: each job with its result.",
+            json!({"type": "string", "enum": ["result"]}),
+        ),
+    ]
 }
 
 /// The filter and page a query asks for; anything it cannot mean is a 400

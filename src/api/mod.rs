@@ -30,55 +30,92 @@ pub use error::ApiError;
 pub use gate::Gate;
 pub use listener::{serve, ConnectionLimits};
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformPathItem;
+use axum::extract::{DefaultBodyLimit, FromRef, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use serde_json::json;
 
 use std::time::Duration;
 
+use crate::config::Settings;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::pipeline::Services;
+use openapi::describe;
 
 /// The whole API on `services`, behind `gate` (which refuses requests once
-/// shutdown began and counts the ones in flight).
+/// shutdown began and counts the ones in flight), with its contract at
+/// `GET /openapi.json`, made from the same routes.
 pub fn app(services: Services, gate: Gate) -> Router {
-    let limit = services.settings.http_body_limit_bytes;
+    let settings = services.settings.clone();
     let metrics = services.metrics.clone();
-    // REST requests are answered within the bound, whatever Postgres or the
-    // broker do; the submit keeps its own, tighter, bound inside it.
-    let bound = services.settings.http_answer_timeout_s.get() + REST_MARGIN;
-    let rest = Router::new()
-        .merge(extractions::router(&services))
-        .merge(corrections::router())
-        .merge(list::router())
-        .merge(bulk::router())
-        .merge(letters::router())
-        .merge(account::router())
-        .merge(overview::router())
-        .merge(results::router())
-        .layer(middleware::from_fn_with_state(bound, answer_within));
+    let (routes, document) = openapi::finish(&settings, || routes(&settings));
     Router::new()
-        .merge(rest)
-        .merge(letters::replay_router())
-        .merge(import::router())
-        .merge(export::router())
-        .merge(files::router())
-        .with_state(services.clone())
-        .merge(probes_router(&services))
-        .merge(openapi::router(&services.settings))
+        .merge(routes.with_state(services.clone()))
+        .merge(openapi::router(document))
         .merge(console::router())
-        .layer(DefaultBodyLimit::max(limit))
+        .layer(DefaultBodyLimit::max(settings.http_body_limit_bytes))
         .layer(axum::Extension(gate.clone()))
-        .layer(axum::Extension(sockets::Sockets::new(&services.settings)))
+        .layer(axum::Extension(sockets::Sockets::new(&settings)))
         .layer(axum::Extension(uploads::Uploads::new(
-            &services.settings,
+            &settings,
             &services.metrics.http,
         )))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
+}
+
+/// Every route of the API with its operation, and the answers the layers
+/// of [`app`] give them: 503 from the gate once shutdown began, and 413
+/// from the body limit to a route that reads a body.
+fn routes(settings: &Settings) -> ApiRouter<Services> {
+    // REST requests are answered within the bound, whatever Postgres or the
+    // broker do; the submit keeps its own, tighter, bound inside it.
+    let bound = settings.http_answer_timeout_s.get() + REST_MARGIN;
+    let rest = ApiRouter::new()
+        .merge(extractions::routes(settings))
+        .merge(corrections::routes())
+        .merge(list::routes())
+        .merge(bulk::routes())
+        .merge(letters::routes())
+        .merge(account::routes())
+        .merge(overview::routes())
+        .merge(results::routes(settings))
+        .layer(middleware::from_fn_with_state(bound, answer_within));
+    ApiRouter::new()
+        .merge(rest)
+        .merge(letters::replay_routes())
+        .merge(import::routes())
+        .merge(export::routes(settings))
+        .merge(files::routes(settings))
+        .merge(probes())
+        .with_path_items(|mut item| {
+            each_operation(&mut item, |operation| {
+                if operation.request_body.is_some() {
+                    describe::refuse(operation, &[413]);
+                }
+                describe::refuse(operation, &[503]);
+            });
+            item
+        })
+}
+
+/// Calls `f` on every operation of a path item.
+fn each_operation(item: &mut TransformPathItem<'_>, f: impl FnMut(&mut aide::openapi::Operation)) {
+    let item = item.inner_mut();
+    let operations = [
+        &mut item.get,
+        &mut item.post,
+        &mut item.put,
+        &mut item.patch,
+        &mut item.delete,
+    ];
+    operations.into_iter().flatten().for_each(f);
 }
 
 /// The internal listener of every process (`metrics_addr`): `/metrics`,
@@ -88,16 +125,59 @@ pub fn metrics_router(services: &Services) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .with_state(services.metrics.clone())
-        .merge(probes_router(services))
+        .merge(Router::from(probes::<Health>()).with_state(services.health.clone()))
+}
+
+impl FromRef<Services> for Health {
+    fn from_ref(services: &Services) -> Health {
+        services.health.clone()
+    }
 }
 
 /// `/healthz` (alive) and `/readyz` (ready for traffic), which need no key:
 /// on the API's port for a load balancer, and on the internal listener.
-fn probes_router(services: &Services) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(services.health.clone())
+fn probes<S>() -> ApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Health: FromRef<S>,
+{
+    let plain = |description: &str, text: &str| {
+        json!({
+            "description": description,
+            "content": {"text/plain": {"schema": {"type": "string", "const": text}}},
+        })
+    };
+    ApiRouter::new()
+        .api_route(
+            "/healthz",
+            get_with(
+                || async { "ok" },
+                move |op| {
+                    let op = describe::operation(
+                        op,
+                        "healthz",
+                        "probes",
+                        "Liveness",
+                        "`ok` while the process serves requests.",
+                    );
+                    describe::raw_answer(op, 200, plain("Alive.", "ok"))
+                },
+            ),
+        )
+        .api_route(
+            "/readyz",
+            get_with(readyz, move |op| {
+                let op = describe::operation(
+                    op,
+                    "readyz",
+                    "probes",
+                    "Readiness",
+                    "`ready` when Postgres and the broker answered the last probes and \
+                     the process is not draining; else 503.",
+                );
+                describe::raw_answer(op, 200, plain("Ready for traffic.", "ready"))
+            }),
+        )
 }
 
 /// How much longer than the submit's own bound the REST backstop waits: just

@@ -7,12 +7,15 @@
 
 use std::collections::BTreeMap;
 
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::openapi::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
@@ -20,10 +23,16 @@ use crate::pipeline::Services;
 use crate::store::census::{self, Census, Sample};
 use crate::store::orphans::OrphanClass;
 
-pub(super) fn router() -> Router<Services> {
-    Router::new()
-        .route("/v1/overview", get(tenant_overview))
-        .route("/v1/operator/overview", get(deployment_overview))
+pub(super) fn routes() -> ApiRouter<Services> {
+    ApiRouter::new()
+        .api_route(
+            "/v1/overview",
+            get_with(tenant_overview, describe_tenant_overview),
+        )
+        .api_route(
+            "/v1/operator/overview",
+            get_with(deployment_overview, describe_deployment_overview),
+        )
 }
 
 /// The open jobs now, and the last hour's samples.
@@ -91,6 +100,23 @@ async fn tenant_overview(
     }))
 }
 
+fn describe_tenant_overview(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getOverview",
+        "tenant",
+        "The tenant's queue at a glance",
+        "The caller's tenant's open jobs counted now (scope `read`), and the last \
+         hour's census samples: one per `census_interval_s`, each with the jobs open \
+         then, the oldest due job's wait, and the jobs submitted and finished since the \
+         sample before.",
+    );
+    let op = op.response_with::<200, Json<Overview>, _>(|a| {
+        a.description("The open jobs and the samples.")
+    });
+    describe::refusals(op, &[403])
+}
+
 async fn deployment_overview(
     caller: Caller,
     State(services): State<Services>,
@@ -126,4 +152,19 @@ async fn deployment_overview(
         orphans: Some(orphans),
         lag: Some(lag),
     }))
+}
+
+fn describe_deployment_overview(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getDeploymentOverview",
+        "operators",
+        "The deployment's queue at a glance",
+        "The same for every tenant together (scope `operator`), with the open orphans \
+         by class as the latest census found them.",
+    );
+    let op = op.response_with::<200, Json<Overview>, _>(|a| {
+        a.description("The open jobs and the samples.")
+    });
+    describe::refusals(op, &[403])
 }

@@ -7,16 +7,21 @@
 //! Body: the 200 answer of the extractor protocol, `{"fields": {…}}`, or a
 //! failure, `{"error": "…", "retryable": false}`.
 
+use aide::axum::routing::post_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap};
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::Json;
 use serde::Serialize;
+use serde_json::json;
 use uuid::Uuid;
 
+use super::openapi::describe;
 use super::ApiError;
+use crate::config::Settings;
 use crate::domain::{ExtractionRequest, ExtractionStatus, ResultLimits};
 use crate::events::PublishReason;
 use crate::extract::{
@@ -26,8 +31,11 @@ use crate::extract::{
 use crate::pipeline::{JobError, Services};
 use crate::store;
 
-pub(super) fn router() -> Router<Services> {
-    Router::new().route("/v1/extractions/{id}/result", post(post_result))
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+    ApiRouter::new().api_route(
+        "/v1/extractions/{id}/result",
+        post_with(post_result, |op| describe_result(op, settings)),
+    )
 }
 
 /// What a deferred result did to the job.
@@ -87,6 +95,44 @@ async fn post_result(
         .request()
         .ok_or_else(|| ApiError::Internal("the row was read without its request".into()))?;
     end(&services, claim, row.attempts_base, request, &body).await
+}
+
+/// The deferred result's contract: its token, its body (read as JSON
+/// whatever it is declared as), its answers.
+fn describe_result<'t>(op: TransformOperation<'t>, settings: &Settings) -> TransformOperation<'t> {
+    let description = format!(
+        "Where an extraction service that answered a call with 202 posts the result \
+         later, with the bearer token it got with the call (it names the job and the \
+         attempt; API keys are not accepted here). The body is the extractor protocol's \
+         200 answer, `{{\"fields\": {{…}}}}`, or a failure, `{{\"error\": \"…\", \
+         \"retryable\": false}}`; it is read as JSON whatever its `Content-Type`, and is \
+         at most {body} bytes. A result for an attempt that no longer holds the job (it \
+         finished, was retried or cancelled) gets 409 and changes nothing. When \
+         deferred results are off (`DOCSTREAM_PUBLIC_URL` or `DOCSTREAM_CALLBACK_SECRET` \
+         unset) every call gets 401.",
+        body = settings.http_body_limit_bytes,
+    );
+    let mut op = describe::operation(
+        op,
+        "postExtractionResult",
+        "extractors",
+        "Post a deferred result",
+        &description,
+    );
+    let token = aide::openapi::SecurityRequirement::from_iter([("ResultToken".to_owned(), vec![])]);
+    op.inner_mut().security = vec![token];
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op = describe::raw_body(
+        op,
+        json!({
+            "required": true,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeferredResult"}}},
+        }),
+    );
+    let op = op.response_with::<200, Json<Recorded>, _>(|a| {
+        a.description("What the result did to the job.")
+    });
+    describe::refusals(op, &[400, 401, 404, 409, 422])
 }
 
 /// The attempt the bearer token was issued for, if it is this job's.

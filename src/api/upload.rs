@@ -25,6 +25,7 @@ use axum::Json;
 use super::uploads::Uploads;
 use super::{ApiError, BoundLifted};
 use crate::auth::Caller;
+use crate::config::Settings;
 use crate::domain::{ExtractionRequest, RequestError};
 use crate::pipeline::Services;
 
@@ -40,11 +41,10 @@ pub(super) fn is_multipart(headers: &HeaderMap) -> bool {
 
 /// The largest multipart submit: a file at its limit, and room for the
 /// request part and the form's framing.
-pub(super) fn multipart_limit(services: &Services) -> usize {
-    let request = services.settings.http_body_limit_bytes;
-    services
-        .files
-        .max_bytes()
+pub(super) fn multipart_limit(settings: &Settings) -> usize {
+    let request = settings.http_body_limit_bytes;
+    settings
+        .file_max_bytes
         .saturating_add(request)
         .saturating_add(64 * 1024)
 }
@@ -105,7 +105,7 @@ pub(super) async fn submitted(
         parsed.document.object = Some(stored.id);
         return Ok(parsed);
     }
-    let early = uploads.declared_within(request.headers(), multipart_limit(services));
+    let early = uploads.declared_within(request.headers(), multipart_limit(&services.settings));
     let _slot = match early.and_then(|()| uploads.take(caller.tenant_id)) {
         Ok(slot) => slot,
         Err(refused) => return Err(super::uploads::linger(request, refused)),

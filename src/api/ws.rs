@@ -6,15 +6,18 @@
 use std::future::Future;
 use std::time::Duration;
 
+use aide::transform::TransformOperation;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
 use futures::StreamExt;
+use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::gate::Hold;
+use super::openapi::describe;
 use super::sockets::{Slot, Sockets, Stream};
 use super::{ApiError, Gate};
 use crate::auth::Caller;
@@ -171,4 +174,59 @@ pub(super) async fn finish_handshake(frames: &mut Frames) {
         }
     };
     let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+}
+
+/// An upgrade's contract, in the words both streams share: the headers of
+/// a WebSocket upgrade (RFC 6455) that the server checks (a request
+/// without them gets 400), the upgrade's answer with `protocol` (what the
+/// frames are), and the refusals before it.
+pub(super) fn describe_upgrade<'t>(
+    op: TransformOperation<'t>,
+    protocol: &str,
+) -> TransformOperation<'t> {
+    let header = |name: &str, description: &str, schema: Value| {
+        json!({
+            "name": name,
+            "in": "header",
+            "required": true,
+            "description": description,
+            "schema": schema,
+        })
+    };
+    let headers = [
+        header(
+            "Connection",
+            "A list of tokens that has `Upgrade` (any case).",
+            json!({
+                "type": "string",
+                "pattern": "^([^,]*,)*[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,.*)?$",
+            }),
+        ),
+        header(
+            "Upgrade",
+            "`websocket` (any case).",
+            json!({"type": "string", "pattern": "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$"}),
+        ),
+        header(
+            "Sec-WebSocket-Version",
+            "`13`.",
+            json!({"type": "string", "const": "13"}),
+        ),
+        header(
+            "Sec-WebSocket-Key",
+            "The client's nonce, the base64 of 16 random bytes; the server answers its \
+             digest in `Sec-WebSocket-Accept`.",
+            json!({"type": "string"}),
+        ),
+    ];
+    let op = describe::parameters(op, headers);
+    let upgraded = json!({
+        "description": format!("Switching Protocols: the WebSocket. {protocol}"),
+        "headers": {
+            "Upgrade": {"required": true, "schema": {"type": "string", "const": "websocket"}},
+            "Sec-WebSocket-Accept": {"required": true, "schema": {"type": "string"}},
+        },
+    });
+    let op = describe::raw_answer(op, 101, upgraded);
+    describe::refusals(op, &[400, 403, 429, 503])
 }

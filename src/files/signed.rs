@@ -28,9 +28,10 @@ pub enum Refused {
 
 /// The query of a signed file URL: which attempt, until when (Unix
 /// seconds), and the signature.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
 pub struct Signed {
     /// The attempt the URL was made for.
+    #[schemars(range(min = 1))]
     pub attempt: i32,
     /// Unix seconds past which it is refused.
     pub expires: i64,

@@ -64,18 +64,22 @@ mod query;
 mod queue;
 mod stream;
 
-use axum::extract::rejection::QueryRejection;
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Extension, Query, State};
+use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use serde_json::{json, Value};
 
 use crate::auth::Caller;
+use crate::config::Settings;
 use crate::domain::Scope;
 use crate::pipeline::Services;
 
+use super::openapi::describe;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use query::{options, Params};
@@ -90,8 +94,11 @@ pub(super) const MAX_CLIENT_FRAME: usize = 64 * 1024;
 /// Longest group name a client may choose.
 pub(super) const MAX_GROUP_LEN: usize = 100;
 
-pub(super) fn router() -> Router<Services> {
-    Router::new().route("/v1/export", get(upgrade))
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+    ApiRouter::new().api_route(
+        "/v1/export",
+        get_with(upgrade, |op| describe_upgrade(op, settings)),
+    )
 }
 
 /// What a stream reads of the settings, for its queue and its socket loop.
@@ -131,11 +138,14 @@ async fn upgrade(
     State(services): State<Services>,
     Extension(gate): Extension<Gate>,
     Extension(sockets): Extension<Sockets>,
-    params: Result<Query<Params>, QueryRejection>,
+    uri: Uri,
     socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let open = || {
         let socket = ws::accept(&caller, Scope::Export, socket)?;
+        // The query is read here, not by an extractor: its parameters are
+        // described by hand, with the settings' defaults.
+        let params = Query::<Params>::try_from_uri(&uri);
         let Query(params) = params.map_err(|e| ApiError::BadRequest(e.body_text()))?;
         let strategy = services.settings.export_backpressure_strategy;
         let options = options(params, &caller, strategy)?;
@@ -146,6 +156,103 @@ async fn upgrade(
         }))
     };
     open().unwrap_or_else(IntoResponse::into_response)
+}
+
+fn describe_upgrade<'t>(op: TransformOperation<'t>, settings: &Settings) -> TransformOperation<'t> {
+    let protocol = protocol(settings);
+    let description = format!(
+        "Upgrades to a WebSocket that streams the caller's tenant's events (scope \
+         `export`). A request that is not a WebSocket upgrade, or has a missing, \
+         malformed or unknown query parameter, gets 400.\n\n{protocol}"
+    );
+    let op = describe::operation(
+        op,
+        "exportStream",
+        "streams",
+        "Export stream (WebSocket)",
+        &description,
+    );
+    let op = ws::describe_upgrade(op, &protocol);
+    describe::parameters(op, query(settings))
+}
+
+/// What the stream's frames are and when it closes, with the settings'
+/// limits; both the operation and its 101 answer say it.
+fn protocol(settings: &Settings) -> String {
+    format!(
+        "The server sends the caller's tenant's `extraction.events` as `ExportFrame`s, \
+         `{{\"seq\", \"partition\", \"offset\", \"event\": {{…}}}}`, in offset order within \
+         a partition (so a job's events in the order they happened). The client answers \
+         `{{\"ack\": N}}` (an `ExportAck`), which acknowledges every event up to `seq` N; \
+         at most {unacked} events are sent and not yet acknowledged \
+         (`DOCSTREAM_EXPORT_MAX_UNACKED`). An event's offset is committed only once it is \
+         acknowledged (or dropped by a drop strategy), so a group that reconnects resumes \
+         after the last event it acknowledged. A malformed client frame is answered \
+         `{{\"error\": {{\"code\": \"bad_request\", \"message\"}}}}`; \
+         {errors} in a row (`DOCSTREAM_EXPORT_MAX_CONSECUTIVE_ERRORS`), an event left \
+         unacknowledged for {ack_s} s (`DOCSTREAM_EXPORT_ACK_TIMEOUT_S`), a client that \
+         stops reading, or a Kafka failure close the stream with 1011. On shutdown the \
+         server stops consuming, sends what was queued, waits up to {drain_s} s for every \
+         event sent to be acknowledged, commits, and closes with 1000.",
+        unacked = settings.export_max_unacked,
+        errors = settings.export_max_consecutive_errors,
+        ack_s = settings.export_ack_timeout_s,
+        drain_s = settings.export_drain_timeout_s,
+    )
+}
+
+/// The stream's query parameters: its group and what it streams.
+fn query(settings: &Settings) -> [Value; 6] {
+    let query = describe::query_parameter;
+    [
+        query(
+            "group",
+            true,
+            "The stream's name: a consumer group of the caller's tenant of its own, so a \
+             client that reconnects with the same name resumes where it left off.",
+            json!({"type": "string", "minLength": 1, "maxLength": MAX_GROUP_LEN,
+                   "pattern": "^[A-Za-z0-9._-]+$"}),
+        ),
+        query(
+            "strategy",
+            false,
+            &format!(
+                "What happens to an event when the stream's queue \
+                 (`DOCSTREAM_EXPORT_MAX_QUEUE_SIZE`, {}) is full: `block` waits (nothing \
+                 is skipped), `drop_oldest` and `drop_new` drop and count. The default is \
+                 `DOCSTREAM_EXPORT_BACKPRESSURE_STRATEGY` ({}).",
+                settings.export_max_queue_size, settings.export_backpressure_strategy
+            ),
+            json!({"type": "string", "enum": ["block", "drop_oldest", "drop_new"]}),
+        ),
+        query(
+            "ack",
+            false,
+            "`client` (the default): the client acknowledges; `auto`: an event counts as \
+             received once the socket took it.",
+            json!({"type": "string", "enum": ["client", "auto"], "default": "client"}),
+        ),
+        query(
+            "status",
+            false,
+            "Comma-separated statuses: only events whose job has one of them.",
+            json!({"type": "string"}),
+        ),
+        query(
+            "transition",
+            false,
+            "Comma-separated transitions: only events of one of them.",
+            json!({"type": "string"}),
+        ),
+        query(
+            "from",
+            false,
+            "Where a group with nothing committed yet starts: `latest` (events from now \
+             on) or `earliest` (what the topic still holds). A group that committed \
+             resumes where it was.",
+            json!({"type": "string", "enum": ["latest", "earliest"], "default": "latest"}),
+        ),
+    ]
 }
 
 /// An event of job `id` for the tests: `mark_running`, of no tenant.

@@ -1,35 +1,65 @@
-//! The HTTP API's contract: an OpenAPI 3.1 document, built from the running
-//! [`Settings`] so that every limit it states is the one this server
+//! The HTTP API's contract: an OpenAPI 3.1 document, built from the routes
+//! themselves and the running [`Settings`], so that every route it lists is
+//! one the server has and every limit it states is one this server
 //! enforces. `serve` answers it at `GET /openapi.json` (no key needed);
 //! `docs/openapi.json` is the document with the default settings
-//! (`tests/it/openapi.rs` keeps the two equal), and `scripts/fuzz-api.sh` runs
-//! schemathesis against a live `serve` with it.
+//! (`tests/it/openapi.rs` keeps the two equal), and `scripts/fuzz-api.sh`
+//! runs schemathesis against a live `serve` with it.
 //!
-//! The bodies' schemas are read off the Rust types that parse and answer
-//! them (`schemas`); the routes are a table (`paths`).
+//! Each route is added with its operation (`api_route(path,
+//! get_with(handler, describe))`, aide): the handler's extractors and
+//! answer types give its body and its answers' schemas, a `Caller` its
+//! security and refusals, each layer the answers it gives to the routes it
+//! wraps, and the describing function beside the handler the rest, in the
+//! words of [`describe`]. The bodies' schemas are read off the Rust types
+//! (`schemas`).
 //!
 //! What JSON Schema cannot say (a byte length, unique field names, a pattern
 //! that compiles, an ordered box, a webhook host that resolves to a public
 //! address, a reused idempotency key) the descriptions say, and the server
 //! answers 422.
 
-mod paths;
+pub(crate) mod describe;
 mod schemas;
 
 use std::sync::Arc;
 
+use aide::axum::ApiRouter;
+use aide::openapi::{OpenApi, Operation, PathItem};
 use axum::routing::get;
 use axum::{Json, Router};
+use schemars::generate::SchemaSettings;
 use serde_json::{json, Value};
 
 use crate::config::Settings;
+use crate::domain::Scope;
 
 /// The document's own route.
 pub(super) const PATH: &str = "/openapi.json";
 
-/// `GET /openapi.json`: the document for `settings`, rendered once.
-pub(super) fn router(settings: &Settings) -> Router {
-    let document = Arc::new(document(settings));
+/// The router `routes` builds, and the document of its routes for
+/// `settings`. Each operation is generated as its route is added, so the
+/// routes are built here, after the generator is set up.
+pub(super) fn finish<S>(
+    settings: &Settings,
+    routes: impl FnOnce() -> ApiRouter<S>,
+) -> (Router<S>, Value)
+where
+    S: Clone + Send + Sync + 'static,
+{
+    aide::generate::reset_context();
+    aide::generate::infer_responses(false);
+    aide::generate::in_context(|context| {
+        context.schema = schemas::generator(SchemaSettings::draft2020_12().for_serialize());
+    });
+    let mut api = OpenApi::default();
+    let router = routes().finish_api(&mut api);
+    (router, document_of(api, settings))
+}
+
+/// `GET /openapi.json`: `document`, rendered once.
+pub(super) fn router(document: Value) -> Router {
+    let document = Arc::new(document);
     Router::new().route(
         PATH,
         get(move || {
@@ -44,17 +74,28 @@ fn schema(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
 }
 
-/// `$ref` to a response of `components`.
-fn response(name: &str) -> Value {
-    json!({ "$ref": format!("#/components/responses/{name}") })
-}
-
-/// The OpenAPI 3.1 document of the API as `settings` configure it.
-pub(crate) fn document(settings: &Settings) -> Value {
+/// The OpenAPI 3.1 document of `api`'s routes as `settings` configure them.
+fn document_of(mut api: OpenApi, settings: &Settings) -> Value {
+    let mut paths = api.paths.take().unwrap_or_default();
+    let document_route = PathItem {
+        get: Some(describe::from_json::<Operation>(openapi_operation())),
+        ..PathItem::default()
+    };
+    paths.paths.insert(
+        PATH.to_owned(),
+        aide::openapi::ReferenceOr::Item(document_route),
+    );
+    let mut paths = serde_json::to_value(paths).expect("paths as JSON");
+    let websockets = websockets(&mut paths);
+    // The operations name their types' schemas by `$ref`; the schemas
+    // themselves are `schemas`' (with the settings' bounds), and a type a
+    // handler names that `schemas` does not list is a `$ref` that does not
+    // resolve, which the tests catch.
+    let named = schemas::schemas(settings);
     json!({
         "openapi": "3.1.0",
         "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
-        "info": paths::info(settings),
+        "info": info(settings),
         "tags": [
             {"name": "extractions", "description": "Submit, read and cancel extraction jobs."},
             {"name": "streams", "description": "WebSocket streams: submissions in, events out."},
@@ -64,11 +105,122 @@ pub(crate) fn document(settings: &Settings) -> Value {
             {"name": "extractors", "description": "Called by extraction services, not by clients."},
             {"name": "probes", "description": "Liveness, readiness and this document; no key needed."}
         ],
-        "security": [{"ApiKey": []}],
-        "paths": paths::paths(settings),
-        "x-websockets": paths::websockets(settings),
-        "components": paths::components(settings),
+        "paths": paths,
+        "x-websockets": websockets,
+        "components": {
+            "securitySchemes": security_schemes(),
+            "schemas": named,
+            "responses": describe::error_answers(),
+        },
     })
+}
+
+/// Takes the WebSocket routes (those whose success is `101 Switching
+/// Protocols`) out of `paths`, into an extension of their own: OpenAPI has
+/// no words for a WebSocket, and in `paths` they read as HTTP operations
+/// whose success is a 101, which HTTP clients generated from the document
+/// and generic fuzzers take for a broken answer (and then send their next
+/// request on a connection that speaks WebSocket). Each is described as an
+/// operation all the same: its query, its upgrade answer, its refusals.
+fn websockets(paths: &mut Value) -> Value {
+    let paths = paths.as_object_mut().expect("paths by route");
+    let upgrades: Vec<String> = paths
+        .iter()
+        .filter(|(_, item)| {
+            let operations = item.as_object().expect("a path item");
+            operations
+                .values()
+                .any(|o| o["responses"]["101"].is_object())
+        })
+        .map(|(path, _)| path.clone())
+        .collect();
+    let mut websockets = serde_json::Map::new();
+    for path in upgrades {
+        websockets.insert(path.clone(), paths.remove(&path).expect("listed"));
+    }
+    Value::Object(websockets)
+}
+
+/// The document's `info`, with the limits every route shares.
+fn info(settings: &Settings) -> Value {
+    let description = format!(
+        "docstream's HTTP API. Every route but the probes and this document needs \
+         `Authorization: Bearer <key>` with the route's scope (scopes: {scopes}); the \
+         deferred-result route takes the extraction service's token instead. An address \
+         that keeps presenting keys that are not valid gets 429 for a key this server \
+         does not know yet ({failures}/s, ten seconds' worth at once; \
+         `DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S`); keys it knows pass.\n\n\
+         Every failure answers `{{\"error\": {{\"code\", \"message\"}}}}` with its status \
+         (a 429 adds `retry_after_s`). A 401 carries `WWW-Authenticate: Bearer`; a 429 and \
+         a 503 carry `Retry-After`. A REST request is answered within \
+         {answer_s} s (`DOCSTREAM_HTTP_ANSWER_TIMEOUT_S`), with 503 when a dependency \
+         did not answer in time, or at once with code `overloaded` when the server has \
+         no room for another submit: repeat a submit that got a 503, or no answer, with \
+         the same `Idempotency-Key`. A 500 is a bug.\n\n\
+         Request bodies are at most {body} bytes (`DOCSTREAM_HTTP_BODY_LIMIT_BYTES`); a \
+         larger one gets 413. String limits are in UTF-8 bytes, which `maxLength` (in \
+         characters) states exactly for ASCII text only.\n\n\
+         The WebSocket streams (`GET /v1/import`, `GET /v1/export`) are described \
+         under `x-websockets`, not `paths`: their success is `101 Switching Protocols`, \
+         after which the connection speaks WebSocket.\n\n\
+         This document is rendered from the server's routes and settings, so the routes \
+         it lists are the ones it serves and the limits it states are the ones it enforces.",
+        scopes = Scope::ALL.map(Scope::as_str).join(", "),
+        answer_s = settings.http_answer_timeout_s,
+        body = settings.http_body_limit_bytes,
+        failures = settings.auth_failures_per_peer_per_s,
+    );
+    json!({
+        "title": "docstream",
+        "version": env!("CARGO_PKG_VERSION"),
+        "description": description,
+        "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+    })
+}
+
+/// How a caller proves who it is: an API key, or (on the deferred-result
+/// route) the token an extraction service got with its call.
+fn security_schemes() -> Value {
+    json!({
+        "ApiKey": {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "dsk_…",
+            "description": "An API key of a tenant (`docstream tenants create`, \
+                            `docstream keys create`). A missing, malformed, unknown or \
+                            revoked key gets 401; a key without the route's scope 403.",
+        },
+        "ResultToken": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The token an extraction service got with the call it \
+                            answered 202; it names the job and the attempt.",
+        },
+    })
+}
+
+/// `GET /openapi.json`'s operation.
+fn openapi_operation() -> Value {
+    json!({
+        "operationId": "getOpenApi",
+        "tags": ["probes"],
+        "summary": "This document",
+        "description": "The OpenAPI document of this server, with the limits its settings set.",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "The document.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "503": {"$ref": "#/components/responses/Unavailable"},
+        },
+    })
+}
+
+/// The document for `settings` alone, without a process to serve it.
+#[cfg(test)]
+pub(crate) fn document(settings: &Settings) -> Value {
+    finish(settings, || super::routes(settings)).1
 }
 
 #[cfg(test)]
@@ -76,114 +228,116 @@ mod tests {
     use super::*;
     use crate::domain::{BboxStatus, ExtractionStatus, FieldType};
 
-    /// Every `.route("PATH", METHOD(…))` in the source of `src/api/` and its
-    /// folders, so that a route added there (in any file) and not here fails.
-    fn routes() -> Vec<(String, String)> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
-        let route =
-            regex::Regex::new(r#"\.route\(\s*("[^"]+"|PATH),\s*([^\n]*)"#).expect("a regex");
-        // The methods of a route's line: `get(read)`, `get(read).delete(erase)`.
-        let method = regex::Regex::new(r"\b(get|post|put|patch|delete|any)\(").expect("a regex");
-        let mut routes = Vec::new();
-        let mut folders = vec![dir];
-        let mut files = Vec::new();
-        while let Some(folder) = folders.pop() {
-            for entry in std::fs::read_dir(&folder).expect("a folder of src/api") {
-                let path = entry.expect("an entry").path();
-                if path.is_dir() {
-                    folders.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    files.push(path);
-                }
-            }
-        }
-        for path in files {
-            let source = std::fs::read_to_string(&path).expect("a source file");
-            for found in route.captures_iter(&source) {
-                let path = match &found[1] {
-                    "PATH" => PATH.to_owned(),
-                    quoted => quoted.trim_matches('"').to_owned(),
-                };
-                for name in method.captures_iter(&found[2]) {
-                    routes.push((path.clone(), name[1].to_owned()));
-                }
-            }
-        }
-        routes
+    /// The routes the API serves, by method: a route added or taken away
+    /// changes the document, and this list says so in review.
+    const ROUTES: [(&str, &str); 29] = [
+        ("/healthz", "get"),
+        ("/openapi.json", "get"),
+        ("/readyz", "get"),
+        ("/v1/dead-letters", "get"),
+        ("/v1/dead-letters/{id}/replay", "post"),
+        ("/v1/export", "get"),
+        ("/v1/extractions", "get"),
+        ("/v1/extractions", "post"),
+        ("/v1/extractions/actions", "post"),
+        ("/v1/extractions/actions/{id}", "get"),
+        ("/v1/extractions/{id}", "delete"),
+        ("/v1/extractions/{id}", "get"),
+        ("/v1/extractions/{id}/cancel", "post"),
+        ("/v1/extractions/{id}/corrections", "get"),
+        ("/v1/extractions/{id}/document", "get"),
+        ("/v1/extractions/{id}/fields/{field}/corrections", "post"),
+        ("/v1/extractions/{id}/file", "get"),
+        ("/v1/extractions/{id}/pages/{page}", "get"),
+        ("/v1/extractions/{id}/result", "post"),
+        ("/v1/extractions/{id}/retry", "post"),
+        ("/v1/extractions/{id}/transitions", "get"),
+        ("/v1/files", "post"),
+        ("/v1/files/{id}", "get"),
+        ("/v1/import", "get"),
+        ("/v1/me", "get"),
+        ("/v1/operator/overview", "get"),
+        ("/v1/operator/tenants", "get"),
+        ("/v1/overview", "get"),
+        ("/v1/tenant", "get"),
+    ];
+
+    /// Every operation of the document, as (path, method, operation).
+    fn operations(document: &Value) -> Vec<(String, String, Value)> {
+        ["paths", "x-websockets"]
+            .iter()
+            .flat_map(|part| document[part].as_object().unwrap())
+            .flat_map(|(path, item)| {
+                item.as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(method, operation)| (path.clone(), method.clone(), operation.clone()))
+            })
+            .collect()
     }
 
+    /// Each route is described where it is added: a route added without
+    /// its describing function has no name, summary or success answer.
     #[test]
-    fn every_route_of_the_router_is_in_the_document() {
+    fn every_route_is_described() {
         let document = document(&Settings::default());
-        let routes = routes();
-        let mut listed: Vec<(String, String)> = routes
+        let operations = operations(&document);
+        let mut listed: Vec<(String, String)> = operations
             .iter()
-            // The internal listener's route is not on the API's port, and
-            // the console's pages are a client of the API, not part of it.
-            .filter(|(path, _)| path != "/metrics" && !path.starts_with("/console"))
-            .cloned()
+            .map(|(p, m, _)| (p.clone(), m.clone()))
             .collect();
         listed.sort();
-        listed.dedup();
-        let expected: Vec<(String, String)> = [
-            ("/healthz", "get"),
-            ("/openapi.json", "get"),
-            ("/readyz", "get"),
-            ("/v1/dead-letters", "get"),
-            ("/v1/dead-letters/{id}/replay", "post"),
-            ("/v1/export", "get"),
-            ("/v1/extractions", "get"),
-            ("/v1/extractions", "post"),
-            ("/v1/extractions/actions", "post"),
-            ("/v1/extractions/actions/{id}", "get"),
-            ("/v1/extractions/{id}", "delete"),
-            ("/v1/extractions/{id}", "get"),
-            ("/v1/extractions/{id}/cancel", "post"),
-            ("/v1/extractions/{id}/corrections", "get"),
-            ("/v1/extractions/{id}/document", "get"),
-            ("/v1/extractions/{id}/fields/{field}/corrections", "post"),
-            ("/v1/extractions/{id}/file", "get"),
-            ("/v1/extractions/{id}/pages/{page}", "get"),
-            ("/v1/extractions/{id}/result", "post"),
-            ("/v1/extractions/{id}/retry", "post"),
-            ("/v1/extractions/{id}/transitions", "get"),
-            ("/v1/files", "post"),
-            ("/v1/files/{id}", "get"),
-            ("/v1/import", "get"),
-            ("/v1/me", "get"),
-            ("/v1/operator/overview", "get"),
-            ("/v1/operator/tenants", "get"),
-            ("/v1/overview", "get"),
-            ("/v1/tenant", "get"),
-        ]
-        .iter()
-        .map(|(p, m)| (p.to_string(), m.to_string()))
-        .collect();
-        assert_eq!(
-            listed, expected,
-            "the routers' routes changed: document them"
-        );
-        let described = |path: &str, method: &str| {
-            ["paths", "x-websockets"]
-                .iter()
-                .any(|part| document[part][path][method].is_object())
-        };
-        for (path, method) in &listed {
+        let expected: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(p, m)| (p.to_string(), m.to_string()))
+            .collect();
+        assert_eq!(listed, expected, "the routes changed: update ROUTES");
+        for (path, method, operation) in operations {
+            for part in ["operationId", "summary", "description"] {
+                assert!(operation[part].is_string(), "{method} {path} has no {part}");
+            }
             assert!(
-                described(path, method),
-                "{method} {path} is not in the document"
+                operation["tags"][0].is_string(),
+                "{method} {path} has no tag"
+            );
+            let answers = operation["responses"].as_object().expect("answers");
+            assert!(
+                answers.keys().any(|s| s.starts_with('2') || s == "101"),
+                "{method} {path} has no success answer"
+            );
+            assert!(
+                answers.contains_key("503"),
+                "{method} {path}: every route may answer 503 (the gate)"
             );
         }
-        let documented: usize = ["paths", "x-websockets"]
-            .iter()
-            .flat_map(|part| document[part].as_object().unwrap().values())
-            .map(|item| item.as_object().unwrap().len())
-            .sum();
-        assert_eq!(
-            documented,
-            listed.len(),
-            "the document has a route the routers do not"
-        );
+    }
+
+    /// The keyed routes are the ones whose handler takes a `Caller`; the
+    /// rest say how they are called.
+    #[test]
+    fn a_keyed_route_declares_its_key_and_its_refusals() {
+        let document = document(&Settings::default());
+        let unkeyed = [
+            "/healthz",
+            "/readyz",
+            "/openapi.json",
+            "/v1/extractions/{id}/file",
+            "/v1/extractions/{id}/result",
+        ];
+        for (path, method, operation) in operations(&document) {
+            let keyed = operation["security"] == json!([{"ApiKey": []}]);
+            assert_eq!(keyed, !unkeyed.contains(&path.as_str()), "{method} {path}");
+            if keyed {
+                for status in ["401", "429"] {
+                    assert!(
+                        operation["responses"][status].is_object(),
+                        "{method} {path} has no {status}"
+                    );
+                }
+            }
+        }
+        let result = &document["paths"]["/v1/extractions/{id}/result"]["post"];
+        assert_eq!(result["security"], json!([{"ResultToken": []}]));
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
 
 /// A generator whose references point into `components.schemas`, with the
 /// descriptions read as prose and no formats OpenAPI does not name.
-fn generator(settings: SchemaSettings) -> SchemaGenerator {
+pub(super) fn generator(settings: SchemaSettings) -> SchemaGenerator {
     settings
         .with(|s| {
             s.meta_schema = None;

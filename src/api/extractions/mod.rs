@@ -1,58 +1,61 @@
 //! `/v1/extractions`: submit (idempotent), read, cancel.
 
-use axum::extract::rejection::PathRejection;
-use std::sync::{Arc, Mutex};
+mod submit;
 
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, RawQuery, Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
+pub(super) use submit::Accepted;
+
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::Serialize;
+use serde_json::json;
 use uuid::Uuid;
 
-use super::uploads::Uploads;
+use super::openapi::describe;
 use super::ApiError;
-use crate::admission::Permit;
 use crate::auth::Caller;
+use crate::config::Settings;
 use crate::domain::{ExtractionRequest, ExtractionStatus, Priority, Scope, Transition};
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
-use crate::pipeline;
 use crate::pipeline::jobs::Cancel;
 use crate::pipeline::Services;
 use crate::store::retention::{self, Erased};
-use crate::store::{self, BboxRefinement, Extraction, NewExtraction};
+use crate::store::{self, BboxRefinement, Extraction};
 
-/// Submit, read and cancel. A JSON submit passes the process's admission
-/// limit (`admission`) once its caller is known, before its body is read;
-/// a multipart submit once its file is stored.
-pub(super) fn router(services: &Services) -> Router<Services> {
-    let admit = middleware::from_fn_with_state(services.clone(), admit);
-    // Large enough for a multipart submit's file; a JSON body is held to the
-    // API's own limit (`upload`).
-    let limit = DefaultBodyLimit::max(super::upload::multipart_limit(services));
-    Router::new()
-        .route(
+/// Submit, read, retry, cancel and erase, each with its contract. A submit
+/// may carry a file: its own body limit is large enough for one, and a JSON
+/// body is held to the API's own limit (`upload`).
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+    let limit = DefaultBodyLimit::max(super::upload::multipart_limit(settings));
+    ApiRouter::new()
+        .api_route(
             "/v1/extractions",
-            post(submit).layer(limit).route_layer(admit),
+            post_with(submit::submit, |op| submit::describe(op, settings)).layer(limit),
         )
-        .route("/v1/extractions/{id}", get(read).delete(erase))
-        .route("/v1/extractions/{id}/cancel", post(cancel))
-        .route("/v1/extractions/{id}/retry", post(retry))
-        .route("/v1/extractions/{id}/transitions", get(transitions_of))
-}
-
-/// The answer to a submit.
-#[derive(Serialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
-pub(super) struct Accepted {
-    id: Uuid,
-    /// `queued` for a new job; a repeated key answers its job's status.
-    status: ExtractionStatus,
+        .api_route(
+            "/v1/extractions/{id}",
+            get_with(read, describe_read).delete_with(erase, describe_erase),
+        )
+        .api_route(
+            "/v1/extractions/{id}/cancel",
+            post_with(cancel, describe_cancel),
+        )
+        .api_route(
+            "/v1/extractions/{id}/retry",
+            post_with(retry, describe_retry),
+        )
+        .api_route(
+            "/v1/extractions/{id}/transitions",
+            get_with(transitions_of, describe_transitions),
+        )
 }
 
 /// A job as `GET /v1/extractions/{id}` answers it (the document itself is
@@ -134,141 +137,6 @@ impl From<Extraction> for ExtractionView {
     }
 }
 
-/// How long a refused submit's body may take to arrive before the refusal
-/// is sent without it (and the connection closed).
-const REFUSED_BODY_READ: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Lets a submit in if the process has room for it, else answers 503
-/// `overloaded` at once. Room is the process's admission limit, shared by
-/// the tenants' weights (`admission`): the caller is known first (from the
-/// key cache, as a rule), and kept for the handler. The admitted submit
-/// carries its permit (an [`Admitted`] extension), which it marks when its
-/// row is durable. A multipart submit goes in without one: it takes its
-/// permit once its file is stored ([`Admitted::readmit`]).
-async fn admit(State(services): State<Services>, request: Request, next: Next) -> Response {
-    let (mut parts, body) = request.into_parts();
-    let caller = match Caller::from_request_parts(&mut parts, &services).await {
-        Ok(caller) => caller,
-        Err(refused) => return refused.into_response(),
-    };
-    let admission = &services.admission;
-    let permit = match super::upload::is_multipart(&parts.headers) {
-        true => Some(None),
-        false => admission.try_admit(caller.tenant_id).map(Some),
-    };
-    parts.extensions.insert(caller);
-    let mut request = Request::from_parts(parts, body);
-    let response = match permit {
-        Some(permit) => {
-            let admitted = Admitted(Arc::new(Mutex::new(permit)));
-            request.extensions_mut().insert(admitted.clone());
-            let response = next.run(request).await;
-            // Answered without a row (refused, unauthenticated, failed):
-            // the whole request was its work. A no-op if its row was durable.
-            admitted.durable();
-            response
-        }
-        None => {
-            // The body is read (it is in the socket already, as a rule) and
-            // dropped: a body left unread closes the connection, and a
-            // client turned away would pay for a new one on its retry.
-            let limit = services.settings.http_body_limit_bytes;
-            let body = axum::body::to_bytes(request.into_body(), limit);
-            let _ = tokio::time::timeout(REFUSED_BODY_READ, body).await;
-            overloaded(&services).into_response()
-        }
-    };
-    let (limit, in_flight) = admission.snapshot();
-    let http = &services.metrics.http;
-    http.admission_limit.set(limit as i64);
-    http.submits_in_flight.set(in_flight as i64);
-    response
-}
-
-/// An admitted submit's permit, while it holds one; it leaves the limit
-/// when the request is done.
-#[derive(Clone)]
-struct Admitted(Arc<Mutex<Option<Permit>>>);
-
-impl Admitted {
-    fn permit(&self) -> std::sync::MutexGuard<'_, Option<Permit>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The submit needs no more of the database: its row is durable, or it
-    /// was refused or failed.
-    fn durable(&self) {
-        if let Some(permit) = self.permit().as_mut() {
-            permit.durable();
-        }
-    }
-
-    /// The submit moves a file's bytes now: it leaves the limit, uncounted.
-    fn set_aside(&self) {
-        if let Some(permit) = self.permit().take() {
-            permit.set_aside();
-        }
-    }
-
-    /// A permit again for a submit of `tenant` whose file is stored, or 503
-    /// `overloaded` when the process has no room for it now (the file stays
-    /// the tenant's). A no-op while it holds one.
-    fn readmit(&self, services: &Services, tenant: Uuid) -> Result<(), ApiError> {
-        let mut permit = self.permit();
-        if permit.is_some() {
-            return Ok(());
-        }
-        *permit = services.admission.try_admit(tenant);
-        match permit.is_some() {
-            true => Ok(()),
-            false => Err(overloaded(services)),
-        }
-    }
-}
-
-/// A submit refused for want of room, counted.
-fn overloaded(services: &Services) -> ApiError {
-    services.metrics.http.overload_rejections.inc();
-    let message = "this server has no room for another submit now; retry shortly";
-    ApiError::Overloaded(message.into())
-}
-
-async fn submit(
-    Extension(admitted): Extension<Admitted>,
-    Extension(uploads): Extension<Uploads>,
-    caller: Caller,
-    State(services): State<Services>,
-    body: Request,
-) -> Result<Response, ApiError> {
-    let max_open_jobs = super::auth::admit_submit(&services, &caller)?;
-    let headers = body.headers().clone();
-    let moving = || admitted.set_aside();
-    let request = super::upload::submitted(&services, &uploads, &caller, body, moving).await?;
-    admitted.readmit(&services, caller.tenant_id)?;
-    // A header that is not text is no key: it is refused as an empty one.
-    let idempotency_key = headers
-        .get("idempotency-key")
-        .map(|v| v.to_str().unwrap_or_default().to_owned());
-    let tenant = (caller.tenant_id, max_open_jobs);
-    let limits = services.settings.request_limits();
-    services.learn_patterns(&request).await;
-    let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
-        .map_err(|refused| ApiError::refused(refused, "Idempotency-Key"))?;
-    let submitted = pipeline::submit(&services, new, || admitted.durable()).await?;
-    let row = submitted.extraction();
-    let location = format!("/v1/extractions/{}", row.id);
-    let body = Accepted {
-        id: row.id,
-        status: row.status,
-    };
-    Ok((
-        StatusCode::ACCEPTED,
-        [(header::LOCATION, location)],
-        Json(body),
-    )
-        .into_response())
-}
-
 async fn read(
     caller: Caller,
     State(services): State<Services>,
@@ -298,6 +166,31 @@ async fn read(
     let mut view = ExtractionView::from(row);
     view.request = request;
     Ok(Json(view))
+}
+
+fn describe_read(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getExtraction",
+        "extractions",
+        "Read an extraction",
+        "The job (scope `read`): its status, attempts, timestamps, result, error and bbox \
+         refinement. The document itself is not echoed. Another tenant's job is not \
+         found, exactly like one that does not exist. A job whose content was erased \
+         answers 410.",
+    );
+    let include = describe::query_parameter(
+        "include",
+        false,
+        "`request`: the job with its request as submitted (document, fields, metadata).",
+        json!({"type": "string", "enum": ["request"]}),
+    );
+    let op = describe::parameters(op, [describe::id_parameter(), include]);
+    let op = op.response_with::<200, Json<ExtractionView>, _>(|answer| {
+        let answer = answer.description("The job.");
+        describe::links(answer, &[("CancelExtraction", "cancelExtraction")])
+    });
+    describe::refusals(op, &[400, 403, 404, 410])
 }
 
 /// One transition a job went through, as its log has it.
@@ -331,6 +224,20 @@ async fn transitions_of(
     .await
     .map_err(store::StoreError::from)?;
     Ok(Json(log))
+}
+
+fn describe_transitions(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "getExtractionTransitions",
+        "extractions",
+        "Read an extraction's transition log",
+        "Every transition the job went through, oldest first (scope `read`): its \
+         submit, each claim with its attempt, each ending. At most 1,000.",
+    );
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op = op.response_with::<200, Json<Vec<Logged>>, _>(|a| a.description("The log."));
+    describe::refusals(op, &[400, 403, 404])
 }
 
 /// Erases a finished job's request and results now (204); the job stays as
@@ -378,6 +285,27 @@ async fn erase(
     }
 }
 
+fn describe_erase(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "eraseExtraction",
+        "extractions",
+        "Erase an extraction",
+        "Erases a finished job's content now (scope `delete`): its request (document, \
+         fields, metadata, webhook URL), its results, its error texts and its webhook \
+         deliveries. The job stays as a tombstone without content: `GET` answers 410, \
+         the list shows it with `erased_at`, and a submit that repeats its \
+         `Idempotency-Key` answers 410 instead of making the job again. A job still \
+         queued or running, or whose bbox refinement has yet to run, answers 409: \
+         cancel it (or wait for it) first. Erasing an erased job answers 204 again. \
+         Copies on Kafka topics (events, which carry errors but never documents or \
+         results, and dead letters' excerpts) expire with the topics' retention.",
+    );
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op = describe::raw_answer(op, 204, json!({"description": "Erased (now or before)."}));
+    describe::refusals(op, &[400, 403, 404, 409])
+}
+
 /// The caller's tenant's job `id`; another tenant's job is not found, so its
 /// existence is never revealed.
 async fn owned(services: &Services, caller: &Caller, id: Uuid) -> Result<Extraction, ApiError> {
@@ -411,6 +339,26 @@ async fn retry(
     Ok(Json(owned(&services, &caller, id).await?.into()))
 }
 
+fn describe_retry(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "retryExtraction",
+        "extractions",
+        "Retry a failed extraction",
+        "Sends a failed job back to the queue (scope `cancel`), with a fresh budget of \
+         attempts: it runs again as if just submitted, and its `attempts` keep counting. \
+         The retry is logged as the transition `retry_failed` and published as every \
+         transition is. A job that is not failed answers 409 and is left as it is; an \
+         erased one 410.",
+    );
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op = op.response_with::<200, Json<ExtractionView>, _>(|answer| {
+        let answer = answer.description("Retried: the job as it is now (queued).");
+        describe::links(answer, &[("GetExtraction", "getExtraction")])
+    });
+    describe::refusals(op, &[400, 403, 404, 409, 410])
+}
+
 /// Cancels a queued job at once (200). A running job is asked to stop: its
 /// holder sees the request at its next heartbeat and cancels it (202).
 async fn cancel(
@@ -441,4 +389,26 @@ async fn cancel(
             row.status
         ))),
     }
+}
+
+fn describe_cancel(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = describe::operation(
+        op,
+        "cancelExtraction",
+        "extractions",
+        "Cancel an extraction",
+        "Cancels a job (scope `cancel`). A queued job is cancelled at once (200); a \
+         running one is asked to stop, and its holder cancels it at its next heartbeat \
+         (202). A finished job answers 409.",
+    );
+    let op = describe::parameters(op, [describe::id_parameter()]);
+    let op = op.response_with::<200, Json<ExtractionView>, _>(|answer| {
+        let answer = answer.description("Cancelled: the job as it is now.");
+        describe::links(answer, &[("GetExtraction", "getExtraction")])
+    });
+    let op = op.response_with::<202, Json<ExtractionView>, _>(|answer| {
+        let answer = answer.description("Running: cancellation requested (`cancel_requested_at`).");
+        describe::links(answer, &[("GetExtraction", "getExtraction")])
+    });
+    describe::refusals(op, &[400, 403, 404, 409])
 }
