@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::openapi::describe;
+use super::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;

@@ -94,7 +94,7 @@ impl aide::OperationInput for Caller {
     ) {
         let key = aide::openapi::SecurityRequirement::from_iter([("ApiKey".to_owned(), vec![])]);
         operation.security = vec![key];
-        super::openapi::describe::refuse(operation, &[401, 429]);
+        super::describe::refuse(operation, &[401, 429]);
     }
 }
 

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::openapi::describe;
+use super::describe;
 use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::openapi::describe;
+use super::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{ExtractionStatus, Scope, Transition};
@@ -189,27 +189,12 @@ async fn correctable(
             job.status
         )));
     }
-    if !request_names(services, id, field).await? {
+    if !corrections::request_names(&services.pool, id, field).await? {
         return Err(ApiError::Unprocessable(format!(
             "the job's request names no field {field:?}"
         )));
     }
     Ok(job)
-}
-
-/// Whether job `id`'s request names field `field`.
-async fn request_names(services: &Services, id: Uuid, field: &str) -> Result<bool, ApiError> {
-    let named: Option<(bool,)> = sqlx::query_as(
-        "SELECT EXISTS (SELECT 1 FROM json_array_elements(request->'fields') f
-                         WHERE f->>'name' = $2)
-           FROM extraction_requests WHERE id = $1",
-    )
-    .bind(id)
-    .bind(field)
-    .fetch_optional(&services.pool)
-    .await
-    .map_err(store::StoreError::from)?;
-    Ok(named.is_some_and(|(named,)| named))
 }
 
 /// Every correction of job `id`, oldest first: the latest of a field is its

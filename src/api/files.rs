@@ -24,7 +24,7 @@ use axum::{Extension, Json};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::openapi::describe;
+use super::describe;
 use super::uploads::{self, Uploads};
 use super::ApiError;
 use crate::auth::Caller;

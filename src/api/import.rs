@@ -38,7 +38,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::openapi::describe;
+use super::describe;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
@@ -92,18 +92,20 @@ async fn upgrade(
 }
 
 fn describe_upgrade(op: TransformOperation<'_>) -> TransformOperation<'_> {
-    let protocol = "Each text frame from the client is one submission, an `ImportFrame`: \
-        `{\"ref\": any, \"idempotency_key\": \"…\" (optional), \"request\": {…}}`, where \
+    let protocol = format!(
+        "Each text frame from the client is one submission, an `ImportFrame`: \
+        `{{\"ref\": any, \"idempotency_key\": \"…\" (optional), \"request\": {{…}}}}`, where \
         `request` is the body `POST /v1/extractions` takes. It takes the submit path of \
         the REST API (the same checks, quotas, idempotency and answers) and is answered on \
-        the socket, in completion order, with an `ImportAnswer`: `{\"ref\", \"id\", \
-        \"status\"}` or `{\"ref\", \"error\": {\"code\", \"message\"}}` with the REST API's \
-        codes. A binary frame is answered with `bad_request`. At most 64 submissions of a \
+        the socket, in completion order, with an `ImportAnswer`: `{{\"ref\", \"id\", \
+        \"status\"}}` or `{{\"ref\", \"error\": {{\"code\", \"message\"}}}}` with the REST API's \
+        codes. A binary frame is answered with `bad_request`. At most {IN_FLIGHT} submissions of a \
         socket are in progress; the next frame is read only when one finishes, so a fast \
         client is slowed down, never dropped. When the client closes, reading stops and \
         every frame already read is still written, published and answered. When the \
         server shuts down it stops reading, answers every frame it read, and closes with \
-        1000; a client should read until the server's close.";
+        1000; a client should read until the server's close."
+    );
     let description = format!(
         "Upgrades to a WebSocket on which a client streams submissions (scope \
          `submit`). A request that is not a WebSocket upgrade gets 400.\n\n{protocol}"
@@ -115,7 +117,7 @@ fn describe_upgrade(op: TransformOperation<'_>) -> TransformOperation<'_> {
         "Import stream (WebSocket)",
         &description,
     );
-    ws::describe_upgrade(op, protocol)
+    ws::describe_upgrade(op, &protocol)
 }
 
 #[derive(Debug, PartialEq)]

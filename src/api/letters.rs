@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::json;
 
-use super::openapi::describe;
+use super::describe;
 use super::query::{each_param, page_limit};
 use super::ApiError;
 use crate::auth::Caller;

@@ -12,8 +12,8 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::describe;
 use super::extractions::ExtractionView;
-use super::openapi::describe;
 use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
 use super::ApiError;
 use crate::auth::Caller;

@@ -8,6 +8,7 @@ mod auth;
 mod bulk;
 mod console;
 mod corrections;
+mod describe;
 mod error;
 mod export;
 mod extractions;
@@ -46,7 +47,6 @@ use crate::config::Settings;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::pipeline::Services;
-use openapi::describe;
 
 /// The whole API on `services`, behind `gate` (which refuses requests once
 /// shutdown began and counts the ones in flight), with its contract at

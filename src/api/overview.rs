@@ -15,7 +15,7 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::openapi::describe;
+use super::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;

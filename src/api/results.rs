@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::openapi::describe;
+use super::describe;
 use super::ApiError;
 use crate::config::Settings;
 use crate::domain::{ExtractionRequest, ExtractionStatus, ResultLimits};

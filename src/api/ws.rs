@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::describe;
 use super::gate::Hold;
-use super::openapi::describe;
 use super::sockets::{Slot, Sockets, Stream};
 use super::{ApiError, Gate};
 use crate::auth::Caller;

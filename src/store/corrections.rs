@@ -6,7 +6,7 @@
 //! correction: a crash after it cannot lose the webhook.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::StoreError;
@@ -132,4 +132,22 @@ pub async fn corrected_jobs(
     .fetch_all(pool)
     .await?;
     Ok(ids.into_iter().map(|(id,)| id).collect())
+}
+
+/// Whether job `id`'s request names field `field`.
+pub async fn request_names(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    field: &str,
+) -> Result<bool, StoreError> {
+    let named: Option<(bool,)> = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM json_array_elements(request->'fields') f
+                         WHERE f->>'name' = $2)
+           FROM extraction_requests WHERE id = $1",
+    )
+    .bind(id)
+    .bind(field)
+    .fetch_optional(db)
+    .await?;
+    Ok(named.is_some_and(|(named,)| named))
 }

@@ -642,3 +642,28 @@ async fn by_id<'e>(
         .await?;
     Ok(row)
 }
+
+/// One transition a job went through, as its log has it.
+#[derive(serde::Serialize, schemars::JsonSchema, sqlx::FromRow)]
+#[schemars(rename = "TransitionLogEntry", deny_unknown_fields)]
+pub struct Logged {
+    /// The transition's name (`mark_running`, `mark_succeeded`, …).
+    transition: String,
+    /// The fencing token (attempt) it ran under, if any.
+    token: Option<i32>,
+    /// When its transaction ran.
+    at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Job `id`'s transition log, oldest first: who claimed it and when, each
+/// attempt and how it ended. At most 1,000 entries.
+pub async fn log_of(db: impl PgExecutor<'_>, id: Uuid) -> Result<Vec<Logged>, StoreError> {
+    let log = sqlx::query_as::<_, Logged>(
+        "SELECT transition::text AS transition, token, at FROM extraction_transitions
+          WHERE extraction_id = $1 ORDER BY at, transition LIMIT 1000",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await?;
+    Ok(log)
+}

@@ -79,7 +79,7 @@ use crate::config::Settings;
 use crate::domain::Scope;
 use crate::pipeline::Services;
 
-use super::openapi::describe;
+use super::describe;
 use super::sockets::{Sockets, Stream};
 use super::{ws, ApiError, Gate};
 use query::{options, Params};

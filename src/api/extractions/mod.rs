@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::openapi::describe;
+use super::describe;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::config::Settings;
@@ -28,6 +28,7 @@ use crate::extract::ExtractionOutput;
 use crate::pipeline::jobs::Cancel;
 use crate::pipeline::Services;
 use crate::store::retention::{self, Erased};
+use crate::store::transitions::{self, Logged};
 use crate::store::{self, BboxRefinement, Extraction};
 
 /// Submit, read, retry, cancel and erase, each with its contract. A submit
@@ -193,18 +194,6 @@ fn describe_read(op: TransformOperation<'_>) -> TransformOperation<'_> {
     describe::refusals(op, &[400, 403, 404, 410])
 }
 
-/// One transition a job went through, as its log has it.
-#[derive(Serialize, JsonSchema, sqlx::FromRow)]
-#[schemars(rename = "TransitionLogEntry", deny_unknown_fields)]
-pub(super) struct Logged {
-    /// The transition's name (`mark_running`, `mark_succeeded`, …).
-    transition: String,
-    /// The fencing token (attempt) it ran under, if any.
-    token: Option<i32>,
-    /// When its transaction ran.
-    at: DateTime<Utc>,
-}
-
 /// `GET /v1/extractions/{id}/transitions`: the job's transition log, oldest
 /// first (who claimed it and when, each attempt and how it ended).
 async fn transitions_of(
@@ -215,15 +204,7 @@ async fn transitions_of(
     caller.require(Scope::Read)?;
     let Path(id) = id?;
     owned(&services, &caller, id).await?;
-    let log = sqlx::query_as::<_, Logged>(
-        "SELECT transition::text AS transition, token, at FROM extraction_transitions
-          WHERE extraction_id = $1 ORDER BY at, transition LIMIT 1000",
-    )
-    .bind(id)
-    .fetch_all(&services.pool)
-    .await
-    .map_err(store::StoreError::from)?;
-    Ok(Json(log))
+    Ok(Json(transitions::log_of(&services.pool, id).await?))
 }
 
 fn describe_transitions(op: TransformOperation<'_>) -> TransformOperation<'_> {

@@ -15,7 +15,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::admission::Permit;
-use crate::api::openapi::describe;
+use crate::api::describe;
 use crate::api::uploads::Uploads;
 use crate::api::ApiError;
 use crate::auth::Caller;

@@ -19,7 +19,6 @@
 //! address, a reused idempotency key) the descriptions say, and the server
 //! answers 422.
 
-pub(crate) mod describe;
 mod schemas;
 
 use std::sync::Arc;
@@ -31,6 +30,7 @@ use axum::{Json, Router};
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Value};
 
+use super::describe;
 use crate::config::Settings;
 use crate::domain::Scope;
 
@@ -110,7 +110,7 @@ fn document_of(mut api: OpenApi, settings: &Settings) -> Value {
         "components": {
             "securitySchemes": security_schemes(),
             "schemas": named,
-            "responses": describe::error_answers(),
+            "responses": error_answers(),
         },
     })
 }
@@ -195,6 +195,73 @@ fn security_schemes() -> Value {
             "scheme": "bearer",
             "description": "The token an extraction service got with the call it \
                             answered 202; it names the job and the attempt.",
+        },
+    })
+}
+
+/// The error answers the operations share, by name (`components.responses`).
+fn error_answers() -> Value {
+    let plain = |description: &str| {
+        json!({
+            "description": description,
+            "content": {"application/json": {"schema": schema("Error")}},
+        })
+    };
+    let retry_after = json!({
+        "required": true,
+        "description": "Seconds to wait before a retry.",
+        "schema": {"type": "integer", "minimum": 1},
+    });
+    json!({
+        "BadRequest": plain(
+            "Malformed: the body is not JSON, a header, the id or a query parameter is \
+             invalid, or a WebSocket route was called without an upgrade."
+        ),
+        "Unauthorized": {
+            "description": "The key (or result token) is missing, malformed, unknown or revoked.",
+            "headers": {
+                "WWW-Authenticate": {
+                    "required": true,
+                    "schema": {"type": "string", "const": "Bearer"},
+                },
+            },
+            "content": {"application/json": {"schema": schema("Error")}},
+        },
+        "Forbidden": plain("The key does not have the route's scope."),
+        "NotFound": plain("No such extraction (or another tenant's)."),
+        "Conflict": plain("The job's state does not allow it (e.g. it finished)."),
+        "Gone": plain("The job's content was erased (`DELETE /v1/extractions/{id}`)."),
+        "BodyTimeout": {
+            "description": "An upload's body did not arrive whole within \
+                            `DOCSTREAM_HTTP_BODY_TIMEOUT_S` of when its reading began; \
+                            the connection is closed.",
+            "headers": {
+                "Connection": {"required": true, "schema": {"type": "string", "const": "close"}},
+            },
+            "content": {"application/json": {"schema": schema("Error")}},
+        },
+        "PayloadTooLarge": plain(
+            "The body is larger than the limit: refused from its `Content-Length` \
+             before a byte of it is read, or as soon as it passes the limit."
+        ),
+        "UnsupportedMediaType": plain("The body is not declared as `application/json`."),
+        "Unprocessable": plain(
+            "The JSON does not describe a valid request, or the `Idempotency-Key` names \
+             a job with another request."
+        ),
+        "TooManyRequests": {
+            "description": "Past a quota of the tenant (submit rate, open jobs, sockets, \
+                            uploads in progress, bytes of files), or an address that \
+                            keeps presenting keys that are not valid.",
+            "headers": {"Retry-After": retry_after.clone()},
+            "content": {"application/json": {"schema": schema("RetryError")}},
+        },
+        "Unavailable": {
+            "description": "A dependency is away or did not answer in time, or the server \
+                            is shutting down (or at its socket limit): retry after \
+                            `Retry-After`.",
+            "headers": {"Retry-After": retry_after},
+            "content": {"application/json": {"schema": schema("Error")}},
         },
     })
 }

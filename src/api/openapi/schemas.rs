@@ -36,7 +36,7 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     answers.subschema_for::<crate::api::account::Me>();
     answers.subschema_for::<crate::api::account::TenantView>();
     answers.subschema_for::<crate::api::account::TenantList>();
-    answers.subschema_for::<crate::api::extractions::Logged>();
+    answers.subschema_for::<crate::store::transitions::Logged>();
     answers.subschema_for::<crate::store::corrections::Correction>();
     answers.subschema_for::<crate::api::results::Recorded>();
     answers.subschema_for::<crate::files::StoredFile>();
