@@ -20,7 +20,8 @@ use crate::health::{Dependency, Health};
 use crate::kafka::{Publisher, RecordHandler};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    bulk, release_held, BboxWorker, ExtractionWorker, Holding, Intake, Reaper, ReaperKind, Services,
+    bulk, census, release_held, retention, BboxWorker, ExtractionWorker, Holding, Intake, Reaper,
+    ReaperKind, Services,
 };
 use crate::store;
 
@@ -270,13 +271,25 @@ async fn companion(run: impl Future<Output = ()>) -> RoleResult {
 
 /// The queue census (`pipeline::census`) until `shutdown`, in every process.
 pub async fn census(services: Services, shutdown: CancellationToken) -> RoleResult {
-    crate::pipeline::census::run(services, shutdown).await;
+    let taker = census::Taker::new(
+        &services.settings,
+        services.pool.clone(),
+        services.metrics.census.clone(),
+        services.health.clone(),
+    );
+    census::run(taker, shutdown).await;
     Ok(())
 }
 
 /// The retention purge (`pipeline::retention`) until `shutdown`, in every process.
 pub async fn retention(services: Services, shutdown: CancellationToken) -> RoleResult {
-    crate::pipeline::retention::run(services, shutdown).await;
+    let purger = retention::Purger::new(
+        &services.settings,
+        (services.pool.clone(), services.files.clone()),
+        services.metrics.jobs.purged.clone(),
+        services.health.clone(),
+    );
+    retention::run(purger, shutdown).await;
     Ok(())
 }
 
@@ -366,7 +379,8 @@ pub async fn run(
     // The workers share their slots by the tenants' weights, and `serve` its
     // admission limit.
     if mix.serve || mix.workers + mix.bbox_workers > 0 {
-        let weights = crate::pipeline::weights::keep_current(services.clone(), stop.clone());
+        let (pool, weights) = (services.pool.clone(), services.weights.clone());
+        let weights = crate::pipeline::weights::keep_current(pool, weights, stop.clone());
         roles.push(("weights", Box::pin(companion(weights))));
     }
     supervise(roles, stop).await

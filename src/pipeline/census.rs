@@ -14,21 +14,49 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
+use sqlx::PgPool;
+
+use crate::config::Settings;
 use crate::domain::Priority;
-use crate::health::Dependency;
+use crate::health::{Dependency, Health};
 use crate::metrics::CensusMetrics;
 use crate::store::orphans::{self, Thresholds};
 use crate::store::{census, StoreError};
 
+/// What the census counts with, and where it reports: the census's part of
+/// a process.
+pub struct Taker {
+    pool: PgPool,
+    /// How often a turn comes round.
+    interval: Duration,
+    /// When an open job counts as an orphan.
+    thresholds: Thresholds,
+    /// Where the consumer groups' lag is read.
+    lags: LagSource,
+    metrics: CensusMetrics,
+    health: Health,
+}
+
+impl Taker {
+    /// The census of a process with `settings`, on `pool`.
+    pub fn new(settings: &Settings, pool: PgPool, metrics: CensusMetrics, health: Health) -> Self {
+        Taker {
+            pool,
+            interval: settings.census_interval_s.get(),
+            thresholds: Thresholds::of(settings),
+            lags: LagSource::of(settings),
+            metrics,
+            health,
+        }
+    }
+}
+
 /// Runs the census until `shutdown`; a failed tick is counted and logged, and
 /// the next one tries again.
-pub async fn run(services: Services, shutdown: CancellationToken) {
-    let interval = services.settings.census_interval_s.get();
-    let thresholds = Thresholds::of(&services.settings);
-    let mut ticker = tokio::time::interval(interval);
+pub async fn run(taker: Taker, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(taker.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let metrics = &services.metrics.census;
+    let metrics = &taker.metrics;
     let lags = Lags::default();
     loop {
         tokio::select! {
@@ -37,14 +65,13 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
         }
         // Bounded, so a census stuck on an unanswering database does not
         // keep the turn's series frozen: they are cleared instead.
-        let took = take(&services, metrics, (interval, thresholds), &lags);
-        let tick = tokio::time::timeout(interval, took).await;
+        let tick = tokio::time::timeout(taker.interval, take(&taker, &lags)).await;
         let outcome = match tick {
             Ok(Ok(true)) => "taken",
             Ok(Ok(false)) => "skipped",
             Ok(Err(e)) => {
                 if e.is_unavailable() {
-                    services.health.failed(Dependency::Postgres, &e);
+                    taker.health.failed(Dependency::Postgres, &e);
                 } else {
                     tracing::warn!(error = %e, "queue census failed; retrying next interval");
                 }
@@ -62,19 +89,14 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
 
 /// One tick: takes the census if it is this process's turn (true), else
 /// clears this process's census series (false).
-async fn take(
-    services: &Services,
-    metrics: &CensusMetrics,
-    (interval, thresholds): (Duration, Thresholds),
-    lags: &Lags,
-) -> Result<bool, StoreError> {
-    let pool = &services.pool;
+async fn take(taker: &Taker, lags: &Lags) -> Result<bool, StoreError> {
+    let (pool, metrics, interval) = (&taker.pool, &taker.metrics, taker.interval);
     if !census::take_turn(pool, interval.as_secs_f64()).await? {
         metrics.clear();
         return Ok(false);
     }
     export_jobs(metrics, &census::count(pool).await?);
-    let open = orphans::count_open(pool, thresholds).await?;
+    let open = orphans::count_open(pool, taker.thresholds).await?;
     export_orphans(metrics, &open);
     export_queued(metrics, census::queued_by_tenant(pool).await?);
     export_files(metrics, crate::store::files::by_tenant(pool).await?);
@@ -84,7 +106,7 @@ async fn take(
         .collect();
     // Fresh for three turns (at least 10 s): a read slower than a turn
     // still counts, a broker gone for longer leaves the lag out.
-    let lag = lags.latest(services, (interval * 3).max(Duration::from_secs(10)));
+    let lag = lags.latest(&taker.lags, (interval * 3).max(Duration::from_secs(10)));
     census::record_samples(pool, interval.as_secs_f64(), &orphans.into(), lag.as_ref()).await?;
     Ok(true)
 }
@@ -185,10 +207,10 @@ struct Lags {
 impl Lags {
     /// Starts a read if none is under way; the latest read, if it is no
     /// older than `fresh`.
-    fn latest(&self, services: &Services, fresh: Duration) -> Option<serde_json::Value> {
+    fn latest(&self, source: &LagSource, fresh: Duration) -> Option<serde_json::Value> {
         if !self.reading.swap(true, Ordering::SeqCst) {
             let (latest, reading) = (self.latest.clone(), self.reading.clone());
-            let read = read_lags(services);
+            let read = source.read();
             tokio::task::spawn_blocking(move || {
                 match read() {
                     Ok(lags) => *latest.lock().expect("lags") = Some((Instant::now(), lags)),
@@ -204,27 +226,41 @@ impl Lags {
     }
 }
 
-/// Reads each consumer group's lag on its topic (blocking), each request
-/// bounded by a census interval up to 5 s: a read under way when the process
-/// stops holds its exit up for that long.
-fn read_lags(
-    services: &Services,
-) -> impl FnOnce() -> Result<serde_json::Value, rdkafka::error::KafkaError> {
-    let settings = &services.settings;
-    let timeout = settings.census_interval_s.get().min(Duration::from_secs(5));
-    let groups = [
-        (&settings.intake_group, &settings.topic_requests),
-        (&settings.worker_group, &settings.topic_submitted),
-        (&settings.bbox_worker_group, &settings.topic_post_processing),
-    ]
-    .map(|(group, topic)| (settings.group(group), settings.topic(topic)));
-    let brokers = settings.kafka_brokers.clone();
-    move || {
-        let mut lags = Vec::new();
-        for (group, topic) in groups {
-            let lag = crate::kafka::groups::lag(&brokers, &group, &topic, timeout)?;
-            lags.push(serde_json::json!({"group": group, "topic": topic, "lag": lag}));
+/// The consumer groups whose lag the census reads, each on its topic, and
+/// the brokers that know it.
+struct LagSource {
+    brokers: String,
+    groups: [(String, String); 3],
+    /// How long each request may take: a census interval, up to 5 s (a read
+    /// under way when the process stops holds its exit up for that long).
+    timeout: Duration,
+}
+
+impl LagSource {
+    fn of(settings: &Settings) -> Self {
+        let groups = [
+            (&settings.intake_group, &settings.topic_requests),
+            (&settings.worker_group, &settings.topic_submitted),
+            (&settings.bbox_worker_group, &settings.topic_post_processing),
+        ]
+        .map(|(group, topic)| (settings.group(group), settings.topic(topic)));
+        LagSource {
+            brokers: settings.kafka_brokers.clone(),
+            groups,
+            timeout: settings.census_interval_s.get().min(Duration::from_secs(5)),
         }
-        Ok(lags.into())
+    }
+
+    /// A read of each group's lag (blocking), to run off the runtime.
+    fn read(&self) -> impl FnOnce() -> Result<serde_json::Value, rdkafka::error::KafkaError> {
+        let (brokers, groups, timeout) = (self.brokers.clone(), self.groups.clone(), self.timeout);
+        move || {
+            let mut lags = Vec::new();
+            for (group, topic) in groups {
+                let lag = crate::kafka::groups::lag(&brokers, &group, &topic, timeout)?;
+                lags.push(serde_json::json!({"group": group, "topic": topic, "lag": lag}));
+            }
+            Ok(lags.into())
+        }
     }
 }

@@ -10,29 +10,67 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
-use crate::health::Dependency;
+use prometheus::IntCounterVec;
+use sqlx::PgPool;
+
+use crate::config::Settings;
+use crate::files::Files;
+use crate::health::{Dependency, Health};
 use crate::store::retention::{self, Aged};
 use crate::store::StoreError;
 
 /// Jobs per purge statement (and transaction).
 pub const BATCH: i64 = 500;
 
+/// What the purge deletes with, and how long things are kept: the purge's
+/// part of a process.
+pub struct Purger {
+    pool: PgPool,
+    files: Files,
+    /// The deployment's retention, for tenants without their own.
+    retention: Duration,
+    /// How often a purge runs.
+    interval: Duration,
+    /// How long a file no job names is kept after its last use.
+    file_grace: Duration,
+    /// `docstream_purged_total`.
+    purged: IntCounterVec,
+    health: Health,
+}
+
+impl Purger {
+    /// The purge of a process with `settings`, on `pool` and `files`.
+    pub fn new(
+        settings: &Settings,
+        (pool, files): (PgPool, Files),
+        purged: IntCounterVec,
+        health: Health,
+    ) -> Self {
+        Purger {
+            pool,
+            files,
+            retention: Duration::from_secs(u64::from(settings.retention_days) * 86_400),
+            interval: settings.retention_purge_interval_s.get(),
+            file_grace: settings.file_grace_s.get(),
+            purged,
+            health,
+        }
+    }
+}
+
 /// Runs the purge until `shutdown`; a failed pass is logged, and the next
 /// interval tries again.
-pub async fn run(services: Services, shutdown: CancellationToken) {
-    let settings = &services.settings;
-    let default = Duration::from_secs(u64::from(settings.retention_days) * 86_400);
-    let mut ticker = tokio::time::interval(settings.retention_purge_interval_s.get());
+pub async fn run(purger: Purger, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(purger.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        if let Err(e) = purge(&services, default, &shutdown).await {
+        if let Err(e) = purge(&purger, &shutdown).await {
             match e.is_unavailable() {
-                true => services.health.failed(Dependency::Postgres, &e),
+                true => purger.health.failed(Dependency::Postgres, &e),
                 false => {
                     tracing::warn!(error = %e, "retention purge failed; retrying next interval")
                 }
@@ -43,12 +81,8 @@ pub async fn run(services: Services, shutdown: CancellationToken) {
 
 /// Purges batches of each kind until a short one says nothing is left past
 /// its retention.
-async fn purge(
-    services: &Services,
-    default: Duration,
-    shutdown: &CancellationToken,
-) -> Result<(), StoreError> {
-    let (pool, purged) = (&services.pool, &services.metrics.jobs.purged);
+async fn purge(purger: &Purger, shutdown: &CancellationToken) -> Result<(), StoreError> {
+    let (pool, purged, default) = (&purger.pool, &purger.purged, purger.retention);
     for aged in [None, Some(Aged::BulkOperations), Some(Aged::DeadLetters)] {
         let what = aged.map_or("jobs", Aged::as_str);
         let mut total = 0;
@@ -71,8 +105,7 @@ async fn purge(
             );
         }
     }
-    let grace = services.settings.file_grace_s.get();
-    match services.files.collect(grace, BATCH).await {
+    match purger.files.collect(purger.file_grace, BATCH).await {
         Ok(0) => {}
         Ok(n) => {
             purged.with_label_values(&["files"]).inc_by(n);

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
+use sqlx::PgPool;
+
+use crate::domain::schedule::Weights;
 use crate::store::tenants;
 
 /// How often the weights are read again: a changed weight holds within it.
@@ -15,10 +17,10 @@ pub const REFRESH: Duration = Duration::from_secs(5);
 
 /// Reads the weights every [`REFRESH`] until `shutdown`. A failed read keeps
 /// the last weights (and is retried at the next turn).
-pub async fn keep_current(services: Services, shutdown: CancellationToken) {
+pub async fn keep_current(pool: PgPool, weights: Weights, shutdown: CancellationToken) {
     loop {
-        match tenants::weights(&services.pool).await {
-            Ok(rows) => services.weights.replace(
+        match tenants::weights(&pool).await {
+            Ok(rows) => weights.replace(
                 rows.into_iter()
                     .map(|(tenant, weight)| (tenant, weight.max(1) as u32))
                     .collect(),

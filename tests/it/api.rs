@@ -1367,7 +1367,13 @@ async fn the_overview_samples_a_tenants_queue_and_no_one_elses() {
     let stop = CancellationToken::new();
     let services = api.env.services().await;
     let census = services.metrics.census.clone();
-    tokio::spawn(docstream::pipeline::census::run(services, stop.clone()));
+    let taker = docstream::pipeline::census::Taker::new(
+        &services.settings,
+        services.pool.clone(),
+        census.clone(),
+        services.health.clone(),
+    );
+    tokio::spawn(docstream::pipeline::census::run(taker, stop.clone()));
     let _stop = stop.drop_guard();
     let pool = &api.env.pool;
     let other = tenants::create_tenant(pool, "overview-other")
