@@ -357,8 +357,7 @@ pub async fn run(
         roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
     }
     if mix.workers > 0 {
-        let reaper =
-            companion(Reaper::new(services.clone(), ReaperKind::Extraction).run(stop.clone()));
+        let reaper = companion(reaper(&services, ReaperKind::Extraction).run(stop.clone()));
         roles.push(("extraction-reaper", Box::pin(reaper)));
     }
     for _ in 0..mix.bbox_workers {
@@ -368,12 +367,11 @@ pub async fn run(
         ));
     }
     if mix.bbox_workers > 0 {
-        let reaper = companion(Reaper::new(services.clone(), ReaperKind::Bbox).run(stop.clone()));
+        let reaper = companion(reaper(&services, ReaperKind::Bbox).run(stop.clone()));
         roles.push(("bbox-reaper", Box::pin(reaper)));
     }
     if mix.workers + mix.bbox_workers > 0 {
-        let reaper =
-            companion(Reaper::new(services.clone(), ReaperKind::Webhook).run(stop.clone()));
+        let reaper = companion(reaper(&services, ReaperKind::Webhook).run(stop.clone()));
         roles.push(("webhook-reaper", Box::pin(reaper)));
     }
     // The workers share their slots by the tenants' weights, and `serve` its
@@ -384,6 +382,18 @@ pub async fn run(
         roles.push(("weights", Box::pin(companion(weights))));
     }
     supervise(roles, stop).await
+}
+
+/// A reaper of `kind` on this process's parts.
+pub fn reaper(services: &Services, kind: ReaperKind) -> Reaper {
+    let parts = crate::pipeline::reaper::Parts {
+        pool: services.pool.clone(),
+        jobs: services.jobs.clone(),
+        webhooks: services.webhooks.clone(),
+        metrics: services.metrics.reapers.clone(),
+        health: services.health.clone(),
+    };
+    Reaper::new(kind, parts, &services.settings)
 }
 
 /// Runs roles side by side; the first failure cancels the rest and is returned.

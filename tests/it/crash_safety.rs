@@ -14,7 +14,7 @@ use common::{
     scrape, signal, stop, submit_jobs, wait_count, wait_for, wins, TestEnv, ALL_BBOX_SUCCEEDED,
 };
 use docstream::events::{decode, ExtractionSubmitted, PostProcessingRequested, PublishReason};
-use docstream::pipeline::{Reaper, ReaperKind, Sweep};
+use docstream::pipeline::{ReaperKind, Sweep};
 use docstream::store;
 use tokio::process::Child;
 use uuid::Uuid;
@@ -559,7 +559,7 @@ async fn orphans_queued_an_hour_ago(pool: &sqlx::PgPool) {
 async fn sweep_round(replicas: &[docstream::pipeline::Services]) -> Vec<Sweep> {
     let sweeps = replicas.iter().flat_map(|services| {
         (0..10).map(move |_| async move {
-            Reaper::new(services.clone(), ReaperKind::Extraction)
+            docstream::roles::reaper(services, ReaperKind::Extraction)
                 .sweep()
                 .await
                 .unwrap()
@@ -665,7 +665,7 @@ async fn a_job_published_and_stamped(env: &TestEnv) -> Uuid {
         .await
         .unwrap();
     let services = env.services().await;
-    let reaper = Reaper::new(services, ReaperKind::Extraction);
+    let reaper = docstream::roles::reaper(&services, ReaperKind::Extraction);
     let swept = reaper.sweep().await.unwrap();
     assert_eq!(
         swept,

@@ -24,13 +24,18 @@ use sqlx::Postgres;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{RepublishError, Services, Stage};
+use sqlx::PgPool;
+
+use super::{Jobs, RepublishError, Stage};
+use crate::config::Settings;
 use crate::domain::Lane;
 use crate::events::PublishReason;
-use crate::health::Dependency;
+use crate::health::{Dependency, Health};
+use crate::metrics::ReaperMetrics;
 use crate::store::orphans::{self, Orphan, OrphanClass, Thresholds};
 use crate::store::{webhooks, StoreError};
 use crate::trace;
+use crate::webhook::Webhooks;
 
 /// What one sweep did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,9 +86,24 @@ impl Kind {
 
 /// A reaper of one kind of orphan.
 pub struct Reaper {
-    services: Services,
+    parts: Parts,
     kind: Kind,
     settings: ReaperSettings,
+}
+
+/// What a reaper takes orphans with and revives them through: the reapers'
+/// part of a process.
+pub struct Parts {
+    /// Where the orphans and the sweep lock are.
+    pub pool: PgPool,
+    /// The door a job's event is republished through.
+    pub jobs: Jobs,
+    /// This process's dispatcher, woken for a delivery nobody works on.
+    pub webhooks: Webhooks,
+    /// The sweeps and the orphans found and revived.
+    pub metrics: ReaperMetrics,
+    /// Told when a sweep finds Postgres away.
+    pub health: Health,
 }
 
 /// What a reaper reads of the settings.
@@ -98,16 +118,15 @@ struct ReaperSettings {
 }
 
 impl Reaper {
-    /// A reaper of `kind` on `services`.
-    pub fn new(services: Services, kind: Kind) -> Self {
-        let settings = &services.settings;
+    /// A reaper of `kind` with `parts`, as `settings` set it.
+    pub fn new(kind: Kind, parts: Parts, settings: &Settings) -> Self {
         let settings = ReaperSettings {
             sweep_interval: settings.reaper_sweep_interval_s.get(),
             batch: settings.reaper_batch_size,
             thresholds: Thresholds::of(settings),
         };
         Self {
-            services,
+            parts,
             kind,
             settings,
         }
@@ -138,25 +157,25 @@ impl Reaper {
         };
         let taken = orphans::take(&mut **conn, stage, thresholds, batch).await?;
         let revive =
-            |orphan: Orphan| async move { republish(&self.services, stage, &orphan).await };
+            |orphan: Orphan| async move { republish(&self.parts.jobs, stage, &orphan).await };
         Ok(revive_each(self, &taken, revive).await)
     }
 
     /// Class 6: hands each delivery nobody works on to this process's
     /// dispatcher (which claims it, so a second hand-out is harmless).
     async fn wake_unsent(&self, conn: &mut PoolConnection<Postgres>) -> Result<Sweep, StoreError> {
-        let services = &self.services;
+        let parts = &self.parts;
         let (threshold_s, batch) = (
             self.settings.thresholds.webhook_pending_s,
             self.settings.batch,
         );
         let taken = webhooks::take_orphans(&mut **conn, threshold_s, batch).await?;
         let label = [OrphanClass::WebhookUnsent.label()];
-        let reapers = &services.metrics.reapers;
+        let reapers = &parts.metrics;
         for (id, tenant, age_s) in &taken {
             tracing::debug!(id, class = 6, age_s, "orphan found");
             reapers.orphans_found.with_label_values(&label).inc();
-            services.webhooks.wake(Some(id), *tenant);
+            parts.webhooks.wake(Some(id), *tenant);
             reapers.orphans_republished.with_label_values(&label).inc();
         }
         if !taken.is_empty() {
@@ -176,7 +195,6 @@ impl Reaper {
 /// Sweeps every sweep interval until `shutdown`. A failed sweep is logged and
 /// counted and the next one tries again; a reaper never gives up.
 async fn run_sweeps(reaper: &Reaper, shutdown: CancellationToken) {
-    let services = &reaper.services;
     let mut ticker = tokio::time::interval(reaper.settings.sweep_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -189,7 +207,7 @@ async fn run_sweeps(reaper: &Reaper, shutdown: CancellationToken) {
             Err(e) => {
                 count_sweep(reaper, "failed");
                 if e.is_unavailable() {
-                    services.health.failed(Dependency::Postgres, &e);
+                    reaper.parts.health.failed(Dependency::Postgres, &e);
                 } else {
                     tracing::warn!(reaper = reaper.kind.name(), error = %e, "sweep failed; retrying next interval");
                 }
@@ -200,7 +218,7 @@ async fn run_sweeps(reaper: &Reaper, shutdown: CancellationToken) {
 
 /// One sweep, if this replica gets the sweep lock.
 async fn sweep_once(reaper: &Reaper) -> Result<Sweep, StoreError> {
-    let mut conn = reaper.services.pool.acquire().await?;
+    let mut conn = reaper.parts.pool.acquire().await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(reaper.kind.lock_key())
         .fetch_one(&mut *conn)
@@ -225,9 +243,8 @@ async fn sweep_once(reaper: &Reaper) -> Result<Sweep, StoreError> {
 
 fn count_sweep(reaper: &Reaper, outcome: &str) {
     reaper
-        .services
+        .parts
         .metrics
-        .reapers
         .sweeps
         .with_label_values(&[reaper.kind.name(), outcome])
         .inc();
@@ -240,16 +257,16 @@ where
     F: Fn(Orphan) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let metrics = &reaper.services.metrics;
+    let metrics = &reaper.parts.metrics;
     let outcomes = join_all(taken.iter().map(|orphan| {
         let label = [orphan.class.label()];
-        metrics.reapers.orphans_found.with_label_values(&label).inc();
+        metrics.orphans_found.with_label_values(&label).inc();
         tracing::debug!(id = %orphan.id, class = orphan.class.number(), age_s = orphan.age_s, "orphan found");
         let revived = revive(orphan.clone());
         async move {
             let ok = revived.await;
             if ok {
-                metrics.reapers.orphans_republished.with_label_values(&label).inc();
+                metrics.orphans_republished.with_label_values(&label).inc();
             }
             ok
         }
@@ -273,13 +290,12 @@ where
 
 /// Republishes `orphan`'s event for `stage`; true once the broker
 /// acknowledged it. A failure is retried at the orphan's next threshold.
-async fn republish(services: &Services, stage: Stage, orphan: &Orphan) -> bool {
+async fn republish(jobs: &Jobs, stage: Stage, orphan: &Orphan) -> bool {
     let lane = Lane {
         tenant: orphan.tenant_id,
         priority: orphan.priority,
     };
-    match services
-        .jobs
+    match jobs
         .republish(stage, orphan.id, lane, PublishReason::Reaper)
         .await
     {
