@@ -68,8 +68,4 @@ pub mod bench_support {
         /// The extraction's success, with its bbox request.
         pub const COMPLETE: &str = crate::store::transitions::MARK_SUCCEEDED;
     }
-
-    /// A submit in its two halves: the burn-down queues its backlog with the
-    /// first, then releases every event at once with the second.
-    pub use crate::pipeline::submit::{insert, publish_created};
 }

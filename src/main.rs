@@ -203,8 +203,8 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         true => Some(roles::bind_http(&settings).await?),
         false => None,
     };
-    let services = roles::connect(settings).await?;
-    Ok(roles::run(services, mix, http, shutdown).await?)
+    let process = roles::connect(settings).await?;
+    Ok(roles::run(process, mix, http, shutdown).await?)
 }
 
 /// A command that does its work and exits: not one of the roles.
@@ -227,9 +227,12 @@ async fn run_once(
         }
         Command::Tenants(command) => {
             // Deleting a tenant cancels its jobs, with their events.
-            let services = roles::connect(settings).await?;
-            print!("{}", ops::tenants::tenants(&services, command).await?);
-            services
+            let process = roles::connect(settings).await?;
+            print!(
+                "{}",
+                ops::tenants::tenants(&roles::operator(&process), command).await?
+            );
+            process
                 .publisher
                 .flush(std::time::Duration::from_secs(10))?;
         }
@@ -238,9 +241,12 @@ async fn run_once(
             print!("{}", ops::tenants::keys(&pool, command).await?);
         }
         Command::Jobs(command) => {
-            let services = roles::connect(settings).await?;
-            print!("{}", ops::jobs::jobs(&services, command).await?);
-            services
+            let process = roles::connect(settings).await?;
+            print!(
+                "{}",
+                ops::jobs::jobs(&roles::operator(&process), command).await?
+            );
+            process
                 .publisher
                 .flush(std::time::Duration::from_secs(10))?;
         }
@@ -249,9 +255,12 @@ async fn run_once(
             print!("{}", ops::dlq::dlq(&settings, &pool, command).await?);
         }
         Command::Reclaim { id, tenant } => {
-            let services = roles::connect(settings).await?;
-            print!("{}", ops::reclaim(&services, id, tenant.as_deref()).await?);
-            services
+            let process = roles::connect(settings).await?;
+            print!(
+                "{}",
+                ops::reclaim(&roles::operator(&process), id, tenant.as_deref()).await?
+            );
+            process
                 .publisher
                 .flush(std::time::Duration::from_secs(10))?;
         }

@@ -22,9 +22,25 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::domain::Lane;
 use crate::events::PublishReason;
-use crate::pipeline::{Services, Stage};
+use crate::files::Files;
+use crate::pipeline::bulk::Bulk;
+use crate::pipeline::{Jobs, Stage};
 use crate::store;
 use crate::store::orphans::{self, Orphan};
+
+/// What the operator's commands that change jobs work with: the store,
+/// and the lifecycle (which publishes each change's events), the files and
+/// bulk operations.
+pub struct Parts {
+    /// The pool the commands' queries run on.
+    pub pool: sqlx::PgPool,
+    /// The lifecycle: cancels and republishes, with their events.
+    pub jobs: Jobs,
+    /// The files jobs name.
+    pub files: Files,
+    /// Bulk operations.
+    pub bulk: Bulk,
+}
 
 /// Why an operator's command did not do what it was asked. Printed as it is
 /// by the command line.
@@ -116,34 +132,30 @@ fn table(found: &[Orphan]) -> String {
 /// claims it now. Safe against a live holder: its fencing token no longer
 /// matches, so its completion is refused. With `tenant`, only that tenant's
 /// job is reclaimed.
-pub async fn reclaim(
-    services: &Services,
-    id: Uuid,
-    tenant: Option<&str>,
-) -> Result<String, OpsError> {
+pub async fn reclaim(parts: &Parts, id: Uuid, tenant: Option<&str>) -> Result<String, OpsError> {
     if let Some(name) = tenant {
-        let owner = store::tenants::tenant_by_name(&services.pool, name).await?;
-        if store::get_for_tenant(&services.pool, owner.tenant_id, id)
+        let owner = store::tenants::tenant_by_name(&parts.pool, name).await?;
+        if store::get_for_tenant(&parts.pool, owner.tenant_id, id)
             .await?
             .is_none()
         {
             refuse!("tenant {name:?} has no extraction {id}");
         }
     }
-    let Some(stage) = orphans::reclaim(&services.pool, id).await? else {
+    let Some(stage) = orphans::reclaim(&parts.pool, id).await? else {
         refuse!("extraction {id} is unknown or has nothing left to do");
     };
-    let lane = match store::get(&services.pool, id).await? {
+    let lane = match store::get(&parts.pool, id).await? {
         Some(row) => crate::pipeline::jobs::lane(&row),
         None => Lane::default(),
     };
-    services
+    parts
         .jobs
         .republish(stage, id, lane, PublishReason::Operator)
         .await?;
     let (what, topic) = match stage {
-        Stage::Extraction => ("", &services.jobs.stage(stage).topic),
-        Stage::BboxRefinement => ("bbox refinement ", &services.jobs.stage(stage).topic),
+        Stage::Extraction => ("", &parts.jobs.stage(stage).topic),
+        Stage::BboxRefinement => ("bbox refinement ", &parts.jobs.stage(stage).topic),
     };
     Ok(format!(
         "extraction {id}: {what}lease expired, republished to {topic}\n"

@@ -1,6 +1,8 @@
-//! Process assembly: connects the services a role needs and runs it until the
-//! shutdown token fires. Each role is a function of (services, shutdown), so
-//! `all` and `demo` are the same roles run side by side in one process.
+//! Process assembly: connects what a process shares (the pool, the
+//! producer, the lifecycle, the metrics: a [`Process`]), hands each role the
+//! parts it uses, and runs it until the shutdown token fires. Each role is a
+//! function of (process, shutdown), so `all` and `demo` are the same roles
+//! run side by side in one process.
 //!
 //! In a role the consumer loop and its companions are cooperating tasks: if one
 //! of them fails, every other is stopped and the role returns the error, so the
@@ -14,16 +16,27 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use sqlx::PgPool;
+
+use crate::admission::{Admission, AdmissionSettings};
 use crate::api;
+use crate::auth::Authenticator;
 use crate::config::Settings;
+use crate::domain::schedule::Weights;
+use crate::domain::PerStage;
+use crate::extract::{CpuPool, Extractors};
+use crate::files::Files;
 use crate::health::{Dependency, Health};
-use crate::kafka::{Publisher, RecordHandler};
+use crate::kafka::{Consumers, Publisher, RecordHandler};
 use crate::metrics::Metrics;
+use crate::pipeline::bulk::Bulk;
 use crate::pipeline::{
-    bulk, census, release_held, retention, BboxWorker, ExtractionWorker, Holding, Intake, Reaper,
-    ReaperKind, Services,
+    census, retention, BatchLimits, Batched, BboxParts, BboxWorker, ExtractionWorker, Intake,
+    IntakeParts, Jobs, Reaper, ReaperKind, Stamps, SubmitParts, Submitter, WorkerParts,
 };
+use crate::quota::{FailedAuthentications, SubmitRates};
 use crate::store;
+use crate::webhook::{WebhookSettings, Webhooks};
 
 /// Why a process could not start, or a role of it stopped.
 #[derive(Debug, thiserror::Error)]
@@ -77,10 +90,137 @@ pub type RoleResult = Result<(), RoleError>;
 
 type Role = Pin<Box<dyn Future<Output = RoleResult> + Send>>;
 
-/// The pool and the producer for `settings`. Neither needs its dependency up
-/// yet: a process started during an outage comes up not ready, and becomes
-/// ready when the probes reach both (see [`run`]).
-pub async fn connect(settings: Settings) -> Result<Services, RoleError> {
+/// What one process holds once, whichever roles it runs: the pool, the
+/// producer and the consumers, the lifecycle and the submit path, the
+/// process-wide limits, the metrics. Nothing below `roles` sees it: each
+/// role gets the parts it uses, built here. A clone shares every part.
+#[derive(Clone)]
+pub struct Process {
+    /// Settings of this process.
+    pub settings: Arc<Settings>,
+    /// Postgres pool.
+    pub pool: PgPool,
+    /// The process's producer.
+    pub publisher: Publisher,
+    /// The process's consumers.
+    pub consumers: Consumers,
+    /// The process's metrics.
+    pub metrics: Metrics,
+    /// What this process knows of Kafka's and Postgres's outages.
+    pub health: Health,
+    /// The hot-path transitions, grouped across concurrent records.
+    pub batched: Batched,
+    /// The job lifecycle: claims, completions and their events.
+    pub jobs: Jobs,
+    /// The submit path, shared by the API and the intakes.
+    pub submitter: Submitter,
+    /// Bulk operations.
+    pub bulk: Bulk,
+    /// This process's webhook dispatcher.
+    pub webhooks: Webhooks,
+    /// The extractors this process can run, with their per-process limits.
+    pub extractors: Extractors,
+    /// Where CPU-bound work runs (the rule extractor, reading files, bbox
+    /// grounding).
+    pub cpu: CpuPool,
+    /// The "published" stamps of this process's new jobs.
+    pub stamps: Stamps,
+    /// API keys to callers (the API and the Kafka intake).
+    pub auth: Authenticator,
+    /// The limit on this process's submits in flight (the HTTP route's).
+    pub admission: Admission,
+    /// Tenants' weights, for the share of a consumer's slots each gets when
+    /// several have records waiting, and of the admission limit (kept
+    /// current by `weights::keep_current`).
+    pub weights: Weights,
+    /// The files tenants uploaded.
+    pub files: Files,
+}
+
+impl Process {
+    /// The process's parts on `pool` and `publisher`; starts the statement
+    /// batchers, the stamps and the webhook dispatcher.
+    fn new(
+        settings: Settings,
+        (pool, publisher): (PgPool, Publisher),
+        (metrics, health): (Metrics, Health),
+    ) -> Result<Self, reqwest::Error> {
+        let weights = Weights::default();
+        let admission = Admission::new(AdmissionSettings::of(&settings), weights.clone());
+        let stages = PerStage::new(|stage| settings.stage(stage));
+        let limits = BatchLimits::of(&settings);
+        let batched = Batched::new(limits, &stages, &pool, &health, &metrics, &admission);
+        let stamps = Stamps::spawn(pool.clone(), settings.published_stamp_delay());
+        let webhook_settings = WebhookSettings::of(&settings);
+        let webhooks = Webhooks::start(webhook_settings, pool.clone(), metrics.clone());
+        let jobs = Jobs::new(
+            &settings,
+            pool.clone(),
+            publisher.clone(),
+            metrics.clone(),
+            health.clone(),
+            batched.clone(),
+            webhooks.clone(),
+        );
+        let cpu = CpuPool::new(settings.extraction_threads);
+        let extractors = Extractors::new(&settings, &metrics, cpu.clone(), (&pool, &weights))?;
+        let submitter = Submitter::new(
+            &settings,
+            SubmitParts {
+                pool: pool.clone(),
+                jobs: jobs.clone(),
+                batched: batched.clone(),
+                extractors: extractors.clone(),
+                webhooks: webhooks.clone(),
+                stamps: stamps.clone(),
+                health: health.clone(),
+                compiler: CpuPool::new(0),
+            },
+        );
+        let bulk = Bulk {
+            pool: pool.clone(),
+            jobs: jobs.clone(),
+            max_running_per_tenant: i64::try_from(settings.bulk_max_running_per_tenant)
+                .unwrap_or(i64::MAX),
+        };
+        let consumers = Consumers::new(
+            &settings,
+            weights.clone(),
+            publisher.clone(),
+            (metrics.clone(), health.clone()),
+        );
+        let key_cache = settings.api_key_cache_s.get();
+        let answer_bound = settings.http_answer_timeout_s.get();
+        let auth = Authenticator::new(pool.clone(), key_cache, answer_bound);
+        let files = Files::new(&settings, pool.clone());
+        Ok(Self {
+            settings: Arc::new(settings),
+            pool,
+            publisher,
+            consumers,
+            metrics,
+            health,
+            batched,
+            jobs,
+            submitter,
+            bulk,
+            webhooks,
+            extractors,
+            cpu,
+            stamps,
+            auth,
+            admission,
+            weights,
+            files,
+        })
+    }
+}
+
+/// The pool and the producer for `settings`, and the process's parts on
+/// them. Neither needs its dependency up yet: a process started during an
+/// outage comes up not ready, and becomes ready when the probes reach both
+/// (see [`run`]).
+pub async fn connect(settings: Settings) -> Result<Process, RoleError> {
     let metrics = Metrics::new();
     let health = Health::new(metrics.clone());
     let pool = store::connect_lazy(
@@ -98,20 +238,24 @@ pub async fn connect(settings: Settings) -> Result<Services, RoleError> {
         metrics.clone(),
         health.clone(),
     )?;
-    Ok(Services::new(settings, pool, publisher, metrics, health)?)
+    Ok(Process::new(
+        settings,
+        (pool, publisher),
+        (metrics, health),
+    )?)
 }
 
 /// Probes Postgres and the broker every `health_probe_interval_s` until
 /// `shutdown`, and marks the process draining once it fires.
-fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
-    let health = &services.health;
-    let interval = services.settings.health_probe_interval_s.get();
-    let timing = (interval, services.settings.http_answer_timeout_s.get());
+fn watch_dependencies(process: &Process, shutdown: CancellationToken) {
+    let health = &process.health;
+    let interval = process.settings.health_probe_interval_s.get();
+    let timing = (interval, process.settings.http_answer_timeout_s.get());
     let (pool, acquire) = (
-        services.pool.clone(),
-        services.metrics.store.pool_acquire.clone(),
+        process.pool.clone(),
+        process.metrics.store.pool_acquire.clone(),
     );
-    let url = services.settings.database_url.clone();
+    let url = process.settings.database_url.clone();
     let probe_connection: ProbeConnection = Arc::default();
     health.spawn_probe(Dependency::Postgres, timing, shutdown.clone(), move || {
         let (pool, acquire) = (pool.clone(), acquire.clone());
@@ -119,8 +263,8 @@ fn watch_dependencies(services: &Services, shutdown: CancellationToken) {
         let (connection, url) = (probe_connection.clone(), url.clone());
         async move { probe_postgres(&connection, &url).await }
     });
-    let publisher = services.publisher.clone();
-    let topic = services.settings.topic(&services.settings.topic_submitted);
+    let publisher = process.publisher.clone();
+    let topic = process.settings.topic(&process.settings.topic_submitted);
     health.spawn_probe(Dependency::Kafka, timing, shutdown.clone(), move || {
         let (publisher, topic) = (publisher.clone(), topic.clone());
         async move { publisher.probe(&topic, timing.1).await }
@@ -170,18 +314,19 @@ fn sample_pool_wait(pool: sqlx::PgPool, acquire: prometheus::Histogram) {
 /// the publisher drain timeout, the producer is flushed, and only then does the
 /// listener close. A drain that times out is reported as an error (forced).
 pub async fn serve(
-    services: Services,
+    process: Process,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> RoleResult {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "serve: listening");
-    let gate = api::Gate::new(services.metrics.clone());
+    let gate = api::Gate::new(process.metrics.clone());
     let close_listener = CancellationToken::new();
-    let router = api::app(services.clone(), gate.clone());
-    let limits = api::ConnectionLimits::of(&services.settings);
+    let settings = &process.settings;
+    let router = api::app(settings, api(&process), gate.clone());
+    let limits = api::ConnectionLimits::of(settings);
     let mut server = tokio::spawn(api::serve(listener, router, limits, close_listener.clone()));
-    let bulk = tokio::spawn(bulk::resume_abandoned(services.clone(), shutdown.clone()));
+    let bulk = tokio::spawn(process.bulk.clone().resume_abandoned(shutdown.clone()));
     tokio::select! {
         _ = shutdown.cancelled() => {}
         ended = &mut server => {
@@ -190,14 +335,13 @@ pub async fn serve(
         }
     }
     let started = std::time::Instant::now();
-    let settings = &services.settings;
     let budget = settings.publisher_drain_timeout_s.get();
     // An export stream may take its whole drain, then its closing handshake.
     let streams = settings.export_drain_timeout_s.get() + std::time::Duration::from_secs(5);
     gate.close();
     let requests_drained = gate.wait_idle(budget.max(streams)).await;
-    let queue_drained = services.publisher.drain(budget).await;
-    services.stamps.flush().await;
+    let queue_drained = process.publisher.drain(budget).await;
+    process.stamps.flush().await;
     close_listener.cancel();
     server.await??;
     bulk.abort();
@@ -219,46 +363,90 @@ pub async fn serve(
     }
 }
 
+/// The API's handle on `process`'s parts.
+fn api(process: &Process) -> api::Api {
+    let settings = &process.settings;
+    api::Api::new(api::ApiParts {
+        settings: api::ApiSettings::of(settings),
+        pool: process.pool.clone(),
+        submitter: process.submitter.clone(),
+        jobs: process.jobs.clone(),
+        bulk: process.bulk.clone(),
+        files: process.files.clone(),
+        extractors: process.extractors.clone(),
+        consumers: process.consumers.clone(),
+        auth: process.auth.clone(),
+        submit_rates: SubmitRates::default(),
+        failed_authentications: FailedAuthentications::default(),
+        admission: process.admission.clone(),
+        metrics: process.metrics.clone(),
+        health: process.health.clone(),
+    })
+}
+
 /// The extraction worker: one consumer-group member on `extraction.submitted`.
-pub async fn worker(services: Services, shutdown: CancellationToken) -> RoleResult {
-    let handler = ExtractionWorker::new(services.clone());
-    let settings = services.settings.clone();
+pub async fn worker(process: Process, shutdown: CancellationToken) -> RoleResult {
+    let parts = WorkerParts {
+        pool: process.pool.clone(),
+        jobs: process.jobs.clone(),
+        extractors: process.extractors.clone(),
+        files: process.files.clone(),
+        cpu: process.cpu.clone(),
+        metrics: process.metrics.jobs.clone(),
+    };
+    let settings = &process.settings;
+    let handler = ExtractionWorker::new(settings, parts);
     let (group, topic) = (&settings.worker_group, &settings.topic_submitted);
-    consumer(services, group, topic, handler, shutdown).await
+    consumer(&process, (group, topic), handler, shutdown).await
 }
 
 /// The intake: one consumer-group member on `extraction.requests`.
 /// Beside it, the releaser of the requests it held for tenants at their cap.
-pub async fn intake(services: Services, shutdown: CancellationToken) -> RoleResult {
-    let holding = Holding::default();
-    let handler = Intake::new(services.clone(), holding.clone());
-    let releaser = tokio::spawn(release_held(services.clone(), holding, shutdown.clone()));
-    let settings = services.settings.clone();
+pub async fn intake(process: Process, shutdown: CancellationToken) -> RoleResult {
+    let parts = IntakeParts {
+        submitter: process.submitter.clone(),
+        pool: process.pool.clone(),
+        auth: process.auth.clone(),
+        publisher: process.publisher.clone(),
+        metrics: process.metrics.consumer.clone(),
+    };
+    let settings = &process.settings;
+    let handler = Intake::new(settings, parts);
+    let releaser = tokio::spawn(handler.clone().release_held(shutdown.clone()));
     let (group, topic) = (&settings.intake_group, &settings.topic_requests);
-    let consumed = consumer(services, group, topic, handler, shutdown).await;
+    let consumed = consumer(&process, (group, topic), handler, shutdown).await;
     releaser.abort();
     consumed
 }
 
 /// The bbox worker: one consumer-group member on `extraction.post_processing.requested`.
-pub async fn bbox_worker(services: Services, shutdown: CancellationToken) -> RoleResult {
-    let handler = BboxWorker::new(services.clone());
-    let settings = services.settings.clone();
+pub async fn bbox_worker(process: Process, shutdown: CancellationToken) -> RoleResult {
+    let parts = BboxParts {
+        pool: process.pool.clone(),
+        jobs: process.jobs.clone(),
+        batched: process.batched.clone(),
+        cpu: process.cpu.clone(),
+        metrics: process.metrics.jobs.clone(),
+    };
+    let settings = &process.settings;
+    let handler = BboxWorker::new(parts, settings.bbox_refine_timeout_s.get());
     let (group, topic) = (&settings.bbox_worker_group, &settings.topic_post_processing);
-    consumer(services, group, topic, handler, shutdown).await
+    consumer(&process, (group, topic), handler, shutdown).await
 }
 
 /// Runs `handler` on `topic` in `group` until `shutdown`, then flushes.
 async fn consumer<H: RecordHandler>(
-    services: Services,
-    group: &str,
-    topic: &str,
+    process: &Process,
+    (group, topic): (&str, &str),
     handler: H,
     shutdown: CancellationToken,
 ) -> RoleResult {
-    services.consume(group, topic, handler, shutdown).await?;
-    flush(&services);
-    services.stamps.flush().await;
+    process
+        .consumers
+        .run(group, topic, handler, shutdown)
+        .await?;
+    flush(&process.publisher);
+    process.stamps.flush().await;
     Ok(())
 }
 
@@ -270,36 +458,36 @@ async fn companion(run: impl Future<Output = ()>) -> RoleResult {
 }
 
 /// The queue census (`pipeline::census`) until `shutdown`, in every process.
-pub async fn census(services: Services, shutdown: CancellationToken) -> RoleResult {
+pub async fn census(process: Process, shutdown: CancellationToken) -> RoleResult {
     let taker = census::Taker::new(
-        &services.settings,
-        services.pool.clone(),
-        services.metrics.census.clone(),
-        services.health.clone(),
+        &process.settings,
+        process.pool.clone(),
+        process.metrics.census.clone(),
+        process.health.clone(),
     );
     census::run(taker, shutdown).await;
     Ok(())
 }
 
 /// The retention purge (`pipeline::retention`) until `shutdown`, in every process.
-pub async fn retention(services: Services, shutdown: CancellationToken) -> RoleResult {
+pub async fn retention(process: Process, shutdown: CancellationToken) -> RoleResult {
     let purger = retention::Purger::new(
-        &services.settings,
-        (services.pool.clone(), services.files.clone()),
-        services.metrics.jobs.purged.clone(),
-        services.health.clone(),
+        &process.settings,
+        (process.pool.clone(), process.files.clone()),
+        process.metrics.jobs.purged.clone(),
+        process.health.clone(),
     );
     retention::run(purger, shutdown).await;
     Ok(())
 }
 
 /// `/metrics`, `/healthz` and `/readyz` on `metrics_addr`, in every process.
-pub async fn metrics_endpoint(services: Services, shutdown: CancellationToken) -> RoleResult {
-    let listener = TcpListener::bind(&services.settings.metrics_addr).await?;
+pub async fn metrics_endpoint(process: Process, shutdown: CancellationToken) -> RoleResult {
+    let listener = TcpListener::bind(&process.settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics: listening");
     let (router, limits) = (
-        api::metrics_router(&services),
-        api::ConnectionLimits::of(&services.settings),
+        api::metrics_router(process.metrics.clone(), process.health.clone()),
+        api::ConnectionLimits::of(&process.settings),
     );
     api::serve(listener, router, limits, shutdown).await?;
     Ok(())
@@ -321,63 +509,63 @@ pub struct Mix {
 /// Runs `mix` in this process until `shutdown` fires or a role fails; a failing
 /// role stops the others. `http` is the API's listener when `mix.serve`.
 pub async fn run(
-    services: Services,
+    process: Process,
     mix: Mix,
     http: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> RoleResult {
     let stop = shutdown.child_token();
-    watch_dependencies(&services, stop.clone());
+    watch_dependencies(&process, stop.clone());
     tokio::spawn(crate::kafka::durability::log_survey(
-        services.settings.clone(),
+        process.settings.clone(),
         stop.clone(),
     ));
     let mut roles: Vec<(&'static str, Role)> = Vec::new();
     match (mix.serve, http) {
         (true, Some(listener)) => roles.push((
             "serve",
-            Box::pin(serve(services.clone(), listener, stop.clone())),
+            Box::pin(serve(process.clone(), listener, stop.clone())),
         )),
         (true, None) => return Err(RoleError::NoListener),
         (false, _) => {}
     }
     roles.push((
         "metrics",
-        Box::pin(metrics_endpoint(services.clone(), stop.clone())),
+        Box::pin(metrics_endpoint(process.clone(), stop.clone())),
     ));
-    roles.push(("census", Box::pin(census(services.clone(), stop.clone()))));
+    roles.push(("census", Box::pin(census(process.clone(), stop.clone()))));
     roles.push((
         "retention",
-        Box::pin(retention(services.clone(), stop.clone())),
+        Box::pin(retention(process.clone(), stop.clone())),
     ));
     for _ in 0..mix.intakes {
-        roles.push(("intake", Box::pin(intake(services.clone(), stop.clone()))));
+        roles.push(("intake", Box::pin(intake(process.clone(), stop.clone()))));
     }
     for _ in 0..mix.workers {
-        roles.push(("worker", Box::pin(worker(services.clone(), stop.clone()))));
+        roles.push(("worker", Box::pin(worker(process.clone(), stop.clone()))));
     }
     if mix.workers > 0 {
-        let reaper = companion(reaper(&services, ReaperKind::Extraction).run(stop.clone()));
+        let reaper = companion(reaper(&process, ReaperKind::Extraction).run(stop.clone()));
         roles.push(("extraction-reaper", Box::pin(reaper)));
     }
     for _ in 0..mix.bbox_workers {
         roles.push((
             "bbox-worker",
-            Box::pin(bbox_worker(services.clone(), stop.clone())),
+            Box::pin(bbox_worker(process.clone(), stop.clone())),
         ));
     }
     if mix.bbox_workers > 0 {
-        let reaper = companion(reaper(&services, ReaperKind::Bbox).run(stop.clone()));
+        let reaper = companion(reaper(&process, ReaperKind::Bbox).run(stop.clone()));
         roles.push(("bbox-reaper", Box::pin(reaper)));
     }
     if mix.workers + mix.bbox_workers > 0 {
-        let reaper = companion(reaper(&services, ReaperKind::Webhook).run(stop.clone()));
+        let reaper = companion(reaper(&process, ReaperKind::Webhook).run(stop.clone()));
         roles.push(("webhook-reaper", Box::pin(reaper)));
     }
     // The workers share their slots by the tenants' weights, and `serve` its
     // admission limit.
     if mix.serve || mix.workers + mix.bbox_workers > 0 {
-        let (pool, weights) = (services.pool.clone(), services.weights.clone());
+        let (pool, weights) = (process.pool.clone(), process.weights.clone());
         let weights = crate::pipeline::weights::keep_current(pool, weights, stop.clone());
         roles.push(("weights", Box::pin(companion(weights))));
     }
@@ -385,15 +573,25 @@ pub async fn run(
 }
 
 /// A reaper of `kind` on this process's parts.
-pub fn reaper(services: &Services, kind: ReaperKind) -> Reaper {
+pub fn reaper(process: &Process, kind: ReaperKind) -> Reaper {
     let parts = crate::pipeline::reaper::Parts {
-        pool: services.pool.clone(),
-        jobs: services.jobs.clone(),
-        webhooks: services.webhooks.clone(),
-        metrics: services.metrics.reapers.clone(),
-        health: services.health.clone(),
+        pool: process.pool.clone(),
+        jobs: process.jobs.clone(),
+        webhooks: process.webhooks.clone(),
+        metrics: process.metrics.reapers.clone(),
+        health: process.health.clone(),
     };
-    Reaper::new(kind, parts, &services.settings)
+    Reaper::new(kind, parts, &process.settings)
+}
+
+/// The parts the operator's commands (`docstream jobs|tenants|reclaim`) use.
+pub fn operator(process: &Process) -> crate::ops::Parts {
+    crate::ops::Parts {
+        pool: process.pool.clone(),
+        jobs: process.jobs.clone(),
+        files: process.files.clone(),
+        bulk: process.bulk.clone(),
+    }
 }
 
 /// Runs roles side by side; the first failure cancels the rest and is returned.
@@ -438,8 +636,8 @@ pub async fn bind_http(settings: &Settings) -> Result<TcpListener, RoleError> {
     Ok(socket.listen(backlog)?)
 }
 
-fn flush(services: &Services) {
-    if let Err(e) = services.publisher.flush(std::time::Duration::from_secs(10)) {
+fn flush(publisher: &Publisher) {
+    if let Err(e) = publisher.flush(std::time::Duration::from_secs(10)) {
         tracing::warn!(error = %e, "producer flush incomplete");
     }
 }

@@ -14,13 +14,13 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::describe;
+use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
-use crate::pipeline::Services;
 use crate::store::tenants::{self, Account, ApiKey, DisabledEndpoint};
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new()
         .api_route("/v1/me", get_with(me, describe_me))
         .api_route("/v1/tenant", get_with(tenant, describe_tenant))
@@ -73,11 +73,11 @@ pub(super) struct TenantList {
 }
 
 impl TenantView {
-    fn of(account: Account, services: &Services) -> Self {
-        let quota = account.quota().over(services.settings.tenant_quota());
+    fn of(account: Account, api: &Api) -> Self {
+        let quota = account.quota().over(api.settings.quota);
         let retention_s = account
             .retention_s
-            .unwrap_or(i64::from(services.settings.retention_days) * 86_400);
+            .unwrap_or(i64::from(api.settings.retention_days) * 86_400);
         Self {
             tenant: account.tenant,
             created_at: account.created_at,
@@ -110,18 +110,15 @@ fn describe_me(op: TransformOperation<'_>) -> TransformOperation<'_> {
     .response_with::<200, Json<Me>, _>(|a| a.description("The caller."))
 }
 
-async fn tenant(
-    caller: Caller,
-    State(services): State<Services>,
-) -> Result<Json<TenantView>, ApiError> {
+async fn tenant(caller: Caller, State(api): State<Api>) -> Result<Json<TenantView>, ApiError> {
     caller.require(Scope::Admin)?;
-    let account = tenants::accounts(&services.pool, Some(caller.tenant_id))
+    let account = tenants::accounts(&api.pool, Some(caller.tenant_id))
         .await?
         .into_iter()
         .next()
         // The key was live a moment ago; its tenant was deleted since.
         .ok_or_else(|| ApiError::Unauthorized("the key's tenant was deleted".into()))?;
-    Ok(Json(TenantView::of(account, &services)))
+    Ok(Json(TenantView::of(account, &api)))
 }
 
 fn describe_tenant(op: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -141,13 +138,13 @@ fn describe_tenant(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 async fn every_tenant(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
 ) -> Result<Json<TenantList>, ApiError> {
     caller.require(Scope::Operator)?;
-    let accounts = tenants::accounts(&services.pool, None).await?;
+    let accounts = tenants::accounts(&api.pool, None).await?;
     let items = accounts
         .into_iter()
-        .map(|a| TenantView::of(a, &services))
+        .map(|a| TenantView::of(a, &api))
         .collect();
     Ok(Json(TenantList { items }))
 }

@@ -19,18 +19,18 @@ use axum::http::request::Parts;
 use super::ApiError;
 use std::net::IpAddr;
 
+use super::state::Api;
 use crate::auth::{bearer, AuthError, Caller};
 use crate::domain::{key_is_well_formed, Scope};
-use crate::pipeline::Services;
 
 /// Lets one submit of `caller` through: it needs the `submit` scope and a
 /// token of its tenant's rate (429 with `Retry-After` without one). Answers
 /// the tenant's cap on open jobs, which the insert enforces.
-pub(super) fn admit_submit(services: &Services, caller: &Caller) -> Result<Option<i64>, ApiError> {
+pub(super) fn admit_submit(api: &Api, caller: &Caller) -> Result<Option<i64>, ApiError> {
     caller.require(Scope::Submit)?;
-    let quota = caller.quota.over(services.settings.tenant_quota());
+    let quota = caller.quota.over(api.settings.quota);
     if let Some(rate) = quota.submit_rate_per_s {
-        let taken = services
+        let taken = api
             .submit_rates
             .take(caller.tenant_id, rate, quota.submit_burst);
         if let Err(wait) = taken {
@@ -46,13 +46,10 @@ pub(super) fn admit_submit(services: &Services, caller: &Caller) -> Result<Optio
     Ok(quota.max_open_jobs)
 }
 
-impl FromRequestParts<Services> for Caller {
+impl FromRequestParts<Api> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        services: &Services,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, Self::Rejection> {
         let presented = match parts.headers.get(AUTHORIZATION) {
             None => None,
             Some(value) => {
@@ -63,17 +60,14 @@ impl FromRequestParts<Services> for Caller {
             }
         };
         let peer = parts.extensions.get::<Peer>().map(|p| p.0);
-        let rate = f64::from(services.settings.auth_failures_per_peer_per_s);
-        let burst = services
-            .settings
-            .auth_failures_per_peer_per_s
-            .saturating_mul(10);
-        let failures = &services.failed_authentications;
+        let rate = f64::from(api.settings.auth_failures_per_peer_per_s);
+        let burst = api.settings.auth_failures_per_peer_per_s.saturating_mul(10);
+        let failures = &api.failed_authentications;
         let gate = || match peer {
             Some(peer) => failures.check(peer, rate, burst),
             None => Ok(()),
         };
-        let authenticated = services.auth.authenticate_gated(presented, gate).await;
+        let authenticated = api.auth.authenticate_gated(presented, gate).await;
         // Only a key that had to be looked up counts: no key, or one that is
         // not even well-formed, costs nothing.
         let looked_up = presented.is_some_and(key_is_well_formed);

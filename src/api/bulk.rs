@@ -28,10 +28,11 @@ use uuid::Uuid;
 
 use super::describe;
 use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
+use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{idempotency_key_is_valid, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
-use crate::pipeline::{bulk, Services};
+use crate::pipeline::bulk;
 use crate::store::bulk::{Action, Created, Operation, Outcome, Selection, Verdict};
 use crate::store::list::{JobFilter, MAX_METADATA_KEYS, MAX_PAGE};
 use crate::store::{self, StoreError};
@@ -47,7 +48,7 @@ const AT_CAP_RETRY_AFTER_S: u64 = 5;
 /// Outcomes per page when the query does not say.
 pub(super) const DEFAULT_OUTCOMES: i64 = 50;
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new()
         .api_route("/v1/extractions/actions", post_with(start, describe_start))
         .api_route(
@@ -244,12 +245,12 @@ impl From<Outcome> for OutcomeView {
 
 async fn start(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     headers: HeaderMap,
     body: Result<Json<BulkRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Cancel)?;
-    let limit = services.settings.http_body_limit_bytes;
+    let limit = api.settings.body_limit;
     let Json(request) = body.map_err(|r| ApiError::from_json_rejection(r, limit))?;
     let key = match headers.get("idempotency-key") {
         None => Uuid::new_v4().to_string(),
@@ -264,7 +265,7 @@ async fn start(
     };
     let selection = selection(request.ids, request.filter)?;
     let owner = (caller.tenant_id, key.as_str());
-    let (operation, new) = match bulk::create(&services, owner, request.action, &selection).await? {
+    let (operation, new) = match api.bulk.create(owner, request.action, &selection).await? {
         Created::New(operation) => (operation, true),
         Created::Repeat(operation) => (operation, false),
         Created::AtCap(running) => return Err(at_cap(running)),
@@ -275,10 +276,10 @@ async fn start(
         ));
     }
     if new {
-        let running = tokio::spawn(bulk::run(services.clone(), operation.clone()));
+        let running = tokio::spawn(api.bulk.clone().run(operation.clone()));
         let _ = tokio::time::timeout(WAIT, running).await;
     }
-    let operation = store::bulk::get(&services.pool, caller.tenant_id, operation.id)
+    let operation = store::bulk::get(&api.pool, caller.tenant_id, operation.id)
         .await?
         .ok_or_else(|| ApiError::Internal("a bulk operation vanished".into()))?;
     let status = match operation.finished_at {
@@ -286,7 +287,7 @@ async fn start(
         None => StatusCode::ACCEPTED,
     };
     let location = format!("/v1/extractions/actions/{}", operation.id);
-    let view = view(&services, operation, None, None, DEFAULT_OUTCOMES).await?;
+    let view = view(&api, operation, None, None, DEFAULT_OUTCOMES).await?;
     Ok((status, [(header::LOCATION, location)], Json(view)).into_response())
 }
 
@@ -381,19 +382,17 @@ fn selection(ids: Option<Vec<Uuid>>, filter: Option<FilterBody>) -> Result<Selec
 /// outcomes (`outcome`, `cursor`, `limit`).
 async fn follow(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<OperationView>, ApiError> {
     caller.require(Scope::Read)?;
     let Path(id) = id?;
     let (verdict, after, limit) = outcome_query(query.as_deref().unwrap_or_default())?;
-    let operation = store::bulk::get(&services.pool, caller.tenant_id, id)
+    let operation = store::bulk::get(&api.pool, caller.tenant_id, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
-    Ok(Json(
-        view(&services, operation, verdict, after, limit).await?,
-    ))
+    Ok(Json(view(&api, operation, verdict, after, limit).await?))
 }
 
 /// A bulk action's answer, whether it finished (200) or runs (202).
@@ -468,13 +467,13 @@ fn outcome_query(query: &str) -> Result<(Option<Verdict>, Option<Uuid>, i64), Ap
 
 /// `operation` as answered, with a page of its outcomes.
 async fn view(
-    services: &Services,
+    api: &Api,
     operation: Operation,
     verdict: Option<Verdict>,
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<OperationView, StoreError> {
-    let pool = &services.pool;
+    let pool = &api.pool;
     let mut outcomes = store::bulk::outcomes(pool, operation.id, verdict, after, limit + 1).await?;
     let more = outcomes.len() as i64 > limit;
     outcomes.truncate(limit as usize);

@@ -20,18 +20,17 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::describe;
+use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
-use crate::domain::{ExtractionStatus, Scope, Transition};
-use crate::events::{ExtractionEvent, FieldCorrection, PublishReason};
-use crate::pipeline::Services;
+use crate::domain::{ExtractionStatus, Scope};
 use crate::store::corrections::{self, Correction, NewCorrection};
 use crate::store::{self, Extraction};
 
 /// Longest reviewer name, in bytes.
 const MAX_REVIEWER_BYTES: usize = 200;
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new()
         .api_route(
             "/v1/extractions/{id}/fields/{field}/corrections",
@@ -66,13 +65,13 @@ pub(super) struct CorrectionRequest {
 /// (422).
 async fn correct(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     path: Result<Path<(Uuid, String)>, PathRejection>,
     body: Result<Json<CorrectionRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Correction>), ApiError> {
     caller.require(Scope::Review)?;
     let Path((id, field)) = path?;
-    let limit = services.settings.http_body_limit_bytes;
+    let limit = api.settings.body_limit;
     let Json(body) = body.map_err(|e| ApiError::from_json_rejection(e, limit))?;
     let value = match &body.value {
         serde_json::Value::String(value) => Some(value.as_str()),
@@ -83,7 +82,7 @@ async fn correct(
             ))
         }
     };
-    let limit = services.settings.result_limits().field_bytes;
+    let limit = api.extractors.result_limits().field_bytes;
     let storable = |text: &str| !text.contains('\0');
     if value.is_some_and(|v| v.len() > limit || !storable(v)) {
         return Err(ApiError::Unprocessable(format!(
@@ -96,7 +95,7 @@ async fn correct(
             "reviewer must be at most {MAX_REVIEWER_BYTES} bytes of text without NUL characters"
         )));
     }
-    let job = correctable(&services, &caller, id, &field).await?;
+    let job = correctable(&api, &caller, id, &field).await?;
     let new = NewCorrection {
         extraction_id: id,
         tenant_id: caller.tenant_id,
@@ -107,33 +106,14 @@ async fn correct(
     };
     // Between the check and the statement the job may have been erased;
     // the statement judges again, and its refusal is told as the check's.
-    let Some(made) = corrections::correct(&services.pool, &new).await? else {
-        correctable(&services, &caller, id, &field).await?;
+    let Some(made) = corrections::correct(&api.pool, &new).await? else {
+        correctable(&api, &caller, id, &field).await?;
         return Err(ApiError::Conflict(
             "the job changed while it was being corrected; try again".into(),
         ));
     };
-    services
-        .metrics
-        .transition(Transition::CorrectField, &Some(&job));
-    services
-        .webhooks
-        .wake(made.webhook_id.as_deref(), caller.tenant_id);
+    api.jobs.corrected(&job, &made).await;
     let correction = made.correction;
-    let mut event =
-        ExtractionEvent::of(Transition::CorrectField, &job, None, PublishReason::Submit);
-    event.correction = Some(FieldCorrection {
-        correction_id: correction.id,
-        field: correction.field.clone(),
-        value: correction.value.clone(),
-        key_id: correction.key_id.to_string(),
-        reviewer: correction.reviewer.clone(),
-    });
-    // The correction is stored; an event the broker did not take is a gap
-    // in the stream, not a lost correction.
-    if let Err(e) = services.jobs.announce(id, event).await {
-        tracing::warn!(%id, error = %e, "correction event not published");
-    }
     tracing::info!(%id, field = %correction.field, correction = correction.id, "value corrected");
     Ok((StatusCode::CREATED, Json(correction)))
 }
@@ -171,12 +151,12 @@ fn describe_correct(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 /// The caller's job `id`, if its field `field` can be corrected now.
 async fn correctable(
-    services: &Services,
+    api: &Api,
     caller: &Caller,
     id: Uuid,
     field: &str,
 ) -> Result<Extraction, ApiError> {
-    let job = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
+    let job = store::get_for_tenant(&api.pool, caller.tenant_id, id).await?;
     let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if let Some(at) = job.erased_at {
         return Err(ApiError::Gone(format!(
@@ -189,7 +169,7 @@ async fn correctable(
             job.status
         )));
     }
-    if !corrections::request_names(&services.pool, id, field).await? {
+    if !corrections::request_names(&api.pool, id, field).await? {
         return Err(ApiError::Unprocessable(format!(
             "the job's request names no field {field:?}"
         )));
@@ -201,19 +181,19 @@ async fn correctable(
 /// value now.
 async fn corrections_of(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<Vec<Correction>>, ApiError> {
     caller.require(Scope::Read)?;
     let Path(id) = id?;
-    let job = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
+    let job = store::get_for_tenant(&api.pool, caller.tenant_id, id).await?;
     let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if let Some(at) = job.erased_at {
         return Err(ApiError::Gone(format!(
             "extraction {id} was erased at {at}"
         )));
     }
-    Ok(Json(corrections::of_job(&services.pool, id).await?))
+    Ok(Json(corrections::of_job(&api.pool, id).await?))
 }
 
 fn describe_corrections(op: TransformOperation<'_>) -> TransformOperation<'_> {

@@ -25,6 +25,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::describe;
+use super::state::Api;
 use super::uploads::{self, Uploads};
 use super::ApiError;
 use crate::auth::Caller;
@@ -32,12 +33,11 @@ use crate::config::Settings;
 use crate::domain::{ExtractionStatus, Scope};
 use crate::files::signed::{self, Signed};
 use crate::files::StoredFile;
-use crate::pipeline::Services;
 use crate::store;
 
 /// The routes. An upload is held to the bounds of uploads (`uploads`) and
 /// to the file limit, not to the API's body limit.
-pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Api> {
     ApiRouter::new()
         .api_route(
             "/v1/files",
@@ -60,12 +60,12 @@ pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
 
 /// The caller's job `id`, with its request, unless erased (410).
 async fn readable_job(
-    services: &Services,
+    api: &Api,
     caller: &Caller,
     id: Uuid,
 ) -> Result<(store::Extraction, crate::domain::ExtractionRequest), ApiError> {
     caller.require(Scope::Read)?;
-    let row = store::get_for_tenant(&services.pool, caller.tenant_id, id).await?;
+    let row = store::get_for_tenant(&api.pool, caller.tenant_id, id).await?;
     let mut row = row.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if let Some(at) = row.erased_at {
         return Err(ApiError::Gone(format!(
@@ -81,15 +81,15 @@ async fn readable_job(
 /// its extraction read (404 until it read it).
 async fn job_document(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<crate::domain::Document>, ApiError> {
     let Path(id) = id?;
-    let (_, request) = readable_job(&services, &caller, id).await?;
+    let (_, request) = readable_job(&api, &caller, id).await?;
     if request.document.object.is_none() {
         return Ok(Json(request.document));
     }
-    match store::documents::get(&services.pool, id).await? {
+    match store::documents::get(&api.pool, id).await? {
         Some(document) => Ok(Json(document)),
         None => Err(ApiError::NotFound(format!(
             "extraction {id} has not read its file yet"
@@ -119,20 +119,17 @@ fn describe_job_document(op: TransformOperation<'_>) -> TransformOperation<'_> {
 /// has no page to draw.
 async fn job_page(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     path: Result<Path<(Uuid, usize)>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path((id, page)) = path?;
-    let (row, request) = readable_job(&services, &caller, id).await?;
+    let (row, request) = readable_job(&api, &caller, id).await?;
     let Some(object) = request.document.object else {
         return Err(ApiError::NotFound(format!(
             "extraction {id} has no file: its document was sent as JSON"
         )));
     };
-    let (kind, bytes) = services
-        .files
-        .page_image(row.tenant_id, &object, page)
-        .await?;
+    let (kind, bytes) = api.files.page_image(row.tenant_id, &object, page).await?;
     let private = (header::CACHE_CONTROL, "private, max-age=300");
     Ok(([(header::CONTENT_TYPE, kind), private], bytes).into_response())
 }
@@ -172,12 +169,12 @@ fn describe_job_page(op: TransformOperation<'_>) -> TransformOperation<'_> {
 /// before the file is stored.
 async fn upload(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     Extension(uploads): Extension<Uploads>,
     request: Request,
 ) -> Result<(StatusCode, Json<StoredFile>), ApiError> {
     caller.require(Scope::Submit)?;
-    let limit = services.files.max_bytes();
+    let limit = api.files.max_bytes();
     if let Err(refused) = uploads.declared_within(request.headers(), limit) {
         return Err(uploads::linger(request, refused));
     }
@@ -194,7 +191,7 @@ async fn upload(
     };
     let body = uploads::body_within(request.into_body(), limit);
     let bytes = uploads.within_body_timeout(body).await?;
-    let (file, made) = services
+    let (file, made) = api
         .files
         .upload(caller.tenant_id, declared.as_deref(), bytes)
         .await?;
@@ -254,11 +251,11 @@ fn describe_upload<'t>(op: TransformOperation<'t>, settings: &Settings) -> Trans
 
 async fn read(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     Path(id): Path<String>,
 ) -> Result<Json<StoredFile>, ApiError> {
     caller.require(Scope::Read)?;
-    match services.files.get(caller.tenant_id, &id).await? {
+    match api.files.get(caller.tenant_id, &id).await? {
         Some(file) => Ok(Json(file)),
         None => Err(ApiError::NoSuchFile(id)),
     }
@@ -286,7 +283,7 @@ fn describe_read(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 /// A job's file, to the holder of its signed URL.
 async fn job_file(
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
     query: Result<Query<Signed>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -294,14 +291,14 @@ async fn job_file(
     let Query(signed) = query.map_err(|_| {
         ApiError::Forbidden("a file URL needs its attempt, expires and signature".into())
     })?;
-    let Some((_, secret)) = services.settings.deferred_results() else {
+    let Some(secret) = &api.settings.callback_secret else {
         return Err(ApiError::Forbidden(
             "file URLs are off in this deployment (DOCSTREAM_CALLBACK_SECRET)".into(),
         ));
     };
     let now = chrono::Utc::now().timestamp();
     signed::verify(secret, id, &signed, now).map_err(|e| ApiError::Forbidden(e.to_string()))?;
-    let row = store::get(&services.pool, id).await?;
+    let row = store::get(&api.pool, id).await?;
     // The URL is the attempt's: once another holds the job, or it ended,
     // the extractor that got it has no more business with the file.
     let running = |row: &store::Extraction| {
@@ -320,7 +317,7 @@ async fn job_file(
     let Some((tenant, object)) = file else {
         return Err(ApiError::NotFound(format!("extraction {id} has no file")));
     };
-    let (kind, bytes) = services.files.read(tenant, &object).await?;
+    let (kind, bytes) = api.files.read(tenant, &object).await?;
     Ok(([(header::CONTENT_TYPE, kind.as_str())], bytes).into_response())
 }
 

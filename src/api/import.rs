@@ -40,10 +40,10 @@ use uuid::Uuid;
 
 use super::describe;
 use super::sockets::{Sockets, Stream};
+use super::state::Api;
 use super::{ws, ApiError, Gate};
 use crate::auth::Caller;
 use crate::domain::{schema, ExtractionRequest, RequestError, Scope, MAX_IDEMPOTENCY_KEY_LEN};
-use crate::pipeline::{self, Services};
 use crate::store::NewExtraction;
 
 /// Frames of one socket being submitted at once.
@@ -52,7 +52,7 @@ pub const IN_FLIGHT: usize = 64;
 /// The `stream` label of this stream's metrics.
 const STREAM: &str = "import";
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new().api_route("/v1/import", get_with(upgrade, describe_upgrade))
 }
 
@@ -74,7 +74,7 @@ pub(super) struct Frame {
 
 async fn upgrade(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     Extension(gate): Extension<Gate>,
     Extension(sockets): Extension<Sockets>,
     socket: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -83,9 +83,9 @@ async fn upgrade(
         let socket = ws::accept(&caller, Scope::Submit, socket)?;
         let (admission, closing) = ws::admit(&sockets, &gate, caller.tenant_id, Stream::Import)?;
         // A frame is one request: it gets the body limit, as a POST does.
-        let limit = services.settings.http_body_limit_bytes;
+        let limit = api.settings.body_limit;
         Ok::<_, ApiError>(admission.upgrade(socket, limit, move |socket| {
-            import(socket, services, caller, closing)
+            import(socket, api, caller, closing)
         }))
     };
     open().unwrap_or_else(IntoResponse::into_response)
@@ -151,17 +151,17 @@ fn too_large(error: &axum::Error) -> bool {
     error.to_string().contains("Space limit exceeded")
 }
 
-async fn import(socket: WebSocket, services: Services, caller: Caller, closing: CancellationToken) {
+async fn import(socket: WebSocket, api: Api, caller: Caller, closing: CancellationToken) {
     let (sink, mut frames) = socket.split();
     let (answers, writer) = answer_writer(sink);
-    let mut submits = Submits::new(&services, caller, answers);
+    let mut submits = Submits::new(&api, caller, answers);
     let ended = submits.read(&mut frames, &closing).await;
     submits.drain().await;
     if let Ok(sink) = writer.await {
-        let limit = services.settings.http_body_limit_bytes;
+        let limit = api.settings.body_limit;
         close(sink, &mut frames, &ended, limit).await;
     }
-    let closes = &services.metrics.streams.closes;
+    let closes = &api.metrics.streams.closes;
     closes.with_label_values(&[STREAM, ended.kind()]).inc();
     tracing::debug!(?ended, "import stream drained and closed");
 }
@@ -186,7 +186,7 @@ fn answer_writer(mut sink: ws::Sink) -> (mpsc::Sender<Message>, JoinHandle<ws::S
 /// The frames of one socket being submitted, within the socket's bounds:
 /// [`IN_FLIGHT`] frames and `import_max_in_flight_bytes` of their text.
 struct Submits {
-    services: Services,
+    api: Api,
     caller: Arc<Caller>,
     answers: mpsc::Sender<Message>,
     slots: Arc<Semaphore>,
@@ -196,10 +196,10 @@ struct Submits {
 }
 
 impl Submits {
-    fn new(services: &Services, caller: Caller, answers: mpsc::Sender<Message>) -> Self {
-        let budget = services.settings.import_max_in_flight_bytes;
+    fn new(api: &Api, caller: Caller, answers: mpsc::Sender<Message>) -> Self {
+        let budget = api.settings.import_max_in_flight_bytes;
         Submits {
-            services: services.clone(),
+            api: api.clone(),
             caller: Arc::new(caller),
             answers,
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
@@ -212,7 +212,7 @@ impl Submits {
     /// Reads and submits frames, each once there is room for it, until the
     /// client closes, the server shuts down or a message is too large.
     async fn read(&mut self, frames: &mut ws::Frames, closing: &CancellationToken) -> Ended {
-        let mut liveness = ws::Liveness::new(self.services.settings.ws_ping_interval_s.get());
+        let mut liveness = ws::Liveness::new(self.api.settings.ws_ping_interval);
         loop {
             let slot = tokio::select! {
                 _ = closing.cancelled() => return Ended::ServerClosing,
@@ -227,7 +227,7 @@ impl Submits {
                     frame = frames.next() => break frame,
                     alive = liveness.tick() => match alive {
                         Ok(()) => {
-                            let auth = &self.services.auth;
+                            let auth = &self.api.auth;
                             if let Err(refused) = auth.recheck(&self.caller, Scope::Submit).await {
                                 return Ended::Refused(refused.to_string());
                             }
@@ -259,7 +259,7 @@ impl Submits {
     }
 
     async fn refuse_binary(&self) {
-        let frames = &self.services.metrics.streams.frames;
+        let frames = &self.api.metrics.streams.frames;
         frames.with_label_values(&[STREAM, "refused"]).inc();
         let refused = ws::binary_refused();
         let _ = self
@@ -271,21 +271,17 @@ impl Submits {
     /// Submits `text` in a task of its own, which answers it and then gives
     /// back the room it `held`.
     fn spawn(&mut self, text: Utf8Bytes, held: (OwnedSemaphorePermit, OwnedSemaphorePermit)) {
-        let services = self.services.clone();
+        let api = self.api.clone();
         let (answers, caller) = (self.answers.clone(), self.caller.clone());
-        let depth = services
-            .metrics
-            .streams
-            .queue_depth
-            .with_label_values(&[STREAM]);
+        let depth = api.metrics.streams.queue_depth.with_label_values(&[STREAM]);
         depth.inc();
         self.running.spawn(async move {
-            let (reference, outcome) = submit_frame(&services, &caller, &text).await;
+            let (reference, outcome) = submit_frame(&api, &caller, &text).await;
             let verdict = match outcome["error"].is_null() {
                 true => "accepted",
                 false => "refused",
             };
-            let frames = &services.metrics.streams.frames;
+            let frames = &api.metrics.streams.frames;
             frames.with_label_values(&[STREAM, verdict]).inc();
             let _ = answers.send(answer(reference, outcome)).await;
             depth.dec();
@@ -341,7 +337,7 @@ fn reference_of(text: &str) -> serde_json::Value {
 
 /// Submits one frame; its reference and `{"id", "status"}` or `{"error"}`.
 async fn submit_frame(
-    services: &Services,
+    api: &Api,
     caller: &Caller,
     text: &str,
 ) -> (serde_json::Value, serde_json::Value) {
@@ -352,7 +348,7 @@ async fn submit_frame(
             return (reference_of(text), refused.body());
         }
     };
-    let outcome = submit(services, caller, frame.idempotency_key, frame.request).await;
+    let outcome = submit(api, caller, frame.idempotency_key, frame.request).await;
     let body = match outcome {
         Ok((id, status)) => serde_json::json!({"id": id, "status": status}),
         Err(e) => e.body(),
@@ -361,18 +357,18 @@ async fn submit_frame(
 }
 
 async fn submit(
-    services: &Services,
+    api: &Api,
     caller: &Caller,
     idempotency_key: Option<String>,
     request: ExtractionRequest,
 ) -> Result<(Uuid, String), ApiError> {
-    let max_open_jobs = super::auth::admit_submit(services, caller)?;
+    let max_open_jobs = super::auth::admit_submit(api, caller)?;
     let tenant = (caller.tenant_id, max_open_jobs);
-    let limits = services.settings.request_limits();
-    services.learn_patterns(&request).await;
+    let limits = api.settings.request_limits;
+    api.submitter.learn_patterns(&request).await;
     let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
         .map_err(|refused| ApiError::refused(refused, "idempotency_key"))?;
-    let submitted = pipeline::submit(services, new, || ()).await?;
+    let submitted = api.submitter.submit(new, || ()).await?;
     let row = submitted.extraction();
     Ok((row.id, row.status.to_string()))
 }

@@ -21,23 +21,23 @@ use serde_json::json;
 
 use super::describe;
 use super::query::{each_param, page_limit};
+use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
 use crate::kafka::reader::{produce_copy, TopicReader};
-use crate::pipeline::Services;
 use crate::store::letters::{self, ReplayRefused, TenantLetter};
 
 /// Letters a page holds when the query does not say.
 pub(super) const DEFAULT_LETTERS: i64 = 50;
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new().api_route("/v1/dead-letters", get_with(list_letters, describe_list))
 }
 
 /// The replay, outside the REST answer bound: reading the original and
 /// producing its copy may take the broker's time (30 s at most each).
-pub(super) fn replay_routes() -> ApiRouter<Services> {
+pub(super) fn replay_routes() -> ApiRouter<Api> {
     ApiRouter::new().api_route(
         "/v1/dead-letters/{id}/replay",
         post_with(replay_letter, describe_replay),
@@ -60,7 +60,7 @@ pub(super) struct Replayed {
 
 async fn replay_letter(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     Path(id): Path<String>,
 ) -> Result<Json<Replayed>, ApiError> {
     // A replay submits the record again.
@@ -68,7 +68,7 @@ async fn replay_letter(
     let id: i64 = id
         .parse()
         .map_err(|_| ApiError::BadRequest(format!("{id:?} is not a dead letter's id")))?;
-    let pool = &services.pool;
+    let pool = &api.pool;
     let (topic, partition, offset) = match letters::claim_replay(pool, caller.tenant_id, id).await {
         Ok(source) => source,
         Err(ReplayRefused::NotFound(_)) => {
@@ -79,11 +79,7 @@ async fn replay_letter(
     };
     // Detached: once claimed, the replay ends (produced, or the claim given
     // back) even if the caller goes away.
-    let replay = tokio::spawn(replay_claimed(
-        services.clone(),
-        id,
-        (topic, partition, offset),
-    ));
+    let replay = tokio::spawn(replay_claimed(api.clone(), id, (topic, partition, offset)));
     replay
         .await
         .map_err(|e| ApiError::Unavailable(format!("the replay stopped: {e}")))?
@@ -113,12 +109,12 @@ fn describe_replay(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 /// Replays claimed letter `id`, whose original is at `source`.
 async fn replay_claimed(
-    services: Services,
+    api: Api,
     id: i64,
     (topic, partition, offset): (String, i32, i64),
 ) -> Result<Json<Replayed>, ApiError> {
-    let pool = &services.pool;
-    let brokers = services.settings.kafka_brokers.clone();
+    let pool = &api.pool;
+    let brokers = api.consumers.brokers().to_owned();
     let read = {
         let topic = topic.clone();
         tokio::task::spawn_blocking(move || {
@@ -145,7 +141,7 @@ async fn replay_claimed(
     let value = rdkafka::Message::payload(&original)
         .unwrap_or_default()
         .to_vec();
-    match produce_copy(&services.settings.kafka_brokers, &topic, &original, &value).await {
+    match produce_copy(api.consumers.brokers(), &topic, &original, &value).await {
         Ok(place) => {
             letters::finish_replay(pool, id, Some(place)).await?;
             Ok(Json(Replayed {
@@ -177,12 +173,12 @@ pub(super) struct LetterPage {
 
 async fn list_letters(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<LetterPage>, ApiError> {
     caller.require(Scope::Read)?;
     let (before, limit) = parse(query.as_deref().unwrap_or_default())?;
-    let mut items = letters::list(&services.pool, caller.tenant_id, before, limit + 1).await?;
+    let mut items = letters::list(&api.pool, caller.tenant_id, before, limit + 1).await?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
     let next_cursor = (more.then(|| items.last().map(|l| l.id)).flatten())

@@ -15,10 +15,10 @@ use serde_json::{json, Value};
 use super::describe;
 use super::extractions::ExtractionView;
 use super::query::{cursor, cursor_of, each_param, page_limit, MAX_QUERY_TEXT};
+use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{BboxStatus, ExtractionStatus, Scope, MAX_IDEMPOTENCY_KEY_LEN};
-use crate::pipeline::Services;
 use crate::store::list::{self, JobFilter, Order, PageRequest};
 use crate::store::list::{MAX_ERROR_PREFIX_CHARS, MAX_METADATA_KEYS, MAX_PAGE, SCAN_BUDGET};
 use crate::store::StoreError;
@@ -26,7 +26,7 @@ use crate::store::StoreError;
 /// Jobs a page holds when the query does not say.
 pub(super) const DEFAULT_PAGE: i64 = 50;
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new().api_route("/v1/extractions", get_with(list_jobs, describe_list))
 }
 
@@ -46,12 +46,12 @@ pub(super) struct JobPage {
 
 async fn list_jobs(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<JobPage>, ApiError> {
     caller.require(Scope::Read)?;
     let (filter, page) = parse(query.as_deref().unwrap_or_default())?;
-    let mut connection = services.pool.acquire().await.map_err(StoreError::from)?;
+    let mut connection = api.pool.acquire().await.map_err(StoreError::from)?;
     let listed = list::list(&mut connection, caller.tenant_id, &filter, page).await?;
     let items = listed.jobs.into_iter().map(ExtractionView::from).collect();
     let next_cursor = listed.next.map(cursor_of);

@@ -1,7 +1,7 @@
 //! The HTTP edge: `serve`'s routes (the REST API, the import and export streams),
-//! assembled by [`app`] and run by [`serve`]; and the internal listener every
-//! process has ([`metrics_router`]). Every API route but the probes needs an
-//! API key (`auth`).
+//! assembled by [`app`] on the parts an [`Api`] holds and run by [`serve`];
+//! and the internal listener every process has ([`metrics_router`]). Every
+//! API route but the probes needs an API key (`auth`).
 
 mod account;
 mod auth;
@@ -23,6 +23,7 @@ mod overview;
 mod query;
 mod results;
 mod sockets;
+mod state;
 mod upload;
 mod uploads;
 mod ws;
@@ -30,6 +31,7 @@ mod ws;
 pub use error::ApiError;
 pub use gate::Gate;
 pub use listener::{serve, ConnectionLimits};
+pub use state::{Api, ApiSettings, Parts as ApiParts};
 
 use aide::axum::routing::get_with;
 use aide::axum::ApiRouter;
@@ -46,26 +48,22 @@ use std::time::Duration;
 use crate::config::Settings;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::pipeline::Services;
 
-/// The whole API on `services`, behind `gate` (which refuses requests once
-/// shutdown began and counts the ones in flight), with its contract at
-/// `GET /openapi.json`, made from the same routes.
-pub fn app(services: Services, gate: Gate) -> Router {
-    let settings = services.settings.clone();
-    let metrics = services.metrics.clone();
-    let (routes, document) = openapi::finish(&settings, || routes(&settings));
+/// The whole API on `api`, as `settings` describe it, behind `gate` (which
+/// refuses requests once shutdown began and counts the ones in flight), with
+/// its contract at `GET /openapi.json`, made from the same routes.
+pub fn app(settings: &Settings, api: Api, gate: Gate) -> Router {
+    let metrics = api.metrics.clone();
+    let (routes, document) = openapi::finish(settings, || routes(settings));
+    let uploads = uploads::Uploads::new(settings, &metrics.http);
     Router::new()
-        .merge(routes.with_state(services.clone()))
+        .merge(routes.with_state(api))
         .merge(openapi::router(document))
         .merge(console::router())
         .layer(DefaultBodyLimit::max(settings.http_body_limit_bytes))
         .layer(axum::Extension(gate.clone()))
-        .layer(axum::Extension(sockets::Sockets::new(&settings)))
-        .layer(axum::Extension(uploads::Uploads::new(
-            &settings,
-            &services.metrics.http,
-        )))
+        .layer(axum::Extension(sockets::Sockets::new(settings)))
+        .layer(axum::Extension(uploads))
         .layer(middleware::from_fn_with_state(metrics, count_requests))
         .layer(middleware::from_fn_with_state(gate, gate::admit))
 }
@@ -73,7 +71,7 @@ pub fn app(services: Services, gate: Gate) -> Router {
 /// Every route of the API with its operation, and the answers the layers
 /// of [`app`] give them: 503 from the gate once shutdown began, and 413
 /// from the body limit to a route that reads a body.
-fn routes(settings: &Settings) -> ApiRouter<Services> {
+fn routes(settings: &Settings) -> ApiRouter<Api> {
     // REST requests are answered within the bound, whatever Postgres or the
     // broker do; the submit keeps its own, tighter, bound inside it.
     let bound = settings.http_answer_timeout_s.get() + REST_MARGIN;
@@ -121,17 +119,11 @@ fn each_operation(item: &mut TransformPathItem<'_>, f: impl FnMut(&mut aide::ope
 /// The internal listener of every process (`metrics_addr`): `/metrics`,
 /// `/healthz` and `/readyz`. `/metrics` is only here, never on the API's
 /// port: it belongs on an internal network.
-pub fn metrics_router(services: &Services) -> Router {
+pub fn metrics_router(metrics: Metrics, health: Health) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
-        .with_state(services.metrics.clone())
-        .merge(Router::from(probes::<Health>()).with_state(services.health.clone()))
-}
-
-impl FromRef<Services> for Health {
-    fn from_ref(services: &Services) -> Health {
-        services.health.clone()
-    }
+        .with_state(metrics)
+        .merge(Router::from(probes::<Health>()).with_state(health))
 }
 
 /// `/healthz` (alive) and `/readyz` (ready for traffic), which need no key:

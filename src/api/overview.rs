@@ -16,14 +16,14 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::describe;
+use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
-use crate::pipeline::Services;
 use crate::store::census::{self, Census, Sample};
 use crate::store::orphans::OrphanClass;
 
-pub(super) fn routes() -> ApiRouter<Services> {
+pub(super) fn routes() -> ApiRouter<Api> {
     ApiRouter::new()
         .api_route(
             "/v1/overview",
@@ -83,16 +83,16 @@ pub(super) struct OpenClass {
 
 async fn tenant_overview(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
 ) -> Result<Json<Overview>, ApiError> {
     caller.require(Scope::Read)?;
-    let pool = &services.pool;
+    let pool = &api.pool;
     let (now, samples) = tokio::try_join!(
         census::count_tenant(pool, caller.tenant_id),
         census::samples(pool, Some(caller.tenant_id)),
     )?;
     Ok(Json(Overview {
-        interval_s: services.settings.census_interval_s.get().as_secs_f64(),
+        interval_s: api.settings.census_interval.as_secs_f64(),
         now,
         samples,
         orphans: None,
@@ -119,10 +119,10 @@ fn describe_tenant_overview(op: TransformOperation<'_>) -> TransformOperation<'_
 
 async fn deployment_overview(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
 ) -> Result<Json<Overview>, ApiError> {
     caller.require(Scope::Operator)?;
-    let pool = &services.pool;
+    let pool = &api.pool;
     let (now, samples, (orphans, lag)) = tokio::try_join!(
         census::count(pool),
         census::samples(pool, None),
@@ -146,7 +146,7 @@ async fn deployment_overview(
         })
         .collect();
     Ok(Json(Overview {
-        interval_s: services.settings.census_interval_s.get().as_secs_f64(),
+        interval_s: api.settings.census_interval.as_secs_f64(),
         now,
         samples,
         orphans: Some(orphans),

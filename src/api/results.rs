@@ -28,10 +28,11 @@ use crate::extract::{
     check_required, deferred, protocol, ExtractError, ExtractionOutput, ResultSize,
 };
 
-use crate::pipeline::{JobError, Services};
+use super::state::Api;
+use crate::pipeline::JobError;
 use crate::store;
 
-pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Api> {
     ApiRouter::new().api_route(
         "/v1/extractions/{id}/result",
         post_with(post_result, |op| describe_result(op, settings)),
@@ -60,7 +61,7 @@ struct Failure {
 const REASON: PublishReason = PublishReason::Submit;
 
 async fn post_result(
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
     headers: HeaderMap,
     body: Body,
@@ -68,12 +69,12 @@ async fn post_result(
     let Path(id) = id?;
     // The token first: a caller without one is not worth reading a body of
     // up to the limit for.
-    let attempt = authorised_attempt(&services, id, &headers)?;
-    let limit = services.settings.http_body_limit_bytes;
+    let attempt = authorised_attempt(&api, id, &headers)?;
+    let limit = api.settings.body_limit;
     let body = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| ApiError::PayloadTooLarge(limit))?;
-    let row = store::get(&services.pool, id)
+    let row = store::get(&api.pool, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if row.status != ExtractionStatus::Running || row.attempts != attempt {
@@ -84,8 +85,7 @@ async fn post_result(
     }
     let claim = (id, attempt);
     if row.cancel_requested_at.is_some() {
-        services
-            .jobs
+        api.jobs
             .cancel_running_extraction(claim, REASON)
             .await
             .map_err(unavailable)?;
@@ -94,7 +94,7 @@ async fn post_result(
     let request = row
         .request()
         .ok_or_else(|| ApiError::Internal("the row was read without its request".into()))?;
-    end(&services, claim, row.attempts_base, request, &body).await
+    end(&api, claim, row.attempts_base, request, &body).await
 }
 
 /// The deferred result's contract: its token, its body (read as JSON
@@ -136,8 +136,8 @@ fn describe_result<'t>(op: TransformOperation<'t>, settings: &Settings) -> Trans
 }
 
 /// The attempt the bearer token was issued for, if it is this job's.
-fn authorised_attempt(services: &Services, id: Uuid, headers: &HeaderMap) -> Result<i32, ApiError> {
-    let Some((_, secret)) = services.settings.deferred_results() else {
+fn authorised_attempt(api: &Api, id: Uuid, headers: &HeaderMap) -> Result<i32, ApiError> {
+    let Some(secret) = &api.settings.callback_secret else {
         return Err(ApiError::Unauthorized(
             "deferred results are off in this deployment".into(),
         ));
@@ -200,45 +200,39 @@ fn read_ending(
 
 /// Ends attempt `claim` (of the job's run since `base`) with what `body` says.
 async fn end(
-    services: &Services,
+    api: &Api,
     claim: (Uuid, i32),
     base: i32,
     request: &ExtractionRequest,
     body: &[u8],
 ) -> Result<Json<Recorded>, ApiError> {
-    let limits = services.extractors.result_limits();
+    let limits = api.extractors.result_limits();
     let (won, status) = match read_ending(request, body, limits)? {
         Ending::Succeed(output, read) => {
             let kept = match &read {
-                Some(document) => crate::store::documents::keep(&services.pool, claim, document)
+                Some(document) => crate::store::documents::keep(&api.pool, claim, document)
                     .await
                     .map_err(|e| unavailable(e.into()))?,
                 None => true,
             };
             let succeeded = match kept {
-                true => {
-                    services
-                        .jobs
-                        .succeed_extraction(claim, &output, REASON)
-                        .await
-                }
+                true => api.jobs.succeed_extraction(claim, &output, REASON).await,
                 false => Ok(false),
             };
             (succeeded, "succeeded")
         }
         Ending::Retry(error) => (
-            services
-                .jobs
+            api.jobs
                 .retry_or_fail_extraction(claim, &error, REASON)
                 .await,
             // The last attempt's failure fails the job instead.
-            match claim.1 - base >= services.settings.max_attempts {
+            match claim.1 - base >= api.settings.max_attempts {
                 true => "failed",
                 false => "retried",
             },
         ),
         Ending::Fail(error) => (
-            services.jobs.fail_extraction(claim, &error, REASON).await,
+            api.jobs.fail_extraction(claim, &error, REASON).await,
             "failed",
         ),
     };

@@ -22,12 +22,11 @@ use axum::extract::{FromRequest, Multipart, Request};
 use axum::http::{header, HeaderMap};
 use axum::Json;
 
+use super::state::Api;
 use super::uploads::Uploads;
 use super::{ApiError, BoundLifted};
 use crate::auth::Caller;
-use crate::config::Settings;
 use crate::domain::{ExtractionRequest, RequestError};
-use crate::pipeline::Services;
 
 /// Whether `headers` declare a multipart body.
 pub(super) fn is_multipart(headers: &HeaderMap) -> bool {
@@ -39,27 +38,17 @@ pub(super) fn is_multipart(headers: &HeaderMap) -> bool {
     essence.eq_ignore_ascii_case("multipart/form-data")
 }
 
-/// The largest multipart submit: a file at its limit, and room for the
-/// request part and the form's framing.
-pub(super) fn multipart_limit(settings: &Settings) -> usize {
-    let request = settings.http_body_limit_bytes;
-    settings
-        .file_max_bytes
-        .saturating_add(request)
-        .saturating_add(64 * 1024)
-}
-
 /// The request a submit's body holds, its file stored first if it has one.
 /// A file's bytes move within the bounds of uploads (`uploads`), and
 /// `moving` is called before they do.
 pub(super) async fn submitted(
-    services: &Services,
+    api: &Api,
     uploads: &Uploads,
     caller: &Caller,
     request: Request,
     moving: impl FnOnce(),
 ) -> Result<ExtractionRequest, ApiError> {
-    let limit = services.settings.http_body_limit_bytes;
+    let limit = api.settings.body_limit;
     let lifted = request.extensions().get::<BoundLifted>().cloned();
     let lift = || {
         if let Some(lifted) = &lifted {
@@ -80,7 +69,7 @@ pub(super) async fn submitted(
         let Some(url) = parsed.document.url.take() else {
             return Ok(parsed);
         };
-        let url_limit = services.settings.max_url_bytes;
+        let url_limit = api.settings.url_limit;
         if url.len() > url_limit {
             let what = "document.url".into();
             let unit = "bytes";
@@ -97,26 +86,26 @@ pub(super) async fn submitted(
         }
         // Checked first, with a placeholder for the file still to come.
         parsed.document.object = Some("0".repeat(64));
-        parsed.validate(&services.settings.request_limits())?;
+        parsed.validate(&api.settings.request_limits)?;
         // The fetch has its own timeout (DOCSTREAM_FILE_FETCH_TIMEOUT_S).
         let _slot = uploads.take(caller.tenant_id)?;
         lift();
-        let (stored, _) = services.files.fetch(caller.tenant_id, &url).await?;
+        let (stored, _) = api.files.fetch(caller.tenant_id, &url).await?;
         parsed.document.object = Some(stored.id);
         return Ok(parsed);
     }
-    let early = uploads.declared_within(request.headers(), multipart_limit(&services.settings));
+    let early = uploads.declared_within(request.headers(), api.settings.multipart_limit);
     let _slot = match early.and_then(|()| uploads.take(caller.tenant_id)) {
         Ok(slot) => slot,
         Err(refused) => return Err(super::uploads::linger(request, refused)),
     };
     lift();
-    let max = services.files.max_bytes();
+    let max = api.files.max_bytes();
     let form = uploads.within_body_timeout(form_parts(request, limit, max));
     let (json, (declared, bytes)) = form.await?;
     let mut request = request_without_document(&json)?;
-    request.validate(&services.settings.request_limits())?;
-    let (stored, _) = services
+    request.validate(&api.settings.request_limits)?;
+    let (stored, _) = api
         .files
         .upload(caller.tenant_id, declared.as_deref(), bytes)
         .await?;

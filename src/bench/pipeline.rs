@@ -27,10 +27,10 @@ use uuid::Uuid;
 use super::cost::{JobCost, Snapshot};
 use super::procs::{Proc, ProcCost};
 use crate::demo::sample_requests;
-use docstream::bench_support;
+
 use docstream::config::{ExtractorSettings, Settings};
 use docstream::domain::ExtractionRequest;
-use docstream::pipeline;
+use docstream::pipeline::Submitter;
 use docstream::roles;
 use docstream::store::{tenants, Extraction, NewExtraction};
 
@@ -207,11 +207,11 @@ pub async fn burn_down(
 ) -> anyhow::Result<BurnDown> {
     progress.set_length(jobs as u64);
     progress.set_message("submitting (no worker running)");
-    let services = roles::connect(rig.settings.clone()).await?;
+    let process = roles::connect(rig.settings.clone()).await?;
     let keeps_statistics = reset_statements(&rig.pool).await;
     let before = Snapshot::take(&rig.pool).await?;
     let started = Instant::now();
-    let rows = insert_backlog(&services, jobs, progress).await?;
+    let rows = insert_backlog(&process.submitter, jobs, progress).await?;
     let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
     let submit_s = started.elapsed().as_secs_f64();
 
@@ -220,11 +220,11 @@ pub async fn burn_down(
     let started = Instant::now();
     let mut procs = spawn_stable_workers(rig, workers, bbox_workers).await?;
     progress.set_message("workers draining the backlog");
-    publish_backlog(&services, &rows).await?;
+    publish_backlog(&process.submitter, &rows).await?;
     let deadline = Duration::from_secs(120.max(jobs as u64 / 100));
     wait_all_done(rig, jobs, &mut procs, deadline, progress).await?;
-    services.stamps.flush().await;
-    drop(services);
+    process.stamps.flush().await;
+    drop(process);
     let wall_s = started.elapsed().as_secs_f64();
     let processes = costs(&procs, &[])?;
     let statistics = (&rig.pool, keeps_statistics);
@@ -258,7 +258,7 @@ pub async fn burn_down(
 /// Inserts `jobs` jobs (the sample requests in turn) without publishing
 /// their events, so that no worker sees them until they are released.
 async fn insert_backlog(
-    services: &pipeline::Services,
+    submitter: &Submitter,
     jobs: usize,
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Extraction>> {
@@ -273,7 +273,7 @@ async fn insert_backlog(
                 request: samples[i % samples.len()].request.clone(),
             };
             async move {
-                let submitted = bench_support::insert(services, new).await?;
+                let submitted = submitter.insert(new).await?;
                 progress.inc(1);
                 anyhow::Ok(submitted.extraction().clone())
             }
@@ -305,9 +305,9 @@ async fn spawn_stable_workers(
 }
 
 /// Releases the backlog: publishes every job's created event at once.
-async fn publish_backlog(services: &pipeline::Services, rows: &[Extraction]) -> anyhow::Result<()> {
+async fn publish_backlog(submitter: &Submitter, rows: &[Extraction]) -> anyhow::Result<()> {
     stream::iter(rows)
-        .map(|row| bench_support::publish_created(services, row))
+        .map(|row| submitter.publish_created(row))
         .buffer_unordered(1024)
         .collect::<Vec<_>>()
         .await

@@ -147,7 +147,7 @@ impl CpuPool {
     /// Runs `work` on a blocking thread once a slot is free, with no
     /// deadline: for work that is bounded on its own and must not be cut
     /// short, because what would follow it on the async runtime is worse
-    /// (see `Services::learn_patterns`). A caller that stops waiting leaves
+    /// (see `Submitter::learn_patterns`). A caller that stops waiting leaves
     /// it to finish; its slot is taken until then.
     pub async fn run_to_end<T, F>(&self, work: F) -> Result<T, ExtractError>
     where

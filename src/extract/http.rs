@@ -90,6 +90,11 @@ enum Answer {
 }
 
 impl HttpExtractor {
+    /// Whether it takes a job's file (protocol version 2).
+    pub fn takes_files(&self) -> bool {
+        self.settings.takes_files()
+    }
+
     /// The extractor `name` with `settings`, its calls capped across the
     /// deployment (and each tenant's, when it has a share) by `caps`, whose
     /// order (the priority bound and the tenants' weights) this process's

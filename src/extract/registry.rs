@@ -112,6 +112,16 @@ impl Extractors {
         Ok(extracted)
     }
 
+    /// Whether the extractor `name` takes a job's file: `rules` does, an
+    /// HTTP extractor if it speaks protocol version 2; `None` for a name
+    /// this process does not know.
+    pub fn takes_files(&self, name: &str) -> Option<bool> {
+        match name == RULES {
+            true => Some(true),
+            false => self.http.get(name).map(HttpExtractor::takes_files),
+        }
+    }
+
     /// The result limits, for results that arrive later (deferred ones).
     pub fn result_limits(&self) -> ResultLimits {
         self.result

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod consumer;
+pub mod consumers;
 pub mod context;
 pub mod durability;
 pub mod groups;
@@ -17,6 +18,7 @@ pub mod record;
 pub mod topics;
 
 pub use consumer::{ConsumerSpec, HandlerError, RecordHandler};
+pub use consumers::Consumers;
 pub use lane::lane_of;
 pub use publisher::{PublishError, Publisher};
 pub use record::Record;

@@ -16,7 +16,8 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::pipeline::{bulk, Services};
+use super::Parts;
+use crate::pipeline::bulk;
 use crate::store::bulk::{Action, Created, Outcome, Selection, Verdict};
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
 use crate::store::{self, tenants, Extraction};
@@ -183,9 +184,9 @@ impl From<&Extraction> for Listed {
     }
 }
 
-/// Runs a `jobs` command on `services`; what it prints.
-pub async fn jobs(services: &Services, command: JobsCommand) -> Result<String, OpsError> {
-    let pool = &services.pool;
+/// Runs a `jobs` command on `parts`; what it prints.
+pub async fn jobs(parts: &Parts, command: JobsCommand) -> Result<String, OpsError> {
+    let pool = &parts.pool;
     match command {
         JobsCommand::List {
             filter,
@@ -235,9 +236,9 @@ pub async fn jobs(services: &Services, command: JobsCommand) -> Result<String, O
             });
             Ok(serde_json::to_string_pretty(&shown)? + "\n")
         }
-        JobsCommand::Retry(args) => act(services, Action::Retry, args).await,
-        JobsCommand::Cancel(args) => act(services, Action::Cancel, args).await,
-        JobsCommand::Truth { tenant, out, limit } => truth(services, &tenant, &out, limit).await,
+        JobsCommand::Retry(args) => act(parts, Action::Retry, args).await,
+        JobsCommand::Cancel(args) => act(parts, Action::Cancel, args).await,
+        JobsCommand::Truth { tenant, out, limit } => truth(parts, &tenant, &out, limit).await,
     }
 }
 
@@ -247,13 +248,13 @@ pub async fn jobs(services: &Services, command: JobsCommand) -> Result<String, O
 /// latest correction; its box, the grounded one when the correction kept
 /// the extracted value (else none: nobody said where the right one is).
 async fn truth(
-    services: &Services,
+    parts: &Parts,
     tenant: &str,
     out: &std::path::Path,
     limit: i64,
 ) -> Result<String, OpsError> {
     use crate::store::corrections;
-    let pool = &services.pool;
+    let pool = &parts.pool;
     let owner = tenants::tenant_by_name(pool, tenant).await?.tenant_id;
     std::fs::create_dir_all(out)?;
     let (mut written, mut fields) = (0, 0);
@@ -267,7 +268,7 @@ async fn truth(
         let Some(object) = request.document.object.as_deref() else {
             continue; // a JSON document: nothing to read again
         };
-        let (kind, bytes) = services.files.read(owner, object).await?;
+        let (kind, bytes) = parts.files.read(owner, object).await?;
         let extension = match kind.as_str() {
             "application/pdf" => "pdf",
             "image/png" => "png",
@@ -327,8 +328,8 @@ async fn truth(
 }
 
 /// Runs a bulk `action` on the jobs `args` name, to its end, here.
-async fn act(services: &Services, action: Action, args: ActArgs) -> Result<String, OpsError> {
-    let pool = &services.pool;
+async fn act(parts: &Parts, action: Action, args: ActArgs) -> Result<String, OpsError> {
+    let pool = &parts.pool;
     let tenant = tenants::tenant_by_name(pool, &args.filter.tenant)
         .await?
         .tenant_id;
@@ -349,7 +350,11 @@ async fn act(services: &Services, action: Action, args: ActArgs) -> Result<Strin
         false => Selection::Ids(args.ids.clone()),
     };
     let key = args.key.unwrap_or_else(|| Uuid::new_v4().to_string());
-    let (operation, new) = match bulk::create(services, (tenant, &key), action, &selection).await? {
+    let (operation, new) = match parts
+        .bulk
+        .create((tenant, &key), action, &selection)
+        .await?
+    {
         Created::New(operation) => (operation, true),
         Created::Repeat(operation) => (operation, false),
         Created::AtCap(running) => {
@@ -363,7 +368,7 @@ async fn act(services: &Services, action: Action, args: ActArgs) -> Result<Strin
         refuse!("--key {key} was used for another operation");
     }
     if new {
-        bulk::run(services.clone(), operation.clone()).await;
+        parts.bulk.clone().run(operation.clone()).await;
     }
     let Some(done) = store::bulk::get(pool, tenant, operation.id).await? else {
         refuse!("operation {} vanished", operation.id);

@@ -8,8 +8,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::Parts;
 use crate::domain::Scope;
-use crate::pipeline::Services;
 use crate::store::tenants;
 
 /// `docstream tenants …`
@@ -142,13 +142,13 @@ struct Purged {
 /// the running ones to stop, and purges each finished one, in batches;
 /// waits up to `wait` for the running ones.
 async fn purge_jobs(
-    services: &Services,
+    parts: &Parts,
     tenant_id: Uuid,
     wait: std::time::Duration,
 ) -> Result<Purged, OpsError> {
     use crate::store::retention;
     const BATCH: i64 = 500;
-    let pool = &services.pool;
+    let pool = &parts.pool;
     let deadline = std::time::Instant::now() + wait;
     let mut purged = 0;
     loop {
@@ -163,7 +163,7 @@ async fn purge_jobs(
             .bind(BATCH)
             .fetch_all(pool)
             .await?;
-            services.jobs.cancel_many(&open).await?;
+            parts.jobs.cancel_many(&open).await?;
             if open.len() < BATCH as usize {
                 break;
             }
@@ -191,8 +191,8 @@ fn json(value: &impl Serialize) -> Result<String, OpsError> {
 }
 
 /// Runs a `tenants` command; its JSON output.
-pub async fn tenants(services: &Services, command: TenantsCommand) -> Result<String, OpsError> {
-    let pool = &services.pool;
+pub async fn tenants(parts: &Parts, command: TenantsCommand) -> Result<String, OpsError> {
+    let pool = &parts.pool;
     match command {
         TenantsCommand::Create { name } => json(&tenants::create_tenant(pool, &name).await?),
         TenantsCommand::List => json(&tenants::list_tenants(pool).await?),
@@ -233,7 +233,7 @@ pub async fn tenants(services: &Services, command: TenantsCommand) -> Result<Str
                 return json(&deleted);
             }
             let wait = std::time::Duration::from_secs(wait_s);
-            let purged = purge_jobs(services, deleted.tenant_id, wait).await?;
+            let purged = purge_jobs(parts, deleted.tenant_id, wait).await?;
             if purged.left > 0 {
                 refuse!(
                     "tenant {name} deleted; {} jobs purged, {} still running after {wait_s} s \

@@ -5,7 +5,7 @@
 //!
 //! The process that accepted an operation runs it at once; every serving
 //! process also resumes operations whose runner stopped answering
-//! ([`resume_abandoned`]). A runner that was overtaken (its lease ran out
+//! ([`Bulk::resume_abandoned`]). A runner that was overtaken (its lease ran out
 //! and another took over) finds the cursor moved at its next batch and
 //! stops, so a batch is applied once.
 
@@ -14,7 +14,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::Services;
+use sqlx::PgPool;
+
+use super::Jobs;
 use crate::store::bulk::{self, Action, Created, Operation, Selection};
 use crate::store::list::{self, JobFilter, Order, PageRequest, MAX_PAGE};
 use crate::store::StoreError;
@@ -36,27 +38,65 @@ const SWEEP: Duration = Duration::from_secs(5);
 /// runner leaves the operation to a sweep.
 const TRIES: u32 = 4;
 
-/// Makes the operation of `key`, unless its tenant runs as many as
-/// `DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT` already; or finds the one a
-/// first call with that key made.
-pub async fn create(
-    services: &Services,
-    owner: (Uuid, &str),
-    action: Action,
-    selection: &Selection,
-) -> Result<Created, StoreError> {
-    let cap = services.settings.bulk_max_running_per_tenant as i64;
-    bulk::create(&services.pool, owner, (action, selection), LEASE, cap).await
+/// Bulk operations' handle: what makes and runs them. A clone is two
+/// reference counts.
+#[derive(Clone)]
+pub struct Bulk {
+    /// The pool the operations and their batches are kept in.
+    pub pool: PgPool,
+    /// The lifecycle, which owes each batch's follow-up.
+    pub jobs: Jobs,
+    /// Operations a tenant may have running at once
+    /// (`DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT`).
+    pub max_running_per_tenant: i64,
 }
 
-/// Runs `operation` to its end, or until another runner overtakes it or
-/// the database stays away (a sweep resumes it then).
-pub async fn run(services: Services, mut operation: Operation) {
+impl Bulk {
+    /// Makes the operation of `key`, unless its tenant runs as many as
+    /// `DOCSTREAM_BULK_MAX_RUNNING_PER_TENANT` already; or finds the one a
+    /// first call with that key made.
+    pub async fn create(
+        &self,
+        owner: (Uuid, &str),
+        action: Action,
+        selection: &Selection,
+    ) -> Result<Created, StoreError> {
+        let cap = self.max_running_per_tenant;
+        bulk::create(&self.pool, owner, (action, selection), LEASE, cap).await
+    }
+
+    /// Runs `operation` to its end, or until another runner overtakes it or
+    /// the database stays away (a sweep resumes it then).
+    pub async fn run(self, operation: Operation) {
+        run(&self, operation).await
+    }
+
+    /// Resumes, until `shutdown`, the operations whose runner's lease ran out.
+    pub async fn resume_abandoned(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(SWEEP) => {}
+            }
+            match bulk::take_abandoned(&self.pool, LEASE, 8).await {
+                Ok(taken) => {
+                    for operation in taken {
+                        tracing::info!(operation = %operation.id, "resuming an abandoned bulk operation");
+                        tokio::spawn(self.clone().run(operation));
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "bulk sweep failed"),
+            }
+        }
+    }
+}
+
+async fn run(runner: &Bulk, mut operation: Operation) {
     let id = operation.id;
     loop {
         let mut tries = 0;
         let step = loop {
-            match step(&services, &operation).await {
+            match step(runner, &operation).await {
                 Err(e) if tries + 1 < TRIES => {
                     tries += 1;
                     tracing::warn!(operation = %id, error = %e, "bulk batch failed; trying again");
@@ -83,42 +123,20 @@ pub async fn run(services: Services, mut operation: Operation) {
     }
 }
 
-/// Resumes, until `shutdown`, the operations whose runner's lease ran out.
-pub async fn resume_abandoned(services: Services, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(SWEEP) => {}
-        }
-        match bulk::take_abandoned(&services.pool, LEASE, 8).await {
-            Ok(taken) => {
-                for operation in taken {
-                    tracing::info!(operation = %operation.id, "resuming an abandoned bulk operation");
-                    tokio::spawn(run(services.clone(), operation));
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "bulk sweep failed"),
-        }
-    }
-}
-
 /// One batch: `Some(next cursor)` (`Some(None)`: the walk is over), or `None`
 /// when another runner moved the cursor first.
-async fn step(
-    services: &Services,
-    operation: &Operation,
-) -> Result<Option<Option<Uuid>>, StoreError> {
-    let (ids, next) = batch(services, operation).await?;
-    let Some(applied) = bulk::apply(&services.pool, operation, &ids, next, LEASE).await? else {
+async fn step(runner: &Bulk, operation: &Operation) -> Result<Option<Option<Uuid>>, StoreError> {
+    let (ids, next) = batch(&runner.pool, operation).await?;
+    let Some(applied) = bulk::apply(&runner.pool, operation, &ids, next, LEASE).await? else {
         return Ok(None);
     };
-    services.jobs.followed_batch(&applied).await;
+    runner.jobs.followed_batch(&applied).await;
     Ok(Some(next))
 }
 
 /// The ids of the next batch, and where the walk goes on after it.
 async fn batch(
-    services: &Services,
+    pool: &PgPool,
     operation: &Operation,
 ) -> Result<(Vec<Uuid>, Option<Uuid>), StoreError> {
     match operation.selection() {
@@ -137,7 +155,7 @@ async fn batch(
                 order: Order::NewestFirst,
                 with_results: false,
             };
-            let mut connection = services.pool.acquire().await?;
+            let mut connection = pool.acquire().await?;
             list::list_ids(&mut connection, operation.tenant_id, &filter, page).await
         }
     }

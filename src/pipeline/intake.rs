@@ -36,15 +36,18 @@ use tokio_util::sync::CancellationToken;
 
 use uuid::Uuid;
 
-use super::submit::{submit_durably, DurableSubmitError};
-use super::Services;
-use crate::auth::AuthError;
+use sqlx::PgPool;
+
+use super::submit::{DurableSubmitError, Submitter};
+use crate::auth::{AuthError, Authenticator};
+use crate::config::Settings;
 use crate::domain::{
-    ExtractionRequest, RequestError, RequestLimits, Scope, MAX_IDEMPOTENCY_KEY_LEN,
+    ExtractionRequest, Quota, RequestError, RequestLimits, Scope, MAX_IDEMPOTENCY_KEY_LEN,
 };
 use crate::events::{decode, ExtractionRequested};
 use crate::events::{DeadLetter, Source};
-use crate::kafka::{HandlerError, Record, RecordHandler};
+use crate::kafka::{HandlerError, Publisher, Record, RecordHandler};
+use crate::metrics::ConsumerMetrics;
 use crate::store::held::{self, Hold, Origin};
 use crate::store::letters;
 use crate::store::{NewExtraction, Refusal, SubmitError};
@@ -54,16 +57,52 @@ pub const TENANT_HEADER: &str = "docstream-tenant";
 /// The header that carries an API key of that tenant, with the `submit` scope.
 pub const API_KEY_HEADER: &str = "docstream-api-key";
 
-/// The intake's record handler.
-pub struct Intake {
-    services: Services,
+/// The intake's record handler, shared with its releaser
+/// ([`Intake::release_held`]). A clone is one reference count.
+#[derive(Clone)]
+pub struct Intake(Arc<Inner>);
+
+struct Inner {
+    parts: Parts,
+    settings: IntakeSettings,
+    /// The tenants whose new requests are held behind their held ones.
     holding: Holding,
+}
+
+/// What the intake works with.
+pub struct Parts {
+    /// The submit path it shares with the API.
+    pub submitter: Submitter,
+    /// The pool its held requests and tenants' dead letters are kept in.
+    pub pool: PgPool,
+    /// The records' API keys to their tenants.
+    pub auth: Authenticator,
+    /// Where a held request refused at its release is dead-lettered.
+    pub publisher: Publisher,
+    /// The held requests' and dead letters' counters.
+    pub metrics: ConsumerMetrics,
+}
+
+/// What the intake reads of the settings.
+struct IntakeSettings {
+    /// Requests held per tenant before a record is dead-lettered.
+    max_held: i64,
+    /// The quotas of a tenant without its own.
+    quota: Quota,
+    /// The largest `request_json`, as the API's body limit.
+    body_limit: usize,
+    /// The API's request limits.
+    limits: RequestLimits,
+    /// The dead-letter topic, prefixed.
+    dlq_topic: String,
+    /// How much of a refused record a dead letter quotes.
+    dlq_excerpt_bytes: usize,
 }
 
 /// The tenants known to have requests held (by any process, as of the
 /// releaser's last round, or by this one since).
 #[derive(Clone, Default)]
-pub struct Holding(Arc<Mutex<HashSet<Uuid>>>);
+struct Holding(Arc<Mutex<HashSet<Uuid>>>);
 
 impl Holding {
     fn contains(&self, tenant: Uuid) -> bool {
@@ -86,9 +125,22 @@ impl Holding {
 }
 
 impl Intake {
-    /// An intake on `services`; `holding` is shared with its [`release_held`].
-    pub fn new(services: Services, holding: Holding) -> Self {
-        Self { services, holding }
+    /// An intake on `parts`, as `settings` describe it.
+    pub fn new(settings: &Settings, parts: Parts) -> Self {
+        let settings = IntakeSettings {
+            max_held: i64::from(settings.max_held_requests_per_tenant),
+            quota: settings.tenant_quota(),
+            body_limit: settings.http_body_limit_bytes,
+            limits: settings.request_limits(),
+            dlq_topic: settings.topic(&settings.topic_dlq),
+            dlq_excerpt_bytes: settings.dlq_excerpt_bytes,
+        };
+        let holding = Holding::default();
+        Self(Arc::new(Inner {
+            parts,
+            settings,
+            holding,
+        }))
     }
 
     /// Holds `new` until its tenant has room; `Ok` once it is durably held.
@@ -98,14 +150,14 @@ impl Intake {
             partition: record.partition,
             offset: record.offset,
         };
-        let max_held = i64::from(self.services.settings.max_held_requests_per_tenant);
-        let pool = &self.services.pool;
+        let max_held = self.0.settings.max_held;
+        let pool = &self.0.parts.pool;
         let hold = held::hold(pool, new, &origin, max_held)
             .await
             .map_err(transient)?;
         match hold {
             Hold::Held => {
-                self.holding.insert(new.tenant_id);
+                self.0.holding.insert(new.tenant_id);
                 self.count("held");
                 Ok(())
             }
@@ -125,13 +177,9 @@ impl Intake {
     }
 
     fn count(&self, event: &str) {
-        count(&self.services, event);
+        let held = &self.0.parts.metrics.intake_held;
+        held.with_label_values(&[event]).inc();
     }
-}
-
-fn count(services: &Services, event: &str) {
-    let held = &services.metrics.consumer.intake_held;
-    held.with_label_values(&[event]).inc();
 }
 
 fn transient(e: impl std::fmt::Display) -> HandlerError {
@@ -156,7 +204,7 @@ fn unauthorized(reason: String) -> HandlerError {
 /// scope, and belongs to the tenant its header names. Also the tenant's cap
 /// on open jobs.
 async fn tenant_of(
-    services: &Services,
+    (auth, default): (&Authenticator, &Quota),
     record: &Record,
 ) -> Result<(Uuid, Option<i64>), HandlerError> {
     let text = |name: &str| {
@@ -167,7 +215,7 @@ async fn tenant_of(
     let Some(tenant) = text(TENANT_HEADER) else {
         return Err(unauthorized(format!("no {TENANT_HEADER} header")));
     };
-    let caller = match services.auth.authenticate(text(API_KEY_HEADER)).await {
+    let caller = match auth.authenticate(text(API_KEY_HEADER)).await {
         Ok(caller) => caller,
         Err(AuthError::Store(e)) => return Err(HandlerError::Transient(e.to_string())),
         Err(AuthError::Missing) => {
@@ -183,7 +231,7 @@ async fn tenant_of(
     caller
         .require(Scope::Submit)
         .map_err(|e| unauthorized(e.to_string()))?;
-    let quota = caller.quota.over(services.settings.tenant_quota());
+    let quota = caller.quota.over(*default);
     Ok((caller.tenant_id, quota.max_open_jobs))
 }
 
@@ -233,7 +281,8 @@ fn refused(e: RequestError) -> HandlerError {
 
 impl RecordHandler for Intake {
     async fn handle(&self, record: &Record, _stop: &CancellationToken) -> Result<(), HandlerError> {
-        let tenant = tenant_of(&self.services, record).await?;
+        let keys = (&self.0.parts.auth, &self.0.settings.quota);
+        let tenant = tenant_of(keys, record).await?;
         match self.submit(record, tenant).await {
             // The key named the tenant: the letter is the tenant's to see.
             Err(HandlerError::Poison { kind, reason }) => {
@@ -242,7 +291,7 @@ impl RecordHandler for Intake {
                 let key = requested.as_ref().map(|r| r.idempotency_key.as_str());
                 let request = requested.as_ref().map(|r| r.request_json.as_str());
                 let source = (record.topic.as_str(), record.partition, record.offset);
-                let pool = &self.services.pool;
+                let pool = &self.0.parts.pool;
                 letters::record(pool, tenant.0, source, (key, request), (kind, &reason))
                     .await
                     .map_err(transient)?;
@@ -260,16 +309,16 @@ impl Intake {
         record: &Record,
         tenant: (Uuid, Option<i64>),
     ) -> Result<(), HandlerError> {
-        let settings = &self.services.settings;
-        let (body_limit, limits) = (settings.http_body_limit_bytes, settings.request_limits());
+        let (submitter, settings) = (&self.0.parts.submitter, &self.0.settings);
+        let (body_limit, limits) = (settings.body_limit, settings.limits);
         let parsed = parse(record, body_limit)?;
-        self.services.learn_patterns(&parsed.0).await;
+        submitter.learn_patterns(&parsed.0).await;
         let new = checked(parsed, tenant, &limits)?;
         // Behind the tenant's held requests, not ahead of them.
-        if self.holding.contains(new.tenant_id) {
+        if self.0.holding.contains(new.tenant_id) {
             return self.hold(record, &new).await;
         }
-        match submit_durably(&self.services, new).await {
+        match submitter.submit_durably(new).await {
             Ok(_) => Ok(()),
             // The submit took the request; at the cap (the rare case) it is
             // read again from the record rather than copied for every one.
@@ -313,72 +362,72 @@ const RELEASE_EVERY: Duration = Duration::from_secs(1);
 /// Held requests taken at a time.
 const RELEASE_BATCH: i64 = 64;
 
-/// The intake's releaser: every second, submits each tenant's held requests,
-/// oldest first, until the tenant is at its cap again; a held request that
-/// is refused now (its key was used since, say) is dead-lettered. Replicas
-/// may release the same request at once: the idempotency key makes one job
-/// of it.
-pub async fn release_held(services: Services, holding: Holding, stop: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(RELEASE_EVERY) => {}
-        }
-        if let Err(e) = release_round(&services, &holding, &stop).await {
-            tracing::warn!(error = %e, "held requests not released; trying again");
-        }
-    }
-}
-
-async fn release_round(
-    services: &Services,
-    holding: &Holding,
-    stop: &CancellationToken,
-) -> Result<(), String> {
-    let tenants = held::tenants(&services.pool)
-        .await
-        .map_err(|e| e.to_string())?;
-    holding.replace(tenants.iter().copied().collect());
-    for tenant in tenants {
-        while !stop.is_cancelled() {
-            let cap = services.settings.tenant_quota().max_open_jobs;
-            let batch = held::oldest(&services.pool, tenant, cap, RELEASE_BATCH).await;
-            let batch = batch.map_err(|e| e.to_string())?;
-            let full = batch.len() < RELEASE_BATCH as usize;
-            if !release_batch(services, batch).await? || full {
-                break;
+impl Intake {
+    /// The intake's releaser, until `stop`: every second, submits each
+    /// tenant's held requests, oldest first, until the tenant is at its cap
+    /// again; a held request that is refused now (its key was used since,
+    /// say) is dead-lettered. Replicas may release the same request at
+    /// once: the idempotency key makes one job of it.
+    pub async fn release_held(self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(RELEASE_EVERY) => {}
+            }
+            if let Err(e) = self.release_round(&stop).await {
+                tracing::warn!(error = %e, "held requests not released; trying again");
             }
         }
     }
-    Ok(())
-}
 
-/// Submits `batch` in order; false once the tenant is at its cap.
-async fn release_batch(services: &Services, batch: Vec<held::Held>) -> Result<bool, String> {
-    for held in batch {
-        let key = held.new.idempotency_key.clone().unwrap_or_default();
-        let tenant = held.new.tenant_id;
-        match submit_durably(services, held.new.clone()).await {
-            Ok(_) => {}
-            Err(DurableSubmitError::Submit(SubmitError::TooManyOpenJobs(_))) => return Ok(false),
-            Err(e) => match refusal(e) {
-                poison @ HandlerError::Poison { .. } => {
-                    dead_letter(services, &held, &poison).await?
+    async fn release_round(&self, stop: &CancellationToken) -> Result<(), String> {
+        let pool = &self.0.parts.pool;
+        let tenants = held::tenants(pool).await.map_err(|e| e.to_string())?;
+        self.0.holding.replace(tenants.iter().copied().collect());
+        for tenant in tenants {
+            while !stop.is_cancelled() {
+                let cap = self.0.settings.quota.max_open_jobs;
+                let batch = held::oldest(pool, tenant, cap, RELEASE_BATCH).await;
+                let batch = batch.map_err(|e| e.to_string())?;
+                let full = batch.len() < RELEASE_BATCH as usize;
+                if !self.release_batch(batch).await? || full {
+                    break;
                 }
-                other => return Err(format!("{other:?}")),
-            },
+            }
         }
-        held::release(&services.pool, tenant, &key)
-            .await
-            .map_err(|e| e.to_string())?;
-        count(services, "released");
+        Ok(())
     }
-    Ok(true)
+
+    /// Submits `batch` in order; false once the tenant is at its cap.
+    async fn release_batch(&self, batch: Vec<held::Held>) -> Result<bool, String> {
+        let parts = &self.0.parts;
+        for held in batch {
+            let key = held.new.idempotency_key.clone().unwrap_or_default();
+            let tenant = held.new.tenant_id;
+            match parts.submitter.submit_durably(held.new.clone()).await {
+                Ok(_) => {}
+                Err(DurableSubmitError::Submit(SubmitError::TooManyOpenJobs(_))) => {
+                    return Ok(false)
+                }
+                Err(e) => match refusal(e) {
+                    poison @ HandlerError::Poison { .. } => {
+                        dead_letter((parts, &self.0.settings), &held, &poison).await?
+                    }
+                    other => return Err(format!("{other:?}")),
+                },
+            }
+            held::release(&parts.pool, tenant, &key)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.count("released");
+        }
+        Ok(true)
+    }
 }
 
 /// Dead-letters a held request refused at its release, naming its record.
 async fn dead_letter(
-    services: &Services,
+    (parts, settings): (&Parts, &IntakeSettings),
     held: &held::Held,
     poison: &HandlerError,
 ) -> Result<(), String> {
@@ -405,7 +454,7 @@ async fn dead_letter(
     let key = held.new.idempotency_key.as_deref();
     let text = String::from_utf8_lossy(&request);
     letters::record(
-        &services.pool,
+        &parts.pool,
         held.new.tenant_id,
         origin,
         (key, Some(&text)),
@@ -413,16 +462,14 @@ async fn dead_letter(
     )
     .await
     .map_err(|e| format!("dead letter not recorded for its tenant: {e}"))?;
-    let settings = &services.settings;
     let letter = DeadLetter::new(source, kind, reason, settings.dlq_excerpt_bytes);
-    let topic = settings.topic(&settings.topic_dlq);
     let letter_key = letter.key.clone().unwrap_or_default();
-    services
+    parts
         .publisher
-        .publish(&topic, &letter_key, &letter)
+        .publish(&settings.dlq_topic, &letter_key, &letter)
         .await
         .map_err(|e| format!("dead letter not produced: {e}"))?;
-    let dead_letters = &services.metrics.consumer.dead_letters;
+    let dead_letters = &parts.metrics.dead_letters;
     dead_letters.with_label_values(&[kind]).inc();
     Ok(())
 }

@@ -21,17 +21,22 @@ use uuid::Uuid;
 
 use super::jobs::lane;
 use super::lease::Held;
-use super::{job_record, JobError, Services};
+use super::{job_record, JobError, Jobs};
+use crate::config::Settings;
 use crate::config::RULES;
 use crate::domain::{BboxStatus, Document, ExtractionRequest, ExtractionStatus, Lane, Stage};
 use crate::events::{ExtractionSubmitted, PublishReason};
 use crate::extract::deferred::Callback;
-use crate::extract::{Deadline, ExtractError, Extracted, ExtractionOutput, Job};
+use crate::extract::{
+    CpuPool, Deadline, ExtractError, Extracted, ExtractionOutput, Extractors, Job,
+};
 use crate::failpoints;
-use crate::files::{self, FileError};
+use crate::files::{self, FileError, Files};
 use crate::kafka::{HandlerError, Record, RecordHandler};
+use crate::metrics::JobMetrics;
 use crate::store::leases::Renewed;
 use crate::store::{self, leases, Claim};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 /// The stage this worker claims.
@@ -39,8 +44,24 @@ const STAGE: Stage = Stage::Extraction;
 
 /// The extraction worker's record handler.
 pub struct ExtractionWorker {
-    services: Services,
+    parts: Parts,
     settings: WorkerSettings,
+}
+
+/// What the extraction worker works with.
+pub struct Parts {
+    /// The pool its leases, documents and reads run on.
+    pub pool: PgPool,
+    /// The lifecycle: claims, completions, retries and hand-overs.
+    pub jobs: Jobs,
+    /// The extractors it can run, with their per-process limits.
+    pub extractors: Extractors,
+    /// The files jobs name, and their readers.
+    pub files: Files,
+    /// Where reading a file and OCR run.
+    pub cpu: CpuPool,
+    /// The extractions' and OCR pages' durations.
+    pub metrics: JobMetrics,
 }
 
 /// What the extraction worker reads of the settings.
@@ -53,6 +74,8 @@ struct WorkerSettings {
     deferred: Option<(String, String)>,
     /// How often a delivery that lost its claim looks at the job again.
     heartbeat: Duration,
+    /// How long reading a job's file may take.
+    deadline: Duration,
 }
 
 /// What the attempt came to, before it is made durable.
@@ -89,17 +112,18 @@ impl Attempt {
 }
 
 impl ExtractionWorker {
-    /// A worker that runs each job's extractor from `services.extractors`.
-    pub fn new(services: Services) -> Self {
-        let settings = &services.settings;
+    /// A worker on `parts` that runs each job's extractor, as `settings`
+    /// describe it.
+    pub fn new(settings: &Settings, parts: Parts) -> Self {
         let deferred = settings.deferred_results();
         let settings = WorkerSettings {
             max_attempts: settings.max_attempts,
             drain_budget: settings.extraction_drain_budget(),
             deferred: deferred.map(|(url, secret)| (url.to_owned(), secret.to_owned())),
             heartbeat: settings.heartbeat_interval_s.get(),
+            deadline: settings.extraction_deadline_s.get(),
         };
-        Self { services, settings }
+        Self { parts, settings }
     }
 
     async fn run_claim(
@@ -121,10 +145,7 @@ impl ExtractionWorker {
             // result that never came): the attempts are spent all the same.
             let error =
                 format!("gave up after {max_attempts} attempts (the last ended without a result)");
-            let failed = self
-                .services
-                .jobs
-                .fail_extraction((id, token), &error, reason);
+            let failed = self.parts.jobs.fail_extraction((id, token), &error, reason);
             return Ok(failed.await.map(drop)?);
         }
         let request = claim
@@ -141,7 +162,7 @@ impl ExtractionWorker {
         let lane = lane(&claim.extraction);
         let attempt = match self.extract_held((id, token, lane), &request, stop).await {
             Held::Lost => {
-                self.services.jobs.stale(STAGE, id, token, "heartbeat");
+                self.parts.jobs.stale(STAGE, id, token, "heartbeat");
                 return Ok(());
             }
             // Dropping the work closed its call: the provider sees the close.
@@ -152,7 +173,7 @@ impl ExtractionWorker {
             Held::Done(Some(outcome)) => Attempt::from(outcome),
         };
         let elapsed = started.elapsed().as_secs_f64();
-        let durations = &self.services.metrics.jobs.extraction_duration;
+        let durations = &self.parts.metrics.extraction_duration;
         durations
             .with_label_values(&[attempt.label()])
             .observe(elapsed);
@@ -180,10 +201,7 @@ impl ExtractionWorker {
             file: None,
         };
         let work = within_drain(self.extract(&job, stop), stop, settings.drain_budget);
-        self.services
-            .jobs
-            .hold_claim(STAGE, (id, token), work)
-            .await
+        self.parts.jobs.hold_claim(STAGE, (id, token), work).await
     }
 
     /// Makes an attempt's outcome durable: success, deferral, retry or failure.
@@ -193,28 +211,23 @@ impl ExtractionWorker {
         attempt: Attempt,
         reason: PublishReason,
     ) -> Result<(), JobError> {
-        let services = &self.services;
+        let parts = &self.parts;
         match attempt {
             Attempt::Extracted(output, document) => {
                 if let Some(document) = document {
-                    if !store::documents::keep(&services.pool, claim, &document).await? {
-                        services.jobs.stale(STAGE, claim.0, claim.1, "completion");
+                    if !store::documents::keep(&parts.pool, claim, &document).await? {
+                        parts.jobs.stale(STAGE, claim.0, claim.1, "completion");
                         return Ok(());
                     }
                 }
-                services
-                    .jobs
-                    .succeed_extraction(claim, &output, reason)
-                    .await
+                parts.jobs.succeed_extraction(claim, &output, reason).await
             }
             Attempt::Deferred(deadline) => self.defer(claim, deadline).await,
             Attempt::Retryable(error) => {
-                let retried = services
-                    .jobs
-                    .retry_or_fail_extraction(claim, &error, reason);
+                let retried = parts.jobs.retry_or_fail_extraction(claim, &error, reason);
                 retried.await
             }
-            Attempt::Failed(error) => services.jobs.fail_extraction(claim, &error, reason).await,
+            Attempt::Failed(error) => parts.jobs.fail_extraction(claim, &error, reason).await,
         }
         .map(drop)
     }
@@ -229,7 +242,7 @@ impl ExtractionWorker {
         }
         let name = job.request.extractor_name();
         match &job.request.document.object {
-            None => self.services.extractors.extract(name, job, stop).await,
+            None => self.parts.extractors.extract(name, job, stop).await,
             // Boxed: reading a file (OCR's child processes above all) holds
             // a state machine of kilobytes across its awaits. Inline, every
             // job's task would carry it, and a worker holds hundreds of jobs
@@ -249,7 +262,7 @@ impl ExtractionWorker {
         file: &str,
         stop: &CancellationToken,
     ) -> Result<Extracted, ExtractError> {
-        let services = &self.services;
+        let parts = &self.parts;
         let name = job.request.extractor_name();
         let refused = |message: String| ExtractError::Refused {
             extractor: name.to_owned(),
@@ -265,19 +278,14 @@ impl ExtractionWorker {
             e => ExtractError::Unavailable(e.to_string()),
         };
         if name != RULES {
-            let takes_files = services
-                .settings
-                .extractors
-                .get(name)
-                .map(|e| e.takes_files());
-            if takes_files == Some(false) {
+            if parts.extractors.takes_files(name) == Some(false) {
                 return Err(refused(
                     "this extractor speaks protocol version 1, which takes documents as JSON \
                      only: a file needs `rules` or an extractor of protocol version 2"
                         .into(),
                 ));
             }
-            let url = services
+            let url = parts
                 .files
                 .url_for(tenant, file, (job.id, job.attempt))
                 .await;
@@ -286,23 +294,23 @@ impl ExtractionWorker {
                 file: Some(&file),
                 ..*job
             };
-            return match services.extractors.extract(name, &with_file, stop).await? {
+            return match parts.extractors.extract(name, &with_file, stop).await? {
                 // A provider that answered no words leaves nothing to ground in.
                 Extracted::Output(output) => Ok(Extracted::Read(output, Document::default())),
                 other => Ok(other),
             };
         }
-        let (kind, bytes) = services.files.read(tenant, file).await.map_err(gone)?;
-        let limits = services.files.read_limits();
-        let budget = services.settings.extraction_deadline_s.get();
+        let (kind, bytes) = parts.files.read(tenant, file).await.map_err(gone)?;
+        let limits = parts.files.read_limits();
+        let budget = self.settings.deadline;
         // In a process of its own, killed at the deadline: a parse cannot
         // check one, and must not keep its slot past it.
-        let reader = services.files.pdf_reader();
+        let reader = parts.files.pdf_reader();
         let file = bytes.clone();
         let read = |deadline: Deadline| async move {
             files::document_apart(reader, kind, file, &limits, &deadline).await
         };
-        let reading = services.cpu.run_apart(budget, read).await?;
+        let reading = parts.cpu.run_apart(budget, read).await?;
         let document = self.read_scans(job, reading, bytes).await?;
         let mut request = ExtractionRequest::clone(job.request);
         request.document = document;
@@ -311,7 +319,7 @@ impl ExtractionWorker {
             request: &request,
             ..*job
         };
-        match services.extractors.extract(name, &read_job, stop).await? {
+        match parts.extractors.extract(name, &read_job, stop).await? {
             Extracted::Output(output) => Ok(Extracted::Read(output, request.document.clone())),
             other => Ok(other),
         }
@@ -327,8 +335,8 @@ impl ExtractionWorker {
         reading: files::Reading,
         bytes: axum::body::Bytes,
     ) -> Result<Document, ExtractError> {
-        let services = &self.services;
-        let ocr = services.files.ocr();
+        let parts = &self.parts;
+        let ocr = parts.files.ocr();
         let run = |scan: files::Scan, mut reading: files::Reading| {
             let bytes = bytes.clone();
             async move {
@@ -336,12 +344,12 @@ impl ExtractionWorker {
                 // The page stops itself at its limit; the pool's budget is
                 // a backstop a little past it.
                 let budget = ocr.page_timeout + Duration::from_secs(1);
-                let _slot = services.extractors.ocr_slot(job.lane).await;
+                let _slot = parts.extractors.ocr_slot(job.lane).await;
                 let started = std::time::Instant::now();
                 let read = |_| files::read_scan(ocr, bytes, &scan, &mut reading);
-                services.cpu.run_apart(budget, read).await?;
+                parts.cpu.run_apart(budget, read).await?;
                 let seconds = started.elapsed().as_secs_f64();
-                services.metrics.jobs.ocr_page_duration.observe(seconds);
+                parts.metrics.ocr_page_duration.observe(seconds);
                 Ok(reading)
             }
         };
@@ -353,18 +361,18 @@ impl ExtractionWorker {
     /// extraction holds no worker slot. A result that never comes leaves a job
     /// running past its lease, which the reaper revives (orphan class 2).
     async fn defer(&self, (id, token): (Uuid, i32), deadline: Duration) -> Result<bool, JobError> {
-        let services = &self.services;
+        let parts = &self.parts;
         // Never shorter than a lease: a provider cannot make the reaper
         // revive the job before its result had a chance to arrive.
         let deadline_s = deadline
             .as_secs_f64()
-            .max(services.jobs.stage(STAGE).lease.as_secs_f64());
-        let held = leases::renew(&services.pool, STAGE, id, token, deadline_s).await?;
+            .max(parts.jobs.stage(STAGE).lease.as_secs_f64());
+        let held = leases::renew(&parts.pool, STAGE, id, token, deadline_s).await?;
         match held {
             Some(Renewed {
                 cancel_requested: true,
             }) => {
-                let cancelled = services
+                let cancelled = parts
                     .jobs
                     .cancel_running_extraction((id, token), PublishReason::Submit);
                 cancelled.await
@@ -376,14 +384,14 @@ impl ExtractionWorker {
             // A fast provider may have posted the result already; otherwise
             // the claim was taken over.
             None => {
-                let row = store::get(&services.pool, id).await?;
+                let row = store::get(&parts.pool, id).await?;
                 let answered = row
                     .is_some_and(|r| r.attempts == token && r.status != ExtractionStatus::Running);
                 match answered {
                     true => {
                         tracing::debug!(%id, token, "deferred result arrived before the deferral")
                     }
-                    false => services.jobs.stale(STAGE, id, token, "completion"),
+                    false => parts.jobs.stale(STAGE, id, token, "completion"),
                 }
                 Ok(answered)
             }
@@ -392,7 +400,7 @@ impl ExtractionWorker {
 
     async fn cancel(&self, id: Uuid, token: i32, reason: PublishReason) -> Result<(), JobError> {
         let cancelled = self
-            .services
+            .parts
             .jobs
             .cancel_running_extraction((id, token), reason);
         cancelled.await.map(drop)
@@ -404,7 +412,7 @@ impl ExtractionWorker {
     /// instead of waiting for the lease, and the record is left undelivered
     /// (not committed). Like a crash, the claim counts as an attempt.
     async fn release(&self, id: Uuid, token: i32) -> Result<(), HandlerError> {
-        let released = leases::release(&self.services.pool, STAGE, id, token).await;
+        let released = leases::release(&self.parts.pool, STAGE, id, token).await;
         if let Err(e) = released {
             tracing::warn!(%id, token, error = %e, "claim not released; it ends with its lease");
         }
@@ -427,10 +435,10 @@ impl ExtractionWorker {
         reason: PublishReason,
         stop: &CancellationToken,
     ) -> Result<(), HandlerError> {
-        let threshold = self.services.jobs.stage(Stage::BboxRefinement).orphan_after;
+        let threshold = self.parts.jobs.stage(Stage::BboxRefinement).orphan_after;
         let give_up = tokio::time::Instant::now() + threshold;
         loop {
-            let row = store::get(&self.services.pool, id)
+            let row = store::get(&self.parts.pool, id)
                 .await
                 .map_err(JobError::from)?;
             let owed = row.filter(|row| {
@@ -449,7 +457,7 @@ impl ExtractionWorker {
             }
             if tokio::time::Instant::now() >= give_up {
                 tracing::info!(%id, "completing a follow-up its holder never acknowledged");
-                let jobs = &self.services.jobs;
+                let jobs = &self.parts.jobs;
                 let requested = jobs.request_bbox_refinement(id, lane(&owed), reason);
                 return Ok(requested.await?);
             }
@@ -484,7 +492,7 @@ impl RecordHandler for ExtractionWorker {
         let (event, id, span) = job_record::<ExtractionSubmitted>(record, |e| &e.extraction_id)?;
         let reason = event.reason;
         let run = |claim| self.run_claim(claim, reason, stop);
-        let claimed = self.services.jobs.run_claimed(STAGE, id, reason, stop, run);
+        let claimed = self.parts.jobs.run_claimed(STAGE, id, reason, stop, run);
         match claimed.instrument(span.clone()).await? {
             true => Ok(()),
             false => {

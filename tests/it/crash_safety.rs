@@ -50,7 +50,7 @@ struct KillScenario<'a> {
     workers: Vec<Child>,
     metrics: Vec<String>,
     ids: Vec<Uuid>,
-    _services: docstream::pipeline::Services,
+    _services: docstream::roles::Process,
 }
 
 /// What the kill left behind: how many jobs were unfinished, and when.
@@ -246,7 +246,7 @@ struct Frozen<'a> {
     ids: Vec<Uuid>,
     a: Child,
     metrics_a: String,
-    _services: docstream::pipeline::Services,
+    _services: docstream::roles::Process,
 }
 
 /// Starts worker A, submits twenty jobs, and waits (up to 60 s) until one
@@ -556,7 +556,7 @@ async fn orphans_queued_an_hour_ago(pool: &sqlx::PgPool) {
 }
 
 /// Ten concurrent extraction-reaper sweeps on each replica, all at once.
-async fn sweep_round(replicas: &[docstream::pipeline::Services]) -> Vec<Sweep> {
+async fn sweep_round(replicas: &[docstream::roles::Process]) -> Vec<Sweep> {
     let sweeps = replicas.iter().flat_map(|services| {
         (0..10).map(move |_| async move {
             docstream::roles::reaper(services, ReaperKind::Extraction)
@@ -914,7 +914,7 @@ struct CancelRun<'a> {
     serve: Child,
     worker: Child,
     metrics: String,
-    services: docstream::pipeline::Services,
+    services: docstream::roles::Process,
 }
 
 /// Starts the slow worker, then `serve`, and waits for the API to be healthy.

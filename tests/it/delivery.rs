@@ -15,7 +15,7 @@ use common::{
     topic_size, wait_count, wait_for, wait_for_log_line, wins, TestEnv,
 };
 use docstream::events::{decode, DeadLetter, ExtractionSubmitted, PublishReason};
-use docstream::pipeline::Services;
+use docstream::roles::Process;
 use futures::stream::{self, StreamExt};
 use sqlx::PgPool;
 use tokio::process::Child;
@@ -443,7 +443,7 @@ async fn poison_records_go_to_the_dlq_and_never_stall_a_partition() {
 /// so they land on every partition: after each 50 jobs, one record of each
 /// kind. Returns the good jobs' ids and how many of each kind went in.
 async fn good_jobs_with_poison_interleaved(
-    services: &Services,
+    services: &Process,
     topic: &str,
 ) -> (Vec<Uuid>, HashMap<&'static str, usize>) {
     let mut injected: HashMap<&str, usize> = HashMap::new();
@@ -594,7 +594,7 @@ async fn small_jobs_inserted_in_bulk(pool: &PgPool) -> Vec<Uuid> {
 }
 
 /// Publishes each job's submitted event, 2,000 at a time.
-async fn publish_every_one(env: &TestEnv, services: &Services, ids: &[Uuid]) {
+async fn publish_every_one(env: &TestEnv, services: &Process, ids: &[Uuid]) {
     let topic = env.topic("extraction.submitted");
     stream::iter(ids.iter())
         .map(|id| {

@@ -20,7 +20,7 @@ use common::{
     TestEnv,
 };
 use docstream::events::{decode, ExtractionSubmitted};
-use docstream::pipeline::Services;
+use docstream::roles::Process;
 use docstream::store::{self, NewExtraction, SubmitError};
 use uuid::Uuid;
 
@@ -287,7 +287,7 @@ struct Cap {
 /// success (120 s at most) and reads the peak and the gauges.
 async fn jobs_that_could_all_run_at_once(
     env: &TestEnv,
-    services: &Services,
+    services: &Process,
     capped: &FakeProvider,
     metrics: &[String],
     warmed_up: i64,
@@ -326,7 +326,7 @@ struct Rate {
 /// Runs them to success (120 s at most) and measures their calls.
 async fn jobs_that_could_all_start_within_a_second(
     env: &TestEnv,
-    services: &Services,
+    services: &Process,
     limited: &FakeProvider,
     metrics: &[String],
     warmed_up: i64,
@@ -677,7 +677,7 @@ async fn a_provider_that_answers_as_each_case_says() -> FakeProvider {
 /// An extractor the deployment does not have is refused before anything is written.
 async fn an_unknown_extractor_is_refused_before_anything_is_written(
     env: &TestEnv,
-    services: &Services,
+    services: &Process,
 ) {
     let mut body = sample_body(0);
     body["extractor"] = "nope".into();
@@ -688,7 +688,7 @@ async fn an_unknown_extractor_is_refused_before_anything_is_written(
         idempotency_key: None,
         request: serde_json::from_value(body).unwrap(),
     };
-    let refused = docstream::pipeline::submit(services, new, || ()).await;
+    let refused = services.submitter.submit(new, || ()).await;
     assert!(
         matches!(&refused, Err(SubmitError::UnknownExtractor(name)) if name == "nope"),
         "{:?}",
@@ -701,7 +701,7 @@ async fn an_unknown_extractor_is_refused_before_anything_is_written(
 }
 
 /// Submits one job per case, in turn: each case's job.
-async fn one_job_per_case(services: &Services) -> BTreeMap<&'static str, Uuid> {
+async fn one_job_per_case(services: &Process) -> BTreeMap<&'static str, Uuid> {
     let mut cases = BTreeMap::new();
     for case in ["refused", "garbage", "out_of_range", "deferred"] {
         let id = submit_for(services, 1, "model", serde_json::json!({"case": case})).await[0];
@@ -1345,7 +1345,7 @@ async fn a_provider_that_defers_every_result() -> (FakeProvider, Asked) {
 struct Deferred {
     worker: tokio::process::Child,
     serve: tokio::process::Child,
-    services: Services,
+    services: Process,
     env: TestEnv,
     /// The API's base URL, also the public URL results are posted to.
     base: String,

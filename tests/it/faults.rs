@@ -940,7 +940,13 @@ impl Rig {
         for s in &unfinished {
             if s.id.is_some_and(|id| named.contains(&id)) {
                 // A job that finished meanwhile has nothing left to reclaim.
-                match docstream::ops::reclaim(&services, s.id.unwrap(), None).await {
+                match docstream::ops::reclaim(
+                    &docstream::roles::operator(&services),
+                    s.id.unwrap(),
+                    None,
+                )
+                .await
+                {
                     Ok(_) => reclaimed += 1,
                     Err(e) => eprintln!("faults: {}: reclaim: {e}", self.name),
                 }

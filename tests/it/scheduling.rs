@@ -23,7 +23,7 @@ use common::{
     fast_recovery, sample_body, scrape, secs, signal, stop, submit_as, topic_size, wait_count,
     wait_for, wins, worker_with_metrics, TestEnv,
 };
-use docstream::pipeline::Services;
+use docstream::roles::Process;
 use docstream::store::tenants::{self, DEFAULT_TENANT_ID};
 use uuid::Uuid;
 
@@ -51,7 +51,7 @@ async fn slow_model_env(
 }
 
 /// Submits `n` jobs of `tenant` for the model with `priority`.
-async fn submit(services: &Services, tenant: Uuid, n: usize, priority: &str) -> Vec<Uuid> {
+async fn submit(services: &Process, tenant: Uuid, n: usize, priority: &str) -> Vec<Uuid> {
     submit_as(services, tenant, n, |i| {
         let mut body = sample_body(i);
         body["extractor"] = "model".into();
@@ -65,7 +65,7 @@ async fn submit(services: &Services, tenant: Uuid, n: usize, priority: &str) -> 
 /// the addresses of their metrics.
 async fn warm_workers(
     env: &TestEnv,
-    services: &Services,
+    services: &Process,
     n: usize,
     name: &str,
 ) -> (Vec<tokio::process::Child>, Vec<String>) {

@@ -74,10 +74,10 @@ use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use crate::api::state::Api;
 use crate::auth::Caller;
 use crate::config::Settings;
 use crate::domain::Scope;
-use crate::pipeline::Services;
 
 use super::describe;
 use super::sockets::{Sockets, Stream};
@@ -94,48 +94,16 @@ pub(super) const MAX_CLIENT_FRAME: usize = 64 * 1024;
 /// Longest group name a client may choose.
 pub(super) const MAX_GROUP_LEN: usize = 100;
 
-pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Api> {
     ApiRouter::new().api_route(
         "/v1/export",
         get_with(upgrade, |op| describe_upgrade(op, settings)),
     )
 }
 
-/// What a stream reads of the settings, for its queue and its socket loop.
-/// (Its consumer's group and topic are named by the process's Kafka
-/// settings, through `Services`.)
-#[derive(Debug, Clone, Copy)]
-struct ExportSettings {
-    /// Events queued for the socket, at most (`export_max_queue_size`).
-    max_queue_size: usize,
-    /// Events sent and not acknowledged, at most (`export_max_unacked`).
-    max_unacked: usize,
-    /// How long an event may stay unacknowledged.
-    ack_timeout: std::time::Duration,
-    /// How long a drain (and any one send) may take.
-    drain_timeout: std::time::Duration,
-    /// Malformed client frames in a row that close the stream.
-    max_consecutive_errors: u32,
-    /// How often the socket is pinged.
-    ping_interval: std::time::Duration,
-}
-
-impl ExportSettings {
-    fn of(settings: &crate::config::Settings) -> Self {
-        ExportSettings {
-            max_queue_size: settings.export_max_queue_size,
-            max_unacked: settings.export_max_unacked,
-            ack_timeout: settings.export_ack_timeout_s.get(),
-            drain_timeout: settings.export_drain_timeout_s.get(),
-            max_consecutive_errors: settings.export_max_consecutive_errors,
-            ping_interval: settings.ws_ping_interval_s.get(),
-        }
-    }
-}
-
 async fn upgrade(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     Extension(gate): Extension<Gate>,
     Extension(sockets): Extension<Sockets>,
     uri: Uri,
@@ -147,12 +115,12 @@ async fn upgrade(
         // described by hand, with the settings' defaults.
         let params = Query::<Params>::try_from_uri(&uri);
         let Query(params) = params.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-        let strategy = services.settings.export_backpressure_strategy;
+        let strategy = api.settings.export_backpressure;
         let options = options(params, &caller, strategy)?;
         let (admission, closing) = ws::admit(&sockets, &gate, caller.tenant_id, Stream::Export)?;
         // A client sends acknowledgements only: small frames.
         Ok::<_, ApiError>(admission.upgrade(socket, MAX_CLIENT_FRAME, move |socket| {
-            export(socket, services, options, closing)
+            export(socket, api, options, closing)
         }))
     };
     open().unwrap_or_else(IntoResponse::into_response)

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
+use crate::api::state::Api;
 use crate::api::{ws, ApiError};
 use crate::auth::{Authenticator, Caller};
 use crate::config::Backpressure;
@@ -23,12 +24,12 @@ use crate::kafka::consumer::ConsumerError;
 use crate::kafka::groups::Carried;
 use crate::kafka::{groups, ConsumerSpec};
 use crate::metrics::Metrics;
-use crate::pipeline::Services;
 
 use super::handler::Exporter;
 use super::query::{GroupName, Options};
 use super::queue::{Outbound, Outgoing};
-use super::{ExportSettings, STREAM};
+use super::STREAM;
+use crate::api::state::ExportSettings;
 
 /// How a stream ended.
 #[derive(Debug)]
@@ -46,12 +47,12 @@ enum Ended {
 
 pub(super) async fn export(
     socket: WebSocket,
-    services: Services,
+    api: Api,
     options: Options,
     closing: CancellationToken,
 ) {
     let (sink, frames) = socket.split();
-    if let Some((stream, consuming)) = ExportStream::open(sink, &services, options).await {
+    if let Some((stream, consuming)) = ExportStream::open(sink, &api, options).await {
         stream.run(frames, consuming, closing).await;
     }
 }
@@ -92,26 +93,22 @@ struct ExportStream {
 impl ExportStream {
     /// Starts the stream's consumer; when it cannot be created, closes the
     /// socket (1011) and gives `None`.
-    async fn open(
-        sink: ws::Sink,
-        services: &Services,
-        options: Options,
-    ) -> Option<(Self, Consuming)> {
-        let settings = ExportSettings::of(&services.settings);
-        let metrics = services.metrics.clone();
+    async fn open(sink: ws::Sink, api: &Api, options: Options) -> Option<(Self, Consuming)> {
+        let settings = api.settings.export;
+        let metrics = api.metrics.clone();
         let outbound = Outbound::new(settings.max_queue_size, &metrics, options.strategy);
         let outbound = Arc::new(outbound);
-        let group = options.group.kafka(&services.settings.export_group_prefix);
-        if let Err(e) = carry_legacy_group(services, &options.group).await {
+        let group = options.group.kafka(&api.settings.export_group_prefix);
+        if let Err(e) = carry_legacy_group(api, &options.group).await {
             tracing::error!(%group, error = %e, "export stream: the old group's commits not carried over");
             let why = "group unavailable; retry shortly";
             return refuse_open(sink, &metrics, close_code::AGAIN, why).await;
         }
-        let spec = consumer_spec(services, &settings, &group, &options);
+        let spec = consumer_spec(api, &settings, &group, &options);
         let draining = Arc::new(AtomicBool::new(false));
         let exporter = Exporter::new(outbound.clone(), options.filter, draining.clone());
         let consume = CancellationToken::new();
-        let runtime = match services.consume_with(spec, exporter, consume.clone()) {
+        let runtime = match api.consumers.start(spec, exporter, consume.clone()) {
             Ok(runtime) => runtime,
             Err(e) => {
                 tracing::error!(error = %e, "export stream: consumer not created");
@@ -134,7 +131,7 @@ impl ExportStream {
             consume,
             unacked: BTreeMap::new(),
             caller: options.caller,
-            auth: services.auth.clone(),
+            auth: api.auth.clone(),
             seq: 0,
             errors: 0,
         };
@@ -351,15 +348,15 @@ async fn refuse_open<T>(mut sink: ws::Sink, metrics: &Metrics, code: u16, why: &
 /// name now, while that has none (the first open after the rename). A
 /// stream must not start while this is unknown: its group would begin at
 /// `from` and skip what the old group had not yet delivered.
-async fn carry_legacy_group(services: &Services, group: &GroupName) -> Result<(), String> {
-    let settings = &services.settings;
+async fn carry_legacy_group(api: &Api, group: &GroupName) -> Result<(), String> {
+    let (settings, consumers) = (&api.settings, &api.consumers);
     let prefix = &settings.export_group_prefix;
     let (old, new) = (
-        settings.group(&group.legacy(prefix)),
-        settings.group(&group.kafka(prefix)),
+        consumers.name(&group.legacy(prefix)),
+        consumers.name(&group.kafka(prefix)),
     );
-    let topic = settings.topic(&settings.topic_events);
-    let brokers = settings.kafka_brokers.clone();
+    let topic = consumers.name(&settings.events_topic);
+    let brokers = consumers.brokers().to_owned();
     let carry = {
         let (old, new) = (old.clone(), new.clone());
         move || groups::carry_over(&brokers, &topic, &old, &new, CARRY_TIMEOUT)
@@ -380,19 +377,18 @@ const CARRY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The stream's consumer: a member of `group` on the events topic, with room
 /// for every event the stream may hold.
 fn consumer_spec(
-    services: &Services,
+    api: &Api,
     stream: &ExportSettings,
     group: &str,
     options: &Options,
 ) -> ConsumerSpec {
-    let settings = &services.settings;
-    let mut spec = services.consumer_spec(group, &settings.topic_events);
+    let mut spec = (api.consumers).spec(group, &api.settings.events_topic);
     // Every event in the queue or the unacknowledged window is a record in
     // flight. The drop strategies read on past a full queue (that is what
     // makes them drop), as many records ahead as a pipeline consumer would.
     spec.max_in_flight = stream.max_queue_size + stream.max_unacked;
     if options.strategy != Backpressure::Block {
-        spec.max_in_flight += settings.consumer_max_in_flight;
+        spec.max_in_flight += api.consumers.max_in_flight();
     }
     spec.drain_timeout = stream.drain_timeout;
     spec.from_earliest = options.from_earliest;

@@ -20,13 +20,13 @@ use uuid::Uuid;
 
 use super::describe;
 use super::ApiError;
+use crate::api::state::Api;
 use crate::auth::Caller;
 use crate::config::Settings;
 use crate::domain::{ExtractionRequest, ExtractionStatus, Priority, Scope, Transition};
 use crate::events::PublishReason;
 use crate::extract::ExtractionOutput;
 use crate::pipeline::jobs::Cancel;
-use crate::pipeline::Services;
 use crate::store::retention::{self, Erased};
 use crate::store::transitions::{self, Logged};
 use crate::store::{self, BboxRefinement, Extraction};
@@ -34,8 +34,8 @@ use crate::store::{self, BboxRefinement, Extraction};
 /// Submit, read, retry, cancel and erase, each with its contract. A submit
 /// may carry a file: its own body limit is large enough for one, and a JSON
 /// body is held to the API's own limit (`upload`).
-pub(super) fn routes(settings: &Settings) -> ApiRouter<Services> {
-    let limit = DefaultBodyLimit::max(super::upload::multipart_limit(settings));
+pub(super) fn routes(settings: &Settings) -> ApiRouter<Api> {
+    let limit = DefaultBodyLimit::max(super::state::multipart_limit(settings));
     ApiRouter::new()
         .api_route(
             "/v1/extractions",
@@ -140,7 +140,7 @@ impl From<Extraction> for ExtractionView {
 
 async fn read(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<ExtractionView>, ApiError> {
@@ -155,7 +155,7 @@ async fn read(
             ))
         }
     };
-    let row = owned(&services, &caller, id).await?;
+    let row = owned(&api, &caller, id).await?;
     if let Some(at) = row.erased_at {
         return Err(ApiError::Gone(format!(
             "extraction {id} was erased at {at}"
@@ -198,13 +198,13 @@ fn describe_read(op: TransformOperation<'_>) -> TransformOperation<'_> {
 /// first (who claimed it and when, each attempt and how it ended).
 async fn transitions_of(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<Vec<Logged>>, ApiError> {
     caller.require(Scope::Read)?;
     let Path(id) = id?;
-    owned(&services, &caller, id).await?;
-    Ok(Json(transitions::log_of(&services.pool, id).await?))
+    owned(&api, &caller, id).await?;
+    Ok(Json(transitions::log_of(&api.pool, id).await?))
 }
 
 fn describe_transitions(op: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -228,21 +228,21 @@ fn describe_transitions(op: TransformOperation<'_>) -> TransformOperation<'_> {
 /// answers 204 again.
 async fn erase(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Scope::Delete)?;
     let Path(id) = id?;
-    match retention::erase(&services.pool, caller.tenant_id, id).await? {
+    match retention::erase(&api.pool, caller.tenant_id, id).await? {
         Erased::Now(row, files) => {
-            services.metrics.transition(Transition::Erase, &Some(&row));
+            api.metrics.transition(Transition::Erase, &Some(&row));
             // The job's file is content too: gone now unless another job
             // names it. Left behind by a failure here, collection takes it
             // after its grace.
-            if let Err(e) = services.files.forget(caller.tenant_id, &files).await {
+            if let Err(e) = api.files.forget(caller.tenant_id, &files).await {
                 tracing::warn!(%id, error = %e, "an erased job's file was not deleted");
             }
-            let emitted = services
+            let emitted = api
                 .jobs
                 .emit(Transition::Erase, &row, None, PublishReason::Submit);
             if let Err(e) = emitted.await {
@@ -289,8 +289,8 @@ fn describe_erase(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 /// The caller's tenant's job `id`; another tenant's job is not found, so its
 /// existence is never revealed.
-async fn owned(services: &Services, caller: &Caller, id: Uuid) -> Result<Extraction, ApiError> {
-    store::get_for_tenant(&services.pool, caller.tenant_id, id)
+async fn owned(api: &Api, caller: &Caller, id: Uuid) -> Result<Extraction, ApiError> {
+    store::get_for_tenant(&api.pool, caller.tenant_id, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))
 }
@@ -299,25 +299,25 @@ async fn owned(services: &Services, caller: &Caller, id: Uuid) -> Result<Extract
 /// the job as it is now); a job that is not failed answers 409.
 async fn retry(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<ExtractionView>, ApiError> {
     caller.require(Scope::Cancel)?;
     let Path(id) = id?;
     // A job never changes tenant, so checking its owner first is race-free.
-    let job = owned(&services, &caller, id).await?;
+    let job = owned(&api, &caller, id).await?;
     if let Some(at) = job.erased_at {
         return Err(ApiError::Gone(format!(
             "extraction {id} was erased at {at}"
         )));
     }
-    if services.jobs.retry_failed(id).await?.is_none() {
+    if api.jobs.retry_failed(id).await?.is_none() {
         return Err(ApiError::Conflict(format!(
             "only a failed job can be retried; this one is {}",
             job.status
         )));
     }
-    Ok(Json(owned(&services, &caller, id).await?.into()))
+    Ok(Json(owned(&api, &caller, id).await?.into()))
 }
 
 fn describe_retry(op: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -344,14 +344,14 @@ fn describe_retry(op: TransformOperation<'_>) -> TransformOperation<'_> {
 /// holder sees the request at its next heartbeat and cancels it (202).
 async fn cancel(
     caller: Caller,
-    State(services): State<Services>,
+    State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Cancel)?;
     let Path(id) = id?;
     // A job never changes tenant, so checking its owner first is race-free.
-    owned(&services, &caller, id).await?;
-    match services.jobs.cancel(id).await? {
+    owned(&api, &caller, id).await?;
+    match api.jobs.cancel(id).await? {
         Cancel::Cancelled(row) => {
             return Ok((StatusCode::OK, Json(ExtractionView::from(row))).into_response())
         }
@@ -360,7 +360,7 @@ async fn cancel(
         }
         Cancel::Neither => {}
     }
-    match store::get(&services.pool, id).await? {
+    match store::get(&api.pool, id).await? {
         None => Err(ApiError::NotFound(id.to_string())),
         Some(row) if row.status == ExtractionStatus::Running => {
             Ok((StatusCode::ACCEPTED, Json(ExtractionView::from(row))).into_response())

@@ -16,13 +16,12 @@ use uuid::Uuid;
 
 use crate::admission::Permit;
 use crate::api::describe;
+use crate::api::state::Api;
 use crate::api::uploads::Uploads;
 use crate::api::ApiError;
 use crate::auth::Caller;
 use crate::config::Settings;
 use crate::domain::{ExtractionRequest, ExtractionStatus};
-use crate::pipeline;
-use crate::pipeline::Services;
 use crate::store::NewExtraction;
 
 /// The answer to a submit.
@@ -46,16 +45,16 @@ const REFUSED_BODY_READ: std::time::Duration = std::time::Duration::from_millis(
 /// submit goes in without one: it takes its permit once its file is stored
 /// ([`Admitted::readmit`]).
 pub(super) async fn submit(
-    State(services): State<Services>,
+    State(api): State<Api>,
     Extension(uploads): Extension<Uploads>,
     request: Request,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    let caller = match Caller::from_request_parts(&mut parts, &services).await {
+    let caller = match Caller::from_request_parts(&mut parts, &api).await {
         Ok(caller) => caller,
         Err(refused) => return refused.into_response(),
     };
-    let admission = &services.admission;
+    let admission = &api.admission;
     let permit = match crate::api::upload::is_multipart(&parts.headers) {
         true => Some(None),
         false => admission.try_admit(caller.tenant_id).map(Some),
@@ -64,7 +63,7 @@ pub(super) async fn submit(
     let response = match permit {
         Some(permit) => {
             let admitted = Admitted(Arc::new(Mutex::new(permit)));
-            let accepted = accept(&admitted, &uploads, &caller, &services, request).await;
+            let accepted = accept(&admitted, &uploads, &caller, &api, request).await;
             // Answered without a row (refused, unauthenticated, failed):
             // the whole request was its work. A no-op if its row was durable.
             admitted.durable();
@@ -74,14 +73,14 @@ pub(super) async fn submit(
             // The body is read (it is in the socket already, as a rule) and
             // dropped: a body left unread closes the connection, and a
             // client turned away would pay for a new one on its retry.
-            let limit = services.settings.http_body_limit_bytes;
+            let limit = api.settings.body_limit;
             let body = axum::body::to_bytes(request.into_body(), limit);
             let _ = tokio::time::timeout(REFUSED_BODY_READ, body).await;
-            overloaded(&services).into_response()
+            overloaded(&api).into_response()
         }
     };
     let (limit, in_flight) = admission.snapshot();
-    let http = &services.metrics.http;
+    let http = &api.metrics.http;
     http.admission_limit.set(limit as i64);
     http.submits_in_flight.set(in_flight as i64);
     response
@@ -114,22 +113,22 @@ impl Admitted {
     /// A permit again for a submit of `tenant` whose file is stored, or 503
     /// `overloaded` when the process has no room for it now (the file stays
     /// the tenant's). A no-op while it holds one.
-    fn readmit(&self, services: &Services, tenant: Uuid) -> Result<(), ApiError> {
+    fn readmit(&self, api: &Api, tenant: Uuid) -> Result<(), ApiError> {
         let mut permit = self.permit();
         if permit.is_some() {
             return Ok(());
         }
-        *permit = services.admission.try_admit(tenant);
+        *permit = api.admission.try_admit(tenant);
         match permit.is_some() {
             true => Ok(()),
-            false => Err(overloaded(services)),
+            false => Err(overloaded(api)),
         }
     }
 }
 
 /// A submit refused for want of room, counted.
-fn overloaded(services: &Services) -> ApiError {
-    services.metrics.http.overload_rejections.inc();
+fn overloaded(api: &Api) -> ApiError {
+    api.metrics.http.overload_rejections.inc();
     let message = "this server has no room for another submit now; retry shortly";
     ApiError::Overloaded(message.into())
 }
@@ -140,24 +139,24 @@ async fn accept(
     admitted: &Admitted,
     uploads: &Uploads,
     caller: &Caller,
-    services: &Services,
+    api: &Api,
     body: Request,
 ) -> Result<Response, ApiError> {
-    let max_open_jobs = crate::api::auth::admit_submit(services, caller)?;
+    let max_open_jobs = crate::api::auth::admit_submit(api, caller)?;
     let headers = body.headers().clone();
     let moving = || admitted.set_aside();
-    let request = crate::api::upload::submitted(services, uploads, caller, body, moving).await?;
-    admitted.readmit(services, caller.tenant_id)?;
+    let request = crate::api::upload::submitted(api, uploads, caller, body, moving).await?;
+    admitted.readmit(api, caller.tenant_id)?;
     // A header that is not text is no key: it is refused as an empty one.
     let idempotency_key = headers
         .get("idempotency-key")
         .map(|v| v.to_str().unwrap_or_default().to_owned());
     let tenant = (caller.tenant_id, max_open_jobs);
-    let limits = services.settings.request_limits();
-    services.learn_patterns(&request).await;
+    let limits = api.settings.request_limits;
+    api.submitter.learn_patterns(&request).await;
     let new = NewExtraction::checked(tenant, idempotency_key, request, &limits)
         .map_err(|refused| ApiError::refused(refused, "Idempotency-Key"))?;
-    let submitted = pipeline::submit(services, new, || admitted.durable()).await?;
+    let submitted = api.submitter.submit(new, || admitted.durable()).await?;
     let row = submitted.extraction();
     let location = format!("/v1/extractions/{}", row.id);
     let body = Accepted {

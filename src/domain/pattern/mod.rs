@@ -8,7 +8,7 @@
 //!
 //! Compiling is CPU work of up to milliseconds a pattern, and a request may
 //! carry a hundred. An intake that meets patterns it has not seen calls
-//! [`learn`] on a blocking thread first (see `Services::learn_patterns`), so
+//! [`learn`] on a blocking thread first (see `Submitter::learn_patterns`), so
 //! the validation that follows, on the async runtime, finds each one here.
 
 mod search;

@@ -1,6 +1,6 @@
 //! What clients and operators ask of jobs: a new job handed to the workers,
-//! a cancel, a retry, a bulk action's batch, a tenant's jobs cancelled
-//! before it is deleted. Each change is followed up here, and only here, as
+//! a cancel, a retry, a correction of a value, a bulk action's batch, a
+//! tenant's jobs cancelled before it is deleted. Each change is followed up here, and only here, as
 //! the lifecycle's own transitions are: counted, the webhook of a job it
 //! ended woken, its event published, and a job it queued handed over.
 
@@ -8,9 +8,10 @@ use uuid::Uuid;
 
 use super::{lane, JobError, Jobs};
 use crate::domain::{Stage, Transition};
-use crate::events::PublishReason;
+use crate::events::{ExtractionEvent, FieldCorrection, PublishReason};
 use crate::kafka::PublishError;
 use crate::store::bulk::Applied;
+use crate::store::corrections::Made;
 use crate::store::{orphans, transitions, Extraction};
 
 /// What a cancel came to.
@@ -61,6 +62,29 @@ impl Jobs {
             .metrics
             .transition(Transition::RequestCancel, &requested);
         Ok(requested.map_or(Cancel::Neither, Cancel::Requested))
+    }
+
+    /// Follows up a correction stored of succeeded job `job`: counted, the
+    /// job's webhook woken, and its event published. The correction is
+    /// stored already: an event the broker did not take is a gap in the
+    /// stream, logged, not a lost correction.
+    pub async fn corrected(&self, job: &Extraction, made: &Made) {
+        let transition = Transition::CorrectField;
+        self.0.metrics.transition(transition, &Some(job));
+        let webhooks = &self.0.webhooks;
+        webhooks.wake(made.webhook_id.as_deref(), job.tenant_id);
+        let correction = &made.correction;
+        let mut event = ExtractionEvent::of(transition, job, None, PublishReason::Submit);
+        event.correction = Some(FieldCorrection {
+            correction_id: correction.id,
+            field: correction.field.clone(),
+            value: correction.value.clone(),
+            key_id: correction.key_id.to_string(),
+            reviewer: correction.reviewer.clone(),
+        });
+        if let Err(e) = self.announce(job.id, event).await {
+            tracing::warn!(id = %job.id, error = %e, "correction event not published");
+        }
     }
 
     /// Cancels the open jobs `ids` (a deleted tenant's): the queued ones at

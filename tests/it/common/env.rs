@@ -136,7 +136,7 @@ impl TestEnv {
     }
 
     /// Connected services (pool, producer, metrics) for in-process roles.
-    pub async fn services(&self) -> docstream::pipeline::Services {
+    pub async fn services(&self) -> docstream::roles::Process {
         docstream::roles::connect(self.settings.clone())
             .await
             .expect("services")
@@ -146,7 +146,7 @@ impl TestEnv {
     /// base URL, and a guard that stops it when dropped.
     pub async fn serve_here(
         &self,
-        services: docstream::pipeline::Services,
+        services: docstream::roles::Process,
     ) -> (String, tokio_util::sync::DropGuard) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

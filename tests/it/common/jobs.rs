@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use docstream::pipeline::Services;
+use docstream::roles::Process;
 use docstream::store::tenants::DEFAULT_TENANT_ID;
 use docstream::store::{self, NewExtraction};
 use futures::stream::{self, StreamExt};
@@ -44,13 +44,13 @@ pub fn sample_body(i: usize) -> serde_json::Value {
 }
 
 /// Submits `n` jobs through the same path as `POST /v1/extractions`.
-pub async fn submit_jobs(services: &Services, n: usize) -> Vec<Uuid> {
+pub async fn submit_jobs(services: &Process, n: usize) -> Vec<Uuid> {
     submit_bodies(services, n, sample_body).await
 }
 
 /// Submits `n` jobs whose bodies `body(i)` gives, through the submit path.
 pub async fn submit_bodies(
-    services: &Services,
+    services: &Process,
     n: usize,
     body: impl Fn(usize) -> serde_json::Value,
 ) -> Vec<Uuid> {
@@ -59,7 +59,7 @@ pub async fn submit_bodies(
 
 /// [`submit_bodies`] for `tenant`'s jobs.
 pub async fn submit_as(
-    services: &Services,
+    services: &Process,
     tenant: Uuid,
     n: usize,
     body: impl Fn(usize) -> serde_json::Value,
@@ -74,7 +74,9 @@ pub async fn submit_as(
                 idempotency_key: None,
                 request: serde_json::from_value(body(i)).unwrap(),
             };
-            docstream::pipeline::submit(services, new, || ())
+            services
+                .submitter
+                .submit(new, || ())
                 .await
                 .unwrap()
                 .extraction()

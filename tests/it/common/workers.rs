@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use docstream::config::{ExtractorSettings, Settings};
-use docstream::pipeline::Services;
+use docstream::roles::Process;
 use uuid::Uuid;
 
 use super::{free_port, sample_body, scrape, wait_for, TestEnv};
@@ -29,7 +29,7 @@ pub fn add_extractor(
 /// Submits `n` sample jobs for `extractor` through the submit path, with
 /// `metadata` in each (which the fake provider may read).
 pub async fn submit_for(
-    services: &Services,
+    services: &Process,
     n: usize,
     extractor: &str,
     metadata: serde_json::Value,
@@ -71,7 +71,7 @@ pub async fn workers_calling(metrics: &[String], series: &str) -> usize {
 /// Every worker holds partitions once each has called the warm-up
 /// extractor: submits 6 warm-up jobs per poll until all show calls (90 s at
 /// most).
-pub async fn every_worker_calls_the_warmup_extractor(services: &Services, metrics: &[String]) {
+pub async fn every_worker_calls_the_warmup_extractor(services: &Process, metrics: &[String]) {
     let workers = metrics.len();
     wait_for(
         "every worker to call",
