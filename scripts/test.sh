@@ -20,6 +20,9 @@
 # two minutes), and its links checked (scripts/lib/book.sh; seconds).
 # The console's browser test (tests/it/console.rs) runs in Debian's chromium,
 # driven by Playwright for Python, both installed here once (about a minute).
+# Last, the Python client (clients/python/test.sh): mypy --strict, its models
+# against docs/openapi.json, and its tests against a live `docstream all`
+# (under a minute, after a one-time install from PyPI of about a minute).
 # The suite fails if any step does. With a test filter, only the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -113,6 +116,17 @@ if [ $# -eq 0 ]; then
     set -e
 fi
 
+# The Python client: its own virtualenv, its own database and topics, the
+# docstream binary built above.
+pyclient=skipped
+if [ $# -eq 0 ]; then
+    echo "== pyclient: the Python client against a live docstream (clients/python) ==" >&2
+    set +e
+    DOCSTREAM_BIN="$PWD/target/debug/docstream" bash clients/python/test.sh
+    pyclient=$?
+    set -e
+fi
+
 # One closing line for the whole suite, summed over every pass and test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
@@ -136,8 +150,14 @@ case "$fuzz" in
     skipped) echo "fuzz: skipped (a test filter was given; scripts/fuzz-api.sh runs it alone)"; fuzz=0 ;;
     *) echo "fuzz: FAILED (scripts/fuzz-api.sh; logs in target/tmp/fuzz-api/)" ;;
 esac
+case "$pyclient" in
+    0) echo "pyclient: passed" ;;
+    skipped) echo "pyclient: skipped (a test filter was given; clients/python/test.sh runs it alone)"; pyclient=0 ;;
+    *) echo "pyclient: FAILED (clients/python/test.sh)" ;;
+esac
 if [ "$status" != 0 ]; then exit "$status"; fi
 if [ "$deps" != 0 ]; then exit "$deps"; fi
 if [ "$alerts" != 0 ]; then exit "$alerts"; fi
 if [ "$book" != 0 ]; then exit "$book"; fi
+if [ "$pyclient" != 0 ]; then exit "$pyclient"; fi
 exit "$fuzz"

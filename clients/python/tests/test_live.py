@@ -1,0 +1,359 @@
+"""The client against a live ``docstream all`` (see conftest.py): no mocks."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import docstream
+from conftest import REPO, SAMPLES, Server, sample
+
+FAILING_FIELDS = [{"name": "po", "anchor": "Purchase order", "required": True}]
+TEXT_FIELDS = [{"name": "total", "type": "money", "anchor": "Total"}]
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) < 0.01 for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------- the manual's example
+
+
+def test_the_manuals_example_runs(running: Server, api_key: str, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The first ```python block of docs/src/python.md, executed as it is."""
+    page = (REPO / "docs" / "src" / "python.md").read_text()
+    match = re.search(r"```python\n(.*?)```", page, re.S)
+    assert match, "docs/src/python.md has no ```python block"
+    code = match.group(1)
+    assert len(code.strip().splitlines()) <= 10, "the example is meant to be 10 lines"
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("DOCSTREAM_BASE_URL", running.base_url)
+    monkeypatch.setenv("DOCSTREAM_API_KEY", api_key)
+    exec(compile(code, "docs/src/python.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "succeeded" in out and "6661.68" in out, out
+
+
+# ---------------------------------------------------------------- submit, wait, fields, boxes
+
+
+@pytest.mark.parametrize("name", ["invoice-contoso", "invoice-northwind", "receipt-bakery"])
+def test_a_sample_pdf_is_read_and_boxed_as_its_drawn_words_are(client: docstream.Client, run_id: str,
+                                                               name: str) -> None:
+    """A PDF sent as multipart gives the values and boxes the same request gives on the words the sample drew."""
+    s = sample(name)
+    request = dict(s["request"])
+    request["metadata"] = {"run": run_id}
+    pdf = client.submit(request, file=SAMPLES / s["file"], content_type="application/pdf")
+    drawn = client.submit(request, document={"pages": s["pages"]})
+    assert pdf.status == "queued" and pdf.id != drawn.id
+    got = client.wait(pdf.id, timeout=90, boxes=True)
+    want = client.wait(drawn.id, timeout=90, boxes=True)
+    assert got.status == "succeeded", got.error
+    assert got.post_processing.bbox_refinement is not None
+    assert got.post_processing.bbox_refinement.status == "succeeded"
+    assert got.fields == want.fields
+    found = {k: v for k, v in got.fields.items() if v is not None}
+    assert len(found) >= 4, got.fields
+    assert set(got.boxes) == set(want.boxes)
+    for field, box in got.boxes.items():
+        other = want.boxes[field]
+        if box is None or other is None:
+            assert box is other, field
+            continue
+        assert box.page == other.page and _close(box.bbox, other.bbox), (field, box, other)
+    # The file is stored and the job names it.
+    with_request = client.get(pdf.id, include_request=True)
+    assert with_request.request is not None
+    file_id = with_request.request["document"]["object"]
+    assert client.get_file(file_id).content_type == "application/pdf"
+
+
+def test_every_way_to_give_a_document(client: docstream.Client, run_id: str) -> None:
+    """A dict, a path, bytes, a file object, an uploaded file's id, and a URL (refused: it is loopback)."""
+    s = sample("receipt-bakery")
+    path = SAMPLES / s["file"]
+    fields = s["request"]["fields"]
+    meta = {"run": run_id}
+    uploaded = client.upload_file(path)
+    assert uploaded.id == uploaded.sha256 and uploaded.content_type == "application/pdf"
+    assert client.upload_file(path.read_bytes()).id == uploaded.id  # same bytes, same file
+    jobs = [
+        client.submit({"document": {"text": "Receipt Total 12.50"}, "fields": TEXT_FIELDS, "metadata": meta}),
+        client.submit(file=path, fields=fields, metadata=meta),
+        client.submit(file=path.read_bytes(), fields=fields, metadata=meta),
+        client.submit(file_id=uploaded.id, fields=fields, metadata=meta),
+    ]
+    with path.open("rb") as handle:
+        jobs.append(client.submit(file=handle, fields=fields, metadata=meta))
+    done = [client.wait(j.id, timeout=90) for j in jobs]
+    assert [j.status for j in done] == ["succeeded"] * 5, [j.error for j in done]
+    assert done[0].fields == {"total": "12.50"}
+    assert done[1].fields == done[2].fields == done[3].fields == done[4].fields
+    with pytest.raises(docstream.UnprocessableEntityError) as refused:
+        client.submit(url="http://127.0.0.1:9/invoice.pdf", fields=fields, metadata=meta)
+    assert refused.value.status_code == 422 and refused.value.code and refused.value.message
+    with pytest.raises(ValueError):
+        client.submit(fields=fields)  # no document
+
+
+def test_the_same_idempotency_key_is_the_same_job(client: docstream.Client, run_id: str) -> None:
+    key = f"order-{run_id}"
+    body = {"document": {"text": "Total 9.99"}, "fields": TEXT_FIELDS, "metadata": {"run": run_id}}
+    first = client.submit(body, idempotency_key=key)
+    assert client.submit(body, idempotency_key=key).id == first.id
+    with pytest.raises(docstream.UnprocessableEntityError) as reused:
+        client.submit({**body, "document": {"text": "Total 1.00"}}, idempotency_key=key)
+    assert reused.value.code
+    assert [j.id for j in client.list(idempotency_key=key)] == [first.id]
+    # Without a key of the caller's, each call has its own.
+    a = client.submit(body)
+    b = client.submit(body)
+    assert a.id != b.id
+    keys = {client.get(x.id).idempotency_key for x in (a, b)}
+    assert len(keys) == 2 and None not in keys
+
+
+def test_errors_carry_the_servers_code_and_message(running: Server, client: docstream.Client) -> None:
+    with pytest.raises(docstream.NotFoundError) as missing:
+        client.get(str(uuid.uuid4()))
+    assert (missing.value.status_code, missing.value.code) == (404, "not_found")
+    assert missing.value.message
+    with pytest.raises(docstream.UnprocessableEntityError) as invalid:
+        client.submit(document={"text": "x"}, fields=[{"name": "total"}])  # neither anchor nor pattern
+    assert invalid.value.status_code == 422 and invalid.value.message
+    with docstream.Client(running.base_url, api_key="dsk_" + "0" * 43) as stranger:
+        with pytest.raises(docstream.AuthenticationError) as unknown:
+            stranger.me()
+    assert unknown.value.code == "unauthorized"
+
+
+# ---------------------------------------------------------------- listing
+
+
+def test_list_walks_every_page_by_metadata(client: docstream.Client, run_id: str) -> None:
+    mine = {
+        client.submit(document={"text": f"Total {i}.00"}, fields=TEXT_FIELDS,
+                      metadata={"run": run_id, "customer": "acme" if i % 2 else "globex"}).id
+        for i in range(7)
+    }
+    other = client.submit(document={"text": "Total 1.00"}, fields=TEXT_FIELDS, metadata={"run": "someone-else"})
+    listed = [j.id for j in client.list(metadata={"run": run_id}, page_size=2)]
+    assert len(listed) == len(set(listed)) == 7, "no job twice"
+    assert set(listed) == mine and other.id not in listed
+    acme = [j for j in client.list(metadata={"run": run_id, "customer": "acme"}, page_size=2, order="asc")]
+    assert len(acme) == 3 and all(j.metadata["customer"] == "acme" for j in acme)
+    assert [j.id for j in acme] == sorted(j.id for j in acme), "oldest first (ids are UUIDv7)"
+
+
+# ---------------------------------------------------------------- retry, cancel, delete, bulk
+
+
+def test_bulk_retry_of_failed_jobs(client: docstream.Client, run_id: str) -> None:
+    meta = {"run": run_id}
+    failing = [client.submit(text=f"Invoice {i}", fields=FAILING_FIELDS, metadata=meta).id for i in range(3)]
+    fine = client.submit(text="Total 5.00", fields=TEXT_FIELDS, metadata=meta).id
+    for job_id in failing:
+        job = client.wait(job_id, timeout=60)
+        assert job.status == "failed" and job.error and "po" in job.error
+    assert client.wait(fine, timeout=60).status == "succeeded"
+    before = {j: client.get(j).attempts for j in failing}
+
+    # By filter: exactly the failed jobs of the run.
+    op = client.bulk_retry(filter={"status": "failed", "metadata": meta})
+    assert op.state == "finished" and (op.done, op.refused, op.not_found) == (3, 0, 0)
+    assert {o.id for o in client.bulk_outcomes(op.id)} == set(failing)
+    for job_id in failing:
+        job = client.wait(job_id, timeout=60)
+        assert job.status == "failed" and job.attempts > before[job_id]
+        assert "retry_failed" in [t.transition for t in client.transitions(job_id)]
+
+    # By ids: the succeeded one is refused, an unknown id not found.
+    unknown = str(uuid.uuid4())
+    op = client.bulk("retry", ids=[*failing, fine, unknown])
+    assert (op.done, op.refused, op.not_found) == (3, 1, 1)
+    refused = list(client.bulk_outcomes(op.id, outcome="refused"))
+    assert [o.id for o in refused] == [fine] and refused[0].reason
+    # The same key again is the same operation.
+    key = f"bulk-{run_id}"
+    first = client.bulk_cancel(ids=[fine], idempotency_key=key)
+    assert client.bulk_cancel(ids=[fine], idempotency_key=key).id == first.id
+
+
+def test_retry_cancel_and_delete_one_job(client: docstream.Client, run_id: str) -> None:
+    failed = client.submit(text="Invoice", fields=FAILING_FIELDS, metadata={"run": run_id})
+    assert client.wait(failed.id, timeout=60).status == "failed"
+    again = client.retry(failed.id)
+    assert again.status in ("queued", "running", "failed")
+    assert client.wait(failed.id, timeout=60).status == "failed"
+    with pytest.raises(docstream.ConflictError) as finished:
+        client.cancel(failed.id)
+    assert finished.value.code == "conflict"
+    client.delete(failed.id)
+    with pytest.raises(docstream.GoneError):
+        client.get(failed.id)
+    erased = next(client.list(metadata={"run": run_id}), None)
+    assert erased is None or erased.erased_at is not None
+
+
+def test_dead_letters(client: docstream.Client) -> None:
+    letters = list(client.dead_letters(page_size=10))
+    assert all(isinstance(x, docstream.DeadLetter) for x in letters)
+    with pytest.raises(docstream.NotFoundError):
+        client.replay_dead_letter(2**40)
+
+
+# ---------------------------------------------------------------- the export stream
+
+
+def test_export_loses_nothing_across_a_failed_handler_and_a_server_restart(
+    running: Server, client: docstream.Client, run_id: str
+) -> None:
+    group = f"py-{run_id}"
+    submitted: set[str] = set()
+
+    def submit(n: int) -> None:
+        for i in range(n):
+            submitted.add(client.submit(text=f"Total {i}.50", fields=TEXT_FIELDS, metadata={"run": run_id}).id)
+
+    # Phase 1: a handler that fails on its third event of ours: nothing is acknowledged past it.
+    submit(4)
+    seen: dict[str, set[str]] = {}
+    failed_on: tuple[int, int] | None = None
+    count = 0
+    with pytest.raises(RuntimeError, match="handler failed"):
+        with client.export(group, from_="earliest", idle_timeout=60) as events:
+            for frame in events:
+                if frame.event.extraction_id not in submitted:
+                    continue
+                count += 1
+                if count == 3:
+                    failed_on = (frame.partition, frame.offset)
+                    raise RuntimeError("handler failed")
+                seen.setdefault(frame.event.extraction_id, set()).add(frame.event.status)
+    assert failed_on is not None
+
+    # Phase 2: the same group again gets that event first among ours (in its partition),
+    # and goes on across a restart of the server, reconnecting by itself.
+    redelivered = threading.Event()
+    restarted = threading.Event()
+
+    def restart_then_submit() -> None:
+        running.restart(signal.SIGTERM)
+        restarted.set()
+        submit(3)
+
+    restarter: threading.Thread | None = None
+    with client.export(group, from_="earliest", idle_timeout=90) as events:
+        for frame in events:
+            if (frame.partition, frame.offset) == failed_on:
+                redelivered.set()
+            if frame.event.extraction_id not in submitted:
+                continue
+            seen.setdefault(frame.event.extraction_id, set()).add(frame.event.status)
+            if restarter is None and redelivered.is_set():
+                restarter = threading.Thread(target=restart_then_submit)
+                restarter.start()
+            finished = {j for j, statuses in seen.items() if "succeeded" in statuses}
+            if restarted.is_set() and len(submitted) == 7 and finished >= submitted:
+                break
+        connections = events.connections
+    assert restarter is not None
+    restarter.join()
+    assert redelivered.is_set(), "the event whose handler failed came again"
+    assert connections >= 2, "the stream reconnected after the restart"
+    assert {j for j, statuses in seen.items() if "succeeded" in statuses} == submitted
+
+
+@pytest.mark.asyncio
+async def test_the_async_client(running: Server, api_key: str, run_id: str) -> None:
+    async with docstream.AsyncClient(running.base_url, api_key=api_key) as client:
+        group = f"py-async-{run_id}"
+        ids = {
+            (await client.submit(text=f"Total {i}.25", fields=TEXT_FIELDS, metadata={"run": run_id})).id
+            for i in range(3)
+        }
+        jobs = [await client.wait(i, timeout=60) for i in ids]
+        assert {j.fields["total"] for j in jobs} == {"0.25", "1.25", "2.25"}
+        assert {j.id async for j in client.list(metadata={"run": run_id}, page_size=1)} == ids
+        finished: set[str] = set()
+        async with client.export(group, from_="earliest", status="succeeded", idle_timeout=60) as events:
+            async for frame in events:
+                if frame.event.extraction_id in ids:
+                    finished.add(frame.event.extraction_id)
+                if finished == ids:
+                    break
+        assert finished == ids
+
+
+# ---------------------------------------------------------------- retries through a restart
+
+
+class _Retries(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, "docstream_delay"):
+            self.records.append(record)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_submits_ride_through_a_restart_and_none_is_made_twice(
+    running: Server, api_key: str, run_id: str, sig: int
+) -> None:
+    """Submits keep going while `all` stops and starts again: each call makes exactly one job."""
+    retries = _Retries()
+    logger = logging.getLogger("docstream")
+    logger.addHandler(retries)
+    logger.setLevel(logging.INFO)
+    total, stop_after = 60, 12
+    returned: list[str] = []
+    lock = threading.Lock()
+    policy = docstream.RetryPolicy(deadline=120, max_backoff=1.0)
+
+    try:
+        with docstream.Client(running.base_url, api_key=api_key, retry_policy=policy) as client:
+
+            def one(i: int) -> str:
+                job = client.submit(text=f"Total {i}.00", fields=TEXT_FIELDS, metadata={"run": run_id, "i": i})
+                with lock:
+                    returned.append(job.id)
+                return job.id
+
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                futures = [pool.submit(one, i) for i in range(total)]
+                deadline = time.monotonic() + 60
+                while len(returned) < stop_after:
+                    failed = [f.exception() for f in futures if f.done() and f.exception()]
+                    assert not failed and time.monotonic() < deadline, f"submits before the restart: {failed}"
+                    time.sleep(0.01)
+                running.stop(sig)  # submits in flight meet 503s, reset connections, refusals
+                running.start()
+                ids = [f.result() for f in futures]
+
+            jobs = list(client.list(metadata={"run": run_id}, page_size=200))
+    finally:
+        logger.removeHandler(retries)
+
+    assert len(ids) == total
+    assert len(set(ids)) == total, "two calls answered with the same job"
+    assert len(jobs) == total, f"{len(jobs)} jobs for {total} submits: something was submitted twice"
+    assert {j.id for j in jobs} == set(ids)
+    assert len({j.idempotency_key for j in jobs}) == total
+    assert sorted(j.metadata["i"] for j in jobs) == list(range(total))
+    assert retries.records, "no submit was retried: the restart came too late to test anything"
+    for record in retries.records:
+        retry_after = getattr(record, "docstream_retry_after")
+        assert retry_after is None or getattr(record, "docstream_delay") >= retry_after, "Retry-After honoured"
