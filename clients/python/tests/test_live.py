@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -357,3 +359,51 @@ def test_submits_ride_through_a_restart_and_none_is_made_twice(
     for record in retries.records:
         retry_after = getattr(record, "docstream_retry_after")
         assert retry_after is None or getattr(record, "docstream_delay") >= retry_after, "Retry-After honoured"
+
+
+def test_a_429_is_repeated_after_its_retry_after(running: Server) -> None:
+    """A tenant allowed one submit every 2 s: its second submit at once meets 429
+    with Retry-After, waits at least that long, and then makes its job."""
+    tenant = f"py{uuid.uuid4().hex[:8]}"
+    running.cli("tenants", "create", tenant)
+    # Quota before the key's first use: the server caches what a key resolves to.
+    running.cli("tenants", "set-quota", tenant, "--submit-rate-per-s", "0.5", "--submit-burst", "1")
+    key: str = json.loads(running.cli("keys", "create", tenant, "--scopes", "submit,read"))["api_key"]
+    retries = _Retries()
+    logger = logging.getLogger("docstream")
+    logger.addHandler(retries)
+    logger.setLevel(logging.INFO)
+    try:
+        with docstream.Client(running.base_url, api_key=key) as client:
+            first = client.submit(text="Total 1.00", fields=TEXT_FIELDS)
+            started = time.monotonic()
+            second = client.submit(text="Total 2.00", fields=TEXT_FIELDS)
+            waited = time.monotonic() - started
+            assert client.get(second.id).id == second.id
+    finally:
+        logger.removeHandler(retries)
+    assert first.id != second.id
+    assert retries.records, "the second submit was not refused: the quota did not apply"
+    first_refusal = retries.records[0]
+    assert isinstance(getattr(first_refusal, "docstream_error"), docstream.RateLimitError)
+    retry_after = getattr(first_refusal, "docstream_retry_after")
+    assert retry_after is not None and retry_after >= 1
+    assert waited >= retry_after, f"repeated after {waited:.2f} s, before Retry-After ({retry_after} s)"
+
+
+def test_a_server_that_never_answers_is_given_up_on_at_the_deadline() -> None:
+    """Nothing listens on the port: every try is refused, and the client stops
+    trying at its deadline, raising the last error with how many tries it made."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = docstream.RetryPolicy(deadline=1.5, initial_backoff=0.1, max_backoff=0.3)
+    with docstream.Client(f"http://127.0.0.1:{port}", api_key="dsk_unused", retry_policy=policy) as client:
+        started = time.monotonic()
+        with pytest.raises(docstream.APIConnectionError) as caught:
+            client.get(str(uuid.uuid4()))
+        elapsed = time.monotonic() - started
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    tries = int(re.search(r"gave up after (\d+) tries", notes).group(1))  # type: ignore[union-attr]
+    assert tries > 1, notes
+    assert elapsed <= policy.deadline + 0.5, f"gave up after {elapsed:.2f} s, past the {policy.deadline} s deadline"
