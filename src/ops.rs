@@ -20,8 +20,6 @@ use std::fmt::Write as _;
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::Lane;
-use crate::events::PublishReason;
 use crate::files::Files;
 use crate::pipeline::bulk::Bulk;
 use crate::pipeline::{Jobs, Stage};
@@ -34,7 +32,7 @@ use crate::store::orphans::{self, Orphan};
 pub struct Parts {
     /// The pool the commands' queries run on.
     pub pool: sqlx::PgPool,
-    /// The lifecycle: cancels and republishes, with their events.
+    /// The lifecycle: cancels and reclaims, with their events.
     pub jobs: Jobs,
     /// The files jobs name.
     pub files: Files,
@@ -78,9 +76,6 @@ pub enum OpsError {
     /// A scope list that names no scope.
     #[error(transparent)]
     Scope(#[from] crate::domain::TenantError),
-    /// A job's event could not be published again.
-    #[error(transparent)]
-    Republish(#[from] crate::pipeline::jobs::RepublishError),
     /// A job's change could not be made.
     #[error(transparent)]
     Job(#[from] crate::pipeline::jobs::JobError),
@@ -142,17 +137,9 @@ pub async fn reclaim(parts: &Parts, id: Uuid, tenant: Option<&str>) -> Result<St
             refuse!("tenant {name:?} has no extraction {id}");
         }
     }
-    let Some(stage) = orphans::reclaim(&parts.pool, id).await? else {
+    let Some(stage) = parts.jobs.reclaim(id).await? else {
         refuse!("extraction {id} is unknown or has nothing left to do");
     };
-    let lane = match store::get(&parts.pool, id).await? {
-        Some(row) => crate::pipeline::jobs::lane(&row),
-        None => Lane::default(),
-    };
-    parts
-        .jobs
-        .republish(stage, id, lane, PublishReason::Operator)
-        .await?;
     let (what, topic) = match stage {
         Stage::Extraction => ("", &parts.jobs.stage(stage).topic),
         Stage::BboxRefinement => ("bbox refinement ", &parts.jobs.stage(stage).topic),

@@ -23,11 +23,10 @@ use super::ApiError;
 use crate::api::state::Api;
 use crate::auth::Caller;
 use crate::config::Settings;
-use crate::domain::{ExtractionRequest, ExtractionStatus, Priority, Scope, Transition};
-use crate::events::PublishReason;
+use crate::domain::{ExtractionRequest, ExtractionStatus, Priority, Scope};
 use crate::extract::ExtractionOutput;
 use crate::pipeline::jobs::Cancel;
-use crate::store::retention::{self, Erased};
+use crate::store::retention::Erased;
 use crate::store::transitions::{self, Logged};
 use crate::store::{self, BboxRefinement, Extraction};
 
@@ -233,20 +232,13 @@ async fn erase(
 ) -> Result<StatusCode, ApiError> {
     caller.require(Scope::Delete)?;
     let Path(id) = id?;
-    match retention::erase(&api.pool, caller.tenant_id, id).await? {
-        Erased::Now(row, files) => {
-            api.metrics.transition(Transition::Erase, &Some(&row));
+    match api.jobs.erase(caller.tenant_id, id).await? {
+        Erased::Now(_, files) => {
             // The job's file is content too: gone now unless another job
             // names it. Left behind by a failure here, collection takes it
             // after its grace.
             if let Err(e) = api.files.forget(caller.tenant_id, &files).await {
                 tracing::warn!(%id, error = %e, "an erased job's file was not deleted");
-            }
-            let emitted = api
-                .jobs
-                .emit(Transition::Erase, &row, None, PublishReason::Submit);
-            if let Err(e) = emitted.await {
-                tracing::warn!(%id, error = %e, "lifecycle event not published");
             }
             tracing::info!(%id, "job content erased on request");
             Ok(StatusCode::NO_CONTENT)

@@ -1,17 +1,18 @@
 //! What clients and operators ask of jobs: a new job handed to the workers,
-//! a cancel, a retry, a correction of a value, a bulk action's batch, a
-//! tenant's jobs cancelled before it is deleted. Each change is followed up here, and only here, as
+//! a cancel, a retry, a correction of a value, an erasure, a bulk action's
+//! batch, a tenant's jobs cancelled before it is deleted. Each change is followed up here, and only here, as
 //! the lifecycle's own transitions are: counted, the webhook of a job it
 //! ended woken, its event published, and a job it queued handed over.
 
 use uuid::Uuid;
 
-use super::{lane, JobError, Jobs};
+use super::{lane, JobError, Jobs, RepublishError};
 use crate::domain::{Stage, Transition};
 use crate::events::{ExtractionEvent, FieldCorrection, PublishReason};
 use crate::kafka::PublishError;
 use crate::store::bulk::Applied;
 use crate::store::corrections::Made;
+use crate::store::retention::{self, Erased};
 use crate::store::{orphans, transitions, Extraction};
 
 /// What a cancel came to.
@@ -84,6 +85,44 @@ impl Jobs {
         });
         if let Err(e) = self.announce(job.id, event).await {
             tracing::warn!(id = %job.id, error = %e, "correction event not published");
+        }
+    }
+
+    /// Erases tenant `tenant_id`'s finished job `id` (`store::retention::erase`):
+    /// when it was erased now, counted and its `erase` event published (a
+    /// lost event is logged). The files it named are the caller's to forget.
+    pub async fn erase(&self, tenant_id: Uuid, id: Uuid) -> Result<Erased, JobError> {
+        let erased = retention::erase(&self.0.pool, tenant_id, id).await?;
+        if let Erased::Now(row, _) = &erased {
+            let transition = Transition::Erase;
+            self.0.metrics.transition(transition, &Some(row));
+            if let Err(e) = self
+                .emit(transition, row, None, PublishReason::Submit)
+                .await
+            {
+                tracing::warn!(%id, error = %e, "lifecycle event not published");
+            }
+        }
+        Ok(erased)
+    }
+
+    /// Expires whatever claim holds job `id` and hands the job over again to
+    /// the stage it is at, with the reason `operator` (`docstream reclaim`):
+    /// the stage, or `None` when the job is unknown or has nothing left to
+    /// do. Safe against a live holder: its fencing token no longer matches,
+    /// so its completion is refused.
+    pub async fn reclaim(&self, id: Uuid) -> Result<Option<Stage>, JobError> {
+        let pool = &self.0.pool;
+        let Some(stage) = orphans::reclaim(pool, id).await? else {
+            return Ok(None);
+        };
+        let lane = crate::store::get(pool, id).await?.map(|row| lane(&row));
+        let republished =
+            self.republish(stage, id, lane.unwrap_or_default(), PublishReason::Operator);
+        match republished.await {
+            Ok(()) => Ok(Some(stage)),
+            Err(RepublishError::Publish(e)) => Err(e.into()),
+            Err(RepublishError::Record(e)) => Err(e.into()),
         }
     }
 
