@@ -3,6 +3,7 @@
 //! request a client submits. Everything here is plain data and pure functions;
 //! `store` makes it durable and `pipeline` drives it.
 
+mod grounding;
 mod limits;
 pub mod pattern;
 mod priority;
@@ -14,6 +15,7 @@ mod stage;
 mod state;
 mod tenant;
 
+pub use grounding::{GroundedField, Grounding};
 pub use limits::{RequestLimits, ResultLimits};
 pub use priority::Priority;
 pub use request::{

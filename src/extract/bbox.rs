@@ -6,39 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::ExtractionOutput;
-use crate::domain::Document;
-
-/// Where one value sits on the page.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroundedField {
-    /// Page index.
-    pub page: usize,
-    /// Union box `[x0, y0, x1, y1]` of the value's words on that page.
-    pub bbox: [f64; 4],
-    /// The words it spans, as in the extraction result.
-    pub words: [usize; 2],
-    /// The lowest confidence (0 to 1) among the words it spans on that
-    /// page; `None` when none has one (a text layer's words).
-    #[serde(default)]
-    pub confidence: Option<f64>,
-    /// Its confidence is under the request's `min_confidence`: reported,
-    /// but for a person to check.
-    #[serde(default)]
-    pub needs_review: bool,
-}
-
-/// Boxes by field; `null` for a field not found or a document without geometry.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Grounding {
-    /// Per field.
-    pub fields: BTreeMap<String, Option<GroundedField>>,
-    /// How many fields need review.
-    #[serde(default)]
-    pub needs_review: usize,
-}
+use crate::domain::{Document, GroundedField, Grounding};
 
 /// Grounds every value of `output` in `document`; a value of confidence
 /// under `min_confidence` needs review.

@@ -19,7 +19,7 @@ mod registry;
 mod rule;
 pub mod slots;
 
-pub use bbox::{ground, iou, GroundedField, Grounding};
+pub use bbox::{ground, iou};
 pub use cpu::{CpuPool, Deadline};
 pub use http::HttpExtractor;
 pub use limits::Limits;

@@ -122,11 +122,9 @@ pub struct BboxRefinement {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// When grounding finished.
     pub finished_at: Option<DateTime<Utc>>,
-    /// Once grounding finished (else null): `fields`, each field's place
-    /// (`page`, `bbox`, the `words` it spans) or null, with `confidence`
-    /// (its words' lowest, 0 to 1; null for a text layer's words) and
-    /// `needs_review` (its confidence is under the request's
-    /// `min_confidence`); and `needs_review`, how many fields are flagged.
+    /// Once grounding finished (else null): each field's place on the
+    /// page, or null.
+    #[schemars(with = "Option<crate::domain::Grounding>")]
     pub result: Option<serde_json::Value>,
     /// Why grounding failed.
     pub error: Option<String>,

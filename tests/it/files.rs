@@ -1596,7 +1596,7 @@ fn drawn(
     sample: &Value,
 ) -> (
     docstream::extract::ExtractionOutput,
-    docstream::extract::Grounding,
+    docstream::domain::Grounding,
 ) {
     let mut drawn = sample["request"].clone();
     drawn["document"] = serde_json::json!({"pages": sample["pages"]});

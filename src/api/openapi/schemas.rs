@@ -55,6 +55,14 @@ pub(super) fn schemas(settings: &Settings) -> Value {
     let mut schemas = Value::Object(schemas);
     bound(&mut schemas, &settings.request_limits());
     extractors(&mut schemas, settings);
+    // A grounding is answered as it was stored: one stored before words
+    // had confidences has no `confidence` or `needs_review`, which read as
+    // their defaults (null, false and 0).
+    not_required(
+        &mut schemas["GroundedField"],
+        &["confidence", "needs_review"],
+    );
+    not_required(&mut schemas["Grounding"], &["needs_review"]);
     if !settings.webhooks_enabled {
         schemas["ExtractionRequest"]["properties"]["webhook_url"] = json!({
             "type": "null",
@@ -63,6 +71,13 @@ pub(super) fn schemas(settings: &Settings) -> Value {
         });
     }
     schemas
+}
+
+/// Takes `names` out of `schema`'s required properties.
+fn not_required(schema: &mut Value, names: &[&str]) {
+    if let Some(Value::Array(required)) = schema.get_mut("required") {
+        required.retain(|name| !names.iter().any(|n| name == n));
+    }
 }
 
 /// A generator whose references point into `components.schemas`, with the

@@ -281,12 +281,9 @@ class ExtractionResult(Model):
 
 @dataclasses.dataclass(frozen=True)
 class GroundedField(Model):
-    """Where a value sits on the page: its page (from 0) and the union box of its words.
+    """Where a value sits on the page: its page (from 0) and the union box of its words."""
 
-    Not described by the OpenAPI document (``BboxRefinement.result`` is left
-    open there); it mirrors the server's ``src/extract/bbox.rs``.
-    """
-
+    __schema__: ClassVar[str | None] = "GroundedField"
     page: int
     bbox: list[float]
     words: list[int]
@@ -298,6 +295,7 @@ class GroundedField(Model):
 class Grounding(Model):
     """The result of a bbox refinement: each field's box, ``None`` when it has none."""
 
+    __schema__: ClassVar[str | None] = "Grounding"
     fields: dict[str, GroundedField | None]
     needs_review: int = 0
 
@@ -314,17 +312,11 @@ class BboxRefinement(Model):
     started_at: datetime | None
     lease_expires_at: datetime | None
     finished_at: datetime | None
-    result: Any
+    result: Grounding | None
+    """Each field's box, once the refinement succeeded."""
     error: str | None
     republished_at: datetime | None
     last_recovery_s: float | None
-
-    @property
-    def grounding(self) -> Grounding | None:
-        """``result`` decoded: the box of each field, once the refinement succeeded."""
-        if not isinstance(self.result, dict):
-            return None
-        return Grounding.from_dict(self.result)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,7 +366,7 @@ class Extraction(Model):
     def boxes(self) -> dict[str, GroundedField | None]:
         """Each field's box on the page; empty until the bbox refinement succeeded."""
         refinement = self.post_processing.bbox_refinement
-        grounding = refinement.grounding if refinement is not None else None
+        grounding = refinement.result if refinement is not None else None
         return dict(grounding.fields) if grounding is not None else {}
 
 
