@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -296,6 +297,53 @@ async def test_the_async_client(running: Server, api_key: str, run_id: str) -> N
                 if finished == ids:
                     break
         assert finished == ids
+
+
+@pytest.mark.asyncio
+async def test_the_async_export_stream_gets_a_failed_event_again_and_reconnects_across_a_restart(
+    running: Server, api_key: str, run_id: str
+) -> None:
+    async with docstream.AsyncClient(running.base_url, api_key=api_key) as client:
+        group = f"py-async-export-{run_id}"
+
+        async def submit(n: int) -> set[str]:
+            return {
+                (await client.submit(text=f"Total {i}.75", fields=TEXT_FIELDS, metadata={"run": run_id})).id
+                for i in range(n)
+            }
+
+        ids = await submit(2)
+        # A handler that fails on the first event of ours: it is not acknowledged.
+        failed_on: tuple[int, int] | None = None
+        with pytest.raises(RuntimeError, match="handler failed"):
+            async with client.export(group, from_="earliest", idle_timeout=60) as events:
+                async for frame in events:
+                    if frame.event.extraction_id in ids:
+                        failed_on = (frame.partition, frame.offset)
+                        raise RuntimeError("handler failed")
+        assert failed_on is not None
+
+        # The group again: that event first, then across a restart of the
+        # server, the stream reconnecting by itself, every job of ours.
+        redelivered = restarted = False
+        succeeded: set[str] = set()
+        async with client.export(group, from_="earliest", idle_timeout=90) as events:
+            async for frame in events:
+                redelivered = redelivered or (frame.partition, frame.offset) == failed_on
+                if frame.event.extraction_id not in ids:
+                    continue
+                if frame.event.status == "succeeded":
+                    succeeded.add(frame.event.extraction_id)
+                if redelivered and not restarted:
+                    await asyncio.to_thread(running.restart, signal.SIGTERM)
+                    restarted = True
+                    ids |= await submit(2)
+                if restarted and len(ids) == 4 and succeeded >= ids:
+                    break
+            connections = events.connections
+    assert redelivered, "the event whose handler failed came again"
+    assert connections >= 2, "the stream reconnected after the restart"
+    assert succeeded == ids
 
 
 # ---------------------------------------------------------------- retries through a restart
