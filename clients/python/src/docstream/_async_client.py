@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
@@ -21,7 +20,7 @@ from ._base import (
     filter_object,
     filter_params,
 )
-from ._errors import APIConnectionError, APIError, APITimeoutError, WaitTimeoutError, error_from_response
+from ._errors import WaitTimeoutError
 from ._export import AsyncExportStream
 from ._models import (
     Accepted,
@@ -41,12 +40,11 @@ from ._models import (
     Replayed,
     TransitionLogEntry,
 )
-from ._retry import RetryPolicy, should_retry_exception, should_retry_status
+from ._retry import RetryPolicy, failed_try, wait_before_retry
 from ._wait import is_done, next_poll
 
 __all__ = ["AsyncClient"]
 
-logger = logging.getLogger("docstream")
 
 
 class AsyncClient(BaseClient):
@@ -108,47 +106,19 @@ class AsyncClient(BaseClient):
         spec.headers = {**self._headers, **spec.headers}
         if not self._owns_http:
             spec.path = self.base_url + spec.path
-        started = time.monotonic()
-        attempt = 0
+        what, key = f"{spec.method} {spec.path}", spec.headers.get("Idempotency-Key")
+        started, attempt = time.monotonic(), 0
         while True:
             attempt += 1
-            error: APIError | APIConnectionError
             try:
                 response = await self._http.send(spec.build(self._http))
             except httpx.TransportError as exc:
-                kind = APITimeoutError if isinstance(exc, httpx.TimeoutException) else APIConnectionError
-                error = kind(f"{spec.method} {spec.path}: no answer ({exc!r})", cause=exc)
-                if not should_retry_exception(exc, spec.repeatable):
-                    raise error from exc
-                retry_after = None
+                failure = failed_try(exc, what, spec.repeatable)
             else:
                 if response.is_success or response.status_code in spec.ok:
                     return response
-                error = error_from_response(response)
-                if not should_retry_status(response.status_code, spec.repeatable):
-                    raise error
-                retry_after = error.retry_after
-            delay = self.retry_policy.delay(attempt, retry_after)
-            elapsed = time.monotonic() - started
-            if elapsed + delay > self.retry_policy.deadline:
-                if attempt > 1 or self.retry_policy.deadline > 0:
-                    error.add_note(
-                        f"gave up after {attempt} tries in {elapsed:.1f} s "
-                        f"(retry deadline {self.retry_policy.deadline:g} s)"
-                    )
-                    logger.warning("%s %s: giving up after %d tries: %s", spec.method, spec.path, attempt, error)
-                raise error
-            logger.info(
-                "%s %s: try %d failed (%s); trying again in %.2f s",
-                spec.method, spec.path, attempt, error, delay,
-                extra={
-                    "docstream_error": error,
-                    "docstream_retry_after": retry_after,
-                    "docstream_delay": delay,
-                    "docstream_idempotency_key": spec.headers.get("Idempotency-Key"),
-                },
-            )
-            await asyncio.sleep(delay)
+                failure = failed_try(response, what, spec.repeatable)
+            await asyncio.sleep(wait_before_retry(self.retry_policy, what, (attempt, started), failure, key))
 
     async def _json(self, spec: RequestSpec) -> Any:
         return (await self._send(spec)).json()

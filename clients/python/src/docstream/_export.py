@@ -31,7 +31,7 @@ from websockets.sync.client import connect as sync_connect
 
 from ._errors import APIConnectionError, APIError, ExportClosedError, ExportError, error_from_parts
 from ._models import ExportFrame
-from ._retry import RetryPolicy
+from ._retry import RetryPolicy, wait_before_retry
 
 __all__ = ["ExportStream", "AsyncExportStream"]
 
@@ -105,15 +105,10 @@ class _Common:
     def _give_up(self, error: APIError | APIConnectionError, retryable: bool, attempt: int,
                  started: float) -> float:
         """The wait before the next try to connect, or ``error`` raised."""
-        retry_after = error.retry_after if isinstance(error, APIError) else None
-        delay = self._retry.delay(attempt, retry_after)
-        elapsed = time.monotonic() - started
-        if not retryable or elapsed + delay > self._retry.deadline:
-            if retryable:
-                error.add_note(f"gave up after {attempt} tries in {elapsed:.1f} s")
+        if not retryable:
             raise error
-        logger.info("export stream: try %d to connect failed (%s); again in %.2f s", attempt, error, delay)
-        return delay
+        retry_after = error.retry_after if isinstance(error, APIError) else None
+        return wait_before_retry(self._retry, "export stream: connect", (attempt, started), (error, retry_after))
 
 
 class ExportStream(_Common):

@@ -22,9 +22,15 @@ were made.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
+import time
 
 import httpx
+
+from ._errors import APIConnectionError, APIError, APITimeoutError, error_from_response
+
+logger = logging.getLogger("docstream")
 
 __all__ = ["RetryPolicy"]
 
@@ -83,3 +89,55 @@ def should_retry_status(status: int, repeatable: bool) -> bool:
 def should_retry_exception(exc: httpx.TransportError, repeatable: bool) -> bool:
     """Whether a request that failed with ``exc`` (no answer) is worth another try."""
     return request_not_sent(exc) or repeatable
+
+
+def failed_try(
+    outcome: httpx.Response | httpx.TransportError, what: str, repeatable: bool
+) -> tuple[APIError | APIConnectionError, float | None]:
+    """The error of a try of ``what`` that did not succeed (an answer that is
+    not a success, or none), and its ``Retry-After``; raised at once when the
+    try must not be repeated."""
+    if isinstance(outcome, httpx.Response):
+        error = error_from_response(outcome)
+        if not should_retry_status(outcome.status_code, repeatable):
+            raise error
+        return error, error.retry_after
+    kind = APITimeoutError if isinstance(outcome, httpx.TimeoutException) else APIConnectionError
+    lost = kind(f"{what}: no answer ({outcome!r})", cause=outcome)
+    if not should_retry_exception(outcome, repeatable):
+        raise lost from outcome
+    return lost, None
+
+
+def wait_before_retry(
+    policy: RetryPolicy,
+    what: str,
+    tries: tuple[int, float],
+    failure: tuple[APIError | APIConnectionError, float | None],
+    idempotency_key: str | None = None,
+) -> float:
+    """How long to wait before trying ``what`` again, after ``tries`` (the
+    count so far, and when the first started, by ``time.monotonic``) ended in
+    ``failure`` (the error, and its ``Retry-After``). Raises the error, with a
+    note of the tries, once the next one would start past the deadline."""
+    (attempt, started), (error, retry_after) = tries, failure
+    delay = policy.delay(attempt, retry_after)
+    elapsed = time.monotonic() - started
+    if elapsed + delay > policy.deadline:
+        if policy.deadline > 0:
+            error.add_note(
+                f"gave up after {attempt} tries in {elapsed:.1f} s (retry deadline {policy.deadline:g} s)"
+            )
+            logger.warning("%s: giving up after %d tries: %s", what, attempt, error)
+        raise error
+    logger.info(
+        "%s: try %d failed (%s); trying again in %.2f s",
+        what, attempt, error, delay,
+        extra={
+            "docstream_error": error,
+            "docstream_retry_after": retry_after,
+            "docstream_delay": delay,
+            "docstream_idempotency_key": idempotency_key,
+        },
+    )
+    return delay
