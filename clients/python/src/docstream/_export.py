@@ -181,7 +181,7 @@ class ExportStream(_Common):
                 # websockets 17 wants the connection entered as a context
                 # manager; close() ends it.
                 self._ws = connection.__enter__()
-            except (InvalidHandshake, OSError, TimeoutError) as exc:
+            except (InvalidHandshake, ConnectionClosed, OSError, TimeoutError) as exc:
                 error, retryable = _handshake_error(exc)
                 time.sleep(self._give_up(error, retryable, attempt, started))
                 continue
@@ -257,7 +257,7 @@ class AsyncExportStream(_Common):
                 self._ws = await async_connect(
                     self.url, additional_headers=self._headers, open_timeout=self._open_timeout
                 )
-            except (InvalidHandshake, OSError, TimeoutError) as exc:
+            except (InvalidHandshake, ConnectionClosed, OSError, TimeoutError) as exc:
                 error, retryable = _handshake_error(exc)
                 await asyncio.sleep(self._give_up(error, retryable, attempt, started))
                 continue
