@@ -131,3 +131,36 @@ impl Consumers {
         self.start(spec, handler, shutdown)?.run().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the job stages' records name their lanes, so only their
+    /// consumers may pass over a full lane (`kafka::passing`): the intake's
+    /// and the export streams' records would all fall in one lane.
+    #[tokio::test]
+    async fn the_stages_pass_over_full_lanes_and_the_others_do_not() {
+        let settings = Settings {
+            topic_prefix: "t.".into(),
+            kafka_brokers: "127.0.0.1:1".into(),
+            ..Settings::default()
+        };
+        let metrics = Metrics::new();
+        let health = Health::new(metrics.clone());
+        let limits = (settings.publisher_queue_size, settings.publisher_linger_ms);
+        let second = std::time::Duration::from_secs(1);
+        let (m, h) = (metrics.clone(), health.clone());
+        let publisher = Publisher::new("127.0.0.1:1", second, limits, 0, m, h).unwrap();
+        let consumers = Consumers::new(&settings, Weights::default(), publisher, (metrics, health));
+        let passes = |topic: &str| consumers.spec("g", topic).pass_full_lanes;
+        assert!(passes(&settings.topic_submitted));
+        assert!(passes(&settings.topic_post_processing));
+        assert!(!passes(&settings.topic_requests));
+        assert!(!passes(&settings.topic_events));
+        let spec = consumers.spec("g", &settings.topic_submitted);
+        assert_eq!(spec.group, "t.g");
+        assert_eq!(spec.topic, format!("t.{}", settings.topic_submitted));
+        assert_eq!(spec.dlq_topic, format!("t.{}", settings.topic_dlq));
+    }
+}
