@@ -234,6 +234,9 @@ settings! {
     /// Empty: this docstream binary. A wrapper (a script running `prlimit`
     /// or a sandbox around docstream) may bound its memory too.
     pdf_reader: String = "", env "DOCSTREAM_PDF_READER";
+    /// Most bytes of address space the PDF reader's process may use; past
+    /// it the reader fails, and the file is refused (422 at the job).
+    pdf_reader_max_memory_bytes: usize = 2_usize << 30, env "DOCSTREAM_PDF_READER_MAX_MEMORY_BYTES", at_least(64 << 20);
     /// The Tesseract 5 program that reads pages without text (an image
     /// upload, a PDF page made of an image): run as a child process per
     /// page. Empty: no OCR, and such pages fail naming the fix.
@@ -254,12 +257,31 @@ settings! {
     /// billions in a few bytes): more is refused at the submit (422), from
     /// the image's headers. 50 million is an A3 page at 600 dpi.
     ocr_max_pixels: usize = 50_000_000_usize, env "DOCSTREAM_OCR_MAX_PIXELS", at_least(1);
+    /// Most pixels across or down one page of an image: ImageMagick's own
+    /// default policy (`width` and `height` of 16KP in its `policy.xml`),
+    /// which refuses a wider image however few pixels it has. More is
+    /// refused at the submit (422), from the image's headers; a PDF page
+    /// is rendered small enough. Raise it with ImageMagick's policy.
+    ocr_max_side_pixels: usize = 16_000_usize, env "DOCSTREAM_OCR_MAX_SIDE_PIXELS", at_least(1);
     /// Longest OCR may take on one page (a multi-page TIFF: this times its
     /// pages); past it the job fails for good, naming the limit.
     ocr_page_timeout_s: Seconds = Seconds::new(60), env "DOCSTREAM_OCR_PAGE_TIMEOUT_S", positive;
+    /// Longest OCR may take on all the pages of one job together (their
+    /// reading, not their wait for a slot); past it the job fails for
+    /// good, naming the limit: a file of many slow pages cannot hold the
+    /// deployment's OCR slots for its pages times their limit.
+    ocr_job_timeout_s: Seconds = Seconds::new(300), env "DOCSTREAM_OCR_JOB_TIMEOUT_S", positive;
     /// Most bytes of address space the OCR engine may use on a page; past
     /// it the engine fails, and with it the attempt.
     ocr_max_memory_bytes: usize = 1_usize << 30, env "DOCSTREAM_OCR_MAX_MEMORY_BYTES", at_least(64 << 20);
+    /// PDF pages one `serve` process may draw at once for people
+    /// (`GET /v1/extractions/{id}/pages/{page}`, the console), each in a
+    /// process of its own under OCR's memory cap; one more gets 503 with
+    /// `Retry-After`. A page is drawn within OCR's pixel cap.
+    render_slots: usize = 2_usize, env "DOCSTREAM_RENDER_SLOTS", at_least(1);
+    /// Bytes of drawn pages one `serve` process keeps, by file and page, so
+    /// a page asked for again is not drawn again. 0: none are kept.
+    render_cache_bytes: usize = 32_usize << 20, env "DOCSTREAM_RENDER_CACHE_BYTES";
     /// Pages read by OCR at once across the whole deployment (slots leased
     /// in Postgres, as an external extractor's), besides the CPU pool each
     /// holds: OCR cannot take every worker's CPU from the claim, heartbeat

@@ -103,21 +103,24 @@ pub struct ExtractionEvent {
     /// (schema version 1), whose jobs belong to the tenant `default`.
     #[schemars(with = "Option<uuid::Uuid>")]
     pub tenant_id: Option<String>,
-    /// What a person corrected, on a `correct_field` event; null on every
-    /// other (and in events written before schema version 3).
+    /// What a person corrected (which field, by whom; never the value,
+    /// which the API serves and erasure reaches), on a `correct_field`
+    /// event; null on every other (and in events written before schema
+    /// version 3).
     #[serde(default)]
     pub correction: Option<FieldCorrection>,
 }
 
-/// A value of a succeeded job corrected in review.
+/// A value of a succeeded job corrected in review. The value itself is
+/// not here: events never carry what a document holds, since a record on
+/// Kafka outlives the job's erasure. A client reads it with
+/// `GET /v1/extractions/{id}/corrections`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FieldCorrection {
     /// The correction's id: the latest of a field is its value now.
     pub correction_id: i64,
     /// The field's name.
     pub field: String,
-    /// The right value; null: the document does not hold the field.
-    pub value: Option<String>,
     /// The API key that made it.
     #[schemars(with = "uuid::Uuid")]
     pub key_id: String,

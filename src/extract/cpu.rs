@@ -67,6 +67,11 @@ impl Deadline {
         }
     }
 
+    /// How long is left until it, if it comes.
+    pub fn left(&self) -> Option<Duration> {
+        self.at.map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
     /// The error of work past this deadline.
     pub fn exceeded(&self) -> ExtractError {
         ExtractError::DeadlineExceeded(self.budget.as_secs_f64())

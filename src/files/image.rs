@@ -13,6 +13,8 @@
 pub struct ImageLimits {
     /// Most pixels on one page.
     pub pixels: u64,
+    /// Most pixels across or down one page.
+    pub side: u64,
     /// Most pages (a TIFF's directories).
     pub pages: usize,
 }
@@ -34,6 +36,28 @@ pub enum ImageError {
         height: u64,
         /// The limit.
         limit: u64,
+    },
+    /// A page wider or taller than the limit.
+    #[error("page {page} of the image is {width} × {height} pixels, more than the limit of {limit} pixels across or down (DOCSTREAM_OCR_MAX_SIDE_PIXELS)")]
+    TooWide {
+        /// The page, from 1.
+        page: usize,
+        /// Its width.
+        width: u64,
+        /// Its height.
+        height: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A TIFF page that names its width or height twice: decoders take the
+    /// first, a reader of its last would check another image than the one
+    /// decoded.
+    #[error("page {page} of the TIFF gives its {tag} more than once")]
+    Repeated {
+        /// The page, from 1.
+        page: usize,
+        /// Which: `ImageWidth` or `ImageLength`.
+        tag: &'static str,
     },
     /// More pages than the limit.
     #[error("the image has more than {limit} pages (DOCSTREAM_MAX_PAGES)")]
@@ -67,6 +91,14 @@ pub fn pages(
                 width,
                 height,
                 limit: limits.pixels,
+            });
+        }
+        if width.max(height) > limits.side {
+            return Err(ImageError::TooWide {
+                page: number + 1,
+                width,
+                height,
+                limit: limits.side,
             });
         }
     }
@@ -170,11 +202,21 @@ fn tiff(bytes: &[u8], max: usize) -> Result<Vec<(u64, u64)>, ImageError> {
                 4 => u32_at(at + 8).map(u64::from),
                 _ => None,
             };
-            match tag {
-                256 => width = value,
-                257 => height = value,
-                _ => {}
+            let (name, slot) = match tag {
+                256 => ("ImageWidth", &mut width),
+                257 => ("ImageLength", &mut height),
+                _ => continue,
+            };
+            if slot.is_some() {
+                return Err(ImageError::Repeated {
+                    page: pages.len() + 1,
+                    tag: name,
+                });
             }
+            // A size of another type is no size: the page is refused below.
+            *slot = Some(value.ok_or(ImageError::Unreadable(
+                "a TIFF page gives its width or height in a type that is not a whole number",
+            ))?);
         }
         let size = width.zip(height).ok_or(ImageError::Unreadable(
             "a TIFF page does not say its width and height",
@@ -186,6 +228,43 @@ fn tiff(bytes: &[u8], max: usize) -> Result<Vec<(u64, u64)>, ImageError> {
         return Err(ImageError::Unreadable("the TIFF has no pages"));
     }
     Ok(pages)
+}
+
+/// The JPEG `bytes` without its EXIF segments: a browser turns a photo by
+/// its EXIF orientation, while OCR (and so every box on it) reads its
+/// pixels as stored. Bytes that are not a JPEG's segments come back as
+/// they are.
+pub fn without_exif(bytes: axum::body::Bytes) -> axum::body::Bytes {
+    let mut kept = Vec::with_capacity(bytes.len());
+    kept.extend_from_slice(b"\xff\xd8");
+    let mut at = 2;
+    let mut dropped = false;
+    loop {
+        let (Some(0xff), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) else {
+            return bytes;
+        };
+        // The scan, and everything after it, as it is.
+        if matches!(marker, 0xda | 0xd9) || !(0xc0..=0xfe).contains(&marker) {
+            break;
+        }
+        let Some(length) = be16(&bytes, at + 2).map(usize::from) else {
+            return bytes;
+        };
+        let Some(segment) = bytes.get(at..at + 2 + length) else {
+            return bytes;
+        };
+        let exif = marker == 0xe1 && segment.get(4..10) == Some(b"Exif\0\0");
+        match exif {
+            true => dropped = true,
+            false => kept.extend_from_slice(segment),
+        }
+        at += 2 + length;
+    }
+    if !dropped || bytes.get(..2) != Some(b"\xff\xd8") {
+        return bytes;
+    }
+    kept.extend_from_slice(&bytes[at..]);
+    kept.into()
 }
 
 fn be16(bytes: &[u8], at: usize) -> Option<u16> {
@@ -203,6 +282,7 @@ pub(crate) mod tests {
 
     const LIMITS: ImageLimits = ImageLimits {
         pixels: 50_000_000,
+        side: 16_000,
         pages: 4,
     };
 
@@ -268,6 +348,20 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_jpeg_is_drawn_without_its_exif_and_nothing_else_changes() {
+        let exif = b"\xff\xe1\x00\x10Exif\0\0MM\0*\0\0\0\x08";
+        let jfif = b"\xff\xe0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0";
+        let rest = b"\xff\xc0\x00\x08\x08\x08\x98\x06\xa4\x00\xff\xda\x00\x02\x12\x34\xff\xd9";
+        let photo = [&b"\xff\xd8"[..], exif, jfif, rest].concat();
+        let drawn = without_exif(photo.into());
+        assert_eq!(drawn, [&b"\xff\xd8"[..], jfif, rest].concat());
+        let plain = [&b"\xff\xd8"[..], jfif, rest].concat();
+        assert_eq!(without_exif(plain.clone().into()), plain);
+        let cut = [&b"\xff\xd8"[..], &exif[..9]].concat();
+        assert_eq!(without_exif(cut.clone().into()), cut);
+    }
+
+    #[test]
     fn a_tiff_is_its_pages_within_the_page_limit_and_without_loops() {
         let three = tiff_of(3, (1700, 2200), false);
         assert_eq!(pages(FileType::Tiff, &three, &LIMITS).unwrap().len(), 3);
@@ -277,8 +371,14 @@ pub(crate) mod tests {
         let looped = tiff_of(2, (10, 10), true);
         let refused = pages(FileType::Tiff, &looped, &LIMITS).unwrap_err();
         assert!(refused.to_string().contains("loop"), "{refused}");
-        let big = tiff_of(1, (60_000, 60_000), false);
+        let big = tiff_of(1, (15_000, 15_000), false);
         let refused = pages(FileType::Tiff, &big, &LIMITS);
         assert!(matches!(refused, Err(ImageError::TooManyPixels { .. })));
+        let wide = tiff_of(1, (20_000, 1_000), false);
+        let refused = pages(FileType::Tiff, &wide, &LIMITS);
+        assert!(matches!(refused, Err(ImageError::TooWide { .. })));
+        let wide = png_header(20_000, 1_000);
+        let refused = pages(FileType::Png, &wide, &LIMITS).unwrap_err();
+        assert!(refused.to_string().contains("DOCSTREAM_OCR_MAX_SIDE_PIXELS"));
     }
 }

@@ -19,7 +19,9 @@
 //! through the caller's tenant, so one tenant can never name another's file.
 
 mod backend;
+pub mod child;
 mod collect;
+pub mod drawn;
 mod fetch;
 pub mod image;
 pub mod ocr;
@@ -28,8 +30,9 @@ mod read;
 pub mod signed;
 mod sniff;
 
+pub use drawn::DRAWN_DPI;
 pub use read::{
-    document, document_apart, read_all, read_scan, ReadLimits, Reading, Scan, DRAWN_DPI,
+    document, document_apart, ocr_budget_spent, read_all, read_scan, ReadLimits, Reading, Scan,
 };
 pub use sniff::FileType;
 
@@ -74,11 +77,13 @@ struct Inner {
     /// What a file may hold to be read as a document.
     read: ReadLimits,
     /// The program that reads a PDF's words in a process of its own.
-    reader: PathBuf,
+    reader: pdf::apart::Reader,
     /// How pages without text are read (and PDF pages drawn for people).
     ocr: OcrSettings,
     /// Whether pages without text are read at all.
     ocr_on: bool,
+    /// Pages drawn for people: the slots to draw them in, and those kept.
+    drawings: drawn::Drawings,
     /// Fetches a submitter's `document.url` past the SSRF guard (with the
     /// allow-list of document URLs, not the webhooks').
     fetcher: (Guard, reqwest::Client),
@@ -134,6 +139,9 @@ pub enum FileError {
     /// The page cannot be drawn as an image.
     #[error("{0}")]
     NotDrawn(String),
+    /// Every slot to draw a page in is taken: retry shortly.
+    #[error("this server is drawing as many pages as it may at once (DOCSTREAM_RENDER_SLOTS); retry shortly")]
+    Busy,
     /// The tenant has no file of this id (or it was deleted).
     #[error("no file {0} of this tenant: upload it with POST /v1/files first")]
     Missing(String),
@@ -188,14 +196,18 @@ impl Files {
             store: OnceCell::new(),
             max_bytes: settings.file_max_bytes,
             read: ReadLimits::of(settings),
-            reader: match settings.pdf_reader.as_str() {
-                // Resolved now: the binary may be replaced on disk while
-                // this process runs.
-                "" => std::env::current_exe().unwrap_or_else(|_| "docstream".into()),
-                program => PathBuf::from(program),
+            reader: pdf::apart::Reader {
+                program: match settings.pdf_reader.as_str() {
+                    // Resolved now: the binary may be replaced on disk while
+                    // this process runs.
+                    "" => std::env::current_exe().unwrap_or_else(|_| "docstream".into()),
+                    program => PathBuf::from(program),
+                },
+                memory: settings.pdf_reader_max_memory_bytes as u64,
             },
             ocr_on: !settings.ocr_tesseract.is_empty(),
             ocr: OcrSettings::of(settings),
+            drawings: drawn::Drawings::new(settings.render_slots, settings.render_cache_bytes),
             signing: settings
                 .deferred_results()
                 .map(|(url, secret)| (url.to_owned(), secret.to_owned())),
@@ -346,7 +358,7 @@ impl Files {
     }
 
     /// The program that reads a PDF's words in a process of its own.
-    pub fn pdf_reader(&self) -> &std::path::Path {
+    pub fn pdf_reader(&self) -> &pdf::apart::Reader {
         &self.0.reader
     }
 

@@ -12,11 +12,12 @@
 //! worker's footprint does not grow with OCR; and the build needs no C++
 //! toolchain. The price is loading the model for every page (about 0.1 s).
 //!
-//! Each process runs with an empty environment (one thread,
-//! `OMP_THREAD_LIMIT=1`, so the CPU pool's slot is the bound), its address
-//! space and CPU time capped (`prlimit`), nothing on disk: the image goes
-//! in on standard input and the words come out on standard output. A page
-//! (and every process it takes) is stopped at its time limit.
+//! Each process runs as every child that reads a file does ([`child`]): an
+//! empty environment but for one thread (`OMP_THREAD_LIMIT=1`, so the CPU
+//! pool's slot is the bound), a temporary folder of its own, its address
+//! space, CPU time and output capped; the image goes in on standard input
+//! and the words come out on standard output. A page (and every process it
+//! takes) is stopped at its time limit.
 //!
 //! Each page is read on its own (a TIFF's too), in three steps:
 //! ImageMagick prepares it (grey; a 3 × 3 median against speckle, which
@@ -32,13 +33,13 @@
 //! would be passed), and its boxes are given back in the page's points, as
 //! a text layer's are.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use tokio::io::AsyncWriteExt;
 
+use super::child::{self, Caps, Run};
 use super::FileType;
 use crate::domain::{Page, Word};
 
@@ -67,8 +68,12 @@ pub struct OcrSettings {
     pub dpi: u32,
     /// Most pixels on a page.
     pub max_pixels: u64,
+    /// Most pixels across or down a page.
+    pub max_side: u64,
     /// Longest one page may take.
     pub page_timeout: Duration,
+    /// Longest all the pages of one job may take together.
+    pub job_timeout: Duration,
     /// Most bytes of address space the engine may use.
     pub memory_bytes: u64,
     /// Most words on a page.
@@ -94,11 +99,13 @@ pub enum OcrError {
         /// The limit.
         limit: usize,
     },
-    /// The engine or the renderer failed (crashed, was killed for its
-    /// memory, refused the image): this attempt fails.
+    /// The engine or the renderer failed on the page (crashed, was killed
+    /// for its memory, refused the image, found none): the same page would
+    /// fail again, so the job fails for good.
     #[error("{0}")]
     Failed(String),
-    /// A program could not be started: a fault of this machine.
+    /// A program could not be started: a fault of this machine, which a
+    /// later attempt (on another) may not meet.
     #[error("{0}")]
     Unavailable(String),
 }
@@ -113,7 +120,9 @@ impl OcrSettings {
             languages: settings.ocr_languages.clone(),
             dpi: settings.ocr_dpi,
             max_pixels: settings.ocr_max_pixels as u64,
+            max_side: settings.ocr_max_side_pixels as u64,
             page_timeout: settings.ocr_page_timeout_s.get(),
+            job_timeout: settings.ocr_job_timeout_s.get(),
             memory_bytes: settings.ocr_max_memory_bytes as u64,
             words_per_page: settings.max_words_per_page,
         }
@@ -292,20 +301,15 @@ impl OcrSettings {
     /// What ImageMagick's `convert` writes for `args` on `bytes`.
     async fn convert(&self, bytes: Bytes, args: &[&str], what: &str) -> Result<Vec<u8>, OcrError> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        match run(
-            &self.convert,
-            &args,
-            bytes,
-            (self.page_timeout, self.memory_bytes),
-        )
-        .await
-        {
+        let caps = self.caps(self.image_output());
+        match child::run(&self.convert, &args, &self.env(), bytes, caps).await {
             Ok(out) => Ok(out),
             Err(Run::TimedOut) => Err(self.timed_out(what)),
-            Err(Run::Failed(why)) => Err(OcrError::Failed(format!(
-                "preparing {what} for OCR failed: {why}"
-            ))),
             Err(Run::Unavailable(why)) => Err(OcrError::Unavailable(why)),
+            Err(failed) => Err(OcrError::Failed(format!(
+                "preparing {what} for OCR failed: {}",
+                failed_as(failed)
+            ))),
         }
     }
 
@@ -323,29 +327,40 @@ impl OcrSettings {
             "-png".to_owned(),
             "-".to_owned(),
         ];
-        let limits = (self.page_timeout, self.memory_bytes);
-        match run(&self.pdftoppm, &args, pdf, limits).await {
+        let caps = self.caps(self.image_output());
+        match child::run(&self.pdftoppm, &args, &self.env(), pdf, caps).await {
             Ok(png) if png.is_empty() => Err(OcrError::Failed(format!("{what} does not exist"))),
             Ok(png) => Ok(png),
             Err(Run::TimedOut) => Err(self.timed_out(&what)),
-            Err(Run::Failed(why)) => {
-                Err(OcrError::Failed(format!("rendering {what} failed: {why}")))
-            }
             Err(Run::Unavailable(why)) => Err(OcrError::Unavailable(why)),
+            Err(failed) => Err(OcrError::Failed(format!(
+                "rendering {what} failed: {}",
+                failed_as(failed)
+            ))),
         }
     }
 
     /// The resolution to render a page of `width` × `height` points at: the
     /// configured one, or less when that would pass the pixel cap.
     fn dpi_for(&self, width: f64, height: f64) -> f64 {
-        let dpi = f64::from(self.dpi);
+        self.dpi_within(f64::from(self.dpi), width, height)
+    }
+
+    /// The resolution to draw a page of `width` × `height` points at for
+    /// people: `dpi`, or less when that would pass the pixel cap OCR reads
+    /// pages under.
+    pub fn dpi_within(&self, dpi: f64, width: f64, height: f64) -> f64 {
         let pixels = (width * dpi / 72.0) * (height * dpi / 72.0);
-        match pixels > self.max_pixels as f64 && pixels > 0.0 {
-            true => (dpi * (self.max_pixels as f64 / pixels).sqrt())
-                .floor()
-                .max(1.0),
+        let dpi = match pixels > self.max_pixels as f64 && pixels > 0.0 {
+            true => dpi * (self.max_pixels as f64 / pixels).sqrt(),
             false => dpi,
-        }
+        };
+        let side = width.max(height) * dpi / 72.0;
+        let dpi = match side > self.max_side as f64 {
+            true => dpi * self.max_side as f64 / side,
+            false => dpi,
+        };
+        dpi.floor().max(1.0)
     }
 
     /// Tesseract's TSV for the image `bytes`.
@@ -361,17 +376,55 @@ impl OcrSettings {
             "tsv",
         ]
         .map(str::to_owned);
-        match run(&self.tesseract, &args, bytes, (limit, self.memory_bytes)).await {
+        // A word's line of TSV is its place, confidence and text: a few
+        // hundred bytes at most, with the block, paragraph and line rows.
+        let output = self.words_per_page.saturating_mul(512).saturating_add(1 << 20);
+        let caps = Caps {
+            time: limit,
+            ..self.caps(output)
+        };
+        match child::run(&self.tesseract, &args, &self.env(), bytes, caps).await {
             Ok(tsv) => Ok(String::from_utf8_lossy(&tsv).into_owned()),
             Err(Run::TimedOut) => Err(OcrError::TimedOut {
                 what: what.to_owned(),
                 limit_s: self.page_timeout.as_secs_f64(),
             }),
-            Err(Run::Failed(why)) => Err(OcrError::Failed(format!(
-                "the OCR engine failed on {what}: {why}"
-            ))),
             Err(Run::Unavailable(why)) => Err(OcrError::Unavailable(why)),
+            Err(failed) => Err(OcrError::Failed(format!(
+                "the OCR engine failed on {what}: {}",
+                failed_as(failed)
+            ))),
         }
+    }
+
+    /// What every OCR child may take: a page's time and the engine's
+    /// memory, and `output` bytes of answer.
+    fn caps(&self, output: usize) -> Caps {
+        Caps {
+            time: self.page_timeout,
+            memory: self.memory_bytes,
+            output,
+        }
+    }
+
+    /// Most bytes of an image a child may answer: a page within the pixel
+    /// cap as a PNG of four bytes a pixel (more than any filter and
+    /// compression adds), and a megabyte.
+    fn image_output(&self) -> usize {
+        let pixels = usize::try_from(self.max_pixels).unwrap_or(usize::MAX);
+        pixels.saturating_mul(4).saturating_add(1 << 20)
+    }
+
+    /// What an OCR child needs of the environment: one thread each (the
+    /// CPU pool's slot is the bound), and where Tesseract's models are
+    /// when this process was told.
+    fn env(&self) -> Vec<(&'static str, OsString)> {
+        let mut env = vec![
+            ("OMP_THREAD_LIMIT", OsString::from("1")),
+            ("MAGICK_THREAD_LIMIT", OsString::from("1")),
+        ];
+        env.extend(std::env::var_os("TESSDATA_PREFIX").map(|p| ("TESSDATA_PREFIX", p)));
+        env
     }
 
     fn timed_out(&self, what: &str) -> OcrError {
@@ -429,72 +482,13 @@ impl Turn {
     }
 }
 
-/// How a child process ended, when not well.
-enum Run {
-    TimedOut,
-    Failed(String),
-    Unavailable(String),
-}
-
-/// Runs `program args` with `input` on its standard input, in an empty
-/// environment, its address space and CPU time capped, killed at `limit`
-/// (or when the future is dropped). Its standard output.
-async fn run(
-    program: &Path,
-    args: &[String],
-    input: Bytes,
-    (limit, memory): (Duration, u64),
-) -> Result<Vec<u8>, Run> {
-    let cpu_s = limit.as_secs().saturating_add(1);
-    let mut child = tokio::process::Command::new("prlimit")
-        .arg(format!("--as={memory}"))
-        .arg(format!("--cpu={cpu_s}"))
-        .arg("--")
-        .arg(program)
-        .args(args)
-        .env_clear()
-        .env("OMP_THREAD_LIMIT", "1")
-        .env("MAGICK_THREAD_LIMIT", "1")
-        .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
-        .envs(std::env::var_os("TESSDATA_PREFIX").map(|p| ("TESSDATA_PREFIX", p)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| Run::Unavailable(format!("cannot run {}: {e}", program.display())))?;
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    let write = async move {
-        // A program that stops reading early (a refusal) closes its end.
-        let _ = stdin.write_all(&input).await;
-    };
-    let ran = async { tokio::join!(write, child.wait_with_output()).1 };
-    let output = match tokio::time::timeout(limit, ran).await {
-        Ok(output) => output.map_err(|e| Run::Failed(e.to_string()))?,
-        Err(_) => return Err(Run::TimedOut),
-    };
-    if output.status.success() {
-        return Ok(output.stdout);
+/// Why a child failed, for a person.
+fn failed_as(run: Run) -> String {
+    match run {
+        Run::Failed(why) | Run::Unavailable(why) => why,
+        Run::TooMuchOutput(cap) => format!("it answered more than {cap} bytes"),
+        Run::TimedOut => "it ran past its time".to_owned(),
     }
-    let said = String::from_utf8_lossy(&output.stderr);
-    let said = said
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    // prlimit runs the program in its own place: its exit is the program's.
-    // Killed for its CPU time, it timed out.
-    use std::os::unix::process::ExitStatusExt;
-    if output.status.signal() == Some(9) || output.status.signal() == Some(24) {
-        return Err(Run::TimedOut);
-    }
-    if output.status.code() == Some(127) || said.contains("failed to execute") {
-        return Err(Run::Unavailable(format!(
-            "cannot run {}: {said}",
-            program.display()
-        )));
-    }
-    Err(Run::Failed(format!("{} ({said})", output.status)))
 }
 
 /// Tesseract's TSV: one [`Page`] per page it read, its size in pixels,
@@ -633,7 +627,9 @@ mod tests {
             languages: "eng".into(),
             dpi: 300,
             max_pixels: 10_000_000,
+            max_side: 16_000,
             page_timeout: Duration::from_secs(1),
+            job_timeout: Duration::from_secs(5),
             memory_bytes: 1 << 30,
             words_per_page: 10,
         };
@@ -642,5 +638,8 @@ mod tests {
         // A poster, 100 inches square: far past the cap at 300 dpi.
         let dpi = settings.dpi_for(7200.0, 7200.0);
         assert!(dpi < 32.0 && (dpi * 100.0).powi(2) <= 10_000_000.0, "{dpi}");
+        // A strip, 120 inches by 1.4: within the pixels, past the side.
+        let dpi = settings.dpi_for(8640.0, 100.0);
+        assert!(dpi * 120.0 <= 16_000.0, "{dpi}");
     }
 }

@@ -105,6 +105,24 @@ pub enum PdfError {
 /// content (its streams with their repeats, and the forms it draws) within
 /// the inflate cap too. The number of pages.
 pub fn check(bytes: &[u8], limits: &PdfLimits) -> Result<usize, PdfError> {
+    checked(bytes, limits).map(|(_, pages)| pages.len())
+}
+
+/// [`check`], then the size of each page in points: its media box (the
+/// page's own or the nearest ancestor's, times its `UserUnit`), which
+/// holds whatever a renderer draws of it, so pixels counted from it are a
+/// bound on the pixels drawn. A page that names none is US Letter, as
+/// poppler draws it.
+pub fn page_sizes(bytes: &[u8], limits: &PdfLimits) -> Result<Vec<(f64, f64)>, PdfError> {
+    let (pdf, pages) = checked(bytes, limits)?;
+    Ok(pages.values().map(|&page| media_size(&pdf, page)).collect())
+}
+
+/// The parsed document and its pages, once held to `limits`.
+fn checked(
+    bytes: &[u8],
+    limits: &PdfLimits,
+) -> Result<(Pdf, std::collections::BTreeMap<u32, ObjectId>), PdfError> {
     scan::inflate_all(bytes, limits.inflated_bytes)?;
     let pdf = parse(bytes)?;
     let pages = pdf.get_pages();
@@ -121,7 +139,51 @@ pub fn check(bytes: &[u8], limits: &PdfLimits) -> Result<usize, PdfError> {
     for (number, &page) in pages.values().enumerate() {
         content.page(number + 1, page)?;
     }
-    Ok(pages.len())
+    Ok((pdf, pages))
+}
+
+/// How many ancestors a page's inherited attributes are looked for in
+/// (the page tree of a real document is a few levels deep; a loop is not
+/// followed forever).
+const MAX_TREE_DEPTH: usize = 64;
+
+/// Page `page`'s size in points, as [`page_sizes`] describes it.
+fn media_size(pdf: &Pdf, page: ObjectId) -> (f64, f64) {
+    const LETTER: (f64, f64) = (612.0, 792.0);
+    let resolved = |object: &Object| match object {
+        Object::Reference(id) => pdf.get_object(*id).ok().cloned(),
+        other => Some(other.clone()),
+    };
+    let number = |object: &Object| match resolved(object)? {
+        Object::Integer(n) => Some(n as f64),
+        Object::Real(r) => Some(f64::from(r)),
+        _ => None,
+    };
+    let mut unit = None;
+    let mut size = None;
+    let mut at = pdf.get_dictionary(page).ok();
+    for _ in 0..MAX_TREE_DEPTH {
+        let Some(dict) = at else { break };
+        if unit.is_none() {
+            unit = dict.get(b"UserUnit").ok().and_then(number);
+        }
+        if size.is_none() {
+            let corners = dict.get(b"MediaBox").ok().and_then(resolved);
+            let corners = corners.as_ref().and_then(|c| c.as_array().ok());
+            let corners: Option<Vec<f64>> = corners.map(|c| c.iter().filter_map(number).collect());
+            if let Some([x0, y0, x1, y1]) = corners.as_deref() {
+                size = Some(((x1 - x0).abs(), (y1 - y0).abs()));
+            }
+        }
+        if unit.is_some() && size.is_some() {
+            break;
+        }
+        let parent = dict.get(b"Parent").ok().and_then(|p| p.as_reference().ok());
+        at = parent.and_then(|id| pdf.get_dictionary(id).ok());
+    }
+    let unit = unit.filter(|u| u.is_finite() && *u > 0.0).unwrap_or(1.0);
+    let (width, height) = size.filter(|(w, h)| w.is_finite() && h.is_finite()).unwrap_or(LETTER);
+    (width * unit, height * unit)
 }
 
 /// The words of the PDF `bytes`, page by page, once [`check`] passed.

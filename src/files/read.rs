@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::image::{self, ImageLimits};
 use super::ocr::{OcrError, OcrSettings};
 use super::pdf::{self, PdfError, PdfLimits};
+use super::drawn::DRAWN_DPI;
 use super::{text_within, FileError, FileType, Files};
 use crate::config::Settings;
 use crate::domain::Document;
@@ -16,30 +17,28 @@ use crate::extract::{Deadline, ExtractError};
 
 impl Files {
     /// Page `index` (from 0) of tenant `tenant`'s file `id` as an image a
-    /// browser draws, and its media type: a PNG's or a JPEG's own bytes
-    /// (their one page), a PDF page rendered to a PNG at [`DRAWN_DPI`] (in
-    /// a process of its own, under OCR's limits). A TIFF is not drawn:
-    /// browsers do not read it.
+    /// browser draws, and its media type: a PNG's own bytes, a JPEG's
+    /// without the EXIF that would turn it (OCR's boxes are on its pixels
+    /// as stored), a PDF page drawn as a PNG ([`super::drawn`]). A TIFF is
+    /// not drawn: browsers do not read it.
     pub async fn page_image(
         &self,
         tenant: Uuid,
         id: &str,
         index: usize,
     ) -> Result<(&'static str, Bytes), FileError> {
-        let (kind, bytes) = self.read(tenant, id).await?;
+        let file = self.get(tenant, id).await?;
+        let kind = file.ok_or_else(|| FileError::Missing(id.to_owned()))?.content_type;
         match kind {
-            FileType::Png | FileType::Jpeg if index == 0 => Ok((kind.as_str(), bytes)),
-            FileType::Png | FileType::Jpeg => Err(FileError::NoPage(index)),
+            FileType::Png | FileType::Jpeg if index > 0 => Err(FileError::NoPage(index)),
+            FileType::Png => Ok((kind.as_str(), self.read(tenant, id).await?.1)),
+            FileType::Jpeg => {
+                let (_, bytes) = self.read(tenant, id).await?;
+                Ok((kind.as_str(), image::without_exif(bytes)))
+            }
             FileType::Pdf => {
-                let (pdf, limits) = (bytes.clone(), self.0.read.pdf);
-                let checked = tokio::task::spawn_blocking(move || pdf::check(&pdf, &limits)).await;
-                let pages = checked.map_err(|e| PdfError::Unreadable(e.to_string()))??;
-                if index >= pages {
-                    return Err(FileError::NoPage(index));
-                }
-                let png = self.0.ocr.render(bytes, index + 1, DRAWN_DPI).await;
-                let png = png.map_err(|e| FileError::NotDrawn(e.to_string()))?;
-                Ok((FileType::Png.as_str(), Bytes::from(png)))
+                let png = self.pdf_page_image(tenant, id, index).await?;
+                Ok((FileType::Png.as_str(), png))
             }
             FileType::Tiff | FileType::Text => Err(FileError::NotDrawn(format!(
                 "a {} file is not drawn as an image (browsers do not read it)",
@@ -47,11 +46,51 @@ impl Files {
             ))),
         }
     }
-}
 
-/// The resolution a PDF page is drawn at for people (the console): sharp
-/// enough on a screen, a fraction of OCR's pixels.
-pub const DRAWN_DPI: f64 = 100.0;
+    /// Page `index` of the PDF `id` as a PNG: kept from an earlier request,
+    /// or drawn now in a slot of this process's (refused when none is
+    /// free), on a task of its own that keeps what it drew.
+    async fn pdf_page_image(&self, tenant: Uuid, id: &str, index: usize) -> Result<Bytes, FileError> {
+        let key = (tenant, id.to_owned(), index);
+        let drawings = &self.0.drawings;
+        if let Some(png) = drawings.cached(&key) {
+            return Ok(png);
+        }
+        let slot = drawings.slot()?;
+        let files = self.clone();
+        let drawn = tokio::spawn(async move {
+            let _slot = slot;
+            let png = files.draw_pdf_page(tenant, &key.1, index).await?;
+            files.0.drawings.keep(key, png.clone());
+            Ok(png)
+        });
+        let drawn = drawn.await;
+        drawn.map_err(|e| FileError::NotDrawn(format!("drawing the page failed: {e}")))?
+    }
+
+    /// Renders page `index` of tenant `tenant`'s PDF `id`, checked as an
+    /// upload is, at [`DRAWN_DPI`] or lower to stay within the pixel cap.
+    async fn draw_pdf_page(&self, tenant: Uuid, id: &str, index: usize) -> Result<Bytes, FileError> {
+        let (_, bytes) = self.read(tenant, id).await?;
+        let (pdf, limits) = (bytes.clone(), self.0.read.pdf);
+        let sized = tokio::task::spawn_blocking(move || pdf::page_sizes(&pdf, &limits)).await;
+        let sizes = sized.map_err(|e| PdfError::Unreadable(e.to_string()))??;
+        let &(width, height) = sizes.get(index).ok_or(FileError::NoPage(index))?;
+        let ocr = &self.0.ocr;
+        let dpi = ocr.dpi_within(DRAWN_DPI, width, height);
+        let pixels = (width * dpi / 72.0) * (height * dpi / 72.0);
+        if pixels > ocr.max_pixels as f64 {
+            return Err(FileError::NotDrawn(format!(
+                "page {index} is {width} × {height} points, too large to draw within {} pixels \
+                 (DOCSTREAM_OCR_MAX_PIXELS)",
+                ocr.max_pixels
+            )));
+        }
+        let png = ocr.render(bytes, index + 1, dpi).await;
+        let png = png.map_err(|e| FileError::NotDrawn(e.to_string()))?;
+        Ok(Bytes::from(png))
+    }
+}
 
 /// What a file may hold to be read as a document.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +116,7 @@ impl ReadLimits {
             text_words: settings.max_text_words,
             image: ImageLimits {
                 pixels: settings.ocr_max_pixels as u64,
+                side: settings.ocr_max_side_pixels as u64,
                 pages: settings.max_pages,
             },
         }
@@ -136,6 +176,16 @@ impl Reading {
             (false, _) => Err(refused("OCR found no text in the file".into())),
         }
     }
+}
+
+/// The refusal of a job whose pages took longer by OCR, together, than
+/// `limit` allows.
+pub fn ocr_budget_spent(limit: std::time::Duration) -> ExtractError {
+    refused(format!(
+        "reading the file's pages by OCR took longer than the limit of {} s a job \
+         (DOCSTREAM_OCR_JOB_TIMEOUT_S)",
+        limit.as_secs_f64()
+    ))
 }
 
 /// A refusal of the file by the built-in reading.
@@ -203,7 +253,7 @@ pub fn document(
 /// with [`crate::extract::CpuPool::run_apart`], which drops it at the
 /// deadline and frees its slot.
 pub async fn document_apart(
-    reader: &std::path::Path,
+    reader: &pdf::apart::Reader,
     kind: FileType,
     bytes: Bytes,
     limits: &ReadLimits,
@@ -211,16 +261,20 @@ pub async fn document_apart(
 ) -> Result<Reading, ExtractError> {
     match kind {
         FileType::Pdf => {
-            let read = pdf::apart::words(reader, bytes, &limits.pdf).await;
+            // Killed at the deadline by the caller; never alive past a day.
+            let time = deadline.left().unwrap_or(std::time::Duration::from_secs(86_400));
+            let read = pdf::apart::words(reader, bytes, &limits.pdf, time).await;
             pdf_reading(read, deadline)
         }
         other => document(other, &bytes, limits, deadline),
     }
 }
 
-/// Reads `scan` of the file `bytes` by OCR into `reading`'s document. The
-/// engine's own failures (a crash, its memory cap) fail the attempt, to be
-/// retried; a page past its time or word limit fails for good.
+/// Reads `scan` of the file `bytes` by OCR into `reading`'s document. A
+/// page the engine or its helpers failed on (a crash, its memory cap, a
+/// policy refusal, no image found), or past its time or word limit, fails
+/// the job for good: the same page would fail again. Only a program that
+/// could not be started fails the attempt, to be retried.
 pub async fn read_scan(
     ocr: &OcrSettings,
     bytes: Bytes,
@@ -234,8 +288,10 @@ pub async fn read_scan(
         Scan::PdfPage { index, size } => (ocr.pdf_page(bytes, index + 1, size).await, index),
     };
     let page = read.map_err(|e| match e {
-        OcrError::TimedOut { .. } | OcrError::TooManyWords { .. } => refused(e.to_string()),
-        OcrError::Failed(why) | OcrError::Unavailable(why) => ExtractError::Unavailable(why),
+        OcrError::TimedOut { .. } | OcrError::TooManyWords { .. } | OcrError::Failed(_) => {
+            refused(e.to_string())
+        }
+        OcrError::Unavailable(why) => ExtractError::Unavailable(why),
     })?;
     // The page's place was kept for it, blank.
     let pages = reading.document.pages.get_or_insert_with(Vec::new);
@@ -337,6 +393,7 @@ mod tests {
             text_words: 3,
             image: ImageLimits {
                 pixels: 1,
+                side: 1,
                 pages: 1,
             },
         };

@@ -328,7 +328,7 @@ impl ExtractionWorker {
     /// Reads by OCR the pages of `reading` that have no text, one page at a
     /// time, each holding one of the deployment's OCR slots and one of the
     /// CPU pool's for no longer than its limit (the engine's process is
-    /// killed past it).
+    /// killed past it), and all of them for no longer than the job's.
     async fn read_scans(
         &self,
         job: &Job<'_>,
@@ -337,19 +337,34 @@ impl ExtractionWorker {
     ) -> Result<Document, ExtractError> {
         let parts = &self.parts;
         let ocr = parts.files.ocr();
+        // Time spent reading the job's pages so far, in milliseconds.
+        let spent = std::sync::atomic::AtomicU64::new(0);
+        let spent = &spent;
         let run = |scan: files::Scan, mut reading: files::Reading| {
             let bytes = bytes.clone();
             async move {
+                use std::sync::atomic::Ordering::Relaxed;
                 let ocr = ocr.expect("scans are read only with OCR on");
+                let left = ocr.job_timeout.saturating_sub(Duration::from_millis(spent.load(Relaxed)));
+                if left.is_zero() {
+                    return Err(files::ocr_budget_spent(ocr.job_timeout));
+                }
                 // The page stops itself at its limit; the pool's budget is
-                // a backstop a little past it.
-                let budget = ocr.page_timeout + Duration::from_secs(1);
+                // a backstop a little past it, and the job's what is left.
+                let budget = (ocr.page_timeout + Duration::from_secs(1)).min(left);
                 let _slot = parts.extractors.ocr_slot(job.lane).await;
                 let started = std::time::Instant::now();
                 let read = |_| files::read_scan(ocr, bytes, &scan, &mut reading);
-                parts.cpu.run_apart(budget, read).await?;
-                let seconds = started.elapsed().as_secs_f64();
-                parts.metrics.ocr_page_duration.observe(seconds);
+                let read = parts.cpu.run_apart(budget, read).await;
+                let took = started.elapsed();
+                spent.fetch_add(u64::try_from(took.as_millis()).unwrap_or(u64::MAX), Relaxed);
+                match read {
+                    Err(ExtractError::DeadlineExceeded(_)) if budget == left => {
+                        return Err(files::ocr_budget_spent(ocr.job_timeout))
+                    }
+                    read => read?,
+                }
+                parts.metrics.ocr_page_duration.observe(took.as_secs_f64());
                 Ok(reading)
             }
         };

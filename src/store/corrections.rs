@@ -62,11 +62,17 @@ pub struct NewCorrection<'a> {
 /// not erased, logging the transition and writing its webhook delivery in
 /// the same statement. `None` when there is no such job (the caller tells
 /// why). The caller checks that the request named the field.
+///
+/// The job's row is share-locked first: an erase (which locks it before it
+/// deletes, [`super::retention::erase`]) either waits for this statement
+/// and then deletes what it wrote, or went first, and the row, read again
+/// once its lock is free, is no longer one to correct.
 pub async fn correct(pool: &PgPool, new: &NewCorrection<'_>) -> Result<Option<Made>, StoreError> {
     let made = sqlx::query_as::<_, Made>(
         "WITH job AS (
              SELECT id, tenant_id, webhook FROM extractions
-              WHERE id = $1 AND tenant_id = $2 AND status = 'succeeded' AND erased_at IS NULL),
+              WHERE id = $1 AND tenant_id = $2 AND status = 'succeeded' AND erased_at IS NULL
+                FOR SHARE),
          made AS (
              INSERT INTO field_corrections (extraction_id, tenant_id, field, value, key_id, reviewer)
              SELECT id, tenant_id, $3, $4, $5, $6 FROM job

@@ -54,6 +54,12 @@ pub const ERASED_LETTER: &str = "erased on request with the extraction of its id
 /// deliveries, error texts, and the excerpts and reasons of the tenant's
 /// dead letters of its idempotency key, in one statement that also logs
 /// the transition `erase`.
+///
+/// The job's row is locked first, in a statement of its own: a correction
+/// that share-locked it ([`super::corrections::correct`]) has committed by
+/// then, and the erasing statement, which reads the database afresh, sees
+/// its rows and deletes them. In one statement, what a correction wrote
+/// after the statement began would be left behind.
 pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, StoreError> {
     #[derive(sqlx::FromRow)]
     struct Tombstone {
@@ -61,6 +67,12 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
         job: Extraction,
         files: Vec<String>,
     }
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM extractions WHERE id = $1 AND tenant_id = $2 FOR NO KEY UPDATE")
+        .bind(id)
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
     let erased: Option<Tombstone> = sqlx::query_as(
         "WITH erased AS (
              UPDATE extractions SET erased_at = now(), error = NULL, bbox_error = NULL
@@ -94,8 +106,9 @@ pub async fn erase(pool: &PgPool, tenant_id: Uuid, id: Uuid) -> Result<Erased, S
     .bind(id)
     .bind(tenant_id)
     .bind(ERASED_LETTER)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
+    tx.commit().await?;
     if let Some(Tombstone { job, files }) = erased {
         return Ok(Erased::Now(job, files));
     }

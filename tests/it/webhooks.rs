@@ -1490,10 +1490,11 @@ async fn a_tenant_whose_endpoint_is_a_tarpit_does_not_delay_another_tenants_deli
 /// A person with the `review` scope corrects a value of a succeeded job:
 /// the result keeps the extracted value, the correction is listed beside it
 /// with who made it, the transition `correct_field` is logged, the events
-/// topic carries it with what was corrected, and the job's webhook gets
-/// `extraction.field_corrected`, signed, once. A key without the scope, a
-/// field the request did not name and a value that is not text are
-/// refused; erasing the job erases its corrections.
+/// topic carries which field was corrected (never the value), and the
+/// job's webhook gets `extraction.field_corrected`, signed, once. A key
+/// without the scope, a field the request did not name and a value that is
+/// not text are refused; erasing the job erases its corrections, and no
+/// record of any topic docstream writes holds a value the job ever had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered() {
     let env = TestEnv::new("webhooks_correction").await;
@@ -1547,16 +1548,18 @@ async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered(
     assert_eq!(status, 422, "{body}");
     let (status, body) = correct(&reviewer.api_key, "total", json!({"value": 5})).await;
     assert_eq!(status, 422, "{body}");
+    // A value found nowhere else, to look for on every topic afterwards.
+    let secret = format!("999.00-{}", Uuid::new_v4().simple());
     let (status, made) = correct(
         &reviewer.api_key,
         "total",
-        json!({"value": "999.00", "reviewer": "Ada"}),
+        json!({"value": secret, "reviewer": "Ada"}),
     )
     .await;
     assert_eq!(status, 201, "{made}");
     assert_eq!(
         (&made["field"], &made["value"], &made["reviewer"]),
-        (&json!("total"), &json!("999.00"), &json!("Ada"))
+        (&json!("total"), &json!(secret), &json!("Ada"))
     );
     assert_eq!(made["key_id"], json!(reviewer.key_id.to_string()));
 
@@ -1597,7 +1600,7 @@ async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered(
     assert_eq!(receipts[0].body["type"], "extraction.field_corrected");
     assert_eq!(
         (&data["field"], &data["value"]),
-        (&json!("total"), &json!("999.00"))
+        (&json!("total"), &json!(secret))
     );
     assert_eq!(data["extracted"], extracted);
 
@@ -1614,7 +1617,6 @@ async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered(
     assert_eq!(announced.len(), 1, "{events:?}");
     let correction = announced[0].correction.as_ref().unwrap();
     assert_eq!(correction.field, "total");
-    assert_eq!(correction.value.as_deref(), Some("999.00"));
     assert_eq!(correction.reviewer.as_deref(), Some("Ada"));
 
     // Erasing the job erases its corrections.
@@ -1631,4 +1633,138 @@ async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered(
         .await
         .unwrap();
     assert_eq!(left, 0);
+    let extracted = extracted["value"].as_str().unwrap().to_owned();
+    let found = records_holding(&env, &[&secret, &extracted]);
+    assert!(found.is_empty(), "values of an erased job on Kafka: {found:?}");
+}
+
+/// Every record of every topic of the test's (all docstream wrote) that
+/// holds one of `values`: its topic and offset.
+fn records_holding(env: &TestEnv, values: &[&str]) -> Vec<(String, i64)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let brokers = &env.settings.kafka_brokers;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .unwrap();
+    let prefix = env.topic("");
+    let topics: Vec<String> = (metadata.topics().iter())
+        .map(|t| t.name().to_owned())
+        .filter(|name| name.starts_with(&prefix))
+        .collect();
+    assert!(
+        topics.contains(&env.topic("extraction.events")),
+        "{topics:?}"
+    );
+    let mut found = Vec::new();
+    for topic in topics {
+        let records = common::read_topic_as(brokers, &topic, |m| {
+            let bytes = [m.key().unwrap_or_default(), m.payload().unwrap_or_default()].concat();
+            (m.offset(), bytes)
+        });
+        for (offset, bytes) in records {
+            let holds = |value: &&str| bytes.windows(value.len()).any(|w| w == value.as_bytes());
+            if values.iter().any(holds) {
+                found.push((topic.clone(), offset));
+            }
+        }
+    }
+    found
+}
+
+/// An erase while a correction's statement runs: the correction took the
+/// job's row first, so the erase waits for it and then deletes it and its
+/// webhook delivery. A trigger of the test's own holds the correction's
+/// insert after its statement began, and the erase is sent once Postgres
+/// shows it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erase_racing_a_correction_leaves_neither_the_correction_nor_its_delivery() {
+    let env = TestEnv::new("webhooks_erase_race").await;
+    sign_with_secret(&env).await;
+    let receiver = a_receiver_that_answers_200().await;
+    let port = free_port();
+    let (api, _children) = a_healthy_pipeline(&env, &webhook_env(true), port, "erase_race").await;
+    let job = submit(&env, &api, &receiver.url).await.unwrap();
+    wait_delivered(&env.pool, "delivered", 1, Duration::from_secs(60)).await;
+    let pool = &env.pool;
+    wait_for("the job's bbox refinement to end", Duration::from_secs(60), || async move {
+        let bbox: Option<String> =
+            sqlx::query_scalar("SELECT bbox_status::text FROM extractions WHERE id = $1")
+                .bind(job)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        match bbox.as_deref() {
+            None | Some("succeeded" | "failed") => Ok(()),
+            Some(other) => Err(other.to_owned()),
+        }
+    })
+    .await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION held_correction() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;
+         CREATE TRIGGER held_correction BEFORE INSERT ON field_corrections
+           FOR EACH ROW EXECUTE FUNCTION held_correction();",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let reviewer = tenants::create_key(
+        &env.pool,
+        "default",
+        &[
+            docstream::domain::Scope::Review,
+            docstream::domain::Scope::Delete,
+        ],
+    )
+    .await
+    .unwrap();
+    let correct = env
+        .client()
+        .post(format!(
+            "{api}/v1/extractions/{job}/fields/total/corrections"
+        ))
+        .bearer_auth(&reviewer.api_key)
+        .json(&json!({"value": "racing"}))
+        .send();
+    let correct = tokio::spawn(correct);
+    let started = Instant::now();
+    loop {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()
+                AND state = 'active' AND query LIKE '%INSERT INTO field_corrections%'",
+        )
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        if held > 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the correction never ran");
+        tokio::task::yield_now().await;
+    }
+    let erased = env
+        .client()
+        .delete(format!("{api}/v1/extractions/{job}"))
+        .bearer_auth(&reviewer.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), StatusCode::NO_CONTENT);
+    let corrected = correct.await.unwrap().unwrap();
+    assert_eq!(corrected.status(), StatusCode::CREATED, "it went first");
+    let left: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM field_corrections WHERE extraction_id = $1),
+                (SELECT count(*) FROM webhook_deliveries WHERE extraction_id = $1)",
+    )
+    .bind(job)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, (0, 0), "corrections and deliveries left after the erase");
 }

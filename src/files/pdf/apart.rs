@@ -7,15 +7,26 @@
 //! killed. The worker runs `docstream read-pdf` with the file on its
 //! standard input; it answers the words, or why it refused the file, as
 //! JSON on its standard output. Dropping [`words`]' future (at the
-//! deadline) kills the process.
+//! deadline) kills the process. It runs as every child that reads a file
+//! does ([`crate::files::child`]): no environment of the worker's (its
+//! database URL, its secrets), a temporary folder of its own, its memory,
+//! time and output capped.
 
-use std::path::Path;
-use std::process::Stdio;
-
-use tokio::io::AsyncWriteExt;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use super::{PdfError, PdfLimits};
 use crate::domain::Page;
+use crate::files::child::{self, Caps, Run};
+
+/// The program PDFs are read with, and what it may take.
+#[derive(Debug, Clone)]
+pub struct Reader {
+    /// Run as `<program> read-pdf`.
+    pub program: PathBuf,
+    /// Most bytes of address space it may use.
+    pub memory: u64,
+}
 
 /// The command line of `docstream read-pdf`: the limits to read under.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,30 +90,31 @@ pub fn read_stdin(args: &ReadArgs) -> std::io::Result<()> {
 /// `limits`. The process is killed when the future is dropped. A process
 /// that fails (crashes, is killed for its memory) refuses the file.
 pub async fn words(
-    program: &Path,
+    reader: &Reader,
     bytes: axum::body::Bytes,
     limits: &PdfLimits,
+    time: Duration,
 ) -> Result<Vec<Page>, PdfError> {
     let unreadable = |why: String| PdfError::Unreadable(why);
-    let mut child = tokio::process::Command::new(program)
-        .arg("read-pdf")
-        .args(ReadArgs::of(limits))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| PdfError::Reader(format!("{}: {e}", program.display())))?;
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    let write = async move {
-        // A reader that stops early (a refusal) closes its end: not an error.
-        let _ = stdin.write_all(&bytes).await;
+    let mut args = vec!["read-pdf".to_owned()];
+    args.extend(ReadArgs::of(limits));
+    // Every word as JSON (its text, box and confidence: well under 256
+    // bytes) on every page the limits allow, and a megabyte.
+    let words = limits.pages.saturating_mul(limits.words_per_page);
+    let caps = Caps {
+        time,
+        memory: reader.memory,
+        output: words.saturating_mul(256).saturating_add(1 << 20),
     };
-    let (_, output) = tokio::join!(write, child.wait_with_output());
-    let output = output.map_err(|e| PdfError::Reader(e.to_string()))?;
-    if !output.status.success() {
-        return Err(unreadable(format!("its reader failed ({})", output.status)));
+    let env = [("RUST_BACKTRACE", "0".into())];
+    match child::run(&reader.program, &args, &env, bytes, caps).await {
+        Ok(out) => serde_json::from_slice(&out)
+            .map_err(|e| unreadable(format!("its reader answered no words ({e})")))?,
+        Err(Run::Unavailable(why)) => Err(PdfError::Reader(why)),
+        Err(Run::TimedOut) => Err(PdfError::Deadline),
+        Err(Run::TooMuchOutput(cap)) => Err(unreadable(format!(
+            "its reader answered more than {cap} bytes"
+        ))),
+        Err(Run::Failed(why)) => Err(unreadable(format!("its reader failed: {why}"))),
     }
-    serde_json::from_slice(&output.stdout)
-        .map_err(|e| unreadable(format!("its reader answered no words ({e})")))?
 }

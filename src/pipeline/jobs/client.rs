@@ -79,7 +79,6 @@ impl Jobs {
         event.correction = Some(FieldCorrection {
             correction_id: correction.id,
             field: correction.field.clone(),
-            value: correction.value.clone(),
             key_id: correction.key_id.to_string(),
             reviewer: correction.reviewer.clone(),
         });
