@@ -1823,3 +1823,95 @@ async fn review_queue_and_ground_truth(files: &Files, png: &[u8]) {
         );
     }
 }
+
+/// A page drawn for people stays within the pixel cap however large its
+/// PDF says it is; past the process's render slots a request is refused
+/// at once (503 with `Retry-After`), not queued; and the page a refused
+/// request asked for is there when it retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drawn_pages_are_held_to_the_pixel_cap_and_the_render_slots() {
+    const PIXELS: usize = 4_000_000;
+    let files = Files::start_with(Store::Dir, |s| {
+        s.ocr_max_pixels = PIXELS;
+        s.render_slots = 2;
+    })
+    .await;
+    // 120 inches square in a few hundred bytes: 144 megapixels at 100 dpi.
+    let line = "0 0 m 8640 8640 l S";
+    let pdf = pdf_with(&[
+        "<< /Type /Catalog /Pages 2 0 R >>".into(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 /MediaBox [0 0 8640 8640] >>".into(),
+        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R >>".into(),
+        format!("<< /Length {} >>\nstream\n{line}\nendstream", line.len()),
+    ]);
+    let (status, file) = files.upload(pdf, "application/pdf", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{file}");
+    let (_, sample) = sample("invoice-northwind");
+    let mut request = sample["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let url = format!("{}/v1/extractions/{}/pages/0", files.base, accepted["id"].as_str().unwrap());
+
+    let asks = (0..12).map(|_| files.env.client().get(&url).send());
+    let mut statuses = Vec::new();
+    for answer in futures::future::join_all(asks).await {
+        let answer = answer.unwrap();
+        let status = answer.status().as_u16();
+        if status == 503 {
+            assert!(answer.headers().contains_key("retry-after"));
+        }
+        statuses.push(status);
+    }
+    assert!(statuses.iter().all(|s| [200, 503].contains(s)), "{statuses:?}");
+    assert!(statuses.contains(&503), "12 at once, 2 slots: {statuses:?}");
+
+    let png = common::wait_for("the page, drawn", std::time::Duration::from_secs(60), || {
+        let get = files.env.client().get(&url).send();
+        async move {
+            let answer = get.await.map_err(|e| e.to_string())?;
+            match answer.status().as_u16() {
+                200 => Ok(answer.bytes().await.unwrap()),
+                // Asked to retry after a second.
+                503 => {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    Err("503".into())
+                }
+                other => panic!("{other}: {}", answer.text().await.unwrap()),
+            }
+        }
+    })
+    .await;
+    assert_eq!(&png[1..4], b"PNG");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap()) as usize;
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap()) as usize;
+    assert!(width * height <= PIXELS, "{width} × {height}");
+    assert!(width >= 1000, "drawn as large as the cap allows: {width} × {height}");
+}
+
+/// A page OCR's programs cannot read (a PNG of a header and no pixels,
+/// within every cap) fails its job on its first attempt, naming why: the
+/// same page would fail again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_ocr_cannot_read_fails_its_job_at_once() {
+    let files = Files::start(Store::Dir).await;
+    let _worker = files.env.spawn("worker", &[], "undecodable-worker");
+    let (status, file) = files.upload(png_header(100, 100), "image/png", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{file}");
+    let (_, sample) = sample("invoice-northwind");
+    let mut request = sample["request"].clone();
+    request["document"] = serde_json::json!({"object": file["id"]});
+    let (status, accepted) = files.submit(&request, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id = accepted["id"].as_str().unwrap();
+    let job = files.finished(id).await;
+    assert_eq!(job["status"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap_or_default();
+    assert!(error.contains("for OCR failed"), "{job}");
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM extractions WHERE id = $1")
+        .bind(id.parse::<uuid::Uuid>().unwrap())
+        .fetch_one(&files.env.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1, "{job}");
+}
