@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bench::procs;
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
+use docstream::store::tenants;
 
 /// Options of `docstream eval`.
 #[derive(Debug, Clone, clap::Args)]
@@ -148,9 +149,45 @@ pub async fn run(
     let base = format!("http://{}", listener.local_addr()?);
     let services = roles::connect(settings).await?;
     let pool = services.pool.clone();
-    let key = crate::demo::unlimited_key(&pool, "eval")
+    let key = own_tenant(&pool)
         .await
-        .context("making the evaluation's API key (did `docstream migrate` run?)")?;
+        .context("making the evaluation's tenant (did `docstream migrate` run?)")?;
+    // The key is revoked however the run ends.
+    let evaluated = evaluate_with(services, listener, &base, &key, &args, &truths, &shutdown).await;
+    let revoked = docstream::store::tenants::revoke_key(&pool, key.key_id).await;
+    let (by_document, cpu_s, ocr_cpu_s, pipeline_mib, child_mib) = evaluated?;
+    revoked?;
+    report(&truths, &by_document, cpu_s, ocr_cpu_s);
+    println!(
+        "peak resident memory: {:.1} MiB this process (the API, the worker and the bbox worker \
+         together), {:.1} MiB the largest child (one page's OCR engine, ImageMagick or poppler)",
+        pipeline_mib, child_mib
+    );
+    check_targets(&args, &truths, &by_document)
+}
+
+/// A tenant of the evaluation's own, made now under a name nobody else
+/// has, without quotas, and its key: an existing tenant is never given
+/// unlimited quotas, whatever database the evaluation is pointed at.
+async fn own_tenant(pool: &sqlx::PgPool) -> anyhow::Result<tenants::CreatedKey> {
+    let name = format!("eval-{}", uuid::Uuid::now_v7().simple());
+    let created = tenants::create_tenant(pool, &name).await?;
+    tenants::set_quota(pool, &name, Some(Some(0.0)), None, Some(Some(0))).await?;
+    Ok(created.key)
+}
+
+/// Runs the pipeline on `services` and evaluates `truths` through it as
+/// `key`'s tenant: the scores, the CPU seconds (all, and OCR's), and the
+/// peak memory of this process and of its largest child, in MiB.
+async fn evaluate_with(
+    services: roles::Process,
+    listener: TcpListener,
+    base: &str,
+    key: &tenants::CreatedKey,
+    args: &EvalArgs,
+    truths: &[(PathBuf, Truth)],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(Vec<Scored>, f64, f64, f64, f64)> {
     let mix = Mix {
         serve: true,
         workers: 1,
@@ -162,21 +199,14 @@ pub async fn run(
     let client = crate::demo::api_client(&key.api_key)?;
     let sampling = CancellationToken::new();
     let children = tokio::spawn(children_peak_rss_mib(sampling.clone()));
-    let scored = evaluate(&client, &base, &args, &truths, &shutdown).await;
+    let scored = evaluate(&client, base, args, truths, shutdown).await;
     sampling.cancel();
     let pipeline_mib = procs::peak_rss_mib_of(std::process::id())?;
     let child_mib = children.await?;
     stop.cancel();
     pipeline.await??;
-    docstream::store::tenants::revoke_key(&pool, key.key_id).await?;
     let (by_document, cpu_s, ocr_cpu_s) = scored?;
-    report(&truths, &by_document, cpu_s, ocr_cpu_s);
-    println!(
-        "peak resident memory: {:.1} MiB this process (the API, the worker and the bbox worker \
-         together), {:.1} MiB the largest child (one page's OCR engine, ImageMagick or poppler)",
-        pipeline_mib, child_mib
-    );
-    check_targets(&args, &truths, &by_document)
+    Ok((by_document, cpu_s, ocr_cpu_s, pipeline_mib, child_mib))
 }
 
 /// Every truth of the folder, in name order, of the variants asked for.

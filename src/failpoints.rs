@@ -34,10 +34,17 @@ pub struct Triggered(pub &'static str);
 
 static POINTS: OnceLock<HashMap<String, Action>> = OnceLock::new();
 
-/// Reads `DOCSTREAM_FAILPOINTS`; call once at start-up.
+/// Reads `DOCSTREAM_FAILPOINTS`; call once at start-up. A release build
+/// refuses to arm any unless `DOCSTREAM_ALLOW_FAILPOINTS=1` says it is meant
+/// (failpoints abort processes and fail steps on purpose: a stray variable
+/// in a production environment must not).
 pub fn init_from_env() -> Result<(), String> {
     let spec = std::env::var("DOCSTREAM_FAILPOINTS").unwrap_or_default();
+    let allowed = std::env::var("DOCSTREAM_ALLOW_FAILPOINTS").as_deref() == Ok("1");
     let points = parse(&spec)?;
+    if !points.is_empty() && !cfg!(debug_assertions) && !allowed {
+        return Err(refused(&points));
+    }
     if !points.is_empty() {
         tracing::warn!(?points, "failpoints armed");
     }
@@ -66,6 +73,17 @@ fn parse(spec: &str) -> Result<HashMap<String, Action>, String> {
         points.insert(name.to_owned(), action);
     }
     Ok(points)
+}
+
+/// Why a release build refuses `points`.
+fn refused(points: &HashMap<String, Action>) -> String {
+    let mut names: Vec<&str> = points.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    format!(
+        "failpoints ({}) are for tests: this release build arms them only with \
+         DOCSTREAM_ALLOW_FAILPOINTS=1",
+        names.join(", ")
+    )
 }
 
 /// Runs failpoint `name`: nothing unless it is armed.
@@ -97,5 +115,7 @@ mod tests {
         assert!(parse("a").is_err());
         assert!(parse("a=explode").is_err());
         assert!(parse("").unwrap().is_empty());
+        let refusal = refused(&points);
+        assert!(refusal.contains("a, b, c") && refusal.contains("DOCSTREAM_ALLOW_FAILPOINTS=1"));
     }
 }

@@ -125,6 +125,8 @@ impl Pinned {
         if let Some(stall) = stall {
             let point = format!("submit.after_insert=sleep({})", stall.as_millis());
             env.push(("DOCSTREAM_FAILPOINTS".into(), point));
+            // The bench runs a release build, which arms failpoints only when told.
+            env.push(("DOCSTREAM_ALLOW_FAILPOINTS".into(), "1".into()));
         }
         let pinned = Rig {
             settings: rig.settings.clone(),
