@@ -35,8 +35,9 @@ use crate::files::signed::{self, Signed};
 use crate::files::StoredFile;
 use crate::store;
 
-/// The routes. An upload is held to the bounds of uploads (`uploads`) and
-/// to the file limit, not to the API's body limit.
+/// The routes that move a file's bytes, which take as long as the bytes
+/// do. An upload is held to the bounds of uploads (`uploads`) and to the
+/// file limit, not to the API's body limit.
 pub(super) fn routes(settings: &Settings) -> ApiRouter<Api> {
     ApiRouter::new()
         .api_route(
@@ -48,6 +49,13 @@ pub(super) fn routes(settings: &Settings) -> ApiRouter<Api> {
             "/v1/extractions/{id}/file",
             get_with(job_file, describe_job_file),
         )
+}
+
+/// The routes that read what a job was read from, answered within the
+/// REST bound like every other: a page drawn past it is answered 503 and
+/// kept for the retry (`files::drawn`).
+pub(super) fn job_routes() -> ApiRouter<Api> {
+    ApiRouter::new()
         .api_route(
             "/v1/extractions/{id}/document",
             get_with(job_document, describe_job_document),
@@ -141,10 +149,15 @@ fn describe_job_page(op: TransformOperation<'_>) -> TransformOperation<'_> {
         "extractions",
         "Draw a page of an extraction's file",
         "Page `page` (from 0, as a grounded field's `page`) of the job's file as an \
-         image, to check a box against (scope `read`): a PNG's or JPEG's own bytes, or a \
-         PDF page rendered to a PNG at 100 dpi (its boxes are in points: scale by \
-         100/72). A TIFF is not drawn (422): browsers do not read it. A job whose \
-         document was JSON, or a page past the last, is 404.",
+         image, to check a box against (scope `read`): a PNG's own bytes, a JPEG's \
+         without its EXIF (the pixels as OCR read them), or a PDF page rendered to a PNG at \
+         100 dpi, or lower to stay within the pixel cap (`DOCSTREAM_OCR_MAX_PIXELS`): its \
+         boxes are in points, so scale by the image's width over the page's. A TIFF is not \
+         drawn (422): browsers do not read it. A job whose document was JSON, or a page \
+         past the last, is 404. Past the server's renders at once \
+         (`DOCSTREAM_RENDER_SLOTS`) the answer is 503 with `Retry-After`, as it is for a \
+         page not drawn within the answer bound; the page drawn meanwhile is there for \
+         the retry.",
     );
     let page = describe::path_parameter(
         "page",

@@ -84,6 +84,7 @@ fn routes(settings: &Settings) -> ApiRouter<Api> {
         .merge(account::routes())
         .merge(overview::routes())
         .merge(results::routes(settings))
+        .merge(files::job_routes())
         .layer(middleware::from_fn_with_state(bound, answer_within));
     ApiRouter::new()
         .merge(rest)
