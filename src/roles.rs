@@ -378,6 +378,7 @@ fn api(process: &Process) -> api::Api {
         auth: process.auth.clone(),
         submit_rates: SubmitRates::default(),
         failed_authentications: FailedAuthentications::default(),
+        correction_rates: Default::default(),
         admission: process.admission.clone(),
         metrics: process.metrics.clone(),
         health: process.health.clone(),

@@ -11,7 +11,8 @@ use aide::axum::routing::{get_with, post_with};
 use aide::axum::ApiRouter;
 use aide::transform::TransformOperation;
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
+use axum::http::Uri;
 use axum::http::StatusCode;
 use axum::Json;
 use schemars::JsonSchema;
@@ -24,7 +25,7 @@ use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::{ExtractionStatus, Scope};
-use crate::store::corrections::{self, Correction, NewCorrection};
+use crate::store::corrections::{self, Corrected, Correction, NewCorrection};
 use crate::store::{self, Extraction};
 
 /// Longest reviewer name, in bytes.
@@ -95,6 +96,16 @@ async fn correct(
             "reviewer must be at most {MAX_REVIEWER_BYTES} bytes of text without NUL characters"
         )));
     }
+    let rate = api.settings.corrections_per_key_per_min;
+    let burst = (rate / 10).max(1);
+    let taken = api.correction_rates.take(caller.key_id, f64::from(rate) / 60.0, burst);
+    taken.map_err(|wait| ApiError::TooManyRequests {
+        message: format!(
+            "this key made {rate} corrections a minute here, as many as it may \
+             (DOCSTREAM_CORRECTIONS_PER_KEY_PER_MIN)"
+        ),
+        retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+    })?;
     let job = correctable(&api, &caller, id, &field).await?;
     let new = NewCorrection {
         extraction_id: id,
@@ -106,11 +117,36 @@ async fn correct(
     };
     // Between the check and the statement the job may have been erased;
     // the statement judges again, and its refusal is told as the check's.
-    let Some(made) = corrections::correct(&api.pool, &new).await? else {
-        correctable(&api, &caller, id, &field).await?;
-        return Err(ApiError::Conflict(
-            "the job changed while it was being corrected; try again".into(),
-        ));
+    let made = match corrections::correct(&api.pool, &new, api.settings.corrections).await? {
+        Corrected::Made(made) => made,
+        Corrected::NoJob => {
+            correctable(&api, &caller, id, &field).await?;
+            return Err(ApiError::Conflict(
+                "the job changed while it was being corrected; try again".into(),
+            ));
+        }
+        Corrected::FieldFull(cap) => {
+            return Err(ApiError::Conflict(format!(
+                "field {field:?} of this job has {cap} corrections, as many as a field may \
+                 (DOCSTREAM_MAX_CORRECTIONS_PER_FIELD)"
+            )))
+        }
+        Corrected::JobFull(cap) => {
+            return Err(ApiError::Conflict(format!(
+                "this job has {cap} corrections, as many as a job may \
+                 (DOCSTREAM_MAX_CORRECTIONS_PER_JOB)"
+            )))
+        }
+        Corrected::OverQuota { used, quota } => {
+            return Err(ApiError::TooManyRequests {
+                message: format!(
+                    "the tenant keeps {used} bytes of files, documents and corrections; with \
+                     this correction it would pass its quota of {quota} bytes \
+                     (DOCSTREAM_TENANT_MAX_FILE_BYTES)"
+                ),
+                retry_after_s: 3600,
+            })
+        }
     };
     api.jobs.corrected(&job, &made).await;
     let correction = made.correction;
@@ -131,7 +167,12 @@ fn describe_correct(op: TransformOperation<'_>) -> TransformOperation<'_> {
          stream) with what was corrected, and sent to the job's webhook as \
          `extraction.field_corrected`. A later correction of the same field supersedes \
          it. A job that has not succeeded answers 409; an erased one 410; a field the \
-         request did not name 422.",
+         request did not name 422. A field has at most `DOCSTREAM_MAX_CORRECTIONS_PER_FIELD` \
+         corrections and a job `DOCSTREAM_MAX_CORRECTIONS_PER_JOB` (409 past them); a key \
+         makes at most `DOCSTREAM_CORRECTIONS_PER_KEY_PER_MIN` a minute on a server, and \
+         a correction's bytes count toward the tenant's storage quota (429 with \
+         `Retry-After` past either). The events topic names the corrected field, never \
+         its value.",
     );
     let field = describe::path_parameter(
         "field",
@@ -146,7 +187,7 @@ fn describe_correct(op: TransformOperation<'_>) -> TransformOperation<'_> {
          correction 422.",
     );
     let op = op.response_with::<201, Json<Correction>, _>(|a| a.description("Stored."));
-    describe::refusals(op, &[400, 403, 404, 409, 410, 415, 422])
+    describe::refusals(op, &[400, 403, 404, 409, 410, 415, 422, 429])
 }
 
 /// The caller's job `id`, if its field `field` can be corrected now.
@@ -177,15 +218,39 @@ async fn correctable(
     Ok(job)
 }
 
-/// Every correction of job `id`, oldest first: the latest of a field is its
-/// value now.
+/// A page of a job's corrections: after which, and how many.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Page {
+    #[serde(default)]
+    after: i64,
+    #[serde(default = "whole_page")]
+    limit: i64,
+}
+
+fn whole_page() -> i64 {
+    corrections::MAX_PAGE
+}
+
+/// Job `id`'s corrections, oldest first, a page at a time (`after` the
+/// last one seen, at most `limit`): the latest of a field is its value now.
 async fn corrections_of(
     caller: Caller,
     State(api): State<Api>,
     id: Result<Path<Uuid>, PathRejection>,
+    uri: Uri,
 ) -> Result<Json<Vec<Correction>>, ApiError> {
     caller.require(Scope::Read)?;
     let Path(id) = id?;
+    // Read here, not by an extractor: the parameters are described by hand.
+    let page = Query::<Page>::try_from_uri(&uri);
+    let Query(page) = page.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let max = corrections::MAX_PAGE;
+    if !(1..=max).contains(&page.limit) || page.after < 0 {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1 to {max}, and after a correction's id (0 or more)"
+        )));
+    }
     let job = store::get_for_tenant(&api.pool, caller.tenant_id, id).await?;
     let job = job.ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     if let Some(at) = job.erased_at {
@@ -193,7 +258,8 @@ async fn corrections_of(
             "extraction {id} was erased at {at}"
         )));
     }
-    Ok(Json(corrections::of_job(&api.pool, id).await?))
+    let listed = corrections::of_job(&api.pool, id, page.after, page.limit).await?;
+    Ok(Json(listed))
 }
 
 fn describe_corrections(op: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -202,10 +268,24 @@ fn describe_corrections(op: TransformOperation<'_>) -> TransformOperation<'_> {
         "getExtractionCorrections",
         "extractions",
         "Read an extraction's corrections",
-        "Every correction of the job's values, oldest first (scope `read`): the latest of \
-         a field is its value now.",
+        "The corrections of the job's values, oldest first (scope `read`): the latest of \
+         a field is its value now. A page at a time: at most `limit`, after the correction \
+         of id `after`; pass the last id of a page as `after` for the next, until a page \
+         has fewer than `limit`.",
     );
-    let op = describe::parameters(op, [describe::id_parameter()]);
+    let after = describe::query_parameter(
+        "after",
+        false,
+        "The id of the last correction seen: the page starts after it (0, the default: from the first).",
+        json!({"type": "integer", "format": "int64", "minimum": 0, "default": 0}),
+    );
+    let limit = describe::query_parameter(
+        "limit",
+        false,
+        "Most corrections on the page.",
+        json!({"type": "integer", "minimum": 1, "maximum": corrections::MAX_PAGE, "default": corrections::MAX_PAGE}),
+    );
+    let op = describe::parameters(op, [describe::id_parameter(), after, limit]);
     let op =
         op.response_with::<200, Json<Vec<Correction>>, _>(|a| a.description("The corrections."));
     describe::refusals(op, &[400, 403, 404, 410])

@@ -20,7 +20,7 @@ use crate::kafka::Consumers;
 use crate::metrics::Metrics;
 use crate::pipeline::bulk::Bulk;
 use crate::pipeline::{Jobs, Submitter};
-use crate::quota::{FailedAuthentications, SubmitRates};
+use crate::quota::{FailedAuthentications, RateBuckets, SubmitRates};
 
 /// The API's handle. A clone (one per request) is one reference count.
 #[derive(Clone)]
@@ -65,6 +65,8 @@ pub struct Parts {
     pub submit_rates: SubmitRates,
     /// This process's count of requests without a valid key, per peer.
     pub failed_authentications: FailedAuthentications,
+    /// This process's corrections, per API key.
+    pub correction_rates: RateBuckets<uuid::Uuid>,
     /// The limit on this process's submits in flight.
     pub admission: Admission,
     /// The HTTP server's and the streams' metrics.
@@ -87,6 +89,10 @@ pub struct ApiSettings {
     pub(super) quota: Quota,
     /// Requests a peer may make without a valid key, per second.
     pub(super) auth_failures_per_peer_per_s: u32,
+    /// What corrections may be.
+    pub(super) corrections: crate::store::corrections::Caps,
+    /// Corrections one key may make per minute here.
+    pub(super) corrections_per_key_per_min: u32,
     /// The key of deferred results' tokens, when deferred results are on.
     pub(super) callback_secret: Option<String>,
     /// Attempts before a job fails for good.
@@ -119,6 +125,12 @@ impl ApiSettings {
             request_limits: settings.request_limits(),
             quota: settings.tenant_quota(),
             auth_failures_per_peer_per_s: settings.auth_failures_per_peer_per_s,
+            corrections: crate::store::corrections::Caps {
+                per_field: settings.max_corrections_per_field as i64,
+                per_job: settings.max_corrections_per_job as i64,
+                storage: settings.tenant_max_file_bytes,
+            },
+            corrections_per_key_per_min: settings.corrections_per_key_per_min,
             callback_secret: (settings.deferred_results()).map(|(_, secret)| secret.to_owned()),
             max_attempts: settings.max_attempts,
             retention_days: settings.retention_days,

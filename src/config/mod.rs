@@ -206,6 +206,16 @@ settings! {
     /// being looked up. Keys it knows pass, so behind a proxy, where every
     /// client shares the proxy's address, only their new keys wait.
     auth_failures_per_peer_per_s: u32 = 10_u32, env "DOCSTREAM_AUTH_FAILURES_PER_PEER_PER_S", at_least(1);
+    /// Corrections one field of one job may have; one more gets 409. A
+    /// field is corrected once or twice in a real review.
+    max_corrections_per_field: usize = 20_usize, env "DOCSTREAM_MAX_CORRECTIONS_PER_FIELD", at_least(1);
+    /// Corrections one job may have, all its fields together; one more gets
+    /// 409. With the result's limit of bytes per field, what a job's
+    /// corrections may weigh.
+    max_corrections_per_job: usize = 200_usize, env "DOCSTREAM_MAX_CORRECTIONS_PER_JOB", at_least(1);
+    /// Corrections one API key may make per minute on one `serve` process
+    /// (a burst of a tenth of it at once); past it, 429 with `Retry-After`.
+    corrections_per_key_per_min: u32 = 120_u32, env "DOCSTREAM_CORRECTIONS_PER_KEY_PER_MIN", at_least(1);
     /// Requests from the Kafka intake one tenant may have held while it is at
     /// its cap on open jobs (they become jobs as its jobs finish); a record
     /// past it is dead-lettered as `too_many_open_jobs`.

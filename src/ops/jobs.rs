@@ -278,7 +278,7 @@ async fn truth(
         };
         let document = format!("{id}.{extension}");
         std::fs::write(out.join(&document), &bytes)?;
-        let latest: BTreeMap<String, Option<String>> = corrections::of_job(pool, id)
+        let latest: BTreeMap<String, Option<String>> = corrections::all_of_job(pool, id)
             .await?
             .into_iter()
             .map(|c| (c.field, c.value))

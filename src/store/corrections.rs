@@ -58,21 +58,98 @@ pub struct NewCorrection<'a> {
     pub reviewer: Option<&'a str>,
 }
 
+/// What corrections may be, besides the result's limit on a value.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// Most corrections of one field of a job.
+    pub per_field: i64,
+    /// Most corrections of one job.
+    pub per_job: i64,
+    /// The tenant's quota of stored bytes, which corrections count toward
+    /// with its files and documents (`files::stored_bytes`); 0: none.
+    pub storage: u64,
+}
+
+/// What [`correct`] did.
+#[derive(Debug)]
+pub enum Corrected {
+    /// The correction, as made.
+    Made(Made),
+    /// No succeeded job of the tenant's with its content has this id: the
+    /// caller tells why.
+    NoJob,
+    /// The field has as many corrections as it may.
+    FieldFull(i64),
+    /// The job has as many corrections as it may.
+    JobFull(i64),
+    /// The tenant keeps `used` bytes: with this correction it would pass
+    /// its quota.
+    OverQuota {
+        /// Bytes it keeps.
+        used: i64,
+        /// Its quota.
+        quota: u64,
+    },
+}
+
 /// Corrects a field of a succeeded job of the tenant's whose content was
-/// not erased, logging the transition and writing its webhook delivery in
-/// the same statement. `None` when there is no such job (the caller tells
-/// why). The caller checks that the request named the field.
+/// not erased, within `caps`, logging the transition and writing its
+/// webhook delivery in the same statement. The caller checks that the
+/// request named the field.
 ///
-/// The job's row is share-locked first: an erase (which locks it before it
-/// deletes, [`super::retention::erase`]) either waits for this statement
-/// and then deletes what it wrote, or went first, and the row, read again
-/// once its lock is free, is no longer one to correct.
-pub async fn correct(pool: &PgPool, new: &NewCorrection<'_>) -> Result<Option<Made>, StoreError> {
+/// The job's row is locked first, in a statement of its own, and the rest
+/// reads the database afresh once it holds it: two corrections of a job
+/// count each other's rows against the caps, and an erase (which locks the
+/// row before it deletes, [`super::retention::erase`]) either waits for the
+/// correction and then deletes what it wrote, or went first, and the row,
+/// read again once its lock is free, is no longer one to correct.
+pub async fn correct(
+    pool: &PgPool,
+    new: &NewCorrection<'_>,
+    caps: Caps,
+) -> Result<Corrected, StoreError> {
+    let mut tx = pool.begin().await?;
+    let job: Option<(Uuid,)> = sqlx::query_as(
+        "SELECT id FROM extractions
+          WHERE id = $1 AND tenant_id = $2 AND status = 'succeeded' AND erased_at IS NULL
+            FOR NO KEY UPDATE",
+    )
+    .bind(new.extraction_id)
+    .bind(new.tenant_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if job.is_none() {
+        return Ok(Corrected::NoJob);
+    }
+    let (field, job): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE field = $2), count(*)
+           FROM field_corrections WHERE extraction_id = $1",
+    )
+    .bind(new.extraction_id)
+    .bind(new.field)
+    .fetch_one(&mut *tx)
+    .await?;
+    if field >= caps.per_field {
+        return Ok(Corrected::FieldFull(caps.per_field));
+    }
+    if job >= caps.per_job {
+        return Ok(Corrected::JobFull(caps.per_job));
+    }
+    if caps.storage > 0 {
+        // Under the tenant's quota lock, as an upload checks it.
+        super::files::lock_tenant(&mut tx, new.tenant_id).await?;
+        let used = super::files::stored_bytes(&mut *tx, new.tenant_id).await?;
+        let size = new.value.map_or(0, str::len) + new.reviewer.map_or(0, str::len);
+        if u64::try_from(used).unwrap_or(0) + size as u64 > caps.storage {
+            return Ok(Corrected::OverQuota {
+                used,
+                quota: caps.storage,
+            });
+        }
+    }
     let made = sqlx::query_as::<_, Made>(
         "WITH job AS (
-             SELECT id, tenant_id, webhook FROM extractions
-              WHERE id = $1 AND tenant_id = $2 AND status = 'succeeded' AND erased_at IS NULL
-                FOR SHARE),
+             SELECT id, tenant_id, webhook FROM extractions WHERE id = $1 AND tenant_id = $2),
          made AS (
              INSERT INTO field_corrections (extraction_id, tenant_id, field, value, key_id, reviewer)
              SELECT id, tenant_id, $3, $4, $5, $6 FROM job
@@ -105,21 +182,47 @@ pub async fn correct(pool: &PgPool, new: &NewCorrection<'_>) -> Result<Option<Ma
     .bind(new.value)
     .bind(new.key_id)
     .bind(new.reviewer)
-    .fetch_optional(pool)
+    .fetch_one(&mut *tx)
     .await?;
-    Ok(made)
+    tx.commit().await?;
+    Ok(Corrected::Made(made))
 }
 
-/// Every correction of job `id`, oldest first.
-pub async fn of_job(pool: &PgPool, id: Uuid) -> Result<Vec<Correction>, StoreError> {
+/// Most corrections one page of a listing holds.
+pub const MAX_PAGE: i64 = 1_000;
+
+/// Job `id`'s corrections after the one of id `after` (from the first
+/// without), oldest first, at most `limit`.
+pub async fn of_job(
+    pool: &PgPool,
+    id: Uuid,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<Correction>, StoreError> {
     let corrections = sqlx::query_as::<_, Correction>(
         "SELECT id, extraction_id, field, value, key_id, reviewer, corrected_at
-           FROM field_corrections WHERE extraction_id = $1 ORDER BY id",
+           FROM field_corrections WHERE extraction_id = $1 AND id > $2 ORDER BY id LIMIT $3",
     )
     .bind(id)
+    .bind(after)
+    .bind(limit.clamp(1, MAX_PAGE))
     .fetch_all(pool)
     .await?;
     Ok(corrections)
+}
+
+/// Every correction of job `id`, oldest first, page by page.
+pub async fn all_of_job(pool: &PgPool, id: Uuid) -> Result<Vec<Correction>, StoreError> {
+    let mut all = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |c: &Correction| c.id);
+        let page = of_job(pool, id, after, MAX_PAGE).await?;
+        let last = page.len() < MAX_PAGE as usize;
+        all.extend(page);
+        if last {
+            return Ok(all);
+        }
+    }
 }
 
 /// The jobs of tenant `tenant` with a correction, newest correction first,

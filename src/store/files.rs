@@ -160,8 +160,10 @@ pub async fn link<'e>(
     Ok(())
 }
 
-/// The bytes tenant `tenant` keeps: its files, and the documents its jobs
-/// read from them (`extraction_documents`), which can be many times larger.
+/// The bytes tenant `tenant` keeps: its files, the documents its jobs read
+/// from them (`extraction_documents`, one for each job, however many name
+/// the same file), which can be many times larger, and the values and
+/// names of its corrections.
 pub async fn stored_bytes<'e>(
     executor: impl PgExecutor<'e>,
     tenant: Uuid,
@@ -169,6 +171,9 @@ pub async fn stored_bytes<'e>(
     let bytes = sqlx::query_scalar(
         "SELECT ((SELECT COALESCE(sum(size), 0) FROM files WHERE tenant_id = $1)
                + (SELECT COALESCE(sum(size), 0) FROM extraction_documents WHERE tenant_id = $1)
+               + (SELECT COALESCE(sum(COALESCE(octet_length(value), 0)
+                                      + COALESCE(octet_length(reviewer), 0)), 0)
+                    FROM field_corrections WHERE tenant_id = $1)
                )::int8",
     )
     .bind(tenant)

@@ -1768,3 +1768,135 @@ async fn an_erase_racing_a_correction_leaves_neither_the_correction_nor_its_deli
     .unwrap();
     assert_eq!(left, (0, 0), "corrections and deliveries left after the erase");
 }
+
+/// Corrections are bounded: a field takes at most its cap, a job its own,
+/// a key its rate (429 with `Retry-After`), and their bytes count toward
+/// the tenant's storage quota, past which one is refused. The listing
+/// comes a page at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrections_are_capped_rated_counted_and_paged() {
+    let env = TestEnv::new("webhooks_correction_caps").await;
+    let port = free_port();
+    let limits = [
+        ("DOCSTREAM_MAX_CORRECTIONS_PER_FIELD", "3".to_owned()),
+        ("DOCSTREAM_MAX_CORRECTIONS_PER_JOB", "5".to_owned()),
+        ("DOCSTREAM_CORRECTIONS_PER_KEY_PER_MIN", "120".to_owned()),
+        ("DOCSTREAM_TENANT_MAX_FILE_BYTES", "1000".to_owned()),
+    ];
+    let base = with(&webhook_env(true), &limits);
+    let (api, _children) = a_healthy_pipeline(&env, &base, port, "correction_caps").await;
+    let succeeded = |job: Uuid| {
+        let (client, api) = (env.client(), api.clone());
+        async move {
+            wait_for("the job to succeed", Duration::from_secs(60), || {
+                let get = client.get(format!("{api}/v1/extractions/{job}")).send();
+                async move {
+                    let job: Value = get.await.map_err(|e| e.to_string())?.json().await.unwrap();
+                    (job["status"] == "succeeded").then_some(()).ok_or(job.to_string())
+                }
+            })
+            .await
+        }
+    };
+    let scopes = [docstream::domain::Scope::Read, docstream::domain::Scope::Review];
+    let reviewer = tenants::create_key(&env.pool, "default", &scopes).await.unwrap();
+    let correct = |key: String, job: Uuid, field: &'static str, value: String| {
+        let post = env
+            .client()
+            .post(format!("{api}/v1/extractions/{job}/fields/{field}/corrections"))
+            .bearer_auth(key)
+            .json(&json!({"value": value}));
+        async move {
+            let response = post.send().await.unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").is_some();
+            let body = response.json::<Value>().await.unwrap_or(Value::Null);
+            (status, body, retry_after)
+        }
+    };
+    let submit = || {
+        let post = env.client().post(format!("{api}/v1/extractions")).json(&sample_body(0));
+        async move {
+            let accepted: Value = post.send().await.unwrap().json().await.unwrap();
+            accepted["id"].as_str().unwrap().parse::<Uuid>().unwrap()
+        }
+    };
+    let job = submit().await;
+    succeeded(job).await;
+    let key = || reviewer.api_key.clone();
+
+    // The field's cap, then the job's.
+    for n in 0..3 {
+        let (status, body, _) = correct(key(), job, "total", format!("1{n}.00")).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body, _) = correct(key(), job, "total", "13.00".into()).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains("DOCSTREAM_MAX_CORRECTIONS_PER_FIELD"), "{body}");
+    for field in ["tax", "subtotal"] {
+        let (status, body, _) = correct(key(), job, field, "1.00".into()).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body, _) = correct(key(), job, "iban", "DE00".into()).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains("DOCSTREAM_MAX_CORRECTIONS_PER_JOB"), "{body}");
+
+    // A page at a time.
+    let list = |query: &str| {
+        let get = env
+            .client()
+            .get(format!("{api}/v1/extractions/{job}/corrections?{query}"))
+            .bearer_auth(reviewer.api_key.clone())
+            .send();
+        async move {
+            let response = get.await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, all) = list("").await;
+    assert_eq!((status, all.as_array().unwrap().len()), (200, 5), "{all}");
+    let mut pages = Vec::new();
+    let mut after = 0;
+    loop {
+        let (status, page) = list(&format!("after={after}&limit=2")).await;
+        assert_eq!(status, 200, "{page}");
+        let page = page.as_array().unwrap().clone();
+        pages.push(page.len());
+        match page.last() {
+            Some(last) if page.len() == 2 => after = last["id"].as_i64().unwrap(),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, [2, 2, 1]);
+    for refused in ["limit=0", "limit=1001", "after=-1", "page=2"] {
+        let (status, body) = list(refused).await;
+        assert_eq!(status, 400, "{refused}: {body}");
+    }
+
+    // The bytes count toward the quota (1000 bytes; no file here).
+    let tenant = docstream::store::tenants::DEFAULT_TENANT_ID;
+    let stored = docstream::store::files::stored_bytes(&env.pool, tenant).await.unwrap();
+    assert_eq!(stored, 3 * 5 + 2 * 4, "the five values' bytes");
+    let second = submit().await;
+    succeeded(second).await;
+    let (status, body, _) = correct(key(), second, "total", "x".repeat(900)).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body, retry_after) = correct(key(), second, "tax", "y".repeat(100)).await;
+    assert_eq!((status, retry_after), (429, true), "{body}");
+    assert!(body.to_string().contains("quota of 1000 bytes"), "{body}");
+
+    // A key's rate: 120 a minute, a burst of 12, whatever the answers.
+    let other = tenants::create_key(&env.pool, "default", &scopes).await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let (status, _, retry_after) =
+            correct(other.api_key.clone(), job, "nope", "1".into()).await;
+        assert_eq!(retry_after, status == 429);
+        statuses.push(status);
+    }
+    assert_eq!(statuses[..12], [422; 12], "{statuses:?}");
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // Another key's rate is its own.
+    let (status, body, _) = correct(key(), job, "nope", "1".into()).await;
+    assert_eq!(status, 422, "{body}");
+}
