@@ -236,6 +236,10 @@ impl From<SubmitError> for ApiError {
             | SubmitError::TakesNoFiles(_) => Self::Unprocessable(e.to_string()),
             SubmitError::Erased(_) => Self::Gone(e.to_string()),
             SubmitError::Store(e) => e.into(),
+            SubmitError::OverQuota { .. } => Self::TooManyRequests {
+                message: e.to_string(),
+                retry_after_s: 3600,
+            },
             SubmitError::TooManyOpenJobs(_) => Self::TooManyRequests {
                 message: e.to_string(),
                 retry_after_s: 1,

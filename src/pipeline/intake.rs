@@ -343,6 +343,11 @@ fn refusal(e: DurableSubmitError) -> HandlerError {
             kind: "erased",
             reason: e.to_string(),
         },
+        // Room comes back when the tenant deletes, in hours, not seconds.
+        DurableSubmitError::Submit(e @ SubmitError::OverQuota { .. }) => HandlerError::Poison {
+            kind: "over_quota",
+            reason: e.to_string(),
+        },
         DurableSubmitError::Submit(
             e @ (SubmitError::WebhookRefused(_)
             | SubmitError::UnknownExtractor(_)

@@ -37,6 +37,7 @@ use crate::failpoints;
 use crate::health::{Dependency, Health};
 use crate::kafka::PublishError;
 use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
+use crate::store::files::Touched;
 use crate::trace;
 use crate::webhook::Webhooks;
 use tracing::Instrument;
@@ -79,6 +80,9 @@ struct SubmitSettings {
     answer_bound: Duration,
     /// The request limits, for the patterns learned ahead of validation.
     limits: RequestLimits,
+    /// Bytes of files, documents and corrections a tenant may keep (0:
+    /// no quota): a job on a file keeps a document of its own.
+    file_quota: u64,
 }
 
 impl Submitter {
@@ -87,6 +91,7 @@ impl Submitter {
         let settings = SubmitSettings {
             answer_bound: settings.http_answer_timeout_s.get(),
             limits: settings.request_limits(),
+            file_quota: settings.tenant_max_file_bytes,
         };
         Self(Arc::new(Inner { parts, settings }))
     }
@@ -179,8 +184,11 @@ impl Submitter {
                 return Err(SubmitError::TakesNoFiles(name.to_owned()));
             }
             // Its last use is now: no collection deletes it under the new job.
-            if !store::files::touch(&parts.pool, new.tenant_id, file).await? {
-                return Err(SubmitError::NoSuchFile(file.clone()));
+            let quota = self.0.settings.file_quota;
+            match store::files::touch(&parts.pool, new.tenant_id, file, quota).await? {
+                Touched::Within => {}
+                Touched::Missing => return Err(SubmitError::NoSuchFile(file.clone())),
+                Touched::Over(used) => return Err(SubmitError::OverQuota { used, quota }),
             }
         }
         let naming = new

@@ -142,6 +142,16 @@ pub enum SubmitError {
     /// still be written (so retry with the same idempotency key).
     #[error("the database did not answer within {0:?}")]
     TimedOut(std::time::Duration),
+    /// The request names a file, and its tenant keeps as many bytes as its
+    /// quota allows: the job would keep another document of it. Nothing
+    /// was written.
+    #[error("the tenant keeps {used} bytes of files, of the documents its jobs read from them (one for each job) and of corrections: its quota is {quota} bytes (DOCSTREAM_TENANT_MAX_FILE_BYTES); erase jobs or let files go to submit more on files")]
+    OverQuota {
+        /// Bytes it keeps.
+        used: i64,
+        /// Its quota.
+        quota: u64,
+    },
     /// The tenant has as many jobs queued or running as its cap allows;
     /// nothing was written.
     #[error("the tenant has {0} jobs queued or running, its cap: retry once some have finished")]

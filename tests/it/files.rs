@@ -1292,6 +1292,30 @@ async fn a_jobs_kept_document_counts_against_its_tenants_quota() {
     assert!(message.contains("quota of 20000 bytes"), "{message}");
     let (status, body) = files.upload(pdf_of(3_000), "application/pdf", None).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // Each job on the file keeps a document of its own, counted each time:
+    // at the quota, another job on a file is refused, and one on JSON is not.
+    let document = docstream::domain::Document {
+        text: Some("word ".repeat(4_000)),
+        ..Default::default()
+    };
+    let filler = docstream::store::documents::keep(pool, (id, claim.token), &document);
+    assert!(filler.await.unwrap());
+    let stored = docstream::store::files::stored_bytes(pool, docstream::store::tenants::DEFAULT_TENANT_ID);
+    let stored = stored.await.unwrap();
+    assert!(stored >= 20_000, "{stored}");
+    let mut again = request.clone();
+    again["metadata"] = serde_json::json!({"n": "2"});
+    let (status, body) = files.submit(&again, None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("one for each job"), "{message}");
+    let json = serde_json::json!({
+        "document": {"text": "Invoice number: INV-2"},
+        "fields": [{"name": "number", "pattern": "INV-\\d+"}],
+    });
+    let (status, body) = files.submit(&json, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 }
 
 /// A multipart submit's `request` part is read only up to the API's body
