@@ -12,8 +12,8 @@ use aide::axum::ApiRouter;
 use aide::transform::TransformOperation;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::Uri;
 use axum::http::StatusCode;
+use axum::http::Uri;
 use axum::Json;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -98,7 +98,9 @@ async fn correct(
     }
     let rate = api.settings.corrections_per_key_per_min;
     let burst = (rate / 10).max(1);
-    let taken = api.correction_rates.take(caller.key_id, f64::from(rate) / 60.0, burst);
+    let taken = api
+        .correction_rates
+        .take(caller.key_id, f64::from(rate) / 60.0, burst);
     taken.map_err(|wait| ApiError::TooManyRequests {
         message: format!(
             "this key made {rate} corrections a minute here, as many as it may \

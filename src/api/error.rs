@@ -200,6 +200,7 @@ impl From<FileError> for ApiError {
             FileError::Database(e) => e.into(),
             FileError::NoUrl => Self::Unavailable(e.to_string()),
             FileError::Busy => Self::Overloaded(e.to_string()),
+            FileError::NotNow(_) => Self::Unavailable(e.to_string()),
             FileError::Quota { .. } => Self::TooManyRequests {
                 message: e.to_string(),
                 retry_after_s: 3600,

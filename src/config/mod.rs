@@ -241,8 +241,10 @@ settings! {
     /// The program a worker reads a PDF's words with, in a process of its
     /// own that is killed at the extraction deadline (so a parse that runs
     /// long gives its CPU slot back): it is run as `<program> read-pdf`.
-    /// Empty: this docstream binary. A wrapper (a script running `prlimit`
-    /// or a sandbox around docstream) may bound its memory too.
+    /// Empty: this docstream binary. It runs with an empty environment (a
+    /// wrapper, such as a sandbox around docstream, gets only `PATH`), in a
+    /// temporary folder of its own, its memory capped by
+    /// `DOCSTREAM_PDF_READER_MAX_MEMORY_BYTES`.
     pdf_reader: String = "", env "DOCSTREAM_PDF_READER";
     /// Most bytes of address space the PDF reader's process may use; past
     /// it the reader fails, and the file is refused (422 at the job).
@@ -281,8 +283,9 @@ settings! {
     /// good, naming the limit: a file of many slow pages cannot hold the
     /// deployment's OCR slots for its pages times their limit.
     ocr_job_timeout_s: Seconds = Seconds::new(300), env "DOCSTREAM_OCR_JOB_TIMEOUT_S", positive;
-    /// Most bytes of address space the OCR engine may use on a page; past
-    /// it the engine fails, and with it the attempt.
+    /// Most bytes of address space the OCR engine (and ImageMagick and
+    /// poppler beside it) may use on a page; past it the program fails, and
+    /// the job with it, for good: the same page would need as much again.
     ocr_max_memory_bytes: usize = 1_usize << 30, env "DOCSTREAM_OCR_MAX_MEMORY_BYTES", at_least(64 << 20);
     /// PDF pages one `serve` process may draw at once for people
     /// (`GET /v1/extractions/{id}/pages/{page}`, the console), each in a

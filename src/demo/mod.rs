@@ -302,7 +302,7 @@ async fn scans_of(ocr: &OcrSettings, files: Vec<samples::SampleFile>) -> anyhow:
     let mut scans = Vec::new();
     for file in files.into_iter().filter(|f| f.pages == 1) {
         let pdf = axum::body::Bytes::from_static(file.pdf);
-        let png = ocr.render(pdf, 1, SCAN_DPI).await;
+        let png = ocr.render(pdf, 1, SCAN_DPI, None).await;
         let png = png.with_context(|| {
             format!(
                 "scanning the sample {} (is poppler-utils installed?)",

@@ -42,10 +42,9 @@ const SCHEMA_SOURCES: [&str; 5] = [
 
 /// Earlier versions of the schemas, which records written before an upgrade
 /// carry: read only, never written.
-const HISTORY_SOURCES: [&str; 4] = [
+const HISTORY_SOURCES: [&str; 3] = [
     include_str!("../../schemas/history/ExtractionEvent.v1.avsc"),
     include_str!("../../schemas/history/ExtractionEvent.v2.avsc"),
-    include_str!("../../schemas/history/ExtractionEvent.v3.avsc"),
     include_str!("../../schemas/history/DeadLetter.v1.avsc"),
 ];
 
@@ -345,72 +344,6 @@ mod tests {
             written[2..HEADER_LEN],
             known::<ExtractionEvent>().fingerprint
         );
-    }
-
-    /// A correction as version 3 carried it, value included.
-    #[derive(Serialize)]
-    struct CorrectionV3 {
-        correction_id: i64,
-        field: String,
-        value: Option<String>,
-        key_id: String,
-        reviewer: Option<String>,
-    }
-
-    #[derive(Serialize)]
-    struct EventV3 {
-        extraction_id: String,
-        transition: String,
-        status: String,
-        bbox_status: Option<String>,
-        token: Option<i32>,
-        error: Option<String>,
-        reason: PublishReason,
-        published_at_ms: i64,
-        tenant_id: Option<String>,
-        correction: Option<CorrectionV3>,
-    }
-
-    #[test]
-    fn a_correction_written_under_version_3_decodes_without_its_value() {
-        let (name, v3) = &HISTORY[2];
-        assert_eq!(name, ExtractionEvent::NAME);
-        assert_ne!(v3.fingerprint, known::<ExtractionEvent>().fingerprint);
-        let old = EventV3 {
-            extraction_id: "5b0c".into(),
-            transition: "correct_field".into(),
-            status: "succeeded".into(),
-            bbox_status: None,
-            token: None,
-            error: None,
-            reason: PublishReason::Submit,
-            published_at_ms: 9,
-            tenant_id: None,
-            correction: Some(CorrectionV3 {
-                correction_id: 3,
-                field: "total".into(),
-                value: Some("a secret total".into()),
-                key_id: "k".into(),
-                reviewer: None,
-            }),
-        };
-        let value = apache_avro::to_value(&old)
-            .and_then(|value| value.resolve(&v3.schema))
-            .unwrap();
-        let mut bytes = SINGLE_OBJECT_MAGIC.to_vec();
-        bytes.extend_from_slice(&v3.fingerprint);
-        bytes.extend(
-            GenericDatumWriter::builder(&v3.schema)
-                .build()
-                .and_then(|writer| writer.write_value_to_vec(value))
-                .unwrap(),
-        );
-        let decoded = decode::<ExtractionEvent>(&bytes).unwrap();
-        let correction = decoded.correction.clone().unwrap();
-        assert_eq!((correction.correction_id, correction.field.as_str()), (3, "total"));
-        let written = encode(&decoded).unwrap();
-        let text = String::from_utf8_lossy(&written);
-        assert!(!text.contains("a secret total"), "the value is not written again");
     }
 
     #[test]

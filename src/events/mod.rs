@@ -121,6 +121,9 @@ pub struct FieldCorrection {
     pub correction_id: i64,
     /// The field's name.
     pub field: String,
+    /// Always null. The schema keeps the field, so a reader of it reads
+    /// every record; what the value is, the API says.
+    pub value: Option<String>,
     /// The API key that made it.
     #[schemars(with = "uuid::Uuid")]
     pub key_id: String,

@@ -69,7 +69,8 @@ impl Deadline {
 
     /// How long is left until it, if it comes.
     pub fn left(&self) -> Option<Duration> {
-        self.at.map(|at| at.saturating_duration_since(Instant::now()))
+        self.at
+            .map(|at| at.saturating_duration_since(Instant::now()))
     }
 
     /// The error of work past this deadline.

@@ -8,10 +8,13 @@
 //! - a private temporary folder, its working directory and `TMPDIR` (and
 //!   ImageMagick's), removed when the run ends, however it ends: a child
 //!   killed mid-page leaves nothing in `/tmp`;
-//! - its address space and CPU time capped (`prlimit`), killed at its time
+//! - its address space and CPU time capped (`prlimit`); in a process group
+//!   of its own, which is killed, whatever it started included, at its time
 //!   limit or when the future is dropped;
-//! - at most a cap of bytes read back from its standard output, and a few
-//!   kilobytes of its standard error: past the cap, it is killed.
+//! - at most a cap of bytes read back from its standard output (past it, it
+//!   is killed), and the last few kilobytes of its standard error kept (all
+//!   of it is read: a program that reports every flaw of a damaged file is
+//!   not stopped by a full pipe).
 //!
 //! The input goes in on standard input, the answer comes out on standard
 //! output.
@@ -40,11 +43,14 @@ pub struct Caps {
 pub enum Run {
     /// It ran past its time (or its CPU time).
     TimedOut,
-    /// It failed: its exit, and the last line it wrote to standard error.
+    /// It failed on its input: its exit, and the last line it wrote to
+    /// standard error.
     Failed(String),
     /// It wrote more than its cap of output.
     TooMuchOutput(usize),
-    /// It could not be started: a fault of this machine, not of the input.
+    /// It could not be started, was stopped from outside (SIGTERM, SIGINT,
+    /// SIGHUP: the machine shutting down), or its pipes failed: a fault of
+    /// this machine, not of the input.
     Unavailable(String),
 }
 
@@ -83,10 +89,13 @@ pub async fn run(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .kill_on_drop(true);
     let mut child = command
         .spawn()
         .map_err(|e| Run::Unavailable(format!("cannot run {}: {e}", program.display())))?;
+    // Dropped before `place`: the group is gone before its folder is.
+    let _group = Group(child.id());
     let mut stdin = child.stdin.take().expect("stdin is piped");
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -98,15 +107,17 @@ pub async fn run(
         let (_, out, err) = tokio::join!(
             write,
             read_within(stdout, caps.output),
-            read_within(stderr, STDERR_CAP)
+            read_tail(stderr, STDERR_CAP)
         );
+        let broken =
+            |e: std::io::Error| Run::Unavailable(format!("reading its answer failed: {e}"));
         match out {
             // Past the cap: killed (the child is dropped with the future
-            // below, and `kill_on_drop` ends it).
+            // below, and `kill_on_drop` and its group's guard end it).
             Err(Within::Past) => Err(Run::TooMuchOutput(caps.output)),
-            Err(Within::Io(e)) => Err(Run::Failed(e.to_string())),
+            Err(Within::Io(e)) => Err(broken(e)),
             Ok(out) => {
-                let status = child.wait().await.map_err(|e| Run::Failed(e.to_string()))?;
+                let status = child.wait().await.map_err(broken)?;
                 Ok((status, out, err.unwrap_or_default()))
             }
         }
@@ -129,8 +140,15 @@ pub async fn run(
     // prlimit runs the program in its own place: its exit is the program's.
     // Killed for its CPU time, it timed out.
     use std::os::unix::process::ExitStatusExt;
-    if status.signal() == Some(9) || status.signal() == Some(24) {
+    if status.signal() == Some(libc::SIGKILL) || status.signal() == Some(libc::SIGXCPU) {
         return Err(Run::TimedOut);
+    }
+    let outside = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+    if status.signal().is_some_and(|s| outside.contains(&s)) {
+        return Err(Run::Unavailable(format!(
+            "{} was stopped from outside ({status})",
+            program.display()
+        )));
     }
     if status.code() == Some(127) || said.contains("failed to execute") {
         return Err(Run::Unavailable(format!(
@@ -141,9 +159,39 @@ pub async fn run(
     Err(Run::Failed(format!("{status} ({said})")))
 }
 
+/// Kills a child's process group when dropped: what the program started
+/// goes with it.
+struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let group = self.0.and_then(|pid| i32::try_from(pid).ok());
+        if let Some(group) = group.and_then(rustix::process::Pid::from_raw) {
+            // A group already gone is ESRCH: nothing to do.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 enum Within {
     Past,
     Io(std::io::Error),
+}
+
+/// All of `from` read, the last `cap` bytes of it kept.
+async fn read_tail(mut from: impl AsyncRead + Unpin, cap: usize) -> std::io::Result<Vec<u8>> {
+    let mut kept = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = from.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(kept);
+        }
+        kept.extend_from_slice(&chunk[..n]);
+        if kept.len() > 2 * cap {
+            kept.drain(..kept.len() - cap);
+        }
+    }
 }
 
 /// All of `from`, unless it is more than `cap` bytes.
@@ -179,9 +227,15 @@ mod tests {
         // The test's own environment has HOME (and cargo's variables).
         assert!(std::env::var_os("HOME").is_some());
         let env = [("OMP_THREAD_LIMIT", OsString::from("1"))];
-        let out = run(Path::new("/bin/sh"), &sh("env; pwd"), &env, Bytes::new(), CAPS)
-            .await
-            .unwrap();
+        let out = run(
+            Path::new("/bin/sh"),
+            &sh("env; pwd"),
+            &env,
+            Bytes::new(),
+            CAPS,
+        )
+        .await
+        .unwrap();
         let out = String::from_utf8(out).unwrap();
         assert!(!out.contains("HOME=") && !out.contains("CARGO"), "{out}");
         assert!(out.contains("OMP_THREAD_LIMIT=1"), "{out}");
@@ -197,7 +251,8 @@ mod tests {
             time: Duration::from_millis(500),
             ..CAPS
         };
-        let marker = std::env::temp_dir().join(format!("docstream-child-probe-{}", std::process::id()));
+        let marker =
+            std::env::temp_dir().join(format!("docstream-child-probe-{}", std::process::id()));
         let script = format!("pwd > {}; touch left.tmp; exec sleep 30", marker.display());
         let ran = run(Path::new("/bin/sh"), &sh(&script), &[], Bytes::new(), caps).await;
         assert!(matches!(ran, Err(Run::TimedOut)), "{ran:?}");
@@ -217,7 +272,83 @@ mod tests {
         )
         .await;
         assert!(matches!(ran, Err(Run::TooMuchOutput(1024))), "{ran:?}");
-        let ran = run(Path::new("/bin/sh"), &sh("head -c 1024 /dev/zero"), &[], Bytes::new(), CAPS).await;
+        let ran = run(
+            Path::new("/bin/sh"),
+            &sh("head -c 1024 /dev/zero"),
+            &[],
+            Bytes::new(),
+            CAPS,
+        )
+        .await;
         assert_eq!(ran.unwrap().len(), 1024);
+    }
+
+    #[tokio::test]
+    async fn a_child_that_says_much_on_standard_error_is_not_stopped_by_it() {
+        let script = "head -c 1000000 /dev/zero | tr '\\0' x >&2; echo >&2; echo the last line >&2; echo done";
+        let ran = run(Path::new("/bin/sh"), &sh(script), &[], Bytes::new(), CAPS).await;
+        assert_eq!(ran.unwrap(), b"done\n");
+        let script =
+            "head -c 1000000 /dev/zero | tr '\\0' x >&2; echo >&2; echo the last line >&2; exit 3";
+        let ran = run(Path::new("/bin/sh"), &sh(script), &[], Bytes::new(), CAPS).await;
+        assert!(
+            matches!(&ran, Err(Run::Failed(why)) if why.contains("the last line")),
+            "{ran:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_stopped_from_outside_is_not_a_failure_of_its_input() {
+        let ran = run(
+            Path::new("/bin/sh"),
+            &sh("kill -TERM $$"),
+            &[],
+            Bytes::new(),
+            CAPS,
+        )
+        .await;
+        assert!(matches!(ran, Err(Run::Unavailable(_))), "{ran:?}");
+        let ran = run(
+            Path::new("/bin/sh"),
+            &sh("kill -SEGV $$"),
+            &[],
+            Bytes::new(),
+            CAPS,
+        )
+        .await;
+        assert!(matches!(ran, Err(Run::Failed(_))), "{ran:?}");
+    }
+
+    #[tokio::test]
+    async fn what_a_child_started_is_killed_with_it() {
+        let caps = Caps {
+            time: Duration::from_millis(500),
+            ..CAPS
+        };
+        let marker =
+            std::env::temp_dir().join(format!("docstream-child-group-{}", std::process::id()));
+        // A grandchild that would outlive its parent, and says its pid.
+        let script = format!("sleep 30 & echo $! > {}; wait", marker.display());
+        let ran = run(Path::new("/bin/sh"), &sh(&script), &[], Bytes::new(), caps).await;
+        assert!(matches!(ran, Err(Run::TimedOut)), "{ran:?}");
+        let pid: i32 = std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::fs::remove_file(&marker).unwrap();
+        let gone = || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z "))
+        };
+        let started = std::time::Instant::now();
+        while !gone() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the grandchild {pid} lives on"
+            );
+            tokio::task::yield_now().await;
+        }
     }
 }

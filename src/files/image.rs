@@ -379,6 +379,8 @@ pub(crate) mod tests {
         assert!(matches!(refused, Err(ImageError::TooWide { .. })));
         let wide = png_header(20_000, 1_000);
         let refused = pages(FileType::Png, &wide, &LIMITS).unwrap_err();
-        assert!(refused.to_string().contains("DOCSTREAM_OCR_MAX_SIDE_PIXELS"));
+        assert!(refused
+            .to_string()
+            .contains("DOCSTREAM_OCR_MAX_SIDE_PIXELS"));
     }
 }

@@ -139,6 +139,10 @@ pub enum FileError {
     /// The page cannot be drawn as an image.
     #[error("{0}")]
     NotDrawn(String),
+    /// The page could not be drawn now (its renderer could not run, or ran
+    /// past its time on a busy machine): retry shortly.
+    #[error("the page could not be drawn now: {0}; retry shortly")]
+    NotNow(String),
     /// Every slot to draw a page in is taken: retry shortly.
     #[error("this server is drawing as many pages as it may at once (DOCSTREAM_RENDER_SLOTS); retry shortly")]
     Busy,
@@ -201,6 +205,11 @@ impl Files {
                     // Resolved now: the binary may be replaced on disk while
                     // this process runs.
                     "" => std::env::current_exe().unwrap_or_else(|_| "docstream".into()),
+                    // A path made absolute: the reader runs in a folder of
+                    // its own. A bare name is looked up on the PATH.
+                    program if program.contains('/') => {
+                        std::path::absolute(program).unwrap_or_else(|_| program.into())
+                    }
                     program => PathBuf::from(program),
                 },
                 memory: settings.pdf_reader_max_memory_bytes as u64,

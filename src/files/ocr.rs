@@ -166,7 +166,7 @@ impl OcrSettings {
         let dpi = self.dpi_for(width, height);
         let what = format!("page {number} of the PDF");
         let read = async {
-            let png = self.render(pdf, number, dpi).await?;
+            let png = self.render(pdf, number, dpi, None).await?;
             let size = super::image::png_size(&png).unwrap_or_default();
             let before = (size.0 as f64, size.1 as f64);
             self.read_page(Bytes::from(png), ("png", 0, before), &what, number)
@@ -314,19 +314,32 @@ impl OcrSettings {
     }
 
     /// Page `number` (from 1) of the PDF `pdf` as a PNG at `dpi`, rendered
-    /// by poppler under the page's limits.
-    pub async fn render(&self, pdf: Bytes, number: usize, dpi: f64) -> Result<Vec<u8>, OcrError> {
+    /// by poppler under the page's limits; cropped to at most `most`
+    /// pixels across and down, when given (poppler then draws no more).
+    pub async fn render(
+        &self,
+        pdf: Bytes,
+        number: usize,
+        dpi: f64,
+        most: Option<(u64, u64)>,
+    ) -> Result<Vec<u8>, OcrError> {
         let what = format!("page {number} of the PDF");
-        let args = [
+        let mut args = vec![
             "-r".to_owned(),
             format!("{dpi:.2}"),
             "-f".to_owned(),
             number.to_string(),
             "-l".to_owned(),
             number.to_string(),
-            "-png".to_owned(),
-            "-".to_owned(),
         ];
+        if let Some((width, height)) = most {
+            let crop = [("-x", 0), ("-y", 0), ("-W", width), ("-H", height)];
+            args.extend(
+                crop.iter()
+                    .flat_map(|(flag, v)| [flag.to_string(), v.to_string()]),
+            );
+        }
+        args.extend(["-png".to_owned(), "-".to_owned()]);
         let caps = self.caps(self.image_output());
         match child::run(&self.pdftoppm, &args, &self.env(), pdf, caps).await {
             Ok(png) if png.is_empty() => Err(OcrError::Failed(format!("{what} does not exist"))),
@@ -378,7 +391,10 @@ impl OcrSettings {
         .map(str::to_owned);
         // A word's line of TSV is its place, confidence and text: a few
         // hundred bytes at most, with the block, paragraph and line rows.
-        let output = self.words_per_page.saturating_mul(512).saturating_add(1 << 20);
+        let output = self
+            .words_per_page
+            .saturating_mul(512)
+            .saturating_add(1 << 20);
         let caps = Caps {
             time: limit,
             ..self.caps(output)

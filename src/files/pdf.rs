@@ -108,11 +108,13 @@ pub fn check(bytes: &[u8], limits: &PdfLimits) -> Result<usize, PdfError> {
     checked(bytes, limits).map(|(_, pages)| pages.len())
 }
 
-/// [`check`], then the size of each page in points: its media box (the
-/// page's own or the nearest ancestor's, times its `UserUnit`), which
-/// holds whatever a renderer draws of it, so pixels counted from it are a
-/// bound on the pixels drawn. A page that names none is US Letter, as
-/// poppler draws it.
+/// [`check`], then the size of each page in points as it is drawn: its
+/// media box (the page's own or the nearest ancestor's, times its
+/// `UserUnit` when that is more than 1), turned by its `/Rotate`. What a
+/// renderer draws of a page is within it (its crop box is clipped to it),
+/// so pixels counted from it are a bound on the pixels drawn; a drawing
+/// is also cropped to it, in case a renderer reads the page otherwise. A
+/// page that names none is US Letter, as poppler draws it.
 pub fn page_sizes(bytes: &[u8], limits: &PdfLimits) -> Result<Vec<(f64, f64)>, PdfError> {
     let (pdf, pages) = checked(bytes, limits)?;
     Ok(pages.values().map(|&page| media_size(&pdf, page)).collect())
@@ -159,13 +161,18 @@ fn media_size(pdf: &Pdf, page: ObjectId) -> (f64, f64) {
         Object::Real(r) => Some(f64::from(r)),
         _ => None,
     };
-    let mut unit = None;
+    let page = pdf.get_dictionary(page).ok();
+    // Not inherited; a unit under 1 would make the count smaller than a
+    // renderer that ignores it draws.
+    let unit = page.and_then(|p| p.get(b"UserUnit").ok()).and_then(number);
+    let unit = unit.filter(|u| u.is_finite() && *u > 1.0).unwrap_or(1.0);
+    let mut rotate = None;
     let mut size = None;
-    let mut at = pdf.get_dictionary(page).ok();
+    let mut at = page;
     for _ in 0..MAX_TREE_DEPTH {
         let Some(dict) = at else { break };
-        if unit.is_none() {
-            unit = dict.get(b"UserUnit").ok().and_then(number);
+        if rotate.is_none() {
+            rotate = dict.get(b"Rotate").ok().and_then(number);
         }
         if size.is_none() {
             let corners = dict.get(b"MediaBox").ok().and_then(resolved);
@@ -175,15 +182,20 @@ fn media_size(pdf: &Pdf, page: ObjectId) -> (f64, f64) {
                 size = Some(((x1 - x0).abs(), (y1 - y0).abs()));
             }
         }
-        if unit.is_some() && size.is_some() {
+        if rotate.is_some() && size.is_some() {
             break;
         }
         let parent = dict.get(b"Parent").ok().and_then(|p| p.as_reference().ok());
         at = parent.and_then(|id| pdf.get_dictionary(id).ok());
     }
-    let unit = unit.filter(|u| u.is_finite() && *u > 0.0).unwrap_or(1.0);
-    let (width, height) = size.filter(|(w, h)| w.is_finite() && h.is_finite()).unwrap_or(LETTER);
-    (width * unit, height * unit)
+    let (width, height) = size
+        .filter(|(w, h)| w.is_finite() && h.is_finite())
+        .unwrap_or(LETTER);
+    let quarter_turns = (rotate.unwrap_or(0.0) / 90.0).round().rem_euclid(4.0);
+    match quarter_turns == 1.0 || quarter_turns == 3.0 {
+        true => (height * unit, width * unit),
+        false => (width * unit, height * unit),
+    }
 }
 
 /// The words of the PDF `bytes`, page by page, once [`check`] passed.

@@ -6,10 +6,10 @@
 use axum::body::Bytes;
 use uuid::Uuid;
 
+use super::drawn::DRAWN_DPI;
 use super::image::{self, ImageLimits};
 use super::ocr::{OcrError, OcrSettings};
 use super::pdf::{self, PdfError, PdfLimits};
-use super::drawn::DRAWN_DPI;
 use super::{text_within, FileError, FileType, Files};
 use crate::config::Settings;
 use crate::domain::Document;
@@ -28,7 +28,9 @@ impl Files {
         index: usize,
     ) -> Result<(&'static str, Bytes), FileError> {
         let file = self.get(tenant, id).await?;
-        let kind = file.ok_or_else(|| FileError::Missing(id.to_owned()))?.content_type;
+        let kind = file
+            .ok_or_else(|| FileError::Missing(id.to_owned()))?
+            .content_type;
         match kind {
             FileType::Png | FileType::Jpeg if index > 0 => Err(FileError::NoPage(index)),
             FileType::Png => Ok((kind.as_str(), self.read(tenant, id).await?.1)),
@@ -50,7 +52,12 @@ impl Files {
     /// Page `index` of the PDF `id` as a PNG: kept from an earlier request,
     /// or drawn now in a slot of this process's (refused when none is
     /// free), on a task of its own that keeps what it drew.
-    async fn pdf_page_image(&self, tenant: Uuid, id: &str, index: usize) -> Result<Bytes, FileError> {
+    async fn pdf_page_image(
+        &self,
+        tenant: Uuid,
+        id: &str,
+        index: usize,
+    ) -> Result<Bytes, FileError> {
         let key = (tenant, id.to_owned(), index);
         let drawings = &self.0.drawings;
         if let Some(png) = drawings.cached(&key) {
@@ -65,12 +72,17 @@ impl Files {
             Ok(png)
         });
         let drawn = drawn.await;
-        drawn.map_err(|e| FileError::NotDrawn(format!("drawing the page failed: {e}")))?
+        drawn.map_err(|e| FileError::NotNow(format!("drawing the page failed: {e}")))?
     }
 
     /// Renders page `index` of tenant `tenant`'s PDF `id`, checked as an
     /// upload is, at [`DRAWN_DPI`] or lower to stay within the pixel cap.
-    async fn draw_pdf_page(&self, tenant: Uuid, id: &str, index: usize) -> Result<Bytes, FileError> {
+    async fn draw_pdf_page(
+        &self,
+        tenant: Uuid,
+        id: &str,
+        index: usize,
+    ) -> Result<Bytes, FileError> {
         let (_, bytes) = self.read(tenant, id).await?;
         let (pdf, limits) = (bytes.clone(), self.0.read.pdf);
         let sized = tokio::task::spawn_blocking(move || pdf::page_sizes(&pdf, &limits)).await;
@@ -86,10 +98,22 @@ impl Files {
                 ocr.max_pixels
             )));
         }
-        let png = ocr.render(bytes, index + 1, dpi).await;
-        let png = png.map_err(|e| FileError::NotDrawn(e.to_string()))?;
+        let most = (pixels_of(width, dpi), pixels_of(height, dpi));
+        let png = ocr.render(bytes, index + 1, dpi, Some(most)).await;
+        let png = png.map_err(|e| match e {
+            // The machine's, not the page's: another try may draw it.
+            OcrError::Unavailable(_) | OcrError::TimedOut { .. } => {
+                FileError::NotNow(e.to_string())
+            }
+            e => FileError::NotDrawn(e.to_string()),
+        })?;
         Ok(Bytes::from(png))
     }
+}
+
+/// Pixels across `points` at `dpi`, and one for rounding.
+fn pixels_of(points: f64, dpi: f64) -> u64 {
+    (points * dpi / 72.0).ceil() as u64 + 1
 }
 
 /// What a file may hold to be read as a document.
@@ -262,7 +286,9 @@ pub async fn document_apart(
     match kind {
         FileType::Pdf => {
             // Killed at the deadline by the caller; never alive past a day.
-            let time = deadline.left().unwrap_or(std::time::Duration::from_secs(86_400));
+            let time = deadline
+                .left()
+                .unwrap_or(std::time::Duration::from_secs(86_400));
             let read = pdf::apart::words(reader, bytes, &limits.pdf, time).await;
             pdf_reading(read, deadline)
         }

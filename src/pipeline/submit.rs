@@ -23,7 +23,9 @@
 //! (`document.object`) its tenant does not have.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
 
 use sqlx::PgPool;
 
@@ -37,7 +39,6 @@ use crate::failpoints;
 use crate::health::{Dependency, Health};
 use crate::kafka::PublishError;
 use crate::store::{self, Extraction, NewExtraction, StoreError, SubmitError, Submitted};
-use crate::store::files::Touched;
 use crate::trace;
 use crate::webhook::Webhooks;
 use tracing::Instrument;
@@ -50,7 +51,18 @@ pub struct Submitter(Arc<Inner>);
 struct Inner {
     parts: Parts,
     settings: SubmitSettings,
+    /// The bytes each tenant kept when last summed here, and when.
+    stored: std::sync::Mutex<std::collections::HashMap<Uuid, (i64, Instant)>>,
 }
+
+/// How long a tenant's summed bytes are taken as they were: the sum runs
+/// over all its files, documents and corrections, so a burst of submits on
+/// files runs it once, not each time. The quota may be passed by what one
+/// such window of submits stores.
+const STORED_FOR: Duration = Duration::from_secs(5);
+
+/// Most tenants whose sums a process keeps.
+const STORED_TENANTS: usize = 10_000;
 
 /// What a submit uses.
 pub struct Parts {
@@ -93,7 +105,11 @@ impl Submitter {
             limits: settings.request_limits(),
             file_quota: settings.tenant_max_file_bytes,
         };
-        Self(Arc::new(Inner { parts, settings }))
+        Self(Arc::new(Inner {
+            parts,
+            settings,
+            stored: Default::default(),
+        }))
     }
 }
 
@@ -184,12 +200,10 @@ impl Submitter {
                 return Err(SubmitError::TakesNoFiles(name.to_owned()));
             }
             // Its last use is now: no collection deletes it under the new job.
-            let quota = self.0.settings.file_quota;
-            match store::files::touch(&parts.pool, new.tenant_id, file, quota).await? {
-                Touched::Within => {}
-                Touched::Missing => return Err(SubmitError::NoSuchFile(file.clone())),
-                Touched::Over(used) => return Err(SubmitError::OverQuota { used, quota }),
+            if !store::files::touch(&parts.pool, new.tenant_id, file).await? {
+                return Err(SubmitError::NoSuchFile(file.clone()));
             }
+            self.within_quota(new.tenant_id).await?;
         }
         let naming = new
             .request
@@ -215,6 +229,34 @@ impl Submitter {
             }
         }
         Ok(submitted)
+    }
+
+    /// Refuses a job on a file when its tenant keeps as many bytes as its
+    /// quota allows (each such job keeps a document of its own, counted
+    /// each time), from a sum at most [`STORED_FOR`] old.
+    async fn within_quota(&self, tenant: Uuid) -> Result<(), SubmitError> {
+        let quota = self.0.settings.file_quota;
+        if quota == 0 {
+            return Ok(());
+        }
+        let lock = || self.0.stored.lock().unwrap_or_else(|e| e.into_inner());
+        let recent = lock().get(&tenant).copied();
+        let used = match recent {
+            Some((used, at)) if at.elapsed() < STORED_FOR => used,
+            _ => {
+                let used = store::files::stored_bytes(&self.0.parts.pool, tenant).await?;
+                let mut stored = lock();
+                if stored.len() >= STORED_TENANTS {
+                    stored.clear();
+                }
+                stored.insert(tenant, (used, Instant::now()));
+                used
+            }
+        };
+        match u64::try_from(used).unwrap_or(0) >= quota {
+            true => Err(SubmitError::OverQuota { used, quota }),
+            false => Ok(()),
+        }
     }
 
     /// The second half of a submit: a new job's `extraction.submitted` event,

@@ -345,7 +345,9 @@ impl ExtractionWorker {
             async move {
                 use std::sync::atomic::Ordering::Relaxed;
                 let ocr = ocr.expect("scans are read only with OCR on");
-                let left = ocr.job_timeout.saturating_sub(Duration::from_millis(spent.load(Relaxed)));
+                let left = ocr
+                    .job_timeout
+                    .saturating_sub(Duration::from_millis(spent.load(Relaxed)));
                 if left.is_zero() {
                     return Err(files::ocr_budget_spent(ocr.job_timeout));
                 }
@@ -353,10 +355,15 @@ impl ExtractionWorker {
                 // a backstop a little past it, and the job's what is left.
                 let budget = (ocr.page_timeout + Duration::from_secs(1)).min(left);
                 let _slot = parts.extractors.ocr_slot(job.lane).await;
-                let started = std::time::Instant::now();
-                let read = |_| files::read_scan(ocr, bytes, &scan, &mut reading);
+                // Timed from when the CPU pool's slot is held: the wait for
+                // it is not the job's reading.
+                let started = std::sync::OnceLock::new();
+                let read = |_| {
+                    let _ = started.set(Instant::now());
+                    files::read_scan(ocr, bytes, &scan, &mut reading)
+                };
                 let read = parts.cpu.run_apart(budget, read).await;
-                let took = started.elapsed();
+                let took = started.get().map(Instant::elapsed).unwrap_or_default();
                 spent.fetch_add(u64::try_from(took.as_millis()).unwrap_or(u64::MAX), Relaxed);
                 match read {
                     Err(ExtractError::DeadlineExceeded(_)) if budget == left => {

@@ -124,52 +124,20 @@ pub async fn collect_unrecorded(
     Ok(collected)
 }
 
-/// What [`touch`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Touched {
-    /// The tenant has no such file.
-    Missing,
-    /// Marked as used now; the tenant is within its quota.
-    Within,
-    /// The tenant keeps this many bytes, its quota or more: a new job on
-    /// the file would store another document past it.
-    Over(i64),
-}
-
 /// Marks tenant `tenant`'s file `sha256` as used now (a job about to name
-/// it), and with a `quota` (0: none) tells whether the tenant keeps that
-/// many bytes already ([`stored_bytes`]): each job keeps a document of its
-/// own, counted each time, so a tenant at its quota gets no new job on a
-/// file. The sums run only when there is a quota.
+/// it); false when the tenant has no such file.
 pub async fn touch<'e>(
     executor: impl PgExecutor<'e>,
     tenant: Uuid,
     sha256: &str,
-    quota: u64,
-) -> Result<Touched, StoreError> {
-    let (touched, used): (bool, i64) = sqlx::query_as(
-        "WITH touched AS (
-             UPDATE files SET last_used_at = now() WHERE tenant_id = $1 AND sha256 = $2
-             RETURNING 1)
-         SELECT EXISTS (SELECT 1 FROM touched),
-                CASE WHEN $3 THEN
-                    ((SELECT COALESCE(sum(size), 0) FROM files WHERE tenant_id = $1)
-                   + (SELECT COALESCE(sum(size), 0) FROM extraction_documents WHERE tenant_id = $1)
-                   + (SELECT COALESCE(sum(COALESCE(octet_length(value), 0)
-                                          + COALESCE(octet_length(reviewer), 0)), 0)
-                        FROM field_corrections WHERE tenant_id = $1))::int8
-                ELSE 0 END",
-    )
-    .bind(tenant)
-    .bind(sha256)
-    .bind(quota > 0)
-    .fetch_one(executor)
-    .await?;
-    Ok(match touched {
-        false => Touched::Missing,
-        true if quota > 0 && u64::try_from(used).unwrap_or(0) >= quota => Touched::Over(used),
-        true => Touched::Within,
-    })
+) -> Result<bool, StoreError> {
+    let touched =
+        sqlx::query("UPDATE files SET last_used_at = now() WHERE tenant_id = $1 AND sha256 = $2")
+            .bind(tenant)
+            .bind(sha256)
+            .execute(executor)
+            .await?;
+    Ok(touched.rows_affected() == 1)
 }
 
 /// Records that job `job` names tenant `tenant`'s file `sha256` (again:

@@ -56,7 +56,7 @@ pub const ERASED_LETTER: &str = "erased on request with the extraction of its id
 /// the transition `erase`.
 ///
 /// The job's row is locked first, in a statement of its own: a correction
-/// that share-locked it ([`super::corrections::correct`]) has committed by
+/// that locked it first ([`super::corrections::correct`]) has committed by
 /// then, and the erasing statement, which reads the database afresh, sees
 /// its rows and deletes them. In one statement, what a correction wrote
 /// after the statement began would be left behind.

@@ -42,8 +42,15 @@ fn made(coder: &str, size: &str, frames: usize) -> Vec<u8> {
     for _ in 0..frames {
         convert.args(["-size", size, "xc:white"]);
     }
-    let out = convert.arg(format!("{coder}:-")).output().expect("ImageMagick's convert");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = convert
+        .arg(format!("{coder}:-"))
+        .output()
+        .expect("ImageMagick's convert");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }
 
@@ -71,7 +78,11 @@ fn decoded(coder: &str, bytes: &[u8]) -> Option<Vec<(u64, u64)>> {
 
 /// The entries of a little-endian TIFF's first directory: their offsets.
 fn tiff_entries(tiff: &[u8]) -> Vec<usize> {
-    assert_eq!(&tiff[..4], b"II*\0", "ImageMagick writes little-endian TIFFs here");
+    assert_eq!(
+        &tiff[..4],
+        b"II*\0",
+        "ImageMagick writes little-endian TIFFs here"
+    );
     let ifd = u32::from_le_bytes(tiff[4..8].try_into().unwrap()) as usize;
     let count = u16::from_le_bytes(tiff[ifd..ifd + 2].try_into().unwrap()) as usize;
     (0..count).map(|i| ifd + 2 + i * 12).collect()
@@ -85,7 +96,18 @@ fn tiff_mutant(tiff: &[u8], dice: &mut Dice) -> Vec<u8> {
     let mut out = tiff.to_vec();
     let entries = tiff_entries(tiff);
     let at = entries[dice.below(entries.len())];
-    let sizes = [0u32, 1, 30, 40, 255, 16_000, 16_001, 65_535, 70_000, 1 << 31];
+    let sizes = [
+        0u32,
+        1,
+        30,
+        40,
+        255,
+        16_000,
+        16_001,
+        65_535,
+        70_000,
+        1 << 31,
+    ];
     match dice.below(5) {
         0 => {
             let tag: u16 = [256, 257][dice.below(2)];
@@ -149,7 +171,11 @@ fn what_the_header_check_passes_the_decoder_reads_at_the_same_size() {
     ];
     let mut passed = 0;
     for (kind, coder, base, header) in &bases {
-        assert_eq!(agree(*kind, coder, base), Ok(true), "{coder}: the image as made");
+        assert_eq!(
+            agree(*kind, coder, base),
+            Ok(true),
+            "{coder}: the image as made"
+        );
         for n in 0..MUTANTS {
             let mutant = match kind {
                 FileType::Tiff => tiff_mutant(base, &mut dice),
@@ -185,5 +211,8 @@ fn a_tiff_that_names_its_width_twice_is_refused_whichever_comes_first() {
     twice[second + 4..second + 8].copy_from_slice(&1u32.to_le_bytes());
     twice[second + 8..second + 12].copy_from_slice(&60_000u32.to_le_bytes());
     let refused = image::pages(FileType::Tiff, &twice, &LIMITS).unwrap_err();
-    assert!(refused.to_string().contains("ImageWidth more than once"), "{refused}");
+    assert!(
+        refused.to_string().contains("ImageWidth more than once"),
+        "{refused}"
+    );
 }

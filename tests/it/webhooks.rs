@@ -1617,6 +1617,7 @@ async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered(
     assert_eq!(announced.len(), 1, "{events:?}");
     let correction = announced[0].correction.as_ref().unwrap();
     assert_eq!(correction.field, "total");
+    assert_eq!(correction.value, None, "the value stays off Kafka");
     assert_eq!(correction.reviewer.as_deref(), Some("Ada"));
 
     // Erasing the job erases its corrections.
@@ -1635,7 +1636,10 @@ async fn a_correction_is_stored_beside_the_value_logged_published_and_delivered(
     assert_eq!(left, 0);
     let extracted = extracted["value"].as_str().unwrap().to_owned();
     let found = records_holding(&env, &[&secret, &extracted]);
-    assert!(found.is_empty(), "values of an erased job on Kafka: {found:?}");
+    assert!(
+        found.is_empty(),
+        "values of an erased job on Kafka: {found:?}"
+    );
 }
 
 /// Every record of every topic of the test's (all docstream wrote) that
@@ -1691,18 +1695,22 @@ async fn an_erase_racing_a_correction_leaves_neither_the_correction_nor_its_deli
     let job = submit(&env, &api, &receiver.url).await.unwrap();
     wait_delivered(&env.pool, "delivered", 1, Duration::from_secs(60)).await;
     let pool = &env.pool;
-    wait_for("the job's bbox refinement to end", Duration::from_secs(60), || async move {
-        let bbox: Option<String> =
-            sqlx::query_scalar("SELECT bbox_status::text FROM extractions WHERE id = $1")
-                .bind(job)
-                .fetch_one(pool)
-                .await
-                .unwrap();
-        match bbox.as_deref() {
-            None | Some("succeeded" | "failed") => Ok(()),
-            Some(other) => Err(other.to_owned()),
-        }
-    })
+    wait_for(
+        "the job's bbox refinement to end",
+        Duration::from_secs(60),
+        || async move {
+            let bbox: Option<String> =
+                sqlx::query_scalar("SELECT bbox_status::text FROM extractions WHERE id = $1")
+                    .bind(job)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            match bbox.as_deref() {
+                None | Some("succeeded" | "failed") => Ok(()),
+                Some(other) => Err(other.to_owned()),
+            }
+        },
+    )
     .await;
     sqlx::raw_sql(
         "CREATE FUNCTION held_correction() RETURNS trigger LANGUAGE plpgsql AS
@@ -1745,7 +1753,10 @@ async fn an_erase_racing_a_correction_leaves_neither_the_correction_nor_its_deli
         if held > 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "the correction never ran");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the correction never ran"
+        );
         tokio::task::yield_now().await;
     }
     let erased = env
@@ -1766,7 +1777,11 @@ async fn an_erase_racing_a_correction_leaves_neither_the_correction_nor_its_deli
     .fetch_one(&env.pool)
     .await
     .unwrap();
-    assert_eq!(left, (0, 0), "corrections and deliveries left after the erase");
+    assert_eq!(
+        left,
+        (0, 0),
+        "corrections and deliveries left after the erase"
+    );
 }
 
 /// Corrections are bounded: a field takes at most its cap, a job its own,
@@ -1792,18 +1807,27 @@ async fn corrections_are_capped_rated_counted_and_paged() {
                 let get = client.get(format!("{api}/v1/extractions/{job}")).send();
                 async move {
                     let job: Value = get.await.map_err(|e| e.to_string())?.json().await.unwrap();
-                    (job["status"] == "succeeded").then_some(()).ok_or(job.to_string())
+                    (job["status"] == "succeeded")
+                        .then_some(())
+                        .ok_or(job.to_string())
                 }
             })
             .await
         }
     };
-    let scopes = [docstream::domain::Scope::Read, docstream::domain::Scope::Review];
-    let reviewer = tenants::create_key(&env.pool, "default", &scopes).await.unwrap();
+    let scopes = [
+        docstream::domain::Scope::Read,
+        docstream::domain::Scope::Review,
+    ];
+    let reviewer = tenants::create_key(&env.pool, "default", &scopes)
+        .await
+        .unwrap();
     let correct = |key: String, job: Uuid, field: &'static str, value: String| {
         let post = env
             .client()
-            .post(format!("{api}/v1/extractions/{job}/fields/{field}/corrections"))
+            .post(format!(
+                "{api}/v1/extractions/{job}/fields/{field}/corrections"
+            ))
             .bearer_auth(key)
             .json(&json!({"value": value}));
         async move {
@@ -1815,7 +1839,10 @@ async fn corrections_are_capped_rated_counted_and_paged() {
         }
     };
     let submit = || {
-        let post = env.client().post(format!("{api}/v1/extractions")).json(&sample_body(0));
+        let post = env
+            .client()
+            .post(format!("{api}/v1/extractions"))
+            .json(&sample_body(0));
         async move {
             let accepted: Value = post.send().await.unwrap().json().await.unwrap();
             accepted["id"].as_str().unwrap().parse::<Uuid>().unwrap()
@@ -1832,14 +1859,22 @@ async fn corrections_are_capped_rated_counted_and_paged() {
     }
     let (status, body, _) = correct(key(), job, "total", "13.00".into()).await;
     assert_eq!(status, 409, "{body}");
-    assert!(body.to_string().contains("DOCSTREAM_MAX_CORRECTIONS_PER_FIELD"), "{body}");
+    assert!(
+        body.to_string()
+            .contains("DOCSTREAM_MAX_CORRECTIONS_PER_FIELD"),
+        "{body}"
+    );
     for field in ["tax", "subtotal"] {
         let (status, body, _) = correct(key(), job, field, "1.00".into()).await;
         assert_eq!(status, 201, "{body}");
     }
     let (status, body, _) = correct(key(), job, "iban", "DE00".into()).await;
     assert_eq!(status, 409, "{body}");
-    assert!(body.to_string().contains("DOCSTREAM_MAX_CORRECTIONS_PER_JOB"), "{body}");
+    assert!(
+        body.to_string()
+            .contains("DOCSTREAM_MAX_CORRECTIONS_PER_JOB"),
+        "{body}"
+    );
 
     // A page at a time.
     let list = |query: &str| {
@@ -1850,7 +1885,10 @@ async fn corrections_are_capped_rated_counted_and_paged() {
             .send();
         async move {
             let response = get.await.unwrap();
-            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
         }
     };
     let (status, all) = list("").await;
@@ -1875,7 +1913,9 @@ async fn corrections_are_capped_rated_counted_and_paged() {
 
     // The bytes count toward the quota (1000 bytes; no file here).
     let tenant = docstream::store::tenants::DEFAULT_TENANT_ID;
-    let stored = docstream::store::files::stored_bytes(&env.pool, tenant).await.unwrap();
+    let stored = docstream::store::files::stored_bytes(&env.pool, tenant)
+        .await
+        .unwrap();
     assert_eq!(stored, 3 * 5 + 2 * 4, "the five values' bytes");
     let second = submit().await;
     succeeded(second).await;
@@ -1886,7 +1926,9 @@ async fn corrections_are_capped_rated_counted_and_paged() {
     assert!(body.to_string().contains("quota of 1000 bytes"), "{body}");
 
     // A key's rate: 120 a minute, a burst of 12, whatever the answers.
-    let other = tenants::create_key(&env.pool, "default", &scopes).await.unwrap();
+    let other = tenants::create_key(&env.pool, "default", &scopes)
+        .await
+        .unwrap();
     let mut statuses = Vec::new();
     for _ in 0..20 {
         let (status, _, retry_after) =

@@ -79,6 +79,8 @@ impl Jobs {
         event.correction = Some(FieldCorrection {
             correction_id: correction.id,
             field: correction.field.clone(),
+            // Never the value: the record outlives an erase.
+            value: None,
             key_id: correction.key_id.to_string(),
             reviewer: correction.reviewer.clone(),
         });

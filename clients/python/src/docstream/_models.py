@@ -484,6 +484,7 @@ class FieldCorrection(Model):
     __schema__: ClassVar[str | None] = "FieldCorrection"
     correction_id: int
     field: str
+    value: str | None
     key_id: str
     reviewer: str | None
 
