@@ -13,6 +13,11 @@
 #   scripts/services.sh up --postgres-standby [--sync]
 #                                also a streaming standby of Postgres on 55433
 #                                (synchronous with --sync, else asynchronous)
+#   scripts/services.sh up --secure
+#                                also a second broker and Postgres that take TLS only:
+#                                SASL_SSL (SCRAM-SHA-512) on 59096, SSL with client
+#                                certificates on 59098, Postgres with ssl=on on 55434,
+#                                and a test CA in .services/tls (scripts/services/secure.sh)
 #   scripts/services.sh promote-postgres-standby
 #                                make the standby a primary (failover tests)
 #   scripts/services.sh down     stop everything, keep data
@@ -115,6 +120,8 @@ proc_alive() {
 }
 
 log() { printf '[services] %s\n' "$*" >&2; }
+# shellcheck source=scripts/services/secure.sh
+source "$REPO/scripts/services/secure.sh"
 die() { log "ERROR: $*"; exit 1; }
 
 # --------------------------------------------------------------------------
@@ -884,6 +891,7 @@ print_env() {
     # and `up --postgres-standby` the standby.
     echo "export DOCSTREAM_TEST_KAFKA_CLUSTER=$(cluster_bootstrap)"
     echo "export DOCSTREAM_TEST_PG_STANDBY=$HOST:$PG_STANDBY_PORT"
+    secure_print_env
 }
 
 # --------------------------------------------------------------------------
@@ -896,7 +904,7 @@ print_env() {
 reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports
     [ -w "$file" ] || return 0
-    local ours="$PG_PORT,$PG_STANDBY_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT" i
+    local ours="$PG_PORT,$PG_STANDBY_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT,$(secure_ports)" i
     for i in $(seq 1 "$CLUSTER_NODES"); do ours="$ours,$(node_port "$i"),$(node_ctrl_port "$i")"; done
     local current; current="$(cat "$file")"
     echo "${current:+$current,}$ours" > "$file" 2>/dev/null \
@@ -907,7 +915,7 @@ reserve_ports() {
 # `--kafka-nodes 3`) and STANDBY (none, async with `--postgres-standby`, sync
 # with `--postgres-standby --sync`).
 parse_args() {
-    KAFKA_NODES=1 STANDBY=none
+    KAFKA_NODES=1 STANDBY=none SECURE=0
     local sync=0
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -919,6 +927,7 @@ parse_args() {
                 shift ;;
             --postgres-standby) STANDBY=async ;;
             --sync) sync=1 ;;
+            --secure) SECURE=1 ;;
             *) die "unknown argument: $1" ;;
         esac
         shift
@@ -942,6 +951,9 @@ cmd_up() {
         pg_sync_off_without_a_standby
     else
         standby_up "$STANDBY"
+    fi
+    if [ "$SECURE" = 1 ]; then
+        secure_up
     fi
     if [ "$KAFKA_NODES" = 1 ]; then
         kafka_up
@@ -968,6 +980,7 @@ cmd_down() {
     fi
     cluster_down
     [ "$KAFKA_NODES" = 1 ] || return 0
+    secure_down
     kafka_down
     if [ -e "$PG_LINK" ] && PG_BIN="$(pg_bindir)"; then
         standby_paths
@@ -984,6 +997,9 @@ cmd_status() {
         if standby_running; then
             echo "postgres standby: up ($HOST:$PG_STANDBY_PORT$([ -f "$STANDBY_DATA/standby.signal" ] || echo ", promoted"))"
         fi
+    fi
+    if broker_pid "$SECURE_KAFKA_CONF" "$SECURE_KAFKA_PID" >/dev/null; then
+        echo "secured kafka: up ($SECURE_NAME:$SECURE_KAFKA_PORT SASL_SSL, $SECURE_NAME:$SECURE_KAFKA_MTLS_PORT SSL)"
     fi
     if kafka_status; then echo "kafka:    up   ($HOST:$KAFKA_PORT, pid $(kafka_pid))"; else echo "kafka:    down"; rc=3; fi
     if [ -d "$CLUSTER_DIR" ]; then

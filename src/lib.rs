@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod ops;
 pub mod outbound;
 pub mod pipeline;
+pub mod preflight;
 pub mod provider;
 pub mod quota;
 pub mod roles;

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use docstream::config::Settings;
 use docstream::roles::{self, Mix};
-use docstream::{failpoints, kafka, ops, store, trace};
+use docstream::{failpoints, kafka, ops, preflight, store, trace};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -215,6 +215,7 @@ async fn run_once(
 ) -> anyhow::Result<()> {
     match command {
         Command::Migrate => {
+            preflight::check_postgres(&settings.database_url, preflight::PATIENCE).await?;
             let pool = store::connect(&settings.database_url, 2).await?;
             store::migrate(&pool).await?;
             println!("migrations applied");
@@ -282,6 +283,7 @@ async fn run_once(
 /// `docstream topics`: creates the topics that are missing and says what it
 /// found.
 async fn topics(settings: &Settings) -> anyhow::Result<()> {
+    preflight::check_kafka(&settings.kafka(), preflight::PATIENCE).await?;
     let (replication, outcomes) = kafka::admin::create_topics(settings).await?;
     for (topic, outcome) in outcomes {
         println!(

@@ -53,6 +53,9 @@ pub enum RoleError {
     /// A listener could not be bound, or a socket failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// Kafka or Postgres refused the credentials or certificates given.
+    #[error(transparent)]
+    Refused(#[from] crate::preflight::Refused),
     /// An HTTP client (webhooks, extractors, file fetches) could not be built.
     #[error(transparent)]
     Http(#[from] reqwest::Error),
@@ -221,6 +224,7 @@ impl Process {
 /// outage comes up not ready, and becomes ready when the probes reach both
 /// (see [`run`]).
 pub async fn connect(settings: Settings) -> Result<Process, RoleError> {
+    crate::preflight::check(&settings).await?;
     let metrics = Metrics::new();
     let health = Health::new(metrics.clone());
     let pool = store::connect_lazy(
@@ -231,7 +235,7 @@ pub async fn connect(settings: Settings) -> Result<Process, RoleError> {
     metrics.register(Box::new(crate::metrics::PoolCollector::new(pool.clone())));
     let publish_timeout = settings.publish_timeout_s.get();
     let publisher = Publisher::new(
-        &settings.kafka_brokers,
+        &settings.kafka(),
         publish_timeout,
         (settings.publisher_queue_size, settings.publisher_linger_ms),
         settings.kafka_statistics_interval_ms(),

@@ -114,11 +114,11 @@ async fn replay_claimed(
     (topic, partition, offset): (String, i32, i64),
 ) -> Result<Json<Replayed>, ApiError> {
     let pool = &api.pool;
-    let brokers = api.consumers.brokers().to_owned();
+    let kafka = api.consumers.kafka().clone();
     let read = {
         let topic = topic.clone();
         tokio::task::spawn_blocking(move || {
-            TopicReader::new(&brokers)?.read_one(&topic, partition, offset)
+            TopicReader::new(&kafka)?.read_one(&topic, partition, offset)
         })
     };
     // A read that panicked is answered as one the broker did not answer.
@@ -141,7 +141,7 @@ async fn replay_claimed(
     let value = rdkafka::Message::payload(&original)
         .unwrap_or_default()
         .to_vec();
-    match produce_copy(api.consumers.brokers(), &topic, &original, &value).await {
+    match produce_copy(api.consumers.kafka(), &topic, &original, &value).await {
         Ok(place) => {
             letters::finish_replay(pool, id, Some(place)).await?;
             Ok(Json(Replayed {

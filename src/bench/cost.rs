@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -151,12 +151,12 @@ async fn statements(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
 /// Records and key + value bytes on every topic of `settings` (fresh topics,
 /// so all of it was produced by the phase).
 async fn kafka_footprint(settings: &Settings) -> anyhow::Result<(u64, u64)> {
-    let brokers = settings.kafka_brokers.clone();
+    let kafka = settings.kafka();
     let topics: Vec<String> = topic_specs(settings).into_iter().map(|t| t.name).collect();
     tokio::task::spawn_blocking(move || {
         let mut totals = (0, 0);
         for topic in &topics {
-            let (records, bytes) = read_sizes(&brokers, topic)?;
+            let (records, bytes) = read_sizes(&kafka, topic)?;
             totals = (totals.0 + records, totals.1 + bytes);
         }
         Ok(totals)
@@ -165,9 +165,9 @@ async fn kafka_footprint(settings: &Settings) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Reads `topic` from the beginning to its end: (records, key + value bytes).
-fn read_sizes(brokers: &str, topic: &str) -> anyhow::Result<(u64, u64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+fn read_sizes(kafka: &docstream::config::KafkaClient, topic: &str) -> anyhow::Result<(u64, u64)> {
+    let consumer: BaseConsumer = kafka
+        .config()
         .set("group.id", "docstream-bench-footprint")
         .set("enable.auto.commit", "false")
         .create()?;

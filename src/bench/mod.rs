@@ -37,7 +37,6 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::demo::sample_requests;
@@ -671,9 +670,7 @@ impl Scratch {
 }
 
 async fn delete_topics(settings: &Settings) {
-    let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
-        .set("bootstrap.servers", &settings.kafka_brokers)
-        .create();
+    let admin: Result<AdminClient<DefaultClientContext>, _> = settings.kafka().config().create();
     let Ok(admin) = admin else { return };
     let names: Vec<String> = topic_specs(settings).into_iter().map(|t| t.name).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();

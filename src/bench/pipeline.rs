@@ -300,7 +300,7 @@ async fn spawn_stable_workers(
             bbox_workers,
         ),
     ];
-    wait_groups_stable(&rig.settings.kafka_brokers, &groups, &mut procs).await?;
+    wait_groups_stable(&rig.settings.kafka(), &groups, &mut procs).await?;
     Ok(procs)
 }
 
@@ -856,14 +856,12 @@ pub(super) async fn wait_all_done(
 /// every one of them assigned something (classic protocol: the group's state
 /// and each member's assignment, as the coordinator reports them).
 async fn wait_groups_stable(
-    brokers: &str,
+    kafka: &docstream::config::KafkaClient,
     groups: &[(String, usize)],
     procs: &mut [Proc],
 ) -> anyhow::Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let client: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
+    let client: BaseConsumer = kafka.config().create()?;
     let client = std::sync::Arc::new(client);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{RequestLimits, ResultLimits, Stage};
 
 mod extractors;
+mod kafka;
 mod rules;
 mod types;
 
@@ -22,6 +23,10 @@ use rules::{
 };
 pub use types::{
     canonical, AllowList, Backpressure, ConfigError, Described, GroupProtocol, Seconds,
+};
+
+pub use kafka::{
+    redact as redact_kafka, KafkaClient, KafkaProperties, GUARDED as GUARDED_KAFKA_PROPERTIES,
 };
 
 pub use extractors::{
@@ -44,6 +49,44 @@ pub const MAX_API_KEY_CACHE_S: f64 = 5.0;
 /// number as at most this.
 pub const MAX_PAGES: usize = 65_535;
 
+/// The settings that hold secrets. Each may instead be read from a file
+/// named by the same variable with `_FILE` added (`DATABASE_URL_FILE`), as
+/// container platforms mount secrets; a final newline is dropped.
+pub const SECRET_SETTINGS: &[&str] = &[
+    "DATABASE_URL",
+    "DOCSTREAM_KAFKA_SASL_PASSWORD",
+    "DOCSTREAM_KAFKA_OAUTH_CLIENT_SECRET",
+    "DOCSTREAM_FILES_S3_SECRET_ACCESS_KEY",
+    "DOCSTREAM_CALLBACK_SECRET",
+];
+
+/// The secret settings given as files: each variable with its file's content.
+fn secret_files(
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<std::collections::HashMap<&'static str, String>, ConfigError> {
+    let mut found = std::collections::HashMap::new();
+    for var in SECRET_SETTINGS {
+        let file_var = format!("{var}_FILE");
+        let Some(path) = lookup(&file_var) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::File {
+            path: path.clone(),
+            reason: format!("{file_var}: {e}"),
+        })?;
+        let value = text.strip_suffix('\n').unwrap_or(&text);
+        let value = value.strip_suffix('\r').unwrap_or(value);
+        // A child started with its parent's settings has both, alike.
+        if lookup(var).is_some_and(|given| given != value) {
+            return Err(ConfigError::Invalid(format!(
+                "{var} and {file_var} are both set, differently: keep one"
+            )));
+        }
+        found.insert(*var, value.to_owned());
+    }
+    Ok(found)
+}
+
 /// Declares the settings once: field, type, default, variable, and the
 /// rules of the one setting (see [`rules`]); `#[section = "…"]` starts a
 /// heading of the manual's tables. It generates the struct, its defaults,
@@ -61,11 +104,20 @@ macro_rules! settings {
             /// `DOCSTREAM_EXTRACTORS` and `DOCSTREAM_EXTRACTOR_<NAME>_…`).
             /// None by default: the built-in `rules` extractor needs no setting.
             pub extractors: std::collections::BTreeMap<String, ExtractorSettings>,
+            /// The Kafka clients' properties, read from
+            /// `DOCSTREAM_KAFKA_PROPERTIES_FILE` and the secret settings when
+            /// the settings are loaded ([`Settings::load_kafka_properties`]).
+            #[serde(skip)]
+            pub kafka_properties: KafkaProperties,
         }
 
         impl Default for Settings {
             fn default() -> Self {
-                Self { $( $field: $default.into(), )* extractors: Default::default() }
+                Self {
+                    $( $field: $default.into(), )*
+                    extractors: Default::default(),
+                    kafka_properties: KafkaProperties::default(),
+                }
             }
         }
 
@@ -132,6 +184,18 @@ settings! {
     database_url: String = "postgres://docstream:docstream@127.0.0.1:55432/docstream", env "DATABASE_URL";
     /// Kafka bootstrap servers. Default: the broker `scripts/services.sh` starts.
     kafka_brokers: String = "127.0.0.1:59092", env "DOCSTREAM_KAFKA_BROKERS";
+    /// A file of librdkafka properties (`key=value` lines, as Kafka's tools
+    /// read) given to every Kafka client: `security.protocol`, `sasl.*`,
+    /// `ssl.*`. Those docstream's guarantees rest on (offset storing and
+    /// commits, `acks`, idempotence, the group's protocol and timing) are
+    /// refused. Default: none, a plaintext connection.
+    kafka_properties_file: String = "", env "DOCSTREAM_KAFKA_PROPERTIES_FILE";
+    /// `sasl.password`, when not in the properties file (a secret: or
+    /// `DOCSTREAM_KAFKA_SASL_PASSWORD_FILE`).
+    kafka_sasl_password: String = "", env "DOCSTREAM_KAFKA_SASL_PASSWORD";
+    /// `sasl.oauthbearer.client.secret` (OAUTHBEARER over OIDC), when not in the
+    /// properties file (a secret: or `DOCSTREAM_KAFKA_OAUTH_CLIENT_SECRET_FILE`).
+    kafka_oauth_client_secret: String = "", env "DOCSTREAM_KAFKA_OAUTH_CLIENT_SECRET";
     /// Prepended to every topic and consumer-group name, so several deployments (or
     /// test runs) share one cluster without seeing each other. Default: none.
     topic_prefix: String = "", env "DOCSTREAM_TOPIC_PREFIX";
@@ -795,9 +859,28 @@ impl Settings {
                  --secret <it> --overlap-s 0`, then unset the variable"
             )));
         }
-        settings.apply_env(lookup)?;
+        let secrets = secret_files(lookup)?;
+        settings.apply_env(&|var| secrets.get(var).cloned().or_else(|| lookup(var)))?;
+        settings.load_kafka_properties()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Reads `DOCSTREAM_KAFKA_PROPERTIES_FILE` and the Kafka secrets again:
+    /// after changing them on loaded settings.
+    pub fn load_kafka_properties(&mut self) -> Result<(), ConfigError> {
+        self.kafka_properties = KafkaProperties::load(
+            &self.kafka_properties_file,
+            &self.kafka_sasl_password,
+            &self.kafka_oauth_client_secret,
+        )?;
+        Ok(())
+    }
+
+    /// How this process's Kafka clients connect: the brokers and the
+    /// properties loaded with the settings.
+    pub fn kafka(&self) -> KafkaClient {
+        KafkaClient::new(self.kafka_brokers.clone(), self.kafka_properties.clone())
     }
 
     fn from_file(path: &Path) -> Result<Self, ConfigError> {
@@ -882,6 +965,58 @@ mod tests {
         Settings::load_from(None, &move |name| {
             vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
+    }
+
+    #[test]
+    fn a_secret_setting_reads_from_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("url");
+        std::fs::write(&file, "postgres://u:p4ss@db/x\n").unwrap();
+        let path = file.to_str().unwrap();
+        let s = load(&[("DATABASE_URL_FILE", path)]).unwrap();
+        assert_eq!(s.database_url, "postgres://u:p4ss@db/x");
+        let alike = load(&[
+            ("DATABASE_URL_FILE", path),
+            ("DATABASE_URL", "postgres://u:p4ss@db/x"),
+        ]);
+        assert!(alike.is_ok());
+        let e = load(&[
+            ("DATABASE_URL_FILE", path),
+            ("DATABASE_URL", "postgres://other"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("DATABASE_URL and DATABASE_URL_FILE"), "{e}");
+        assert!(!e.contains("p4ss"), "{e}");
+        let missing = load(&[("DOCSTREAM_KAFKA_SASL_PASSWORD_FILE", "/nonexistent/pw")])
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("/nonexistent/pw"), "{missing}");
+    }
+
+    #[test]
+    fn a_kafka_properties_file_reaches_every_client_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("client.properties");
+        std::fs::write(
+            &file,
+            "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=u\n",
+        )
+        .unwrap();
+        let s = load(&[
+            ("DOCSTREAM_KAFKA_PROPERTIES_FILE", file.to_str().unwrap()),
+            ("DOCSTREAM_KAFKA_SASL_PASSWORD", "pw"),
+        ])
+        .unwrap();
+        let config = s.kafka().config();
+        assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(config.get("sasl.password"), Some("pw"));
+        assert_eq!(config.get("bootstrap.servers"), Some("127.0.0.1:59092"));
+        std::fs::write(&file, "enable.auto.commit=true\n").unwrap();
+        let e = load(&[("DOCSTREAM_KAFKA_PROPERTIES_FILE", file.to_str().unwrap())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("enable.auto.commit is docstream's"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -37,9 +36,7 @@ pub enum TopicsError {
 pub async fn create_topics(
     settings: &Settings,
 ) -> Result<(Replication, Vec<(TopicSpec, TopicOutcome)>), TopicsError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &settings.kafka_brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = settings.kafka().config().create()?;
     let metadata = admin
         .inner()
         .fetch_metadata(None, std::time::Duration::from_secs(30))?;

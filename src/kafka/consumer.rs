@@ -53,7 +53,7 @@ use super::offsets::{Ticket, TopicPartition};
 use super::passing::Arrival;
 use super::publisher::Publisher;
 use super::record::Record;
-use crate::config::GroupProtocol;
+use crate::config::{GroupProtocol, KafkaClient};
 use crate::domain::schedule::{Scheduler, Weights};
 use crate::domain::{Lane, Priority};
 use crate::events::{CodecError, DeadLetter, Source};
@@ -142,7 +142,7 @@ pub trait RecordHandler: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct ConsumerSpec {
     /// Bootstrap servers.
-    pub brokers: String,
+    pub kafka: KafkaClient,
     /// Consumer group.
     pub group: String,
     /// Topic to consume.
@@ -850,9 +850,8 @@ fn queue_bound(spec: &ConsumerSpec) -> usize {
 }
 
 fn client_config(spec: &ConsumerSpec) -> ClientConfig {
-    let mut config = ClientConfig::new();
+    let mut config = spec.kafka.config();
     config
-        .set("bootstrap.servers", &spec.brokers)
         .set("group.id", &spec.group)
         // Offsets are stored by us, after delivery; librdkafka commits what is stored.
         .set("enable.auto.offset.store", "false")

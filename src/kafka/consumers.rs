@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::consumer::{ConsumerError, ConsumerRuntime, ConsumerSpec, RecordHandler};
 use super::Publisher;
-use crate::config::Settings;
+use crate::config::{KafkaClient, Settings};
 use crate::domain::schedule::Weights;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -40,7 +40,7 @@ impl Consumers {
         (metrics, health): (Metrics, Health),
     ) -> Self {
         let template = ConsumerSpec {
-            brokers: settings.kafka_brokers.clone(),
+            kafka: settings.kafka(),
             group: String::new(),
             topic: String::new(),
             dlq_topic: settings.topic(&settings.topic_dlq),
@@ -91,8 +91,8 @@ impl Consumers {
     }
 
     /// The bootstrap servers.
-    pub fn brokers(&self) -> &str {
-        &self.0.template.brokers
+    pub fn kafka(&self) -> &KafkaClient {
+        &self.0.template.kafka
     }
 
     /// The largest number of records a consumer has in flight.
@@ -151,7 +151,15 @@ mod tests {
         let limits = (settings.publisher_queue_size, settings.publisher_linger_ms);
         let second = std::time::Duration::from_secs(1);
         let (m, h) = (metrics.clone(), health.clone());
-        let publisher = Publisher::new("127.0.0.1:1", second, limits, 0, m, h).unwrap();
+        let publisher = Publisher::new(
+            &KafkaClient::plaintext("127.0.0.1:1"),
+            second,
+            limits,
+            0,
+            m,
+            h,
+        )
+        .unwrap();
         let consumers = Consumers::new(&settings, Weights::default(), publisher, (metrics, health));
         let passes = |topic: &str| consumers.spec("g", topic).pass_full_lanes;
         assert!(passes(&settings.topic_submitted));

@@ -25,16 +25,15 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{KafkaClient, Settings};
 
 /// The producer settings without which an acknowledged record can be lost
 /// (`acks`) or written twice by a retry (`enable.idempotence`).
 pub const PRODUCER_SETTINGS: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
 
-/// A producer's configuration on `brokers` with [`PRODUCER_SETTINGS`].
-pub fn producer_config(brokers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers);
+/// A producer's configuration for `kafka` with [`PRODUCER_SETTINGS`].
+pub fn producer_config(kafka: &KafkaClient) -> ClientConfig {
+    let mut config = kafka.config();
     for (key, value) in PRODUCER_SETTINGS {
         config.set(key, value);
     }
@@ -181,9 +180,7 @@ impl Survey {
 /// Reads the cluster's brokers and the replication of docstream's topics
 /// (those that exist).
 pub async fn survey(settings: &Settings) -> Result<Survey, KafkaError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &settings.kafka_brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = settings.kafka().config().create()?;
     let timeout = Duration::from_secs(10);
     let metadata = admin.inner().fetch_metadata(None, timeout)?;
     let wanted: Vec<String> = super::topics::topic_specs(settings)
@@ -313,12 +310,12 @@ mod tests {
 
     #[test]
     fn a_producer_without_acks_all_or_idempotence_is_refused() {
-        assert!(check_producer(&producer_config("b:1")).is_ok());
-        let mut one = producer_config("b:1");
+        assert!(check_producer(&producer_config(&KafkaClient::plaintext("b:1"))).is_ok());
+        let mut one = producer_config(&KafkaClient::plaintext("b:1"));
         one.set("acks", "1");
         let e = check_producer(&one).unwrap_err().to_string();
         assert!(e.contains("acks=1 (needs all)"), "{e}");
-        let mut minus_one = producer_config("b:1");
+        let mut minus_one = producer_config(&KafkaClient::plaintext("b:1"));
         minus_one.set("acks", "-1");
         assert!(check_producer(&minus_one).is_ok());
         let mut bare = ClientConfig::new();

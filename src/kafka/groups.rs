@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
+use crate::config::KafkaClient;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
@@ -32,18 +32,18 @@ pub enum Carried {
 /// commits of its own. Blocking (up to a few `timeout`s): call it off the
 /// async runtime.
 pub fn carry_over(
-    brokers: &str,
+    kafka: &KafkaClient,
     topic: &str,
     old: &str,
     new: &str,
     timeout: Duration,
 ) -> Result<Carried, KafkaError> {
-    let to = outside_member(brokers, new)?;
+    let to = outside_member(kafka, new)?;
     let partitions = partitions(&to, topic, timeout)?;
     if !committed(&to, &partitions, timeout)?.is_empty() {
         return Ok(Carried::AlreadyCommitted);
     }
-    let from = outside_member(brokers, old)?;
+    let from = outside_member(kafka, old)?;
     let offsets = committed(&from, &partitions, timeout)?;
     if offsets.is_empty() {
         return Ok(Carried::NothingToCarry);
@@ -57,9 +57,9 @@ pub fn carry_over(
 }
 
 /// A client of `group` that commits and reads commits but never joins it.
-fn outside_member(brokers: &str, group: &str) -> Result<BaseConsumer, KafkaError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+fn outside_member(kafka: &KafkaClient, group: &str) -> Result<BaseConsumer, KafkaError> {
+    kafka
+        .config()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
@@ -103,8 +103,13 @@ fn committed(
 /// past the group's committed offset (past the oldest retained record where
 /// it committed nothing). Read from outside the group, like
 /// [`carry_over`]; blocking, so call it off the async runtime.
-pub fn lag(brokers: &str, group: &str, topic: &str, timeout: Duration) -> Result<i64, KafkaError> {
-    let consumer = outside_member(brokers, group)?;
+pub fn lag(
+    kafka: &KafkaClient,
+    group: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<i64, KafkaError> {
+    let consumer = outside_member(kafka, group)?;
     let partitions = partitions(&consumer, topic, timeout)?;
     let committed = committed(&consumer, &partitions, timeout)?;
     let mut lag = 0;

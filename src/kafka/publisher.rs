@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use super::context::Reporting;
 use super::lane;
+use crate::config::KafkaClient;
 use crate::domain::Lane;
 use crate::events::{encode, CodecError, Event};
 use crate::health::{Dependency, Health};
@@ -161,14 +162,14 @@ impl Publisher {
     /// `statistics_interval_ms` (0: never). Must be called inside a Tokio
     /// runtime.
     pub fn new(
-        brokers: &str,
+        kafka: &KafkaClient,
         timeout: Duration,
         (queue_size, linger_ms): (usize, f64),
         statistics_interval_ms: u64,
         metrics: Metrics,
         health: Health,
     ) -> Result<Self, KafkaError> {
-        let mut config = super::durability::producer_config(brokers);
+        let mut config = super::durability::producer_config(kafka);
         config
             .set("linger.ms", linger_ms.to_string())
             .set("message.timeout.ms", timeout.as_millis().to_string())

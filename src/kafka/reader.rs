@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
+use crate::config::KafkaClient;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
@@ -34,9 +34,9 @@ pub enum ReadError {
 
 impl TopicReader {
     /// A reader on `brokers` (no group, nothing committed).
-    pub fn new(brokers: &str) -> Result<Self, KafkaError> {
-        let consumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+    pub fn new(kafka: &KafkaClient) -> Result<Self, KafkaError> {
+        let consumer = kafka
+            .config()
             .set("group.id", "docstream-operator-reader")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -121,12 +121,12 @@ impl TopicReader {
 /// `topic` on `brokers`; where it went. A producer of its own, idempotent:
 /// replays are rare, and this keeps them out of the pipeline's producers.
 pub async fn produce_copy(
-    brokers: &str,
+    kafka: &KafkaClient,
     topic: &str,
     original: &OwnedMessage,
     value: &[u8],
 ) -> Result<(i32, i64), KafkaError> {
-    let config = super::durability::producer_config(brokers);
+    let config = super::durability::producer_config(kafka);
     super::durability::check_producer(&config)?;
     let producer: FutureProducer = config.create()?;
     let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(value);

@@ -113,7 +113,7 @@ pub async fn dlq(
     pool: &PgPool,
     command: DlqCommand,
 ) -> Result<String, OpsError> {
-    let reader = TopicReader::new(&settings.kafka_brokers)?;
+    let reader = TopicReader::new(&settings.kafka())?;
     let dlq_topic = settings.topic(&settings.topic_dlq);
     match command {
         DlqCommand::List {
@@ -294,7 +294,7 @@ async fn replay(
     if !row.claim(pool, edit.is_some(), &topic).await? {
         refuse!("letter {id} is being replayed by someone else right now");
     }
-    let produced = produce_copy(&settings.kafka_brokers, &topic, &original, &value).await;
+    let produced = produce_copy(&settings.kafka(), &topic, &original, &value).await;
     let (partition, offset) = match produced {
         Ok(place) => place,
         Err(e) => {

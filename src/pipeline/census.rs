@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use sqlx::PgPool;
 
-use crate::config::Settings;
+use crate::config::{KafkaClient, Settings};
 use crate::domain::Priority;
 use crate::health::{Dependency, Health};
 use crate::metrics::CensusMetrics;
@@ -229,7 +229,7 @@ impl Lags {
 /// The consumer groups whose lag the census reads, each on its topic, and
 /// the brokers that know it.
 struct LagSource {
-    brokers: String,
+    kafka: KafkaClient,
     groups: [(String, String); 3],
     /// How long each request may take: a census interval, up to 5 s (a read
     /// under way when the process stops holds its exit up for that long).
@@ -245,7 +245,7 @@ impl LagSource {
         ]
         .map(|(group, topic)| (settings.group(group), settings.topic(topic)));
         LagSource {
-            brokers: settings.kafka_brokers.clone(),
+            kafka: settings.kafka(),
             groups,
             timeout: settings.census_interval_s.get().min(Duration::from_secs(5)),
         }
@@ -253,11 +253,11 @@ impl LagSource {
 
     /// A read of each group's lag (blocking), to run off the runtime.
     fn read(&self) -> impl FnOnce() -> Result<serde_json::Value, rdkafka::error::KafkaError> {
-        let (brokers, groups, timeout) = (self.brokers.clone(), self.groups.clone(), self.timeout);
+        let (kafka, groups, timeout) = (self.kafka.clone(), self.groups.clone(), self.timeout);
         move || {
             let mut lags = Vec::new();
             for (group, topic) in groups {
-                let lag = crate::kafka::groups::lag(&brokers, &group, &topic, timeout)?;
+                let lag = crate::kafka::groups::lag(&kafka, &group, &topic, timeout)?;
                 lags.push(serde_json::json!({"group": group, "topic": topic, "lag": lag}));
             }
             Ok(lags.into())

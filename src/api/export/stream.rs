@@ -356,10 +356,10 @@ async fn carry_legacy_group(api: &Api, group: &GroupName) -> Result<(), String> 
         consumers.name(&group.kafka(prefix)),
     );
     let topic = consumers.name(&settings.events_topic);
-    let brokers = consumers.brokers().to_owned();
+    let kafka = consumers.kafka().clone();
     let carry = {
         let (old, new) = (old.clone(), new.clone());
-        move || groups::carry_over(&brokers, &topic, &old, &new, CARRY_TIMEOUT)
+        move || groups::carry_over(&kafka, &topic, &old, &new, CARRY_TIMEOUT)
     };
     let carried = tokio::task::spawn_blocking(carry)
         .await
