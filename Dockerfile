@@ -7,9 +7,11 @@
 # ---- build ------------------------------------------------------------------
 FROM rust:1-bookworm AS builder
 # librdkafka (built from source by rdkafka-sys) needs a C toolchain, make, perl,
-# pkg-config and zlib; cmake for the cmake-build variant of rdkafka-sys.
+# pkg-config and zlib; cmake for the cmake-build variant of rdkafka-sys; and
+# Debian's OpenSSL and libcurl for TLS, SASL and OAUTHBEARER's token requests.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake pkg-config perl zlib1g-dev \
+    libssl-dev libcurl4-openssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Sources, migrations (embedded by sqlx::migrate!) and Avro schemas.
@@ -22,8 +24,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # ---- runtime ----------------------------------------------------------------
 FROM debian:bookworm-slim
 # curl: container healthchecks (GET /healthz).  ca-certificates: TLS brokers/DBs.
+# libssl3 and libcurl4: librdkafka's TLS and OIDC token requests, linked at build.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates curl libssl3 libcurl4 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home docstream \
  && install -d -o docstream -g docstream /var/lib/docstream/files

@@ -42,6 +42,8 @@ source scripts/lib/deny.sh
 source scripts/lib/browser.sh
 source scripts/lib/book.sh
 prepare
+# The secured broker and Postgres of tests/it/secure.rs (TLS only).
+bash scripts/services.sh up --secure
 ensure_toxiproxy
 ensure_s3
 ensure_pypdf

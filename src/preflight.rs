@@ -85,7 +85,10 @@ impl Witness {
 
 impl ClientContext for Witness {
     fn error(&self, error: KafkaError, reason: &str) {
-        let refusal = kafka_refusal(&error);
+        // A TLS alert from the broker (a client certificate it does not
+        // accept, say) reaches librdkafka as a failed receive: still a refusal.
+        let refusal =
+            kafka_refusal(&error) || (reason.contains("SSL routines") && reason.contains("alert"));
         let hint = match error.rdkafka_error_code() {
             Some(RDKafkaErrorCode::SSL) => {
                 " (is ssl.ca.location the CA that signed the broker's certificate, and does \

@@ -1,5 +1,5 @@
 # Sourced by the scripts that build and run: `prepare` makes sure the Rust
-# toolchain and the C build tools librdkafka needs are present (installing the
+# toolchain and the C build tools and libraries librdkafka needs are present (installing the
 # latter from Debian's packages when missing), and the programs workers read
 # scans with (Tesseract 5 with its English and orientation models, poppler's
 # pdftoppm, ImageMagick's convert, util-linux's prlimit) and the sample scans are made with
@@ -20,6 +20,11 @@ ensure_build_tools() {
     command -v perl >/dev/null 2>&1 || missing+=(perl)
     command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
     [ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+    # librdkafka's TLS and SASL (Debian's OpenSSL), and the libcurl its
+    # OAUTHBEARER token requests use.
+    pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+    pkg-config --exists libcurl 2>/dev/null || missing+=(libcurl4-openssl-dev)
+    command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing build tools: ${missing[*]}" >&2
         apt-get update -qq

@@ -28,6 +28,7 @@ mod openapi;
 mod pipeline_e2e;
 mod reference;
 mod scheduling;
+mod secure;
 mod store_transitions;
 mod tenancy;
 mod trace_context;

@@ -9,12 +9,11 @@ use docstream::domain::Scope;
 use docstream::store;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 use sqlx::{AssertSqlSafe, PgPool};
 
 #[cfg(feature = "docker")]
 use super::docker;
-use super::kafka::wait_topic_ready;
+use super::kafka::wait_topic_ready_on;
 
 /// One test's isolated world.
 pub struct TestEnv {
@@ -81,8 +80,23 @@ impl TestEnv {
     }
 
     async fn build(name: &str, adjust: impl FnOnce(&mut Settings), kafka: bool) -> Self {
-        let mut settings = Settings::load_from(None, &|var| std::env::var(var).ok())
+        let settings = Settings::load_from(None, &|var| std::env::var(var).ok())
             .expect("settings from the environment");
+        Self::build_on(settings, name, adjust, kafka).await
+    }
+
+    /// Like [`TestEnv::new`], on `settings` the test loaded itself (its own
+    /// Postgres and brokers): a database and topics of its own there.
+    pub async fn on(settings: Settings, name: &str) -> Self {
+        Self::build_on(settings, name, |_| {}, true).await
+    }
+
+    async fn build_on(
+        mut settings: Settings,
+        name: &str,
+        adjust: impl FnOnce(&mut Settings),
+        kafka: bool,
+    ) -> Self {
         #[cfg(feature = "docker")]
         if std::env::var("DOCSTREAM_TEST_SERVICES").as_deref() == Ok("docker") {
             let (database_url, brokers) =
@@ -110,7 +124,7 @@ impl TestEnv {
                 .await
                 .expect("create topics");
             for spec in docstream::kafka::topics::topic_specs(&settings) {
-                wait_topic_ready(&settings.kafka_brokers, &spec.name).await;
+                wait_topic_ready_on(&settings.kafka(), &spec.name).await;
             }
         }
         Self {
@@ -192,10 +206,8 @@ impl Drop for TestEnv {
 /// Deletes the topics and drops the database of `settings`. The test's own
 /// pool and services may still hold connections: `WITH (FORCE)` ends them.
 async fn remove(settings: &Settings) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &settings.kafka_brokers)
-        .create()
-        .expect("admin client");
+    let admin: AdminClient<DefaultClientContext> =
+        settings.kafka().config().create().expect("admin client");
     let names: Vec<String> = docstream::kafka::topics::topic_specs(settings)
         .into_iter()
         .map(|t| t.name)

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use docstream::config::KafkaClient;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -26,10 +27,12 @@ impl TestEnv {
 
 /// Waits until every partition of `topic` has a leader that answers for it.
 pub async fn wait_topic_ready(brokers: &str, topic: &str) {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("client");
+    wait_topic_ready_on(&KafkaClient::plaintext(brokers), topic).await
+}
+
+/// [`wait_topic_ready`] through `kafka`'s connection (TLS, SASL).
+pub async fn wait_topic_ready_on(kafka: &KafkaClient, topic: &str) {
+    let consumer: BaseConsumer = kafka.config().create().expect("client");
     wait_for(
         &format!("topic {topic} to have leaders"),
         Duration::from_secs(60),
