@@ -18,6 +18,9 @@
 #                                SASL_SSL (SCRAM-SHA-512) on 59096, SSL with client
 #                                certificates on 59098, Postgres with ssl=on on 55434,
 #                                and a test CA in .services/tls (scripts/services/secure.sh)
+#   scripts/services.sh up --pooler
+#                                also two PgBouncers in front of Postgres: session mode
+#                                on 55435, transaction mode on 55436 (scripts/services/pooler.sh)
 #   scripts/services.sh promote-postgres-standby
 #                                make the standby a primary (failover tests)
 #   scripts/services.sh down     stop everything, keep data
@@ -122,6 +125,8 @@ proc_alive() {
 log() { printf '[services] %s\n' "$*" >&2; }
 # shellcheck source=scripts/services/secure.sh
 source "$REPO/scripts/services/secure.sh"
+# shellcheck source=scripts/services/pooler.sh
+source "$REPO/scripts/services/pooler.sh"
 die() { log "ERROR: $*"; exit 1; }
 
 # --------------------------------------------------------------------------
@@ -892,6 +897,7 @@ print_env() {
     echo "export DOCSTREAM_TEST_KAFKA_CLUSTER=$(cluster_bootstrap)"
     echo "export DOCSTREAM_TEST_PG_STANDBY=$HOST:$PG_STANDBY_PORT"
     secure_print_env
+    pooler_print_env
 }
 
 # --------------------------------------------------------------------------
@@ -904,7 +910,7 @@ print_env() {
 reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports
     [ -w "$file" ] || return 0
-    local ours="$PG_PORT,$PG_STANDBY_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT,$(secure_ports)" i
+    local ours="$PG_PORT,$PG_STANDBY_PORT,$KAFKA_PORT,$KAFKA_CTRL_PORT,$KAFKA_PROXIED_PORT,$KAFKA_PROXY_PORT,$(secure_ports),$(pooler_ports)" i
     for i in $(seq 1 "$CLUSTER_NODES"); do ours="$ours,$(node_port "$i"),$(node_ctrl_port "$i")"; done
     local current; current="$(cat "$file")"
     echo "${current:+$current,}$ours" > "$file" 2>/dev/null \
@@ -915,7 +921,7 @@ reserve_ports() {
 # `--kafka-nodes 3`) and STANDBY (none, async with `--postgres-standby`, sync
 # with `--postgres-standby --sync`).
 parse_args() {
-    KAFKA_NODES=1 STANDBY=none SECURE=0
+    KAFKA_NODES=1 STANDBY=none SECURE=0 POOLER=0
     local sync=0
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -928,6 +934,7 @@ parse_args() {
             --postgres-standby) STANDBY=async ;;
             --sync) sync=1 ;;
             --secure) SECURE=1 ;;
+            --pooler) POOLER=1 ;;
             *) die "unknown argument: $1" ;;
         esac
         shift
@@ -955,6 +962,9 @@ cmd_up() {
     if [ "$SECURE" = 1 ]; then
         secure_up
     fi
+    if [ "$POOLER" = 1 ]; then
+        pooler_up
+    fi
     if [ "$KAFKA_NODES" = 1 ]; then
         kafka_up
         log "up in $(( SECONDS - t0 ))s: postgres $HOST:$PG_PORT, kafka $HOST:$KAFKA_PORT"
@@ -981,6 +991,7 @@ cmd_down() {
     cluster_down
     [ "$KAFKA_NODES" = 1 ] || return 0
     secure_down
+    pooler_down
     kafka_down
     if [ -e "$PG_LINK" ] && PG_BIN="$(pg_bindir)"; then
         standby_paths

@@ -42,8 +42,9 @@ source scripts/lib/deny.sh
 source scripts/lib/browser.sh
 source scripts/lib/book.sh
 prepare
-# The secured broker and Postgres of tests/it/secure.rs (TLS only).
-bash scripts/services.sh up --secure
+# The secured broker and Postgres of tests/it/secure.rs (TLS only), and the
+# PgBouncers of tests/it/pooler.rs.
+bash scripts/services.sh up --secure --pooler
 ensure_toxiproxy
 ensure_s3
 ensure_pypdf

@@ -155,20 +155,73 @@ fn check_kafka_blocking(kafka: &KafkaClient, patience: Duration) -> Result<Reach
     Ok(Reached::NotYet("no answer".into()))
 }
 
-/// Opens one connection to `url` and closes it.
+/// Opens a connection to `url`, checks that it keeps its server session
+/// ([`sessions_are_kept`]), and closes it.
 pub async fn check_postgres(url: &str, patience: Duration) -> Result<Reached, Refused> {
     let options: sqlx::postgres::PgConnectOptions = url
         .parse()
         .map_err(|e: sqlx::Error| Refused::Postgres(e.to_string()))?;
-    let attempt = tokio::time::timeout(patience, sqlx::PgConnection::connect_with(&options)).await;
+    let attempt = tokio::time::timeout(patience, async {
+        let connection = sqlx::PgConnection::connect_with(&options).await?;
+        let kept = sessions_are_kept(connection, &options).await;
+        Ok::<_, sqlx::Error>(kept)
+    })
+    .await;
     match attempt {
-        Ok(Ok(connection)) => {
-            let _ = connection.close().await;
-            Ok(Reached::Yes)
-        }
+        Ok(Ok(Ok(()))) => Ok(Reached::Yes),
+        Ok(Ok(Err(refused))) => Err(refused),
         Ok(Err(e)) if postgres_refusal(&e) => Err(Refused::Postgres(postgres_said(&e))),
         Ok(Err(e)) => Ok(Reached::NotYet(e.to_string())),
         Err(_) => Ok(Reached::NotYet("no answer".into())),
+    }
+}
+
+/// The pid of the server session `conn` is on, by a simple query.
+async fn server_pid(conn: &mut sqlx::PgConnection) -> Result<i32, sqlx::Error> {
+    let row = sqlx::raw_sql("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await?;
+    sqlx::Row::try_get(&row, 0)
+}
+
+/// Whether a connection keeps one server session from statement to
+/// statement, as Postgres itself and a pooler in session mode do. A pooler in
+/// transaction (or statement) mode hands the session to whoever asks next
+/// once a statement ends; then the sweepers' session-level locks would be
+/// shared (two sweeping at once), `LISTEN` would hear nothing, and a
+/// prepared statement would vanish. So: the first connection notes its
+/// server's pid, a second one holds a transaction open (taking the
+/// session the first just left, if the pooler hands sessions out), and the
+/// first asks again. Simple queries only, which any pooler passes.
+async fn sessions_are_kept(
+    mut first: sqlx::PgConnection,
+    options: &sqlx::postgres::PgConnectOptions,
+) -> Result<(), Refused> {
+    let check = async {
+        let before = server_pid(&mut first).await?;
+        let mut second = sqlx::PgConnection::connect_with(options).await?;
+        sqlx::raw_sql("BEGIN").execute(&mut second).await?;
+        let held = server_pid(&mut second).await?;
+        let after = server_pid(&mut first).await?;
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
+        let _ = second.close().await;
+        let _ = first.close().await;
+        Ok::<_, sqlx::Error>(before == after && held != before)
+    };
+    match check.await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Refused::Postgres(
+            "the connection does not keep its server session from one statement to the next: \
+             a pooler in transaction or statement mode (PgBouncer's pool_mode) is in between. \
+             docstream needs session mode: the sweepers hold session-level locks and the \
+             extractor slots LISTEN; point DATABASE_URL at Postgres or at a pool in session mode"
+                .into(),
+        )),
+        // Not the pooler's doing: the caller's own connection answered.
+        Err(e) => {
+            tracing::warn!(error = %e, "could not check that Postgres sessions are kept");
+            Ok(())
+        }
     }
 }
 
@@ -185,7 +238,7 @@ fn postgres_said(error: &sqlx::Error) -> String {
 
 /// Whether `error` is a refusal: a TLS failure, or the server turning the
 /// role away (a wrong password, no `pg_hba.conf` line for this connection, an
-/// unknown role or database).
+/// unknown role or database, a startup parameter a pooler does not take).
 fn postgres_refusal(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) => true,
@@ -194,10 +247,12 @@ fn postgres_refusal(error: &sqlx::Error) -> bool {
         sqlx::Error::Io(e) => e
             .get_ref()
             .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        // The server, or a pooler, turned the connection away. Only its
+        // passing states (starting up, shutting down, too many connections:
+        // classes 57 and 53) may clear by themselves.
         sqlx::Error::Database(e) => {
             let code = e.code().unwrap_or_default();
-            // Class 28 (invalid authorization), 3D000 (no such database).
-            code.starts_with("28") || code == "3D000"
+            !(code.starts_with("57") || code.starts_with("53"))
         }
         _ => false,
     }

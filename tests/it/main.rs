@@ -26,6 +26,7 @@ mod migrations;
 mod observability;
 mod openapi;
 mod pipeline_e2e;
+mod pooler;
 mod reference;
 mod scheduling;
 mod secure;
