@@ -11,10 +11,15 @@
 #   server.p12            the same as the broker's PKCS#12 keystore
 #   client.pem/.key       a client certificate, CN=docstream (mTLS)
 #   rogue-ca.pem          a CA that signed none of them (the untrusted-CA test)
+#   oidc.key              the RSA key the test token endpoint signs with
 # .services/kafka-secure/ the broker: SASL_SSL with SCRAM-SHA-512 on 59096
 #                         (users docstream and admin, made when the storage is
 #                         formatted), SSL with a required client certificate on
-#                         59098, its KRaft controller on 59097 (loopback)
+#                         59098, SASL_SSL with OAUTHBEARER on 59099 (tokens checked
+#                         against the JWKS of the token endpoint), its KRaft
+#                         controller on 59097 (loopback)
+# .services/oidc/       an OIDC client-credentials token endpoint on 59088
+#                         (scripts/services/oidc.py, PyJWT): client docstream
 # postgres secure/      a cluster on 55434 with ssl=on: the pg_hba.conf admits
 #                         docstream over hostssl only (password), docstream_cert
 #                         over hostssl with a certificate, and rejects hostnossl
@@ -22,6 +27,11 @@
 SECURE_KAFKA_PORT="${DOCSTREAM_SECURE_KAFKA_PORT:-59096}"
 SECURE_KAFKA_CTRL_PORT="${DOCSTREAM_SECURE_KAFKA_CONTROLLER_PORT:-59097}"
 SECURE_KAFKA_MTLS_PORT="${DOCSTREAM_SECURE_KAFKA_MTLS_PORT:-59098}"
+SECURE_KAFKA_OAUTH_PORT="${DOCSTREAM_SECURE_KAFKA_OAUTH_PORT:-59099}"
+OIDC_PORT="${DOCSTREAM_OIDC_PORT:-59088}"
+OIDC_URL="http://$HOST:$OIDC_PORT"
+OIDC_DIR="$STATE/oidc"
+OIDC_CLIENT=docstream OIDC_SECRET=docstream-oidc-secret
 SECURE_PG_PORT="${DOCSTREAM_SECURE_PG_PORT:-55434}"
 SECURE_NAME=localhost
 TLS_DIR="$STATE/tls"
@@ -35,7 +45,7 @@ SECURE_KAFKA_PID="$SECURE_KAFKA_DIR/kafka.pid"
 SECURE_KAFKA_LOG="$SECURE_KAFKA_DIR/kafka.log"
 SECURE_KAFKA_HEAP="${DOCSTREAM_SECURE_KAFKA_HEAP_OPTS:--Xms128m -Xmx512m -XX:ParallelGCThreads=1 -XX:ConcGCThreads=1 -XX:CICompilerCount=2}"
 
-secure_ports() { echo "$SECURE_KAFKA_PORT,$SECURE_KAFKA_CTRL_PORT,$SECURE_KAFKA_MTLS_PORT,$SECURE_PG_PORT"; }
+secure_ports() { echo "$SECURE_KAFKA_PORT,$SECURE_KAFKA_CTRL_PORT,$SECURE_KAFKA_MTLS_PORT,$SECURE_KAFKA_OAUTH_PORT,$OIDC_PORT,$SECURE_PG_PORT"; }
 
 # One certificate signed by the CA: name $1, subject $2, extensions $3.
 tls_sign() {
@@ -48,9 +58,13 @@ tls_sign() {
     rm -f "$TLS_DIR/$name.csr" "$TLS_DIR/$name.ext"
 }
 
-# The CA and its certificates, made once.
+# The CA and its certificates, made once; the token endpoint's key too.
 tls_make() {
-    [ -f "$TLS_DIR/done" ] && return 0
+    if [ -f "$TLS_DIR/done" ]; then
+        [ -f "$TLS_DIR/oidc.key" ] || openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 \
+            -out "$TLS_DIR/oidc.key" 2>/dev/null
+        return 0
+    fi
     command -v openssl >/dev/null || apt_install openssl
     log "making a test CA and certificates in $TLS_DIR"
     rm -rf "$TLS_DIR"; mkdir -p "$TLS_DIR"
@@ -64,6 +78,7 @@ tls_make() {
         "subjectAltName=DNS:$SECURE_NAME
 extendedKeyUsage=serverAuth,clientAuth"
     tls_sign client "/CN=docstream" "extendedKeyUsage=clientAuth"
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TLS_DIR/oidc.key" 2>/dev/null
     tls_sign client-cert-user "/CN=docstream_cert" "extendedKeyUsage=clientAuth"
     openssl pkcs12 -export -in "$TLS_DIR/server.pem" -inkey "$TLS_DIR/server.key" \
         -certfile "$TLS_DIR/ca.pem" -name broker -passout "pass:$TLS_STORE_PASSWORD" \
@@ -80,11 +95,11 @@ secure_kafka_render_conf() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$SECURE_KAFKA_CTRL_PORT
-listeners=SASL_SSL://$HOST:$SECURE_KAFKA_PORT,CONTROLLER://$HOST:$SECURE_KAFKA_CTRL_PORT,MTLS://$HOST:$SECURE_KAFKA_MTLS_PORT
-advertised.listeners=SASL_SSL://$SECURE_NAME:$SECURE_KAFKA_PORT,MTLS://$SECURE_NAME:$SECURE_KAFKA_MTLS_PORT
+listeners=SASL_SSL://$HOST:$SECURE_KAFKA_PORT,CONTROLLER://$HOST:$SECURE_KAFKA_CTRL_PORT,MTLS://$HOST:$SECURE_KAFKA_MTLS_PORT,OAUTH://$HOST:$SECURE_KAFKA_OAUTH_PORT
+advertised.listeners=SASL_SSL://$SECURE_NAME:$SECURE_KAFKA_PORT,MTLS://$SECURE_NAME:$SECURE_KAFKA_MTLS_PORT,OAUTH://$SECURE_NAME:$SECURE_KAFKA_OAUTH_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=SASL_SSL
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL,OAUTH:SASL_SSL
 sasl.enabled.mechanisms=SCRAM-SHA-512
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$SCRAM_ADMIN" password="$SCRAM_ADMIN_PASSWORD";
@@ -95,6 +110,14 @@ ssl.key.password=$TLS_STORE_PASSWORD
 ssl.truststore.type=PEM
 ssl.truststore.location=$TLS_DIR/ca.pem
 listener.name.mtls.ssl.client.auth=required
+# OAUTHBEARER: a token from the test endpoint, its signature checked against
+# the endpoint's JWKS, its audience and issuer too.
+listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
+listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;
+listener.name.oauth.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
+sasl.oauthbearer.jwks.endpoint.url=$OIDC_URL/jwks
+sasl.oauthbearer.expected.audience=kafka
+sasl.oauthbearer.expected.issuer=$OIDC_URL
 log.dirs=$SECURE_KAFKA_DIR/data
 
 num.partitions=6
@@ -141,11 +164,13 @@ secure_kafka_up() {
     fi
     if ! broker_pid "$SECURE_KAFKA_CONF" "$SECURE_KAFKA_PID" >/dev/null; then
         local p
-        for p in "$SECURE_KAFKA_PORT" "$SECURE_KAFKA_CTRL_PORT" "$SECURE_KAFKA_MTLS_PORT"; do
+        for p in "$SECURE_KAFKA_PORT" "$SECURE_KAFKA_CTRL_PORT" "$SECURE_KAFKA_MTLS_PORT" "$SECURE_KAFKA_OAUTH_PORT"; do
             port_open "$p" && die "port $HOST:$p is taken by another process (set DOCSTREAM_SECURE_KAFKA_PORT and its neighbours)"
         done
         log "starting the secured kafka on $HOST:$SECURE_KAFKA_PORT (SASL_SSL) and $SECURE_KAFKA_MTLS_PORT (SSL, client certificates) (log: $SECURE_KAFKA_LOG)"
-        broker_launch "$SECURE_KAFKA_CONF" "$SECURE_KAFKA_LOG" "$SECURE_KAFKA_PID" "$SECURE_KAFKA_HEAP"
+        # Kafka fetches only the URLs it is told it may (KIP-1125 era default: none).
+        broker_launch "$SECURE_KAFKA_CONF" "$SECURE_KAFKA_LOG" "$SECURE_KAFKA_PID" \
+            "$SECURE_KAFKA_HEAP -Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=$OIDC_URL/jwks"
     fi
     broker_wait_started "$SECURE_KAFKA_PID" "$SECURE_KAFKA_LOG" "$SECURE_KAFKA_PORT"
 }
@@ -245,14 +270,49 @@ secure_pg_down() {
         || as_pg "$PG_BIN/pg_ctl" -D "$SECURE_PG_DATA" -m immediate -w -t 10 stop >/dev/null 2>&1 || true
 }
 
+oidc_pid() {
+    local pid
+    pid="$(cat "$OIDC_DIR/oidc.pid" 2>/dev/null || true)"
+    [ -n "$pid" ] && proc_alive "$pid" && echo "$pid"
+}
+
+# The token endpoint, before the broker: the broker reads its JWKS.
+oidc_up() {
+    /usr/bin/python3 -c 'import jwt, cryptography' 2>/dev/null || apt_install python3-jwt python3-cryptography
+    mkdir -p "$OIDC_DIR"
+    oidc_pid >/dev/null && return 0
+    port_open "$OIDC_PORT" && die "port $HOST:$OIDC_PORT is taken (set DOCSTREAM_OIDC_PORT)"
+    log "starting the test token endpoint on $OIDC_URL (log: $OIDC_DIR/oidc.log)"
+    # shellcheck disable=SC2016
+    setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$OIDC_DIR/oidc.pid" \
+        /usr/bin/python3 "$REPO/scripts/services/oidc.py" --port "$OIDC_PORT" \
+        --key "$TLS_DIR/oidc.key" --client "$OIDC_CLIENT:$OIDC_SECRET" \
+        >>"$OIDC_DIR/oidc.log" 2>&1 </dev/null 9>&- &
+    disown || true
+    local t0=$SECONDS
+    until port_open "$OIDC_PORT"; do
+        (( SECONDS - t0 > 30 )) && { tail -n 20 "$OIDC_DIR/oidc.log" >&2 || true; die "the token endpoint did not start"; }
+        sleep 0.2
+    done
+}
+
+oidc_down() {
+    local pid
+    pid="$(oidc_pid)" || return 0
+    log "stopping the test token endpoint"
+    kill -TERM "$pid" 2>/dev/null || true
+}
+
 secure_up() {
     tls_make
     secure_pg_up
+    oidc_up
     secure_kafka_up
 }
 
 secure_down() {
     secure_kafka_down
+    oidc_down
     secure_pg_down
 }
 
@@ -264,4 +324,8 @@ secure_print_env() {
     echo "export DOCSTREAM_TEST_SECURE_KAFKA_USER=$SCRAM_USER"
     echo "export DOCSTREAM_TEST_SECURE_KAFKA_PASSWORD=$SCRAM_PASSWORD"
     echo "export DOCSTREAM_TEST_SECURE_PG=$SECURE_NAME:$SECURE_PG_PORT"
+    echo "export DOCSTREAM_TEST_SECURE_KAFKA_OAUTH=$SECURE_NAME:$SECURE_KAFKA_OAUTH_PORT"
+    echo "export DOCSTREAM_TEST_OIDC_TOKEN_URL=$OIDC_URL/token"
+    echo "export DOCSTREAM_TEST_OIDC_CLIENT=$OIDC_CLIENT"
+    echo "export DOCSTREAM_TEST_OIDC_SECRET=$OIDC_SECRET"
 }

@@ -547,3 +547,63 @@ async fn client_certificates_open_kafka_and_postgres() {
     assert!(stderr.contains("Kafka refused the connection"), "{stderr}");
     assert!(stderr.contains("alert"), "the broker's TLS alert: {stderr}");
 }
+
+/// OAUTHBEARER with OIDC client credentials: librdkafka asks the test's token
+/// endpoint for a token (the secret from a file), and the broker checks its
+/// signature against the endpoint's JWKS. `topics` (admin) and `dlq list` (a
+/// reader) work through it; a wrong client secret ends the process at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauthbearer_tokens_from_an_oidc_endpoint_open_the_broker() {
+    let secure = Secure::from_env();
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} unset"));
+    let dir = tempfile::tempdir().unwrap();
+    let properties = dir.path().join("oauth.properties");
+    let text = format!(
+        "security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\nsasl.oauthbearer.method=oidc\n\
+         sasl.oauthbearer.client.id={}\nsasl.oauthbearer.token.endpoint.url={}\n\
+         sasl.oauthbearer.scope=kafka\nssl.ca.location={}\n",
+        var("DOCSTREAM_TEST_OIDC_CLIENT"),
+        var("DOCSTREAM_TEST_OIDC_TOKEN_URL"),
+        secure.file("ca.pem")
+    );
+    std::fs::write(&properties, text).unwrap();
+    let right = dir.path().join("client-secret");
+    std::fs::write(&right, var("DOCSTREAM_TEST_OIDC_SECRET")).unwrap();
+    let wrong = dir.path().join("wrong-client-secret");
+    std::fs::write(&wrong, "wrong-oidc-secret-5d0e").unwrap();
+    let run = |args: &'static [&'static str], secret: PathBuf| {
+        let (brokers, properties) = (var("DOCSTREAM_TEST_SECURE_KAFKA_OAUTH"), properties.clone());
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                Command::new(env!("CARGO_BIN_EXE_docstream"))
+                    .args(args)
+                    .env("DOCSTREAM_KAFKA_BROKERS", brokers)
+                    .env("DOCSTREAM_KAFKA_PROPERTIES_FILE", properties)
+                    .env("DOCSTREAM_KAFKA_OAUTH_CLIENT_SECRET_FILE", secret)
+                    .env("DOCSTREAM_TOPIC_PREFIX", "secure-oauth.")
+                    .output(),
+            )
+            .await
+            .expect("within 30 s")
+            .unwrap()
+        }
+    };
+    for args in [&["topics"][..], &["dlq", "list", "--json"][..]] {
+        let out = run(args, right.clone()).await;
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let refused = run(&["topics"], wrong).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("Kafka refused the connection"), "{stderr}");
+    assert!(
+        stderr.contains("invalid_client"),
+        "the endpoint's answer: {stderr}"
+    );
+    assert!(!stderr.contains("wrong-oidc-secret-5d0e"), "{stderr}");
+}
