@@ -5,9 +5,9 @@
 //! not name pass. Those end the process at start, with the error that says
 //! which, and never with a secret in it.
 //!
-//! Each check makes one connection and waits at most [`PATIENCE`]. Its first
-//! error decides: a refusal ends the process; anything else (nobody listens,
-//! no answer in time) is an outage, and the process goes on.
+//! Each check waits at most [`PATIENCE`]. A refusal ends the process;
+//! anything else (nobody listens, no answer in time) is an outage, and the
+//! process goes on.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,6 +21,11 @@ use crate::config::{KafkaClient, Settings};
 
 /// How long a check waits for its dependency to answer.
 pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long the Kafka check watches on after its first error that is not a
+/// refusal: librdkafka may report the brokers down just before the TLS or
+/// SASL failure that downed them.
+const OUTAGE_GRACE: Duration = Duration::from_secs(2);
 
 /// A dependency refused what the process was given.
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +131,8 @@ fn check_kafka_blocking(kafka: &KafkaClient, patience: Duration) -> Result<Reach
         .config()
         .create_with_context(witness.clone())
         .map_err(|e| refused(e.to_string()))?;
-    let deadline = Instant::now() + patience;
+    let mut deadline = Instant::now() + patience;
+    let mut outage: Option<String> = None;
     while Instant::now() < deadline {
         let answer = producer
             .client()
@@ -134,17 +140,19 @@ fn check_kafka_blocking(kafka: &KafkaClient, patience: Duration) -> Result<Reach
         if answer.is_ok() {
             return Ok(Reached::Yes);
         }
-        // Serves the error callbacks of what happened meanwhile: the first
-        // one decides, as no later attempt would go differently.
+        // Serves the error callbacks of what happened meanwhile. A refusal
+        // decides at once. Other errors (nobody listens, all brokers down)
+        // may come just before the refusal behind them, so they decide only
+        // after a short grace, in which the next attempts are watched too.
         producer.poll(Duration::from_millis(100));
-        if let Some((refusal, said)) = witness.take().into_iter().next() {
-            return match refusal {
-                true => Err(refused(said)),
-                false => Ok(Reached::NotYet(crate::config::redact_kafka(
-                    &said,
-                    kafka.properties(),
-                ))),
-            };
+        for (refusal, said) in witness.take() {
+            if refusal {
+                return Err(refused(said));
+            }
+            if outage.is_none() {
+                deadline = deadline.min(Instant::now() + OUTAGE_GRACE);
+            }
+            outage.get_or_insert(said);
         }
         if let Err(e) = answer {
             if kafka_refusal(&e) {
@@ -152,7 +160,11 @@ fn check_kafka_blocking(kafka: &KafkaClient, patience: Duration) -> Result<Reach
             }
         }
     }
-    Ok(Reached::NotYet("no answer".into()))
+    let last = outage.unwrap_or_else(|| "no answer".into());
+    Ok(Reached::NotYet(crate::config::redact_kafka(
+        &last,
+        kafka.properties(),
+    )))
 }
 
 /// Opens a connection to `url`, checks that it keeps its server session

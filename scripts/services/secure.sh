@@ -110,6 +110,12 @@ ssl.key.password=$TLS_STORE_PASSWORD
 ssl.truststore.type=PEM
 ssl.truststore.location=$TLS_DIR/ca.pem
 listener.name.mtls.ssl.client.auth=required
+# ACLs: nothing is allowed that no ACL allows (secure_kafka_acls grants
+# docstream's principals what docs/src/secure.md lists). The controller
+# listener is plaintext on loopback, so its principal, ANONYMOUS, is a super user.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:$SCRAM_ADMIN;User:ANONYMOUS
 # OAUTHBEARER: a token from the test endpoint, its signature checked against
 # the endpoint's JWKS, its audience and issuer too.
 listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
@@ -173,6 +179,38 @@ secure_kafka_up() {
             "$SECURE_KAFKA_HEAP -Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=$OIDC_URL/jwks"
     fi
     broker_wait_started "$SECURE_KAFKA_PID" "$SECURE_KAFKA_LOG" "$SECURE_KAFKA_PORT"
+    secure_kafka_acls
+}
+
+# What docs/src/secure.md says docstream needs, for its SCRAM and OAUTHBEARER
+# user and its client certificate's principal, on every topic and group
+# named with the prefix `secure` (the secured tests' topic prefixes start
+# with it). Delete on topics is the tests' clean-up, not docstream's need.
+# Granted once per formatted storage (the ACLs live in its metadata).
+secure_kafka_acls() {
+    local done="$SECURE_KAFKA_DIR/data/.docstream-acls"
+    [ -f "$done" ] && return 0
+    cat > "$SECURE_KAFKA_DIR/admin.properties" <<EOF
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$SCRAM_ADMIN" password="$SCRAM_ADMIN_PASSWORD";
+ssl.truststore.type=PEM
+ssl.truststore.location=$TLS_DIR/ca.pem
+EOF
+    log "granting docstream's ACLs on the secured kafka"
+    local principal
+    for principal in "User:$SCRAM_USER" "User:CN=docstream"; do
+        kafka_tool org.apache.kafka.tools.AclCommand --bootstrap-server "$SECURE_NAME:$SECURE_KAFKA_PORT" \
+            --command-config "$SECURE_KAFKA_DIR/admin.properties" --add --allow-principal "$principal" \
+            --resource-pattern-type prefixed --topic secure \
+            --operation Describe --operation DescribeConfigs --operation Create \
+            --operation Read --operation Write --operation Delete >/dev/null
+        kafka_tool org.apache.kafka.tools.AclCommand --bootstrap-server "$SECURE_NAME:$SECURE_KAFKA_PORT" \
+            --command-config "$SECURE_KAFKA_DIR/admin.properties" --add --allow-principal "$principal" \
+            --resource-pattern-type prefixed --group secure \
+            --operation Describe --operation Read >/dev/null
+    done
+    touch "$done"
 }
 
 secure_kafka_down() {

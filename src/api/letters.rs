@@ -25,7 +25,7 @@ use super::state::Api;
 use super::ApiError;
 use crate::auth::Caller;
 use crate::domain::Scope;
-use crate::kafka::reader::{produce_copy, TopicReader};
+use crate::kafka::reader::{produce_copy, TopicReader, READER_GROUP};
 use crate::store::letters::{self, ReplayRefused, TenantLetter};
 
 /// Letters a page holds when the query does not say.
@@ -115,10 +115,11 @@ async fn replay_claimed(
 ) -> Result<Json<Replayed>, ApiError> {
     let pool = &api.pool;
     let kafka = api.consumers.kafka().clone();
+    let group = api.consumers.name(READER_GROUP);
     let read = {
         let topic = topic.clone();
         tokio::task::spawn_blocking(move || {
-            TopicReader::new(&kafka)?.read_one(&topic, partition, offset)
+            TopicReader::new(&kafka, &group)?.read_one(&topic, partition, offset)
         })
     };
     // A read that panicked is answered as one the broker did not answer.

@@ -13,6 +13,11 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
+/// The group the reader names (it joins none and commits nothing, but a
+/// consumer names one, and an authorizer checks it): with the topic prefix,
+/// so one prefixed ACL covers every group docstream uses.
+pub const READER_GROUP: &str = "docstream-operator-reader";
+
 /// How long a read waits for the broker before it gives up.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -33,11 +38,12 @@ pub enum ReadError {
 }
 
 impl TopicReader {
-    /// A reader on `brokers` (no group, nothing committed).
-    pub fn new(kafka: &KafkaClient) -> Result<Self, KafkaError> {
+    /// A reader through `kafka` naming `group` (see [`READER_GROUP`]; it
+    /// joins no group and commits nothing).
+    pub fn new(kafka: &KafkaClient, group: &str) -> Result<Self, KafkaError> {
         let consumer = kafka
             .config()
-            .set("group.id", "docstream-operator-reader")
+            .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 
 use crate::config::Settings;
 use crate::events::{decode, encode, now_ms, DeadLetter, ExtractionRequested};
-use crate::kafka::reader::{produce_copy, TopicReader};
+use crate::kafka::reader::{produce_copy, TopicReader, READER_GROUP};
 
 /// `docstream dlq …`
 #[derive(Debug, Subcommand)]
@@ -113,7 +113,7 @@ pub async fn dlq(
     pool: &PgPool,
     command: DlqCommand,
 ) -> Result<String, OpsError> {
-    let reader = TopicReader::new(&settings.kafka())?;
+    let reader = TopicReader::new(&settings.kafka(), &settings.group(READER_GROUP))?;
     let dlq_topic = settings.topic(&settings.topic_dlq);
     match command {
         DlqCommand::List {
