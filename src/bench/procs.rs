@@ -149,7 +149,13 @@ impl Proc {
             .then(|| heaptrack(name, logs))
             .transpose()?
             .unwrap_or_default();
-        let child = Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        // A secret the run gives outright wins over the file the benchmark
+        // itself may have read it from.
+        for (var, _) in env {
+            command.env_remove(format!("{var}_FILE"));
+        }
+        let child = command
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .envs(heaptrack)

@@ -101,7 +101,6 @@ const SECRET: &[&str] = &[
     "ssl.key.password",
     "ssl.key.pem",
     "ssl.keystore.password",
-    "ssl_key",
 ];
 
 /// Whether `key`'s value must never be printed.
