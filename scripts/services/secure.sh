@@ -43,7 +43,8 @@ SECURE_KAFKA_DIR="$STATE/kafka-secure"
 SECURE_KAFKA_CONF="$SECURE_KAFKA_DIR/server.properties"
 SECURE_KAFKA_PID="$SECURE_KAFKA_DIR/kafka.pid"
 SECURE_KAFKA_LOG="$SECURE_KAFKA_DIR/kafka.log"
-SECURE_KAFKA_HEAP="${DOCSTREAM_SECURE_KAFKA_HEAP_OPTS:--Xms128m -Xmx512m -XX:ParallelGCThreads=1 -XX:ConcGCThreads=1 -XX:CICompilerCount=2}"
+# The plaintext broker's heap: the benchmark compares the two.
+SECURE_KAFKA_HEAP="${DOCSTREAM_SECURE_KAFKA_HEAP_OPTS:-$KAFKA_HEAP_OPTS}"
 
 secure_ports() { echo "$SECURE_KAFKA_PORT,$SECURE_KAFKA_CTRL_PORT,$SECURE_KAFKA_MTLS_PORT,$SECURE_KAFKA_OAUTH_PORT,$OIDC_PORT,$SECURE_PG_PORT"; }
 
@@ -250,21 +251,18 @@ secure_pg_up() {
     for f in server.pem server.key ca.pem; do
         install -o postgres -g postgres -m 600 "$TLS_DIR/$f" "$SECURE_PG_DATA/tls-$f"
     done
-    as_pg tee "$SECURE_PG_DATA/docstream.conf" >/dev/null <<EOF
-# Written by scripts/services.sh (up --secure) — edits are overwritten on every 'up'.
-listen_addresses = '$HOST'
-port = $SECURE_PG_PORT
-unix_socket_directories = '$SECURE_PG_SOCK'
-max_connections = 100
-shared_buffers = 32MB
-ssl = on
-ssl_cert_file = 'tls-server.pem'
-ssl_key_file = 'tls-server.key'
-ssl_ca_file = 'tls-ca.pem'
-log_connections = on
-log_line_prefix = '%m [%p] %q%u@%d '
-timezone = 'UTC'
-EOF
+    # The plaintext cluster's settings (the benchmark compares the two), on
+    # its own port and socket, with TLS on.
+    local conf old="" restart=0
+    conf="$(pg_render_conf | sed -e "s|^port = .*|port = $SECURE_PG_PORT|" \
+            -e "s|^unix_socket_directories = .*|unix_socket_directories = '$SECURE_PG_SOCK'|"
+        printf '%s\n' "ssl = on" "ssl_cert_file = 'tls-server.pem'" \
+            "ssl_key_file = 'tls-server.key'" "ssl_ca_file = 'tls-ca.pem'")"
+    [ -f "$SECURE_PG_DATA/docstream.conf" ] && old="$(cat "$SECURE_PG_DATA/docstream.conf")"
+    if [ "$conf" != "$old" ]; then
+        printf '%s\n' "$conf" | as_pg tee "$SECURE_PG_DATA/docstream.conf" >/dev/null
+        restart=1
+    fi
     as_pg tee "$SECURE_PG_DATA/pg_hba.conf" >/dev/null <<EOF
 # Written by scripts/services.sh (up --secure).
 # TYPE     DATABASE USER            ADDRESS       METHOD
@@ -274,6 +272,10 @@ hostnossl  all      all             ::/0          reject
 hostssl    all      docstream_cert  127.0.0.1/32  cert
 hostssl    all      docstream       127.0.0.1/32  scram-sha-256
 EOF
+    if secure_pg_running && [ "$restart" = 1 ]; then
+        log "the secured postgres's config changed; restarting"
+        as_pg "$PG_BIN/pg_ctl" -D "$SECURE_PG_DATA" -m fast -w -t 60 stop >/dev/null
+    fi
     if secure_pg_running; then
         as_pg "$PG_BIN/pg_ctl" -D "$SECURE_PG_DATA" -w reload >/dev/null
     else
