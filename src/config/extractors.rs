@@ -37,10 +37,24 @@ const MIN_RATE: f64 = 0.001;
 macro_rules! extractor_settings {
     ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, suffix $suffix:literal; )*) => {
         /// One external extractor.
-        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[derive(Clone, PartialEq, Serialize, Deserialize)]
         #[serde(default, deny_unknown_fields)]
         pub struct ExtractorSettings {
             $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        /// Every setting, the token as `***`.
+        impl std::fmt::Debug for ExtractorSettings {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let mut out = f.debug_struct("ExtractorSettings");
+                $(
+                    match $suffix == "TOKEN" {
+                        true => out.field(stringify!($field), &"***"),
+                        false => out.field(stringify!($field), &self.$field),
+                    };
+                )*
+                out.finish()
+            }
         }
 
         impl Default for ExtractorSettings {

@@ -96,7 +96,7 @@ fn secret_files(
 macro_rules! settings {
     ($( $(#[section = $section:literal])? $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, env $var:literal $(, $rule:expr)* ; )*) => {
         /// Every setting of a docstream process.
-        #[derive(Debug, Clone, Serialize, Deserialize)]
+        #[derive(Clone, Serialize, Deserialize)]
         #[serde(default, deny_unknown_fields)]
         pub struct Settings {
             $( $(#[doc = $doc])* pub $field: $ty, )*
@@ -109,6 +109,22 @@ macro_rules! settings {
             /// the settings are loaded ([`Settings::load_kafka_properties`]).
             #[serde(skip)]
             pub kafka_properties: KafkaProperties,
+        }
+
+        /// Every setting, the secrets ([`SECRET_SETTINGS`]) as `***`.
+        impl std::fmt::Debug for Settings {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let mut out = f.debug_struct("Settings");
+                $(
+                    match SECRET_SETTINGS.contains(&$var) {
+                        true => out.field(stringify!($field), &"***"),
+                        false => out.field(stringify!($field), &self.$field),
+                    };
+                )*
+                out.field("extractors", &self.extractors)
+                    .field("kafka_properties", &self.kafka_properties)
+                    .finish()
+            }
         }
 
         impl Default for Settings {
@@ -992,6 +1008,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(missing.contains("/nonexistent/pw"), "{missing}");
+    }
+
+    #[test]
+    fn printed_settings_keep_their_secrets() {
+        let s = load(&[
+            ("DATABASE_URL", "postgres://u:pg-s3cret@db/x"),
+            ("DOCSTREAM_KAFKA_SASL_PASSWORD", "kafka-s3cret"),
+        ])
+        .unwrap();
+        let printed = format!("{s:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("kafka_brokers"), "{printed}");
     }
 
     #[test]
