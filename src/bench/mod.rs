@@ -636,11 +636,13 @@ impl Scratch {
     async fn rig(&self, settings: &Settings, prefix: &str, logs: PathBuf) -> anyhow::Result<Rig> {
         let mut settings = settings.clone();
         settings.database_url = self.url.clone();
-        settings.topic_prefix = prefix.to_owned();
+        // Under the configured prefix: on a cluster with ACLs, the one granted.
+        let prefix = format!("{}{prefix}", settings.topic_prefix);
+        settings.topic_prefix = prefix.clone();
         create_topics(&settings).await?;
         let env = vec![
             ("DATABASE_URL".into(), self.url.clone()),
-            ("DOCSTREAM_TOPIC_PREFIX".into(), prefix.to_owned()),
+            ("DOCSTREAM_TOPIC_PREFIX".into(), prefix),
             (
                 "DOCSTREAM_KAFKA_BROKERS".into(),
                 settings.kafka_brokers.clone(),
