@@ -482,6 +482,14 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT
 log.dirs=$KAFKA_DATA
 
+$(kafka_single_node_conf)
+EOF
+}
+
+# The topic and group settings of a single-node broker (the plaintext one
+# and the secured one).
+kafka_single_node_conf() {
+    cat <<EOF
 num.partitions=6
 default.replication.factor=1
 min.insync.replicas=1

@@ -127,19 +127,7 @@ sasl.oauthbearer.expected.audience=kafka
 sasl.oauthbearer.expected.issuer=$OIDC_URL
 log.dirs=$SECURE_KAFKA_DIR/data
 
-num.partitions=6
-default.replication.factor=1
-min.insync.replicas=1
-auto.create.topics.enable=false
-delete.topic.enable=true
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-
-$(kafka_group_conf)
+$(kafka_single_node_conf)
 EOF
 }
 

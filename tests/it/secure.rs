@@ -360,27 +360,33 @@ impl Hooks {
     }
 }
 
-/// `docstream worker` with `env` over the test's environment, to its end,
-/// which must come within 30 s: its exit status, stderr and how long it ran.
+/// `docstream ARGS` with `env` over the test's environment, to its end,
+/// which must come within 30 s.
+async fn docstream(args: &[&str], env: &[(String, String)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_docstream"));
+    if env.iter().any(|(k, _)| k == "DATABASE_URL_FILE") {
+        // The test's own (plaintext) URL would clash with the file.
+        command.env_remove("DATABASE_URL");
+    }
+    let run = command
+        .args(args)
+        .env("DOCSTREAM_LOG", "warn")
+        .env("DOCSTREAM_METRICS_ADDR", "127.0.0.1:0")
+        .envs(env.iter().cloned())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .unwrap_or_else(|_| panic!("docstream {args:?} ends within 30 s"))
+        .unwrap()
+}
+
+/// `docstream worker` with `env`: whether it succeeded, its stderr, and
+/// how long it ran.
 async fn a_worker_with(env: &[(String, String)]) -> (bool, String, Duration) {
     let started = Instant::now();
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        Command::new(env!("CARGO_BIN_EXE_docstream"))
-            .arg("worker")
-            // The test's own (plaintext) URL is not inherited: it would clash
-            // with DATABASE_URL_FILE.
-            .env_remove("DATABASE_URL")
-            .envs(env.iter().cloned())
-            .env("DOCSTREAM_TOPIC_PREFIX", "secure-refusals.")
-            .env("DOCSTREAM_LOG", "warn")
-            .env("DOCSTREAM_METRICS_ADDR", "127.0.0.1:0")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the worker ends within 30 s")
-    .unwrap();
+    let env = with(env, "DOCSTREAM_TOPIC_PREFIX", "secure-refusals.".into());
+    let out = docstream(&["worker"], &env).await;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     (out.status.success(), stderr, started.elapsed())
 }
@@ -514,34 +520,23 @@ async fn client_certificates_open_kafka_and_postgres() {
         secure.file("client-cert-user.pem"),
         secure.file("client-cert-user.key")
     );
-    let run = |args: &'static [&'static str], properties: PathBuf| {
-        let url = url.clone();
-        let brokers = secure.kafka_mtls.clone();
-        async move {
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                Command::new(env!("CARGO_BIN_EXE_docstream"))
-                    .args(args)
-                    .env("DOCSTREAM_KAFKA_BROKERS", brokers)
-                    .env("DOCSTREAM_KAFKA_PROPERTIES_FILE", properties)
-                    .env("DATABASE_URL", url)
-                    .env("DOCSTREAM_TOPIC_PREFIX", "secure-mtls.")
-                    .output(),
-            )
-            .await
-            .expect("within 30 s")
-            .unwrap()
-        }
+    let env = |properties: PathBuf| -> Env {
+        vec![
+            ("DOCSTREAM_KAFKA_BROKERS".into(), secure.kafka_mtls.clone()),
+            ("DOCSTREAM_KAFKA_PROPERTIES_FILE".into(), path(&properties)),
+            ("DATABASE_URL".into(), url.clone()),
+            ("DOCSTREAM_TOPIC_PREFIX".into(), "secure-mtls.".into()),
+        ]
     };
     for args in [&["topics"][..], &["migrate"][..]] {
-        let out = run(args, properties(true)).await;
+        let out = docstream(args, &env(properties(true))).await;
         assert!(
             out.status.success(),
             "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let refused = run(&["topics"], properties(false)).await;
+    let refused = docstream(&["topics"], &env(properties(false))).await;
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("Kafka refused the connection"), "{stderr}");
@@ -571,33 +566,29 @@ async fn oauthbearer_tokens_from_an_oidc_endpoint_open_the_broker() {
     std::fs::write(&right, var("DOCSTREAM_TEST_OIDC_SECRET")).unwrap();
     let wrong = dir.path().join("wrong-client-secret");
     std::fs::write(&wrong, "wrong-oidc-secret-5d0e").unwrap();
-    let run = |args: &'static [&'static str], secret: PathBuf| {
-        let (brokers, properties) = (var("DOCSTREAM_TEST_SECURE_KAFKA_OAUTH"), properties.clone());
-        async move {
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                Command::new(env!("CARGO_BIN_EXE_docstream"))
-                    .args(args)
-                    .env("DOCSTREAM_KAFKA_BROKERS", brokers)
-                    .env("DOCSTREAM_KAFKA_PROPERTIES_FILE", properties)
-                    .env("DOCSTREAM_KAFKA_OAUTH_CLIENT_SECRET_FILE", secret)
-                    .env("DOCSTREAM_TOPIC_PREFIX", "secure-oauth.")
-                    .output(),
-            )
-            .await
-            .expect("within 30 s")
-            .unwrap()
-        }
+    let env = |secret: &Path| -> Env {
+        vec![
+            (
+                "DOCSTREAM_KAFKA_BROKERS".into(),
+                var("DOCSTREAM_TEST_SECURE_KAFKA_OAUTH"),
+            ),
+            ("DOCSTREAM_KAFKA_PROPERTIES_FILE".into(), path(&properties)),
+            (
+                "DOCSTREAM_KAFKA_OAUTH_CLIENT_SECRET_FILE".into(),
+                path(secret),
+            ),
+            ("DOCSTREAM_TOPIC_PREFIX".into(), "secure-oauth.".into()),
+        ]
     };
     for args in [&["topics"][..], &["dlq", "list", "--json"][..]] {
-        let out = run(args, right.clone()).await;
+        let out = docstream(args, &env(&right)).await;
         assert!(
             out.status.success(),
             "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let refused = run(&["topics"], wrong).await;
+    let refused = docstream(&["topics"], &env(&wrong)).await;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(stderr.contains("Kafka refused the connection"), "{stderr}");
