@@ -77,6 +77,31 @@ fn kafka_refusal(error: &KafkaError) -> bool {
     ) || crate::kafka::context::is_fatal(error)
 }
 
+/// The OAuth errors a token endpoint answers a client it refuses with (RFC
+/// 6749, 5.2), and the HTTP statuses librdkafka quotes with them.
+const TOKEN_REFUSALS: &[&str] = &[
+    "invalid_client",
+    "unauthorized_client",
+    "invalid_grant",
+    "invalid_scope",
+    "invalid_request",
+    "(400)",
+    "(401)",
+    "(403)",
+];
+
+/// Whether librdkafka's `reason` for `error` is a refusal. A token that could
+/// not be fetched is one only when the endpoint answered with a refusal; an
+/// endpoint that cannot be reached, or fails, is an outage.
+fn kafka_reason_refuses(error: &KafkaError, reason: &str) -> bool {
+    if reason.contains("OAUTHBEARER token") || reason.contains("OIDC token") {
+        return TOKEN_REFUSALS.iter().any(|r| reason.contains(r));
+    }
+    // A TLS alert from the broker (a client certificate it does not accept,
+    // say) reaches librdkafka as a failed receive: still a refusal.
+    kafka_refusal(error) || (reason.contains("SSL routines") && reason.contains("alert"))
+}
+
 /// The errors librdkafka raised while the check waited: whether each is a
 /// refusal, and what it said.
 #[derive(Clone, Default)]
@@ -90,10 +115,7 @@ impl Witness {
 
 impl ClientContext for Witness {
     fn error(&self, error: KafkaError, reason: &str) {
-        // A TLS alert from the broker (a client certificate it does not
-        // accept, say) reaches librdkafka as a failed receive: still a refusal.
-        let refusal =
-            kafka_refusal(&error) || (reason.contains("SSL routines") && reason.contains("alert"));
+        let refusal = kafka_reason_refuses(&error, reason);
         let hint = match error.rdkafka_error_code() {
             Some(RDKafkaErrorCode::SSL) => {
                 " (is ssl.ca.location the CA that signed the broker's certificate, and does \
@@ -154,8 +176,12 @@ fn check_kafka_blocking(kafka: &KafkaClient, patience: Duration) -> Result<Reach
             }
             outage.get_or_insert(said);
         }
+        // The call's own error carries no reason: a token librdkafka could
+        // not fetch looks like a refusal there, and is judged by the
+        // callback's reason above instead.
         if let Err(e) = answer {
-            if kafka_refusal(&e) {
+            if kafka_refusal(&e) && e.rdkafka_error_code() != Some(RDKafkaErrorCode::Authentication)
+            {
                 return Err(refused(e.to_string()));
             }
         }
@@ -212,11 +238,18 @@ async fn sessions_are_kept(
     let check = async {
         let before = server_pid(&mut first).await?;
         let mut second = sqlx::PgConnection::connect_with(options).await?;
-        sqlx::raw_sql("BEGIN").execute(&mut second).await?;
+        // Postgres always takes a BEGIN; a pooler in statement mode does not.
+        if sqlx::raw_sql("BEGIN").execute(&mut second).await.is_err() {
+            return Ok(false);
+        }
         let held = server_pid(&mut second).await?;
-        let after = server_pid(&mut first).await?;
+        // A pool of one session makes the first wait for the second's
+        // transaction: as good as handing the session on.
+        let after = tokio::time::timeout(Duration::from_secs(2), server_pid(&mut first)).await;
         let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
         let _ = second.close().await;
+        let Ok(after) = after else { return Ok(false) };
+        let after = after?;
         let _ = first.close().await;
         Ok::<_, sqlx::Error>(before == after && held != before)
     };
@@ -240,6 +273,14 @@ async fn sessions_are_kept(
 /// What `error` says, with a hint where sqlx's words leave the cause open.
 fn postgres_said(error: &sqlx::Error) -> String {
     match error {
+        sqlx::Error::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            format!("{error} (a certificate or key file that DATABASE_URL names cannot be read)")
+        }
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) => format!(
             "{error} (is sslrootcert the CA that signed the server's certificate, and does the \
              certificate name the host in DATABASE_URL?)"
@@ -256,15 +297,24 @@ fn postgres_refusal(error: &sqlx::Error) -> bool {
         sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) => true,
         // A certificate refused in the handshake comes back as the stream's
         // error, carrying rustls's.
-        sqlx::Error::Io(e) => e
-            .get_ref()
-            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
-        // The server, or a pooler, turned the connection away. Only its
-        // passing states (starting up, shutting down, too many connections:
-        // classes 57 and 53) may clear by themselves.
+        sqlx::Error::Io(e) => {
+            e.get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+                // A certificate or key file of the URL that cannot be read.
+                || matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                )
+        }
+        // The server turned the role away (class 28: a password,
+        // pg_hba.conf; 3D000: no such database), or a pooler refused a
+        // startup parameter. A pooler that cannot reach the server says so
+        // with 08P01 too: that one is an outage.
         sqlx::Error::Database(e) => {
             let code = e.code().unwrap_or_default();
-            !(code.starts_with("57") || code.starts_with("53"))
+            code.starts_with("28")
+                || code == "3D000"
+                || e.message().contains("unsupported startup parameter")
         }
         _ => false,
     }

@@ -15,10 +15,14 @@ pooler_ports() { echo "$POOLER_SESSION_PORT,$POOLER_TRANSACTION_PORT"; }
 
 pooler_dir() { echo "$PG_HOME/pgbouncer-$1"; }
 
+# The pid of mode $1's PgBouncer, if that process is alive and is it (a
+# stale pid file may name a pid reused since).
 pooler_pid() {
     local pid
     pid="$(cat "$(pooler_dir "$1")/pgbouncer.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && proc_alive "$pid" && echo "$pid"
+    [ -n "$pid" ] && proc_alive "$pid" \
+        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$(pooler_dir "$1")/pgbouncer.ini" \
+        && echo "$pid"
 }
 
 # One PgBouncer: mode $1 (session|transaction) on port $2.
@@ -49,6 +53,7 @@ ignore_startup_parameters = extra_float_digits
 logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 EOF
+    # A running one rereads its file (a changed port needs `down` first).
     pooler_pid "$mode" >/dev/null && { as_pg kill -HUP "$(pooler_pid "$mode")"; return 0; }
     port_open "$port" && die "port $HOST:$port is taken (set DOCSTREAM_POOLER_SESSION_PORT / DOCSTREAM_POOLER_TRANSACTION_PORT)"
     log "starting pgbouncer ($mode mode) on $HOST:$port (log: $dir/pgbouncer.log)"
@@ -76,6 +81,8 @@ pooler_down() {
         pid="$(pooler_pid "$mode")" || continue
         log "stopping pgbouncer ($mode)"
         kill -INT "$pid" 2>/dev/null || true
+        local i
+        for i in $(seq 1 50); do proc_alive "$pid" || break; sleep 0.1; done
     done
 }
 

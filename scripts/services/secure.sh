@@ -301,7 +301,9 @@ secure_pg_down() {
 oidc_pid() {
     local pid
     pid="$(cat "$OIDC_DIR/oidc.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && proc_alive "$pid" && echo "$pid"
+    [ -n "$pid" ] && proc_alive "$pid" \
+        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "services/oidc.py" \
+        && echo "$pid"
 }
 
 # The token endpoint, before the broker: the broker reads its JWKS.

@@ -55,6 +55,23 @@ pub const GUARDED: &[(&str, &str)] = &[
         "docstream's producers are idempotent, not transactional",
     ),
     (
+        "message.timeout.ms",
+        "set DOCSTREAM_PUBLISH_TIMEOUT_S instead",
+    ),
+    (
+        "delivery.timeout.ms",
+        "set DOCSTREAM_PUBLISH_TIMEOUT_S instead",
+    ),
+    ("linger.ms", "set DOCSTREAM_PUBLISHER_LINGER_MS instead"),
+    (
+        "queue.buffering.max.ms",
+        "set DOCSTREAM_PUBLISHER_LINGER_MS instead",
+    ),
+    (
+        "queued.max.messages.kbytes",
+        "set DOCSTREAM_CONSUMER_PREFETCH_KBYTES instead",
+    ),
+    (
         "isolation.level",
         "the readers' view of the topics is docstream's",
     ),
@@ -105,7 +122,10 @@ const SECRET: &[&str] = &[
 
 /// Whether `key`'s value must never be printed.
 pub fn is_secret(key: &str) -> bool {
-    SECRET.contains(&key) || key.ends_with(".password") || key.ends_with(".secret")
+    SECRET.contains(&key)
+        || [".password", ".secret", ".passphrase", ".pem"]
+            .iter()
+            .any(|end| key.ends_with(end))
 }
 
 /// The properties of every client beyond its bootstrap servers, in the order

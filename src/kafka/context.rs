@@ -18,8 +18,11 @@ pub fn is_fatal(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(
+            // Not the local `Authentication`: librdkafka raises it too when an
+            // OAUTHBEARER token cannot be fetched (the identity provider away
+            // for a while, the last token still good). At start, the
+            // preflight tells a refused client from that (src/preflight.rs).
             Code::Fatal
-                | Code::Authentication
                 | Code::SaslAuthenticationFailed
                 | Code::TopicAuthorizationFailed
                 | Code::GroupAuthorizationFailed
@@ -98,5 +101,6 @@ mod tests {
             RDKafkaErrorCode::SaslAuthenticationFailed
         )));
         assert!(is_fatal(&KafkaError::Global(RDKafkaErrorCode::Fatal)));
+        assert!(!is_fatal(&consumption(RDKafkaErrorCode::Authentication)));
     }
 }

@@ -461,6 +461,15 @@ async fn a_refused_connection_ends_the_process_at_start_without_the_secret() {
             ),
             "not valid for name",
         ),
+        (
+            "a Postgres CA file that is not there",
+            with(
+                &without(&good, "DATABASE_URL_FILE"),
+                "DATABASE_URL",
+                secure.database_url("docstream:docstream", "localhost", "no-such-ca.pem"),
+            ),
+            "cannot be read",
+        ),
     ];
     let secrets = [
         secure.password.as_str(),
@@ -588,6 +597,8 @@ async fn oauthbearer_tokens_from_an_oidc_endpoint_open_the_broker() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    the_endpoint_away_is_an_outage(&secure, &var("DOCSTREAM_TEST_SECURE_KAFKA_OAUTH"), &right)
+        .await;
     let refused = docstream(&["topics"], &env(&wrong)).await;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
@@ -597,4 +608,27 @@ async fn oauthbearer_tokens_from_an_oidc_endpoint_open_the_broker() {
         "the endpoint's answer: {stderr}"
     );
     assert!(!stderr.contains("wrong-oidc-secret-5d0e"), "{stderr}");
+}
+
+/// The same client with a token endpoint nobody listens on: librdkafka's
+/// failure to fetch a token is an outage at start, not a refusal.
+async fn the_endpoint_away_is_an_outage(secure: &Secure, brokers: &str, secret: &Path) {
+    let secret = std::fs::read_to_string(secret).unwrap();
+    let text = format!(
+        "security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\nsasl.oauthbearer.method=oidc\n\
+         sasl.oauthbearer.client.id=docstream\nsasl.oauthbearer.client.secret={}\n\
+         sasl.oauthbearer.token.endpoint.url=http://127.0.0.1:{}/token\nssl.ca.location={}\n",
+        secret.trim(),
+        free_port(),
+        secure.file("ca.pem")
+    );
+    let properties = docstream::config::KafkaProperties::parse(&text).unwrap();
+    let kafka = docstream::config::KafkaClient::new(brokers, properties);
+    let reached = docstream::preflight::check_kafka(&kafka, Duration::from_secs(5))
+        .await
+        .expect("an endpoint away is not a refusal");
+    assert!(
+        matches!(reached, docstream::preflight::Reached::NotYet(_)),
+        "{reached:?}"
+    );
 }
