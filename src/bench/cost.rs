@@ -151,12 +151,15 @@ async fn statements(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
 /// Records and key + value bytes on every topic of `settings` (fresh topics,
 /// so all of it was produced by the phase).
 async fn kafka_footprint(settings: &Settings) -> anyhow::Result<(u64, u64)> {
-    let kafka = settings.kafka();
+    let (kafka, group) = (
+        settings.kafka(),
+        settings.group("docstream-bench-footprint"),
+    );
     let topics: Vec<String> = topic_specs(settings).into_iter().map(|t| t.name).collect();
     tokio::task::spawn_blocking(move || {
         let mut totals = (0, 0);
         for topic in &topics {
-            let (records, bytes) = read_sizes(&kafka, topic)?;
+            let (records, bytes) = read_sizes(&kafka, &group, topic)?;
             totals = (totals.0 + records, totals.1 + bytes);
         }
         Ok(totals)
@@ -165,10 +168,14 @@ async fn kafka_footprint(settings: &Settings) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Reads `topic` from the beginning to its end: (records, key + value bytes).
-fn read_sizes(kafka: &docstream::config::KafkaClient, topic: &str) -> anyhow::Result<(u64, u64)> {
+fn read_sizes(
+    kafka: &docstream::config::KafkaClient,
+    group: &str,
+    topic: &str,
+) -> anyhow::Result<(u64, u64)> {
     let consumer: BaseConsumer = kafka
         .config()
-        .set("group.id", "docstream-bench-footprint")
+        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;
     let timeout = Duration::from_secs(10);
