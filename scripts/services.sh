@@ -234,12 +234,18 @@ EOF
 
 # Postmaster alive?  (pid from postmaster.pid, must be a live postgres process
 # for this data dir; a stale pid file or a zombie counts as not running.)
-pg_running() {
+# Is the process of pid file $1 alive, and does its command line name $2?
+# (A stale pid file may name a pid reused since.) Prints the pid if so.
+pid_running_as() {
     local pid
-    pid="$(head -n1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    pid="$(head -n1 "$1" 2>/dev/null || true)"
     [ -n "$pid" ] && proc_alive "$pid" \
-        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$PG_DATA"
+        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2" \
+        && echo "$pid"
 }
+# Is the cluster of data folder $1 running?
+pg_cluster_running() { pid_running_as "$1/postmaster.pid" "$1" >/dev/null; }
+pg_running() { pg_cluster_running "$PG_DATA"; }
 pg_start_once() {
     (cd / && setsid runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOGFILE" \
         -w -t "$DEADLINE_SECS" start >/dev/null 2>&1 </dev/null 9>&-)
@@ -354,12 +360,7 @@ standby_paths() {
     STANDBY_LOG="$PG_HOME/standby.log"
 }
 
-standby_running() {
-    local pid
-    pid="$(head -n1 "$STANDBY_DATA/postmaster.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && proc_alive "$pid" \
-        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$STANDBY_DATA"
-}
+standby_running() { pg_cluster_running "$STANDBY_DATA"; }
 
 # The primary's setting for synchronous replication: the standby's name, or
 # empty (asynchronous). A reload applies it.

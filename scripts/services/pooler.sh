@@ -15,15 +15,8 @@ pooler_ports() { echo "$POOLER_SESSION_PORT,$POOLER_TRANSACTION_PORT"; }
 
 pooler_dir() { echo "$PG_HOME/pgbouncer-$1"; }
 
-# The pid of mode $1's PgBouncer, if that process is alive and is it (a
-# stale pid file may name a pid reused since).
-pooler_pid() {
-    local pid
-    pid="$(cat "$(pooler_dir "$1")/pgbouncer.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && proc_alive "$pid" \
-        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$(pooler_dir "$1")/pgbouncer.ini" \
-        && echo "$pid"
-}
+# The pid of mode $1's PgBouncer, if it runs.
+pooler_pid() { pid_running_as "$(pooler_dir "$1")/pgbouncer.pid" "$(pooler_dir "$1")/pgbouncer.ini"; }
 
 # One PgBouncer: mode $1 (session|transaction) on port $2.
 pooler_start() {

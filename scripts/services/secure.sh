@@ -215,12 +215,7 @@ secure_pg_paths() {
     SECURE_PG_LOG="$PG_HOME/secure.log"
 }
 
-secure_pg_running() {
-    local pid
-    pid="$(head -n1 "$SECURE_PG_DATA/postmaster.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && proc_alive "$pid" \
-        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$SECURE_PG_DATA"
-}
+secure_pg_running() { pg_cluster_running "$SECURE_PG_DATA"; }
 
 secure_pg_sql() {
     as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$SECURE_PG_SOCK" -p "$SECURE_PG_PORT" -U postgres -d postgres "$@"
@@ -298,13 +293,7 @@ secure_pg_down() {
         || as_pg "$PG_BIN/pg_ctl" -D "$SECURE_PG_DATA" -m immediate -w -t 10 stop >/dev/null 2>&1 || true
 }
 
-oidc_pid() {
-    local pid
-    pid="$(cat "$OIDC_DIR/oidc.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && proc_alive "$pid" \
-        && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "services/oidc.py" \
-        && echo "$pid"
-}
+oidc_pid() { pid_running_as "$OIDC_DIR/oidc.pid" "services/oidc.py"; }
 
 # The token endpoint, before the broker: the broker reads its JWKS.
 oidc_up() {

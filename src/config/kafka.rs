@@ -221,11 +221,6 @@ impl KafkaProperties {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Whether no property is given (a plaintext connection).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Hands every property to librdkafka without making a client: an unknown
     /// name or a value it refuses (a misspelt mechanism, a missing CA file)
     /// fails here, at start, naming the property but never a secret's value.

@@ -25,9 +25,7 @@ pub use types::{
     canonical, AllowList, Backpressure, ConfigError, Described, GroupProtocol, Seconds,
 };
 
-pub use kafka::{
-    redact as redact_kafka, KafkaClient, KafkaProperties, GUARDED as GUARDED_KAFKA_PROPERTIES,
-};
+pub use kafka::{redact as redact_kafka, KafkaClient, KafkaProperties};
 
 pub use extractors::{
     env_of as extractors_env, env_var as extractor_env_var, ExtractorSettings, RULES,

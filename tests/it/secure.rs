@@ -149,7 +149,8 @@ async fn every_role_runs_a_job_over_tls_only() {
     let env = TestEnv::on(secure.settings(dir.path()), "secure_roles").await;
     assert!(env.settings.database_url.contains("sslmode=verify-full"));
     let children_env = env.child_env();
-    for port in plaintext_ports().iter().filter(|p| !p.is_empty()) {
+    for port in plaintext_ports() {
+        assert!(!port.is_empty(), "the plaintext services' ports are known");
         for (var, value) in &children_env {
             assert!(
                 !value.contains(&format!(":{port}")),
