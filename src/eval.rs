@@ -19,6 +19,18 @@
 //! samples' scans so; a tenant's corrected fields are exported so).
 //! Documents are submitted one at a time, so a page's time is its own, not
 //! a queue's.
+//!
+//! A folder of documents with gold fields instead (`NAME.jpg` beside
+//! `NAME.json`, a flat object of field values as printed, as public
+//! receipt sets ship them) is read with `--request FILE` (the request's
+//! fields, the same for every document) and `--gold field=key,…` (which
+//! gold value each requested field is compared with; by default the one of
+//! its own name). Then the table by field also gives the share right after
+//! normalisation (amounts as numbers, dates as dates, text without case or
+//! spacing) and how well `needs_review` separates wrong values from right
+//! ones: its precision (of the flagged, the share wrong) and recall (of
+//! the wrong, the share flagged). A field not found counts as flagged: the
+//! reviewer sees it missing.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -60,6 +72,28 @@ pub struct EvalArgs {
     /// Give up on a document after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout_s: u64,
+    /// For a folder of documents with gold fields (`NAME.json` beside each
+    /// image or PDF): a JSON file of the request every document is
+    /// submitted with (its `fields`, and anything else a request takes but
+    /// the document).
+    #[arg(long)]
+    pub request: Option<PathBuf>,
+    /// For gold fields: the gold key each requested field is compared with,
+    /// `field=key` (comma-separated); a field not named is compared with
+    /// the key of its own name.
+    #[arg(long, value_delimiter = ',')]
+    pub gold: Vec<String>,
+    /// Write each job as it finished (`NAME.job.json`) and the document
+    /// its file was read into (`NAME.document.json`) into this folder: to
+    /// tell what the reader saw from what the extractor chose.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    /// Submit the documents already read, as `--keep` wrote them
+    /// (`NAME.document.json` in this folder), instead of the files: to
+    /// measure the extractor's choices apart from the reader, in seconds.
+    /// A document without one is submitted as its file.
+    #[arg(long)]
+    pub read_from: Option<PathBuf>,
 }
 
 /// A document's ground truth.
@@ -115,6 +149,32 @@ struct Scored {
     /// The fields read wrong, a line each.
     misses: Vec<String>,
     documents: usize,
+    /// By field name.
+    by_field: BTreeMap<String, FieldScore>,
+}
+
+/// How one field was read over the documents.
+#[derive(Debug, Default, Clone)]
+struct FieldScore {
+    documents: usize,
+    exact: usize,
+    /// Right once normalised: amounts as numbers, dates as dates, text
+    /// without case or spacing.
+    normalised: usize,
+    /// Flagged `needs_review`, or not found.
+    flagged: usize,
+    /// Flagged and wrong (after normalisation).
+    flagged_wrong: usize,
+}
+
+impl FieldScore {
+    fn add(&mut self, other: &FieldScore) {
+        self.documents += other.documents;
+        self.exact += other.exact;
+        self.normalised += other.normalised;
+        self.flagged += other.flagged;
+        self.flagged_wrong += other.flagged_wrong;
+    }
 }
 
 impl Scored {
@@ -128,6 +188,9 @@ impl Scored {
         self.per_page.extend(&other.per_page);
         self.failed += other.failed;
         self.documents += other.documents;
+        for (name, field) in &other.by_field {
+            self.by_field.entry(name.clone()).or_default().add(field);
+        }
     }
 }
 
@@ -209,8 +272,12 @@ async fn evaluate_with(
     Ok((by_document, cpu_s, ocr_cpu_s, pipeline_mib, child_mib))
 }
 
-/// Every truth of the folder, in name order, of the variants asked for.
+/// Every truth of the folder, in name order, of the variants asked for;
+/// with `--request`, the folder's gold fields instead.
 fn load(args: &EvalArgs) -> anyhow::Result<Vec<(PathBuf, Truth)>> {
+    if let Some(request) = &args.request {
+        return load_gold(&args.dir, request, &args.gold);
+    }
     let listing =
         std::fs::read_dir(&args.dir).with_context(|| format!("reading {}", args.dir.display()))?;
     let mut paths: Vec<PathBuf> = listing
@@ -227,6 +294,86 @@ fn load(args: &EvalArgs) -> anyhow::Result<Vec<(PathBuf, Truth)>> {
             let document = path.with_file_name(&truth.document);
             truths.push((document, truth));
         }
+    }
+    Ok(truths)
+}
+
+/// The documents of `dir` that have gold fields (`NAME.json` beside
+/// `NAME.jpg`, `.jpeg`, `.png`, `.tif`, `.tiff` or `.pdf`), in name order,
+/// each to be submitted with the request in the file `request`, its
+/// fields compared with the gold keys `map` names.
+fn load_gold(
+    dir: &std::path::Path,
+    request: &std::path::Path,
+    map: &[String],
+) -> anyhow::Result<Vec<(PathBuf, Truth)>> {
+    let text = std::fs::read_to_string(request)
+        .with_context(|| format!("reading the request {}", request.display()))?;
+    let request: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", request.display()))?;
+    let names: Vec<String> = (request["fields"].as_array())
+        .context("the request has no `fields` array")?
+        .iter()
+        .filter_map(|f| f["name"].as_str().map(str::to_owned))
+        .collect();
+    let mut keys: BTreeMap<String, String> = names.iter().map(|n| (n.clone(), n.clone())).collect();
+    for pair in map {
+        let (field, key) = pair
+            .split_once('=')
+            .with_context(|| format!("--gold {pair:?} is not field=key"))?;
+        anyhow::ensure!(
+            keys.contains_key(field),
+            "--gold names {field:?}, which the request does not ask for"
+        );
+        keys.insert(field.to_owned(), key.to_owned());
+    }
+    let kind = dir
+        .file_name()
+        .map_or("documents".into(), |n| n.to_string_lossy().into_owned());
+    let listing = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let mut golds: Vec<PathBuf> = listing
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    golds.sort();
+    let mut truths = Vec::new();
+    for gold in golds {
+        let Some(document) = ["jpg", "jpeg", "png", "tif", "tiff", "pdf"]
+            .iter()
+            .map(|ext| gold.with_extension(ext))
+            .find(|p| p.is_file())
+        else {
+            continue;
+        };
+        let values: BTreeMap<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&gold)?)
+                .with_context(|| format!("{} is not an object of gold fields", gold.display()))?;
+        let fields = (keys.iter())
+            .map(|(field, key)| {
+                let value = values
+                    .get(key)
+                    .and_then(|v| v.as_str())
+                    .map(|v| FieldTruth {
+                        value: v.trim().to_owned(),
+                        page: 0,
+                        bbox: None,
+                    });
+                (field.clone(), value)
+            })
+            .collect();
+        let name = document.file_name().unwrap_or_default().to_string_lossy();
+        truths.push((
+            document.clone(),
+            Truth {
+                document: name.into_owned(),
+                kind: kind.clone(),
+                variant: "gold".into(),
+                dpi: None,
+                pages: 1,
+                request: request.clone(),
+                fields,
+            },
+        ));
     }
     Ok(truths)
 }
@@ -250,8 +397,19 @@ async fn evaluate(
             request["min_confidence"] = serde_json::json!(min);
         }
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let (content_type, body) =
-            crate::demo::multipart_body(&request, &name, "application/octet-stream", &bytes)?;
+        let read = (args.read_from.as_ref())
+            .map(|dir| dir.join(format!("{name}.document.json")))
+            .filter(|p| p.is_file());
+        let (content_type, body) = match read {
+            Some(read) => {
+                request["document"] = serde_json::from_slice(&std::fs::read(&read)?)
+                    .with_context(|| format!("{} is not a document", read.display()))?;
+                ("application/json".to_owned(), serde_json::to_vec(&request)?)
+            }
+            None => {
+                crate::demo::multipart_body(&request, &name, "application/octet-stream", &bytes)?
+            }
+        };
         let response = client
             .post(format!("{base}/v1/extractions"))
             .header(reqwest::header::CONTENT_TYPE, content_type)
@@ -261,6 +419,9 @@ async fn evaluate(
             .with_context(|| format!("submitting {name}"))?;
         let id = crate::demo::accepted(response).await?;
         let job = finished(client, base, id, args.timeout_s, shutdown).await?;
+        if let Some(dir) = &args.keep {
+            keep(client, base, id, &job, &dir.join(&*name)).await?;
+        }
         let score = score(truth, &job);
         if score.failed > 0 {
             println!("{name}: {}: {}", job["status"], job["error"]);
@@ -272,6 +433,34 @@ async fn evaluate(
     }
     let after = cpu_seconds()?;
     Ok((scored, after.0 - before.0, after.1 - before.1))
+}
+
+/// Writes `job` and the document read from its file beside `path`
+/// (`path.job.json`, `path.document.json`).
+async fn keep(
+    client: &reqwest::Client,
+    base: &str,
+    id: uuid::Uuid,
+    job: &serde_json::Value,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let write = |suffix: &str, value: &serde_json::Value| {
+        let to = format!("{}.{suffix}.json", path.display());
+        std::fs::write(&to, serde_json::to_vec_pretty(value)?)
+            .with_context(|| format!("writing {to}"))
+    };
+    write("job", job)?;
+    let response = client
+        .get(format!("{base}/v1/extractions/{id}/document"))
+        .send()
+        .await?;
+    if response.status().is_success() {
+        write("document", &response.json().await?)?;
+    }
+    Ok(())
 }
 
 /// Job `id` once its extraction failed or its bbox refinement ended.
@@ -317,6 +506,17 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
     };
     if job["status"] != "succeeded" {
         scored.failed = 1;
+        for (name, want) in &truth.fields {
+            let wrong = want.is_some();
+            let field = FieldScore {
+                documents: 1,
+                exact: usize::from(!wrong),
+                normalised: usize::from(!wrong),
+                flagged: 1,
+                flagged_wrong: usize::from(wrong),
+            };
+            scored.by_field.insert(name.clone(), field);
+        }
         scored.boxed = truth
             .fields
             .values()
@@ -335,17 +535,37 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
     }
     let grounded = &job["post_processing"]["bbox_refinement"]["result"]["fields"];
     for (name, want) in &truth.fields {
-        let value = job["result"]["fields"][name]["value"].as_str();
+        let read = &job["result"]["fields"][name];
+        let value = read["value"].as_str();
         let got = &grounded[name];
         if got["needs_review"] == true {
             scored.needs_review += 1;
         }
         let want_value = want.as_ref().map(|w| w.value.as_str());
-        match value == want_value {
+        let exact = value == want_value || (value.is_some() && read["raw"].as_str() == want_value);
+        let right = match (value, want_value) {
+            (Some(got), Some(want)) => same(got, want),
+            (got, want) => got == want,
+        };
+        let flagged = got["needs_review"] == true || (value.is_none() && want.is_some());
+        scored.by_field.insert(
+            name.clone(),
+            FieldScore {
+                documents: 1,
+                exact: usize::from(exact),
+                normalised: usize::from(right),
+                flagged: usize::from(flagged),
+                flagged_wrong: usize::from(flagged && !right),
+            },
+        );
+        match exact {
             true => scored.exact += 1,
-            false => scored
-                .misses
-                .push(format!("{name}: read {value:?}, truth {want_value:?}")),
+            false => scored.misses.push(format!(
+                "{name}: read {value:?} (confidence {}{}), truth {want_value:?}{}",
+                got["confidence"],
+                if flagged { ", flagged" } else { "" },
+                if right { ": right once normalised" } else { "" },
+            )),
         }
         let Some(want) = want else {
             continue;
@@ -361,6 +581,25 @@ fn score(truth: &Truth, job: &serde_json::Value) -> Scored {
         }
     }
     scored
+}
+
+/// True when `got` and `want` say the same: as amounts, as dates, or as
+/// text without case, spacing or punctuation around it.
+fn same(got: &str, want: &str) -> bool {
+    use docstream::extract::values;
+    if let (Some(a), Some(b)) = (values::money_cents(got), values::money_cents(want)) {
+        return a == b;
+    }
+    if let (Some(a), Some(b)) = (values::date(got), values::date(want)) {
+        return a == b;
+    }
+    let fold = |s: &str| {
+        (s.split(|c: char| !c.is_alphanumeric()))
+            .filter(|w| !w.is_empty())
+            .map(str::to_uppercase)
+            .collect::<Vec<_>>()
+    };
+    fold(got) == fold(want)
 }
 
 /// CPU seconds (user and system) this process has used, and those of its
@@ -409,6 +648,10 @@ fn report(truths: &[(PathBuf, Truth)], scored: &[Scored], cpu_s: f64, ocr_cpu_s:
     for (variant, s) in group(&|t| t.variant.clone()) {
         println!("{}", row(&variant, &s));
     }
+    println!("\n{}", field_header());
+    for (name, field) in &all.by_field {
+        println!("{}", field_row(name, field));
+    }
     let pages = all.pages as f64;
     println!(
         "\n{} pages in {cpu_s:.1} CPU-seconds: {:.2} pages/s per core, the whole pipeline \
@@ -445,6 +688,42 @@ fn row(name: &str, s: &Scored) -> String {
         share(s.needs_review, s.fields),
         quantile(&s.per_page, 0.5),
         quantile(&s.per_page, 0.99),
+    )
+}
+
+fn field_header() -> String {
+    format!(
+        "{:<10} {:>5} {:>7} {:>11} {:>8} {:>17} {:>14} {:>15}",
+        "field",
+        "docs",
+        "exact",
+        "normalised",
+        "flagged",
+        "review precision",
+        "review recall",
+        "right flagged"
+    )
+}
+
+/// A field's row: its shares right, and how `needs_review` separates the
+/// wrong values (which it should flag) from the right ones (which it
+/// should not).
+fn field_row(name: &str, f: &FieldScore) -> String {
+    let share = |n: usize, of: usize| match of {
+        0 => "-".to_owned(),
+        _ => format!("{:.1}%", 100.0 * n as f64 / of as f64),
+    };
+    let wrong = f.documents - f.normalised;
+    let right_flagged = f.flagged - f.flagged_wrong;
+    format!(
+        "{name:<10} {:>5} {:>7} {:>11} {:>8} {:>17} {:>14} {:>15}",
+        f.documents,
+        share(f.exact, f.documents),
+        share(f.normalised, f.documents),
+        share(f.flagged, f.documents),
+        share(f.flagged_wrong, f.flagged),
+        share(f.flagged_wrong, wrong),
+        share(right_flagged, f.normalised),
     )
 }
 

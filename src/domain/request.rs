@@ -380,7 +380,7 @@ pub enum RequestError {
     FieldName(String),
     /// A field has neither a pattern nor an anchor.
     #[error(
-        "field {0:?} needs a `pattern` or an `anchor` (the rules extractor finds values by them)"
+        "field {0:?} needs a `pattern` or an `anchor` (the rules extractor finds values by them; only a `date` field is found by its type alone)"
     )]
     FieldRule(String),
     /// The extractor's name cannot name one.
@@ -679,7 +679,10 @@ impl FieldSpec {
             within(&what("anchor"), anchor.len(), limits.anchor_bytes, "bytes")?;
         }
         let no_anchor = self.anchor.as_deref().is_none_or(|a| a.trim().is_empty());
-        if rules && self.pattern.is_none() && no_anchor {
+        // A date is known by its form alone; any other value needs a
+        // pattern or an anchor to say which it is.
+        let known_by_type = self.field_type == FieldType::Date;
+        if rules && self.pattern.is_none() && no_anchor && !known_by_type {
             return Err(RequestError::FieldRule(self.name.clone()));
         }
         if let Some(pattern) = &self.pattern {

@@ -1,8 +1,11 @@
 //! Bbox refinement: ground each extracted value to the boxes of the words it was
 //! read from, as the union box on the page of its first word, and to how
-//! sure their reader was of them: the least confidence among those words
-//! (OCR gives one; a text layer's words have none, and are certain). A
-//! value less sure than its request's `min_confidence` needs review.
+//! sure its reading is: the extractor's own confidence when it gives one
+//! (the rules extractor's combines the words' OCR confidence with how clear
+//! its choice among the page's candidates was), else the least confidence
+//! among those words (OCR gives one; a text layer's words have none, and
+//! are certain). A value less sure than its request's `min_confidence`
+//! needs review.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +26,8 @@ pub fn ground(document: &Document, output: &ExtractionOutput, min_confidence: f6
                 let on_page = || words.get(first..=last).into_iter().flatten();
                 let on_page = || on_page().filter(|w| w.page == page);
                 let bbox = on_page().filter_map(|w| w.bbox).reduce(union)?;
-                let confidence = on_page().filter_map(|w| w.confidence).reduce(f64::min);
+                let read = on_page().filter_map(|w| w.confidence).reduce(f64::min);
+                let confidence = v.confidence.or(read);
                 Some(GroundedField {
                     page,
                     bbox,
@@ -97,6 +101,8 @@ mod tests {
             value: "12.50".into(),
             raw: Some("USD 12.50".into()),
             words: Some([1, 2]),
+            confidence: None,
+            chosen: None,
         };
         output.fields.insert("total".into(), Some(value));
         output.fields.insert("missing".into(), None);
@@ -123,6 +129,8 @@ mod tests {
             value: "x".into(),
             raw: None,
             words: Some(words),
+            confidence: None,
+            chosen: None,
         };
         output.fields.insert("number".into(), Some(value([1, 2])));
         output.fields.insert("sure".into(), Some(value([2, 2])));

@@ -9,15 +9,18 @@
 //! its limits, shared by all of the process's records.
 
 mod bbox;
+mod choose;
 mod cpu;
 pub mod deferred;
 mod gate;
 mod http;
+mod layout;
 mod limits;
 pub mod protocol;
 mod registry;
 mod rule;
 pub mod slots;
+pub mod values;
 
 pub use bbox::{ground, iou};
 pub use cpu::{CpuPool, Deadline};
@@ -47,6 +50,42 @@ pub struct ExtractedValue {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "[usize; 2]")]
     pub words: Option<[usize; 2]>,
+    /// How sure the extractor is of the value, from 0 to 1: the least of
+    /// its words' OCR confidence and how clear its choice among the
+    /// page's candidates was. Absent when the extractor does not say;
+    /// bbox refinement then takes the words' confidence alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0), with = "f64")]
+    pub confidence: Option<f64>,
+    /// How the value was chosen among the candidates on the page, when it
+    /// was (a typed field of the rules extractor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Choice")]
+    pub chosen: Option<Choice>,
+}
+
+/// How a value was chosen: the rule that won and the candidates it was
+/// chosen from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Choice {
+    /// Why the value won, in words: its label, and the check of the page's
+    /// arithmetic that agrees with it, if one does.
+    pub rule: String,
+    /// The best candidates, best first (at most five), the winner included.
+    pub candidates: Vec<Candidate>,
+}
+
+/// One value a field could have had.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Candidate {
+    /// The value, normalised.
+    pub value: String,
+    /// The words it spans: first and last index.
+    pub words: [usize; 2],
+    /// Its score: higher is better.
+    pub score: f64,
+    /// What kind of value its label says it is.
+    pub why: String,
 }
 
 /// What an extractor returns: each requested field, found or not (`null`).
@@ -240,6 +279,8 @@ mod tests {
             value: "1234.50".into(),
             raw: Some("$1,234.50 \"é\"".into()),
             words: Some([3, 4]),
+            confidence: None,
+            chosen: None,
         });
         assert_eq!(json_len(&value), serde_json::to_vec(&value).unwrap().len());
         let limits = ResultLimits {
@@ -256,6 +297,8 @@ mod tests {
             value: "x".repeat(65),
             raw: None,
             words: None,
+            confidence: None,
+            chosen: None,
         });
         let refused = ResultSize::new(limits).add("c", &big);
         assert!(matches!(refused, Err(ExtractError::ResultTooLarge(_))));

@@ -1,10 +1,16 @@
-//! The deterministic rule extractor: each field is found by a regular expression
-//! (its own, or one implied by its type), searched after an optional anchor
-//! phrase, over the document's words joined by single spaces. Because the search
-//! runs on that joined text, every match maps back to exact word indices, which
-//! is what bbox grounding needs.
+//! The deterministic rule extractor. A field with a pattern of its own is
+//! found by it, searched after an optional anchor phrase, over the
+//! document's words joined by single spaces: every match maps back to exact
+//! word indices, which is what bbox grounding needs. A typed field without
+//! one is chosen among every candidate on the page ([`choose`]): a `money`
+//! field with an anchor, and a `date` field, read the page's lines
+//! ([`layout`]) for the amount or the date the document means.
+//!
+//! [`choose`]: super::choose
+//! [`layout`]: super::layout
 
-use super::{Deadline, ExtractError, ExtractedValue, ExtractionOutput, ResultSize};
+use super::choose::Page;
+use super::{layout, Deadline, ExtractError, ExtractedValue, ExtractionOutput, ResultSize};
 use crate::domain::pattern::{self, Found, Pattern};
 use crate::domain::{
     ExtractionRequest, FieldSpec, FieldType, RequestLimits, ResultLimits, WordRef,
@@ -88,14 +94,46 @@ pub fn find_fields(
 ) -> Result<ExtractionOutput, ExtractError> {
     let words = request.document.words();
     let joined = JoinedText::new(&words);
+    let mut page = None;
     let mut output = ExtractionOutput::default();
     let mut size = ResultSize::new(budget.result);
     for field in &request.fields {
-        let value = find(field, &joined, budget.program_bytes, deadline)?;
+        deadline.check()?;
+        let value = match chosen(field) {
+            Some(choice) => {
+                let text = request.document.text.as_deref();
+                let page =
+                    page.get_or_insert_with(|| Page::new(&words, layout::lines(&words, text)));
+                match choice {
+                    Chosen::Money(anchor) => page.money(anchor),
+                    Chosen::Date(anchor) => page.date(anchor),
+                }
+            }
+            None => find(field, &joined, budget.program_bytes, deadline)?,
+        };
         size.add(&field.name, &value)?;
         output.fields.insert(field.name.clone(), value);
     }
     Ok(output)
+}
+
+/// How a field is chosen among the page's candidates, when it is.
+enum Chosen<'a> {
+    /// A `money` field's amount, by its anchor.
+    Money(&'a str),
+    /// A `date` field's date, by its anchor if it has one.
+    Date(Option<&'a str>),
+}
+
+/// Whether `field` is chosen among candidates: a typed field without a
+/// pattern of its own (a pattern says exactly what to take).
+fn chosen(field: &FieldSpec) -> Option<Chosen<'_>> {
+    let anchor = field.anchor.as_deref().filter(|a| !a.trim().is_empty());
+    match (field.field_type, &field.pattern, anchor) {
+        (FieldType::Money, None, Some(anchor)) => Some(Chosen::Money(anchor)),
+        (FieldType::Date, None, anchor) => Some(Chosen::Date(anchor)),
+        _ => None,
+    }
 }
 
 fn find(
@@ -165,6 +203,8 @@ fn first_value(found: Found, field_type: FieldType, doc: &JoinedText) -> Option<
         value: normalise(field_type, &doc.text[value]),
         raw: Some(doc.text[whole].to_owned()),
         words: Some(words),
+        confidence: None,
+        chosen: None,
     })
 }
 
