@@ -653,13 +653,17 @@ fn report(truths: &[(PathBuf, Truth)], scored: &[Scored], cpu_s: f64, ocr_cpu_s:
         println!("{}", field_row(name, field));
     }
     let pages = all.pages as f64;
+    let per_core = |cpu_s: f64| match cpu_s > 0.05 {
+        true => format!("{:.2}", pages / cpu_s),
+        false => "-".to_owned(),
+    };
     println!(
-        "\n{} pages in {cpu_s:.1} CPU-seconds: {:.2} pages/s per core, the whole pipeline \
+        "\n{} pages in {cpu_s:.1} CPU-seconds: {} pages/s per core, the whole pipeline \
          (API, worker, bbox worker, the OCR engine and the PDF reader); the OCR engine and \
-         the PDF reader alone: {ocr_cpu_s:.1} CPU-seconds, {:.2} pages/s per core",
+         the PDF reader alone: {ocr_cpu_s:.1} CPU-seconds, {} pages/s per core",
         all.pages,
-        pages / cpu_s.max(f64::EPSILON),
-        pages / ocr_cpu_s.max(f64::EPSILON),
+        per_core(cpu_s),
+        per_core(ocr_cpu_s),
     );
 }
 

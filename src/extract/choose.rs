@@ -127,7 +127,7 @@ impl<'a> Page<'a> {
         let mut i = 0;
         while i < words.len() {
             let word = words[i];
-            if let Some(cents) = values::money_cents(self.text(word)) {
+            if let Some(cents) = ocr_money(self.text(word)) {
                 amounts.push(Amount {
                     words: [word, word],
                     cents,
@@ -223,7 +223,12 @@ impl<'a> Page<'a> {
             .flat_map(|a| a.split(|c: char| !c.is_alphabetic()).map(str::to_owned))
             .filter(|s| !s.is_empty())
             .collect();
-        let checks = Checks::of(self);
+        // The page's arithmetic gives its total: it says nothing of a
+        // field anchored on a part (`Subtotal`, `Cash`).
+        let checks = match kind(&anchor_words, &[]) {
+            Kind::Part(_) => Checks::none(),
+            _ => Checks::of(self),
+        };
         let mut scored: Vec<Scored> = Vec::new();
         for l in self.anchored(&anchor) {
             let Some((amount, below)) = self.amount_of(l) else {
@@ -268,21 +273,24 @@ impl<'a> Page<'a> {
         self.decide(scored, &checks, anchored)
     }
 
-    /// The last place `cents` is printed on a line that is not a part of
-    /// the total, unless a candidate already has it.
+    /// The last place `cents` is printed on a line that is not what paid
+    /// it (the cash line alone is no second reading when the change is
+    /// nil), unless a candidate already has it.
     fn unlabelled(&self, cents: i64, scored: &[Scored]) -> Option<Amount> {
         if scored.iter().any(|s| s.amount.cents == cents) {
             return None;
         }
-        (0..self.lines.len()).rev().find_map(|l| {
-            let amount = self
-                .amounts(l)
-                .into_iter()
-                .rev()
-                .find(|a| a.cents == cents)?;
-            let part = matches!(kind(&self.label(l), &[]), Kind::Part(_));
-            (!part).then_some(amount)
-        })
+        let paid = |l: usize| {
+            matches!(
+                kind(&self.label(l), &[]),
+                Kind::Part(Part::Tendered | Part::Change)
+            )
+        };
+        let printed = |l: usize| self.amounts(l).into_iter().rev().find(|a| a.cents == cents);
+        (0..self.lines.len())
+            .rev()
+            .filter(|&l| !paid(l))
+            .find_map(printed)
     }
 
     /// The best of `scored`, with how sure the choice is.
@@ -342,7 +350,7 @@ impl<'a> Page<'a> {
             self.value(
                 values::cents_text(winner.amount.cents),
                 winner.amount.words,
-                clarity,
+                (clarity, confirmed.is_some()),
                 rule,
                 ranked
                     .iter()
@@ -363,18 +371,21 @@ impl<'a> Page<'a> {
     }
 
     /// A chosen value: its confidence is the least of the choice's clarity
-    /// and its words' OCR confidence.
+    /// and its words' OCR confidence, unless the page's arithmetic gave the
+    /// same amount from other numbers (`checked`): that is a second reading
+    /// of its digits, and the choice's clarity stands alone.
     fn value(
         &self,
         value: String,
         words: [usize; 2],
-        clarity: f64,
+        (clarity, checked): (f64, bool),
         rule: String,
         candidates: Vec<Candidate>,
     ) -> ExtractedValue {
         let read = (self.words.get(words[0]..=words[1]).into_iter().flatten())
             .filter_map(|w| w.confidence)
             .fold(1.0, f64::min);
+        let confidence = if checked { clarity } else { clarity.min(read) };
         let raw = (words[0]..=words[1])
             .map(|w| self.text(w))
             .collect::<Vec<_>>()
@@ -383,7 +394,7 @@ impl<'a> Page<'a> {
             value,
             raw: Some(raw),
             words: Some(words),
-            confidence: Some((clarity.min(read) * 1000.0).round() / 1000.0),
+            confidence: Some((confidence * 1000.0).round() / 1000.0),
             chosen: Some(Choice { rule, candidates }),
         }
     }
@@ -434,7 +445,7 @@ impl<'a> Page<'a> {
                 why: why.clone(),
             })
             .collect();
-        Some(self.value(value, words, clarity, why, candidates))
+        Some(self.value(value, words, (clarity, false), why, candidates))
     }
 
     /// The dates printed on line `l`: one word (`25/12/2018`,
@@ -468,6 +479,40 @@ impl<'a> Page<'a> {
     }
 }
 
+/// An amount as OCR may print it: `15.u0` and `iS.00` are read as
+/// `15.00`, when the word has a decimal point and two digits or more
+/// (letters the engine takes for digits: o, u, D as 0; i, l, I, | as 1;
+/// S, s as 5; B as 8; Z as 2).
+fn ocr_money(text: &str) -> Option<i64> {
+    if let Some(cents) = values::money_cents(text) {
+        return Some(cents);
+    }
+    let digits = text.bytes().filter(u8::is_ascii_digit).count();
+    let point = text.contains(['.', ',']);
+    if digits < 2 || !point || text.len() > 12 {
+        return None;
+    }
+    let (prefix, number) = match text.strip_prefix("RM") {
+        Some(rest) => ("RM", rest),
+        None => ("", text),
+    };
+    let mapped: String = number
+        .chars()
+        .map(|c| match c {
+            'o' | 'O' | 'u' | 'U' | 'D' => '0',
+            'i' | 'l' | 'I' | '|' => '1',
+            'S' | 's' => '5',
+            'B' => '8',
+            'Z' => '2',
+            c => c,
+        })
+        .collect();
+    // Only the number itself may have been misread: a word with other
+    // letters is not an amount.
+    let misread = !mapped.chars().any(char::is_alphabetic);
+    values::money_cents(&format!("{prefix}{mapped}")).filter(|_| misread)
+}
+
 /// The most candidates a choice lists.
 const MAX_CANDIDATES: usize = 5;
 
@@ -491,18 +536,20 @@ fn kind(label: &[String], anchor: &[String]) -> Kind {
         .map(String::as_str)
         .filter(|w| !anchor.iter().any(|a| a == w) && *w != joined_anchor)
         .collect();
+    // Qualifiers glued to the anchor: `subtotal`, `grandtotal`,
+    // `totalamtrounded` hold `sub`, `grand`, `amtrounded`.
+    let glued: Vec<&str> = (label.iter())
+        .flat_map(|w| {
+            (anchor.iter())
+                .filter(move |a| w.len() > a.len() && w.contains(a.as_str()))
+                .flat_map(move |a| w.split(a.as_str()))
+        })
+        .filter(|piece| !piece.is_empty())
+        .collect();
     let has = |prefixes: &[&str]| {
-        words
-            .iter()
-            .any(|w| prefixes.iter().any(|p| w.starts_with(p)))
-            || label.iter().any(|w| {
-                // `subtotal`, `grandtotal`: a qualifier glued to the anchor.
-                anchor.iter().any(|a| {
-                    w.len() > a.len()
-                        && w.ends_with(a.as_str())
-                        && prefixes.iter().any(|p| w.starts_with(p))
-                })
-            })
+        let starts = |w: &&str| prefixes.iter().any(|p| w.starts_with(p));
+        let holds = |w: &&str| prefixes.iter().any(|p| w.contains(p));
+        words.iter().any(starts) || glued.iter().any(holds)
     };
     let final_total = has(&[
         "grand",
@@ -556,14 +603,7 @@ impl Checks {
     /// The parts printed on `page`, each the last of its kind (a page's
     /// summary comes after its lines), whatever the field's anchor.
     fn of(page: &Page<'_>) -> Self {
-        let mut checks = Checks {
-            tendered: None,
-            change: None,
-            subtotal: None,
-            tax: 0,
-            discount: 0,
-            rounding: 0,
-        };
+        let mut checks = Self::none();
         for l in 0..page.lines.len() {
             let label = page.label(l);
             if label.is_empty() {
@@ -584,6 +624,18 @@ impl Checks {
             }
         }
         checks
+    }
+
+    /// No parts known: nothing to check.
+    fn none() -> Self {
+        Checks {
+            tendered: None,
+            change: None,
+            subtotal: None,
+            tax: 0,
+            discount: 0,
+            rounding: 0,
+        }
     }
 
     /// Tendered − change, when the page prints both and they make sense.

@@ -9,7 +9,16 @@ use chrono::NaiveDate;
 /// `1.234,50`, `-0.01`, `12,50`. Two decimals are required, so a
 /// quantity, a phone number or a year is not an amount.
 pub fn money_cents(raw: &str) -> Option<i64> {
-    let text = strip_currency(raw.trim());
+    // Quotes, brackets and rules OCR reads around a number.
+    let text = raw.trim_matches(|c: char| {
+        !(c.is_alphanumeric() || matches!(c, '-' | '$' | '€' | '£' | '¥' | '.' | ','))
+    });
+    let text = strip_currency(
+        text.trim_end_matches(['.', ','])
+            .trim_end_matches(|c: char| {
+                !(c.is_alphanumeric() || matches!(c, '-' | '$' | '€' | '£' | '¥'))
+            }),
+    );
     let (negative, text) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => match text.strip_suffix('-') {
@@ -236,6 +245,9 @@ mod tests {
             ("1.2é", None),
             ("€€€€", None),
             ("€12.50", Some(1250)),
+            ("‘101.00", Some(10100)),
+            ("(12.50)", Some(1250)),
+            ("12.50.", Some(1250)),
         ];
         for (raw, cents) in cases {
             assert_eq!(money_cents(raw), cents, "{raw}");
