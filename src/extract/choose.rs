@@ -266,7 +266,7 @@ impl<'a> Page<'a> {
         }
         for candidate in &mut scored {
             if let Some(rule) = checks.confirms(candidate.amount.cents) {
-                candidate.score += 2.0;
+                candidate.score += CHECKED;
                 candidate.why.push_str(&format!(", equal to {rule}"));
             }
         }
@@ -275,14 +275,19 @@ impl<'a> Page<'a> {
 
     /// The last place `cents` is printed on a line that is not what paid
     /// it (the cash line alone is no second reading when the change is
-    /// nil), unless a candidate already has it.
+    /// nil), unless a candidate that is not a part of the total already
+    /// has it.
     fn unlabelled(&self, cents: i64, scored: &[Scored]) -> Option<Amount> {
-        if scored.iter().any(|s| s.amount.cents == cents) {
+        let anchored = |s: &Scored| !matches!(s.kind, Some(Kind::Part(_)));
+        if scored
+            .iter()
+            .any(|s| s.amount.cents == cents && anchored(s))
+        {
             return None;
         }
         let paid = |l: usize| {
             matches!(
-                kind(&self.label(l), &[]),
+                kind(&self.label(l), &total_anchor()),
                 Kind::Part(Part::Tendered | Part::Change)
             )
         };
@@ -513,6 +518,18 @@ fn ocr_money(text: &str) -> Option<i64> {
     values::money_cents(&format!("{prefix}{mapped}")).filter(|_| misread)
 }
 
+/// The page's parts are what they are to its total: `TotalExcl.ofGST`
+/// is a sub-total.
+fn total_anchor() -> [String; 1] {
+    ["total".to_owned()]
+}
+
+/// What agreeing with the page's arithmetic adds to a candidate's score:
+/// more than a final total's label adds over a plain one, since the
+/// arithmetic is a second reading from other numbers, and a label is one
+/// reading of a few words.
+const CHECKED: f64 = 2.5;
+
 /// The most candidates a choice lists.
 const MAX_CANDIDATES: usize = 5;
 
@@ -577,7 +594,8 @@ fn kind(label: &[String], anchor: &[String]) -> Kind {
         "cash", "tender", "paid", "payment", "card", "visa", "master", "credit", "debit",
     ]) {
         Some(Part::Tendered)
-    } else if has(&["change", "balance", "bal", "refund"]) && !has(&["due"]) {
+    } else if has(&["change", "refund"]) || (has(&["balance", "bal"]) && !has(&["due"])) {
+        // `Balance due` is what is owed; `change due` is the change.
         Some(Part::Change)
     } else {
         None
@@ -594,6 +612,9 @@ struct Checks {
     tendered: Option<i64>,
     change: Option<i64>,
     subtotal: Option<i64>,
+    /// The first amount labelled a total and nothing more (later ones are
+    /// often a tax summary's).
+    total: Option<i64>,
     tax: i64,
     discount: i64,
     rounding: i64,
@@ -613,13 +634,18 @@ impl Checks {
                 continue;
             };
             let cents = amount.cents;
-            match kind(&label, &[]) {
+            match kind(&label, &total_anchor()) {
                 Kind::Part(Part::Tendered) => checks.tendered = Some(cents),
                 Kind::Part(Part::Change) => checks.change = Some(cents),
                 Kind::Part(Part::Subtotal) => checks.subtotal = Some(cents),
                 Kind::Part(Part::Tax) => checks.tax = cents,
                 Kind::Part(Part::Discount) => checks.discount = cents.abs(),
-                Kind::Part(Part::Rounding) => checks.rounding = cents,
+                // A rounding is to the nearest 5 or 10 cents: a larger one
+                // is a line misread, or read beside another's amount.
+                Kind::Part(Part::Rounding) if cents.abs() < 10 => checks.rounding = cents,
+                Kind::Total if label.iter().any(|w| w.contains("total")) => {
+                    checks.total = checks.total.or(Some(cents))
+                }
                 _ => {}
             }
         }
@@ -632,6 +658,7 @@ impl Checks {
             tendered: None,
             change: None,
             subtotal: None,
+            total: None,
             tax: 0,
             discount: 0,
             rounding: 0,
@@ -648,9 +675,9 @@ impl Checks {
     fn totals(&self) -> Vec<i64> {
         let adjusted = self.tax != 0 || self.rounding != 0 || self.discount != 0;
         let sums = self.sums().into_iter().filter(|_| adjusted);
-        self.tendered_less_change()
-            .into_iter()
+        (self.tendered_less_change().into_iter())
             .chain(sums)
+            .chain(self.rounded())
             .collect()
     }
 
@@ -664,10 +691,21 @@ impl Checks {
         vec![base + self.rounding, base - self.rounding]
     }
 
+    /// A total and its rounding: what is paid once rounded.
+    fn rounded(&self) -> Vec<i64> {
+        match (self.total, self.rounding) {
+            (Some(total), rounding) if rounding != 0 => vec![total + rounding, total - rounding],
+            _ => Vec::new(),
+        }
+    }
+
     /// The check `cents` passes, if any.
     fn confirms(&self, cents: i64) -> Option<&'static str> {
         if self.tendered_less_change() == Some(cents) {
             return Some("tendered − change");
+        }
+        if self.rounded().contains(&cents) {
+            return Some("total + rounding");
         }
         let adjusted = self.tax != 0 || self.rounding != 0 || self.discount != 0;
         (adjusted && self.sums().contains(&cents))

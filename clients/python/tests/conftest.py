@@ -153,14 +153,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def api_key(server: Server) -> str:
-    """A key of a tenant of the run's own, with every scope the client uses, and no rate quota."""
-    tenant = f"py{uuid.uuid4().hex[:8]}"
-    server.cli("tenants", "create", tenant)
+def tenant(server: Server) -> str:
+    """A tenant of the run's own, with no rate quota."""
+    name = f"py{uuid.uuid4().hex[:8]}"
+    server.cli("tenants", "create", name)
+    server.cli("tenants", "set-quota", name, "--submit-rate-per-s", "0")
+    return name
+
+
+@pytest.fixture(scope="session")
+def api_key(server: Server, tenant: str) -> str:
+    """A key of the run's tenant, with every scope the client uses."""
     key: str = json.loads(
-        server.cli("keys", "create", tenant, "--scopes", "submit,read,cancel,export,delete")
+        server.cli("keys", "create", tenant, "--scopes", "submit,read,cancel,export,delete,review")
     )["api_key"]
-    server.cli("tenants", "set-quota", tenant, "--submit-rate-per-s", "0")
     return key
 
 

@@ -8,9 +8,11 @@ import logging
 import re
 import signal
 import socket
+import struct
 import threading
 import time
 import uuid
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,10 +24,33 @@ from conftest import REPO, SAMPLES, Server, sample
 
 FAILING_FIELDS = [{"name": "po", "anchor": "Purchase order", "required": True}]
 TEXT_FIELDS = [{"name": "total", "type": "money", "anchor": "Total"}]
+INVOICE_FIELDS: list[dict[str, Any]] = [{"name": "invoice_number", "anchor": "Invoice No."},
+                  {"name": "total", "type": "money", "anchor": "Total", "required": True}]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+JPEG_SIGNATURE = b"\xff\xd8\xff"
 
 
 def _close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) < 0.01 for x, y in zip(a, b))
+
+
+def _invoice(confidence: float) -> dict[str, Any]:
+    """A page of words as OCR would give them, each read with ``confidence``:
+    ``Invoice No. INV-0042`` and ``Total 12.50``."""
+    placed = [("Invoice", 10, 10), ("No.", 70, 10), ("INV-0042", 100, 10), ("Total", 10, 40), ("12.50", 70, 40)]
+    words = [{"text": t, "bbox": [x, y, x + 8 * len(t), y + 10], "confidence": confidence} for t, x, y in placed]
+    return {"pages": [{"width": 200, "height": 100, "words": words}]}
+
+
+def _png(width: int, height: int) -> bytes:
+    """A grey-scale PNG made here (zlib and struct): white, with a black bar across its middle."""
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    rows = b"".join(b"\x00" + bytes([0 if height // 3 <= y < 2 * height // 3 else 255]) * width
+                    for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return PNG_SIGNATURE + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 # ---------------------------------------------------------------- the manual's example
@@ -214,6 +239,192 @@ def test_dead_letters(client: docstream.Client) -> None:
     assert all(isinstance(x, docstream.DeadLetter) for x in letters)
     with pytest.raises(docstream.NotFoundError):
         client.replay_dead_letter(2**40)
+
+
+# ---------------------------------------------------------------- review: corrections, the queue, pages
+
+
+def test_correct_fields_and_read_the_corrections(running: Server, client: docstream.Client, tenant: str,
+                                                 run_id: str) -> None:
+    job = client.submit(document=_invoice(0.95), fields=INVOICE_FIELDS, metadata={"run": run_id})
+    done = client.wait(job.id, timeout=60)
+    assert done.status == "succeeded", done.error
+    assert done.fields == {"invoice_number": "INV-0042", "total": "12.50"}
+
+    first = client.correct(job.id, "total", "12.80", reviewer="Ada")
+    assert isinstance(first, docstream.Correction)
+    assert (first.extraction_id, first.field, first.value, first.reviewer) == (job.id, "total", "12.80", "Ada")
+    assert first.key_id and first.corrected_at.tzinfo is not None
+    absent = client.correct(job.id, "invoice_number", None)  # the document does not hold it
+    assert (absent.field, absent.value, absent.reviewer) == ("invoice_number", None, None)
+    last = client.correct(job.id, "total", "12.50", reviewer="Grace")
+    assert first.id < absent.id < last.id
+
+    def seen(corrections: list[docstream.Correction]) -> list[tuple[int, str, str | None, str | None]]:
+        return [(c.id, c.field, c.value, c.reviewer) for c in corrections]
+
+    made = [first, absent, last]
+    assert seen(client.corrections(job.id)) == seen(made)
+    assert seen(client.corrections(job.id, page_size=1)) == seen(made), "every page, in order"
+    assert seen(client.corrections(job.id, after=first.id)) == seen(made[1:])
+    assert {c.field: c.value for c in client.corrections(job.id)} == {"total": "12.50", "invoice_number": None}
+    # The extracted values stay as the extractor gave them; the log has the corrections.
+    assert client.get(job.id).fields == done.fields
+    assert [t.transition for t in client.transitions(job.id)].count("correct_field") == 3
+
+    # Refusals.
+    with pytest.raises(docstream.UnprocessableEntityError):
+        client.correct(job.id, "iban", "DE00")  # a field the request did not name
+    with pytest.raises(docstream.NotFoundError):
+        client.correct(str(uuid.uuid4()), "total", "1.00")
+    with pytest.raises(TypeError):
+        client.correct(job.id, "total", 12.5)  # type: ignore[arg-type]
+    failed = client.submit(text="Invoice", fields=FAILING_FIELDS, metadata={"run": run_id})
+    assert client.wait(failed.id, timeout=60).status == "failed"
+    with pytest.raises(docstream.ConflictError) as not_succeeded:
+        client.correct(failed.id, "po", "PO-1")
+    assert not_succeeded.value.code == "conflict"
+    assert client.corrections(failed.id) == []
+    # A key without the `review` scope reads the corrections, and makes none.
+    reader: str = json.loads(running.cli("keys", "create", tenant, "--scopes", "read"))["api_key"]
+    with docstream.Client(running.base_url, api_key=reader) as read_only:
+        assert seen(read_only.corrections(job.id)) == seen(made)
+        with pytest.raises(docstream.PermissionDeniedError):
+            read_only.correct(job.id, "total", "0.00")
+    # Once erased, the job has no value to correct, nor corrections to read.
+    client.delete(job.id)
+    with pytest.raises(docstream.GoneError):
+        client.correct(job.id, "total", "12.50")
+    with pytest.raises(docstream.GoneError):
+        client.corrections(job.id)
+
+
+def test_the_review_queue_holds_the_unsure_jobs_until_corrected(client: docstream.Client, run_id: str) -> None:
+    meta = {"run": run_id}
+    unsure = client.submit(document=_invoice(0.3), fields=INVOICE_FIELDS, metadata=meta)
+    sure = client.submit(document=_invoice(0.99), fields=INVOICE_FIELDS, metadata=meta)
+    # Sure words, but a request that asks for more than the extractor's certainty.
+    exacting = client.submit(document=_invoice(0.99), fields=INVOICE_FIELDS, metadata=meta, min_confidence=1.0)
+    jobs = {j.id: client.wait(j.id, timeout=60, boxes=True) for j in (unsure, sure, exacting)}
+    assert all(j.status == "succeeded" for j in jobs.values()), [j.error for j in jobs.values()]
+    assert "total" in jobs[unsure.id].fields_to_review, jobs[unsure.id].boxes
+    assert jobs[sure.id].fields_to_review == [], jobs[sure.id].boxes
+    assert "total" in jobs[exacting.id].fields_to_review, jobs[exacting.id].boxes
+
+    queue = list(client.review_queue(metadata=meta, page_size=1))
+    assert sorted(j.id for j in queue) == sorted([unsure.id, exacting.id])
+    assert [j.id for j in queue] == sorted((j.id for j in queue), reverse=True), "newest first"
+    listed = {j.id: j for j in queue}
+    assert listed[unsure.id].fields == jobs[unsure.id].fields, "each with its result"
+    assert listed[unsure.id].fields_to_review == jobs[unsure.id].fields_to_review
+    bare = list(client.review_queue(metadata=meta, include_result=False, order="asc"))
+    assert [j.id for j in bare] == sorted(listed) and all(j.result is None for j in bare)
+    assert sure.id in {j.id for j in client.list(metadata=meta, needs_review=False)}
+
+    # Correcting a part of the flagged values keeps the job in the queue; all of them, out.
+    flagged = jobs[unsure.id].fields_to_review
+    for field in flagged[:-1]:
+        client.correct(unsure.id, field, jobs[unsure.id].fields[field], reviewer="Ada")
+        assert unsure.id in {j.id for j in client.review_queue(metadata=meta)}
+    client.correct(unsure.id, flagged[-1], "12.50", reviewer="Ada")
+    assert [j.id for j in client.review_queue(metadata=meta)] == [exacting.id]
+
+
+def test_a_page_of_a_jobs_file_as_an_image(client: docstream.Client, run_id: str) -> None:
+    meta = {"run": run_id}
+    png = _png(120, 60)
+    from_png = client.submit(file=png, fields=TEXT_FIELDS, metadata=meta)
+    image = client.page_image(from_png.id)
+    assert isinstance(image, docstream.PageImage)
+    assert (image.content_type, image.extension) == ("image/png", "png")
+    assert image.content == png, "a PNG's own bytes"
+
+    jpeg = REPO / "samples" / "scans" / "receipt-bakery.jpeg.jpg"
+    from_jpeg = client.submit(file=jpeg, fields=TEXT_FIELDS, metadata=meta)
+    image = client.page_image(from_jpeg.id, 0)
+    assert (image.content_type, image.extension) == ("image/jpeg", "jpg")
+    assert image.content.startswith(JPEG_SIGNATURE) and len(image.content) > 1000
+
+    s = sample("receipt-bakery")
+    from_pdf = client.submit(s["request"], file=SAMPLES / s["file"], metadata=meta)
+    image = client.page_image(from_pdf.id, 0)
+    assert image.content_type == "image/png" and image.content.startswith(PNG_SIGNATURE)
+    width, height = struct.unpack(">II", image.content[16:24])
+    assert 0 < width < height, "a receipt, drawn upright"
+
+    with pytest.raises(docstream.NotFoundError):
+        client.page_image(from_png.id, 1)  # an image has one page
+    with pytest.raises(docstream.NotFoundError):
+        client.page_image(from_pdf.id, 5)
+    as_json = client.submit(document=_invoice(0.9), fields=TEXT_FIELDS, metadata=meta)
+    with pytest.raises(docstream.NotFoundError):
+        client.page_image(as_json.id)  # no file to draw
+    for job in (from_png, from_jpeg, from_pdf):
+        assert client.wait(job.id, timeout=120).finished
+
+
+def test_pages_drawn_past_the_render_slots_are_repeated_after_retry_after(client: docstream.Client,
+                                                                          run_id: str) -> None:
+    """Twelve requests at once for three pages not drawn yet, on a server that
+    draws two at a time (DOCSTREAM_RENDER_SLOTS): those past the slots meet
+    503 with Retry-After, wait for it, and get their page on a later try."""
+    meta = {"run": run_id}
+    contoso, northwind = sample("invoice-contoso"), sample("invoice-northwind")
+    two_pages = client.submit(contoso["request"], file=SAMPLES / contoso["file"], metadata=meta)
+    one_page = client.submit(northwind["request"], file=SAMPLES / northwind["file"], metadata=meta)
+    pages = [(two_pages.id, 0), (two_pages.id, 1), (one_page.id, 0)] * 4
+    retries = _Retries()
+    logger = logging.getLogger("docstream")
+    logger.addHandler(retries)
+    logger.setLevel(logging.INFO)
+    together = threading.Barrier(len(pages))
+
+    def draw(job_page: tuple[str, int]) -> docstream.PageImage:
+        together.wait()
+        return client.page_image(*job_page)
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(pages)) as pool:
+            images = list(pool.map(draw, pages))
+    finally:
+        logger.removeHandler(retries)
+    for job_page, image in zip(pages, images):
+        assert image.content_type == "image/png" and image.content.startswith(PNG_SIGNATURE), job_page
+        assert image.content == images[pages.index(job_page)].content, "the same page, the same image"
+    assert len({images[i].content for i in range(3)}) == 3
+    busy = [r for r in retries.records if isinstance(getattr(r, "docstream_error"), docstream.ServiceUnavailableError)]
+    assert busy, "no page was refused: the requests did not meet at the render slots"
+    for record in busy:
+        retry_after = getattr(record, "docstream_retry_after")
+        assert retry_after is not None and getattr(record, "docstream_delay") >= retry_after
+
+
+@pytest.mark.asyncio
+async def test_the_async_client_reviews_and_draws_pages(running: Server, api_key: str, run_id: str) -> None:
+    meta = {"run": run_id}
+    async with docstream.AsyncClient(running.base_url, api_key=api_key) as client:
+        unsure = await client.submit(document=_invoice(0.3), fields=INVOICE_FIELDS, metadata=meta)
+        sure = await client.submit(document=_invoice(0.99), fields=INVOICE_FIELDS, metadata=meta)
+        done = await client.wait(unsure.id, timeout=60, boxes=True)
+        assert (await client.wait(sure.id, timeout=60, boxes=True)).fields_to_review == []
+        assert "total" in done.fields_to_review
+        assert [j.id async for j in client.review_queue(metadata=meta)] == [unsure.id]
+
+        made = [await client.correct(unsure.id, field, "12.50" if field == "total" else None, reviewer="Ada")
+                for field in done.fields_to_review]
+        assert all(isinstance(c, docstream.Correction) and c.extraction_id == unsure.id for c in made)
+        assert [c.id for c in await client.corrections(unsure.id, page_size=1)] == [c.id for c in made]
+        assert [j.id async for j in client.review_queue(metadata=meta)] == []
+        with pytest.raises(docstream.UnprocessableEntityError):
+            await client.correct(unsure.id, "iban", "DE00")
+
+        png = _png(64, 48)
+        from_png = await client.submit(file=png, fields=TEXT_FIELDS, metadata=meta)
+        image = await client.page_image(from_png.id)
+        assert (image.content, image.content_type) == (png, "image/png")
+        with pytest.raises(docstream.NotFoundError):
+            await client.page_image(unsure.id)
+        assert (await client.wait(from_png.id, timeout=60)).finished
 
 
 # ---------------------------------------------------------------- the export stream

@@ -72,9 +72,7 @@ NOT_MODELLED = {
     "Sample": "GET /v1/overview: dashboards",
     "GroupLag": "GET /v1/overview: dashboards",
     "OpenClass": "operator scope",
-    # Review and external extractors: other clients' routes.
-    "Correction": "review scope",
-    "CorrectionRequest": "review scope",
+    # External extractors: other clients' routes.
     "DeferredResult": "sent by an extraction service, not by applications",
     "ResultRecorded": "answered to an extraction service",
     # The import stream is not wrapped (submit covers it).
@@ -85,6 +83,7 @@ NOT_MODELLED = {
     "RetryError": "raised as RateLimitError",
     # Bodies sent as JSON built inside the client.
     "BulkAction": "built by Client.bulk",
+    "CorrectionRequest": "built by Client.correct",
     "ExportAck": "sent by ExportStream",
     # JSON without further shape.
     "JsonValue": "typed Any",

@@ -13,12 +13,14 @@ from typing import Any, Literal
 import httpx
 
 from ._base import (
+    CORRECTIONS_PAGE,
     DEFAULT_TIMEOUT,
     BaseClient,
     FileInput,
     RequestSpec,
     filter_object,
     filter_params,
+    page_image_of,
 )
 from ._errors import WaitTimeoutError
 from ._export import AsyncExportStream
@@ -27,6 +29,7 @@ from ._models import (
     BulkActionName,
     BulkOperation,
     BulkOutcome,
+    Correction,
     DeadLetter,
     DeadLetterPage,
     Extraction,
@@ -36,6 +39,7 @@ from ._models import (
     File,
     JobFilter,
     Me,
+    PageImage,
     Priority,
     Replayed,
     TransitionLogEntry,
@@ -315,6 +319,108 @@ class AsyncClient(BaseClient):
             RequestSpec("GET", self._job_path(job_id, "/document"), repeatable=True)
         )
         return result
+
+    async def page_image(self, job_id: str, page: int = 0) -> PageImage:
+        """Page ``page`` (from 0, as :attr:`GroundedField.page` counts) of the job's file, as an image.
+
+        Returns the bytes and their media type: a PNG's own bytes
+        (``image/png``), a JPEG's without its EXIF (``image/jpeg``), or a PDF
+        page rendered to a PNG at 100 dpi or less (its boxes are in points:
+        scale them by the image's width over the page's). The job needs to
+        have been made from a file (``file=``, ``file_id=`` or ``url=``), in
+        any status.
+
+        A server already drawing as many pages as it may answers 503 with
+        ``Retry-After``; the call is repeated as the retry policy says, like
+        every read (the page drawn meanwhile is kept for the repeat).
+
+        Raises :class:`NotFoundError` for a job whose document was sent as
+        JSON or a page past the last, :class:`UnprocessableEntityError` for a
+        TIFF (not drawn), :class:`GoneError` once the job was erased.
+        """
+        return page_image_of(await self._send(self._page_spec(job_id, page)))
+
+    # ------------------------------------------------------------ review
+
+    async def correct(self, job_id: str, field: str, value: str | None, *, reviewer: str | None = None) -> Correction:
+        """Stores a reviewer's correction of ``field`` of a succeeded job (a key with the ``review`` scope).
+
+        ``value`` is the right text, or ``None`` when the document does not
+        hold the field; ``reviewer`` names the person (at most 200 bytes).
+        The extracted value stays in the job's result as the extractor gave
+        it: the correction is stored beside it, and a later correction of the
+        same field supersedes it (:meth:`corrections`). A job leaves
+        :meth:`review_queue` once every flagged value of it was corrected.
+
+        The call carries no idempotency key, so an answer lost on the way is
+        raised, not repeated (a repeat would store a second correction); a
+        ``429`` (past the key's corrections a minute) or a ``503`` did
+        nothing and is repeated after its ``Retry-After``.
+
+        Raises :class:`ConflictError` when the job has not succeeded (or the
+        field or the job has as many corrections as it may),
+        :class:`UnprocessableEntityError` for a field the job's request did not
+        name or a value too long, :class:`GoneError` once the job was erased,
+        :class:`PermissionDeniedError` for a key without the ``review`` scope.
+        """
+        return Correction.from_dict(await self._json(self._correct_spec(job_id, field, value, reviewer)))
+
+    async def corrections(
+        self, job_id: str, *, after: int = 0, page_size: int | None = None
+    ) -> builtins.list[Correction]:
+        """Every correction of the job's values, oldest first, from after the one of id ``after``.
+
+        It reads them page by page (``page_size`` at a time, 1000 by default).
+        The last correction of a field is its value now::
+
+            now = {c.field: c.value for c in client.corrections(job_id)}
+        """
+        limit = CORRECTIONS_PAGE if page_size is None else page_size
+        found: builtins.list[Correction] = []
+        while True:
+            data = await self._json(self._corrections_spec(job_id, after, limit))
+            page = [Correction.from_dict(d) for d in data]
+            found.extend(page)
+            if len(page) < limit:
+                return found
+            after = page[-1].id
+
+    def review_queue(
+        self,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        extractor: str | None = None,
+        submitted_after: str | datetime | None = None,
+        submitted_before: str | datetime | None = None,
+        finished_after: str | datetime | None = None,
+        finished_before: str | datetime | None = None,
+        order: Literal["desc", "asc"] | None = None,
+        include_result: bool = True,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Extraction]:
+        """The jobs a reviewer has to look at: :meth:`list` with ``needs_review=True``.
+
+        A job is in the queue while one of its grounded values is flagged
+        ``needs_review`` (less sure than its request's ``min_confidence``) and
+        no correction of that field was made since (:meth:`correct`). Jobs
+        come newest first (``order="asc"``: oldest first), each with its
+        result and boxes unless ``include_result=False``, so
+        :attr:`Extraction.fields_to_review` names the flagged fields and
+        :attr:`Extraction.boxes` where they are (:meth:`page_image` draws the
+        page). The other filters narrow the queue as :meth:`list`'s do.
+        """
+        return self.list(
+            needs_review=True,
+            metadata=metadata,
+            extractor=extractor,
+            submitted_after=submitted_after,
+            submitted_before=submitted_before,
+            finished_after=finished_after,
+            finished_before=finished_before,
+            order=order,
+            include_result=include_result,
+            page_size=page_size,
+        )
 
     # ------------------------------------------------------------ files
 

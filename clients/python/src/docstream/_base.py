@@ -21,7 +21,7 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import httpx
 
 from ._errors import error_from_response
-from ._models import BulkActionName, ExtractionRequest, FieldSpec, JobFilter, Priority
+from ._models import BulkActionName, ExtractionRequest, FieldSpec, JobFilter, PageImage, Priority
 from ._retry import RetryPolicy
 
 __all__ = ["RequestSpec", "BaseClient", "FileInput", "ListFilters"]
@@ -37,6 +37,9 @@ FileInput = str | os.PathLike[str] | bytes | IO[bytes]
 """A file to upload: a path, its bytes, or a binary file object open for reading."""
 
 ListFilters = dict[str, str]
+
+CORRECTIONS_PAGE = 1000
+"""The most corrections ``GET /v1/extractions/{id}/corrections`` answers at once."""
 
 
 def new_idempotency_key() -> str:
@@ -254,6 +257,24 @@ class BaseClient:
     def _job_path(job_id: str, suffix: str = "") -> str:
         return f"/v1/extractions/{quote(job_id, safe='')}{suffix}"
 
+    def _correct_spec(self, job_id: str, field: str, value: str | None, reviewer: str | None) -> RequestSpec:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"a corrected value is text, or None (got {type(value).__name__})")
+        body: dict[str, Any] = {"value": value}
+        if reviewer is not None:
+            body["reviewer"] = reviewer
+        # Not keyed: a repeat after a lost answer would store a second
+        # correction, so only refusals that did nothing (429, 503) are repeated.
+        path = self._job_path(job_id, f"/fields/{quote(field, safe='')}/corrections")
+        return RequestSpec("POST", path, json=body)
+
+    def _corrections_spec(self, job_id: str, after: int, limit: int) -> RequestSpec:
+        params = [("after", str(int(after))), ("limit", str(int(limit)))]
+        return RequestSpec("GET", self._job_path(job_id, "/corrections"), params=params, repeatable=True)
+
+    def _page_spec(self, job_id: str, page: int) -> RequestSpec:
+        return RequestSpec("GET", self._job_path(job_id, f"/pages/{int(page)}"), repeatable=True)
+
     def _list_spec(
         self,
         filters: list[tuple[str, str]],
@@ -313,6 +334,12 @@ class BaseClient:
         scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
         path = parts.path.rstrip("/") + "/v1/export"
         return urlunsplit((scheme, parts.netloc, path, urlencode(params), ""))
+
+
+def page_image_of(response: httpx.Response) -> PageImage:
+    """The page image an answer of ``GET /v1/extractions/{id}/pages/{page}`` carries."""
+    kind = response.headers.get("content-type", "application/octet-stream")
+    return PageImage(content=response.content, content_type=kind.split(";", 1)[0].strip().lower())
 
 
 def check(response: httpx.Response, spec: RequestSpec) -> httpx.Response:

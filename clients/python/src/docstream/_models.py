@@ -70,6 +70,8 @@ __all__ = [
     "Replayed",
     "Me",
     "FieldCorrection",
+    "Correction",
+    "PageImage",
     "ExtractionEvent",
     "ExportFrame",
     "ErrorDetail",
@@ -369,6 +371,18 @@ class Extraction(Model):
         grounding = refinement.result if refinement is not None else None
         return dict(grounding.fields) if grounding is not None else {}
 
+    @property
+    def fields_to_review(self) -> list[str]:
+        """The fields whose grounded value is flagged ``needs_review`` (less sure
+        than the request's ``min_confidence``), in name order; empty until the
+        bbox refinement succeeded, and on a listed job without its result.
+
+        A correction does not clear the flag here (the job does not carry its
+        corrections): :meth:`Client.review_queue` leaves out the jobs whose
+        flagged values were all corrected, :meth:`Client.corrections` says which.
+        """
+        return sorted(name for name, box in self.boxes.items() if box is not None and box.needs_review)
+
 
 @dataclasses.dataclass(frozen=True)
 class ExtractionPage(Model):
@@ -487,6 +501,42 @@ class FieldCorrection(Model):
     value: str | None
     key_id: str
     reviewer: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Correction(Model):
+    """A reviewer's correction of a job's value, stored beside the extracted one.
+
+    ``value`` is ``None`` when the document does not hold the field. A field's
+    latest correction (highest ``id``) is its value now.
+    """
+
+    __schema__: ClassVar[str | None] = "Correction"
+    id: int
+    extraction_id: str
+    field: str
+    value: str | None
+    key_id: str
+    reviewer: str | None
+    corrected_at: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class PageImage:
+    """A page of a job's file drawn as an image (``GET /v1/extractions/{id}/pages/{page}``).
+
+    ``content`` is the image's bytes, ``content_type`` its media type:
+    ``image/png`` (a PNG's own bytes, or a PDF page rendered at 100 dpi or
+    less) or ``image/jpeg`` (a JPEG's, without its EXIF).
+    """
+
+    content: bytes
+    content_type: str
+
+    @property
+    def extension(self) -> str:
+        """The usual file name extension of its type, without the dot: ``png``, ``jpg``."""
+        return {"image/png": "png", "image/jpeg": "jpg"}.get(self.content_type, "bin")
 
 
 @dataclasses.dataclass(frozen=True)
