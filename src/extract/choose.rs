@@ -469,7 +469,10 @@ impl<'a> Page<'a> {
                 let text: Vec<&str> = span.iter().map(|&w| self.text(w)).collect();
                 let text = text.join(" ");
                 let text = text.rsplit(':').next().unwrap_or(&text);
-                let date = values::date(text).filter(|_| adjacent)?;
+                // One word may hold a date glued to its neighbours
+                // (`25/12/20188:13:39PM`, as some readers drop spaces).
+                let glued = || (n == 1).then(|| values::date_within(text)).flatten();
+                let date = values::date(text).or_else(glued).filter(|_| adjacent)?;
                 Some((n, [span[0], span[n - 1]], date))
             });
             match found {

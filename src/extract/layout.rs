@@ -74,10 +74,14 @@ impl Band {
 /// their height), each joins the open line it overlaps most, by half its
 /// height or more, or starts one.
 fn positioned(words: &[WordRef<'_>]) -> Vec<Line> {
+    let frame = Frame::of(words);
+    let boxes: Vec<[f64; 4]> = (words.iter())
+        .map(|w| frame.turn(w.bbox.unwrap_or_default()))
+        .collect();
     let mut order: Vec<usize> = (0..words.len())
         .filter(|&i| words[i].bbox.is_some())
         .collect();
-    let middle = |i: usize| words[i].bbox.map_or(0.0, |b| (b[1] + b[3]) / 2.0);
+    let middle = |i: usize| (boxes[i][1] + boxes[i][3]) / 2.0;
     order.sort_by(|&a, &b| {
         (words[a].page.cmp(&words[b].page)).then(middle(a).total_cmp(&middle(b)))
     });
@@ -85,8 +89,7 @@ fn positioned(words: &[WordRef<'_>]) -> Vec<Line> {
     // Lines still open: those whose bottom a later word may reach.
     let mut open_from = 0;
     for index in order {
-        let (page, [_, top, _, bottom]) =
-            (words[index].page, words[index].bbox.unwrap_or_default());
+        let (page, [_, top, _, bottom]) = (words[index].page, boxes[index]);
         while open_from < bands.len()
             && (bands[open_from].page != page || bands[open_from].bottom < top)
         {
@@ -106,7 +109,7 @@ fn positioned(words: &[WordRef<'_>]) -> Vec<Line> {
             }),
         }
     }
-    let left = |i: &usize| words[*i].bbox.map_or(0.0, |b| b[0]);
+    let left = |i: &usize| boxes[*i][0];
     bands.sort_by(|a, b| {
         a.page
             .cmp(&b.page)
@@ -122,6 +125,84 @@ fn positioned(words: &[WordRef<'_>]) -> Vec<Line> {
             }
         })
         .collect()
+}
+
+/// The direction a page's text runs, as uploaded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Frame {
+    /// Left to right: the page is upright.
+    Right,
+    /// Top to bottom: turned 90° clockwise.
+    Down,
+    /// Right to left: upside down.
+    Left,
+    /// Bottom to top: turned 90° counter-clockwise.
+    Up,
+}
+
+impl Frame {
+    /// The direction the text runs: along the longer side of most words'
+    /// boxes (of three letters or more), towards where the reading order
+    /// steps from one word to the next on the same line (columns read one
+    /// after the other step across lines, and do not count).
+    fn of(words: &[WordRef<'_>]) -> Self {
+        let (mut across, mut down) = (0usize, 0usize);
+        for word in words.iter().filter(|w| w.text.chars().count() >= 3) {
+            let Some([x0, y0, x1, y1]) = word.bbox else {
+                continue;
+            };
+            match x1 - x0 >= y1 - y0 {
+                true => across += 1,
+                false => down += 1,
+            }
+        }
+        let across = across >= down;
+        let (mut forward, mut back) = (0usize, 0usize);
+        for pair in words.windows(2) {
+            let (Some(a), Some(b)) = (pair[0].bbox, pair[1].bbox) else {
+                continue;
+            };
+            if pair[0].page != pair[1].page {
+                continue;
+            }
+            // Along the text, and across it (where a line's words agree).
+            let (along, off, thickness) = match across {
+                true => (
+                    b[0] - a[0],
+                    (b[1] + b[3] - a[1] - a[3]) / 2.0,
+                    (a[3] - a[1]).min(b[3] - b[1]),
+                ),
+                false => (
+                    b[1] - a[1],
+                    (b[0] + b[2] - a[0] - a[2]) / 2.0,
+                    (a[2] - a[0]).min(b[2] - b[0]),
+                ),
+            };
+            if off.abs() < thickness / 2.0 {
+                match along >= 0.0 {
+                    true => forward += 1,
+                    false => back += 1,
+                }
+            }
+        }
+        match (across, forward >= back) {
+            (true, true) => Frame::Right,
+            (true, false) => Frame::Left,
+            (false, true) => Frame::Down,
+            (false, false) => Frame::Up,
+        }
+    }
+
+    /// `[x0, y0, x1, y1]` on the page as uploaded, in the frame where the
+    /// text runs left to right and lines follow top to bottom.
+    fn turn(self, [x0, y0, x1, y1]: [f64; 4]) -> [f64; 4] {
+        match self {
+            Frame::Right => [x0, y0, x1, y1],
+            Frame::Down => [y0, -x1, y1, -x0],
+            Frame::Left => [-x1, -y1, -x0, -y0],
+            Frame::Up => [-y1, x0, -y0, x1],
+        }
+    }
 }
 
 #[cfg(test)]
@@ -152,6 +233,42 @@ mod tests {
             .map(|l| l.words.iter().map(|&i| words[i].text).collect())
             .collect();
         assert_eq!(texts, vec![vec!["TOTAL", "80.90"], vec!["CASH", "100.00"]]);
+    }
+
+    #[test]
+    fn a_page_on_its_side_or_upside_down_has_the_same_lines() {
+        let upright = [
+            ("TOTAL", [10.0, 100.0, 60.0, 112.0]),
+            ("DUE", [70.0, 100.0, 100.0, 112.0]),
+            ("CASH", [10.0, 120.0, 50.0, 132.0]),
+            ("80.90", [200.0, 101.0, 240.0, 113.0]),
+            ("100.00", [200.0, 121.0, 250.0, 133.0]),
+        ];
+        let (w, h) = (300.0, 400.0);
+        let turns: [(&str, &dyn Fn([f64; 4]) -> [f64; 4]); 4] = [
+            ("upright", &|b| b),
+            ("90° clockwise", &|[x0, y0, x1, y1]| {
+                [h - y1, x0, h - y0, x1]
+            }),
+            ("180°", &|[x0, y0, x1, y1]| {
+                [w - x1, h - y1, w - x0, h - y0]
+            }),
+            ("90° counter-clockwise", &|[x0, y0, x1, y1]| {
+                [y0, w - x1, y1, w - x0]
+            }),
+        ];
+        for (what, turn) in turns {
+            let words: Vec<WordRef> = upright.iter().map(|(t, b)| word(t, turn(*b))).collect();
+            let texts: Vec<Vec<&str>> = lines(&words, None)
+                .iter()
+                .map(|l| l.words.iter().map(|&i| words[i].text).collect())
+                .collect();
+            assert_eq!(
+                texts,
+                vec![vec!["TOTAL", "DUE", "80.90"], vec!["CASH", "100.00"]],
+                "{what}"
+            );
+        }
     }
 
     #[test]

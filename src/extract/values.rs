@@ -123,6 +123,17 @@ pub fn date(raw: &str) -> Option<NaiveDate> {
     }
 }
 
+/// The first numeric date inside `text`, glued to other characters:
+/// `Date25/12/20188:13:39PM` holds 2018-12-25 (a four-digit year is taken
+/// before a two-digit one).
+pub fn date_within(text: &str) -> Option<NaiveDate> {
+    static NUMERIC: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}([/.-])\d{1,2}([/.-])(?:\d{4}|\d{2})")
+            .expect("a valid pattern")
+    });
+    NUMERIC.find_iter(text).find_map(|m| date(m.as_str()))
+}
+
 /// A date as ISO 8601: `2018-12-25`.
 pub fn iso(date: NaiveDate) -> String {
     date.format("%Y-%m-%d").to_string()
@@ -286,5 +297,7 @@ mod tests {
             assert_eq!(date(raw), None, "{raw}");
         }
         assert_eq!(iso(day.unwrap()), "2018-12-25");
+        assert_eq!(date_within("Date:25/12/20188:13:39PM"), day);
+        assert_eq!(date_within("Tel07-3523888"), None);
     }
 }
