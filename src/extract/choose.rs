@@ -422,7 +422,7 @@ impl<'a> Page<'a> {
             for (words, date) in self.dates_on(l) {
                 let (mut score, mut why) = (1.0, String::from("a date"));
                 if anchored.contains(&l) || (l > 0 && anchored.contains(&(l - 1))) {
-                    (score, why) = (score + 3.0, "a date on the anchor's line".into());
+                    (score, why) = (score + 4.0, "a date on the anchor's line".into());
                 } else if labelled || labelled_above {
                     (score, why) = (score + 2.0, "a date labelled as the date".into());
                 } else if other {
