@@ -30,6 +30,10 @@ use crate::domain::WordRef;
 pub struct Page<'a> {
     words: &'a [WordRef<'a>],
     lines: Vec<Line>,
+    /// Each line's amounts, label and lower-cased text.
+    amounts: Vec<Vec<Amount>>,
+    labels: Vec<Vec<String>>,
+    lowered: Vec<String>,
 }
 
 /// An amount printed on a line.
@@ -109,19 +113,48 @@ mod sure {
 }
 
 impl<'a> Page<'a> {
-    /// The page of `words`, in `lines`.
+    /// The page of `words`, in `lines`: each line's amounts, label and
+    /// text read once, for every field chosen on it.
     pub fn new(words: &'a [WordRef<'a>], lines: Vec<Line>) -> Self {
-        Self { words, lines }
+        let mut page = Self {
+            words,
+            lines,
+            amounts: Vec::new(),
+            labels: Vec::new(),
+            lowered: Vec::new(),
+        };
+        page.amounts = (0..page.lines.len())
+            .map(|l| page.read_amounts(l))
+            .collect();
+        page.labels = (0..page.lines.len()).map(|l| page.read_label(l)).collect();
+        page.lowered = (page.lines.iter())
+            .map(|line| {
+                let words = line.words.iter().map(|&w| words[w].text.to_lowercase());
+                words.collect::<Vec<_>>().join(" ")
+            })
+            .collect();
+        page
     }
 
     fn text(&self, word: usize) -> &'a str {
         self.words[word].text
     }
 
+    /// Every amount of line `l`, left to right.
+    fn amounts(&self, l: usize) -> &[Amount] {
+        &self.amounts[l]
+    }
+
+    /// The words of line `l` that are not amounts, lower-cased, split at
+    /// anything that is not a letter: `SUB-TOTAL:` is `sub`, `total`.
+    fn label(&self, l: usize) -> &[String] {
+        &self.labels[l]
+    }
+
     /// Every amount of line `l`, left to right: a word that is one, or
     /// two next to each other split at the decimal point (`39.` `80`,
     /// as OCR reads a monospaced receipt's `39. 80`).
-    fn amounts(&self, l: usize) -> Vec<Amount> {
+    fn read_amounts(&self, l: usize) -> Vec<Amount> {
         let words = &self.lines[l].words;
         let mut amounts = Vec::new();
         let mut i = 0;
@@ -163,9 +196,7 @@ impl<'a> Page<'a> {
         (self.amounts(l).iter()).any(|a| (a.words[0]..=a.words[1]).contains(&w))
     }
 
-    /// The words of line `l` that are not amounts, lower-cased, split at
-    /// anything that is not a letter: `SUB-TOTAL:` is `sub`, `total`.
-    fn label(&self, l: usize) -> Vec<String> {
+    fn read_label(&self, l: usize) -> Vec<String> {
         (self.lines[l].words.iter())
             .filter(|&&w| !self.in_amount(l, w))
             .flat_map(|&w| {
@@ -203,14 +234,11 @@ impl<'a> Page<'a> {
     /// `SUB-TOTAL` and `TOTAL:`).
     fn anchored(&self, anchor: &[String]) -> Vec<usize> {
         let wanted = anchor.join(" ");
+        if wanted.is_empty() {
+            return Vec::new();
+        }
         (0..self.lines.len())
-            .filter(|&l| {
-                let joined = (self.lines[l].words.iter())
-                    .map(|&w| self.text(w).to_lowercase())
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                !wanted.is_empty() && joined.contains(&wanted)
-            })
+            .filter(|&l| self.lowered[l].contains(&wanted))
             .collect()
     }
 
@@ -291,7 +319,13 @@ impl<'a> Page<'a> {
                 Kind::Part(Part::Tendered | Part::Change)
             )
         };
-        let printed = |l: usize| self.amounts(l).into_iter().rev().find(|a| a.cents == cents);
+        let printed = |l: usize| {
+            self.amounts(l)
+                .iter()
+                .rev()
+                .find(|a| a.cents == cents)
+                .copied()
+        };
         (0..self.lines.len())
             .rev()
             .filter(|&l| !paid(l))
@@ -405,13 +439,17 @@ impl<'a> Page<'a> {
     }
 
     /// The date a `date` field stands for: every date on the page read in
-    /// the common printed formats; one on the anchor's line (or the line
-    /// after it) wins, else one labelled as a date, else the first.
+    /// the common printed formats; one on the anchor's line (or under it,
+    /// when the anchor's line holds none) wins, else one labelled as a
+    /// date, else the first.
     pub fn date(&self, anchor: Option<&str>) -> Option<ExtractedValue> {
         let anchor: Vec<String> = anchor
             .map(|a| a.split_whitespace().map(str::to_lowercase).collect())
             .unwrap_or_default();
         let anchored = self.anchored(&anchor);
+        let dates: Vec<_> = (0..self.lines.len()).map(|l| self.dates_on(l)).collect();
+        // The line under the anchor's, when the anchor's holds no date.
+        let under = |l: usize| l > 0 && anchored.contains(&(l - 1)) && dates[l - 1].is_empty();
         let mut found: Vec<(f64, String, [usize; 2], String)> = Vec::new();
         for l in 0..self.lines.len() {
             let label = self.label(l);
@@ -419,10 +457,12 @@ impl<'a> Page<'a> {
             let above = l.checked_sub(1).map(|p| self.label(p)).unwrap_or_default();
             let labelled_above = above.last().is_some_and(|w| w.starts_with("date"));
             let other = label.iter().any(|w| is_other_date(w));
-            for (words, date) in self.dates_on(l) {
+            for &(words, date) in &dates[l] {
                 let (mut score, mut why) = (1.0, String::from("a date"));
-                if anchored.contains(&l) || (l > 0 && anchored.contains(&(l - 1))) {
+                if anchored.contains(&l) {
                     (score, why) = (score + 4.0, "a date on the anchor's line".into());
+                } else if under(l) {
+                    (score, why) = (score + 3.5, "a date under the anchor".into());
                 } else if labelled || labelled_above {
                     (score, why) = (score + 2.0, "a date labelled as the date".into());
                 } else if other {
@@ -833,6 +873,13 @@ mod tests {
         assert_eq!(date.value, "2018-12-25");
         assert_eq!(date.raw.as_deref(), Some("25 Dec 2018"));
         assert!(date.confidence.unwrap() >= 0.8);
+        // Two anchored dates one under the other: each field its own.
+        let words = receipt(&[("Invoice Date 2026-11-15", ""), ("Due Date 2026-12-15", "")]);
+        let page = Page::new(&words, layout::lines(&words, None));
+        let invoiced = page.date(Some("Invoice Date")).unwrap();
+        assert_eq!(invoiced.value, "2026-11-15");
+        assert!(invoiced.confidence.unwrap() >= 0.9, "{invoiced:?}");
+        assert_eq!(page.date(Some("Due Date")).unwrap().value, "2026-12-15");
         let words = receipt(&[("Date:25/12/2018", "")]);
         let page = Page::new(&words, layout::lines(&words, None));
         assert_eq!(page.date(None).unwrap().value, "2018-12-25");
