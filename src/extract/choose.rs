@@ -34,7 +34,14 @@ pub struct Page<'a> {
     amounts: Vec<Vec<Amount>>,
     labels: Vec<Vec<String>>,
     lowered: Vec<String>,
+    /// Each line's kind of amount to the page's total, and its dates,
+    /// once a field asks.
+    kinds: std::cell::OnceCell<Vec<Kind>>,
+    dates: std::cell::OnceCell<Vec<Vec<Dated>>>,
 }
+
+/// A date printed on a line: its words (first and last) and the day.
+type Dated = ([usize; 2], chrono::NaiveDate);
 
 /// An amount printed on a line.
 #[derive(Debug, Clone, Copy)]
@@ -122,6 +129,8 @@ impl<'a> Page<'a> {
             amounts: Vec::new(),
             labels: Vec::new(),
             lowered: Vec::new(),
+            kinds: std::cell::OnceCell::new(),
+            dates: std::cell::OnceCell::new(),
         };
         page.amounts = (0..page.lines.len())
             .map(|l| page.read_amounts(l))
@@ -129,8 +138,20 @@ impl<'a> Page<'a> {
         page.labels = (0..page.lines.len()).map(|l| page.read_label(l)).collect();
         page.lowered = (page.lines.iter())
             .map(|line| {
-                let words = line.words.iter().map(|&w| words[w].text.to_lowercase());
-                words.collect::<Vec<_>>().join(" ")
+                let mut text = String::new();
+                for &w in &line.words {
+                    if !text.is_empty() {
+                        text.push(' ');
+                    }
+                    text.push_str(words[w].text);
+                }
+                match text.is_ascii() {
+                    true => {
+                        text.make_ascii_lowercase();
+                        text
+                    }
+                    false => text.to_lowercase(),
+                }
             })
             .collect();
         page
@@ -138,6 +159,16 @@ impl<'a> Page<'a> {
 
     fn text(&self, word: usize) -> &'a str {
         self.words[word].text
+    }
+
+    /// What line `l`'s amount is to the page's total.
+    fn part_of_total(&self, l: usize) -> Kind {
+        let kinds = self.kinds.get_or_init(|| {
+            (0..self.lines.len())
+                .map(|l| kind(self.label(l), &TOTAL))
+                .collect()
+        });
+        kinds[l]
     }
 
     /// Every amount of line `l`, left to right.
@@ -174,7 +205,10 @@ impl<'a> Page<'a> {
                 // is one run of words.
                 let at_point =
                     next == word + 1 && (a.ends_with(['.', ',']) || b.starts_with(['.', ',']));
-                let cents = values::money_cents(&format!("{a}{b}")).filter(|_| at_point)?;
+                if !at_point {
+                    return None;
+                }
+                let cents = values::money_cents(&format!("{a}{b}"))?;
                 Some(Amount {
                     words: [word, next],
                     cents,
@@ -253,7 +287,7 @@ impl<'a> Page<'a> {
             .collect();
         // The page's arithmetic gives its total: it says nothing of a
         // field anchored on a part (`Subtotal`, `Cash`).
-        let checks = match kind(&anchor_words, &[]) {
+        let checks = match kind(&anchor_words, &[""; 0]) {
             Kind::Part(_) => Checks::none(),
             _ => Checks::of(self),
         };
@@ -262,7 +296,7 @@ impl<'a> Page<'a> {
             let Some((amount, below)) = self.amount_of(l) else {
                 continue;
             };
-            let kind = kind(&self.label(l), &anchor_words);
+            let kind = kind(self.label(l), &anchor_words);
             let (mut score, mut why) = match kind {
                 Kind::Final => (3.0, format!("a final total ({:?})", self.printed(l))),
                 Kind::Total => (2.0, format!("a total ({:?})", self.printed(l))),
@@ -315,7 +349,7 @@ impl<'a> Page<'a> {
         }
         let paid = |l: usize| {
             matches!(
-                kind(&self.label(l), &total_anchor()),
+                self.part_of_total(l),
                 Kind::Part(Part::Tendered | Part::Change)
             )
         };
@@ -447,17 +481,19 @@ impl<'a> Page<'a> {
             .map(|a| a.split_whitespace().map(str::to_lowercase).collect())
             .unwrap_or_default();
         let anchored = self.anchored(&anchor);
-        let dates: Vec<_> = (0..self.lines.len()).map(|l| self.dates_on(l)).collect();
+        let dates = self
+            .dates
+            .get_or_init(|| (0..self.lines.len()).map(|l| self.dates_on(l)).collect());
         // The line under the anchor's, when the anchor's holds no date.
         let under = |l: usize| l > 0 && anchored.contains(&(l - 1)) && dates[l - 1].is_empty();
         let mut found: Vec<(f64, String, [usize; 2], String)> = Vec::new();
-        for l in 0..self.lines.len() {
+        for (l, dated) in dates.iter().enumerate() {
             let label = self.label(l);
             let labelled = label.iter().any(|w| w.starts_with("date") || w == "dated");
             let above = l.checked_sub(1).map(|p| self.label(p)).unwrap_or_default();
             let labelled_above = above.last().is_some_and(|w| w.starts_with("date"));
             let other = label.iter().any(|w| is_other_date(w));
-            for &(words, date) in &dates[l] {
+            for &(words, date) in dated {
                 let (mut score, mut why) = (1.0, String::from("a date"));
                 if anchored.contains(&l) {
                     (score, why) = (score + 4.0, "a date on the anchor's line".into());
@@ -495,24 +531,49 @@ impl<'a> Page<'a> {
 
     /// The dates printed on line `l`: one word (`25/12/2018`,
     /// `Date:25/12/2018`) or up to three (`25 Dec 2018`), longest first.
-    fn dates_on(&self, l: usize) -> Vec<([usize; 2], chrono::NaiveDate)> {
+    fn dates_on(&self, l: usize) -> Vec<Dated> {
         let words = &self.lines[l].words;
         let mut dates = Vec::new();
+        // Every printed date has three digits or more.
+        if words.iter().map(|&w| digits(self.text(w))).sum::<usize>() < 3 {
+            return dates;
+        }
         let mut i = 0;
         while i < words.len() {
             let spans = (1..=3.min(words.len() - i)).rev();
             let found = spans.into_iter().find_map(|n| {
                 let span = &words[i..i + n];
                 // Words of a line run left to right; a date's words are
-                // also next to each other in reading order.
+                // also next to each other in reading order. Every printed
+                // date has three digits or more.
+                // Only a date with a month's name spans words.
                 let adjacent = span.windows(2).all(|p| p[1] == p[0] + 1);
-                let text: Vec<&str> = span.iter().map(|&w| self.text(w)).collect();
-                let text = text.join(" ");
-                let text = text.rsplit(':').next().unwrap_or(&text);
+                let digits: usize = span.iter().map(|&w| digits(self.text(w))).sum();
+                let named = n == 1 || span.iter().any(|&w| values::is_month(self.text(w)));
+                if !adjacent || digits < 3 || !named {
+                    return None;
+                }
+                let joined;
+                let text = match n {
+                    1 => self.text(span[0]),
+                    _ => {
+                        joined = span
+                            .iter()
+                            .map(|&w| self.text(w))
+                            .collect::<Vec<_>>()
+                            .join(" ");
+                        &joined
+                    }
+                };
+                let text = text.rsplit(':').next().unwrap_or(text);
                 // One word may hold a date glued to its neighbours
                 // (`25/12/20188:13:39PM`, as some readers drop spaces).
-                let glued = || (n == 1).then(|| values::date_within(text)).flatten();
-                let date = values::date(text).or_else(glued).filter(|_| adjacent)?;
+                let glued = || {
+                    (n == 1 && digits >= 6)
+                        .then(|| values::date_within(text))
+                        .flatten()
+                };
+                let date = values::date(text).or_else(glued)?;
                 Some((n, [span[0], span[n - 1]], date))
             });
             match found {
@@ -527,6 +588,10 @@ impl<'a> Page<'a> {
     }
 }
 
+fn digits(text: &str) -> usize {
+    text.bytes().filter(u8::is_ascii_digit).count()
+}
+
 /// An amount as OCR may print it: `15.u0` and `iS.00` are read as
 /// `15.00`, when the word has a decimal point and two digits or more
 /// (letters the engine takes for digits: o, u, D as 0; i, l, I, | as 1;
@@ -535,9 +600,8 @@ fn ocr_money(text: &str) -> Option<i64> {
     if let Some(cents) = values::money_cents(text) {
         return Some(cents);
     }
-    let digits = text.bytes().filter(u8::is_ascii_digit).count();
     let point = text.contains(['.', ',']);
-    if digits < 2 || !point || text.len() > 12 {
+    if !point || text.len() > 12 || digits(text) < 2 {
         return None;
     }
     let (prefix, number) = match text.strip_prefix("RM") {
@@ -563,9 +627,7 @@ fn ocr_money(text: &str) -> Option<i64> {
 
 /// The page's parts are what they are to its total: `TotalExcl.ofGST`
 /// is a sub-total.
-fn total_anchor() -> [String; 1] {
-    ["total".to_owned()]
-}
+const TOTAL: [&str; 1] = ["total"];
 
 /// What agreeing with the page's arithmetic adds to a candidate's score:
 /// more than a final total's label adds over a plain one, since the
@@ -590,19 +652,20 @@ fn is_currency(word: &str) -> bool {
 /// What a label says, leaving out the anchor's own words: a label
 /// `sub total` is a part when the anchor is `total`, but a field anchored
 /// on `subtotal` or `sub total` is asking for exactly that.
-fn kind(label: &[String], anchor: &[String]) -> Kind {
+fn kind(label: &[String], anchor: &[impl AsRef<str>]) -> Kind {
+    let anchor: Vec<&str> = anchor.iter().map(AsRef::as_ref).collect();
     let joined_anchor = anchor.concat();
     let words: Vec<&str> = (label.iter())
         .map(String::as_str)
-        .filter(|w| !anchor.iter().any(|a| a == w) && *w != joined_anchor)
+        .filter(|w| !anchor.contains(w) && *w != joined_anchor)
         .collect();
     // Qualifiers glued to the anchor: `subtotal`, `grandtotal`,
     // `totalamtrounded` hold `sub`, `grand`, `amtrounded`.
     let glued: Vec<&str> = (label.iter())
         .flat_map(|w| {
             (anchor.iter())
-                .filter(move |a| w.len() > a.len() && w.contains(a.as_str()))
-                .flat_map(move |a| w.split(a.as_str()))
+                .filter(move |a| w.len() > a.len() && w.contains(*a))
+                .flat_map(move |a| w.split(*a))
         })
         .filter(|piece| !piece.is_empty())
         .collect();
@@ -677,7 +740,7 @@ impl Checks {
                 continue;
             };
             let cents = amount.cents;
-            match kind(&label, &total_anchor()) {
+            match page.part_of_total(l) {
                 Kind::Part(Part::Tendered) => checks.tendered = Some(cents),
                 Kind::Part(Part::Change) => checks.change = Some(cents),
                 Kind::Part(Part::Subtotal) => checks.subtotal = Some(cents),

@@ -142,12 +142,12 @@ enum Frame {
 
 impl Frame {
     /// The direction the text runs: along the longer side of most words'
-    /// boxes (of three letters or more), towards where the reading order
+    /// boxes (of three bytes or more), towards where the reading order
     /// steps from one word to the next on the same line (columns read one
     /// after the other step across lines, and do not count).
     fn of(words: &[WordRef<'_>]) -> Self {
         let (mut across, mut down) = (0usize, 0usize);
-        for word in words.iter().filter(|w| w.text.chars().count() >= 3) {
+        for word in words.iter().filter(|w| w.text.len() >= 3) {
             let Some([x0, y0, x1, y1]) = word.bbox else {
                 continue;
             };
@@ -245,7 +245,8 @@ mod tests {
             ("100.00", [200.0, 121.0, 250.0, 133.0]),
         ];
         let (w, h) = (300.0, 400.0);
-        let turns: [(&str, &dyn Fn([f64; 4]) -> [f64; 4]); 4] = [
+        type Turn<'a> = &'a dyn Fn([f64; 4]) -> [f64; 4];
+        let turns: [(&str, Turn); 4] = [
             ("upright", &|b| b),
             ("90° clockwise", &|[x0, y0, x1, y1]| {
                 [h - y1, x0, h - y0, x1]

@@ -58,7 +58,8 @@ pub struct ExtractedValue {
     #[schemars(range(min = 0.0, max = 1.0), with = "f64")]
     pub confidence: Option<f64>,
     /// How the value was chosen among the candidates on the page, when it
-    /// was (a typed field of the rules extractor).
+    /// was (a typed field of the rules extractor) and its confidence is
+    /// under the request's `min_confidence`: what a reviewer needs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Choice")]
     pub chosen: Option<Choice>,

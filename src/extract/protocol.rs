@@ -162,12 +162,24 @@ pub fn read_result(
     let mut output = ExtractionOutput::default();
     for field in &request.fields {
         let value = answer.fields.remove(&field.name).flatten();
+        let chosen = (value.iter().flat_map(|v| &v.chosen)).flat_map(|c| {
+            let candidates = c.candidates.iter().flat_map(|c| [&c.value, &c.why]);
+            std::iter::once(&c.rule).chain(candidates)
+        });
         let text = value.iter().flat_map(|v| [Some(&v.value), v.raw.as_ref()]);
-        if text.flatten().any(|t| t.contains('\0')) {
+        if text.flatten().chain(chosen).any(|t| t.contains('\0')) {
             return Err(format!(
                 "field {:?}: the value holds a NUL character, which cannot be stored",
                 field.name
             ));
+        }
+        if let Some(confidence) = value.as_ref().and_then(|v| v.confidence) {
+            if !(0.0..=1.0).contains(&confidence) {
+                return Err(format!(
+                    "field {:?}: confidence {confidence} is not from 0 to 1",
+                    field.name
+                ));
+            }
         }
         if let Some([first, last]) = value.as_ref().and_then(|v| v.words) {
             if first > last || last >= word_count {
@@ -279,10 +291,14 @@ mod tests {
         for body in [
             br#"{"fields": {"total": {"value": "12\u00000"}}}"#.as_slice(),
             br#"{"fields": {"total": {"value": "12.50", "raw": "\u0000"}}}"#.as_slice(),
+            br#"{"fields": {"total": {"value": "12.50", "chosen": {"rule": "a\u0000", "candidates": []}}}}"#.as_slice(),
         ] {
             let refused = read_result(body, &request(), 2, false).unwrap_err();
             assert!(refused.contains("NUL"), "{refused}");
         }
+        let sure = br#"{"fields": {"total": {"value": "12.50", "confidence": 1.5}}}"#;
+        let refused = read_result(sure, &request(), 2, false).unwrap_err();
+        assert!(refused.contains("not from 0 to 1"), "{refused}");
         assert_eq!(shortened("bad\0input".into()), "bad\u{FFFD}input");
     }
 

@@ -111,6 +111,14 @@ pub fn find_fields(
             }
             None => find(field, &joined, budget.program_bytes, deadline)?,
         };
+        // How a value was chosen is for the values a person is to check:
+        // a sure one goes without it (it is most of a result's bytes).
+        let value = value.map(|mut v| {
+            if v.confidence.is_some_and(|c| c >= request.min_confidence()) {
+                v.chosen = None;
+            }
+            v
+        });
         size.add(&field.name, &value)?;
         output.fields.insert(field.name.clone(), value);
     }

@@ -9,6 +9,10 @@ use chrono::NaiveDate;
 /// `1.234,50`, `-0.01`, `12,50`. Two decimals are required, so a
 /// quantity, a phone number or a year is not an amount.
 pub fn money_cents(raw: &str) -> Option<i64> {
+    // Most words of a page hold no digit: they are not amounts.
+    if !raw.bytes().any(|b| b.is_ascii_digit()) {
+        return None;
+    }
     // Quotes, brackets and rules OCR reads around a number.
     let text = raw.trim_matches(|c: char| {
         !(c.is_alphanumeric() || matches!(c, '-' | '$' | '€' | '£' | '¥' | '.' | ','))
@@ -97,8 +101,9 @@ pub fn cents_text(cents: i64) -> String {
 pub fn date(raw: &str) -> Option<NaiveDate> {
     let text = raw.trim().trim_matches(|c: char| !c.is_alphanumeric());
     let (parts, separators) = split_date(text)?;
-    match parts.as_slice() {
+    match parts {
         [Part::Num(a, la), Part::Num(b, _), Part::Num(c, lc)] => {
+            let (a, la, b, c, lc) = (&a, &la, &b, &c, &lc);
             // Numbers alone need one separator twice: `12 31 00` is a time.
             let [first, second] = separators;
             if first != second || !matches!(first, '/' | '-' | '.') {
@@ -112,13 +117,9 @@ pub fn date(raw: &str) -> Option<NaiveDate> {
                 None
             }
         }
-        [Part::Num(d, ld), Part::Month(m), Part::Num(y, ly)] if *ld <= 2 => {
-            ymd(year(*y, *ly)?, *m, *d)
-        }
-        [Part::Month(m), Part::Num(d, ld), Part::Num(y, ly)] if *ld <= 2 => {
-            ymd(year(*y, *ly)?, *m, *d)
-        }
-        [Part::Num(y, 4), Part::Month(m), Part::Num(d, ld)] if *ld <= 2 => ymd(*y, *m, *d),
+        [Part::Num(d, ld), Part::Month(m), Part::Num(y, ly)] if ld <= 2 => ymd(year(y, ly)?, m, d),
+        [Part::Month(m), Part::Num(d, ld), Part::Num(y, ly)] if ld <= 2 => ymd(year(y, ly)?, m, d),
+        [Part::Num(y, 4), Part::Month(m), Part::Num(d, ld)] if ld <= 2 => ymd(y, m, d),
         _ => None,
     }
 }
@@ -149,8 +150,9 @@ enum Part {
 
 /// `25/12/2018` → three numbers and the two separators (`/`, `/`);
 /// `25DEC2018` → number, month, number (no separators: `_`).
-fn split_date(text: &str) -> Option<(Vec<Part>, [char; 2])> {
-    let mut parts = Vec::with_capacity(3);
+fn split_date(text: &str) -> Option<([Part; 3], [char; 2])> {
+    let mut parts = [Part::Num(0, 0); 3];
+    let mut count = 0;
     let mut separators = ['_'; 2];
     let mut rest = text;
     while !rest.is_empty() {
@@ -168,10 +170,8 @@ fn split_date(text: &str) -> Option<(Vec<Part>, [char; 2])> {
             1..=4 => (Part::Num(start[..digits].parse().ok()?, digits), digits),
             _ => return None,
         };
-        parts.push(part);
-        if parts.len() > 3 {
-            return None;
-        }
+        *parts.get_mut(count)? = part;
+        count += 1;
         rest = &start[len..];
         // Separators are short: `25 / 12` is not one date.
         let after = rest.trim_start_matches(['/', '-', '.', ' ', ',']);
@@ -179,21 +179,27 @@ fn split_date(text: &str) -> Option<(Vec<Part>, [char; 2])> {
         if gap.len() > 2 {
             return None;
         }
-        if let (Some(slot), Some(c)) = (separators.get_mut(parts.len() - 1), gap.chars().next()) {
+        if let (Some(slot), Some(c)) = (separators.get_mut(count - 1), gap.chars().next()) {
             *slot = c;
         }
     }
-    (parts.len() == 3).then_some((parts, separators))
+    (count == 3).then_some((parts, separators))
+}
+
+/// True when `word` (letters, maybe with punctuation around) names a
+/// month: `Dec`, `december,`.
+pub fn is_month(word: &str) -> bool {
+    month(word.trim_matches(|c: char| !c.is_alphabetic())).is_some()
 }
 
 fn month(word: &str) -> Option<u32> {
     const NAMES: [&str; 12] = [
         "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
     ];
-    let lower = word.to_lowercase();
-    if lower.len() < 3 || lower.len() > 9 {
+    if word.len() < 3 || word.len() > 9 || !word.is_ascii() {
         return None;
     }
+    let lower = word.to_ascii_lowercase();
     let prefix = lower.get(..3)?;
     let index = NAMES.iter().position(|n| *n == prefix)?;
     let full = [

@@ -55,6 +55,8 @@ __all__ = [
     # answers
     "Model",
     "Accepted",
+    "Candidate",
+    "Choice",
     "ExtractedValue",
     "ExtractionResult",
     "BboxRefinement",
@@ -264,13 +266,39 @@ class Accepted(Model):
 
 
 @dataclasses.dataclass(frozen=True)
+class Candidate(Model):
+    """A value a field could have had: its words, its score (higher is better) and what its label says."""
+
+    __schema__: ClassVar[str | None] = "Candidate"
+    value: str
+    words: list[int]
+    score: float
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice(Model):
+    """How a value was chosen: the rule that won and the best candidates, best first."""
+
+    __schema__: ClassVar[str | None] = "Choice"
+    rule: str
+    candidates: list[Candidate]
+
+
+@dataclasses.dataclass(frozen=True)
 class ExtractedValue(Model):
-    """One extracted value; ``words`` is the range ``[first, last]`` of the document's words it came from."""
+    """One extracted value; ``words`` is the range ``[first, last]`` of the document's words it came from.
+
+    ``confidence`` is how sure the extractor is (0 to 1), when it says; ``chosen`` says how a
+    value under the request's ``min_confidence`` was chosen among the page's candidates.
+    """
 
     __schema__: ClassVar[str | None] = "ExtractedValue"
     value: str
     raw: str | None = None
     words: list[int] | None = None
+    confidence: float | None = None
+    chosen: Choice | None = None
 
 
 @dataclasses.dataclass(frozen=True)
