@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -339,7 +340,13 @@ def test_a_page_of_a_jobs_file_as_an_image(client: docstream.Client, run_id: str
     assert (image.content_type, image.extension) == ("image/png", "png")
     assert image.content == png, "a PNG's own bytes"
 
-    jpeg = REPO / "samples" / "scans" / "receipt-bakery.jpeg.jpg"
+    # A scan of the sample receipt, drawn here by poppler (the suite's
+    # scripts install it for OCR; samples/scans is not in a fresh clone).
+    s = sample("receipt-bakery")
+    drawn = subprocess.run(["pdftoppm", "-jpeg", "-r", "100", "-f", "1", "-l", "1", "-"],
+                           input=(SAMPLES / s["file"]).read_bytes(), capture_output=True, check=True)
+    jpeg = drawn.stdout
+    assert jpeg.startswith(JPEG_SIGNATURE)
     from_jpeg = client.submit(file=jpeg, fields=TEXT_FIELDS, metadata=meta)
     image = client.page_image(from_jpeg.id, 0)
     assert (image.content_type, image.extension) == ("image/jpeg", "jpg")
