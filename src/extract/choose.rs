@@ -225,14 +225,17 @@ impl<'a> Page<'a> {
         amounts
     }
 
-    /// True when word `w` is, or is part of, an amount on line `l`.
-    fn in_amount(&self, l: usize, w: usize) -> bool {
-        (self.amounts(l).iter()).any(|a| (a.words[0]..=a.words[1]).contains(&w))
+    /// The words of line `l` that are, or are part of, an amount.
+    fn in_amounts(&self, l: usize) -> std::collections::HashSet<usize> {
+        (self.amounts(l).iter())
+            .flat_map(|a| a.words[0]..=a.words[1])
+            .collect()
     }
 
     fn read_label(&self, l: usize) -> Vec<String> {
+        let amounts = self.in_amounts(l);
         (self.lines[l].words.iter())
-            .filter(|&&w| !self.in_amount(l, w))
+            .filter(|w| !amounts.contains(w))
             .flat_map(|&w| {
                 (self.text(w).split(|c: char| !c.is_alphabetic()))
                     .filter(|s| !s.is_empty())
@@ -242,11 +245,16 @@ impl<'a> Page<'a> {
             .collect()
     }
 
-    /// The line's label as printed, for explanations.
+    /// The line's label as printed, for explanations: at most
+    /// [`PRINTED_CHARS`] characters, so a long line cannot fill a result.
     fn printed(&self, l: usize) -> String {
-        let words = self.lines[l].words.iter();
-        let words = words.filter(|&&w| !self.in_amount(l, w));
-        words.map(|&w| self.text(w)).collect::<Vec<_>>().join(" ")
+        let amounts = self.in_amounts(l);
+        let words = self.lines[l].words.iter().filter(|w| !amounts.contains(w));
+        let label = words.map(|&w| self.text(w)).collect::<Vec<_>>().join(" ");
+        match label.char_indices().nth(PRINTED_CHARS) {
+            Some((end, _)) => format!("{}…", &label[..end]),
+            None => label,
+        }
     }
 
     /// The amount line `l`'s label stands for: the rightmost on the line,
@@ -634,6 +642,9 @@ const TOTAL: [&str; 1] = ["total"];
 /// arithmetic is a second reading from other numbers, and a label is one
 /// reading of a few words.
 const CHECKED: f64 = 2.5;
+
+/// The most characters of a label an explanation quotes.
+const PRINTED_CHARS: usize = 60;
 
 /// The most candidates a choice lists.
 const MAX_CANDIDATES: usize = 5;

@@ -296,6 +296,49 @@ mod tests {
         );
     }
 
+    /// The worst pages a request may send to the choice (10,000 words, the
+    /// limit a page has): one line of 5,000 labels and 5,000 amounts, and a
+    /// staircase of one-word lines beside a word as tall as the page (which
+    /// keeps its line open, so every later word tries every line: 0.2 s
+    /// in a debug build). Each is chosen on within a deadline, and the
+    /// explanation quotes at most 60 characters of a label: quoting the
+    /// whole line put the result past its 64 KiB a field, and failed the
+    /// job.
+    #[test]
+    fn the_worst_page_a_request_may_send_is_chosen_on_within_the_result_limits() {
+        let limit = RequestLimits::DEFAULT.words_per_page;
+        let word = |text: String, [x0, y0, x1, y1]: [f64; 4]| serde_json::json!({"text": text, "bbox": [x0, y0, x1, y1], "confidence": 0.9});
+        let one_line: Vec<_> = (0..limit)
+            .map(|i| {
+                let text = match i % 2 {
+                    0 => "TOTAL".to_owned(),
+                    _ => format!("{}.{:02}", i, i % 100),
+                };
+                word(text, [i as f64 * 50.0, 0.0, i as f64 * 50.0 + 40.0, 10.0])
+            })
+            .collect();
+        let mut staircase = vec![word("TOTAL".into(), [0.0, 0.0, 5.0, 1e6])];
+        staircase.extend((1..limit).map(|i| {
+            let y = i as f64 * 20.0;
+            word(format!("{i}.00"), [10.0, y, 30.0, y + 10.0])
+        }));
+        for words in [one_line, staircase] {
+            let req: ExtractionRequest = serde_json::from_value(serde_json::json!({
+                "document": {"pages": [{"width": 1e6, "height": 1e6, "words": words}]},
+                "fields": [{"name": "total", "type": "money", "anchor": "TOTAL"},
+                           {"name": "date", "type": "date"}],
+                "min_confidence": 1.0
+            }))
+            .unwrap();
+            req.validate(&RequestLimits::DEFAULT).unwrap();
+            let deadline = Deadline::after(std::time::Duration::from_secs(5));
+            let out = extract(&req, &RuleBudget::default(), &deadline).unwrap();
+            let total = out.fields["total"].clone().unwrap();
+            let rule = total.chosen.unwrap().rule;
+            assert!(rule.chars().count() < 300, "{} characters", rule.len());
+        }
+    }
+
     #[test]
     fn a_missing_required_field_fails() {
         let req = request(
