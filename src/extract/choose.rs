@@ -38,6 +38,8 @@ pub struct Page<'a> {
     /// once a field asks.
     kinds: std::cell::OnceCell<Vec<Kind>>,
     dates: std::cell::OnceCell<Vec<Vec<Dated>>>,
+    /// The page's arithmetic, read once for every `money` field.
+    checks: std::cell::OnceCell<Checks>,
 }
 
 /// A date printed on a line: its words (first and last) and the day.
@@ -131,6 +133,7 @@ impl<'a> Page<'a> {
             lowered: Vec::new(),
             kinds: std::cell::OnceCell::new(),
             dates: std::cell::OnceCell::new(),
+            checks: std::cell::OnceCell::new(),
         };
         page.amounts = (0..page.lines.len())
             .map(|l| page.read_amounts(l))
@@ -295,9 +298,10 @@ impl<'a> Page<'a> {
             .collect();
         // The page's arithmetic gives its total: it says nothing of a
         // field anchored on a part (`Subtotal`, `Cash`).
+        let none = Checks::none();
         let checks = match kind(&anchor_words, &[""; 0]) {
-            Kind::Part(_) => Checks::none(),
-            _ => Checks::of(self),
+            Kind::Part(_) => &none,
+            _ => self.checks.get_or_init(|| Checks::of(self)),
         };
         let mut scored: Vec<Scored> = Vec::new();
         for l in self.anchored(&anchor) {
@@ -340,7 +344,7 @@ impl<'a> Page<'a> {
                 candidate.why.push_str(&format!(", equal to {rule}"));
             }
         }
-        self.decide(scored, &checks, anchored)
+        self.decide(scored, checks, anchored)
     }
 
     /// The last place `cents` is printed on a line that is not what paid
