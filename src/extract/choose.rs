@@ -96,7 +96,11 @@ struct Scored {
     amount: Amount,
     score: f64,
     why: String,
+    /// What the line's label says; `None` for an amount printed without
+    /// the anchor, or computed.
     kind: Option<Kind>,
+    /// Computed from the page's parts, not read as one amount.
+    computed: bool,
 }
 
 /// Scores of a choice's clarity, and the confidences they give: tuned on
@@ -116,6 +120,9 @@ mod sure {
     pub const DERIVED: f64 = 0.85;
     /// The page's arithmetic gives another amount.
     pub const CONTRADICTED: f64 = 0.5;
+    /// No line the anchor carries holds it, and no amount printed is it:
+    /// the page's parts add up to it (the total's line was not read).
+    pub const COMPUTED: f64 = 0.4;
     /// Only a part of the total (a sub-total, the cash) carried the anchor,
     /// or the anchor is not on the page.
     pub const WEAK: f64 = 0.3;
@@ -308,7 +315,13 @@ impl<'a> Page<'a> {
             let Some((amount, below)) = self.amount_of(l) else {
                 continue;
             };
-            let kind = kind(self.label(l), &anchor_words);
+            let mut kind = kind(self.label(l), &anchor_words);
+            // A tax summary's total line (`TOTAL: 26.00 1.56`) ends with
+            // the tax it sums, not the total paid.
+            let summed_tax = checks.tax != 0 && amount.cents == checks.tax;
+            if !below && kind != Kind::Final && summed_tax && self.amounts(l).len() > 1 {
+                kind = Kind::Part(Part::Tax);
+            }
             let (mut score, mut why) = match kind {
                 Kind::Final => (3.0, format!("a final total ({:?})", self.printed(l))),
                 Kind::Total => (2.0, format!("a total ({:?})", self.printed(l))),
@@ -323,6 +336,7 @@ impl<'a> Page<'a> {
                 score,
                 why,
                 kind: Some(kind),
+                computed: false,
             });
         }
         let anchored = !scored.is_empty();
@@ -335,10 +349,25 @@ impl<'a> Page<'a> {
                     score: 1.0,
                     why: "an amount without the anchor".into(),
                     kind: None,
+                    computed: false,
                 });
             }
         }
-        for candidate in &mut scored {
+        // The total the parts add up to, when no amount read is it: the
+        // total's own line was not read. Below any total read, above its
+        // parts: a reviewer is shown what the page's arithmetic says.
+        if let Some((cents, words, rule)) = checks.computed() {
+            if !scored.iter().any(|s| s.amount.cents == cents) {
+                scored.push(Scored {
+                    amount: Amount { words, cents },
+                    score: 0.5,
+                    why: format!("computed as {rule}; not read as one amount"),
+                    kind: None,
+                    computed: true,
+                });
+            }
+        }
+        for candidate in scored.iter_mut().filter(|s| !s.computed) {
             if let Some(rule) = checks.confirms(candidate.amount.cents) {
                 candidate.score += CHECKED;
                 candidate.why.push_str(&format!(", equal to {rule}"));
@@ -419,6 +448,7 @@ impl<'a> Page<'a> {
         let runner_up = ranked.get(1).map_or(f64::NEG_INFINITY, |s| s.score);
         let confirmed = checks.confirms(winner.amount.cents);
         let clarity = match (anchored, winner.kind, confirmed) {
+            _ if winner.computed => sure::COMPUTED,
             (false, _, _) | (_, Some(Kind::Part(_)), None) => sure::WEAK,
             (_, None, Some(_)) => sure::DERIVED,
             (_, _, Some(_)) => sure::CONFIRMED,
@@ -427,23 +457,27 @@ impl<'a> Page<'a> {
             _ => sure::CLOSE,
         };
         let rule = match (anchored, confirmed) {
+            _ if winner.computed => winner.why.clone(),
             (false, _) => format!("no line carries the anchor; {}", winner.why),
             (true, Some(rule)) => format!("{}; {rule} agrees", winner.why),
             (true, None) => winner.why.clone(),
         };
-        Some(
-            self.value(
-                values::cents_text(winner.amount.cents),
-                winner.amount.words,
-                (clarity, confirmed.is_some()),
-                rule,
-                ranked
-                    .iter()
-                    .take(MAX_CANDIDATES)
-                    .map(|s| self.candidate(s))
-                    .collect(),
-            ),
-        )
+        let mut value = self.value(
+            values::cents_text(winner.amount.cents),
+            winner.amount.words,
+            (clarity, confirmed.is_some() && !winner.computed),
+            rule,
+            ranked
+                .iter()
+                .take(MAX_CANDIDATES)
+                .map(|s| self.candidate(s))
+                .collect(),
+        );
+        if winner.computed {
+            // Printed nowhere as one amount: no text to quote.
+            value.raw = None;
+        }
+        Some(value)
     }
 
     fn candidate(&self, s: &Scored) -> Candidate {
@@ -728,6 +762,14 @@ fn kind(label: &[String], anchor: &[impl AsRef<str>]) -> Kind {
     }
 }
 
+/// Widen `span` to hold `words`.
+fn span(span: &mut Option<[usize; 2]>, words: [usize; 2]) {
+    *span = Some(match *span {
+        Some([first, last]) => [first.min(words[0]), last.max(words[1])],
+        None => words,
+    });
+}
+
 /// The page's arithmetic: the amounts of its parts, wherever printed.
 struct Checks {
     tendered: Option<i64>,
@@ -739,6 +781,10 @@ struct Checks {
     tax: i64,
     discount: i64,
     rounding: i64,
+    /// The words from the first part's amount to the last's: where a
+    /// total computed from them is shown.
+    sum_words: Option<[usize; 2]>,
+    paid_words: Option<[usize; 2]>,
 }
 
 impl Checks {
@@ -755,15 +801,34 @@ impl Checks {
                 continue;
             };
             let cents = amount.cents;
+            let (sum, paid) = (&mut checks.sum_words, &mut checks.paid_words);
             match page.part_of_total(l) {
-                Kind::Part(Part::Tendered) => checks.tendered = Some(cents),
-                Kind::Part(Part::Change) => checks.change = Some(cents),
-                Kind::Part(Part::Subtotal) => checks.subtotal = Some(cents),
-                Kind::Part(Part::Tax) => checks.tax = cents,
-                Kind::Part(Part::Discount) => checks.discount = cents.abs(),
+                Kind::Part(Part::Tendered) => {
+                    checks.tendered = Some(cents);
+                    span(paid, amount.words);
+                }
+                Kind::Part(Part::Change) => {
+                    checks.change = Some(cents);
+                    span(paid, amount.words);
+                }
+                Kind::Part(Part::Subtotal) => {
+                    checks.subtotal = Some(cents);
+                    span(sum, amount.words);
+                }
+                Kind::Part(Part::Tax) => {
+                    checks.tax = cents;
+                    span(sum, amount.words);
+                }
+                Kind::Part(Part::Discount) => {
+                    checks.discount = cents.abs();
+                    span(sum, amount.words);
+                }
                 // A rounding is to the nearest 5 or 10 cents: a larger one
                 // is a line misread, or read beside another's amount.
-                Kind::Part(Part::Rounding) if cents.abs() < 10 => checks.rounding = cents,
+                Kind::Part(Part::Rounding) if cents.abs() < 10 => {
+                    checks.rounding = cents;
+                    span(sum, amount.words);
+                }
                 Kind::Total if label.iter().any(|w| w.contains("total")) => {
                     checks.total = checks.total.or(Some(cents))
                 }
@@ -783,6 +848,30 @@ impl Checks {
             tax: 0,
             discount: 0,
             rounding: 0,
+            sum_words: None,
+            paid_words: None,
+        }
+    }
+
+    /// The total the page's parts give, where they are its words, and
+    /// how: tendered − change, or the sub-total with its tax, discount
+    /// and rounding (as printed, sign and all). `None` when the page
+    /// gives neither, or the two disagree.
+    fn computed(&self) -> Option<(i64, [usize; 2], &'static str)> {
+        let adjusted = self.tax != 0 || self.rounding != 0 || self.discount != 0;
+        let by_sum = (self.subtotal.filter(|_| adjusted))
+            .map(|s| s + self.tax - self.discount + self.rounding)
+            .filter(|&total| total > 0);
+        let by_change = self.tendered_less_change();
+        match (by_sum, by_change) {
+            (Some(sum), Some(paid)) if sum != paid => None,
+            (Some(sum), _) => Some((
+                sum,
+                self.sum_words?,
+                "sub-total + tax + rounding − discount",
+            )),
+            (None, Some(paid)) => Some((paid, self.paid_words?, "tendered − change")),
+            (None, None) => None,
         }
     }
 
@@ -923,6 +1012,47 @@ mod tests {
         let value = total(&words, "TOTAL");
         assert_eq!(value.value, "12.00");
         assert!(value.confidence.unwrap() < 0.5, "{value:?}");
+    }
+
+    #[test]
+    fn a_total_the_page_does_not_show_is_computed_from_its_parts_and_flagged() {
+        // The total's own line was not read; the tax summary's `TOTAL:`
+        // line ends with the tax, not the total.
+        let words = receipt(&[
+            ("SUB-TOTAL (EX) :", "26.00"),
+            ("TOTAL TAX", "1.56"),
+            ("ROUNDING", "-0.01"),
+            ("CASH", ""),
+            ("GST SUMMARY", ""),
+            ("TOTAL: 26.00", "1.56"),
+        ]);
+        let value = total(&words, "TOTAL");
+        assert_eq!(value.value, "27.55", "{value:?}");
+        assert_eq!(value.raw, None, "printed nowhere: {value:?}");
+        let confidence = value.confidence.unwrap();
+        assert!(confidence < 0.8, "a computed total is checked: {value:?}");
+        // Shown where its parts are: from the sub-total to the rounding.
+        let [first, last] = value.words.unwrap();
+        assert_eq!((words[first].text, words[last].text), ("26.00", "-0.01"));
+        let rule = value.chosen.unwrap().rule;
+        assert!(rule.starts_with("computed as sub-total + tax"), "{rule}");
+
+        // A total read wins over the computed one, checked or not.
+        let words = receipt(&[("SUB-TOTAL", "26.00"), ("TAX", "1.56"), ("TOTAL", "27.50")]);
+        let value = total(&words, "TOTAL");
+        assert_eq!(value.value, "27.50");
+        assert!(value.confidence.unwrap() < 0.8, "contradicted: {value:?}");
+        // Parts that disagree with each other give no total.
+        let words = receipt(&[
+            ("SUB-TOTAL", "26.00"),
+            ("TAX", "1.56"),
+            ("CASH", "50.00"),
+            ("CHANGE", "20.00"),
+        ]);
+        let page = Page::new(&words, layout::lines(&words, None));
+        let value = page.money("TOTAL").unwrap();
+        assert_eq!(value.value, "26.00", "the sub-total, weakly: {value:?}");
+        assert!(value.confidence.unwrap() <= sure::WEAK);
     }
 
     #[test]
