@@ -331,7 +331,7 @@ def test_the_review_queue_holds_the_unsure_jobs_until_corrected(client: docstrea
     assert [j.id for j in client.review_queue(metadata=meta)] == [exacting.id]
 
 
-def test_a_page_of_a_jobs_file_as_an_image(client: docstream.Client, run_id: str) -> None:
+def test_a_page_of_a_jobs_file_as_an_image(client: docstream.Client, run_id: str, tmp_path: Path) -> None:
     meta = {"run": run_id}
     png = _png(120, 60)
     from_png = client.submit(file=png, fields=TEXT_FIELDS, metadata=meta)
@@ -343,9 +343,11 @@ def test_a_page_of_a_jobs_file_as_an_image(client: docstream.Client, run_id: str
     # A scan of the sample receipt, drawn here by poppler (the suite's
     # scripts install it for OCR; samples/scans is not in a fresh clone).
     s = sample("receipt-bakery")
-    drawn = subprocess.run(["pdftoppm", "-jpeg", "-r", "100", "-f", "1", "-l", "1", "-"],
-                           input=(SAMPLES / s["file"]).read_bytes(), capture_output=True, check=True)
-    jpeg = drawn.stdout
+    # Into a folder of its own: pdftoppm names what it writes after a root.
+    root = tmp_path / "drawn"
+    subprocess.run(["pdftoppm", "-jpeg", "-r", "100", "-singlefile", str(SAMPLES / s["file"]), str(root)],
+                   capture_output=True, check=True)
+    jpeg = root.with_suffix(".jpg").read_bytes()
     assert jpeg.startswith(JPEG_SIGNATURE)
     from_jpeg = client.submit(file=jpeg, fields=TEXT_FIELDS, metadata=meta)
     image = client.page_image(from_jpeg.id, 0)
