@@ -45,6 +45,10 @@ enum Command {
     Migrate,
     /// Create the Kafka topics with their configured partition counts.
     Topics,
+    /// Check the settings (file and environment) without connecting: every
+    /// rule, and no DOCSTREAM_ variable that no setting reads. Prints them,
+    /// secrets as ***.
+    Settings,
     /// List the current orphans by class, with ids and ages.
     Orphans {
         /// Print JSON instead of a table.
@@ -148,6 +152,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Settings = &cli.command {
+        return check_settings(&settings);
+    }
     // Before the runtime: the span exporter's HTTP client blocks, on its own
     // thread, and is dropped (flushing) after the runtime is.
     let _exporter = match init_tracing(settings.log_json, cli.command.service_name()) {
@@ -170,6 +177,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `docstream settings`: loading them checked every rule; what is left is
+/// a variable set that nothing reads.
+fn check_settings(settings: &Settings) -> ExitCode {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    let unknown = docstream::config::check::unknown_variables(names.iter().map(String::as_str));
+    for variable in &unknown {
+        eprintln!("docstream: {variable}");
+    }
+    if !unknown.is_empty() {
+        return ExitCode::from(2);
+    }
+    print!("{}", docstream::config::check::listing(settings));
+    ExitCode::SUCCESS
 }
 
 async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
@@ -272,7 +296,7 @@ async fn run_once(
             print!("{}", bench::run(settings, args).await?);
         }
         // Answered by `main` before anything is set up.
-        Command::ReadPdf(_) | Command::Reference { .. } => {}
+        Command::ReadPdf(_) | Command::Reference { .. } | Command::Settings => {}
         Command::Serve | Command::Worker | Command::BboxWorker | Command::Intake | Command::All => {
             unreachable!("a role is run by `run`, not once")
         }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{RequestLimits, ResultLimits, Stage};
 
+pub mod check;
 mod extractors;
 mod kafka;
 mod rules;
