@@ -23,11 +23,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # ---- runtime ----------------------------------------------------------------
 FROM debian:bookworm-slim
-# curl: container healthchecks (GET /healthz).  ca-certificates: TLS brokers/DBs.
-# libssl3 and libcurl4: librdkafka's TLS and OIDC token requests, linked at build.
+# deploy/runtime-packages.txt: TLS, and the OCR tools (Tesseract, poppler,
+# ImageMagick), the list scripts/test.sh installs too. curl: the compose
+# file's healthchecks (GET /healthz).
+COPY deploy/runtime-packages.txt /tmp/runtime-packages.txt
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl libssl3 libcurl4 \
- && rm -rf /var/lib/apt/lists/* \
+ && apt-get install -y --no-install-recommends curl $(grep -v '^#' /tmp/runtime-packages.txt) \
+ && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt \
  && useradd --system --uid 10001 --no-create-home docstream \
  && install -d -o docstream -g docstream /var/lib/docstream/files
 COPY --from=builder /out/docstream /usr/local/bin/docstream

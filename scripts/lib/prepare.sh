@@ -32,21 +32,16 @@ ensure_build_tools() {
     fi
 }
 
+# The packages of deploy/runtime-packages.txt (the image's runtime stage
+# installs the same list), and Python's PIL for making the sample scans.
 ensure_ocr_tools() {
-    local missing=()
-    command -v tesseract >/dev/null 2>&1 || missing+=(tesseract-ocr)
-    local data
-    data=$(tesseract --list-langs 2>/dev/null || true)
-    grep -qx eng <<<"$data" || missing+=(tesseract-ocr-eng)
-    grep -qx osd <<<"$data" || missing+=(tesseract-ocr-osd)
-    command -v pdftoppm >/dev/null 2>&1 || missing+=(poppler-utils)
-    # Debian's package, not merely a `convert` on the PATH: a stand-in there may
-    # hand real work on to /usr/bin/convert.
-    dpkg -s imagemagick >/dev/null 2>&1 || missing+=(imagemagick)
-    command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
+    local missing=() package
+    while read -r package; do
+        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+    done < <(grep -v '^#' deploy/runtime-packages.txt | grep .)
     /usr/bin/python3 -c 'import PIL' 2>/dev/null || missing+=(python3-pil)
     if [ ${#missing[@]} -gt 0 ]; then
-        echo "installing the OCR tools: ${missing[*]}" >&2
+        echo "installing the runtime packages: ${missing[*]}" >&2
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
