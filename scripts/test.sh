@@ -16,6 +16,9 @@
 # sources; seconds, after a one-time build of the tool of about 4 minutes).
 # The file tests keep uploads in s3s-fs, an S3-compatible server built once
 # from crates.io (scripts/lib/s3.sh; about 4 minutes).
+# The Helm chart (deploy/helm/docstream) is linted and rendered with helm,
+# built once from its Go module (scripts/lib/helm.sh; about 4 minutes of
+# CPU), and every object it renders validated offline (seconds).
 # The manual (docs/) is built with mdBook, installed once from crates.io (about
 # two minutes), and its links checked (scripts/lib/book.sh; seconds).
 # The console's browser test (tests/it/console.rs) runs in Debian's chromium,
@@ -41,6 +44,7 @@ source scripts/lib/promtool.sh
 source scripts/lib/deny.sh
 source scripts/lib/browser.sh
 source scripts/lib/book.sh
+source scripts/lib/helm.sh
 prepare
 # The secured broker and Postgres of tests/it/secure.rs (TLS only), and the
 # PgBouncers of tests/it/pooler.rs.
@@ -52,6 +56,7 @@ ensure_schemathesis
 ensure_promtool
 ensure_cargo_deny
 ensure_browser
+if [ $# -eq 0 ]; then ensure_chart_tools; fi
 
 deps=skipped
 alerts=skipped
@@ -77,6 +82,17 @@ fi
 
 cargo build --locked --bins
 ./target/debug/docstream migrate
+
+# The Helm chart, offline: lint, render with each ci/ values file, validate
+# every object, and check each container's settings with the binary above.
+chart=skipped
+if [ $# -eq 0 ]; then
+    echo "== chart: helm lint and template; objects validated, settings checked ==" >&2
+    set +e
+    check_chart ./target/debug/docstream
+    chart=$?
+    set -e
+fi
 
 # Tests isolate themselves (own database, topic prefix and group ids), so the
 # suite needs no cleanup and can be re-run at once.
@@ -148,6 +164,11 @@ case "$book" in
     skipped) echo "book: skipped (a test filter was given; scripts/book.sh builds it alone)"; book=0 ;;
     *) echo "book: FAILED (scripts/book.sh: mdbook build docs, then its links)" ;;
 esac
+case "$chart" in
+    0) echo "chart: passed" ;;
+    skipped) echo "chart: skipped (a test filter was given)"; chart=0 ;;
+    *) echo "chart: FAILED (deploy/helm/docstream; scripts/lib/helm.sh)" ;;
+esac
 case "$fuzz" in
     0) echo "fuzz: passed" ;;
     skipped) echo "fuzz: skipped (a test filter was given; scripts/fuzz-api.sh runs it alone)"; fuzz=0 ;;
@@ -162,5 +183,6 @@ if [ "$status" != 0 ]; then exit "$status"; fi
 if [ "$deps" != 0 ]; then exit "$deps"; fi
 if [ "$alerts" != 0 ]; then exit "$alerts"; fi
 if [ "$book" != 0 ]; then exit "$book"; fi
+if [ "$chart" != 0 ]; then exit "$chart"; fi
 if [ "$pyclient" != 0 ]; then exit "$pyclient"; fi
 exit "$fuzz"
