@@ -18,6 +18,7 @@ mod export_stream;
 mod extractors;
 mod faults;
 mod files;
+mod image;
 mod image_headers;
 mod import_stream;
 mod intake;
