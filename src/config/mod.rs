@@ -690,7 +690,7 @@ settings! {
     /// commits and the fastest burn-down.
     db_batch_concurrency: usize = 1_usize, env "DOCSTREAM_DB_BATCH_CONCURRENCY", at_least(1);
     #[section = "The export stream"]
-    /// Consumer groups of export streams are this prefix, the tenant, `-` and
+    /// Consumer groups of export streams are this prefix, the tenant, `.` and
     /// the client's `group` name, so an export never joins a pipeline role's
     /// group, nor another tenant's.
     export_group_prefix: String = "docstream-export-", env "DOCSTREAM_EXPORT_GROUP_PREFIX";
