@@ -906,7 +906,10 @@ async fn cancel_and_reclaim_of_a_running_job() {
     stop([&mut run.worker, &mut run.serve]).await;
 }
 
-/// A worker (4 s per extraction, on its own metrics address) and `serve`.
+/// A worker (12 s per extraction, on its own metrics address) and `serve`.
+/// The first holder's stall must outlast the reclaim's new claim: at 4 s, a
+/// loaded machine let the first holder finish before anyone claimed the job
+/// again, and its completion (fenced by its token only) rightly won.
 /// Fields are in the order the test's locals used to be dropped.
 struct CancelRun<'a> {
     env: &'a TestEnv,
@@ -925,7 +928,7 @@ async fn a_slow_worker_and_serve(env: &TestEnv) -> CancelRun<'_> {
     let slow = [
         (
             "DOCSTREAM_FAILPOINTS",
-            "worker.extract=sleep(4000)".to_owned(),
+            "worker.extract=sleep(12000)".to_owned(),
         ),
         ("DOCSTREAM_METRICS_ADDR", metrics.clone()),
     ];

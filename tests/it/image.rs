@@ -7,8 +7,9 @@
 //! folder and a fresh `/tmp`, as the chart's `readOnlyRootFilesystem` with
 //! its two volumes.
 //!
-//! The read-only root is a private mount namespace (`unshare`): / bound
-//! read-only, a tmpfs on /tmp, the files folder bound read-write. That takes
+//! The read-only root is a private mount namespace (`unshare`): its copy of
+//! / remounted read-only, a tmpfs on /tmp, the files folder bound
+//! read-write. That takes
 //! root, as the suite runs.
 
 use std::os::unix::fs::PermissionsExt;
@@ -28,7 +29,6 @@ const IMAGE_UID: u32 = 10001;
 /// What the namespace runs before `docstream`: `$FILES` is the files folder,
 /// then the command.
 const CONFINE: &str = r#"set -e
-mount --bind / /
 mount -o remount,bind,ro /
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount --bind "$FILES" "$FILES"
@@ -59,7 +59,15 @@ async fn a_scan_is_read_as_the_image_reads_it_unprivileged_on_a_read_only_root()
     let out = std::fs::File::create(&log).unwrap();
     let mut command = tokio::process::Command::new("unshare");
     command
-        .args(["--mount", "--propagation", "private", "sh", "-c", CONFINE, "confine"])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            CONFINE,
+            "confine",
+        ])
         .arg(env!("CARGO_BIN_EXE_docstream"))
         .arg("all")
         .env_clear()
@@ -79,9 +87,10 @@ async fn a_scan_is_read_as_the_image_reads_it_unprivileged_on_a_read_only_root()
     // The receipt sample, scanned at 200 dpi: no text layer, OCR only.
     let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/files");
     let pdf = std::fs::read(samples.join("receipt-bakery.pdf")).unwrap();
-    let sample: Value =
-        serde_json::from_str(&std::fs::read_to_string(samples.join("receipt-bakery.json")).unwrap())
-            .unwrap();
+    let sample: Value = serde_json::from_str(
+        &std::fs::read_to_string(samples.join("receipt-bakery.json")).unwrap(),
+    )
+    .unwrap();
     let client = env.client();
     let uploaded: Value = client
         .post(format!("{base}/v1/files"))
@@ -132,15 +141,22 @@ async fn a_scan_is_read_as_the_image_reads_it_unprivileged_on_a_read_only_root()
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(
-        uid_line.split_whitespace().skip(1).all(|u| u == IMAGE_UID.to_string()),
+        uid_line
+            .split_whitespace()
+            .skip(1)
+            .all(|u| u == IMAGE_UID.to_string()),
         "{uid_line}"
     );
-    let root = mounts
-        .lines()
-        .filter(|l| l.split_whitespace().nth(4) == Some("/"))
-        .last()
+    // The root it sees is the mount at / that no other mount at / covers.
+    let at_root: Vec<Vec<&str>> = (mounts.lines())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f[4] == "/")
+        .collect();
+    let covered = |id: &str| at_root.iter().any(|f| f[1] == id);
+    let root = (at_root.iter())
+        .find(|f| !covered(f[0]))
         .expect("a root mount");
-    assert!(root.split_whitespace().nth(5).unwrap().starts_with("ro"), "{root}");
+    assert!(root[5].starts_with("ro"), "{mounts}");
     child.start_kill().unwrap();
     let _ = child.wait().await;
 }
