@@ -8,8 +8,8 @@
 //! its two volumes.
 //!
 //! The read-only root is a private mount namespace (`unshare`): its copy of
-//! / remounted read-only, a tmpfs on /tmp, the files folder bound
-//! read-write. That takes
+//! / remounted read-only, a fresh tmpfs on /tmp, the files folder mounted
+//! read-write at its path (see [`CONFINE`]). That takes
 //! root, as the suite runs.
 
 use std::os::unix::fs::PermissionsExt;
@@ -27,12 +27,24 @@ use crate::common::{self, TestEnv};
 const IMAGE_UID: u32 = 10001;
 
 /// What the namespace runs before `docstream`: `$FILES` is the files folder,
-/// then the command.
+/// `$BIN_DIR` the binary's, then the command. The host's /tmp is held at
+/// /mnt while / turns read-only and /tmp becomes a fresh tmpfs; a folder the
+/// process needs that was under /tmp (a clone in /tmp keeps its target
+/// folder there) is mounted back at its path, the binary's read-only. `-n`:
+/// no mount table written, on a root that is read-only or the host's.
 const CONFINE: &str = r#"set -e
-mount -o remount,bind,ro /
-mount -t tmpfs -o mode=1777 tmpfs /tmp
-mount --bind "$FILES" "$FILES"
-mount -o remount,bind,rw "$FILES"
+mount -n --bind /tmp /mnt
+mount -n -o remount,bind,ro /
+mount -n -t tmpfs -o mode=1777 tmpfs /tmp
+place() {
+    case "$1" in
+        /tmp/*) mkdir -p "$1"; mount -n --bind "/mnt/${1#/tmp/}" "$1" ;;
+        *) mount -n --bind "$1" "$1" ;;
+    esac
+    mount -n -o "remount,bind,$2" "$1"
+}
+place "$BIN_DIR" ro
+place "$FILES" rw
 exec setpriv --reuid="$UID_AS" --regid="$UID_AS" --clear-groups --inh-caps=-all -- "$@""#;
 
 #[tokio::test]
@@ -41,8 +53,7 @@ async fn a_scan_is_read_as_the_image_reads_it_unprivileged_on_a_read_only_root()
         nix_is_root(),
         "this test makes a mount namespace: run the suite as root, as scripts/test.sh does in CI"
     );
-    // The files folder, off /tmp (the namespace covers /tmp), owned by the
-    // image's user.
+    // The files folder, owned by the image's user.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let files = dir.path().join("files");
     std::fs::create_dir(&files).unwrap();
@@ -76,6 +87,10 @@ async fn a_scan_is_read_as_the_image_reads_it_unprivileged_on_a_read_only_root()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", "/tmp")
         .env("FILES", &files)
+        .env(
+            "BIN_DIR",
+            Path::new(env!("CARGO_BIN_EXE_docstream")).parent().unwrap(),
+        )
         .env("UID_AS", IMAGE_UID.to_string())
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
