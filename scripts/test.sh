@@ -3,7 +3,7 @@
 # start the real services (installing them if needed), apply migrations to the
 # main database, then run every test. Exits with the suite's exit code.
 #
-#   scripts/test.sh           the suite (33 minutes from a fresh clone of a 2-core machine, about half of it building the tools and docstream)
+#   scripts/test.sh           the suite (33 to 35 minutes from a fresh clone of a 2-core machine, about half of it building the tools and docstream)
 #   scripts/test.sh --long    also the long variants: the 30 s broker outage, the
 #                             three-node cluster's faults, and the Postgres failovers
 #                             and split brains (tests/it/faults.rs, about 25 minutes)
