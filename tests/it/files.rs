@@ -445,24 +445,8 @@ impl Files {
     /// refinement finished.
     async fn finished(&self, id: &str) -> Value {
         let url = format!("{}/v1/extractions/{id}", self.base);
-        let client = self.env.client();
-        common::wait_for(
-            "the job to finish",
-            std::time::Duration::from_secs(60),
-            || {
-                let get = client.get(&url).send();
-                async move {
-                    let job: Value = get.await.map_err(|e| e.to_string())?.json().await.unwrap();
-                    let bbox = job["post_processing"]["bbox_refinement"]["status"].as_str();
-                    match (job["status"].as_str(), bbox) {
-                        (Some("failed" | "cancelled"), _) => Ok(job),
-                        (_, Some("succeeded" | "failed")) => Ok(job),
-                        _ => Err(format!("{job}")),
-                    }
-                }
-            },
-        )
-        .await
+        let timeout = std::time::Duration::from_secs(60);
+        common::jobs::finished(&self.env.client(), &url, timeout).await
     }
 }
 

@@ -131,18 +131,7 @@ async fn a_scan_is_read_as_the_image_reads_it_unprivileged_on_a_read_only_root()
         .unwrap()
         .to_owned();
     let url = format!("{base}/v1/extractions/{id}");
-    let job: Value = common::wait_for("the scan's job to finish", Duration::from_secs(90), || {
-        let get = client.get(&url).send();
-        async move {
-            let job: Value = get.await.map_err(|e| e.to_string())?.json().await.unwrap();
-            let bbox = job["post_processing"]["bbox_refinement"]["status"].as_str();
-            match (job["status"].as_str(), bbox) {
-                (Some("failed" | "cancelled"), _) | (_, Some("succeeded" | "failed")) => Ok(job),
-                _ => Err(job.to_string()),
-            }
-        }
-    })
-    .await;
+    let job = common::jobs::finished(&client, &url, Duration::from_secs(90)).await;
     let logged = || std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(job["status"], "succeeded", "{job}\n{}", logged());
     let fields = &job["result"]["fields"];

@@ -100,6 +100,24 @@ pub async fn insert_job(pool: &PgPool) -> Uuid {
     store::submit(pool, new).await.unwrap().extraction().id
 }
 
+/// The job at `url` (read over `client`, which carries its key) once it is
+/// finished: failed, cancelled, or its bbox refinement finished.
+pub async fn finished(client: &reqwest::Client, url: &str, timeout: Duration) -> serde_json::Value {
+    wait_for("the job to finish", timeout, || {
+        let get = client.get(url).send();
+        async move {
+            let job: serde_json::Value =
+                get.await.map_err(|e| e.to_string())?.json().await.unwrap();
+            let bbox = job["post_processing"]["bbox_refinement"]["status"].as_str();
+            match (job["status"].as_str(), bbox) {
+                (Some("failed" | "cancelled"), _) | (_, Some("succeeded" | "failed")) => Ok(job),
+                _ => Err(job.to_string()),
+            }
+        }
+    })
+    .await
+}
+
 /// Waits until `sql` counts at least `at_least`.
 pub async fn wait_count(pool: &PgPool, what: &str, sql: &str, at_least: i64, timeout: Duration) {
     wait_for(what, timeout, || {
